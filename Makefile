@@ -1,0 +1,18 @@
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+
+.PHONY: install demo test bench
+
+# torch is pinned first: an unpinned torch pulls a CUDA build of several GB.
+install:
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+
+demo: install
+	ndcost estimate llama-3.1-8b --strategy "fsdp=8,tp=1,seq=4096,micro_batch=1,recompute=full" --hardware h200
+
+test: install
+	$(PYTHON) -m pytest -q
+
+bench: install
+	$(PYTHON) benchmarks/run_all.py

@@ -1,0 +1,35 @@
+"""ndcost: per-device memory and step time of LLM training under a parallel strategy.
+
+The public API: :func:`resolve`, :class:`Strategy`, :class:`Hardware`,
+:class:`ModelSpec` and :mod:`ndcost.accounting`. Importing ndcost does not
+import torch or transformers; only a census does.
+"""
+from __future__ import annotations
+
+from ndcost.errors import (CensusUnavailable, InvalidStrategy, InvalidValue, NdcostError, RegistrationError,
+                           UnknownKey, Unpriced)
+from ndcost.hookspecs import hookimpl
+from ndcost.values import (FLOP_PARTS, OPS, PARTS, Hardware, LayerGroup, ModelSpec, NetworkLevel, StageMemory,
+                           Strategy, StrategyCost, TimeBreakdown)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "resolve", "Strategy", "Hardware", "ModelSpec", "LayerGroup", "NetworkLevel", "StageMemory", "StrategyCost",
+    "TimeBreakdown", "accounting", "hookimpl", "PARTS", "OPS", "FLOP_PARTS",
+    "NdcostError", "InvalidValue", "InvalidStrategy", "UnknownKey", "RegistrationError", "Unpriced",
+    "CensusUnavailable", "__version__",
+]
+
+
+def resolve(model, runtime: str = "hf-cuda", hardware="h200", census: str = "auto"):
+    """A :class:`~ndcost.resolver.CostModel` for *model* (see :mod:`ndcost.resolver`)."""
+    from ndcost.resolver import resolve as _resolve
+    return _resolve(model, runtime=runtime, hardware=hardware, census=census)
+
+
+def __getattr__(name):
+    if name == "accounting":
+        import importlib
+        return importlib.import_module("ndcost.accounting")
+    raise AttributeError(f"module 'ndcost' has no attribute {name!r}")

@@ -1,0 +1,135 @@
+"""The ``ndcost`` command line.
+
+Conventions for every subcommand: ``--json`` writes exactly one JSON document
+to stdout; progress, warnings and logs go to stderr; exit 0 on success, 2 for
+usage errors, 1 for refusals, each refusal one line saying what was wrong and
+how to fix it (a traceback only with ``--debug``).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import warnings
+from typing import Any, List, Optional
+
+import attrs
+
+from ndcost.errors import NdcostError
+
+# Subcommands in the order `ndcost --help` lists them; each is ndcost.commands.<name>.
+COMMANDS = ("params", "census", "estimate", "calibrate", "plugins")
+
+
+@attrs.frozen(kw_only=True)
+class Output:
+    """What a subcommand produced: a JSON-able document and its human rendering."""
+
+    data: Any
+    text: str
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # exit 2 with one line, as argparse does, plus the usage hint
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _commands():
+    for name in COMMANDS:
+        try:
+            yield name, importlib.import_module(f"ndcost.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"ndcost.commands.{name}":
+                raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ndcost", description="Cost model for LLM training: memory per device and step time.")
+    parser.add_argument("--version", action="version", version=f"ndcost {__import__('ndcost').__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, module in _commands():
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+        p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def _json_default(value):
+    import numpy as np
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if hasattr(value, "items"):
+        return dict(value)
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help(sys.stderr)
+        return 2
+    warnings.simplefilter("default")
+    warnings.showwarning = lambda message, category, *rest, **kw: print(
+        f"warning: {message}", file=sys.stderr)
+    try:
+        out = args._run(args)
+    except NdcostError as exc:
+        if args.debug:
+            raise
+        print(f"ndcost {args.command}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        if args.debug:
+            raise
+        print(f"ndcost {args.command}: {_one_line(exc)} (rerun with --debug for a traceback)", file=sys.stderr)
+        return 1
+    if args.json:
+        sys.stdout.write(json.dumps(out.data, indent=2, default=_json_default) + "\n")
+    else:
+        sys.stdout.write(out.text.rstrip("\n") + "\n")
+    return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    return " ".join(text.split()) or type(exc).__name__
+
+
+def table(rows: List[List[Any]], header: List[str], align: str = "") -> str:
+    """A plain text table; *align* gives 'l' or 'r' per column (numbers right by default)."""
+    cells = [[str(c) for c in header]] + [[_cell(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    if not align:
+        align = "".join("r" if rows and isinstance(rows[0][i], (int, float)) else "l" for i in range(len(header)))
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("  ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, align)).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    return str(value)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

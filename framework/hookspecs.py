@@ -1,0 +1,48 @@
+"""Every hook a plugin can implement: one module, typed, each saying when it runs.
+
+A plugin module implements hooks with ``@ndcost.hookimpl`` and is declared as
+an entry point of the group ``ndcost.plugins`` in its distribution's metadata.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Mapping
+
+import pluggy
+
+PROJECT = "ndcost"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+Register = Callable[..., None]
+
+
+@hookspec
+def ndcost_register(register: Register) -> None:
+    """Contribute estimators, families, contracts, formats, optimizers, schedules or hardware.
+
+    Runs once per process, when the plugin manager loads the entry points, for
+    every plugin (not first-result). Call ``register(key, value,
+    override=False)`` for each contribution; keys are ``namespace/name``
+    (``optimizer/lion``, ``family/llama``, ``formula/attention.params.mla``,
+    ``hardware/h200``). A key another plugin holds is an error naming both
+    unless this one passes ``override=True``.
+    """
+
+
+@hookspec
+def ndcost_op_records() -> List[Mapping[str, Any]]:
+    """Contribute ops and slots to the op records (same schema as ``specs/op_records.yaml``).
+
+    Runs when the op records are first loaded, after ``ndcost_register``, for
+    every plugin (not first-result); each result is merged into the built-in
+    records, and an op or slot defined twice is an error naming both.
+    """
+
+
+@hookspec
+def ndcost_loaded(registry: Any) -> None:
+    """Inspect the resolved registry once loading is complete (for checks or derived entries).
+
+    Runs once per process after every plugin registered and duplicates were
+    resolved, for every plugin (not first-result). It must not register.
+    """

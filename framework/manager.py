@@ -1,0 +1,152 @@
+"""Loads the ``ndcost.plugins`` entry points, built-ins exactly like third parties.
+
+After loading, an essential set of built-in plugins must be present (a stale
+editable install lacks newly added entry points, and fails loudly naming the
+fix) and ``check_pending()`` verifies that every implemented hook has a spec.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+import warnings
+from importlib import metadata
+from typing import Dict, List, Optional
+
+import attrs
+import pluggy
+
+from ndcost import hookspecs
+from ndcost.errors import PluginLoadError, StalePluginSet
+from ndcost.registry import Registry, Source
+
+GROUP = "ndcost.plugins"
+
+# Entry-point names of ndcost's own distribution that every install must have.
+ESSENTIAL = frozenset({
+    "storage", "optimizers", "accounting", "schedules", "hardware",
+})
+
+
+class PluginLoadWarning(UserWarning):
+    """A plugin failed to import; the others still loaded."""
+
+
+@attrs.frozen(kw_only=True)
+class LoadedPlugin:
+    """One entry point as loaded: who ships it, and what it registered (or why it failed)."""
+
+    name: str
+    distribution: str
+    version: str
+    module: str
+    registered: tuple = ()
+    error: Optional[str] = None
+
+
+class PluginSet:
+    """A pluggy manager, the registry its plugins filled, and what each contributed."""
+
+    def __init__(self, pm: pluggy.PluginManager, registry: Registry, plugins: List[LoadedPlugin]):
+        self.pm = pm
+        self.registry = registry
+        self.plugins = plugins
+
+    @property
+    def hook(self):
+        return self.pm.hook
+
+
+def _strict() -> bool:
+    return os.environ.get("NDCOST_STRICT_PLUGINS", "").strip() not in ("", "0", "false", "no")
+
+
+def _entry_points() -> list:
+    return sorted(metadata.entry_points(group=GROUP), key=lambda ep: (ep.dist.name if ep.dist else "", ep.name))
+
+
+def load(extra_modules: Optional[Dict[str, object]] = None, *, check_essential: bool = True) -> PluginSet:
+    """Load every plugin of the entry-point group and resolve their registrations.
+
+    *extra_modules* (name -> module or object with hooks) are added as if they
+    were entry points of a distribution named ``<local>``, for tests and
+    scripts.
+    """
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    registry = Registry()
+    loaded: List[LoadedPlugin] = []
+    seen_names = set()
+    candidates = []
+    for ep in _entry_points():
+        dist = ep.dist.name if ep.dist else "<unknown>"
+        version = ep.dist.version if ep.dist else ""
+        candidates.append((ep.name, dist, version, ep.value, ep.load))
+    for name, obj in (extra_modules or {}).items():
+        candidates.append((name, "<local>", "", getattr(obj, "__name__", name), lambda obj=obj: obj))
+
+    for name, dist, version, module, loader in candidates:
+        try:
+            plugin = loader()
+        except Exception as exc:  # a broken third party must not take the rest down
+            message = (f"ndcost plugin {name!r} of distribution {dist!r} failed to import: "
+                       f"{type(exc).__name__}: {exc}")
+            if _strict():
+                raise PluginLoadError(message + " (NDCOST_STRICT_PLUGINS is set)") from exc
+            warnings.warn(message + "; the other plugins still load "
+                          "(set NDCOST_STRICT_PLUGINS=1 to make this an error)", PluginLoadWarning, stacklevel=2)
+            loaded.append(LoadedPlugin(name=name, distribution=dist, version=version, module=module,
+                                       error=f"{type(exc).__name__}: {exc}"))
+            continue
+        plugin_name = f"{dist}:{name}"
+        if plugin_name in seen_names:
+            continue
+        seen_names.add(plugin_name)
+        pm.register(plugin, name=plugin_name)
+        source = Source(distribution=dist, module=module, version=version, entry_point=name)
+        impls = [impl for impl in pm.hook.ndcost_register.get_hookimpls() if impl.plugin is plugin]
+        before = len(registry._pending)
+        for impl in impls:
+            impl.function(register=registry.callback(source))
+        keys = tuple(e.key for e in registry._pending[before:])
+        loaded.append(LoadedPlugin(name=name, distribution=dist, version=version, module=module, registered=keys))
+
+    pm.check_pending()
+    registry.freeze()
+    if check_essential:
+        present = {p.name for p in loaded if p.distribution == "ndcost" and p.error is None}
+        missing = sorted(ESSENTIAL - present)
+        if missing:
+            raise StalePluginSet(
+                f"ndcost's essential plugins {', '.join(missing)} are not installed or failed to load: "
+                f"the installed metadata is stale or broken; reinstall with `pip install -e .` "
+                f"(or `pip install .`) from the ndcost checkout")
+    pm.hook.ndcost_loaded(registry=registry)
+    return PluginSet(pm, registry, loaded)
+
+
+_lock = threading.Lock()
+_current: Optional[PluginSet] = None
+
+
+def plugins() -> PluginSet:
+    """The process-wide plugin set, loaded on first use."""
+    global _current
+    with _lock:
+        if _current is None:
+            _current = load()
+        return _current
+
+
+def registry() -> Registry:
+    """The process-wide registry (see :func:`plugins`)."""
+    return plugins().registry
+
+
+def reset() -> None:
+    """Forget the loaded plugin set (tests that install or remove a distribution)."""
+    global _current
+    with _lock:
+        _current = None
+    importlib.invalidate_caches()

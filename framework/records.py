@@ -1,0 +1,48 @@
+"""What an estimator tells the resolver about one layer kind: the KindRecord.
+
+Formulas, op records and the census each produce KindRecords; the resolver
+composes them with a strategy. Activation figures are bytes per token of a
+micro-batch of one sequence at ``seq`` tokens, TP 1; a rank at TP t keeps
+``x + x_tp / t``. FLOPs are a whole layer's forward on one sequence.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional
+
+import attrs
+
+from ndcost.values import _frozen_mapping
+
+
+@attrs.frozen(kw_only=True)
+class KindRecord:
+    """One layer kind's measured or analytic figures, and which plugin produced them (``source``)."""
+
+    kind: str
+    seq: int
+    source: str
+    saved_per_token: float
+    saved_tp_per_token: float
+    working_per_token: Optional[float] = None
+    working_tp_per_token: Optional[float] = None
+    selective_per_token: Optional[float] = None
+    selective_tp_per_token: Optional[float] = None
+    recomputed_attention_mm_share: Optional[float] = None
+    recomputed_other_mm_share: Optional[float] = None
+    ops: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_mapping)
+    ops_tp: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_mapping)
+    flops_by_part: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_mapping)
+    flops_all_pairs_by_part: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_mapping)
+    traffic: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+    def to_dict(self) -> Dict[str, Any]:
+        out = {}
+        for a in attrs.fields(type(self)):
+            value = getattr(self, a.name)
+            out[a.name] = dict(value) if isinstance(value, Mapping) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "KindRecord":
+        names = {a.name for a in attrs.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,496 @@
+"""Frozen value types: a model's shape, a parallel strategy, a device, and the results.
+
+Every class is ``attrs.frozen`` with keyword-only, validated fields. Counts
+and bytes are exact ints; per-token figures are floats where a division makes
+them so.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import attrs
+
+from ndcost.errors import InvalidValue
+
+# ---------------------------------------------------------------------------
+# shared identifiers
+# ---------------------------------------------------------------------------
+PARTS = ("attention", "norm", "ffn", "routed", "shared", "router", "embedding", "head", "mtp", "other")
+OPS = ("attMM", "attBMM", "softmax", "dropout", "normOp", "ffAct", "ffMM", "linrec", "other")
+FLOP_PARTS = PARTS + ("scores", "linrec")
+MEMORY_CATEGORIES = ("parameters", "gradients", "master", "optimizer_states", "activations",
+                     "working", "output", "communication", "allocator")
+
+
+def _frozen_mapping(value: Any) -> Mapping:
+    from types import MappingProxyType
+    return MappingProxyType(dict(value or {}))
+
+
+def _positive_int(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidValue(f"{type(instance).__name__}.{attribute.name} must be a positive integer, got {value!r}")
+
+
+def _non_negative_int(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidValue(f"{type(instance).__name__}.{attribute.name} must be an integer >= 0, got {value!r}")
+
+
+def _optional_non_negative_int(instance, attribute, value):
+    if value is not None:
+        _non_negative_int(instance, attribute, value)
+
+
+# ---------------------------------------------------------------------------
+# the model
+# ---------------------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class LayerGroup:
+    """``count`` consecutive layers of one ``kind`` in model order; ``mtp`` flags a multi-token-prediction layer."""
+
+    kind: str = attrs.field(validator=attrs.validators.matches_re(r"^[a-z][a-z0-9_]*$"))
+    count: int = attrs.field(validator=_positive_int)
+    mtp: bool = False
+
+    def __attrs_post_init__(self):
+        if self.mtp and "mtp" not in self.kind:
+            raise InvalidValue(f"an MTP layer kind's name must contain 'mtp', got {self.kind!r}")
+
+
+@attrs.frozen(kw_only=True)
+class ModelSpec:
+    """What the cost model knows of a model: widths and its layer stack.
+
+    Fields a family does not have are ``None`` (never a silent zero). Biases
+    are ``True``/``False`` where the config states them and ``None`` where it
+    leaves them unstated. ``extra`` holds family-specific widths (DeepSeek-V4's
+    hyper-connections, compressors, ...); ``hf_config`` the config as a dict,
+    from which the census rebuilds the Transformers config.
+    """
+
+    name: str
+    model_type: str
+    family: str
+    hidden_size: int = attrs.field(validator=_positive_int)
+    vocab_size: int = attrs.field(validator=_positive_int)
+    layers: Tuple[LayerGroup, ...] = attrs.field(converter=tuple)
+    num_attention_heads: int = attrs.field(validator=_positive_int)
+    num_key_value_heads: Optional[int] = attrs.field(default=None, validator=_optional_non_negative_int)
+    head_dim: Optional[int] = attrs.field(default=None, validator=_optional_non_negative_int)
+    intermediate_size: Optional[int] = attrs.field(default=None, validator=_optional_non_negative_int)
+    # MLA
+    q_lora_rank: Optional[int] = None
+    kv_lora_rank: Optional[int] = None
+    qk_rope_head_dim: Optional[int] = None
+    qk_nope_head_dim: Optional[int] = None
+    v_head_dim: Optional[int] = None
+    # experts
+    num_experts: Optional[int] = None
+    num_shared_experts: Optional[int] = None
+    num_experts_per_tok: Optional[int] = None
+    moe_intermediate_size: Optional[int] = None
+    shared_expert_intermediate_size: Optional[int] = None
+    first_k_dense: Optional[int] = None
+    sparse_step: Optional[int] = None
+    # linear attention (gated delta net)
+    linear_num_key_heads: Optional[int] = None
+    linear_num_value_heads: Optional[int] = None
+    linear_key_head_dim: Optional[int] = None
+    linear_value_head_dim: Optional[int] = None
+    linear_conv_kernel_dim: Optional[int] = None
+    # conventions
+    tie_word_embeddings: bool = False
+    attention_bias: Optional[bool] = None
+    mlp_bias: Optional[bool] = None
+    max_position_embeddings: Optional[int] = None
+    extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+    hf_config: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping, repr=False, eq=False)
+
+    def __attrs_post_init__(self):
+        if not self.layers:
+            raise InvalidValue(f"model {self.name!r} has no layers")
+        if self.num_attention_heads and self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise InvalidValue(
+                f"model {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
+                f"num_attention_heads {self.num_attention_heads}; state head_dim explicitly")
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers Transformers builds (MTP layers excluded)."""
+        return sum(g.count for g in self.layers if not g.mtp)
+
+    @property
+    def num_mtp_layers(self) -> int:
+        return sum(g.count for g in self.layers if g.mtp)
+
+    @property
+    def kinds(self) -> Tuple[str, ...]:
+        """Distinct layer kinds in model order."""
+        return tuple(dict.fromkeys(g.kind for g in self.layers))
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def layer_kinds(self, include_mtp: bool = False) -> Tuple[str, ...]:
+        """The kind of every layer in model order."""
+        return tuple(g.kind for g in self.layers if include_mtp or not g.mtp for _ in range(g.count))
+
+
+# ---------------------------------------------------------------------------
+# the strategy
+# ---------------------------------------------------------------------------
+DTYPES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+                  "float8": "fp8", "e4m3": "fp8", "e5m2": "fp8"}
+CP_ALGOS = ("ring", "ulysses", "colossal", "hybrid")
+SCHEDULES = ("1f1b", "interleaved", "gpipe", "dualpipev")
+RECOMPUTE = ("none", "full", "selective", "core_attention")
+BUILTIN_OPTIMIZERS = ("adamw", "adam", "sgd", "adagrad")
+
+
+def _known_optimizers() -> Tuple[str, ...]:
+    """Optimizers registered by plugins, or the built-in names where plugins are not loaded."""
+    try:
+        from ndcost import manager
+        names = tuple(manager.registry().names("optimizer"))
+        return names or BUILTIN_OPTIMIZERS
+    except Exception:  # during a broken load the built-in names still validate
+        return BUILTIN_OPTIMIZERS
+
+
+def _dtype(name: str) -> Any:
+    def convert(value):
+        if value is None:
+            return None
+        text = str(value).strip().lower()
+        text = _DTYPE_ALIASES.get(text, text)
+        if text not in DTYPES and not (name == "master_dtype" and text == "none"):
+            allowed = ", ".join(DTYPES) + (", none" if name == "master_dtype" else "")
+            raise InvalidValue(f"Strategy.{name}: unknown dtype {value!r}; allowed: {allowed}")
+        return text
+    return convert
+
+
+def _choice(name: str, allowed: Tuple[str, ...]):
+    def convert(value):
+        text = str(value).strip().lower()
+        if text not in allowed:
+            raise InvalidValue(f"Strategy.{name}: {value!r} is not allowed; allowed: {', '.join(allowed)}")
+        return text
+    return convert
+
+
+def _int_field(name: str, minimum: int, maximum: Optional[int] = None):
+    def convert(value):
+        if isinstance(value, bool):
+            raise InvalidValue(f"Strategy.{name}: expected an integer, got {value!r}")
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise InvalidValue(f"Strategy.{name}: expected an integer, got {value!r}") from None
+        if isinstance(value, float) and value != number:
+            raise InvalidValue(f"Strategy.{name}: expected an integer, got {value!r}")
+        if number < minimum or (maximum is not None and number > maximum):
+            bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+            raise InvalidValue(f"Strategy.{name}: {value!r} is out of range; allowed: integers {bound}")
+        return number
+    return convert
+
+
+def _optional_int_field(name: str, minimum: int):
+    inner = _int_field(name, minimum)
+    return lambda value: None if value is None or (isinstance(value, str) and value.lower() in ("", "all", "none")) \
+        else inner(value)
+
+
+def _bool_field(name: str):
+    def convert(value):
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise InvalidValue(f"Strategy.{name}: expected true or false, got {value!r}")
+    return convert
+
+
+def _float_field(name: str, minimum: float, maximum: Optional[float] = None):
+    def convert(value):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise InvalidValue(f"Strategy.{name}: expected a number, got {value!r}") from None
+        if not math.isfinite(number) or number < minimum or (maximum is not None and number > maximum):
+            bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+            raise InvalidValue(f"Strategy.{name}: {value!r} is out of range; allowed: numbers {bound}")
+        return number
+    return convert
+
+
+def _pp_layers(value):
+    if value is None or value == "" or value == ():
+        return None
+    if isinstance(value, str):
+        parts = [p for p in value.replace(",", "/").split("/") if p.strip()]
+    else:
+        parts = list(value)
+    try:
+        layers = tuple(int(p) for p in parts)
+    except (TypeError, ValueError):
+        raise InvalidValue(f"Strategy.pp_layers: expected a split such as '7/8/8/7', got {value!r}") from None
+    if any(n < 0 for n in layers) or not layers:
+        raise InvalidValue(f"Strategy.pp_layers: layer counts must be >= 0, got {value!r}")
+    return layers
+
+
+def _optimizer(value):
+    text = str(value).strip().lower()
+    known = _known_optimizers()
+    if text not in known:
+        raise InvalidValue(f"Strategy.optimizer: unknown optimizer {value!r}; allowed: {', '.join(known)} "
+                           f"(a plugin can register more as 'optimizer/<name>')")
+    return text
+
+
+@attrs.frozen(kw_only=True)
+class Strategy:
+    """A parallel training strategy; ``Strategy.parse("dp=2,tp=4,seq=4096")`` builds one.
+
+    Devices are ``dp * fsdp * cp * tp * pp``. Expert layers re-split the
+    ``dp * fsdp * cp * tp`` ranks as ``ep * etp * expert-data-parallel``.
+    ``seq`` is required for costs but may be left unset to describe a layout.
+    """
+
+    dp: int = attrs.field(default=1, converter=_int_field("dp", 1))
+    fsdp: int = attrs.field(default=1, converter=_int_field("fsdp", 1))
+    tp: int = attrs.field(default=1, converter=_int_field("tp", 1))
+    pp: int = attrs.field(default=1, converter=_int_field("pp", 1))
+    vpp: int = attrs.field(default=1, converter=_int_field("vpp", 1))
+    cp: int = attrs.field(default=1, converter=_int_field("cp", 1))
+    ep: int = attrs.field(default=1, converter=_int_field("ep", 1))
+    etp: int = attrs.field(default=1, converter=_int_field("etp", 1))
+    zero: int = attrs.field(default=0, converter=_int_field("zero", 0, 3))
+    sp: bool = attrs.field(default=False, converter=_bool_field("sp"))
+    cp_algo: str = attrs.field(default="ring", converter=_choice("cp_algo", CP_ALGOS))
+    schedule: str = attrs.field(default="1f1b", converter=_choice("schedule", SCHEDULES))
+    micro_batch: int = attrs.field(default=1, converter=_int_field("micro_batch", 1))
+    num_micro_batches: int = attrs.field(default=1, converter=_int_field("num_micro_batches", 1))
+    seq: Optional[int] = attrs.field(default=None, converter=_optional_int_field("seq", 1))
+    recompute: str = attrs.field(default="none", converter=_choice("recompute", RECOMPUTE))
+    recompute_layers: Optional[int] = attrs.field(default=None, converter=_optional_int_field("recompute_layers", 0))
+    vocab_parallel: bool = attrs.field(default=False, converter=_bool_field("vocab_parallel"))
+    optimizer: str = attrs.field(default="adamw", converter=_optimizer)
+    param_dtype: str = attrs.field(default="bf16", converter=_dtype("param_dtype"))
+    compute_dtype: Optional[str] = attrs.field(default=None, converter=_dtype("compute_dtype"))
+    grad_dtype: Optional[str] = attrs.field(default=None, converter=_dtype("grad_dtype"))
+    optimizer_dtype: Optional[str] = attrs.field(default=None, converter=_dtype("optimizer_dtype"))
+    master_dtype: str = attrs.field(default="none", converter=_dtype("master_dtype"))
+    pp_layers: Optional[Tuple[int, ...]] = attrs.field(default=None, converter=_pp_layers)
+    moe_imbalance: float = attrs.field(default=1.0, converter=_float_field("moe_imbalance", 1.0))
+    allocator_overhead: float = attrs.field(default=0.0, converter=_float_field("allocator_overhead", 0.0, 1.0))
+
+    def __attrs_post_init__(self):
+        if self.pp_layers is not None and len(self.pp_layers) != self.pp * self.vpp:
+            raise InvalidValue(f"Strategy.pp_layers: {len(self.pp_layers)} stages given "
+                               f"({'/'.join(map(str, self.pp_layers))}) but pp * vpp = {self.pp * self.vpp}")
+        if self.vpp > 1 and self.schedule not in ("interleaved", "dualpipev") and self.pp > 1:
+            pass  # vpp with a non-interleaved schedule is refused by the schedule plugin, by name
+        ranks = self.dp * self.fsdp * self.cp * self.tp
+        if ranks % (self.ep * self.etp):
+            raise InvalidValue(f"Strategy: ep * etp = {self.ep} * {self.etp} = {self.ep * self.etp} must divide "
+                               f"dp * fsdp * cp * tp = {ranks}")
+
+    # resolved dtypes
+    @property
+    def compute(self) -> str:
+        return self.compute_dtype or self.param_dtype
+
+    @property
+    def grad(self) -> str:
+        return self.grad_dtype or self.param_dtype
+
+    @property
+    def optimizer_state_dtype(self) -> str:
+        return self.optimizer_dtype or self.param_dtype
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.fsdp * self.cp * self.tp * self.pp
+
+    @property
+    def expert_data_parallel(self) -> int:
+        return self.dp * self.fsdp * self.cp * self.tp // (self.ep * self.etp)
+
+    # --- the string form ---------------------------------------------------
+    @classmethod
+    def field_names(cls) -> Tuple[str, ...]:
+        return tuple(a.name for a in attrs.fields(cls))
+
+    @classmethod
+    def parse(cls, text: str, **overrides: Any) -> "Strategy":
+        """A strategy from ``"key=value,key=value"``; unknown keys are refused naming the fields."""
+        if not isinstance(text, str):
+            raise InvalidValue(f"Strategy.parse expects a string such as 'dp=2,tp=4,seq=4096', got {text!r}")
+        values: Dict[str, Any] = {}
+        for item in (p.strip() for p in text.split(",")):
+            if not item:
+                continue
+            if "=" not in item:
+                raise InvalidValue(f"Strategy.parse: {item!r} is not 'field=value' (in {text!r})")
+            key, value = (s.strip() for s in item.split("=", 1))
+            if key in values:
+                raise InvalidValue(f"Strategy.parse: field {key!r} is given twice in {text!r}")
+            values[key] = value
+        values.update(overrides)
+        return cls.from_mapping(values)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "Strategy":
+        """A strategy from a mapping of field names; unknown names are refused with the closest field."""
+        names = cls.field_names()
+        for key in values:
+            if key not in names:
+                close = difflib.get_close_matches(str(key), names, n=3)
+                hint = f"did you mean {', '.join(close)}? " if close else ""
+                raise InvalidValue(f"Strategy: unknown field {key!r}; {hint}fields: {', '.join(names)}")
+        return cls(**dict(values))
+
+    def to_dict(self, *, defaults: bool = True) -> Dict[str, Any]:
+        out = {}
+        for a in attrs.fields(type(self)):
+            value = getattr(self, a.name)
+            if not defaults and value == a.default:
+                continue
+            out[a.name] = "/".join(map(str, value)) if a.name == "pp_layers" and value is not None else value
+        return out
+
+    def __str__(self) -> str:
+        items = []
+        for key, value in self.to_dict(defaults=False).items():
+            if isinstance(value, bool):
+                value = "true" if value else "false"
+            elif isinstance(value, float):
+                value = repr(value)
+            items.append(f"{key}={value}")
+        return ",".join(items)
+
+
+# ---------------------------------------------------------------------------
+# the hardware
+# ---------------------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class NetworkLevel:
+    """One level of the network: ``within_node`` or ``across_nodes``, its bandwidth per device and latency."""
+
+    name: str
+    bytes_per_second: float = attrs.field(converter=float)
+    latency_seconds: float = attrs.field(default=0.0, converter=float)
+
+    def __attrs_post_init__(self):
+        if self.bytes_per_second <= 0:
+            raise InvalidValue(f"network level {self.name!r}: bandwidth must be > 0, got {self.bytes_per_second}")
+
+
+@attrs.frozen(kw_only=True)
+class Hardware:
+    """One accelerator and its network, as a hardware spec YAML states it."""
+
+    name: str
+    memory_bytes: int = attrs.field(validator=_positive_int)
+    hbm_bytes_per_second: float = attrs.field(converter=float)
+    peak_flops_per_second: Mapping[str, float] = attrs.field(converter=_frozen_mapping)
+    devices_per_node: int = attrs.field(default=8, validator=_positive_int)
+    network: Tuple[NetworkLevel, ...] = attrs.field(default=(), converter=tuple)
+    efficiency: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_mapping)
+    description: str = ""
+
+    def __attrs_post_init__(self):
+        if not self.peak_flops_per_second:
+            raise InvalidValue(f"hardware {self.name!r} states no peak FLOP/s (peak_flops_per_second: {{bf16: ...}})")
+
+    def peak_flops(self, dtype: str) -> float:
+        try:
+            return float(self.peak_flops_per_second[dtype])
+        except KeyError:
+            raise InvalidValue(f"hardware {self.name!r} states no peak for {dtype!r}; it states "
+                               f"{', '.join(self.peak_flops_per_second)}") from None
+
+    def level(self, name: str) -> NetworkLevel:
+        for level in self.network:
+            if level.name == name:
+                return level
+        raise InvalidValue(f"hardware {self.name!r} has no network level {name!r}; it has "
+                           f"{', '.join(l.name for l in self.network) or 'none'}")
+
+
+# ---------------------------------------------------------------------------
+# results
+# ---------------------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class Figure:
+    """A number and the plugin (registry key) that produced it."""
+
+    value: Any
+    source: str
+
+
+@attrs.frozen(kw_only=True)
+class StageMemory:
+    """What one pipeline stage's device holds at its worst moment, by category (bytes)."""
+
+    stage: int
+    bytes_by_category: Mapping[str, int] = attrs.field(converter=_frozen_mapping)
+    peak_bytes: int
+    layers: int = 0
+    provenance: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"stage": self.stage, "layers": self.layers, "bytes_by_category": dict(self.bytes_by_category),
+                "peak_bytes": self.peak_bytes, "provenance": dict(self.provenance)}
+
+
+@attrs.frozen(kw_only=True)
+class TimeBreakdown:
+    """A step's seconds by component; see the time model for what each leaves out."""
+
+    step_seconds: float
+    tokens_per_second: float
+    mfu: float
+    compute_seconds: float
+    communication_seconds: float
+    exposed_communication_seconds: float
+    bubble_seconds: float
+    optimizer_seconds: float
+    provenance: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+    def to_dict(self) -> Dict[str, Any]:
+        out = attrs.asdict(self)
+        out["provenance"] = dict(self.provenance)
+        return out
+
+
+@attrs.frozen(kw_only=True)
+class StrategyCost:
+    """A strategy's cost on one model and device: memory per stage, the peak, and (once priced) time."""
+
+    strategy: Strategy
+    stages: Tuple[StageMemory, ...] = attrs.field(converter=tuple)
+    peak_bytes: int
+    valid: bool = True
+    reason: str = ""
+    time: Optional[TimeBreakdown] = None
+    provenance: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+    def to_dict(self) -> Dict[str, Any]:
+        out = {"strategy": str(self.strategy), "valid": self.valid, "reason": self.reason,
+               "peak_bytes": self.peak_bytes, "stages": [s.to_dict() for s in self.stages],
+               "provenance": dict(self.provenance)}
+        if self.time is not None:
+            out["time"] = self.time.to_dict()
+        return out

@@ -1,0 +1,43 @@
+"""Hardware specs: one YAML file a device, under ``specs/hardware/`` or a third party's package."""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping, Union
+
+import yaml
+
+from ndcost.errors import InvalidValue
+from ndcost.hookspecs import hookimpl
+from ndcost.values import Hardware, NetworkLevel
+
+
+def hardware_from_mapping(data: Mapping[str, Any], where: str = "<mapping>") -> Hardware:
+    """A :class:`Hardware` from a spec mapping, naming the file in any error."""
+    try:
+        network = tuple(NetworkLevel(name=str(name), **dict(level)) for name, level in
+                        dict(data.get("network") or {}).items())
+        fields = {k: v for k, v in data.items() if k != "network"}
+        fields["memory_bytes"] = int(fields["memory_bytes"])
+        return Hardware(network=network, **fields)
+    except (KeyError, TypeError) as exc:
+        raise InvalidValue(f"hardware spec {where}: {exc}; required: name, memory_bytes, "
+                           f"hbm_bytes_per_second, peak_flops_per_second, devices_per_node, network") from None
+
+
+def load_hardware_yaml(path: Union[str, Path, Any]) -> Hardware:
+    text = Path(path).read_text() if isinstance(path, (str, Path)) else path.read_text()
+    return hardware_from_mapping(yaml.safe_load(text), where=str(path))
+
+
+def register_hardware_dir(register, directory) -> None:
+    """Register every ``*.yaml`` of *directory* (a path or importlib.resources traversable)."""
+    for entry in sorted(directory.iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".yaml"):
+            hardware = load_hardware_yaml(entry)
+            register(f"hardware/{hardware.name}", hardware)
+
+
+@hookimpl
+def ndcost_register(register):
+    register_hardware_dir(register, resources.files("ndcost.specs") / "hardware")

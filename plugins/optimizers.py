@@ -1,0 +1,32 @@
+"""Optimizers by the number of state tensors they keep per parameter."""
+from __future__ import annotations
+
+import attrs
+
+from ndcost.hookspecs import hookimpl
+
+
+@attrs.frozen(kw_only=True)
+class Optimizer:
+    """An optimizer's persistent state: ``states_per_parameter`` tensors the shape of each parameter."""
+
+    name: str
+    states_per_parameter: int
+    description: str = ""
+
+    def state_elements(self, parameters: int) -> int:
+        return self.states_per_parameter * parameters
+
+
+BUILTIN = (
+    Optimizer(name="sgd", states_per_parameter=0, description="plain SGD: no state (momentum-free)"),
+    Optimizer(name="adagrad", states_per_parameter=1, description="AdaGrad: the sum of squared gradients"),
+    Optimizer(name="adam", states_per_parameter=2, description="Adam: first and second moments"),
+    Optimizer(name="adamw", states_per_parameter=2, description="AdamW: first and second moments"),
+)
+
+
+@hookimpl
+def ndcost_register(register):
+    for optimizer in BUILTIN:
+        register(f"optimizer/{optimizer.name}", optimizer)
