@@ -1,0 +1,468 @@
+"""Measure what real kernels save, hold and take on a CUDA GPU, for the census to be checked against.
+
+Run on a machine with a CUDA GPU (or, for a dry run of the logic, on the CPU:
+memory peaks and times are then left out):
+
+    python benchmarks/measure_cuda.py --out measurements.json [--only llama3_8b,qwen3_8b] [--seq 4096]
+
+For each case it builds Transformers' own module from a config written in
+code (nothing downloaded) with the attention implementation Transformers
+picks on CUDA, and records:
+
+- layer cases: the tensors autograd saves during one forward
+  (``saved_tensors_hooks``; unique storages by data pointer and size;
+  parameters excluded; the layer's input included), every saved tensor's
+  shape and dtype, the bytes still held after the forward, the backward's
+  peak over the memory allocated before the forward (parameter gradients
+  included, and reported apart), and forward / forward+backward milliseconds;
+- model cases: a whole causal-LM training step at micro-batch 1 with a fused
+  AdamW whose states are in the parameters' dtype, ``max_memory_allocated``
+  during a steady-state step (setups (a) and (b) of the resolver issue).
+
+What it leaves out: allocator fragmentation (allocated, not reserved, bytes
+are reported) and the CUDA context.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from typing import Any, Callable, Dict, List
+
+import torch
+
+
+# ---------------------------------------------------------------------------
+# configs, written in code from the published hyperparameters
+# ---------------------------------------------------------------------------
+def _cfg(model_type: str, **kw):
+    from transformers import AutoConfig
+    return AutoConfig.for_model(model_type, **kw)
+
+
+def llama3_8b(**over):
+    return _cfg("llama", **{**dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                                   num_key_value_heads=8, head_dim=128, vocab_size=128256, num_hidden_layers=1,
+                                   rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192), **over})
+
+
+def qwen3_8b(**over):
+    return _cfg("qwen3", **{**dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
+                                   num_key_value_heads=8, head_dim=128, vocab_size=151936, num_hidden_layers=1,
+                                   max_position_embeddings=40960), **over})
+
+
+def qwen3_30b_a3b(**over):
+    return _cfg("qwen3_moe", **{**dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                       num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                                       num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                                       decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936,
+                                       num_hidden_layers=1), **over})
+
+
+def mixtral_8x7b(**over):
+    return _cfg("mixtral", **{**dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                                     num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+                                     vocab_size=32000, num_hidden_layers=1), **over})
+
+
+def gpt_oss_20b(**over):
+    return _cfg("gpt_oss", **{**dict(hidden_size=2880, intermediate_size=2880, num_attention_heads=64,
+                                     num_key_value_heads=8, head_dim=64, num_local_experts=32,
+                                     num_experts_per_tok=4, vocab_size=201088, num_hidden_layers=2,
+                                     sliding_window=128, layer_types=["sliding_attention", "full_attention"]),
+                               **over})
+
+
+def qwen3_next_80b(**over):
+    return _cfg("qwen3_next", **{**dict(hidden_size=2048, intermediate_size=5120, moe_intermediate_size=512,
+                                        shared_expert_intermediate_size=512, num_attention_heads=16,
+                                        num_key_value_heads=2, head_dim=256, num_experts=512,
+                                        num_experts_per_tok=10, linear_num_key_heads=16,
+                                        linear_num_value_heads=32, linear_key_head_dim=128,
+                                        linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                                        vocab_size=151936, num_hidden_layers=4, full_attention_interval=4,
+                                        decoder_sparse_step=1, mlp_only_layers=[]), **over})
+
+
+def deepseek_v3(**over):
+    return _cfg("deepseek_v3", **{**dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                                         num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536,
+                                         kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                                         v_head_dim=128, n_routed_experts=256, n_shared_experts=1,
+                                         num_experts_per_tok=8, first_k_dense_replace=1, n_group=8,
+                                         topk_group=4, vocab_size=129280, num_hidden_layers=2), **over})
+
+
+def gpt2_medium(**over):
+    return _cfg("gpt2", **{**dict(n_embd=1024, n_layer=1, n_head=16, n_positions=4096, vocab_size=50257), **over})
+
+
+# (name, config factory, layer index, seq)
+LAYER_CASES = [
+    ("llama3_8b", llama3_8b, 0),
+    ("qwen3_8b", qwen3_8b, 0),
+    ("qwen3_30b_a3b_moe", qwen3_30b_a3b, 0),
+    ("mixtral_8x7b_moe", mixtral_8x7b, 0),
+    ("gpt_oss_20b_sliding", gpt_oss_20b, 0),
+    ("gpt_oss_20b_full", gpt_oss_20b, 1),
+    ("qwen3_next_linear", qwen3_next_80b, 0),
+    ("qwen3_next_full", qwen3_next_80b, 3),
+    ("deepseek_v3_dense", deepseek_v3, 0),
+    ("deepseek_v3_moe", deepseek_v3, 1),
+    ("gpt2_medium", gpt2_medium, 0),
+    # one tensor-parallel rank of two: heads, KV heads and widths halved
+    ("llama3_8b_tp2", lambda **o: llama3_8b(num_attention_heads=16, num_key_value_heads=4,
+                                            intermediate_size=7168, **o), 0),
+]
+
+# Layers under torchtitan's op-level selective checkpointing policy.
+SELECTIVE_CASES = [("llama3_8b_selective", llama3_8b, 0), ("qwen3_30b_a3b_moe_selective", qwen3_30b_a3b, 0)]
+
+# Whole-model steps (setups (a) and (b)): small enough to run in seconds.
+def small_llama(**over):
+    return llama3_8b(**{**dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=16,
+                               num_key_value_heads=8, head_dim=128, vocab_size=32000, num_hidden_layers=4,
+                               tie_word_embeddings=False), **over})
+
+
+MODEL_CASES = [
+    ("small_llama_bf16", small_llama, dict(param_dtype=torch.bfloat16, checkpointing=False)),
+    ("small_llama_bf16_ckpt", small_llama, dict(param_dtype=torch.bfloat16, checkpointing=True)),
+    ("small_llama_fp32_autocast", small_llama, dict(param_dtype=torch.float32, checkpointing=False)),
+]
+
+
+# ---------------------------------------------------------------------------
+# measuring
+# ---------------------------------------------------------------------------
+def _device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _time_ms(fn: Callable[[], Any], repeat: int = 5) -> float:
+    if not torch.cuda.is_available():
+        return float("nan")
+    for _ in range(2):
+        fn()
+    _sync()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        fn()
+    end.record()
+    _sync()
+    return start.elapsed_time(end) / repeat
+
+
+def _attn_implementation(config) -> str:
+    """What Transformers picks on CUDA without optional kernels: SDPA where the model supports it, else eager."""
+    from transformers import AutoModelForCausalLM
+    cls = AutoModelForCausalLM._model_mapping[type(config)]
+    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+
+
+def _build_layer(config, index: int, dtype):
+    import importlib
+    from transformers import AutoModelForCausalLM
+    config._attn_implementation = _attn_implementation(config)
+    config._experts_implementation = "grouped_mm"
+    model_cls = AutoModelForCausalLM._model_mapping[type(config)]
+    modeling = importlib.import_module(model_cls.__module__)
+    layers = [c for n, c in vars(modeling).items() if isinstance(c, type) and n.endswith("DecoderLayer")]
+    layer_cls = layers[0] if layers else modeling.GPT2Block
+    rotary_cls = [c for n, c in vars(modeling).items() if isinstance(c, type) and n.endswith("RotaryEmbedding")
+                  and "Vision" not in n]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with _device():
+            layer = layer_cls(config, index)
+            rotary = rotary_cls[0](config=config) if rotary_cls else None
+    finally:
+        torch.set_default_dtype(previous)
+    layer.train()
+    return layer, rotary
+
+
+def _layer_call(layer, rotary, hidden, seq):
+    import inspect
+    position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
+    kwargs = {}
+    accepted = inspect.signature(layer.forward).parameters
+    if rotary is not None and "position_embeddings" in accepted:
+        with torch.no_grad():
+            kwargs["position_embeddings"] = rotary(hidden, position_ids)
+    for name, value in (("position_ids", position_ids), ("attention_mask", None), ("use_cache", False)):
+        if name in accepted:
+            kwargs[name] = value
+
+    def call():
+        out = layer(hidden, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+    return call
+
+
+def measure_layer(name: str, factory, index: int, seq: int, dtype=torch.bfloat16) -> Dict[str, Any]:
+    config = factory()
+    layer, rotary = _build_layer(config, index, dtype)
+    params = list(layer.parameters())
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    hidden = torch.randn(1, seq, config.hidden_size, dtype=dtype, device=_device(), requires_grad=True)
+    grad = torch.randn_like(hidden)
+    call = _layer_call(layer, rotary, hidden, seq)
+
+    saved: Dict[tuple, Dict[str, Any]] = {}
+    listing: List[Dict[str, Any]] = []
+
+    def pack(t):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in param_ptrs:
+            key = (ptr, storage.nbytes())
+            listing.append({"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                            "storage_bytes": storage.nbytes(), "new": key not in saved})
+            saved.setdefault(key, {"bytes": storage.nbytes()})
+        return t
+
+    _sync()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = call()
+    _sync()
+    after_forward = (torch.cuda.memory_allocated() - base) if torch.cuda.is_available() else None
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    out.backward(grad)
+    _sync()
+    peak = (torch.cuda.max_memory_allocated() - base) if torch.cuda.is_available() else None
+    param_grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    del out
+    for p in params:
+        p.grad = None
+    hidden.grad = None
+
+    def fwd():
+        return call()
+
+    def fwd_bwd():
+        call().backward(grad)
+        for p in params:
+            p.grad = None
+        hidden.grad = None
+
+    with torch.no_grad():
+        pass
+    forward_ms = _time_ms(lambda: fwd().sum())
+    forward_backward_ms = _time_ms(fwd_bwd)
+    saved_bytes = sum(v["bytes"] for v in saved.values())
+    return {
+        "case": name, "kind_layer_index": index, "seq": seq, "model_type": config.model_type,
+        "attn_implementation": config._attn_implementation,
+        "config": {k: v for k, v in config.to_dict().items() if isinstance(v, (int, float, str, bool, list))},
+        "params": sum(p.numel() for p in params),
+        "saved_bytes": saved_bytes, "saved_bytes_per_token": saved_bytes / seq,
+        "retained_after_forward_bytes": after_forward,
+        "backward_peak_over_baseline_bytes": peak, "param_grad_bytes": param_grad_bytes,
+        "forward_ms": forward_ms, "forward_backward_ms": forward_backward_ms,
+        "saved_tensors": sorted(listing, key=lambda r: -r["storage_bytes"]),
+    }
+
+
+def _torchtitan_policy():
+    """torchtitan's op-level policy: save mm (every second one recomputed), SDPA kernels, reduce-scatter, max."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_flash_attention.default, aten.max.default}
+    for name in ("_scaled_dot_product_cudnn_attention",):
+        if hasattr(aten, name):
+            save.add(getattr(aten, name).default)
+    if hasattr(torch.ops, "_c10d_functional"):
+        save.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+
+    def context():
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+        meta = {"forward_mm_count": 0, "recompute_mm_count": 0}
+
+        def policy(ctx, func, *args, **kwargs):
+            mode = "recompute" if ctx.is_recompute else "forward"
+            if func == aten.mm.default:
+                meta[f"{mode}_mm_count"] += 1
+            to_save = func in save and not (func == aten.mm.default and meta[f"{mode}_mm_count"] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
+        return create_selective_checkpoint_contexts(policy)
+    return context
+
+
+def measure_selective(name: str, factory, index: int, seq: int, dtype=torch.bfloat16) -> Dict[str, Any]:
+    """What a layer keeps under torchtitan's selective policy: memory held after the forward, output excluded."""
+    from torch.utils.checkpoint import checkpoint
+    config = factory()
+    layer, rotary = _build_layer(config, index, dtype)
+    hidden = torch.randn(1, seq, config.hidden_size, dtype=dtype, device=_device(), requires_grad=True)
+    inner = _layer_call(layer, rotary, hidden, seq)
+    context = _torchtitan_policy()
+    _sync()
+    base = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+    out = checkpoint(lambda h: inner(), hidden, use_reentrant=False, context_fn=context)
+    _sync()
+    held = (torch.cuda.memory_allocated() - base) if torch.cuda.is_available() else None
+    out_bytes = out.numel() * out.element_size()
+    return {"case": name, "seq": seq, "model_type": config.model_type,
+            "kept_after_forward_excluding_output_and_input_bytes": None if held is None else held - out_bytes,
+            "input_bytes": hidden.numel() * hidden.element_size(),
+            "note": "the input is allocated before the baseline: add input_bytes for 'kept, input included'"}
+
+
+def measure_model(name: str, factory, seq: int, param_dtype, checkpointing: bool) -> Dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+    config = factory()
+    config._attn_implementation = _attn_implementation(config)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(param_dtype)
+    try:
+        with _device():
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=config._attn_implementation)
+    finally:
+        torch.set_default_dtype(previous)
+    model.to(_device(), dtype=param_dtype)
+    model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    on_cuda = torch.cuda.is_available()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=on_cuda)
+    ids = torch.randint(0, config.vocab_size, (1, seq), device=_device())
+    autocast = param_dtype == torch.float32
+
+    def step():
+        with torch.autocast(device_type=_device().type, dtype=torch.bfloat16, enabled=autocast):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # creates the optimizer states
+    _sync()
+    if on_cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated() if on_cuda else None
+    step()
+    _sync()
+    peak = torch.cuda.max_memory_allocated() if on_cuda else None
+    states = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
+                 if torch.is_tensor(t))
+    return {
+        "case": name, "seq": seq, "param_dtype": str(param_dtype).replace("torch.", ""),
+        "checkpointing": checkpointing, "autocast_bf16": autocast,
+        "config": {k: v for k, v in config.to_dict().items() if isinstance(v, (int, float, str, bool, list))},
+        "params": sum(p.numel() for p in model.parameters()),
+        "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "optimizer_state_bytes": states,
+        "allocated_before_step_bytes": before, "max_allocated_during_step_bytes": peak,
+        "step_ms": _time_ms(step, repeat=3),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--model-seq", type=int, default=2048)
+    parser.add_argument("--only", default="", help="comma-separated case names")
+    parser.add_argument("--small", action="store_true", help="shrink every config (a CPU dry run)")
+    args = parser.parse_args(argv)
+    import transformers
+    only = {s for s in args.only.split(",") if s}
+    results: Dict[str, Any] = {
+        "software": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": platform.python_version()},
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "how_saved_was_counted": "torch.autograd.graph.saved_tensors_hooks over one forward: unique storages "
+                                 "(by data pointer and size), parameters excluded, the layer's input included",
+        "how_peak_was_counted": "torch.cuda.max_memory_allocated during backward minus memory allocated before "
+                                "the forward (parameters, input, output gradient); includes parameter gradients",
+        "layers": [], "models": [], "errors": {},
+    }
+    shrink = dict(num_hidden_layers=None)
+    for name, factory, index in LAYER_CASES:
+        if only and name not in only:
+            continue
+        seq = 64 if args.small else args.seq
+        f = factory
+        if args.small:
+            f = _shrunk(factory)
+        t0 = time.time()
+        try:
+            results["layers"].append(measure_layer(name, f, index, seq))
+            print(f"{name}: ok in {time.time() - t0:.1f}s saved={results['layers'][-1]['saved_bytes']}",
+                  file=sys.stderr, flush=True)
+        except Exception as exc:  # record and go on: one family must not cost the others
+            results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            print(f"{name}: FAILED {exc}", file=sys.stderr, flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    for name, factory, index in SELECTIVE_CASES:
+        if only and name not in only:
+            continue
+        try:
+            f = _shrunk(factory) if args.small else factory
+            results.setdefault("selective", []).append(measure_selective(name, f, index, 64 if args.small else args.seq))
+            print(f"{name}: ok", file=sys.stderr, flush=True)
+        except Exception as exc:
+            results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            print(f"{name}: FAILED {exc}", file=sys.stderr, flush=True)
+    for name, factory, opts in MODEL_CASES:
+        if only and name not in only:
+            continue
+        try:
+            f = _shrunk(factory) if args.small else factory
+            results["models"].append(measure_model(name, f, 64 if args.small else args.model_seq, **opts))
+            print(f"{name}: ok peak={results['models'][-1]['max_allocated_during_step_bytes']}",
+                  file=sys.stderr, flush=True)
+        except Exception as exc:
+            results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            print(f"{name}: FAILED {exc}", file=sys.stderr, flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    with open(args.out, "w") as fh:
+        json.dump(results, fh, indent=1)
+    return 0
+
+
+def _shrunk(factory):
+    """*factory* with every width cut, for a CPU dry run of the script's logic."""
+    def make(**over):
+        config = factory(**over)
+        for name, value in (("hidden_size", 64), ("n_embd", 64), ("intermediate_size", 128),
+                            ("moe_intermediate_size", 32), ("shared_expert_intermediate_size", 32),
+                            ("num_attention_heads", 4), ("n_head", 4), ("head_dim", 16), ("vocab_size", 512),
+                            ("q_lora_rank", 32), ("kv_lora_rank", 16), ("qk_rope_head_dim", 8),
+                            ("qk_nope_head_dim", 8), ("v_head_dim", 16), ("linear_key_head_dim", 16),
+                            ("linear_value_head_dim", 16), ("linear_num_key_heads", 2),
+                            ("linear_num_value_heads", 4)):
+            if getattr(config, name, None):
+                setattr(config, name, value)
+        if getattr(config, "num_key_value_heads", None):
+            config.num_key_value_heads = 2 if config.model_type != "deepseek_v3" else 4
+        if config.model_type == "deepseek_v3":
+            config.head_dim = config.qk_rope_head_dim
+            config.n_routed_experts, config.n_group, config.topk_group = 16, 4, 2
+        return config
+    return make
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
