@@ -11,8 +11,10 @@ install:
 demo: install
 	ndcost estimate llama-3.1-8b --strategy "fsdp=8,tp=1,seq=4096,micro_batch=1,recompute=full" --hardware h200
 
+# pytest's exit 5 (no tests collected) is a failure too.
 test: install
-	$(PYTHON) -m pytest -q
+	@$(PYTHON) -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 bench: install
 	$(PYTHON) benchmarks/run_all.py
