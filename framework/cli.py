@@ -80,20 +80,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return 2
-    warnings.simplefilter("default")
-    warnings.showwarning = lambda message, category, *rest, **kw: print(
-        f"warning: {message}", file=sys.stderr)
     try:
-        out = args._run(args)
+        with warnings.catch_warnings():  # warnings go to stderr, one line each; restored on return
+            warnings.simplefilter("default")
+            warnings.showwarning = lambda message, category, *rest, **kw: print(
+                f"warning: {message}", file=sys.stderr)
+            out = args._run(args)
     except NdcostError as exc:
         if args.debug:
             raise
         print(f"ndcost {args.command}: {_one_line(exc)}", file=sys.stderr)
         return 1
-    except (ValueError, KeyError, FileNotFoundError) as exc:
+    except (ValueError, KeyError, OSError) as exc:
         if args.debug:
             raise
         print(f"ndcost {args.command}: {_one_line(exc)} (rerun with --debug for a traceback)", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a bug, not a refusal: still one line unless --debug
+        if args.debug:
+            raise
+        print(f"ndcost {args.command}: internal error, {type(exc).__name__}: {_one_line(exc)} "
+              f"(rerun with --debug for a traceback and please report it)", file=sys.stderr)
         return 1
     if args.json:
         sys.stdout.write(json.dumps(out.data, indent=2, default=_json_default) + "\n")

@@ -86,42 +86,57 @@ def load(extra_modules: Optional[Dict[str, object]] = None, *, check_essential: 
     for name, obj in (extra_modules or {}).items():
         candidates.append((name, "<local>", "", getattr(obj, "__name__", name), lambda obj=obj: obj))
 
+    failures: Dict[str, str] = {}
     for name, dist, version, module, loader in candidates:
-        try:
-            plugin = loader()
-        except Exception as exc:  # a broken third party must not take the rest down
-            message = (f"ndcost plugin {name!r} of distribution {dist!r} failed to import: "
-                       f"{type(exc).__name__}: {exc}")
-            if _strict():
-                raise PluginLoadError(message + " (NDCOST_STRICT_PLUGINS is set)") from exc
-            warnings.warn(message + "; the other plugins still load "
-                          "(set NDCOST_STRICT_PLUGINS=1 to make this an error)", PluginLoadWarning, stacklevel=2)
-            loaded.append(LoadedPlugin(name=name, distribution=dist, version=version, module=module,
-                                       error=f"{type(exc).__name__}: {exc}"))
-            continue
         plugin_name = f"{dist}:{name}"
         if plugin_name in seen_names:
             continue
         seen_names.add(plugin_name)
-        pm.register(plugin, name=plugin_name)
-        source = Source(distribution=dist, module=module, version=version, entry_point=name)
-        impls = [impl for impl in pm.hook.ndcost_register.get_hookimpls() if impl.plugin is plugin]
         before = len(registry._pending)
-        for impl in impls:
-            impl.function(register=registry.callback(source))
+        try:
+            plugin = loader()
+            if pm.is_registered(plugin):  # a second entry point naming a module already loaded
+                loaded.append(LoadedPlugin(name=name, distribution=dist, version=version, module=module))
+                continue
+            pm.register(plugin, name=plugin_name)
+            source = Source(distribution=dist, module=module, version=version, entry_point=name)
+            impls = [impl for impl in pm.hook.ndcost_register.get_hookimpls() if impl.plugin is plugin]
+            for impl in impls:
+                impl.function(register=registry.callback(source))
+        except Exception as exc:  # a broken third party must not take the rest down
+            del registry._pending[before:]  # nothing of a failed plugin stays registered
+            if pm.get_plugin(plugin_name) is not None:
+                pm.unregister(name=plugin_name)
+            error = f"{type(exc).__name__}: {exc}"
+            message = f"ndcost plugin {name!r} ({module}) of distribution {dist!r} failed to load: {error}"
+            if _strict():
+                raise PluginLoadError(message + " (NDCOST_STRICT_PLUGINS is set; unset it to load the "
+                                      "other plugins without this one, or fix or uninstall "
+                                      f"{dist!r})") from exc
+            warnings.warn(message + "; the other plugins still load "
+                          "(set NDCOST_STRICT_PLUGINS=1 to make this an error)", PluginLoadWarning, stacklevel=2)
+            loaded.append(LoadedPlugin(name=name, distribution=dist, version=version, module=module, error=error))
+            if dist == "ndcost":
+                failures[name] = error
+            continue
         keys = tuple(e.key for e in registry._pending[before:])
         loaded.append(LoadedPlugin(name=name, distribution=dist, version=version, module=module, registered=keys))
 
-    pm.check_pending()
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginLoadError(f"a plugin implements a hook ndcost does not define: {exc}; hooks are named in "
+                              f"ndcost.hookspecs (ndcost_register, ndcost_op_records, ndcost_loaded)") from exc
     registry.freeze()
     if check_essential:
         present = {p.name for p in loaded if p.distribution == "ndcost" and p.error is None}
         missing = sorted(ESSENTIAL - present)
         if missing:
+            why = "; ".join(f"{n}: {failures[n]}" for n in missing if n in failures)
             raise StalePluginSet(
-                f"ndcost's essential plugins {', '.join(missing)} are not installed or failed to load: "
-                f"the installed metadata is stale or broken; reinstall with `pip install -e .` "
-                f"(or `pip install .`) from the ndcost checkout")
+                f"ndcost's essential plugins {', '.join(missing)} are not installed or failed to load"
+                f"{' (' + why + ')' if why else ''}: the installed metadata is stale or broken; reinstall "
+                f"with `pip install -e .` (or `pip install .`) from the ndcost checkout")
     pm.hook.ndcost_loaded(registry=registry)
     return PluginSet(pm, registry, loaded)
 

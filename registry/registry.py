@@ -80,11 +80,13 @@ class Registry:
         if value is None:
             raise RegistrationError(f"{source} registered {key!r} with no value")
         entry = Entry(key=key, value=value, source=source, override=bool(override))
-        if self._frozen:
-            self._pending.append(entry)
-            self._resolve([entry])
-        else:
-            self._pending.append(entry)
+        self._pending.append(entry)
+        if self._frozen:  # a late registration is resolved at once; a refused one leaves no trace
+            try:
+                self._resolve([entry])
+            except RegistrationError:
+                self._pending.pop()
+                raise
 
     def freeze(self) -> None:
         """Resolve every collected registration; raise on an undeclared duplicate."""

@@ -1,0 +1,142 @@
+"""Packaging: every subpackage listed, no generic top-level names, lazy torch, a plain install with its YAML."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDERS = {"framework": "ndcost", "registry": "ndcost.registry", "plugins": "ndcost.plugins", "specs": "ndcost.specs"}
+
+
+def _pyproject() -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _run(code: str, cwd: Path, env_extra=None) -> subprocess.CompletedProcess:
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=300)
+
+
+def test_package_dir_maps_the_four_folders():
+    tool = _pyproject()["tool"]["setuptools"]
+    assert tool["package-dir"] == {package: folder for folder, package in FOLDERS.items()}
+
+
+def _source_packages() -> set:
+    """Dotted names of every folder with an __init__.py under the four mapped folders."""
+    found = set()
+    for folder, package in FOLDERS.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(REPO / folder)
+            if "__pycache__" not in relative.parts:
+                found.add(".".join((package,) + relative.parts))
+    return found
+
+
+def test_every_folder_with_init_is_a_listed_package():
+    listed = set(_pyproject()["tool"]["setuptools"]["packages"])
+    found = _source_packages()
+    missing = sorted(found - listed)
+    assert not missing, f"add these to [tool.setuptools] packages in pyproject.toml: {missing}"
+    stale = sorted(listed - found)
+    assert not stale, f"pyproject lists packages with no folder: {stale}"
+
+
+def test_project_metadata():
+    project = _pyproject()["project"]
+    assert project["name"] == "ndcost" and project["requires-python"] == ">=3.10"
+    deps = " ".join(project["dependencies"])
+    for name in ("pluggy", "attrs", "pyyaml", "numpy", "torch>=2.6", "transformers"):
+        assert name in deps
+    assert {"pytest", "hypothesis"} <= {d.split(">")[0].split("=")[0].strip()
+                                        for d in project["optional-dependencies"]["test"]}
+    eps = _pyproject()["project"]["entry-points"]["ndcost.plugins"]
+    for name in ("storage", "optimizers", "accounting", "hardware", "schedules"):
+        assert eps[name] == f"ndcost.plugins.{name}"
+
+
+def test_import_ndcost_does_not_import_torch_or_transformers(tmp_path):
+    code = ("import sys, json, ndcost\n"
+            "from ndcost import Strategy, Hardware, ModelSpec, resolve\n"
+            "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+            "print(json.dumps(heavy))\n")
+    result = _run(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def test_loading_every_plugin_and_the_accounting_does_not_import_torch(tmp_path):
+    code = ("import sys, json, ndcost\n"
+            "from ndcost import manager\n"
+            "loaded = manager.plugins()\n"
+            "ndcost.accounting.training_bytes([[2, 2]], 2, 2, [], 2, 'adamw', 4)\n"
+            "ndcost.accounting.storage_bytes('int4', 64)\n"
+            "ndcost.Strategy.parse('dp=2,tp=2,seq=8')\n"
+            "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+            "print(json.dumps({'heavy': heavy, 'plugins': [p.module for p in loaded.plugins]}))\n")
+    result = _run(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["heavy"] == [], (f"a plugin module imports {report['heavy']} at import time; import it inside "
+                                   f"the function that measures. Plugins loaded: {report['plugins']}")
+
+
+def test_no_generic_top_level_names_are_importable(tmp_path):
+    code = ("import importlib.util, json\n"
+            "print(json.dumps([n for n in ('registry', 'plugins', 'framework', 'specs') "
+            "if importlib.util.find_spec(n) is not None]))\n")
+    result = _run(code, tmp_path)                 # outside the checkout: only what is installed
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.slow
+def test_plain_install_ships_ndcost_only_with_its_yaml(tmp_path):
+    """A non-editable ``pip install .`` into a folder: one package ``ndcost`` with specs/**/*.yaml inside."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for folder in FOLDERS:
+        shutil.copytree(REPO / folder, source / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    target = tmp_path / "site"
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                             "--no-index", "--target", str(target), str(source)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+
+    top = {p.name for p in target.iterdir() if not p.name.endswith(".dist-info") and p.name != "bin"}
+    assert top == {"ndcost"}, f"a plain install must put only ndcost at the top level, got {sorted(top)}"
+    shipped = {p.relative_to(target / "ndcost" / "specs").as_posix()
+               for p in (target / "ndcost" / "specs").rglob("*.yaml")}
+    expected = {p.relative_to(REPO / "specs").as_posix() for p in (REPO / "specs").rglob("*.yaml")}
+    assert expected and expected <= shipped, f"YAML missing from the install: {sorted(expected - shipped)}"
+    absent = sorted(p for p in _source_packages() if not target.joinpath(*p.split("."), "__init__.py").is_file())
+    assert not absent, f"packages missing from a plain install (list them in pyproject's packages): {absent}"
+
+    # the installed copy imports and loads its built-in plugins from its own metadata
+    code = ("import json, ndcost\n"
+            "from ndcost import manager\n"
+            "names = sorted(p.name for p in manager.plugins().plugins if p.distribution == 'ndcost')\n"
+            "print(json.dumps({'file': ndcost.__file__, 'plugins': names,\n"
+            "                  'total': ndcost.accounting.training_bytes([[4, 3], [3]], 2, 4, [[2, 4]], 2, 'adam', 4)"
+            "['total']}))\n")
+    run = _run(code, tmp_path, {"PYTHONPATH": str(target)})
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["file"].startswith(str(target))
+    assert {"storage", "optimizers", "accounting", "hardware", "schedules"} <= set(report["plugins"])
+    assert report["total"] == 226
