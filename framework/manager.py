@@ -25,7 +25,7 @@ GROUP = "ndcost.plugins"
 
 # Entry-point names of ndcost's own distribution that every install must have.
 ESSENTIAL = frozenset({
-    "storage", "optimizers", "accounting", "schedules", "hardware",
+    "storage", "optimizers", "accounting", "schedules", "hardware", "op_records",
 })
 
 

@@ -1,0 +1,966 @@
+"""The op records: a decoder layer's activations, op by op and slot by slot, priced from named values.
+
+The records are data: ``specs/op_records.yaml`` (ndcost's own, contributed
+through the ``ndcost_op_records`` hook exactly as a third party contributes)
+lists the ops of the op vector, each with its recompute switch, and the
+slots (``qkv``, ``score``, ``proj``, ``ffn``, ``router``, ``shared``,
+``routed``, ``norm``, ``mla``, ``linear_proj``, ``linrec``, ``checkpoint``),
+each with its part and terms whose bytes are expressions over named values
+(widths, bytes per element, the micro-batch factor, the dropless token
+factor, ``kv_shards``). Expressions are evaluated by
+:mod:`ndcost.plugins.expressions`, never by ``eval``.
+
+Layers:
+
+- :func:`load_op_records` merges every plugin's contribution into one
+  :class:`OpRecords` (an op, slot, value, switch or mode defined twice is an
+  error naming both contributors, unless exactly one says ``override: true``).
+- :func:`values_for` maps a :class:`~ndcost.values.ModelSpec`, a layer kind and
+  an evaluation (sequence, micro-batch, TP/SP/CP/ETP, attention kernel) to a
+  :class:`Values` mapping of the names the records read.
+- :func:`slot_bytes`, :func:`layer_slots`, :func:`op_bytes`,
+  :func:`layer_bytes`, :func:`ops_bytes`, :func:`kv_shards`,
+  :func:`gathered_kv_bytes` price one rank's share of a micro-batch.
+- :func:`formula_record` gives the resolver a :class:`~ndcost.records.KindRecord`:
+  bytes per token at TP 1, the part TP does not split (``saved_per_token``)
+  and the part it does (``saved_tp_per_token``), so that a rank at TP t
+  keeps ``saved + saved_tp / t`` and, under sequence parallelism,
+  ``(saved + saved_tp) / t``.
+
+Known limitations: the records follow the published convention (Korthikanti
+et al. 2022) where it applies: a tensor is counted once by the op whose
+backward reads it first, and a norm's fp32 statistics are left out. An MTP
+layer's own projection and norms, DeepSeek-V3.2/V4's indexer and compressors,
+and GPT-OSS's sinks are not in the records (the census measures them).
+Keys and values are split linearly over TP, even where TP exceeds the KV heads
+and a run replicates them.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import sys
+import weakref
+from importlib import resources
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import attrs
+import yaml
+
+from ndcost.errors import InvalidValue, RegistrationError, StalePluginSet, UnknownKey
+from ndcost.hookspecs import hookimpl
+from ndcost.plugins.expressions import Expression, Number, divide
+from ndcost.records import KindRecord
+from ndcost.values import CP_ALGOS, DTYPES, PARTS, ModelSpec
+
+SOURCE = "op_records"
+SPLITS = ("tp", "sequence")
+SECTIONS = ("values", "switches", "ops", "modes", "slots")
+_TOP_LEVEL = frozenset(SECTIONS) | {"schema", "doc"}
+ALL = "*"
+
+Switches = Union[None, str, Mapping[str, Number]]
+
+
+# ---------------------------------------------------------------------------
+# the records
+# ---------------------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class ValueDecl:
+    """A name an expression may read: given by the model or the evaluation, a default, or derived."""
+
+    name: str
+    doc: str = ""
+    default: Optional[Number] = None
+    expr: Optional[Expression] = None
+    source: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Op:
+    """An op of the op vector and the recompute switch that drops what it keeps."""
+
+    name: str
+    switch: str
+    doc: str = ""
+    source: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Mode:
+    """A named setting of the switches: those it turns off (``ALL`` for every one) and values it sets."""
+
+    name: str
+    off: Union[str, Tuple[str, ...]] = ()
+    set: Mapping[str, Number] = attrs.field(factory=dict)
+    doc: str = ""
+    source: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Term:
+    """What one op keeps in a slot: bytes at TP 1, what splits them, the switches that drop them."""
+
+    name: str
+    op: str
+    split: str
+    bytes: Expression
+    switches: Tuple[str, ...]
+    holds: Optional[Expression] = None
+
+
+@attrs.frozen(kw_only=True)
+class Slot:
+    """A slot of a layer's activations: its part, which layers hold it, and its terms."""
+
+    name: str
+    part: str
+    terms: Tuple[Term, ...]
+    holds: Optional[Expression] = None
+    doc: str = ""
+    source: str = ""
+
+    def held(self, values: Mapping[str, Any]) -> bool:
+        """Whether a layer of *values* holds this slot."""
+        return self.holds is None or bool(self.holds.evaluate(values))
+
+
+class OpRecords:
+    """Merged op records: values, switches, ops, modes and slots, validated together."""
+
+    def __init__(self, values: Mapping[str, ValueDecl], switches: Mapping[str, str], ops: Mapping[str, Op],
+                 modes: Mapping[str, Mode], slots: Mapping[str, Slot], sources: Sequence[str] = ()):
+        self.values = dict(values)
+        self.switches = dict(switches)
+        self.ops = dict(ops)
+        self.modes = dict(modes)
+        self.slots = dict(slots)
+        self.sources = tuple(sources)
+        self.defaults = {n: d.default for n, d in self.values.items() if d.default is not None}
+        self.derived = {n: d.expr for n, d in self.values.items() if d.expr is not None}
+        self._keeps: Dict[str, Tuple[str, ...]] = {}
+        for slot in self.slots.values():
+            for term in slot.terms:
+                if slot.name not in self._keeps.setdefault(term.op, ()):
+                    self._keeps[term.op] += (slot.name,)
+
+    def __repr__(self) -> str:
+        return (f"OpRecords({len(self.ops)} ops, {len(self.slots)} slots, {len(self.values)} values, "
+                f"from {', '.join(self.sources) or 'nothing'})")
+
+    # -- lookups ------------------------------------------------------------
+    def record(self, op: str) -> Op:
+        """The op *op*; an unknown one fails naming the closest."""
+        return self._get(self.ops, op, "op")
+
+    def slot(self, name: str) -> Slot:
+        """The slot *name*; an unknown one fails naming the closest."""
+        return self._get(self.slots, name, "slot")
+
+    def mode(self, name: str) -> Mode:
+        return self._get(self.modes, name, "recompute mode")
+
+    def keeps(self, op: str) -> Tuple[str, ...]:
+        """The slots that have a term kept for *op*."""
+        self.record(op)
+        return self._keeps.get(op, ())
+
+    @staticmethod
+    def _get(table: Mapping[str, Any], name: str, what: str) -> Any:
+        try:
+            return table[name]
+        except (KeyError, TypeError):
+            close = difflib.get_close_matches(str(name), list(table), n=3)
+            hint = f"closest: {', '.join(close)}" if close else f"known: {', '.join(table)}"
+            raise UnknownKey(f"the op records have no {what} {name!r}; {hint}") from None
+
+    # -- switches -----------------------------------------------------------
+    def switch_states(self, switches: Switches) -> Tuple[Dict[str, Number], Dict[str, Number]]:
+        """The state of every switch (1 keeps, 0 recomputes) and the values a mode sets.
+
+        *switches* is None (keep everything), a mode name (``none``,
+        ``core_attention``, ``selective``, ``full``, ...), or a mapping of
+        switches to states; switches it does not name stay on.
+        """
+        states = {name: 1 for name in self.switches}
+        if switches is None:
+            return states, {}
+        if isinstance(switches, str):
+            mode = self.mode(switches)
+            off = tuple(self.switches) if mode.off == ALL else mode.off
+            for name in off:
+                states[name] = 0
+            return states, dict(mode.set)
+        for name, state in dict(switches).items():
+            if name not in self.switches:
+                close = difflib.get_close_matches(str(name), list(self.switches), n=3)
+                hint = f"did you mean {', '.join(close)}? " if close else ""
+                raise UnknownKey(f"unknown recompute switch {name!r}; {hint}switches: {', '.join(self.switches)}")
+            if isinstance(state, bool):
+                state = int(state)
+            if not isinstance(state, (int, float)) or not 0 <= state <= 1:
+                raise InvalidValue(f"recompute switch {name!r}: the state must be from 0 (recompute) "
+                                   f"to 1 (keep), got {state!r}")
+            states[name] = state
+        return states, {}
+
+    # -- evaluation ---------------------------------------------------------
+    def evaluate(self, slot: str, values: "Values", keep: Mapping[str, Number],
+                 only: Optional[str] = None) -> Number:
+        """The bytes one rank keeps in *slot*: its held terms, each times its switches' states.
+
+        With *only* (an op, a part, or one of the slot's term names), the
+        matching terms alone, whatever the switches say.
+        """
+        total: Number = 0
+        for _term, value in self._terms(self.slot(slot), values, keep, only):
+            total += value
+        return total
+
+    def _terms(self, slot: Slot, values: "Values", keep: Mapping[str, Number],
+               only: Optional[str] = None) -> Iterator[Tuple[Term, Number]]:
+        """Each held term of *slot* and the bytes one rank keeps of it."""
+        if only is not None:
+            self._check_only(slot, only)
+            is_term = any(t.name == only for t in slot.terms)
+            if only not in self.ops and not is_term:  # a part: the whole slot, or nothing
+                if slot.part != only:
+                    return
+                only = None
+            keep = None
+        if not slot.held(values):
+            return
+        tp = values["tp"]
+        sp = values["sp"]
+        for term in slot.terms:
+            if only is not None and only not in (term.op, term.name):
+                continue
+            if term.holds is not None and not term.holds.evaluate(values):
+                continue
+            state: Number = 1
+            if keep is not None:
+                for switch in term.switches:
+                    state = state * keep.get(switch, 1)
+                if not state:
+                    continue
+            raw = term.bytes.evaluate(values)
+            if term.split == "tp" or sp:
+                raw = divide(raw, tp)
+            yield term, raw if state == 1 else raw * state
+
+    def _parts(self) -> set:
+        return {s.part for s in self.slots.values()}
+
+    def _check_only(self, slot: Slot, only: str) -> None:
+        known = set(self.ops) | set(PARTS) | self._parts() | {t.name for t in slot.terms}
+        if only not in known:
+            close = difflib.get_close_matches(str(only), sorted(known), n=3)
+            hint = f"closest: {', '.join(close)}" if close else "give an op, a part or a term name"
+            raise UnknownKey(f"only={only!r} is neither an op, a part nor a term of slot {slot.name!r}; {hint}")
+
+
+# ---------------------------------------------------------------------------
+# merging contributions
+# ---------------------------------------------------------------------------
+def _entries(section: str, data: Any, source: str) -> Dict[str, Mapping[str, Any]]:
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise InvalidValue(f"op records of {source}: '{section}' must be a mapping of names, got {type(data).__name__}")
+    out = {}
+    for name, entry in data.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise InvalidValue(f"op records of {source}: {section} name {name!r} must be an identifier")
+        if entry is None:
+            entry = {}
+        if not isinstance(entry, Mapping):
+            raise InvalidValue(f"op records of {source}: {section[:-1]} {name!r} must be a mapping, got {entry!r}")
+        out[name] = entry
+    return out
+
+
+def _resolve(section: str, found: Mapping[str, List[Tuple[str, Mapping[str, Any]]]]
+             ) -> Dict[str, Tuple[str, Mapping[str, Any]]]:
+    """One entry a name: a name defined twice is an error naming both, unless exactly one overrides."""
+    what = section[:-1] if section != "switches" else "switch"
+    out = {}
+    for name, group in found.items():
+        base = [g for g in group if not g[1].get("override")]
+        over = [g for g in group if g[1].get("override")]
+        if len(base) > 1:
+            raise RegistrationError(
+                f"op records: {what} {name!r} is defined by both {base[0][0]} and {base[1][0]}; "
+                f"rename one, or say 'override: true' in the one that should win")
+        if len(over) > 1:
+            raise RegistrationError(
+                f"op records: {what} {name!r} is overridden by both {over[0][0]} and {over[1][0]}; "
+                f"only one contribution may override it")
+        out[name] = over[0] if over else base[0]
+    return out
+
+
+def _text(entry: Mapping[str, Any], key: str = "doc") -> str:
+    value = entry.get(key, "")
+    return "" if value is None else str(value)
+
+
+def _check_keys(entry: Mapping[str, Any], allowed: Iterable[str], where: str) -> None:
+    unknown = sorted(repr(k) for k in set(entry) - set(allowed) - {"override", "doc"})
+    if unknown:
+        hint = " (YAML reads an unquoted on/off/yes/no as a boolean: quote it)" \
+            if any(isinstance(k, bool) for k in entry) else ""
+        raise InvalidValue(f"{where}: unknown field(s) {', '.join(unknown)}{hint}; "
+                           f"allowed: {', '.join(sorted(set(allowed) | {'override', 'doc'}))}")
+
+
+def merge(contributions: Sequence[Tuple[str, Any]]) -> OpRecords:
+    """Merge *contributions* ((source, mapping or list of mappings) pairs) into validated records."""
+    found: Dict[str, Dict[str, List[Tuple[str, Mapping[str, Any]]]]] = {s: {} for s in SECTIONS}
+    sources = []
+    for source, data in contributions:
+        items = data if isinstance(data, (list, tuple)) else [data]
+        for item in items:
+            if item is None:
+                continue
+            if not isinstance(item, Mapping):
+                raise InvalidValue(f"op records of {source}: a contribution must be a mapping with "
+                                   f"{', '.join(SECTIONS)}; got {type(item).__name__}")
+            unknown = sorted(set(item) - _TOP_LEVEL)
+            if unknown:
+                raise InvalidValue(f"op records of {source}: unknown section(s) {', '.join(map(repr, unknown))}; "
+                                   f"allowed: {', '.join(sorted(_TOP_LEVEL))}")
+            if item.get("schema", 1) != 1:
+                raise InvalidValue(f"op records of {source}: schema {item.get('schema')!r} is not supported "
+                                   f"(this ndcost reads schema 1)")
+            if source not in sources:
+                sources.append(source)
+            for section in SECTIONS:
+                for name, entry in _entries(section, item.get(section), source).items():
+                    found[section].setdefault(name, []).append((source, entry))
+    resolved = {section: _resolve(section, found[section]) for section in SECTIONS}
+
+    # values
+    values: Dict[str, ValueDecl] = {}
+    for name, (source, entry) in resolved["values"].items():
+        where = f"op records of {source}: value {name!r}"
+        _check_keys(entry, ("default", "expr"), where)
+        if "default" in entry and "expr" in entry:
+            raise InvalidValue(f"{where} states both a default and an expr; keep one")
+        default = entry.get("default")
+        if default is not None and (isinstance(default, bool) or not isinstance(default, (int, float))):
+            raise InvalidValue(f"{where}: the default must be a number, got {default!r}")
+        expr = Expression(entry["expr"], f"value {name!r} ({source})") if "expr" in entry else None
+        values[name] = ValueDecl(name=name, doc=_text(entry), default=default, expr=expr, source=source)
+
+    # ops and switches
+    ops: Dict[str, Op] = {}
+    switches: Dict[str, str] = {}
+    for name, (source, entry) in resolved["switches"].items():
+        _check_keys(entry, (), f"op records of {source}: switch {name!r}")
+        switches[name] = _text(entry)
+    for name, (source, entry) in resolved["ops"].items():
+        _check_keys(entry, ("switch",), f"op records of {source}: op {name!r}")
+        switch = str(entry.get("switch") or name)
+        if not switch.isidentifier():
+            raise InvalidValue(f"op records of {source}: op {name!r}: switch {switch!r} must be an identifier")
+        ops[name] = Op(name=name, switch=switch, doc=_text(entry), source=source)
+        switches.setdefault(switch, f"what op {name} keeps")
+
+    # modes
+    modes: Dict[str, Mode] = {}
+    for name, (source, entry) in resolved["modes"].items():
+        where = f"op records of {source}: mode {name!r}"
+        _check_keys(entry, ("recompute", "set"), where)
+        off = entry.get("recompute") or ()
+        if off != ALL:
+            if isinstance(off, str) or not all(isinstance(o, str) for o in off):
+                raise InvalidValue(f"{where}: 'recompute' must be a list of switches or \"*\", got {off!r}")
+            for switch in off:
+                if switch not in switches:
+                    raise InvalidValue(f"{where} turns off the unknown switch {switch!r}; "
+                                       f"switches: {', '.join(switches)}")
+            off = tuple(off)
+        settings = dict(entry.get("set") or {})
+        for value_name, number in settings.items():
+            if value_name not in values:
+                raise InvalidValue(f"{where} sets the undeclared value {value_name!r}")
+            if isinstance(number, bool) or not isinstance(number, (int, float)):
+                raise InvalidValue(f"{where} sets {value_name!r} to {number!r}, not a number")
+        modes[name] = Mode(name=name, off=off, set=settings, doc=_text(entry), source=source)
+
+    # slots
+    known_parts = set(PARTS)
+    slots: Dict[str, Slot] = {}
+    for name, (source, entry) in resolved["slots"].items():
+        where = f"op records of {source}: slot {name!r}"
+        _check_keys(entry, ("part", "holds", "terms"), where)
+        part = entry.get("part")
+        if part not in known_parts:
+            raise InvalidValue(f"{where}: part {part!r} is not one of {', '.join(PARTS)}")
+        holds = Expression(entry["holds"], f"slot {name!r} holds ({source})") if entry.get("holds") is not None \
+            else None
+        raw_terms = entry.get("terms")
+        if not isinstance(raw_terms, (list, tuple)) or not raw_terms:
+            raise InvalidValue(f"{where} has no terms; give a list of {{op, split, bytes}}")
+        terms = []
+        for index, raw in enumerate(raw_terms):
+            if not isinstance(raw, Mapping):
+                raise InvalidValue(f"{where}: term {index} must be a mapping, got {raw!r}")
+            op = raw.get("op")
+            term_name = str(raw.get("name") or op)
+            twhere = f"{where} term {term_name!r}"
+            _check_keys(raw, ("name", "op", "split", "bytes", "switches", "holds"), twhere)
+            if op not in ops:
+                close = difflib.get_close_matches(str(op), list(ops), n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise InvalidValue(f"{twhere}: unknown op {op!r}{hint} (ops: {', '.join(ops)})")
+            if term_name != op and (term_name in ops or term_name in known_parts):
+                raise InvalidValue(f"{twhere}: a term's name must not be another op's or a part's name")
+            if any(t.name == term_name for t in terms):
+                raise InvalidValue(f"{where}: two terms are named {term_name!r}; name them apart")
+            split = raw.get("split")
+            if split not in SPLITS:
+                raise InvalidValue(f"{twhere}: split {split!r} is not one of {', '.join(SPLITS)}")
+            if "bytes" not in raw:
+                raise InvalidValue(f"{twhere} states no bytes expression")
+            term_switches = raw.get("switches")
+            term_switches = (ops[op].switch,) if term_switches is None else tuple(term_switches)
+            for switch in term_switches:
+                if switch not in switches:
+                    raise InvalidValue(f"{twhere}: unknown switch {switch!r}; switches: {', '.join(switches)}")
+            label = f"slot {name!r} term {term_name!r} ({source})"
+            terms.append(Term(
+                name=term_name, op=op, split=split, bytes=Expression(raw["bytes"], label),
+                switches=term_switches,
+                holds=None if raw.get("holds") is None else Expression(raw["holds"], label + " holds")))
+        slots[name] = Slot(name=name, part=part, terms=tuple(terms), holds=holds, doc=_text(entry), source=source)
+
+    # every name every expression reads is declared; derived values do not loop
+    declared = set(values)
+    for decl in values.values():
+        if decl.expr is not None:
+            decl.expr.check_names(declared)
+    for slot in slots.values():
+        if slot.holds is not None:
+            slot.holds.check_names(declared)
+        for term in slot.terms:
+            term.bytes.check_names(declared)
+            if term.holds is not None:
+                term.holds.check_names(declared)
+    _check_cycles(values)
+    return OpRecords(values, switches, ops, modes, slots, sources)
+
+
+def _check_cycles(values: Mapping[str, ValueDecl]) -> None:
+    state: Dict[str, int] = {}
+
+    def visit(name: str, path: Tuple[str, ...]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            loop = path[path.index(name):] + (name,)
+            raise InvalidValue(f"op records: derived values depend on themselves: {' -> '.join(loop)}")
+        state[name] = 1
+        expr = values[name].expr
+        for dep in sorted(expr.names) if expr is not None else ():
+            if values[dep].expr is not None:
+                visit(dep, path + (name,))
+        state[name] = 2
+
+    for name in values:
+        visit(name, ())
+
+
+# ---------------------------------------------------------------------------
+# loading through the hook
+# ---------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _builtin_text() -> str:
+    return (resources.files("ndcost.specs") / "op_records.yaml").read_text()
+
+
+def builtin_records() -> Dict[str, Any]:
+    """ndcost's own contribution: ``specs/op_records.yaml`` as a mapping (a fresh copy)."""
+    return copy.deepcopy(_builtin_mapping())
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_mapping() -> Dict[str, Any]:
+    return yaml.safe_load(_builtin_text())
+
+
+@hookimpl
+def ndcost_op_records():
+    """ndcost's built-in op records, contributed as any plugin contributes its own."""
+    return [builtin_records()]
+
+
+_cache: "weakref.WeakKeyDictionary[Any, OpRecords]" = weakref.WeakKeyDictionary()
+
+
+def load_op_records(plugins: Any = None) -> OpRecords:
+    """The op records every plugin of *plugins* (the process-wide set where omitted) contributes, merged.
+
+    Merged once per plugin set. Fails where ndcost's own records are not
+    among the contributions (a stale install), naming the fix.
+    """
+    if plugins is None:
+        from ndcost import manager
+        plugins = manager.plugins()
+    try:
+        cached = _cache.get(plugins)
+    except TypeError:  # an object without weak references is merged every time
+        cached = None
+    if cached is not None:
+        return cached
+    impls = sorted(plugins.pm.hook.ndcost_op_records.get_hookimpls(), key=lambda impl: impl.plugin_name)
+    this = sys.modules[__name__]
+    if not any(impl.plugin is this or getattr(impl.plugin, "__name__", None) == __name__ for impl in impls):
+        raise StalePluginSet(
+            "ndcost's built-in op records (entry point 'op_records', module ndcost.plugins.op_records) are "
+            "not loaded: the installed metadata is stale; reinstall with `pip install -e .` from the checkout")
+    contributions = []
+    for impl in impls:
+        module = getattr(impl.plugin, "__name__", type(impl.plugin).__name__)
+        source = f"{impl.plugin_name} ({module})"
+        try:
+            result = impl.function()
+        except Exception as exc:
+            raise RegistrationError(f"op records of {source} failed: {type(exc).__name__}: {exc}") from exc
+        contributions.append((source, result))
+    records = merge(contributions)
+    try:
+        _cache[plugins] = records
+    except TypeError:
+        pass
+    return records
+
+
+# ---------------------------------------------------------------------------
+# values
+# ---------------------------------------------------------------------------
+class Values(Mapping):
+    """The named values the records read for one layer: given (overrides first), derived, or defaults.
+
+    A name the records do not declare is refused when given; a declared name
+    neither given nor defaulted fails when read, naming the layer.
+    """
+
+    def __init__(self, given: Mapping[str, Any], records: OpRecords, label: str = "these values"):
+        self.records = records
+        self.label = label
+        self._given = dict(given)
+        for name, value in self._given.items():
+            if name not in records.values:
+                close = difflib.get_close_matches(str(name), list(records.values), n=3)
+                hint = f"did you mean {', '.join(close)}? " if close else ""
+                raise UnknownKey(f"{label}: {name!r} is not a value the op records read; {hint}"
+                                 f"(declared: {', '.join(sorted(records.values))})")
+            if isinstance(value, bool):
+                self._given[name] = int(value)
+            elif not isinstance(value, (int, float)):
+                raise InvalidValue(f"{label}: value {name!r} must be a number, got {value!r}")
+        self._cache: Dict[str, Number] = {}
+        self._reading: List[str] = []
+
+    def __getitem__(self, name: str) -> Number:
+        if name in self._given:
+            return self._given[name]
+        if name in self._cache:
+            return self._cache[name]
+        decl = self.records.values.get(name)
+        if decl is None:
+            close = difflib.get_close_matches(str(name), list(self.records.values), n=3)
+            raise UnknownKey(f"{name!r} is not a value the op records declare"
+                             + (f"; closest: {', '.join(close)}" if close else ""))
+        if decl.expr is not None:
+            value = decl.expr.evaluate(self)
+        elif decl.default is not None:
+            value = decl.default
+        else:
+            raise UnknownKey(f"value {name!r} ({decl.doc}) is not given for {self.label}; "
+                             f"give it (values_for states it for the kinds that need it)")
+        self._cache[name] = value
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in self.records.values if name in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._given or (name in self.records.values and (
+            self.records.values[name].default is not None or self.records.values[name].expr is not None))
+
+    @property
+    def given(self) -> Dict[str, Number]:
+        return dict(self._given)
+
+    def override(self, overrides: Optional[Mapping[str, Any]]) -> "Values":
+        """These values with *overrides* in place of what they give."""
+        if not overrides:
+            return self
+        return Values({**self._given, **overrides}, self.records, self.label)
+
+    def __repr__(self) -> str:
+        return f"Values({self.label}: {self._given})"
+
+
+def as_values(values: Union[Values, Mapping[str, Any]], records: Optional[OpRecords] = None,
+              overrides: Optional[Mapping[str, Any]] = None) -> Values:
+    """*values* as :class:`Values` (a plain mapping is checked against the records), with *overrides*."""
+    if isinstance(values, Values):
+        return values.override(overrides)
+    records = records or load_op_records()
+    return Values({**dict(values), **dict(overrides or {})}, records)
+
+
+# ---------------------------------------------------------------------------
+# the evaluation API
+# ---------------------------------------------------------------------------
+def _prepare(values, switches, overrides, records):
+    values = as_values(values, records, overrides)
+    states, settings = values.records.switch_states(switches)
+    if settings:
+        values = values.override(settings)
+    return values, states
+
+
+def slot_bytes(values: Union[Values, Mapping[str, Any]], slot: str, switches: Switches = None,
+               overrides: Optional[Mapping[str, Any]] = None, only: Optional[str] = None,
+               *, records: Optional[OpRecords] = None) -> Number:
+    """The bytes a layer keeps in *slot*, one rank's share of a micro-batch.
+
+    Args:
+        values: The layer's values (:func:`values_for`, or a mapping of names).
+        slot: The slot.
+        switches: A mode name (``core_attention``, ``selective``, ``full``) or
+            a mapping of switches, 1 to keep and 0 to recompute; all kept where
+            omitted.
+        overrides: Values that stand for those given.
+        only: An op, a part, or a term of the slot to price alone, whatever
+            the switches say.
+    Returns 0 for a slot the layer does not hold.
+    """
+    values, states = _prepare(values, switches, overrides, records)
+    return values.records.evaluate(slot, values, states, only)
+
+
+def layer_slots(values: Union[Values, Mapping[str, Any]], *, records: Optional[OpRecords] = None) -> Dict[str, str]:
+    """The slots a layer of *values* holds, each with its part."""
+    values = as_values(values, records)
+    return {name: slot.part for name, slot in values.records.slots.items() if slot.held(values)}
+
+
+def op_bytes(values: Union[Values, Mapping[str, Any]], op: str, *,
+             records: Optional[OpRecords] = None) -> Dict[str, Number]:
+    """What a layer keeps for *op* where nothing drops it, by slot of the layer's."""
+    values = as_values(values, records)
+    held = layer_slots(values)
+    return {slot: values.records.evaluate(slot, values, {}, only=op)
+            for slot in values.records.keeps(op) if slot in held}
+
+
+def term_bytes(values: Union[Values, Mapping[str, Any]], switches: Switches = None, *,
+               records: Optional[OpRecords] = None) -> List[Tuple[str, str, str, str, str, Number]]:
+    """Every kept term of the layer: (slot, part, term, op, split, bytes one rank keeps)."""
+    values, states = _prepare(values, switches, None, records)
+    out = []
+    for slot in values.records.slots.values():
+        for term, value in values.records._terms(slot, values, states):  # pylint: disable=protected-access
+            out.append((slot.name, slot.part, term.name, term.op, term.split, value))
+    return out
+
+
+def layer_bytes(values: Union[Values, Mapping[str, Any]], switches: Switches = None, *,
+                records: Optional[OpRecords] = None) -> Dict[str, Number]:
+    """What a layer keeps, by part, under *switches* (everything kept where omitted)."""
+    parts: Dict[str, Number] = {}
+    for _slot, part, _term, _op, _split, value in term_bytes(values, switches, records=records):
+        parts[part] = parts.get(part, 0) + value
+    return parts
+
+
+def ops_bytes(values: Union[Values, Mapping[str, Any]], switches: Switches = None, *,
+              records: Optional[OpRecords] = None) -> Dict[str, Number]:
+    """What a layer keeps, by op, under *switches*."""
+    ops: Dict[str, Number] = {}
+    for _slot, _part, _term, op, _split, value in term_bytes(values, switches, records=records):
+        ops[op] = ops.get(op, 0) + value
+    return ops
+
+
+def total_bytes(values: Union[Values, Mapping[str, Any]], switches: Switches = None, *,
+                records: Optional[OpRecords] = None) -> Number:
+    """What a layer keeps in all, one rank's share of a micro-batch."""
+    return sum(v for *_, v in term_bytes(values, switches, records=records))
+
+
+def kv_shards(values: Union[Values, Mapping[str, Any]], *, records: Optional[OpRecords] = None) -> Number:
+    """Over how many CP ranks a layer's keys and values are split.
+
+    Ulysses CP gives each rank its heads' share, and a linear-attention layer
+    passes its state instead of gathering them: all of CP. Ring, Colossal-AI
+    and hybrid CP all-gather them, and the attention keeps them whole: 1.
+    """
+    return as_values(values, records)["kv_shards"]
+
+
+def gathered_kv_bytes(values: Union[Values, Mapping[str, Any]], *, records: Optional[OpRecords] = None) -> Number:
+    """Per token of a rank's share, the bytes of the other ranks' keys and values it keeps.
+
+    Where CP gathers the keys and values (:func:`kv_shards` is 1), the
+    attention keeps the whole sequence's: the rank's own share and ``cp - 1``
+    others, each split over TP. The ``qkv`` slot's ``gathered_kv`` term.
+    """
+    values = as_values(values, records)
+    return divide(values["gathered_kv_width"] * values["bytes_act"], values["tp"])
+
+
+# ---------------------------------------------------------------------------
+# a ModelSpec's values
+# ---------------------------------------------------------------------------
+# Families whose feed-forward is an ungated two-matmul MLP (GeLU and kin).
+UNGATED_MODEL_TYPES = frozenset({"gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "phi"})
+# Where a spec states neither (a spec built by hand), the families known to normalize queries and
+# keys, and to gate the attention's output; a family's ``extra`` says so where it knows.
+QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"})
+OUTPUT_GATE_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_moe"})
+ATTENTION_KERNELS = {"eager": 1, "sdpa": 0, "flash": 0, "flash_attention_2": 0}
+# GPT-2's config defaults, the paper's dropout, for a spec built without its config.
+_GPT2_DROPOUT = 0.1
+
+_ATTN_DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob")
+_HIDDEN_DROPOUT_KEYS = ("resid_pdrop", "hidden_dropout", "hidden_dropout_prob")
+
+
+def _stated(spec: ModelSpec, *keys: str) -> Any:
+    """The first of *keys* the spec's ``extra`` or its config states, else None."""
+    for key in keys:
+        if key in spec.extra and spec.extra[key] is not None:
+            return spec.extra[key]
+        if key in spec.hf_config and spec.hf_config[key] is not None:
+            return spec.hf_config[key]
+    return None
+
+
+def _dropout_present(spec: ModelSpec, keys: Tuple[str, ...]) -> int:
+    stated = _stated(spec, *keys)
+    if stated is None:
+        return int(spec.model_type == "gpt2" and _GPT2_DROPOUT > 0)
+    return int(float(stated) > 0)
+
+
+def _need(spec: ModelSpec, kind: str, field: str, value: Any) -> Any:
+    if value is None:
+        raise InvalidValue(f"model {spec.name!r} (family {spec.family!r}): layer kind {kind!r} needs "
+                           f"ModelSpec.{field}, which the spec leaves unset; state it")
+    if isinstance(value, (int, float)) and value <= 0:
+        raise InvalidValue(f"model {spec.name!r} (family {spec.family!r}): ModelSpec.{field} must be > 0 "
+                           f"for layer kind {kind!r}, got {value!r}")
+    return value
+
+
+MLA_MECHANISMS = frozenset({"mla", "dsa"})
+LINEAR_MECHANISMS = frozenset({"gated_delta_net"})
+DENSE_MLPS = frozenset({"dense"})
+NO_MLPS = frozenset({"none"})
+
+
+def kind_info(spec: ModelSpec, kind: str) -> Dict[str, Any]:
+    """How a layer of *kind* is built: ``attention`` mechanism, ``mlp`` and ``mtp``.
+
+    Read from the family's description (``spec.extra["kinds"][kind]``); for a
+    spec built without one, from the kind's name and the spec's fields: a
+    kind naming ``linear`` is a gated delta net, MLA where the spec has a KV
+    latent, an MoE where the spec has experts and the kind does not name
+    ``dense``, MTP where the kind names ``mtp``.
+    """
+    described = (spec.extra.get("kinds") or {}).get(kind)
+    if described:
+        info = dict(described)
+        info.setdefault("mtp", False)
+        return info
+    linear = "linear" in kind
+    attention = "gated_delta_net" if linear else ("mla" if spec.kv_lora_rank else "gqa")
+    mlp = "moe" if spec.num_experts and "dense" not in kind else "dense"
+    return {"attention": attention, "mlp": mlp, "mtp": "mtp" in kind}
+
+
+def is_moe_kind(spec: ModelSpec, kind: str) -> bool:
+    """Whether a layer of *kind* routes its tokens to experts."""
+    mlp = kind_info(spec, kind)["mlp"]
+    return mlp not in DENSE_MLPS and mlp not in NO_MLPS
+
+
+def _flag(spec: ModelSpec, keys: Tuple[str, ...], model_types: frozenset) -> int:
+    stated = _stated(spec, *keys)
+    if stated is None:
+        return int(spec.model_type in model_types or spec.family in model_types)
+    return int(bool(stated))
+
+
+def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropout: Optional[bool] = None,
+                 ffn: Optional[str] = None) -> Dict[str, Number]:
+    """The named values a layer of *kind* of *spec* gives the records (widths and flags)."""
+    if kind not in spec.kinds:
+        close = difflib.get_close_matches(kind, list(spec.kinds), n=3)
+        raise UnknownKey(f"model {spec.name!r} has no layer kind {kind!r}; its kinds: {', '.join(spec.kinds)}"
+                         + (f" (closest: {', '.join(close)})" if close else ""))
+    if attention not in ATTENTION_KERNELS:
+        raise InvalidValue(f"attention={attention!r} is not known; allowed: {', '.join(ATTENTION_KERNELS)}")
+    if ffn not in (None, "dense", "moe"):
+        raise InvalidValue(f"ffn={ffn!r}: allowed: dense, moe (or None to read the spec)")
+    info = kind_info(spec, kind)
+    h, a = spec.hidden_size, spec.num_attention_heads
+    linear = info["attention"] in LINEAR_MECHANISMS
+    mlp = info["mlp"] if ffn is None else ffn
+    moe = mlp not in DENSE_MLPS and mlp not in NO_MLPS
+    out: Dict[str, Number] = {"h": h, "a": a, "attention": int(not linear), "linear_attention": int(linear),
+                              "moe": int(moe), "has_ffn": int(mlp not in NO_MLPS), "mtp": int(bool(info["mtp"])),
+                              "scores": ATTENTION_KERNELS[attention]}
+    if dropout is None:
+        out["dropout_attn"] = _dropout_present(spec, _ATTN_DROPOUT_KEYS)
+        out["dropout_hidden"] = _dropout_present(spec, _HIDDEN_DROPOUT_KEYS)
+    else:
+        out["dropout_attn"] = out["dropout_hidden"] = int(bool(dropout))
+
+    if info["attention"] in MLA_MECHANISMS or (spec.kv_lora_rank and not linear):
+        nope = spec.qk_nope_head_dim or 0
+        rope = _need(spec, kind, "qk_rope_head_dim", spec.qk_rope_head_dim)
+        out.update(mla=1, kv_heads=a, dk=nope + rope, dv=_need(spec, kind, "v_head_dim", spec.v_head_dim),
+                   q_lora=spec.q_lora_rank or 0, kv_lora=_need(spec, kind, "kv_lora_rank", spec.kv_lora_rank),
+                   d_rope=rope)
+    else:
+        head = spec.resolved_head_dim
+        out.update(kv_heads=spec.num_key_value_heads or a, dk=head, dv=head)
+
+    gated = _stated(spec, "gated_mlp")
+    if gated is None:
+        matrices = _stated(spec, "ffn_matrices")
+        gated = spec.model_type not in UNGATED_MODEL_TYPES if matrices is None else int(matrices) >= 3
+    out["act_widths"] = 3 if gated else 1
+    out["qk_norm"] = _flag(spec, ("qk_norm", "use_qk_norm"), QK_NORM_MODEL_TYPES)
+    out["output_gate"] = _flag(spec, ("output_gate", "attn_output_gate"), OUTPUT_GATE_MODEL_TYPES)
+    norms = _stated(spec, "layer_norms")
+    if norms is not None:
+        out["n_norms"] = int(norms)
+
+    if moe:
+        out["experts"] = _need(spec, kind, "num_experts", spec.num_experts)
+        out["top_k"] = _need(spec, kind, "num_experts_per_tok", spec.num_experts_per_tok)
+        width = spec.moe_intermediate_size or spec.intermediate_size
+        out["hff_exp"] = _need(spec, kind, "moe_intermediate_size", width)
+        # the families state the shared experts' whole width; else a count of routed-width experts
+        if spec.shared_expert_intermediate_size:
+            out["shared_width"] = spec.shared_expert_intermediate_size
+        else:
+            out["shared_width"] = (spec.num_shared_experts or 0) * out["hff_exp"]
+    elif mlp not in NO_MLPS:
+        width = spec.intermediate_size
+        if width is None and spec.model_type == "gpt2":
+            width = 4 * h  # GPT2Config.n_inner None means 4 * n_embd
+        out["hff"] = _need(spec, kind, "intermediate_size", width)
+
+    if linear:
+        out["lin_kh"] = _need(spec, kind, "linear_num_key_heads", spec.linear_num_key_heads)
+        out["lin_vh"] = _need(spec, kind, "linear_num_value_heads", spec.linear_num_value_heads)
+        out["lin_dk"] = _need(spec, kind, "linear_key_head_dim", spec.linear_key_head_dim)
+        out["lin_dv"] = _need(spec, kind, "linear_value_head_dim", spec.linear_value_head_dim)
+    return out
+
+
+def values_for(spec: ModelSpec, kind: str, *, seq: Optional[int] = None, strategy: Any = None,
+               micro_batch: Optional[int] = None, tp: Optional[int] = None, sp: Optional[bool] = None,
+               cp: Optional[int] = None, cp_algo: Optional[str] = None, etp: Optional[int] = None,
+               attention: str = "eager", dropout: Optional[bool] = None, ffn: Optional[str] = None,
+               overrides: Optional[Mapping[str, Any]] = None, records: Optional[OpRecords] = None) -> Values:
+    """The values a layer of *kind* of *spec* gives the records under an evaluation.
+
+    The evaluation comes from *strategy* (a :class:`~ndcost.values.Strategy`:
+    seq, micro-batch, TP, SP, CP and its algorithm, ETP, the compute dtype's
+    bytes) and the keyword arguments, which win over it. *attention* is the
+    kernel: ``eager`` materializes the scores (the published formulas'
+    assumption), ``sdpa``/``flash`` do not. *dropout* forces the dropouts on
+    or off (read from the config where None; GPT-2's 0.1 where a gpt2 spec
+    has no config). *ffn* forces a dense or MoE feed-forward.
+    """
+    records = records or load_op_records()
+
+    def pick(given, field, default):
+        if given is not None:
+            return given
+        if strategy is not None:
+            return getattr(strategy, field)
+        return default
+
+    seq = pick(seq, "seq", None)
+    if seq is None:
+        raise InvalidValue("values_for needs the sequence length: give seq=... or a strategy with seq")
+    algo = str(pick(cp_algo, "cp_algo", "ring")).lower()
+    if algo not in CP_ALGOS:
+        raise InvalidValue(f"cp_algo={algo!r} is not known; allowed: {', '.join(CP_ALGOS)}")
+    given = model_values(spec, kind, attention=attention, dropout=dropout, ffn=ffn)
+    given.update(s=int(seq), b=int(pick(micro_batch, "micro_batch", 1)), tp=int(pick(tp, "tp", 1)),
+                 sp=int(bool(pick(sp, "sp", False))), cp=int(pick(cp, "cp", 1)), etp=int(pick(etp, "etp", 1)),
+                 ulysses=int(algo == "ulysses"))
+    if strategy is not None:
+        given["bytes_act"] = DTYPES[strategy.compute]
+    for name in ("s", "b", "tp", "cp", "etp"):
+        if given[name] < 1:
+            raise InvalidValue(f"values_for: {name} must be >= 1, got {given[name]}")
+    given.update(overrides or {})
+    return Values(given, records, label=f"model {spec.name!r} layer kind {kind!r}")
+
+
+# ---------------------------------------------------------------------------
+# the KindRecord
+# ---------------------------------------------------------------------------
+def _per_token(by_split: Mapping[str, Number], split: str, seq: int) -> Number:
+    return divide(by_split.get(split, 0), seq)
+
+
+def formula_record(spec: ModelSpec, kind: str, seq: int, *, attention: str = "eager",
+                   dropout: Optional[bool] = None, overrides: Optional[Mapping[str, Any]] = None,
+                   records: Optional[OpRecords] = None) -> KindRecord:
+    """One layer of *kind*: analytic activation bytes per token at TP 1, from the op records.
+
+    ``saved_per_token`` holds the bytes TP does not split and
+    ``saved_tp_per_token`` those it splits, so a rank at TP t keeps
+    ``saved + saved_tp / t``, and ``(saved + saved_tp) / t`` under sequence
+    parallelism; ``ops``/``ops_tp`` split them by op. ``selective_*`` is the
+    layer under the formulas' selective recompute (the attention core), which
+    recomputes no weight matmul (both recomputed shares 0). The backward's
+    working peak is not priced here (None).
+    """
+    values = values_for(spec, kind, seq=seq, micro_batch=1, tp=1, sp=False, cp=1, attention=attention,
+                        dropout=dropout, overrides=overrides, records=records)
+
+    def by_split(switches):
+        splits: Dict[str, Number] = {}
+        ops: Dict[str, Dict[str, Number]] = {"sequence": {}, "tp": {}}
+        for _slot, _part, _term, op, split, value in term_bytes(values, switches):
+            splits[split] = splits.get(split, 0) + value
+            ops[split][op] = ops[split].get(op, 0) + value
+        return splits, ops
+
+    kept, ops = by_split(None)
+    selective, _ = by_split("selective")
+    return KindRecord(
+        kind=kind, seq=int(seq), source=SOURCE,
+        saved_per_token=_per_token(kept, "sequence", seq),
+        saved_tp_per_token=_per_token(kept, "tp", seq),
+        selective_per_token=_per_token(selective, "sequence", seq),
+        selective_tp_per_token=_per_token(selective, "tp", seq),
+        recomputed_attention_mm_share=0.0,
+        recomputed_other_mm_share=0.0,
+        ops={op: divide(v, seq) for op, v in ops["sequence"].items()},
+        ops_tp={op: divide(v, seq) for op, v in ops["tp"].items()},
+    )
+
+
+def formula_records(spec: ModelSpec, seq: int, **kwargs: Any) -> Dict[str, KindRecord]:
+    """:func:`formula_record` for every layer kind of *spec*."""
+    return {kind: formula_record(spec, kind, seq, **kwargs) for kind in spec.kinds}

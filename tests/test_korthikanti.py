@@ -1,0 +1,190 @@
+"""The op records reproduce Korthikanti et al. 2022 exactly.
+
+Paper: V. Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models" (MLSys 2023, arXiv:2205.05198), section 4 and Table 2:
+activation bytes of one transformer layer, with
+
+- s the sequence length, b the micro-batch, h the hidden width, a the heads,
+  t the tensor-parallel degree;
+
+and the paper's assumptions, which every test here states to the records:
+
+- 16-bit activations (2 bytes an element), 1-byte dropout masks;
+- dropout after the attention softmax and after both residual branches
+  (GPT-2's attn_pdrop and resid_pdrop);
+- attention scores materialized (no fused attention kernel);
+- a GPT-2 layer: pre-LayerNorm, 4h GeLU MLP, MHA with h/a-wide heads;
+- the small terms the paper leaves out are left out (LayerNorm statistics).
+
+Per layer (Table 2):
+  no parallelism                       sbh (34 + 5as/h)
+  tensor parallel                      sbh (10 + 24/t + 5as/(ht))
+  tensor + sequence parallel           sbh/t (34 + 5as/h)
+  TP + selective (core attention)      sbh (10 + 24/t)
+  TP + SP + selective                  sbh 34/t
+  full recompute                       2 sbh
+The expected figures below are these formulas, computed with exact fractions.
+"""
+from fractions import Fraction as F
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ndcost.plugins import op_records as R
+from ndcost.values import LayerGroup, ModelSpec
+
+# (s, b, h, a, t): GPT-2 medium and larger shapes of the paper's Table 3 sizes, and small odd ones
+CASES = [
+    (1024, 1, 1024, 16, 1),
+    (1024, 1, 1024, 16, 2),
+    (2048, 4, 1024, 16, 4),
+    (2048, 1, 6144, 64, 8),      # 22B of Table 3
+    (2048, 1, 12288, 96, 8),     # 175B (GPT-3) of Table 3
+    (2048, 1, 20480, 128, 8),    # 1T of Table 3
+    (512, 3, 768, 12, 3),        # t dividing a and h, not a power of two
+    (96, 2, 64, 4, 2),
+]
+
+
+def gpt2_spec(h, a, layers=24):
+    return ModelSpec(name=f"gpt2-h{h}-a{a}", model_type="gpt2", family="gpt2", hidden_size=h, vocab_size=50257,
+                     num_attention_heads=a, intermediate_size=4 * h, layers=(LayerGroup(kind="dense", count=layers),))
+
+
+def paper_values(s, b, h, a, t, sp=False):
+    """The layer's values under the paper's assumptions (stated, not left to defaults)."""
+    return R.values_for(gpt2_spec(h, a), "dense", seq=s, micro_batch=b, tp=t, sp=sp,
+                        attention="eager",   # scores materialized
+                        dropout=True,        # attention and hidden dropout
+                        overrides={"bytes_act": 2, "bytes_mask": 1})
+
+
+def no_parallelism(s, b, h, a):
+    return s * b * h * (34 + F(5 * a * s, h))
+
+
+def tensor_parallel(s, b, h, a, t):
+    return s * b * h * (10 + F(24, t) + F(5 * a * s, h * t))
+
+
+def tensor_sequence_parallel(s, b, h, a, t):
+    return F(s * b * h, t) * (34 + F(5 * a * s, h))
+
+
+def tensor_parallel_selective(s, b, h, a, t):
+    return s * b * h * (10 + F(24, t))
+
+
+def tensor_sequence_parallel_selective(s, b, h, a, t):
+    return F(34 * s * b * h, t)
+
+
+def full_recompute(s, b, h, a):
+    return 2 * s * b * h
+
+
+@pytest.mark.parametrize("s, b, h, a, t", CASES)
+def test_no_parallelism(s, b, h, a, t):
+    assert R.total_bytes(paper_values(s, b, h, a, 1)) == no_parallelism(s, b, h, a)
+
+
+@pytest.mark.parametrize("s, b, h, a, t", CASES)
+def test_tensor_parallel(s, b, h, a, t):
+    assert R.total_bytes(paper_values(s, b, h, a, t)) == tensor_parallel(s, b, h, a, t)
+
+
+@pytest.mark.parametrize("s, b, h, a, t", CASES)
+def test_tensor_and_sequence_parallel(s, b, h, a, t):
+    assert R.total_bytes(paper_values(s, b, h, a, t, sp=True)) == tensor_sequence_parallel(s, b, h, a, t)
+
+
+@pytest.mark.parametrize("mode", ["core_attention", "selective"])
+@pytest.mark.parametrize("s, b, h, a, t", CASES)
+def test_selective_recompute(s, b, h, a, t, mode):
+    assert R.total_bytes(paper_values(s, b, h, a, t), mode) == tensor_parallel_selective(s, b, h, a, t)
+    assert R.total_bytes(paper_values(s, b, h, a, t, sp=True), mode) == \
+        tensor_sequence_parallel_selective(s, b, h, a, t)
+
+
+@pytest.mark.parametrize("s, b, h, a, t", CASES)
+def test_full_recompute(s, b, h, a, t):
+    # The paper's row, 2sbh, without parallelism and under TP (each rank keeps the whole input).
+    assert R.total_bytes(paper_values(s, b, h, a, 1), "full") == full_recompute(s, b, h, a)
+    assert R.total_bytes(paper_values(s, b, h, a, t), "full") == full_recompute(s, b, h, a)
+    # Under sequence parallelism the kept input is the rank's 1/t of the sequence (Megatron's
+    # behaviour; the paper's table has no separate row).
+    assert R.total_bytes(paper_values(s, b, h, a, t, sp=True), "full") == F(full_recompute(s, b, h, a), t)
+
+
+@pytest.mark.parametrize("s, b, h, a, t", CASES[:4])
+def test_section_4_1_breakdown(s, b, h, a, t):
+    """Section 4.1, term by term: attention 11sbh + 5as^2b, MLP 19sbh, LayerNorms 4sbh."""
+    sbh, as2b = s * b * h, a * s * s * b
+    values = paper_values(s, b, h, a, 1)
+    assert R.layer_bytes(values) == {"attention": 11 * sbh + 5 * as2b, "ffn": 19 * sbh, "norm": 4 * sbh}
+    # by op: the QKV and output projections' inputs (attMM); Q, K, V and the dropped-out
+    # probabilities (attBMM); the softmax output; three dropout masks; the norms' inputs;
+    # the GeLU's input; the two MLP matmuls' inputs (2sbh and 8sbh)
+    assert R.ops_bytes(values) == {
+        "attMM": 2 * sbh + 2 * sbh,
+        "attBMM": 4 * sbh + 2 * sbh + 2 * as2b,
+        "softmax": 2 * as2b,
+        "dropout": as2b + sbh + sbh,
+        "normOp": 4 * sbh,
+        "ffAct": 8 * sbh,
+        "ffMM": 2 * sbh + 8 * sbh,
+    }
+    assert R.slot_bytes(values, "score") == 5 * as2b
+    assert R.slot_bytes(values, "score", "core_attention") == 0
+    assert R.slot_bytes(values, "qkv") == 8 * sbh
+    assert R.slot_bytes(values, "proj") == 3 * sbh
+    assert R.slot_bytes(values, "ffn") == 19 * sbh
+    assert R.slot_bytes(values, "norm") == 4 * sbh
+    assert R.op_bytes(values, "dropout") == {"score": as2b, "proj": sbh, "ffn": sbh}
+
+
+@pytest.mark.parametrize("s, b, h, a, t", CASES)
+def test_per_token_record_composes_to_the_table(s, b, h, a, t):
+    """formula_record's per-token figures at TP 1: a rank keeps saved + saved_tp/t; under SP all over t."""
+    record = R.formula_record(gpt2_spec(h, a), "dense", s, attention="eager", dropout=True)
+    assert record.source == "op_records" and record.seq == s and record.kind == "dense"
+    tokens = s * b
+    saved, split = F(record.saved_per_token), F(record.saved_tp_per_token)
+    assert tokens * (saved + split) == no_parallelism(s, b, h, a)
+    assert tokens * (saved + split / t) == tensor_parallel(s, b, h, a, t)
+    assert tokens * (saved + split) / t == tensor_sequence_parallel(s, b, h, a, t)
+    selective, selective_split = F(record.selective_per_token), F(record.selective_tp_per_token)
+    assert tokens * (selective + selective_split / t) == tensor_parallel_selective(s, b, h, a, t)
+    assert tokens * (selective + selective_split) / t == tensor_sequence_parallel_selective(s, b, h, a, t)
+    # the unsplit part is exactly the paper's 10sbh: norms, the two dropout masks, two matmul inputs
+    assert saved == 10 * h
+    assert sum(map(F, record.ops.values())) == saved
+    assert sum(map(F, record.ops_tp.values())) == split
+
+
+@settings(max_examples=60, deadline=None)
+@given(s=st.integers(1, 4096), b=st.integers(1, 8), heads_per_rank=st.integers(1, 8),
+       head_dim=st.integers(1, 128), t=st.sampled_from([1, 2, 3, 4, 8]))
+def test_any_shape(s, b, heads_per_rank, head_dim, t):
+    """Any layer tensor parallelism can split (t divides the heads), figures exact."""
+    heads = heads_per_rank * t
+    h = heads * head_dim
+    values = paper_values(s, b, h, heads, t)
+    assert R.total_bytes(values) == tensor_parallel(s, b, h, heads, t)
+    assert R.total_bytes(values, "selective") == tensor_parallel_selective(s, b, h, heads, t)
+    values_sp = paper_values(s, b, h, heads, t, sp=True)
+    assert R.total_bytes(values_sp) == tensor_sequence_parallel(s, b, h, heads, t)
+
+
+@pytest.mark.slow
+def test_a_gpt2_config_through_the_families_loader():
+    """Where the families team's loader exists, a Transformers GPT2Config gives the same figures."""
+    models = pytest.importorskip("ndcost.models")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_embd=1024, n_head=16, n_layer=24, n_positions=2048)
+    spec = models.load_model(config)
+    s, b, t = 2048, 2, 4
+    kind = spec.kinds[0]
+    values = R.values_for(spec, kind, seq=s, micro_batch=b, tp=t, attention="eager")  # dropout read: 0.1
+    assert R.total_bytes(values) == tensor_parallel(s, b, 1024, 16, t)
+    assert R.total_bytes(values, "selective") == tensor_parallel_selective(s, b, 1024, 16, t)

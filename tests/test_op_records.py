@@ -1,0 +1,481 @@
+"""The op records: schema, merging through the hook, the evaluation API, values of a ModelSpec, CP.
+
+Expected figures are hand derivations written next to each test (bytes of the
+tensors a layer keeps for its backward, 2 bytes an element unless stated).
+"""
+import types
+
+import pytest
+
+from ndcost import hookimpl, manager
+from ndcost.errors import InvalidValue, RegistrationError, StalePluginSet, UnknownKey
+from ndcost.plugins import op_records as R
+from ndcost.plugins.expressions import ExpressionError
+from ndcost.records import KindRecord
+from ndcost.values import OPS, PARTS, RECOMPUTE, LayerGroup, ModelSpec, Strategy
+
+
+# ---------------------------------------------------------------------------
+# specs built directly (the families' loader is not needed here)
+# ---------------------------------------------------------------------------
+def gpt2():
+    return ModelSpec(name="gpt2-medium", model_type="gpt2", family="gpt2", hidden_size=1024, vocab_size=50257,
+                     num_attention_heads=16, intermediate_size=4096, layers=(LayerGroup(kind="dense", count=24),))
+
+
+def llama():
+    # Llama-3.1-8B's widths: GQA 32/8 heads of 128, SwiGLU 14336
+    return ModelSpec(name="llama-like", model_type="llama", family="llama", hidden_size=4096, vocab_size=128256,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=14336,
+                     layers=(LayerGroup(kind="dense", count=32),))
+
+
+def deepseek():
+    # DeepSeek-V3's widths: MLA (q latent 1536, kv latent 512, 128 + 64 query/key, 128 values),
+    # 256 routed experts of 2048, top 8, one shared expert
+    return ModelSpec(name="deepseek-like", model_type="deepseek_v3", family="deepseek_v3", hidden_size=7168,
+                     vocab_size=129280, num_attention_heads=128, num_key_value_heads=128, intermediate_size=18432,
+                     q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                     num_experts=256, num_shared_experts=1, num_experts_per_tok=8, moe_intermediate_size=2048,
+                     first_k_dense=3,
+                     layers=(LayerGroup(kind="dense", count=3), LayerGroup(kind="moe", count=58),
+                             LayerGroup(kind="mtp", count=1, mtp=True)))
+
+
+def qwen3_next():
+    # Qwen3-Next-80B-A3B's widths: gated delta net 16 key / 32 value heads of 128; gated full attention
+    return ModelSpec(name="qwen3-next-like", model_type="qwen3_next", family="qwen3_next", hidden_size=2048,
+                     vocab_size=151936, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                     intermediate_size=5120, num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+                     shared_expert_intermediate_size=512, linear_num_key_heads=16, linear_num_value_heads=32,
+                     linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                     layers=(LayerGroup(kind="linear_attention", count=3), LayerGroup(kind="full_attention", count=1)))
+
+
+@pytest.fixture(scope="module")
+def records():
+    return R.load_op_records()
+
+
+# ---------------------------------------------------------------------------
+# the built-in records
+# ---------------------------------------------------------------------------
+def test_builtin_ops_are_the_op_vector_each_with_a_switch(records):
+    assert tuple(records.ops) == OPS
+    for name, op in records.ops.items():
+        assert op.switch in records.switches and op.doc
+        assert records.record(name) is op
+
+
+def test_builtin_slots_parts_and_modes(records):
+    expected = {"qkv": "attention", "score": "attention", "proj": "attention", "mla": "attention",
+                "linear_proj": "attention", "linrec": "attention", "norm": "norm", "ffn": "ffn",
+                "router": "router", "shared": "shared", "routed": "routed", "checkpoint": "other", "mtp": "mtp"}
+    assert {name: slot.part for name, slot in records.slots.items()} == expected
+    assert all(slot.part in PARTS for slot in records.slots.values())
+    assert set(RECOMPUTE) <= set(records.modes)
+    for name in ("micro_factor", "dropless_tok_factor", "kv_shards", "bytes_act", "tokens"):
+        assert name in records.values
+    assert records.defaults["micro_factor"] == 1 and records.defaults["dropless_tok_factor"] == 1
+    assert "op_records" in records.sources[0] and records.keeps("linrec") == ("linrec",)
+
+
+def test_records_come_through_the_hook():
+    plugin_set = manager.plugins()
+    assert R.load_op_records(plugin_set) is R.load_op_records(plugin_set)  # merged once a plugin set
+    loaded = {p.name: p for p in plugin_set.plugins}
+    assert loaded["op_records"].distribution == "ndcost" and loaded["op_records"].error is None
+
+
+def test_unknown_lookups_name_the_closest(records):
+    with pytest.raises(UnknownKey, match="closest: softmax"):
+        records.record("softmx")
+    with pytest.raises(UnknownKey, match="qkv"):
+        records.slot("qvk")
+
+
+# ---------------------------------------------------------------------------
+# third parties, through the ndcost_op_records hook
+# ---------------------------------------------------------------------------
+def plugin(name, contribution):
+    module = types.ModuleType(name)
+
+    @hookimpl
+    def ndcost_op_records():
+        return [contribution]
+    module.ndcost_op_records = ndcost_op_records
+    return module
+
+
+FP8 = {
+    "values": {"fp8_cast": {"default": 1, "doc": "1 where the feed-forward keeps an fp8 copy of its input"}},
+    "switches": {"fp8_copies": {"doc": "the fp8 copies"}},
+    "ops": {"fp8cast": {"switch": "fp8cast", "doc": "a cast to fp8 keeping the scaled copy"}},
+    "slots": {"fp8_copy": {"part": "ffn", "holds": "fp8_cast and not moe", "terms": [
+        {"name": "copy", "op": "fp8cast", "split": "sequence", "switches": ["fp8cast", "fp8_copies"],
+         "bytes": "tokens * h"},
+        {"name": "scales", "op": "fp8cast", "split": "tp", "bytes": "tokens * hff / 128 * bytes_stat"}]}},
+}
+
+
+def test_a_third_party_adds_an_op_and_a_slot():
+    plugin_set = manager.load(extra_modules={"fp8": plugin("fp8_plugin", FP8)})
+    records = R.load_op_records(plugin_set)
+    assert "fp8cast" in records.ops and "fp8_copy" in records.slots
+    assert any(source.startswith("<local>:fp8") for source in records.sources)
+    values = R.values_for(gpt2(), "dense", seq=1024, micro_batch=2, tp=2, records=records)
+    assert R.layer_slots(values)["fp8_copy"] == "ffn"
+    tokens = 1024 * 2
+    # the copy, 1 byte an element, whole under TP; the fp32 scales of 128 columns of 4096, split
+    assert R.slot_bytes(values, "fp8_copy") == tokens * 1024 + tokens * 4096 // 128 * 4 // 2
+    assert R.slot_bytes(values, "fp8_copy", {"fp8_copies": 0}) == tokens * 4096 // 128 * 4 // 2
+    assert R.op_bytes(values, "fp8cast") == {"fp8_copy": tokens * 1024 + tokens * 4096 // 128 * 4 // 2}
+    assert R.slot_bytes(values, "fp8_copy", overrides={"fp8_cast": 0}) == 0
+    # the built-in slots are unchanged
+    assert R.slot_bytes(values, "ffn") == R.slot_bytes(R.values_for(gpt2(), "dense", seq=1024, micro_batch=2,
+                                                                     tp=2), "ffn")
+
+
+@pytest.mark.parametrize("section, name, entry", [
+    ("slots", "qkv", {"part": "attention", "terms": [{"op": "attMM", "split": "tp", "bytes": "tokens"}]}),
+    ("ops", "softmax", {"switch": "softmax"}),
+    ("values", "tokens", {"default": 1}),
+])
+def test_a_second_definition_is_an_error_naming_both(section, name, entry):
+    plugin_set = manager.load(extra_modules={"dup": plugin("dup_plugin", {section: {name: entry}})})
+    with pytest.raises(RegistrationError) as info:
+        R.load_op_records(plugin_set)
+    message = str(info.value)
+    assert repr(name) in message and "ndcost:op_records" in message and "<local>:dup" in message
+
+
+def test_an_override_replaces_and_two_overrides_are_an_error():
+    mine = {"part": "attention", "override": True, "holds": "attention",
+            "terms": [{"name": "input", "op": "attMM", "split": "sequence", "bytes": "tokens * h * bytes_act"}]}
+    records = R.merge([("ndcost", R.builtin_records()), ("mine", {"slots": {"qkv": mine}})])
+    values = R.values_for(gpt2(), "dense", seq=512, records=records)
+    assert R.slot_bytes(values, "qkv") == 512 * 1024 * 2
+    with pytest.raises(RegistrationError, match="overridden by both"):
+        R.merge([("ndcost", R.builtin_records()), ("a", {"slots": {"qkv": mine}}), ("b", {"slots": {"qkv": mine}})])
+
+
+def test_a_third_partys_bad_expression_names_record_and_expression():
+    bad = {"slots": {"extra": {"part": "other", "terms": [{"op": "other", "split": "tp", "bytes": "tokens * hiden"}]}}}
+    with pytest.raises(ExpressionError) as info:
+        R.merge([("ndcost", R.builtin_records()), ("thirdparty", bad)])
+    message = str(info.value)
+    assert "slot 'extra'" in message and "thirdparty" in message and "'tokens * hiden'" in message
+    assert "'hiden'" in message
+    broken = {"slots": {"extra": {"part": "other", "terms": [{"op": "other", "split": "tp", "bytes": "tokens *"}]}}}
+    with pytest.raises(ExpressionError, match="does not parse"):
+        R.merge([("ndcost", R.builtin_records()), ("thirdparty", broken)])
+
+
+@pytest.mark.parametrize("contribution, words", [
+    ({"slots": {"x": {"part": "nowhere", "terms": [{"op": "other", "split": "tp", "bytes": "1"}]}}}, "part"),
+    ({"slots": {"x": {"part": "other", "terms": [{"op": "other", "split": "pp", "bytes": "1"}]}}}, "split"),
+    ({"slots": {"x": {"part": "other", "terms": [{"op": "nop", "split": "tp", "bytes": "1"}]}}}, "unknown op"),
+    ({"slots": {"x": {"part": "other", "terms": [{"op": "other", "split": "tp", "bytes": "1",
+                                                  "switches": ["nope"]}]}}}, "unknown switch"),
+    ({"slots": {"x": {"part": "other", "terms": []}}}, "no terms"),
+    ({"slots": {"x": {"part": "other", "terms": [{"op": "other", "split": "tp"}]}}}, "no bytes"),
+    ({"slots": {"x": {"part": "other", "sizes": 1, "terms": [{"op": "other", "split": "tp", "bytes": "1"}]}}},
+     "unknown field"),
+    ({"values": {"p": {"expr": "q + 1"}, "q": {"expr": "p * 2"}}}, "depend on themselves"),
+    ({"values": {"p": {"default": "two"}}}, "must be a number"),
+    ({"modes": {"m": {"recompute": ["nope"]}}}, "unknown switch"),
+    ({"modes": {"m": {False: ["softmax"]}}}, "quote it"),
+    ({"tables": {}}, "unknown section"),
+    ({"schema": 2}, "schema"),
+])
+def test_malformed_contributions_are_refused(contribution, words):
+    with pytest.raises((InvalidValue, RegistrationError)) as info:
+        R.merge([("ndcost", R.builtin_records()), ("thirdparty", contribution)])
+    assert words in str(info.value)
+    assert "thirdparty" in str(info.value) or "depend on themselves" in words
+
+
+def test_a_plugin_set_without_the_builtin_records_is_stale():
+    fake = types.SimpleNamespace(pm=types.SimpleNamespace(hook=types.SimpleNamespace(
+        ndcost_op_records=types.SimpleNamespace(get_hookimpls=lambda: []))))
+    with pytest.raises(StalePluginSet, match="pip install -e"):
+        R.load_op_records(fake)
+
+
+# ---------------------------------------------------------------------------
+# the evaluation API
+# ---------------------------------------------------------------------------
+def test_overrides_switches_and_only():
+    s, b, h, a = 1024, 1, 1024, 16
+    values = R.values_for(gpt2(), "dense", seq=s, micro_batch=b, dropout=True)
+    sbh, as2b = s * b * h, a * s * s * b
+    # overrides stand for the given values: 4-byte activations double every 2-byte term
+    assert R.slot_bytes(values, "qkv", overrides={"bytes_act": 4}) == 2 * R.slot_bytes(values, "qkv")
+    # one op's switch: the softmax output (2as^2b) goes, the mask and probabilities stay
+    assert R.slot_bytes(values, "score", {"softmax": 0}) == as2b + 2 * as2b
+    assert R.slot_bytes(values, "score", {"softmax": 0.5}) == as2b + as2b + 2 * as2b
+    # only: an op, a term, a part, whatever the switches say
+    assert R.slot_bytes(values, "score", "core_attention", only="softmax") == 2 * as2b
+    assert R.slot_bytes(values, "qkv", only="attBMM") == 6 * sbh
+    assert R.slot_bytes(values, "qkv", only="input") == 2 * sbh
+    assert R.slot_bytes(values, "ffn", only="ffn") == 19 * sbh
+    assert R.slot_bytes(values, "ffn", only="attention") == 0
+    # micro-batch factor: two micro-batches in flight hold twice
+    assert R.slot_bytes(values, "ffn", overrides={"micro_factor": 2}) == 2 * 19 * sbh
+    # a slot the layer does not hold keeps nothing
+    assert R.slot_bytes(values, "routed") == 0 and "routed" not in R.layer_slots(values)
+    with pytest.raises(UnknownKey, match="neither an op"):
+        R.slot_bytes(values, "qkv", only="nothing")
+    with pytest.raises(UnknownKey, match="unknown recompute switch"):
+        R.slot_bytes(values, "qkv", {"sofmax": 0})
+    with pytest.raises(InvalidValue, match="from 0"):
+        R.slot_bytes(values, "qkv", {"softmax": 2})
+    with pytest.raises(UnknownKey, match="recompute mode"):
+        R.slot_bytes(values, "qkv", "partial")
+    with pytest.raises(UnknownKey, match="did you mean bytes_act"):
+        R.slot_bytes(values, "qkv", overrides={"bytes_acts": 4})
+
+
+def test_plain_mappings_and_missing_values():
+    given = {"s": 8, "h": 4, "a": 2, "kv_heads": 2, "dk": 2, "dv": 2, "attention": 1, "linear_attention": 0,
+             "moe": 0, "hff": 16}
+    # qkv: input 8*4*2 + queries/keys/values 8*(4+4+4)*2
+    assert R.slot_bytes(given, "qkv") == 64 + 192
+    with pytest.raises(ExpressionError) as info:
+        R.slot_bytes({k: v for k, v in given.items() if k != "hff"}, "ffn")
+    assert "'hff'" in str(info.value) and "slot 'ffn'" in str(info.value)
+
+
+def test_layer_bytes_and_op_bytes_agree(records):
+    values = R.values_for(deepseek(), "moe", seq=4096, micro_batch=1, tp=4, sp=True, attention="sdpa")
+    by_part = R.layer_bytes(values)
+    by_op = R.ops_bytes(values)
+    assert sum(by_part.values()) == sum(by_op.values()) == R.total_bytes(values)
+    assert set(by_part) == {"attention", "norm", "router", "shared", "routed"}
+    for op in records.ops:
+        assert sum(R.op_bytes(values, op).values()) == by_op.get(op, 0)
+
+
+# ---------------------------------------------------------------------------
+# context parallelism: kv_shards and the gathered keys and values
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("algo, shards", [("ring", 1), ("colossal", 1), ("hybrid", 1), ("ulysses", 4)])
+def test_kv_shards_by_cp_algorithm(algo, shards):
+    values = R.values_for(llama(), "dense", seq=8192, cp=4, cp_algo=algo)
+    assert R.kv_shards(values) == shards
+    assert R.kv_shards(R.values_for(llama(), "dense", seq=8192, cp=1, cp_algo=algo)) == 1
+
+
+def test_linear_attention_splits_keys_and_values_under_any_cp():
+    for algo in ("ring", "ulysses", "colossal", "hybrid"):
+        values = R.values_for(qwen3_next(), "linear_attention", seq=8192, cp=4, cp_algo=algo)
+        assert R.kv_shards(values) == 4 and R.gathered_kv_bytes(values) == 0
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_gathered_kv(tp):
+    s, cp = 8192, 4
+    gather = R.values_for(llama(), "dense", seq=s, cp=cp, tp=tp, cp_algo="ring", attention="sdpa")
+    ulysses = R.values_for(llama(), "dense", seq=s, cp=cp, tp=tp, cp_algo="ulysses", attention="sdpa")
+    # per token of a rank's share: (cp - 1) other ranks' keys and values, 8 heads of 128 each, 2 bytes, over TP
+    per_token = (cp - 1) * 2 * 8 * 128 * 2 // tp
+    assert R.gathered_kv_bytes(gather) == per_token
+    assert R.gathered_kv_bytes(ulysses) == 0
+    assert R.gathered_kv_bytes(R.values_for(llama(), "dense", seq=s, cp=1, tp=tp)) == 0
+    tokens = s // cp
+    assert R.slot_bytes(gather, "qkv", only="gathered_kv") == tokens * per_token
+    # the rank's own share: input 4096 wide (whole under TP without SP), Q 32x128, K and V 8x128 each, over TP
+    own = tokens * 4096 * 2 + tokens * (32 + 8 + 8) * 128 * 2 // tp
+    assert R.slot_bytes(ulysses, "qkv") == own
+    assert R.slot_bytes(gather, "qkv") == own + tokens * per_token
+
+
+def test_scores_under_cp_are_a_share_of_the_whole():
+    # ring: the rank's s/cp queries score all s keys; Ulysses: a/cp heads, all s queries and keys
+    s, cp, a = 4096, 4, 16
+    for algo in ("ring", "ulysses"):
+        values = R.values_for(gpt2(), "dense", seq=s, cp=cp, cp_algo=algo, dropout=False)
+        assert R.slot_bytes(values, "score") == a * s * s * 2 // cp
+
+
+# ---------------------------------------------------------------------------
+# a ModelSpec's values: feed-forwards, experts, MLA, linear attention, kernels
+# ---------------------------------------------------------------------------
+def test_gated_and_ungated_feed_forwards():
+    s, tp = 2048, 2
+    llama_values = R.values_for(llama(), "dense", seq=s, tp=tp)
+    gpt2_values = R.values_for(gpt2(), "dense", seq=s, tp=tp, dropout=False)
+    assert llama_values["act_widths"] == 3 and gpt2_values["act_widths"] == 1
+    # SwiGLU: input; gate, its SiLU and up (3 x 14336), over TP; the down projection's input, over TP
+    assert R.slot_bytes(llama_values, "ffn") == s * 4096 * 2 + s * 3 * 14336 * 2 // tp + s * 14336 * 2 // tp
+    # GeLU: input; the GeLU's input (4h); the down projection's input (4h)
+    assert R.slot_bytes(gpt2_values, "ffn") == s * 1024 * 2 + s * 4096 * 2 // tp + s * 4096 * 2 // tp
+    # RMS norms of GQA Llama: two hidden-wide inputs; no QK-norm
+    assert R.slot_bytes(llama_values, "norm") == 2 * s * 4096 * 2
+
+
+def test_gpt2_without_intermediate_size_reads_four_h():
+    spec = ModelSpec(name="gpt2", model_type="gpt2", family="gpt2", hidden_size=768, vocab_size=50257,
+                     num_attention_heads=12, layers=(LayerGroup(kind="dense", count=12),))
+    assert R.values_for(spec, "dense", seq=16)["hff"] == 3072
+
+
+def test_moe_slots_read_experts_top_k_and_dropless_factor():
+    s, etp = 4096, 2
+    values = R.values_for(deepseek(), "moe", seq=s, etp=etp)
+    k, width, h = 8, 2048, 7168
+    assert R.layer_slots(values) == {"qkv": "attention", "mla": "attention", "score": "attention",
+                                     "proj": "attention", "norm": "norm", "router": "router",
+                                     "shared": "shared", "routed": "routed"}
+    routed = s * k
+    # each token copy: input (h), gate/SiLU/up (3 x width / etp), down input (width / etp)
+    assert R.slot_bytes(values, "routed") == routed * h * 2 + routed * 3 * width // etp * 2 + \
+        routed * width // etp * 2
+    assert R.slot_bytes(values, "routed", overrides={"dropless_tok_factor": 1.25}) == \
+        1.25 * R.slot_bytes(values, "routed")
+    # router: input, fp32 probabilities over 256 experts, the combine (each copy's output and weight)
+    assert R.slot_bytes(values, "router") == s * h * 2 + s * 256 * 4 + routed * (h * 2 + 4)
+    # one shared expert of 2048
+    assert R.slot_bytes(values, "shared") == s * h * 2 + s * 3 * 2048 * 2 + s * 2048 * 2
+    dense = R.values_for(deepseek(), "dense", seq=s)
+    assert dense["hff"] == 18432 and set(R.layer_slots(dense)) >= {"ffn"} and "routed" not in R.layer_slots(dense)
+    mtp = R.values_for(deepseek(), "mtp", seq=s)
+    assert mtp["moe"] == 1 and mtp["mtp"] == 1 and R.layer_slots(mtp)["mtp"] == "mtp"
+    # the MTP glue: the embedding's and the hidden state's norm inputs, and their concatenation
+    assert R.slot_bytes(mtp, "mtp") == s * 2 * h * 2 + s * 2 * h * 2
+
+
+def test_mla_widths():
+    s = 1024
+    values = R.values_for(deepseek(), "moe", seq=s, attention="sdpa")
+    assert (values["kv_heads"], values["dk"], values["dv"]) == (128, 192, 128)
+    # queries and keys 128 heads of 128 + 64, values 128 of 128, the input 7168
+    assert R.slot_bytes(values, "qkv") == s * 7168 * 2 + s * 128 * (192 + 192 + 128) * 2
+    # latents: the query latent's norm input and up-projection input (1536 each), the kv latent's (512
+    # each), the rotary key (64)
+    assert R.slot_bytes(values, "mla") == s * (2 * 1536 + 2 * 512 + 64) * 2
+    no_q_latent = R.values_for(deepseek(), "moe", seq=s, overrides={"q_lora": 0})
+    assert R.slot_bytes(no_q_latent, "mla") == s * (2 * 512 + 64) * 2
+
+
+def test_linear_attention_layers():
+    s, tp = 2048, 2
+    values = R.values_for(qwen3_next(), "linear_attention", seq=s, tp=tp)
+    assert R.layer_slots(values) == {"linear_proj": "attention", "linrec": "attention", "norm": "norm",
+                                     "router": "router", "shared": "shared", "routed": "routed"}
+    conv = 2 * 16 * 128 + 32 * 128
+    # input; conv input and its SiLU's input; fp32 beta and decay gates; out_proj input
+    assert R.slot_bytes(values, "linear_proj") == s * 2048 * 2 + (s * 2 * conv * 2 + s * 2 * 32 * 4 +
+                                                                  s * 32 * 128 * 2) // tp
+    # the rule: q, k repeated to 32 heads, v; fp32 gates; an fp32 128x128 state a value head every 64 tokens
+    assert R.slot_bytes(values, "linrec") == (s * 32 * (2 * 128 + 128) * 2 + s * 2 * 32 * 4 +
+                                              s // 64 * 32 * 128 * 128 * 4) // tp
+    assert R.ops_bytes(values)["linrec"] == R.slot_bytes(values, "linrec")
+    # two hidden norms, and the gated norm's input and gate
+    assert R.slot_bytes(values, "norm") == 2 * s * 2048 * 2 + s * 2 * 32 * 128 * 2 // tp
+    full = R.values_for(qwen3_next(), "full_attention", seq=s, tp=tp, attention="sdpa")
+    assert full["qk_norm"] == 1 and full["output_gate"] == 1
+    # output gate: its sigmoid and the attention output it scales (16 heads of 256), over TP
+    assert R.slot_bytes(full, "proj") == (s * 16 * 256 * 2 + 2 * s * 16 * 256 * 2) // tp
+    # QK-norm: the queries' and keys' inputs (16 + 2 heads of 256), over TP
+    assert R.slot_bytes(full, "norm") == 2 * s * 2048 * 2 + s * 18 * 256 * 2 // tp
+
+
+def test_fused_attention_keeps_statistics_not_scores():
+    s, a = 4096, 16
+    values = R.values_for(gpt2(), "dense", seq=s, attention="sdpa", dropout=True)
+    # the kernel's fp32 log-sum-exp a head a token; no mask (a fused dropout keeps its seed)
+    assert R.slot_bytes(values, "score") == s * a * 4
+    assert R.slot_bytes(values, "score", "core_attention") == 0
+
+
+def test_strategy_fills_the_evaluation():
+    strategy = Strategy(tp=4, sp=True, cp=2, cp_algo="ulysses", micro_batch=2, seq=4096, etp=1,
+                        param_dtype="fp32")
+    values = R.values_for(llama(), "dense", strategy=strategy)
+    assert (values["tp"], values["sp"], values["cp"], values["ulysses"], values["b"], values["s"]) == \
+        (4, 1, 2, 1, 2, 4096)
+    assert values["bytes_act"] == 4 and values["tokens"] == 4096 // 2 * 2
+    assert R.values_for(llama(), "dense", strategy=strategy, tp=2)["tp"] == 2
+
+
+def test_bad_models_and_evaluations():
+    with pytest.raises(UnknownKey, match="its kinds: dense, moe, mtp"):
+        R.values_for(deepseek(), "moee", seq=16)
+    no_top_k = ModelSpec(name="broken-moe", model_type="mixtral", family="mixtral", hidden_size=64,
+                         vocab_size=100, num_attention_heads=4, num_experts=8, intermediate_size=128,
+                         layers=(LayerGroup(kind="moe", count=2),))
+    with pytest.raises(InvalidValue) as info:
+        R.values_for(no_top_k, "moe", seq=16)
+    assert "num_experts_per_tok" in str(info.value) and "mixtral" in str(info.value)
+    no_width = ModelSpec(name="broken", model_type="llama", family="llama", hidden_size=64, vocab_size=100,
+                         num_attention_heads=4, layers=(LayerGroup(kind="dense", count=2),))
+    with pytest.raises(InvalidValue, match="intermediate_size"):
+        R.values_for(no_width, "dense", seq=16)
+    with pytest.raises(InvalidValue, match="sequence length"):
+        R.values_for(llama(), "dense")
+    with pytest.raises(InvalidValue, match="cp_algo"):
+        R.values_for(llama(), "dense", seq=16, cp_algo="spiral")
+    with pytest.raises(InvalidValue, match="attention"):
+        R.values_for(llama(), "dense", seq=16, attention="magic")
+
+
+# ---------------------------------------------------------------------------
+# the KindRecord
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("spec", [gpt2(), llama(), deepseek(), qwen3_next()], ids=lambda s: s.name)
+def test_formula_records_for_every_kind(spec):
+    seq, tp = 4096, 4
+    for kind, record in R.formula_records(spec, seq).items():
+        assert isinstance(record, KindRecord) and record.source == "op_records" and record.kind == kind
+        assert set(record.ops) | set(record.ops_tp) <= set(OPS)
+        assert sum(record.ops.values()) == record.saved_per_token
+        assert sum(record.ops_tp.values()) == record.saved_tp_per_token
+        assert record.selective_per_token + record.selective_tp_per_token <= \
+            record.saved_per_token + record.saved_tp_per_token
+        assert record.working_per_token is None  # the backward's peak is not priced here
+        # a rank at TP t keeps saved + saved_tp / t, what the records give at TP t
+        values = R.values_for(spec, kind, seq=seq, tp=tp)
+        assert R.total_bytes(values) == pytest.approx(seq * (record.saved_per_token + record.saved_tp_per_token / tp),
+                                                      rel=1e-12)
+        values_sp = R.values_for(spec, kind, seq=seq, tp=tp, sp=True)
+        assert R.total_bytes(values_sp) == pytest.approx(
+            seq * (record.saved_per_token + record.saved_tp_per_token) / tp, rel=1e-12)
+        assert KindRecord.from_dict(record.to_dict()) == record
+
+
+# ---------------------------------------------------------------------------
+# specs from the families' loader (Transformers configs built in code)
+# ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_family_specs_give_records_for_every_kind():
+    models = pytest.importorskip("ndcost.models")
+    transformers = pytest.importorskip("transformers")
+    configs = {
+        "gpt2": transformers.GPT2Config(n_embd=256, n_head=4, n_layer=2),
+        "llama": transformers.LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                                          intermediate_size=512, num_hidden_layers=2),
+        "qwen3": transformers.Qwen3Config(hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                                          head_dim=64, intermediate_size=512, num_hidden_layers=2),
+        "deepseek_v3": transformers.DeepseekV3Config(),
+        "qwen3_next": transformers.Qwen3NextConfig(),
+    }
+    expect = {  # kind: (moe, mla, linear attention, activation widths, QK-norm, output gate, mtp)
+        ("gpt2", "dense"): (0, 0, 0, 1, 0, 0, 0),
+        ("llama", "dense"): (0, 0, 0, 3, 0, 0, 0),
+        ("qwen3", "dense"): (0, 0, 0, 3, 1, 0, 0),
+        ("deepseek_v3", "dense"): (0, 1, 0, 3, 0, 0, 0),
+        ("deepseek_v3", "moe"): (1, 1, 0, 3, 0, 0, 0),
+        ("deepseek_v3", "mtp"): (1, 1, 0, 3, 0, 0, 1),
+        ("qwen3_next", "linear_attention"): (1, 0, 1, 3, 1, 1, 0),
+        ("qwen3_next", "full_attention"): (1, 0, 0, 3, 1, 1, 0),
+    }
+    for name, config in configs.items():
+        spec = models.load_model(config)
+        for kind in spec.kinds:
+            values = R.values_for(spec, kind, seq=1024, attention="sdpa")
+            flags = tuple(values[n] for n in ("moe", "mla", "linear_attention", "act_widths", "qk_norm",
+                                              "output_gate", "mtp"))
+            assert flags == expect[(name, kind)], (name, kind)
+            record = R.formula_record(spec, kind, 1024, attention="sdpa")
+            assert record.saved_per_token > 0 and record.saved_tp_per_token > 0
