@@ -1,0 +1,467 @@
+"""Models: a config, a spec YAML or a name becomes a :class:`ModelSpec`; a spec's parameters by kind and part.
+
+The family that reads a config is found by its ``model_type`` in the registry
+(``family/<model_type>``, contributed by plugins); a model type nobody
+registered falls back to a generic decoder family, with a warning naming the
+fields it read. Counting parameters is plain integer arithmetic over the
+registered formula slots (``formula/...``): this module never imports torch
+or transformers except in :func:`transformers_config`.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import warnings
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+
+import attrs
+
+from ndcost.errors import InvalidValue, UnknownKey
+from ndcost.values import PARTS, LayerGroup, ModelSpec
+
+__all__ = [
+    "load_model", "transformers_config", "parameters", "ParameterCount", "Family", "ConfigReader",
+    "family_for", "formula", "known_models", "model_path", "FamilyFallbackWarning",
+]
+
+
+class FamilyFallbackWarning(UserWarning):
+    """A config's model_type has no family plugin; the generic decoder family read it."""
+
+
+# ---------------------------------------------------------------------------
+# the parameter count
+# ---------------------------------------------------------------------------
+def _frozen(value: Any) -> Mapping:
+    from types import MappingProxyType
+    return MappingProxyType(dict(value or {}))
+
+
+def _frozen_nested(value: Any) -> Mapping:
+    from types import MappingProxyType
+    return MappingProxyType({k: MappingProxyType(dict(v)) for k, v in dict(value or {}).items()})
+
+
+@attrs.frozen(kw_only=True)
+class ParameterCount:
+    """A model's parameters: one layer of each kind by part, the layer counts, and the model-level tensors.
+
+    ``total`` is what Transformers builds from the config: every non-MTP layer,
+    the embedding, the head where untied, the final norm and ``other``
+    model-level tensors (DeepSeek-V4's hyper-connection head); it excludes the
+    MTP layers (``mtp``) and buffers (``buffers``: the routers' score-correction
+    biases a checkpoint carries). ``by_part`` sums to ``total``.
+    ``published_total`` is the figure a model card quotes where it differs.
+    """
+
+    by_kind: Mapping[str, Mapping[str, int]] = attrs.field(converter=_frozen_nested)
+    layer_counts: Mapping[str, int] = attrs.field(converter=_frozen)
+    embedding: int
+    head: int
+    final_norm: int
+    mtp: int
+    buffers: int
+    total: int
+    by_part: Mapping[str, int] = attrs.field(converter=_frozen)
+    published_total: Optional[int] = None
+    other: int = 0
+
+    def __attrs_post_init__(self):
+        if sum(self.by_part.values()) != self.total:
+            raise InvalidValue(f"ParameterCount: by_part sums to {sum(self.by_part.values())}, total is {self.total}")
+
+    def kind_total(self, kind: str) -> int:
+        """The parameters of one layer of *kind*."""
+        return sum(self.by_kind[kind].values())
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"total": self.total, "by_part": dict(self.by_part),
+                "by_kind": {k: dict(v) for k, v in self.by_kind.items()},
+                "layer_counts": dict(self.layer_counts), "embedding": self.embedding, "head": self.head,
+                "final_norm": self.final_norm, "other": self.other, "mtp": self.mtp, "buffers": self.buffers,
+                "published_total": self.published_total}
+
+
+# ---------------------------------------------------------------------------
+# reading a config
+# ---------------------------------------------------------------------------
+_MISSING = object()
+
+
+class ConfigReader:
+    """Reads a config mapping on behalf of a family: defaults, required fields, checks, and what was read.
+
+    A field missing with no default is an InvalidValue naming the field and the
+    family; widths must be positive integers; ``read`` lists what was read (the
+    generic family's warning names them).
+    """
+
+    def __init__(self, config: Mapping[str, Any], family: str, defaults: Optional[Mapping[str, Any]] = None,
+                 aliases: Optional[Mapping[str, Iterable[str]]] = None):
+        self.config = config
+        self.family = family
+        self.defaults = dict(defaults or {})
+        self.aliases = {k: tuple(v) for k, v in dict(aliases or {}).items()}
+        self.read: List[str] = []
+
+    def _value(self, name: str) -> Any:
+        """The config's value of *name* or of one of its aliases (Transformers' ``attribute_map``)."""
+        value = self.config.get(name)
+        for alias in self.aliases.get(name, ()):
+            if value is not None:
+                break
+            value = self.config.get(alias)
+        return value
+
+    def has(self, name: str) -> bool:
+        return self._value(name) is not None
+
+    def get(self, name: str, default: Any = _MISSING) -> Any:
+        """The config's value, else the family's default (Transformers'), else *default*; required where none."""
+        if name not in self.read:
+            self.read.append(name)
+        value = self._value(name)
+        if value is not None:
+            return value
+        if self.defaults.get(name) is not None:
+            return self.defaults[name]
+        if default is not _MISSING:
+            return default
+        raise InvalidValue(f"the {self.family} family needs {name!r} in the config, which does not state it; "
+                           f"add {name} to the config")
+
+    def int(self, name: str, default: Any = _MISSING, minimum: int = 1) -> Optional[int]:
+        """An integer field, at least *minimum* (positive by default); None passes where it is the default."""
+        value = self.get(name, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise InvalidValue(f"{self.family} config: {name} must be an integer, got {value!r}")
+        value = int(value)
+        if value < minimum:
+            raise InvalidValue(f"{self.family} config: {name} must be >= {minimum}, got {value}")
+        return value
+
+    def optional_int(self, name: str) -> Optional[int]:
+        """An integer field where an explicit None (or 0) means "absent" (a query latent rank)."""
+        if name in self.config or any(a in self.config for a in self.aliases.get(name, ())):
+            value = self._value(name)
+            if name not in self.read:
+                self.read.append(name)
+            return None if value in (None, 0) else self.int(name)
+        value = self.get(name, None)
+        return None if value in (None, 0) else self.int(name)
+
+    def bool(self, name: str, default: Any = _MISSING) -> Optional[bool]:
+        value = self.get(name, default)
+        return None if value is None else bool(value)
+
+
+def check_heads(family: str, hidden: int, heads: int, kv_heads: Optional[int], head_dim_stated: bool) -> None:
+    """Heads must divide the hidden width (where the head width is derived) and KV heads the heads."""
+    if not head_dim_stated and hidden % heads:
+        raise InvalidValue(f"{family} config: num_attention_heads {heads} does not divide hidden_size {hidden} "
+                           f"({hidden} / {heads} = {hidden / heads:g}); state head_dim or fix the widths")
+    if kv_heads is not None and heads % kv_heads:
+        raise InvalidValue(f"{family} config: num_key_value_heads {kv_heads} does not divide "
+                           f"num_attention_heads {heads}")
+
+
+def check_divides(family: str, what: str, divisor: int, whole: int, whole_name: str) -> None:
+    if whole % divisor:
+        raise InvalidValue(f"{family} config: {what} {divisor} does not divide {whole_name} {whole} "
+                           f"({whole} / {divisor} = {whole / divisor:g})")
+
+
+def groups_of(kinds: Iterable[str], mtp_kind: Optional[str] = None, mtp_count: int = 0) -> Tuple[LayerGroup, ...]:
+    """Consecutive equal kinds as LayerGroups in model order, then *mtp_count* MTP layers."""
+    groups: List[LayerGroup] = []
+    current, count = None, 0
+    for kind in kinds:
+        if kind == current:
+            count += 1
+            continue
+        if current is not None:
+            groups.append(LayerGroup(kind=current, count=count))
+        current, count = kind, 1
+    if current is not None:
+        groups.append(LayerGroup(kind=current, count=count))
+    if mtp_count:
+        groups.append(LayerGroup(kind=mtp_kind or "mtp", count=mtp_count, mtp=True))
+    return tuple(groups)
+
+
+# ---------------------------------------------------------------------------
+# formulas and families
+# ---------------------------------------------------------------------------
+def _registry():
+    from ndcost import manager
+    return manager.registry()
+
+
+def formula(name: str) -> Callable[..., int]:
+    """The formula slot registered as ``formula/<name>`` (a plugin may override it)."""
+    return _registry().get(f"formula/{name}")
+
+
+class Family:
+    """How one model family's config becomes a ModelSpec, and what each of its layer kinds holds.
+
+    A family plugin registers an instance as ``family/<model_type>``.
+    ``stack_census`` says whether a census must measure the whole stack (layers
+    that cannot run alone, such as DeepSeek-V4's hyper-connected streams).
+    Subclasses implement :meth:`spec` and :meth:`layer_parameters`; the
+    model-level tensors default to an embedding, an untied head and one norm.
+    """
+
+    name: str = "family"
+    model_types: Tuple[str, ...] = ()
+    stack_census: bool = False
+    # Transformers' defaults of the fields the family reads, so a config.json
+    # written with only its differences reads the same.
+    defaults: Mapping[str, Any] = {}
+    # other names of a field (Transformers' ``attribute_map`` both ways)
+    aliases: Mapping[str, Tuple[str, ...]] = {}
+
+    def reader(self, config: Mapping[str, Any]) -> ConfigReader:
+        return ConfigReader(config, self.name, self.defaults, self.aliases)
+
+    def spec(self, config: Mapping[str, Any], name: str) -> ModelSpec:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def layer_parameters(self, spec: ModelSpec, kind: str) -> Dict[str, int]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # model-level tensors --------------------------------------------------
+    def embedding_parameters(self, spec: ModelSpec) -> int:
+        return formula("embedding.params")(vocab=spec.vocab_size, hidden=spec.hidden_size)
+
+    def head_parameters(self, spec: ModelSpec) -> int:
+        return formula("head.params")(vocab=spec.vocab_size, hidden=spec.hidden_size,
+                                      tied=spec.tie_word_embeddings)
+
+    def final_norm_parameters(self, spec: ModelSpec) -> int:
+        return formula("norm.params.layer")(hidden=spec.hidden_size, norms=1,
+                                            bias=spec.extra.get("norm_bias", False))
+
+    def other_parameters(self, spec: ModelSpec) -> int:
+        """Model-level tensors outside the layers, the embedding, the head and the final norm."""
+        return 0
+
+    def buffers(self, spec: ModelSpec) -> int:
+        """Buffers a checkpoint carries beside the parameters (router score-correction biases)."""
+        return 0
+
+    def published_total(self, spec: ModelSpec, total: int, buffers: int) -> Optional[int]:
+        """The total a model card quotes where it differs from Transformers' parameters."""
+        stated = spec.extra.get("published_total")
+        return None if stated is None else int(stated)
+
+    def __repr__(self) -> str:
+        return f"<family {self.name} ({', '.join(self.model_types)})>"
+
+
+def family_for(model_type: str, registry=None) -> Optional[Family]:
+    """The family registered for *model_type*, or None."""
+    registry = registry or _registry()
+    return registry.find(f"family/{model_type}")
+
+
+def generic_family() -> Family:
+    family = _registry().find("family/generic_decoder")
+    if family is None:
+        raise UnknownKey("no generic decoder family is registered (family/generic_decoder); "
+                         "reinstall ndcost with `pip install -e .`")
+    return family
+
+
+# ---------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------
+def _models_dir():
+    return resources.files("ndcost.specs") / "models"
+
+
+def known_models() -> List[str]:
+    """Names of the model specs shipped in specs/models/."""
+    try:
+        return sorted(p.name[:-5] for p in _models_dir().iterdir() if p.name.endswith(".yaml"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def model_path(name: str):
+    """The spec YAML of a shipped model *name*; an unknown name lists the closest known names."""
+    entry = _models_dir() / f"{name}.yaml"
+    if entry.is_file():
+        return entry
+    known = known_models()
+    close = difflib.get_close_matches(name, known, n=5, cutoff=0.4)
+    hint = f"closest known: {', '.join(close)}" if close else f"known: {', '.join(known) or 'none'}"
+    raise UnknownKey(f"unknown model {name!r}; {hint} (or pass a config.json, a folder holding one, "
+                     f"or a spec YAML path)")
+
+
+def _read_yaml(path) -> Dict[str, Any]:
+    import yaml
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidValue(f"model spec {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        raise InvalidValue(f"model spec {path}: expected a mapping with a 'config' mapping "
+                           f"(the Transformers config fields, with model_type)")
+    return data
+
+
+def _from_mapping(config: Mapping[str, Any], name: str, extra: Optional[Mapping[str, Any]] = None) -> ModelSpec:
+    config = dict(config)
+    model_type = config.get("model_type")
+    if not model_type:
+        raise InvalidValue(f"model {name!r}: the config states no model_type; add model_type "
+                           f"(for example 'llama') so its family can read it")
+    family = family_for(model_type)
+    if family is None:
+        family = generic_family()
+        reader_spec = family.spec(config, name)
+        read = reader_spec.extra.get("fields_read", ())
+        warnings.warn(f"no family plugin for model_type {model_type!r} (model {name!r}); counting it as a "
+                      f"generic decoder from the fields {', '.join(read)}; layer biases and norms it does not "
+                      f"state follow the formulas' convention", FamilyFallbackWarning, stacklevel=3)
+        spec = reader_spec
+    else:
+        spec = family.spec(config, name)
+    updates: Dict[str, Any] = {"hf_config": config}
+    if extra:
+        updates["extra"] = {**spec.extra, **extra}
+    return attrs.evolve(spec, **updates)
+
+
+def load_model(model: Any) -> ModelSpec:
+    """A ModelSpec from a Transformers config, a config.json path, a folder holding one, a spec YAML or a name.
+
+    A ModelSpec passes through unchanged.
+    """
+    if isinstance(model, ModelSpec):
+        return model
+    if hasattr(model, "to_dict") and hasattr(model, "model_type"):  # a Transformers config
+        config = model.to_dict()
+        config.setdefault("model_type", model.model_type)
+        name = getattr(model, "name_or_path", "") or config["model_type"]
+        return _from_mapping(config, name)
+    if isinstance(model, Mapping):
+        config = dict(model)
+        return _from_mapping(config, str(config.get("_name_or_path") or config.get("model_type") or "model"))
+    if not isinstance(model, (str, os.PathLike)):
+        raise InvalidValue(f"load_model: expected a Transformers config, a path or a model name, "
+                           f"got {type(model).__name__}")
+    text = os.fspath(model)
+    path = Path(text)
+    if path.is_dir():
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise InvalidValue(f"folder {text!r} holds no config.json; pass the config.json path or a "
+                               f"folder written by save_pretrained")
+        path = config_file
+    if path.is_file():
+        if path.suffix in (".yaml", ".yml"):
+            return _from_yaml(path)
+        try:
+            config = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise InvalidValue(f"{text!r} is not a JSON config: {exc}") from None
+        if not isinstance(config, dict):
+            raise InvalidValue(f"{text!r} is not a JSON object")
+        name = path.parent.name if path.name == "config.json" else path.stem
+        return _from_mapping(config, name or config.get("model_type", "model"))
+    if text.endswith((".yaml", ".yml", ".json")) or os.sep in text:
+        raise InvalidValue(f"no such file: {text!r}")
+    return _from_yaml(model_path(text))
+
+
+def _from_yaml(path) -> ModelSpec:
+    data = _read_yaml(path)
+    name = str(data.get("name") or Path(str(path)).stem)
+    extra = {}
+    if data.get("published_total") is not None:
+        extra["published_total"] = int(data["published_total"])
+    return _from_mapping(data["config"], name, extra)
+
+
+def transformers_config(spec: ModelSpec):
+    """The Transformers config rebuilt from ``spec.hf_config`` (imports transformers)."""
+    from transformers import CONFIG_MAPPING
+
+    config = dict(spec.hf_config)
+    model_type = config.get("model_type") or spec.model_type
+    try:
+        cls = CONFIG_MAPPING[model_type]
+    except KeyError:
+        raise UnknownKey(f"Transformers {__import__('transformers').__version__} has no config for "
+                         f"model_type {model_type!r}") from None
+    config.pop("model_type", None)
+    return cls.from_dict(config)
+
+
+# ---------------------------------------------------------------------------
+# counting
+# ---------------------------------------------------------------------------
+def _family_of(spec: ModelSpec) -> Family:
+    family = family_for(spec.model_type)
+    return family if family is not None else generic_family()
+
+
+def _check_parts(family: Family, kind: str, parts: Mapping[str, int]) -> Dict[str, int]:
+    out = {}
+    for part, value in parts.items():
+        if part not in PARTS:
+            raise InvalidValue(f"family {family.name}: kind {kind!r} counts unknown part {part!r}; "
+                               f"parts: {', '.join(PARTS)}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidValue(f"family {family.name}: kind {kind!r} part {part!r} is {value!r}, "
+                               f"not a count (an integer >= 0)")
+        if value:
+            out[part] = out.get(part, 0) + value
+    return out
+
+
+def parameters(spec: ModelSpec) -> ParameterCount:
+    """The parameters of *spec* by kind and part (plain integer arithmetic; no torch)."""
+    spec = load_model(spec)
+    family = _family_of(spec)
+    by_kind: Dict[str, Dict[str, int]] = {}
+    layer_counts: Dict[str, int] = {}
+    mtp_kinds = set()
+    for group in spec.layers:
+        if group.kind not in by_kind:
+            by_kind[group.kind] = _check_parts(family, group.kind, family.layer_parameters(spec, group.kind))
+        layer_counts[group.kind] = layer_counts.get(group.kind, 0) + group.count
+        if group.mtp:
+            mtp_kinds.add(group.kind)
+    embedding = family.embedding_parameters(spec)
+    head = family.head_parameters(spec)
+    final_norm = family.final_norm_parameters(spec)
+    other = family.other_parameters(spec)
+    by_part = {part: 0 for part in PARTS}
+    mtp = 0
+    for kind, parts in by_kind.items():
+        n = layer_counts[kind]
+        if kind in mtp_kinds:
+            mtp += n * sum(parts.values())
+            continue
+        for part, value in parts.items():
+            by_part[part] += n * value
+    by_part["embedding"] += embedding
+    by_part["head"] += head
+    by_part["norm"] += final_norm
+    by_part["other"] += other
+    by_part = {part: value for part, value in by_part.items() if value}
+    total = sum(by_part.values())
+    buffers = family.buffers(spec)
+    return ParameterCount(by_kind=by_kind, layer_counts=layer_counts, embedding=embedding, head=head,
+                          final_norm=final_norm, other=other, mtp=mtp, buffers=buffers, total=total,
+                          by_part=by_part, published_total=family.published_total(spec, total, buffers))

@@ -1,0 +1,131 @@
+"""DeepSeek-V4: hyper-connected layers of shared-KV MQA with sliding, compressed-sparse (CSA) or heavily
+compressed (HCA) attention, each with an MoE (top-k or hash-routed) and a shared expert.
+
+Kinds are ``<attention>_<mlp>``: ``sliding``, ``csa`` or ``hca``, then ``moe`` or
+``hash_moe`` (``hca_hash_moe``, ``csa_moe``, ...). Each layer's two
+hyper-connections and the model's hyper-connection head are part ``other``;
+the compressors, the indexer and the sinks are part of the attention. Buffers
+counted: the top-k routers' score-correction biases (the hash layers'
+token-to-expert table is an integer lookup, not counted). The MTP layers
+(``num_nextn_predict_layers``) are not built by Transformers; each is counted
+as a sliding-attention MoE layer with DeepSeek's MTP glue. The layers cannot be
+measured alone (the residual is ``hc_mult`` streams): ``stack_census``.
+"""
+from __future__ import annotations
+
+from ndcost.errors import InvalidValue
+from ndcost.models import check_divides, formula
+from ndcost.plugins.families._base import DecoderFamily, check_experts, layer_types, register_family
+
+ATTENTION = {"sliding_attention": "sliding", "compressed_sparse_attention": "csa",
+             "heavily_compressed_attention": "hca"}
+RATIO_TO_TYPE = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+
+
+class DeepseekV4Family(DecoderFamily):
+    name = "deepseek_v4"
+    model_types = ("deepseek_v4",)
+    stack_census = True
+    defaults = dict(vocab_size=129280, hidden_size=4096, moe_intermediate_size=2048, num_hidden_layers=43,
+                    num_attention_heads=64, num_key_value_heads=1, head_dim=512, q_lora_rank=1024,
+                    num_experts_per_tok=6, n_routed_experts=256, n_shared_experts=1, max_position_embeddings=1048576,
+                    hc_mult=4, sliding_window=128, o_groups=8, o_lora_rank=1024, index_n_heads=64,
+                    index_head_dim=128, index_topk=512, num_nextn_predict_layers=1, tie_word_embeddings=False,
+                    attention_bias=False, mlp_bias=False)
+    aliases = {"n_routed_experts": ("num_local_experts",)}
+
+    def spec(self, config, name):
+        r = self.reader(config)
+        hidden = r.int("hidden_size")
+        heads = r.int("num_attention_heads")
+        head_dim = r.int("head_dim")
+        n = r.int("num_hidden_layers")
+        o_groups = r.int("o_groups")
+        check_divides(self.name, "o_groups", o_groups, heads * head_dim, "num_attention_heads * head_dim")
+        rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+        rates.update(dict(config.get("compress_rates") or {}))
+        if config.get("compress_rate_csa") is not None:
+            rates["compressed_sparse_attention"] = int(config["compress_rate_csa"])
+        if config.get("compress_rate_hca") is not None:
+            rates["heavily_compressed_attention"] = int(config["compress_rate_hca"])
+        types = layer_types(r, n)
+        if types is None and config.get("compress_ratios") is not None:
+            try:
+                types = [RATIO_TO_TYPE[int(x)] for x in list(config["compress_ratios"])[:n]]
+            except KeyError as exc:
+                raise InvalidValue(f"{self.name} config: compress_ratios has {exc.args[0]}; "
+                                   f"known ratios: 0, 4, 128") from None
+        if types is None:
+            types = (["heavily_compressed_attention"] * min(n, 2)
+                     + ["compressed_sparse_attention" if i % 2 else "heavily_compressed_attention"
+                        for i in range(max(n - 2, 0))])
+        bad = sorted(set(types) - set(ATTENTION))
+        if bad:
+            raise InvalidValue(f"{self.name} config: layer_types {bad} unknown; known: {', '.join(ATTENTION)}")
+        mlp = layer_types(r, n, "mlp_layer_types")
+        if mlp is None:
+            hashed = min(n, int(config.get("num_hash_layers") if config.get("num_hash_layers") is not None else 3))
+            mlp = ["hash_moe"] * hashed + ["moe"] * (n - hashed)
+        bad = sorted(set(mlp) - {"moe", "hash_moe"})
+        if bad:
+            raise InvalidValue(f"{self.name} config: mlp_layer_types {bad} unknown; known: moe, hash_moe")
+        kinds = [f"{ATTENTION[a]}_{m}" for a, m in zip(types, mlp)]
+        table = {f"{ATTENTION[a]}_{m}": {"attention": a, "mlp": m} for a in ATTENTION for m in ("moe", "hash_moe")}
+        table["mtp"] = {"attention": "sliding_attention", "mlp": "moe", "mtp": True}
+        experts = r.int("n_routed_experts")
+        top_k = r.int("num_experts_per_tok")
+        check_experts(r, experts, top_k)
+        width = r.int("moe_intermediate_size")
+        extra = {"hc_mult": r.int("hc_mult"), "o_groups": o_groups, "o_lora_rank": r.int("o_lora_rank"),
+                 "index_n_heads": r.int("index_n_heads"), "index_head_dim": r.int("index_head_dim"),
+                 "compress_rates": rates, "sliding_window": r.int("sliding_window")}
+        return self.build(
+            r, name, "deepseek_v4", kinds, table, mtp=r.int("num_nextn_predict_layers", minimum=0), extra=extra,
+            hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=r.int("num_key_value_heads"),
+            head_dim=head_dim, vocab_size=r.int("vocab_size"), intermediate_size=width,
+            q_lora_rank=r.int("q_lora_rank"), num_experts=experts, num_experts_per_tok=top_k,
+            num_shared_experts=r.int("n_shared_experts", minimum=0), moe_intermediate_size=width,
+            shared_expert_intermediate_size=width, tie_word_embeddings=r.bool("tie_word_embeddings"),
+            attention_bias=False, mlp_bias=r.bool("mlp_bias"), max_position_embeddings=r.int("max_position_embeddings"))
+
+    def add_attention(self, parts, spec, info):
+        ex = spec.extra
+        h, d = spec.hidden_size, spec.head_dim
+        parts["attention"] += formula("deepseek_v4.params.attention")(
+            hidden=h, heads=spec.num_attention_heads, head_dim=d, q_lora_rank=spec.q_lora_rank,
+            o_groups=ex["o_groups"], o_lora_rank=ex["o_lora_rank"])
+        kind = info["attention"]
+        if kind == "sliding_attention":
+            return
+        rate = int(ex["compress_rates"][kind])
+        overlap = kind == "compressed_sparse_attention"
+        parts["attention"] += formula("deepseek_v4.params.compressor")(hidden=h, head_dim=d, rate=rate, overlap=overlap)
+        if overlap:
+            parts["attention"] += formula("deepseek_v4.params.indexer")(
+                hidden=h, q_lora_rank=spec.q_lora_rank, index_heads=ex["index_n_heads"],
+                index_head_dim=ex["index_head_dim"], rate=rate)
+
+    def add_mlp(self, parts, spec, info):
+        h = spec.hidden_size
+        parts["routed"] += formula("moe.params.routed")(hidden=h, experts=spec.num_experts,
+                                                        intermediate=spec.moe_intermediate_size, bias=False)
+        if info["mlp"] == "hash_moe":
+            parts["router"] += formula("deepseek_v4.params.hash_router")(hidden=h, experts=spec.num_experts)
+        else:
+            parts["router"] += formula("moe.params.router")(hidden=h, experts=spec.num_experts)
+        parts["shared"] += formula("moe.params.shared")(hidden=h, intermediate=spec.shared_expert_intermediate_size,
+                                                        bias=spec.mlp_bias)
+
+    def add_other(self, parts, spec, info):
+        parts["other"] += 2 * formula("deepseek_v4.params.hyper_connection")(hidden=spec.hidden_size,
+                                                                             hc_mult=spec.extra["hc_mult"])
+
+    def other_parameters(self, spec):
+        return formula("deepseek_v4.params.hyper_head")(hidden=spec.hidden_size, hc_mult=spec.extra["hc_mult"])
+
+    def buffers(self, spec):
+        moe = sum(g.count for g in spec.layers if not g.mtp and spec.extra["kinds"][g.kind]["mlp"] == "moe")
+        return moe * spec.num_experts
+
+
+ndcost_register = register_family(DeepseekV4Family())

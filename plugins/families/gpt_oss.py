@@ -1,0 +1,60 @@
+"""GPT-OSS: GQA with biases on every projection and learned sinks, every layer MoE with biased experts and router.
+
+Layers alternate ``sliding_attention`` and ``full_attention`` (``layer_types``);
+both hold the same parameters.
+"""
+from __future__ import annotations
+
+from ndcost.errors import InvalidValue
+from ndcost.models import formula
+from ndcost.plugins.families._base import (DecoderFamily, check_experts, layer_types, read_attention,
+                                           register_family)
+
+KINDS = {"sliding_attention": {"attention": "gpt_oss", "mlp": "gpt_oss"},
+         "full_attention": {"attention": "gpt_oss", "mlp": "gpt_oss"}}
+
+
+class GptOssFamily(DecoderFamily):
+    name = "gpt_oss"
+    model_types = ("gpt_oss",)
+    defaults = dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880,
+                    intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
+                    tie_word_embeddings=False, max_position_embeddings=131072, num_experts_per_tok=4,
+                    attention_bias=True)
+    aliases = {"num_local_experts": ("num_experts",)}
+
+    def spec(self, config, name):
+        r = self.reader(config)
+        att = read_attention(r)
+        n = r.int("num_hidden_layers")
+        types = layer_types(r, n) or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+        bad = sorted(set(types) - set(KINDS))
+        if bad:
+            raise InvalidValue(f"{self.name} config: layer_types {bad} are not sliding_attention or full_attention")
+        experts = r.int("num_local_experts")
+        top_k = r.int("num_experts_per_tok")
+        check_experts(r, experts, top_k)
+        width = r.int("intermediate_size")
+        return self.build(
+            r, name, "gpt_oss", types, KINDS, extra={"sinks": True, "router_bias": True, "expert_bias": True},
+            vocab_size=r.int("vocab_size"), intermediate_size=width, moe_intermediate_size=width,
+            num_experts=experts, num_experts_per_tok=top_k, num_shared_experts=0,
+            tie_word_embeddings=r.bool("tie_word_embeddings"), attention_bias=r.bool("attention_bias"),
+            mlp_bias=True, max_position_embeddings=r.int("max_position_embeddings"), **att)
+
+    def add_attention(self, parts, spec, info):
+        if info["attention"] != "gpt_oss":
+            return super().add_attention(parts, spec, info)
+        parts["attention"] += formula("gpt_oss.params.attention")(
+            hidden=spec.hidden_size, heads=spec.num_attention_heads, kv_heads=spec.num_key_value_heads,
+            head_dim=spec.resolved_head_dim, bias=bool(spec.attention_bias))
+
+    def add_mlp(self, parts, spec, info):
+        if info["mlp"] != "gpt_oss":
+            return super().add_mlp(parts, spec, info)
+        parts["routed"] += formula("gpt_oss.params.experts")(
+            hidden=spec.hidden_size, experts=spec.num_experts, intermediate=spec.moe_intermediate_size)
+        parts["router"] += formula("gpt_oss.params.router")(hidden=spec.hidden_size, experts=spec.num_experts)
+
+
+ndcost_register = register_family(GptOssFamily())

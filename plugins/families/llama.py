@@ -1,0 +1,40 @@
+"""Llama and Mistral: GQA with optional biases, a SwiGLU FFN, two RMSNorms a layer; every layer ``dense``."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ndcost.plugins.families._base import DecoderFamily, read_attention, register_family
+
+DENSE = {"dense": {"attention": "gqa", "mlp": "dense"}}
+
+
+class LlamaFamily(DecoderFamily):
+    """Llama (``attention_bias`` and ``mlp_bias`` as stated, False by default) and Mistral (no biases)."""
+
+    def __init__(self, name: str, model_types, defaults: Mapping[str, Any], biases: bool):
+        self.name = name
+        self.model_types = tuple(model_types)
+        self.defaults = dict(defaults)
+        self.biases = biases
+
+    def spec(self, config, name):
+        r = self.reader(config)
+        att = read_attention(r)
+        n = r.int("num_hidden_layers")
+        attention_bias = r.bool("attention_bias") if self.biases else False
+        mlp_bias = r.bool("mlp_bias") if self.biases else False
+        return self.build(
+            r, name, r.get("model_type", self.model_types[0]), ["dense"] * n, DENSE,
+            vocab_size=r.int("vocab_size"), intermediate_size=r.int("intermediate_size"),
+            tie_word_embeddings=r.bool("tie_word_embeddings"), attention_bias=attention_bias, mlp_bias=mlp_bias,
+            max_position_embeddings=r.int("max_position_embeddings"), **att)
+
+
+LLAMA = LlamaFamily("llama", ["llama"], dict(
+    vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+    max_position_embeddings=2048, tie_word_embeddings=False, attention_bias=False, mlp_bias=False), biases=True)
+MISTRAL = LlamaFamily("mistral", ["mistral"], dict(
+    vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=8, max_position_embeddings=4096 * 32, tie_word_embeddings=False), biases=False)
+
+ndcost_register = register_family(LLAMA, MISTRAL)

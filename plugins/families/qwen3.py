@@ -1,0 +1,25 @@
+"""Qwen3 (dense): GQA with a QK-norm and ``attention_bias`` on every projection, SwiGLU, RMSNorm."""
+from __future__ import annotations
+
+from ndcost.plugins.families._base import ATTENTION_KINDS, DecoderFamily, dense_kinds, read_attention, register_family
+
+
+class Qwen3Family(DecoderFamily):
+    name = "qwen3"
+    model_types = ("qwen3",)
+    defaults = dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=32, head_dim=128, max_position_embeddings=32768,
+                    tie_word_embeddings=False, attention_bias=False)
+
+    def spec(self, config, name):
+        r = self.reader(config)
+        att = read_attention(r)
+        n = r.int("num_hidden_layers")
+        return self.build(
+            r, name, "qwen3", dense_kinds(r, n), ATTENTION_KINDS, extra={"qk_norm": True},
+            vocab_size=r.int("vocab_size"), intermediate_size=r.int("intermediate_size"),
+            tie_word_embeddings=r.bool("tie_word_embeddings"), attention_bias=r.bool("attention_bias"),
+            mlp_bias=False, max_position_embeddings=r.int("max_position_embeddings"), **att)
+
+
+ndcost_register = register_family(Qwen3Family())
