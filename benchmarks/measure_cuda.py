@@ -118,8 +118,17 @@ LAYER_CASES = [
                                             intermediate_size=7168, **o), 0),
 ]
 
+# A layer whose model hands it a mask (Mistral's sliding window): SDPA then runs with attn_mask.
+MASKED_CASES = [("mistral_7b_sliding1024", lambda **o: _cfg("mistral", **{**dict(
+    hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+    vocab_size=32000, num_hidden_layers=1, sliding_window=1024), **o}), 0, 1024)]
+
 # Layers under torchtitan's op-level selective checkpointing policy.
-SELECTIVE_CASES = [("llama3_8b_selective", llama3_8b, 0), ("qwen3_30b_a3b_moe_selective", qwen3_30b_a3b, 0)]
+SELECTIVE_CASES = [("llama3_8b_selective", llama3_8b, 0), ("qwen3_30b_a3b_moe_selective", qwen3_30b_a3b, 0),
+                   ("deepseek_v3_moe_selective", deepseek_v3, 1)]
+
+# The output layer: final norm, LM head, Transformers' causal-LM loss (fp32 logits), full and half vocabulary.
+OUTPUT_CASES = [("llama3_8b_output", llama3_8b, 128256), ("llama3_8b_output_half_vocab", llama3_8b, 64128)]
 
 # Whole-model steps (setups (a) and (b)): small enough to run in seconds.
 def small_llama(**over):
@@ -193,7 +202,14 @@ def _build_layer(config, index: int, dtype):
     return layer, rotary
 
 
-def _layer_call(layer, rotary, hidden, seq):
+def sliding_mask(seq: int, window: int, device) -> torch.Tensor:
+    """The boolean [1, 1, s, s] mask Transformers' SDPA path builds for a sliding window (True attends)."""
+    i = torch.arange(seq, device=device)
+    keep = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < window)
+    return keep[None, None]
+
+
+def _layer_call(layer, rotary, hidden, seq, mask=None):
     import inspect
     position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
     kwargs = {}
@@ -201,7 +217,7 @@ def _layer_call(layer, rotary, hidden, seq):
     if rotary is not None and "position_embeddings" in accepted:
         with torch.no_grad():
             kwargs["position_embeddings"] = rotary(hidden, position_ids)
-    for name, value in (("position_ids", position_ids), ("attention_mask", None), ("use_cache", False)):
+    for name, value in (("position_ids", position_ids), ("attention_mask", mask), ("use_cache", False)):
         if name in accepted:
             kwargs[name] = value
 
@@ -211,14 +227,15 @@ def _layer_call(layer, rotary, hidden, seq):
     return call
 
 
-def measure_layer(name: str, factory, index: int, seq: int, dtype=torch.bfloat16) -> Dict[str, Any]:
+def measure_layer(name: str, factory, index: int, seq: int, dtype=torch.bfloat16, window=None) -> Dict[str, Any]:
     config = factory()
     layer, rotary = _build_layer(config, index, dtype)
     params = list(layer.parameters())
     param_ptrs = {p.untyped_storage().data_ptr() for p in params}
     hidden = torch.randn(1, seq, config.hidden_size, dtype=dtype, device=_device(), requires_grad=True)
     grad = torch.randn_like(hidden)
-    call = _layer_call(layer, rotary, hidden, seq)
+    mask = None if window is None else sliding_mask(seq, window, hidden.device)
+    call = _layer_call(layer, rotary, hidden, seq, mask)
 
     saved: Dict[tuple, Dict[str, Any]] = {}
     listing: List[Dict[str, Any]] = []
@@ -326,6 +343,56 @@ def measure_selective(name: str, factory, index: int, seq: int, dtype=torch.bflo
             "note": "the input is allocated before the baseline: add input_bytes for 'kept, input included'"}
 
 
+def measure_output(name: str, factory, vocab: int, seq: int, dtype=torch.bfloat16) -> Dict[str, Any]:
+    """Final norm, LM head and ForCausalLMLoss: bytes saved (hooks, unique storages) and the backward's peak."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    config = factory()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with _device():
+            norm = LlamaRMSNorm(config.hidden_size)
+            head = torch.nn.Linear(config.hidden_size, vocab, bias=False)
+    finally:
+        torch.set_default_dtype(previous)
+    params = [*norm.parameters(), *head.parameters()]
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    hidden = torch.randn(1, seq, config.hidden_size, dtype=dtype, device=_device(), requires_grad=True)
+    labels = torch.randint(0, vocab, (1, seq), device=_device())
+    saved: Dict[tuple, int] = {}
+    listing: List[Dict[str, Any]] = []
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in param_ptrs:
+            key = (storage.data_ptr(), storage.nbytes())
+            listing.append({"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                            "storage_bytes": storage.nbytes(), "new": key not in saved})
+            saved.setdefault(key, storage.nbytes())
+        return t
+
+    _sync()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = ForCausalLMLoss(head(norm(hidden)), labels, vocab)
+    _sync()
+    after_forward = (torch.cuda.memory_allocated() - base) if torch.cuda.is_available() else None
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    loss.backward()
+    _sync()
+    peak = (torch.cuda.max_memory_allocated() - base) if torch.cuda.is_available() else None
+    return {"case": name, "seq": seq, "vocab_size": vocab, "hidden_size": config.hidden_size,
+            "saved_bytes": sum(saved.values()), "retained_after_forward_bytes": after_forward,
+            "backward_peak_over_baseline_bytes": peak,
+            "param_grad_bytes": sum(p.grad.numel() * p.grad.element_size() for p in params),
+            "saved_tensors": sorted(listing, key=lambda r: -r["storage_bytes"])}
+
+
 def measure_model(name: str, factory, seq: int, param_dtype, checkpointing: bool) -> Dict[str, Any]:
     from transformers import AutoModelForCausalLM
     config = factory()
@@ -414,6 +481,28 @@ def main(argv=None) -> int:
             print(f"{name}: FAILED {exc}", file=sys.stderr, flush=True)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    for name, factory, index, window in MASKED_CASES:
+        if only and name not in only:
+            continue
+        try:
+            f = _shrunk(factory) if args.small else factory
+            results["layers"].append(measure_layer(name, f, index, 64 if args.small else args.seq,
+                                                   window=16 if args.small else window))
+            print(f"{name}: ok saved={results['layers'][-1]['saved_bytes']}", file=sys.stderr, flush=True)
+        except Exception as exc:
+            results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            print(f"{name}: FAILED {exc}", file=sys.stderr, flush=True)
+    for name, factory, vocab in OUTPUT_CASES:
+        if only and name not in only:
+            continue
+        try:
+            f = _shrunk(factory) if args.small else factory
+            results.setdefault("outputs", []).append(
+                measure_output(name, f, 512 if args.small else vocab, 64 if args.small else args.seq))
+            print(f"{name}: ok saved={results['outputs'][-1]['saved_bytes']}", file=sys.stderr, flush=True)
+        except Exception as exc:
+            results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            print(f"{name}: FAILED {exc}", file=sys.stderr, flush=True)
     for name, factory, index in SELECTIVE_CASES:
         if only and name not in only:
             continue

@@ -249,6 +249,25 @@ def _pp_layers(value):
     return layers
 
 
+def _known_schedules() -> Tuple[str, ...]:
+    """Pipeline schedules registered by plugins (``schedule/<name>``), or the built-in names before loading."""
+    try:
+        from ndcost import manager
+        names = tuple(manager.registry().names("schedule"))
+        return names or SCHEDULES
+    except Exception:  # during a broken load the built-in names still validate
+        return SCHEDULES
+
+
+def _schedule(value):
+    text = str(value).strip().lower()
+    known = _known_schedules()
+    if text not in known:
+        raise InvalidValue(f"Strategy.schedule: {value!r} is not allowed; allowed: {', '.join(known)} "
+                           f"(a plugin can register more as 'schedule/<name>')")
+    return text
+
+
 def _optimizer(value):
     text = str(value).strip().lower()
     known = _known_optimizers()
@@ -278,7 +297,7 @@ class Strategy:
     zero: int = attrs.field(default=0, converter=_int_field("zero", 0, 3))
     sp: bool = attrs.field(default=False, converter=_bool_field("sp"))
     cp_algo: str = attrs.field(default="ring", converter=_choice("cp_algo", CP_ALGOS))
-    schedule: str = attrs.field(default="1f1b", converter=_choice("schedule", SCHEDULES))
+    schedule: str = attrs.field(default="1f1b", converter=_schedule)
     micro_batch: int = attrs.field(default=1, converter=_int_field("micro_batch", 1))
     num_micro_batches: int = attrs.field(default=1, converter=_int_field("num_micro_batches", 1))
     seq: Optional[int] = attrs.field(default=None, converter=_optional_int_field("seq", 1))

@@ -1,9 +1,142 @@
-"""Pipeline schedules: how many micro-batches' activations a stage holds, and the bubble."""
+"""Pipeline schedules: which rank holds each virtual stage, and how many micro-batches' activations it keeps.
+
+A schedule is a plugin registered as ``schedule/<name>``: an object with the
+methods of :class:`Schedule`, each vectorized over a batch of strategies
+(numpy arrays that broadcast: ``pp``, ``vpp`` and ``m`` shaped like the
+batch, ``rank`` and ``chunk`` with trailing axes). A layout a schedule does
+not model (virtual stages under plain 1F1B, DualPipeV without exactly two
+chunks) is refused by name with the numbers, never approximated.
+
+Built in:
+
+- ``1f1b`` (PipeDream-Flush, Megatron's non-interleaved schedule): stage
+  ``s`` of ``p`` holds ``min(p - s, m)`` micro-batches at its peak.
+- ``interleaved`` (Megatron's interleaved 1F1B with ``vpp`` model chunks per
+  rank, virtual stage ``c * p + r`` on rank ``r``): rank ``r`` runs
+  ``(p - r - 1) * 2 + (v - 1) * p`` warm-up forwards and one more before its
+  first backward; forward ``i`` runs chunk ``(i // p) % v``. Rank 0 thus holds
+  ``p * v + p - 1`` chunk-micro-batches, Megatron's memory factor
+  ``1 + (p - 1) / (p * v)`` of ``p`` micro-batches of ``L / p`` layers.
+- ``gpipe``: every forward before any backward, ``m`` micro-batches.
+- ``dualpipev`` (DeepSeek's V-shaped cut-in-half DualPipe): ``2 p`` stages
+  on ``p`` ranks, rank ``r`` holding stages ``r`` and ``2 p - 1 - r``; per
+  DeepSeek's table a rank holds ``PP + 1 = 2 p + 1`` stage-micro-batches of
+  activations, counted here as ``p + 1`` of its first chunk and ``p`` of its
+  second, each at most ``m``.
+
+Known limitations: the counts are those at the peak of a steady schedule
+with equal layer counts per chunk; uneven ``pp_layers`` keep the counts.
+"""
 from __future__ import annotations
 
+from typing import Any, List, Tuple
+
+import attrs
+import numpy as np
+
 from ndcost.hookspecs import hookimpl
+
+Refusal = Tuple[Any, str]  # (boolean mask over the batch, message template formatted with pp, vpp, m)
+
+
+@attrs.frozen(kw_only=True)
+class Schedule:
+    """A pipeline schedule; subclasses say where chunks live and what each rank holds."""
+
+    name: str
+    description: str = ""
+
+    def refusals(self, pp, vpp, m) -> List[Refusal]:
+        """Layouts this schedule does not model: ``[(mask, template)]``; the template names the constraint."""
+        return []
+
+    def virtual_stage(self, pp, vpp, rank, chunk):
+        """The virtual stage (model order, 0 first) that rank ``rank`` holds as its chunk ``chunk``."""
+        return chunk * pp + rank
+
+    def in_flight(self, pp, vpp, m, rank, chunk):
+        """Micro-batches of chunk ``chunk`` whose activations rank ``rank`` keeps at its peak."""
+        raise NotImplementedError
+
+    def bubble_stage_steps(self, pp, vpp, m):
+        """Idle time of a rank in units of one micro-batch's forward and backward through one rank's layers."""
+        return (pp - 1) / vpp
+
+
+def _no_chunks(name: str, pp, vpp) -> Refusal:
+    return (vpp > 1, f"schedule {name} does not model virtual pipeline stages (vpp={{vpp}}); "
+                     f"use schedule=interleaved (or dualpipev with vpp=2), or set vpp=1")
+
+
+@attrs.frozen(kw_only=True)
+class OneFOneB(Schedule):
+    """PipeDream-Flush 1F1B: stage s of p holds ``min(p - s, m)`` micro-batches."""
+
+    def refusals(self, pp, vpp, m):
+        return [_no_chunks(self.name, pp, vpp)]
+
+    def in_flight(self, pp, vpp, m, rank, chunk):
+        return np.minimum(pp - rank, m)
+
+
+@attrs.frozen(kw_only=True)
+class GPipe(Schedule):
+    """GPipe: all forwards, then all backwards; every stage holds all ``m`` micro-batches."""
+
+    def refusals(self, pp, vpp, m):
+        return [_no_chunks(self.name, pp, vpp)]
+
+    def in_flight(self, pp, vpp, m, rank, chunk):
+        return m + 0 * (pp + rank + chunk)
+
+    def bubble_stage_steps(self, pp, vpp, m):
+        return pp - 1.0
+
+
+@attrs.frozen(kw_only=True)
+class Interleaved(Schedule):
+    """Megatron's interleaved 1F1B over ``vpp`` chunks a rank (virtual stage ``c * p + r`` on rank r)."""
+
+    def refusals(self, pp, vpp, m):
+        return [(vpp < 2, "schedule interleaved needs vpp >= 2 model chunks per rank (vpp={vpp}); "
+                          "use schedule=1f1b for one chunk"),
+                (pp < 2, "schedule interleaved needs pp >= 2 (pp={pp}); use pp=1 with schedule=1f1b")]
+
+    def in_flight(self, pp, vpp, m, rank, chunk):
+        held = np.minimum((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, m * vpp)
+        cycle = pp * vpp
+        full, rest = held // cycle, held % cycle
+        count = full * pp + np.clip(rest - chunk * pp, 0, pp)
+        return np.minimum(count, m)
+
+
+@attrs.frozen(kw_only=True)
+class DualPipeV(Schedule):
+    """DeepSeek's DualPipeV: two chunks a rank in a V (stages r and 2p-1-r), ``2p + 1`` stage-micro-batches."""
+
+    def refusals(self, pp, vpp, m):
+        return [(vpp != 2, "schedule dualpipev places exactly two chunks on each rank (a V); "
+                           "set vpp=2 (got vpp={vpp})")]
+
+    def virtual_stage(self, pp, vpp, rank, chunk):
+        return np.where(chunk == 0, rank, 2 * pp - 1 - rank)
+
+    def in_flight(self, pp, vpp, m, rank, chunk):
+        return np.minimum(pp + 1 - chunk, m) + 0 * rank
+
+    def bubble_stage_steps(self, pp, vpp, m):
+        return (pp - 1) / 2.0
+
+
+BUILTIN = (
+    OneFOneB(name="1f1b", description="PipeDream-Flush 1F1B: stage s of p holds min(p - s, m) micro-batches"),
+    Interleaved(name="interleaved", description="Megatron's interleaved 1F1B with vpp model chunks per rank"),
+    GPipe(name="gpipe", description="GPipe: all forwards then all backwards; m micro-batches held"),
+    DualPipeV(name="dualpipev", description="DeepSeek's DualPipeV: V-shaped two chunks per rank, 2p + 1 held"),
+)
 
 
 @hookimpl
 def ndcost_register(register):
-    pass  # filled by the resolver work
+    for schedule in BUILTIN:
+        register(f"schedule/{schedule.name}", schedule)

@@ -1,0 +1,127 @@
+"""An example third-party ndcost plugin: the OLMo-2 family (Transformers ``model_type`` "olmo2").
+
+OLMo-2 is a Llama-shaped decoder with two differences that change its
+parameter count, so ndcost's generic fallback would miss them:
+
+- its QK-norm is an RMSNorm over the *whole* query and key projections
+  (``heads * head_dim`` and ``kv_heads * head_dim`` wide), not one per head
+  as in Qwen3; this plugin adds that count as its own formula slot,
+  ``formula/olmo2.params.qk_norm``;
+- its two layer norms sit after the attention and after the MLP
+  (``post_attention_layernorm``, ``post_feedforward_layernorm``) instead of
+  before them: the same two hidden-wide weights, so the shared
+  ``norm.params.layer`` slot counts them.
+
+The module is the distribution's one entry point (group ``ndcost.plugins``,
+see pyproject.toml); ndcost calls its ``ndcost_register`` hook once when it
+loads the plugins. Nothing here imports torch or transformers.
+"""
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any, Dict, Mapping
+
+import ndcost
+from ndcost.errors import InvalidValue
+from ndcost.models import Family, check_heads, formula, groups_of
+from ndcost.values import ModelSpec
+
+__version__ = "0.1.0"
+__all__ = ["Olmo2Family", "qk_norm", "spec_path", "ndcost_register"]
+
+# How each layer kind is built, in the vocabulary ndcost's estimators read
+# (``spec.extra["kinds"]``): every OLMo-2 layer is full GQA attention and a
+# dense SwiGLU MLP.
+KINDS = {"dense": {"attention": "gqa", "mlp": "dense"}}
+
+
+# ---------------------------------------------------------------------------
+# a formula slot
+# ---------------------------------------------------------------------------
+def qk_norm(*, heads: int, kv_heads: int, head_dim: int) -> int:
+    """OLMo-2's QK-norm: one RMSNorm weight over the query projection and one over the key projection."""
+    for field, value in (("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidValue(f"olmo2.params.qk_norm: {field} must be an integer >= 0, got {value!r}")
+    return (heads + kv_heads) * head_dim
+
+
+# ---------------------------------------------------------------------------
+# the family
+# ---------------------------------------------------------------------------
+class Olmo2Family(Family):
+    """Reads an OLMo-2 config into a ModelSpec, and counts one layer by part from formula slots."""
+
+    name = "olmo2"
+    model_types = ("olmo2",)
+    stack_census = False  # every layer can be measured alone
+    # Olmo2Config's defaults (transformers/models/olmo2/configuration_olmo2.py), so a
+    # config.json that states only what differs reads the same as Transformers reads it.
+    defaults: Mapping[str, Any] = dict(
+        vocab_size=50304, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, max_position_embeddings=2048, tie_word_embeddings=False, attention_bias=False)
+
+    def spec(self, config: Mapping[str, Any], name: str) -> ModelSpec:
+        r = self.reader(config)
+        hidden = r.int("hidden_size")
+        heads = r.int("num_attention_heads")
+        kv_heads = r.int("num_key_value_heads", heads)  # Olmo2Config: None means one KV head per head
+        head_dim_stated = r.has("head_dim")
+        head_dim = r.int("head_dim") if head_dim_stated else None
+        check_heads(self.name, hidden, heads, kv_heads, head_dim_stated)
+        layers = r.int("num_hidden_layers")
+        return ModelSpec(
+            name=name, model_type="olmo2", family=self.name,
+            layers=groups_of(["dense"] * layers),
+            hidden_size=hidden, vocab_size=r.int("vocab_size"), num_attention_heads=heads,
+            num_key_value_heads=kv_heads, head_dim=head_dim, intermediate_size=r.int("intermediate_size"),
+            tie_word_embeddings=r.bool("tie_word_embeddings"),
+            attention_bias=r.bool("attention_bias"),  # q, k, v and o alike
+            mlp_bias=False,  # Olmo2MLP has no biases
+            max_position_embeddings=r.int("max_position_embeddings"),
+            extra={
+                "kinds": KINDS,
+                "qk_norm": True,  # the layer normalizes queries and keys (the op records count its activations)
+                "qk_norm_scope": "projection",
+                "layer_norms": 2,
+                "norm_bias": False,  # RMSNorm: a weight, no bias
+                "ffn_matrices": 3,
+                "fields_read": tuple(r.read),
+            })
+
+    def layer_parameters(self, spec: ModelSpec, kind: str) -> Dict[str, int]:
+        if kind not in KINDS:
+            raise InvalidValue(f"family {self.name}: model {spec.name!r} has no layer kind {kind!r}; "
+                               f"kinds: {', '.join(KINDS)}")
+        h, heads, d = spec.hidden_size, spec.num_attention_heads, spec.resolved_head_dim
+        kv_heads = spec.num_key_value_heads or heads
+        return {
+            "attention": formula("attention.params.gqa")(
+                hidden=h, heads=heads, kv_heads=kv_heads, head_dim=d,
+                qkv_bias=spec.attention_bias, o_bias=spec.attention_bias),
+            "norm": (formula("norm.params.layer")(hidden=h, norms=2, bias=False)
+                     + formula("olmo2.params.qk_norm")(heads=heads, kv_heads=kv_heads, head_dim=d)),
+            "ffn": formula("ffn.params.dense")(hidden=h, intermediate=spec.intermediate_size, matrices=3,
+                                               bias=False),
+        }
+    # The embedding, the head (none where tied) and the final norm: Family's defaults.
+
+
+OLMO2 = Olmo2Family()
+
+
+def spec_path(name: str = "olmo-2-1124-7b"):
+    """The spec YAML this distribution ships for *name*; pass it to ``ndcost.models.load_model``."""
+    path = resources.files(__name__) / "specs" / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.name[:-5] for p in (resources.files(__name__) / "specs").iterdir()
+                       if p.name.endswith(".yaml"))
+        raise InvalidValue(f"ndcost-toyfamily ships no spec {name!r}; it ships: {', '.join(known)}")
+    return path
+
+
+@ndcost.hookimpl
+def ndcost_register(register):
+    register("formula/olmo2.params.qk_norm", qk_norm)
+    for model_type in OLMO2.model_types:
+        register(f"family/{model_type}", OLMO2)

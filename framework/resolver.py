@@ -1,0 +1,812 @@
+"""The resolver: pick each part's estimator for a model, then price strategies in vectorized batches.
+
+``resolve(model, runtime="hf-cuda", hardware="h200", census="auto")`` reads
+the model (its family plugin, by ``model_type``), counts its parameters by
+kind and part (the family's formula slots), and returns a :class:`CostModel`.
+Activation records are chosen per sequence length on first use and cached:
+the census's measured records under the runtime profile where a census can
+run (``census="auto"``; ``"on"`` makes its absence an error), the op
+records' formulas otherwise (``census="off"``, or the census unavailable:
+provenance says why). Every choice is written into the provenance of each
+result.
+
+:meth:`CostModel.evaluate_many` takes a sequence of :class:`Strategy` or a
+columnar mapping (field -> list or array; categorical fields as strings;
+missing fields take Strategy's defaults) and returns a :class:`BatchResult`
+of numpy arrays; an invalid row is marked with its reason and never fails
+the batch. :meth:`CostModel.evaluate` is ``evaluate_many`` of one row, which
+raises :class:`InvalidStrategy` for a strategy that cannot run.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import attrs
+import numpy as np
+
+from ndcost import memory
+from ndcost.errors import CensusUnavailable, InvalidStrategy, InvalidValue, NdcostError, Unpriced
+from ndcost.values import (CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Hardware, ModelSpec, StageMemory, Strategy,
+                           StrategyCost, TimeBreakdown)
+
+__all__ = ["resolve", "CostModel", "BatchResult", "CENSUS_MODES"]
+
+CENSUS_MODES = ("auto", "on", "off")
+_FIELDS = {a.name: a for a in attrs.fields(Strategy)}
+_NONE_DTYPE = len(memory.DTYPE_NAMES)
+_DTYPE_CODE = {name: i for i, name in enumerate(memory.DTYPE_NAMES)}
+
+
+def _registry():
+    from ndcost import manager
+    return manager.registry()
+
+
+def _source_of(key: str) -> str:
+    """``key (module, distribution)`` of a registry entry, for provenance."""
+    try:
+        entry = _registry().entry(key)
+        return f"{key} ({entry.source})"
+    except Exception:  # provenance must never fail a result
+        return key
+
+
+def _hardware(hardware: Any) -> Hardware:
+    if isinstance(hardware, Hardware):
+        return hardware
+    if isinstance(hardware, str):
+        if hardware.endswith((".yaml", ".yml")):
+            from ndcost.plugins.hardware import load_hardware_yaml
+            return load_hardware_yaml(hardware)
+        return _registry().get(f"hardware/{hardware}")
+    raise InvalidValue(f"hardware must be a name (h200), a spec YAML path or a Hardware, got {hardware!r}")
+
+
+# ---------------------------------------------------------------------------
+# the result of a batch
+# ---------------------------------------------------------------------------
+@attrs.frozen(kw_only=True, eq=False)
+class BatchResult:
+    """A batch's costs as numpy arrays, one entry (or row) per strategy, in input order.
+
+    ``stage_bytes[i, s, c]`` is what pipeline stage ``s`` of strategy ``i``
+    holds in category ``categories[c]`` at its worst moment (0 past the
+    strategy's ``pp``); ``peak_bytes[i]`` is the most any stage holds.
+    Invalid rows hold 0 everywhere, ``valid[i]`` False and ``reason[i]`` the
+    constraint with its numbers. ``time`` holds the time model's arrays once
+    it prices the batch.
+    """
+
+    categories: Tuple[str, ...]
+    peak_bytes: np.ndarray
+    stage_bytes: np.ndarray
+    stage_peak_bytes: np.ndarray
+    num_stages: np.ndarray
+    stage_layers: np.ndarray
+    stage_moment: np.ndarray
+    peak_stage: np.ndarray
+    layer_activation_bytes: np.ndarray  # (N, K): one layer of each kind, one micro-batch, per device
+    kinds: Tuple[str, ...]
+    valid: np.ndarray
+    reason: np.ndarray
+    fits: np.ndarray
+    memory_bytes: int
+    time: Optional[Mapping[str, np.ndarray]] = None
+    provenance: Mapping[str, Any] = attrs.field(factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.peak_bytes)
+
+    def bytes_by_category(self, row: int, stage: int) -> Dict[str, int]:
+        return {c: int(self.stage_bytes[row, stage, i]) for i, c in enumerate(self.categories)}
+
+    def cost(self, row: int, strategy: Strategy) -> StrategyCost:
+        """Row *row* as a :class:`StrategyCost` (its *strategy* given back to it)."""
+        stages = []
+        if self.valid[row]:
+            for s in range(int(self.num_stages[row])):
+                stages.append(StageMemory(
+                    stage=s, bytes_by_category=self.bytes_by_category(row, s),
+                    peak_bytes=int(self.stage_peak_bytes[row, s]), layers=int(self.stage_layers[row, s]),
+                    provenance={"moment": memory.MOMENTS[int(self.stage_moment[row, s])]}))
+        time = None
+        if self.time is not None and self.valid[row]:
+            fields = {f.name for f in attrs.fields(TimeBreakdown)} - {"provenance"}
+            if fields <= set(self.time):
+                time = TimeBreakdown(**{f: float(self.time[f][row]) for f in fields},
+                                     provenance=dict(self.time.get("provenance", {}) or {}))
+        return StrategyCost(strategy=strategy, stages=tuple(stages), peak_bytes=int(self.peak_bytes[row]),
+                            valid=bool(self.valid[row]), reason=str(self.reason[row]), time=time,
+                            provenance=dict(self.provenance))
+
+
+# ---------------------------------------------------------------------------
+# strategies as columns
+# ---------------------------------------------------------------------------
+def _unique(values: np.ndarray) -> Tuple[List[Any], np.ndarray]:
+    """The distinct values of a column and each row's index into them (no sort of mixed types)."""
+    if values.dtype.kind in "biufU":
+        uniq, inverse = np.unique(values, return_inverse=True)
+        return list(uniq.tolist()), inverse.reshape(-1)
+    seen: Dict[Any, int] = {}
+    inverse = np.empty(len(values), dtype=np.int64)
+    uniq: List[Any] = []
+    for i, value in enumerate(values.tolist()):
+        key = tuple(value) if isinstance(value, list) else value
+        try:
+            j = seen.get(key)
+        except TypeError:
+            key = repr(key)
+            j = seen.get(key)
+        if j is None:
+            j = seen[key] = len(uniq)
+            uniq.append(value)
+        inverse[i] = j
+    return uniq, inverse
+
+
+class _Columns:
+    """A batch's strategy fields as arrays (memory.compose's columns), with each row's refusals."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.cols: Dict[str, Any] = {}
+        self.reasons: List[Tuple[np.ndarray, Any]] = []  # (mask, message or row -> message)
+        self.pp_layers: Optional[List[Optional[Tuple[int, ...]]]] = None
+
+    def refuse(self, mask, message) -> None:
+        mask = np.asarray(mask, dtype=bool)
+        if mask.any():
+            self.reasons.append((mask, message))
+
+    def invalid(self) -> np.ndarray:
+        bad = np.zeros(self.n, dtype=bool)
+        for mask, _ in self.reasons:
+            bad |= mask
+        return bad
+
+    def reason_array(self) -> np.ndarray:
+        out = np.full(self.n, "", dtype=object)
+        for mask, message in self.reasons:
+            for i in np.flatnonzero(mask):
+                text = message(i) if callable(message) else message
+                out[i] = text if not out[i] else f"{out[i]}; {text}"
+        return out
+
+
+def _column_values(name: str, raw: Any, n: int) -> np.ndarray:
+    if isinstance(raw, np.ndarray) and raw.ndim == 1:
+        values = raw
+    elif isinstance(raw, (list, tuple)) and name != "pp_layers" or (name == "pp_layers" and isinstance(raw, list)):
+        values = np.empty(len(raw), dtype=object)
+        values[:] = list(raw)
+    else:
+        values = np.empty(n, dtype=object)
+        values[:] = [raw] * n
+    if len(values) != n:
+        raise InvalidValue(f"strategy column {name!r} has {len(values)} values, the others {n}; "
+                           f"give one value a strategy (or a scalar for all)")
+    return values
+
+
+def _convert(name: str, values: np.ndarray, out: _Columns, names: Mapping[str, Sequence[str]]):
+    """One field's column converted as Strategy converts it; rows it refuses are marked with its message."""
+    attr = _FIELDS[name]
+    converter = attr.converter
+    if values.dtype.kind in "iu" and name in memory.INT_FIELDS:
+        lo = {"zero": 0, "recompute_layers": 0}.get(name, 1)
+        hi = 3 if name == "zero" else None
+        bad = (values < lo) | ((values > hi) if hi is not None else False)
+        if bad.any():
+            messages = {}
+            for value in np.unique(values[bad]).tolist():
+                try:
+                    converter(value)
+                except InvalidValue as exc:
+                    messages[value] = str(exc)
+            out.refuse(bad, lambda i, v=values, m=messages: m.get(int(v[i]), f"Strategy.{name}: {v[i]} out of range"))
+        return np.where(bad, attr.default if attr.default is not None else -1, values).astype(np.int64)
+    if name in names and values.dtype.kind == "U":  # a categorical of strings: exact names by comparison
+        table = names[name]
+        codes = np.full(len(values), -1, dtype=np.int64)
+        for code, known in enumerate(table):  # a loop over the few names, not rows
+            codes[values == known] = code
+        rest = codes < 0
+        if rest.any():  # other spellings (case, aliases) or unknown names: as Strategy converts them
+            sub = _Columns(int(rest.sum()))
+            codes[rest] = _convert(name, values[rest].astype(object), sub, names)
+            index = np.flatnonzero(rest)
+            for mask, message in sub.reasons:
+                full = np.zeros(len(values), dtype=bool)
+                full[index[mask]] = True
+                out.refuse(full, (lambda i, m=message, ix=index: m(int(np.searchsorted(ix, i))))
+                           if callable(message) else message)
+        return codes
+    if name in memory.BOOL_FIELDS and values.dtype.kind == "b":
+        return values.astype(bool)
+    uniq, inverse = _unique(values)
+    converted: List[Any] = []
+    errors: Dict[int, str] = {}
+    for j, value in enumerate(uniq):
+        try:
+            if value is None and name in ("seq", "recompute_layers", "compute_dtype", "grad_dtype",
+                                          "optimizer_dtype", "pp_layers"):
+                converted.append(None)
+                continue
+            if isinstance(value, float) and math.isnan(value) and name in ("seq", "recompute_layers", "pp_layers"):
+                converted.append(None)
+                continue
+            converted.append(converter(value) if converter is not None else value)
+        except (InvalidValue, TypeError, ValueError) as exc:
+            errors[j] = str(exc)
+            converted.append(attr.default)
+    if errors:
+        bad_index = np.array(sorted(errors))
+        mask = np.isin(inverse, bad_index)
+        out.refuse(mask, lambda i, inv=inverse, e=errors: e[int(inv[i])])
+    if name == "pp_layers":
+        return [converted[j] for j in inverse.tolist()]
+    if name in names:  # a categorical: codes into names[name]
+        table = {v: i for i, v in enumerate(names[name])}
+        codes = []
+        for j, value in enumerate(converted):
+            if value is None:
+                codes.append(-1)
+            elif value in table:
+                codes.append(table[value])
+            else:
+                codes.append(0)
+                errors[j] = f"Strategy.{name}: {value!r} is not registered; known: {', '.join(names[name])}"
+                mask = inverse == j
+                out.refuse(mask, errors[j])
+        return np.array(codes, dtype=np.int64)[inverse]
+    if name in memory.INT_FIELDS:
+        return np.array([-1 if v is None else v for v in converted], dtype=np.int64)[inverse]
+    if name in memory.BOOL_FIELDS:
+        return np.array(converted, dtype=bool)[inverse]
+    return np.array(converted, dtype=np.float64)[inverse]
+
+
+def columns(strategies: Any, names: Mapping[str, Sequence[str]]) -> _Columns:
+    """A batch (Strategy sequence, or mapping of field -> values) as validated columns.
+
+    *names* gives each categorical field's names (codes are indices into
+    them): ``cp_algo``, ``schedule``, ``recompute``, ``optimizer`` and the
+    dtypes (with ``none`` last for ``master_dtype``).
+    """
+    if isinstance(strategies, Strategy):
+        strategies = [strategies]
+    if isinstance(strategies, Mapping):
+        unknown = sorted(set(strategies) - set(_FIELDS))
+        if unknown:
+            import difflib
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(str(key), list(_FIELDS), n=1)
+                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise InvalidStrategy(f"unknown strategy field(s) {', '.join(hints)}; fields: {', '.join(_FIELDS)}")
+        lengths = {len(v) for k, v in strategies.items()
+                   if (isinstance(v, np.ndarray) and v.ndim == 1) or (isinstance(v, (list, tuple)) and k != "pp_layers")
+                   or (k == "pp_layers" and isinstance(v, list))}
+        if len(lengths) > 1:
+            raise InvalidValue(f"strategy columns have different lengths {sorted(lengths)}; give one value a "
+                               f"strategy (or a scalar for all)")
+        n = lengths.pop() if lengths else 1
+        out = _Columns(n)
+        for name, attr in _FIELDS.items():
+            raw = strategies.get(name, attr.default)
+            per_row = (isinstance(raw, np.ndarray) and raw.ndim == 1) or \
+                (isinstance(raw, (list, tuple)) and name != "pp_layers") or (name == "pp_layers" and isinstance(raw, list))
+            if per_row:
+                result = _convert(name, _column_values(name, raw, n), out, names)
+            else:  # one value for every row: converted once
+                one = np.empty(1, dtype=object)
+                one[0] = raw
+                probe = _Columns(1)
+                result = _convert(name, one, probe, names)
+                for _mask, message in probe.reasons:
+                    text = message(0) if callable(message) else message
+                    out.refuse(np.ones(n, dtype=bool), text)
+                result = [result[0]] * n if name == "pp_layers" else np.repeat(result, n)
+            if name == "pp_layers":
+                out.pp_layers = result
+            else:
+                out.cols[name] = result
+        _cross_checks(out)
+    else:
+        items = list(strategies)
+        refused: Dict[int, str] = {}
+        for i, s in enumerate(items):
+            if not isinstance(s, Strategy):
+                try:
+                    items[i] = Strategy.parse(s) if isinstance(s, str) else Strategy.from_mapping(s)
+                except (InvalidValue, TypeError) as exc:  # this row is refused; the batch goes on
+                    refused[i] = str(exc)
+                    items[i] = Strategy(seq=1)
+        out = _Columns(len(items))
+        if refused:
+            mask = np.zeros(len(items), dtype=bool)
+            mask[list(refused)] = True
+            out.refuse(mask, lambda i: refused[int(i)])
+        for name in _FIELDS:
+            values = [getattr(s, name) for s in items]
+            if name == "pp_layers":
+                out.pp_layers = values
+                continue
+            if name in names:
+                table = {v: i for i, v in enumerate(names[name])}
+                codes = np.array([-1 if v is None else table.get(v, -2) for v in values], dtype=np.int64)
+                unknown = codes == -2
+                out.refuse(unknown, lambda i, v=values, nm=name: f"Strategy.{nm}: {v[i]!r} is not registered; "
+                                                                 f"known: {', '.join(names[nm])}")
+                out.cols[name] = np.where(unknown, 0, codes)
+            elif name in memory.INT_FIELDS:
+                out.cols[name] = np.array([-1 if v is None else v for v in values], dtype=np.int64)
+            elif name in memory.BOOL_FIELDS:
+                out.cols[name] = np.array(values, dtype=bool)
+            else:
+                out.cols[name] = np.array(values, dtype=np.float64)
+    c = out.cols
+    # dtypes left unset take the parameters'
+    for name in ("compute_dtype", "grad_dtype", "optimizer_dtype"):
+        c[name] = np.where(c[name] < 0, c["param_dtype"], c[name])
+    return out
+
+
+def _cross_checks(out: _Columns) -> None:
+    """Strategy's own checks between fields, on columns (its __attrs_post_init__)."""
+    c = out.cols
+    nv = c["pp"] * c["vpp"]
+    if out.pp_layers is not None:
+        lengths = np.array([-1 if s is None else len(s) for s in out.pp_layers], dtype=np.int64)
+        bad = (lengths >= 0) & (lengths != nv)
+        out.refuse(bad, lambda i: f"Strategy.pp_layers: {lengths[i]} stages given "
+                                  f"({'/'.join(map(str, out.pp_layers[i]))}) but pp * vpp = {nv[i]}")
+    ranks = c["dp"] * c["fsdp"] * c["cp"] * c["tp"]
+    ep_etp = c["ep"] * c["etp"]
+    bad = ranks % np.maximum(ep_etp, 1) != 0
+    out.refuse(bad, lambda i: f"Strategy: ep * etp = {c['ep'][i]} * {c['etp'][i]} = {ep_etp[i]} must divide "
+                              f"dp * fsdp * cp * tp = {ranks[i]}")
+
+
+# ---------------------------------------------------------------------------
+# the cost model
+# ---------------------------------------------------------------------------
+class CostModel:
+    """A model resolved against its estimators: prices strategies' memory (and time) in batches.
+
+    Build one with :func:`resolve`; tests and third parties may build one from
+    their own parameters and records (:meth:`from_records`).
+    """
+
+    def __init__(self, spec: ModelSpec, parameters: Any, *, runtime: str = "hf-cuda",
+                 hardware: Any = "h200", census: str = "auto", records: Optional[Mapping[int, Any]] = None,
+                 builds_mtp: Optional[bool] = None, provenance: Optional[Mapping[str, Any]] = None):
+        if census not in CENSUS_MODES:
+            raise InvalidValue(f"census={census!r}: allowed: {', '.join(CENSUS_MODES)}")
+        self.spec = spec
+        self.parameters = parameters
+        self.runtime = runtime
+        self.census = census
+        self.hardware = _hardware(hardware)
+        self._given_records = dict(records or {})
+        self._profile = None
+        runtime_note = ""
+        if builds_mtp is None:
+            try:
+                self._profile = _registry().find(f"runtime/{runtime}")
+            except Exception as exc:  # a broken plugin set: say so, build no MTP
+                runtime_note = f"runtime profiles unavailable ({exc})"
+            if self._profile is None and not runtime_note:
+                runtime_note = f"runtime/{runtime} is not registered: no MTP layers built"
+            builds_mtp = bool(getattr(self._profile, "build_mtp", False))
+        self.tables = memory.ModelTables.build(spec, parameters, builds_mtp)
+        self._records: Dict[int, memory.RecordTables] = {}
+        self._kind_records: Dict[int, Tuple[Dict[str, Any], Any]] = {}  # seq -> (KindRecords, output record)
+        self._record_errors: Dict[int, str] = {}
+        self.provenance: Dict[str, Any] = {
+            "model": spec.name, "model_type": spec.model_type,
+            "family": _source_of(f"family/{spec.model_type}"),
+            "runtime": _source_of(f"runtime/{runtime}") + (f": {runtime_note}" if runtime_note else ""),
+            "mtp": (f"{spec.num_mtp_layers} MTP layer(s) built by the runtime, placed with the head"
+                    if builds_mtp and spec.num_mtp_layers else
+                    (f"{spec.num_mtp_layers} MTP layer(s) not built by runtime {runtime}" if spec.num_mtp_layers
+                     else "no MTP layers")),
+            "hardware": _source_of(f"hardware/{self.hardware.name}"),
+            "census": census,
+            "composition": "ndcost.memory.compose (numpy over the batch; moments: " + ", ".join(memory.MOMENTS) + ")",
+            "buffers": f"{getattr(parameters, 'buffers', 0)} buffer elements (not priced as memory)",
+            **dict(provenance or {}),
+        }
+
+    # -- construction ----------------------------------------------------------------------------
+    @classmethod
+    def from_records(cls, spec: ModelSpec, parameters: Any, records: Mapping[int, Tuple[Mapping[str, Any], Any]],
+                     *, hardware: Any = "h200", builds_mtp: bool = False, **kw) -> "CostModel":
+        """A cost model priced from given ``{seq: ({kind: KindRecord}, output KindRecord)}`` (tests, third parties)."""
+        return cls(spec, parameters, records=records, hardware=hardware, builds_mtp=builds_mtp, census="off", **kw)
+
+    # -- the records ----------------------------------------------------------------------------
+    def record_tables(self, seq: int) -> memory.RecordTables:
+        """The activation records at *seq* (chosen and cached on first use)."""
+        seq = int(seq)
+        if seq not in self._records:
+            self._records[seq] = self._choose_records(seq)
+        return self._records[seq]
+
+    def _choose_records(self, seq: int) -> memory.RecordTables:
+        built = [k for i, k in enumerate(self.tables.kinds)
+                 if self.tables.prefix[i, -1] > 0 or (self.tables.builds_mtp and self.tables.mtp_counts[i] > 0)]
+        records_all = self._choose_built_records(seq, tuple(built))
+        if len(built) == len(self.tables.kinds):
+            return records_all
+        # kinds the runtime does not build (MTP under hf-cuda) hold no layer: zeros, never read
+        index = [self.tables.kinds.index(k) for k in built]
+        arrays = {}
+        for f in memory.RecordTables.ROW_FIELDS:
+            full = np.zeros(len(self.tables.kinds))
+            full[index] = getattr(records_all, f)
+            arrays[f] = full
+        return attrs.evolve(records_all, **arrays)
+
+    def _choose_built_records(self, seq: int, kinds: Tuple[str, ...]) -> memory.RecordTables:
+        prov: Dict[str, Any] = {}
+        formulas: Dict[str, Any] = {}
+        formula_error = None
+        try:
+            from ndcost.plugins import op_records
+            for kind in kinds:
+                formulas[kind] = op_records.formula_record(self.spec, kind, seq)
+        except (ImportError, NdcostError, KeyError) as exc:
+            formula_error = f"{type(exc).__name__}: {exc}"
+            formulas = {}
+        core_dropped = self._core_attention(seq, kinds)
+        if seq in self._given_records:
+            records, output = self._given_records[seq]
+            source = {k: f"given ({getattr(records[k], 'source', '?')})" for k in records}
+            out_source = f"given ({getattr(output, 'source', '?')})"
+            prov["activations"] = "records given to the cost model"
+            routed_where = "saved"
+        else:
+            records, output, source, out_source = None, None, {}, ""
+            why = ""
+            if self.census != "off":
+                try:
+                    from ndcost.plugins import census as census_mod
+                    records = dict(census_mod.kind_records(self.spec, seq, runtime=self.runtime))
+                    output = census_mod.output_record(self.spec, seq, self.runtime)
+                    source = {k: f"census ({getattr(r, 'source', 'census')}, runtime {self.runtime})"
+                              for k, r in records.items()}
+                    out_source = f"census (runtime {self.runtime})"
+                except CensusUnavailable as exc:
+                    why = f"census unavailable: {exc}"
+                except (ImportError, AttributeError) as exc:
+                    why = f"census plugin not installed ({type(exc).__name__}: {exc})"
+                if records is None and self.census == "on":
+                    raise CensusUnavailable(f"census='on' but {why}; use census='auto' to fall back to the formulas")
+            else:
+                why = "census='off'"
+            records = dict(records or {})
+            missing = [k for k in kinds if k not in records]
+            if missing:
+                if formula_error:
+                    raise Unpriced(f"no activation record for kinds {missing} at seq {seq}: {why}; "
+                                   f"the op records' formulas failed too ({formula_error})")
+                for k in missing:
+                    records[k] = formulas[k]
+                    source[k] = f"formulas (ndcost.plugins.op_records.formula_record; {why or 'not measured'})"
+            if output is None:
+                output = _analytic_output_record(self.spec, seq)
+                out_source = (f"analytic output layer (ndcost.resolver: final norm and head inputs, fp32 "
+                              f"log-softmax of the loss; {why})")
+            routed_where = "census" if any(s.startswith("census") for s in source.values()) else "saved"
+        prov["activations"] = source
+        prov["output"] = out_source
+        sel_fallback = {}
+        for k in kinds:
+            if getattr(records[k], "selective_per_token", None) is None and k in formulas:
+                sel_fallback[k] = formulas[k]
+                prov.setdefault("selective", {})[k] = "formulas (the record states no selective figure)"
+        if any(getattr(records[k], "working_per_token", None) is None for k in kinds):
+            prov["working"] = {k: "unpriced: the record states no backward working peak (counted as what the "
+                                  "layer keeps; the peak may be higher)"
+                               for k in kinds if getattr(records[k], "working_per_token", None) is None}
+        routed_share = self._routed_share(seq, kinds, records, routed_where)
+        if routed_share:
+            prov["routed"] = ("routed experts' token-proportional bytes from the op records (scaled by "
+                              "moe_imbalance, width split by etp)")
+        if core_dropped:
+            prov["core_attention"] = "the op records' core_attention mode (what the attention core keeps)"
+        else:
+            prov["core_attention"] = "the records' ops attBMM, softmax and dropout dropped"
+        self._kind_records[seq] = ({k: records[k] for k in kinds}, output)  # the time model reads FLOPs here
+        tables = memory.RecordTables.build(kinds, seq, records, output, selective_fallback=sel_fallback,
+                                           routed_share=routed_share, provenance=prov)
+        if core_dropped:
+            tables = attrs.evolve(tables, dropped=np.array([core_dropped[k][0] for k in kinds]),
+                                  dropped_tp=np.array([core_dropped[k][1] for k in kinds]))
+        return tables
+
+    def _core_attention(self, seq: int, kinds) -> Dict[str, Tuple[float, float]]:
+        """Per kind, the bytes per token (not split, split by TP) the attention core keeps: the op records' mode."""
+        try:
+            from ndcost.plugins import op_records
+            kernel = "eager"
+            if self.census != "off" and self._profile is not None:
+                kernel = getattr(self._profile, "attention", "eager")
+                kernel = kernel if kernel in op_records.ATTENTION_KERNELS else "eager"
+            out = {}
+            for kind in kinds:
+                values = op_records.values_for(self.spec, kind, seq=seq, micro_batch=1, tp=1, sp=False, cp=1,
+                                               attention=kernel)
+                kept = {"sequence": 0.0, "tp": 0.0}
+                core = {"sequence": 0.0, "tp": 0.0}
+                for *_, split, value in op_records.term_bytes(values, None):
+                    kept[split] = kept.get(split, 0.0) + float(value)
+                for *_, split, value in op_records.term_bytes(values, "core_attention"):
+                    core[split] = core.get(split, 0.0) + float(value)
+                out[kind] = ((kept["sequence"] - core["sequence"]) / seq, (kept["tp"] - core["tp"]) / seq)
+            return out
+        except Exception:  # no op records: the record's own ops stand in (provenance says so)
+            return {}
+
+    def _routed_share(self, seq: int, kinds, records, where: str) -> Dict[str, Tuple[float, float, float, float]]:
+        """Per MoE kind: (in saved, in saved_tp, token part, width part) of the routed bytes, per token, TP 1."""
+        if not self.tables.is_moe.any():
+            return {}
+        try:
+            from ndcost.plugins import op_records
+        except ImportError:
+            return {}
+        out = {}
+        for i, kind in enumerate(kinds):
+            if not self.tables.is_moe[self.tables.kinds.index(kind)]:
+                continue
+            try:
+                def total(**over):
+                    values = op_records.values_for(self.spec, kind, seq=seq, micro_batch=1, tp=1, sp=False, cp=1,
+                                                   overrides=over)
+                    return float(op_records.total_bytes(values))
+                base = total(dropless_tok_factor=1, etp=1)
+                doubled = total(dropless_tok_factor=2, etp=1)
+                halved = total(dropless_tok_factor=1, etp=2)
+            except (NdcostError, KeyError, TypeError, ValueError):
+                continue
+            routed_all = (doubled - base) / seq
+            width = 2 * (base - halved) / seq
+            rest = routed_all - width
+            if where == "census":
+                out[kind] = (rest, width, rest, width)
+            else:
+                out[kind] = (routed_all, 0.0, rest, width)
+        return out
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def _names(self) -> Dict[str, Tuple[str, ...]]:
+        reg = _registry()
+        return {"cp_algo": CP_ALGOS, "schedule": tuple(reg.names("schedule")), "recompute": RECOMPUTE,
+                "optimizer": tuple(reg.names("optimizer")),
+                "param_dtype": memory.DTYPE_NAMES, "compute_dtype": memory.DTYPE_NAMES,
+                "grad_dtype": memory.DTYPE_NAMES, "optimizer_dtype": memory.DTYPE_NAMES,
+                "master_dtype": memory.DTYPE_NAMES + ("none",)}
+
+    def evaluate(self, strategy: Any, hardware: Any = None) -> StrategyCost:
+        """The cost of one strategy (``evaluate_many`` of one row); InvalidStrategy where it cannot run."""
+        if isinstance(strategy, str):
+            strategy = Strategy.parse(strategy)
+        elif isinstance(strategy, Mapping):
+            strategy = Strategy.from_mapping(strategy)
+        result = self.evaluate_many([strategy], hardware=hardware)
+        if not result.valid[0]:
+            raise InvalidStrategy(f"strategy {strategy} cannot run on {self.spec.name}: {result.reason[0]}")
+        return result.cost(0, strategy)
+
+    def evaluate_many(self, strategies: Any, hardware: Any = None) -> BatchResult:
+        """Price a batch: a sequence of Strategy, or a mapping of field -> list/array (see module docstring)."""
+        hw = self.hardware if hardware is None else _hardware(hardware)
+        names = self._names()
+        batch = columns(strategies, names)
+        self._model_checks(batch, names)
+        n = batch.n
+        valid = ~batch.invalid()
+        c = batch.cols
+        # records for each sequence length the valid rows use
+        seq_index = np.zeros(n, dtype=np.int64)
+        tables: List[memory.RecordTables] = []
+        if valid.any():
+            seqs, inverse = np.unique(c["seq"][valid], return_inverse=True)
+            for j, seq in enumerate(seqs.tolist()):
+                try:
+                    tables.append(self.record_tables(seq))
+                except NdcostError as exc:
+                    rows = np.zeros(n, dtype=bool)
+                    rows[np.flatnonzero(valid)[inverse == j]] = True
+                    batch.refuse(rows, f"seq={seq}: {exc}")
+                    tables.append(None)
+            seq_index[valid] = inverse.reshape(-1)
+            if any(t is None for t in tables):
+                good = [t for t in tables if t is not None]
+                remap = np.cumsum([t is not None for t in tables]) - 1
+                seq_index = np.where(seq_index < len(remap), remap[np.minimum(seq_index, len(remap) - 1)], 0)
+                tables = good
+            valid = ~batch.invalid()
+        reason = batch.reason_array()
+        K = len(self.tables.kinds)
+        layer_bytes = np.zeros((n, K), dtype=np.int64)
+        C = len(MEMORY_CATEGORIES)
+        R = int(c["pp"][valid].max()) if valid.any() else 1
+        stage_bytes = np.zeros((n, R, C), dtype=np.int64)
+        stage_peak = np.zeros((n, R), dtype=np.int64)
+        stage_layers = np.zeros((n, R), dtype=np.int64)
+        stage_moment = np.zeros((n, R), dtype=np.int64)
+        peak = np.zeros(n, dtype=np.int64)
+        peak_stage = np.zeros(n, dtype=np.int64)
+        if valid.any() and tables:
+            recs = memory.stack_records(tables)
+            schedules = [_registry().get(f"schedule/{s}") for s in names["schedule"]]
+            spp, temps = self._optimizer_arrays(names["optimizer"])
+            unpriced_selective = np.zeros(n, dtype=bool)
+            # rows grouped by their pipeline layout, so no row pays for another's stages
+            valid_rows = np.flatnonzero(valid)
+            layout = (c["pp"] * (int(c["vpp"].max()) + 1) + c["vpp"])[valid_rows]
+            for key in np.flatnonzero(np.bincount(layout)):  # a loop over pipeline layouts, not rows
+                rows = valid_rows[layout == key]
+                sub = {k: v[rows] for k, v in c.items()}
+                sub["pp_bounds"] = self._pp_bounds(batch.pp_layers, rows)
+                composed = memory.compose(self.tables, recs, seq_index[rows], sub, schedules, spp, temps)
+                r = composed.stage_bytes.shape[1]
+                stage_bytes[rows, :r] = composed.stage_bytes
+                stage_peak[rows, :r] = composed.stage_peak_bytes
+                stage_layers[rows, :r] = composed.stage_layers
+                stage_moment[rows, :r] = composed.stage_moment
+                peak[rows] = composed.peak_bytes
+                peak_stage[rows] = composed.peak_stage
+                layer_bytes[rows] = composed.layer_bytes
+                unpriced_selective[rows] = composed.unpriced["selective"]
+            if unpriced_selective.any():
+                batch.refuse(unpriced_selective,
+                             "recompute=selective: no selective figure for some layer kind (neither the census "
+                             "nor the formulas state one); use recompute=full or core_attention")
+                reason = batch.reason_array()
+                valid = ~batch.invalid()
+                for array in (stage_bytes, stage_peak, stage_layers, stage_moment, peak, peak_stage, layer_bytes):
+                    array[~valid] = 0
+        num_stages = np.where(valid, c["pp"], 0)
+        prov = dict(self.provenance)
+        prov["records"] = {t.seq: dict(t.provenance) for t in tables}
+        prov["schedules"] = {s: _source_of(f"schedule/{s}") for s in names["schedule"]}
+        prov["optimizers"] = {o: _source_of(f"optimizer/{o}") for o in names["optimizer"]}
+        result = BatchResult(
+            categories=tuple(MEMORY_CATEGORIES), peak_bytes=peak, stage_bytes=stage_bytes,
+            stage_peak_bytes=stage_peak, num_stages=num_stages, stage_layers=stage_layers,
+            stage_moment=stage_moment, peak_stage=peak_stage, layer_activation_bytes=layer_bytes,
+            kinds=self.tables.kinds, valid=valid, reason=reason, fits=valid & (peak <= hw.memory_bytes),
+            memory_bytes=int(hw.memory_bytes), provenance=prov)
+        return self._attach_time(result, batch, hw)
+
+    def _attach_time(self, result: BatchResult, batch: _Columns, hardware: Hardware) -> BatchResult:
+        """The time model's arrays for the batch (:func:`ndcost.timemodel.attach`), where it is installed."""
+        try:
+            from ndcost import timemodel
+        except ImportError:
+            return result
+        attach = getattr(timemodel, "attach", None)
+        return result if attach is None else attach(self, result, batch, hardware)
+
+    def _optimizer_arrays(self, names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
+        reg = _registry()
+        spp, temps = [], []
+        for name in names:
+            opt = reg.get(f"optimizer/{name}")
+            spp.append(float(opt.states_per_parameter))
+            temps.append(float(getattr(opt, "step_temporaries_per_parameter", 0) or 0))
+        return np.array(spp), np.array(temps)
+
+    def _pp_bounds(self, pp_layers, rows) -> Optional[np.ndarray]:
+        if pp_layers is None:
+            return None
+        given = [pp_layers[i] for i in rows.tolist()]
+        if all(s is None for s in given):
+            return None
+        width = max(len(s) for s in given if s is not None) + 1
+        out = np.full((len(given), width), -1, dtype=np.int64)
+        cache: Dict[Tuple[int, ...], np.ndarray] = {}
+        for i, split in enumerate(given):
+            if split is None:
+                continue
+            edges = cache.get(split)
+            if edges is None:
+                edges = cache[split] = np.concatenate([[0], np.cumsum(split)])
+            out[i, :len(edges)] = edges
+        return out
+
+    def _model_checks(self, batch: _Columns, names) -> None:
+        """Refuse what cannot run on this model, each with the constraint and the numbers."""
+        c, m, spec = batch.cols, self.tables, self.spec
+        t = c["tp"]
+        L = m.num_layers
+        batch.refuse(c["seq"] < 1, "Strategy.seq is required to price memory; add seq=N (tokens a sequence)")
+        batch.refuse(m.heads % t != 0, lambda i: f"tp={t[i]} does not divide num_attention_heads={m.heads}")
+        kv_bad = (m.kv_heads % t != 0) & (t % m.kv_heads != 0)
+        batch.refuse(kv_bad, lambda i: f"tp={t[i]} neither divides num_key_value_heads={m.kv_heads} nor is a "
+                                       f"multiple of it (to replicate them)")
+        for width in m.linear_heads:
+            batch.refuse(width % t != 0, lambda i, w=width: f"tp={t[i]} does not divide the linear attention's "
+                                                            f"{w} heads")
+        if m.intermediate_size and (m.is_moe == False).any():  # noqa: E712
+            batch.refuse(m.intermediate_size % t != 0,
+                         lambda i: f"tp={t[i]} does not divide intermediate_size={m.intermediate_size}")
+        nv = c["pp"] * c["vpp"]
+        explicit = np.array([s is not None for s in batch.pp_layers], dtype=bool) if batch.pp_layers is not None \
+            else np.zeros(batch.n, dtype=bool)
+        batch.refuse(~explicit & (L % nv != 0),
+                     lambda i: f"pp * vpp = {c['pp'][i]} * {c['vpp'][i]} = {nv[i]} does not divide the {L} layers; "
+                               f"give pp_layers (for example {'/'.join(map(str, _even_split(L, int(nv[i]))))})")
+        if explicit.any():
+            sums = np.array([sum(s) if s is not None else L for s in batch.pp_layers], dtype=np.int64)
+            batch.refuse(explicit & (sums != L),
+                         lambda i: f"pp_layers {'/'.join(map(str, batch.pp_layers[i]))} sums to {sums[i]} but "
+                                   f"{spec.name} has {L} layers")
+        ep, etp = c["ep"], c["etp"]
+        if m.num_experts:
+            batch.refuse(m.num_experts % ep != 0,
+                         lambda i: f"ep={ep[i]} does not divide the {m.num_experts} routed experts")
+            width = m.moe_intermediate_size or m.intermediate_size or 0
+            if width:
+                batch.refuse(width % etp != 0,
+                             lambda i: f"etp={etp[i]} does not divide the experts' width {width}")
+        else:
+            batch.refuse((ep > 1) | (etp > 1),
+                         lambda i: f"ep={ep[i]}, etp={etp[i]}: {spec.name} has no routed experts; set ep=1, etp=1")
+        cp = c["cp"]
+        seq = c["seq"]
+        batch.refuse((seq >= 1) & (seq % cp != 0), lambda i: f"cp={cp[i]} does not divide seq={seq[i]}")
+        sp_bad = (seq >= 1) & c["sp"] & (seq % np.maximum(cp, 1) == 0) & ((seq // np.maximum(cp, 1)) % t != 0)
+        batch.refuse(sp_bad, lambda i: f"sp: tp={t[i]} does not divide the {seq[i] // cp[i]} tokens a CP rank holds")
+        batch.refuse((c["zero"] > 0) & (c["fsdp"] > 1),
+                     lambda i: f"zero={c['zero'][i]} with fsdp={c['fsdp'][i]}: both shard over the data-parallel "
+                               f"ranks; use zero over dp or fsdp, not both")
+        # the schedules' own refusals, by name
+        for code, name in enumerate(names["schedule"]):
+            rows = c["schedule"] == code
+            if not rows.any():
+                continue
+            schedule = _registry().get(f"schedule/{name}")
+            for mask, template in schedule.refusals(c["pp"], c["vpp"], c["num_micro_batches"]):
+                mask = rows & np.asarray(mask, dtype=bool)
+                batch.refuse(mask, lambda i, tpl=template: tpl.format(
+                    pp=c["pp"][i], vpp=c["vpp"][i], m=c["num_micro_batches"][i]))
+
+
+def _even_split(layers: int, stages: int) -> List[int]:
+    base, extra = divmod(layers, stages)
+    return [base + (1 if i >= stages - extra else 0) for i in range(stages)]
+
+
+def _analytic_output_record(spec: ModelSpec, seq: int):
+    """The output layer where no census measured it: final norm, head, Transformers' fp32 loss (bf16 run).
+
+    Kept per token: the final norm's input and the head's input (16-bit,
+    ``2 h`` each) and the loss's fp32 log-softmax (``4 V``, the part a
+    vocabulary-parallel loss splits). The backward's peak adds the fp32
+    gradient of the log-softmax and of the upcast logits and the 16-bit
+    gradient of the logits (``4 V + 4 V + 2 V``).
+    """
+    from ndcost.records import KindRecord
+    h, vocab = spec.hidden_size, spec.vocab_size
+    return KindRecord(kind="output", seq=int(seq), source="ndcost.resolver analytic output layer",
+                      saved_per_token=float(4 * h), saved_tp_per_token=float(4 * vocab),
+                      working_per_token=float(4 * h), working_tp_per_token=float(14 * vocab))
+
+
+# ---------------------------------------------------------------------------
+# resolve
+# ---------------------------------------------------------------------------
+def resolve(model: Any, runtime: str = "hf-cuda", hardware: Any = "h200", census: str = "auto") -> CostModel:
+    """A :class:`CostModel` for *model* (anything :func:`ndcost.models.load_model` reads, or a ModelSpec)."""
+    from ndcost import models
+    spec = model if isinstance(model, ModelSpec) else models.load_model(model)
+    counts = models.parameters(spec)
+    prov = {"parameters": f"ndcost.models.parameters over the formula slots of {_source_of('family/' + spec.model_type)}"}
+    return CostModel(spec, counts, runtime=runtime, hardware=hardware, census=census, provenance=prov)

@@ -1,0 +1,275 @@
+"""One decoder layer of a Transformers model, built on fake tensors under a runtime profile.
+
+The layer is the family's own class from its Transformers modeling module,
+built from the config with the index of the first layer of its kind, in
+bf16, under ``FakeTensorMode`` (nothing is allocated), with the attention
+and experts implementations the runtime picks, its module replacements
+installed and its kernel contracts active while the layer runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import fnmatch
+import importlib
+import inspect
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import attrs
+
+from ndcost.errors import CensusUnavailable, InvalidValue
+
+# The config fields a tensor-parallel rank holds a share of (heads and feed-forward widths).
+TP_FIELDS = (
+    "num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "linear_num_key_heads", "linear_num_value_heads",
+)
+
+
+def tp_config(config: Any, tp: int) -> Any:
+    """*config* as one of *tp* tensor-parallel ranks holds a layer: the seven TP fields divided by *tp*.
+
+    ``head_dim`` is fixed first, so halving the heads keeps each head's
+    width. A config class's ``attribute_map`` may give one attribute two
+    names (DeepSeek-V4 maps ``intermediate_size`` onto
+    ``moe_intermediate_size``): each underlying attribute is divided once,
+    or the rank's layer would be a quarter as wide at TP 2.
+    """
+    config = copy.deepcopy(config)
+    if tp == 1:
+        return config
+    heads = getattr(config, "num_attention_heads", None)
+    if heads:
+        config.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    aliases = getattr(type(config), "attribute_map", None) or {}
+    divided = set()
+    for name in TP_FIELDS:
+        target = aliases.get(name, name)
+        if target in divided:
+            continue
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            if value % tp:
+                raise InvalidValue(f"{name} = {value} is not divisible by TP {tp}; the TP split needs it even")
+            setattr(config, name, value // tp)
+            divided.add(target)
+    return config
+
+
+def modeling_module(config: Any) -> Any:
+    """The Transformers modeling module of *config*'s model type."""
+    model_type = str(getattr(config, "model_type", ""))
+    names = [model_type] + ([model_type[: -len("_text")]] if model_type.endswith("_text") else [])
+    for name in names:
+        try:
+            return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        except ImportError:
+            continue
+    raise CensusUnavailable(
+        f"Transformers {_version('transformers')} has no modeling module for model type {model_type!r}; "
+        f"upgrade Transformers, or price this model from the formulas (census='off')")
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.import_module(package).__version__
+    except Exception:  # pragma: no cover
+        return "?"
+
+
+def _pretrained_class(modeling: Any) -> Optional[type]:
+    import transformers
+    for value in vars(modeling).values():
+        if (isinstance(value, type) and issubclass(value, transformers.PreTrainedModel)
+                and value.__name__.endswith("PreTrainedModel") and value.__module__ == modeling.__name__):
+            return value
+    return None
+
+
+def layer_classes(modeling: Any) -> Tuple[type, type]:
+    """The text decoder layer class and the text rotary embedding class of *modeling*."""
+    classes = {name: cls for name, cls in vars(modeling).items()
+               if isinstance(cls, type) and cls.__module__ == modeling.__name__}
+    pretrained = _pretrained_class(modeling)
+    preferred = list(getattr(pretrained, "_no_split_modules", None) or ())
+    layers = [classes[name] for name in preferred if name in classes and name.endswith("DecoderLayer")]
+    layers += [cls for name, cls in classes.items() if name.endswith("DecoderLayer") and cls not in layers]
+    layers += [classes[name] for name in preferred if name in classes and classes[name] not in layers]  # GPT2Block
+    layers = [cls for cls in layers if not any(w in cls.__name__ for w in ("Vision", "MTP", "Audio", "Encoder"))]
+    rotary = [cls for name, cls in classes.items() if name.endswith("RotaryEmbedding") and "Vision" not in name]
+    rotary.sort(key=lambda cls: "Text" not in cls.__name__)
+    if not layers:
+        raise CensusUnavailable(f"{modeling.__name__} defines no decoder layer class the census can build")
+    return layers[0], (rotary[0] if rotary else None)
+
+
+def attention_implementation(modeling: Any, runtime: Any) -> str:
+    """The attention implementation the runtime runs: its choice where the model supports it, else its fallback."""
+    wanted = runtime.attention
+    pretrained = _pretrained_class(modeling)
+    if wanted == "sdpa" and pretrained is not None and not getattr(pretrained, "_supports_sdpa", False):
+        return runtime.attention_fallback
+    return wanted
+
+
+@attrs.define
+class FakeLayer:
+    """A built layer and what running it needs."""
+
+    layer: Any
+    rotary: Any
+    config: Any
+    modeling: Any
+    runtime: Any
+    contracts: List[Any]
+    layer_index: int
+
+
+def load_contracts(names: Sequence[str], model_type: str, runtime_name: str) -> List[Any]:
+    """The kernel contracts *names* (loaded), refusing one no installed plugin registers."""
+    from ndcost import manager
+    from ndcost.plugins.contracts import Contract
+    registry = manager.registry()
+    out = []
+    for name in names:
+        found = registry.find(f"contract/{name}")
+        if not isinstance(found, Contract):
+            raise CensusUnavailable(
+                f"runtime {runtime_name!r} runs {model_type} layers under kernel contract {name!r}, which no "
+                f"installed plugin registers (contract/{name}); install the plugin that states that kernel, "
+                f"or price this model from the formulas (census='off')")
+        out.append(found.load())
+    return out
+
+
+def _replaced(root: Any, config: Any, replacements: Sequence[Any]) -> None:
+    """Install *replacements* on *root*'s modules whose path and class name match."""
+    for rule in replacements:
+        module_name, _, attribute = rule.factory.partition(":")
+        try:
+            factory = importlib.import_module(module_name)
+            for part in attribute.split("."):
+                factory = getattr(factory, part)
+        except (ImportError, AttributeError) as exc:
+            raise CensusUnavailable(
+                f"the runtime replaces {list(rule.match)} with {rule.factory}, which this host cannot import "
+                f"({exc}); install it, or price the model from the formulas (census='off')") from exc
+        for path, module in list(root.named_modules()):
+            if not path or not any(fnmatch.fnmatchcase(path, p) for p in rule.match):
+                continue
+            if not fnmatch.fnmatchcase(type(module).__name__, rule.module_type):
+                continue
+            parent_path, _, leaf = path.rpartition(".")
+            parent = root.get_submodule(parent_path) if parent_path else root
+            setattr(parent, leaf, factory(module, config))
+
+
+@contextlib.contextmanager
+def fake_layer(config: Any, layer_index: int, runtime: Any, contracts: bool = True,
+               replacements: bool = True) -> Iterator[FakeLayer]:
+    """Layer *layer_index* of *config* on fake tensors, its runtime's contracts active while the context lasts.
+
+    *contracts* and *replacements* off give Transformers' own modules and
+    kernels' shapes as counted for FLOPs (a fused kernel runs the same
+    arithmetic, and its matmuls are ones no dispatch would see).
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ndcost.plugins.contracts import Site
+
+    model_type = str(getattr(config, "model_type", ""))
+    reason = runtime.unsupported.get(model_type)
+    if reason:
+        raise CensusUnavailable(f"runtime {runtime.name!r} cannot price a {model_type} layer: {reason}")
+    modeling = modeling_module(config)
+    layer_cls, rotary_cls = layer_classes(modeling)
+    loaded = load_contracts(runtime.contracts_for(model_type), model_type, runtime.name) if contracts else []
+    config = copy.deepcopy(config)
+    config._attn_implementation = attention_implementation(modeling, runtime)
+    config._experts_implementation = runtime.experts
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            layer = layer_cls(config, layer_index)
+            rotary = rotary_cls(config=config) if rotary_cls is not None else None
+        finally:
+            torch.set_default_dtype(default)
+        if replacements and runtime.replacements:
+            _replaced(layer, config, runtime.replacements)
+        layer.train()
+        site = Site(config=config, modeling=modeling, root=layer, runtime=runtime)
+        for contract in loaded:
+            stack.enter_context(contract.install(site))
+        yield FakeLayer(layer=layer, rotary=rotary, config=config, modeling=modeling, runtime=runtime,
+                        contracts=loaded, layer_index=layer_index)
+
+
+def _grid_rotary(rotary: Any) -> bool:
+    """Whether *rotary* takes a row of position ids per grid (time, height, width), as multimodal ones do."""
+    if getattr(rotary, "mrope_section", None) is not None:
+        return True
+    config = getattr(rotary, "config", None)
+    return any(isinstance(getattr(config, name, None), Mapping) and "mrope_section" in getattr(config, name)
+               for name in ("rope_parameters", "rope_scaling"))
+
+
+def positions(fake: FakeLayer, hidden: Any) -> Tuple[Any, Any]:
+    """Position ids of one sequence and the rotary embeddings of the layer's model for them."""
+    import torch
+    seq = hidden.shape[1]
+    position_ids = torch.arange(seq).unsqueeze(0)
+    if fake.rotary is None:
+        return position_ids, None
+    rotary_ids = position_ids[None].expand(3, *position_ids.shape) if _grid_rotary(fake.rotary) else position_ids
+    with torch.no_grad():
+        return position_ids, fake.rotary(hidden, rotary_ids)
+
+
+def attention_mask(fake: FakeLayer, hidden: Any, position_ids: Any) -> Any:
+    """The mask the model hands this layer for one unpadded sequence, as its forward builds it.
+
+    Full causal attention under SDPA gets None (the kernel's ``is_causal``);
+    a sliding-window or chunked layer gets what Transformers' mask builders
+    return for its layer type.
+    """
+    types = getattr(fake.config, "layer_types", None)
+    layer_type = types[fake.layer_index] if types and fake.layer_index < len(types) else "full_attention"
+    builders = {"full_attention": "create_causal_mask", "sliding_attention": "create_sliding_window_causal_mask",
+                "chunked_attention": "create_chunked_causal_mask"}
+    builder = builders.get(layer_type)
+    if builder is None:
+        return None
+    masking = importlib.import_module("transformers.masking_utils")
+    build = getattr(masking, builder)
+    accepted = inspect.signature(build).parameters
+    # no position ids: they would be inspected for packed sequences, which a fake tensor cannot answer
+    kwargs = {"config": fake.config, "inputs_embeds": hidden, "attention_mask": None, "position_ids": None}
+    for name in ("cache", "past_key_values"):
+        if name in accepted:
+            kwargs[name] = None
+    kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    if "cache_position" in accepted:
+        import torch
+        kwargs["cache_position"] = torch.arange(hidden.shape[1])
+    return build(**kwargs)
+
+
+def run(fake: FakeLayer, hidden: Any, where: Tuple[Any, Any], mask: Any = None,
+        call: Optional[Callable[..., Any]] = None) -> Any:
+    """One forward of the layer as its model calls it; returns the hidden states."""
+    position_ids, embeddings = where
+    accepted = inspect.signature(fake.layer.forward).parameters
+    kwargs = {name: value for name, value in (
+        ("position_embeddings", embeddings), ("position_ids", position_ids),
+        ("attention_mask", mask), ("use_cache", False)) if name in accepted}
+    out = (call or fake.layer)(hidden, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def hidden_input(config: Any, seq: int, requires_grad: bool = True) -> Any:
+    """A bf16 micro-batch of one sequence of *seq* tokens entering a layer."""
+    import torch
+    return torch.empty(1, seq, config.hidden_size, dtype=torch.bfloat16, requires_grad=requires_grad)

@@ -1,0 +1,378 @@
+"""What a layer's forward keeps for its backward, and what its backward holds at most, on fake tensors.
+
+Storages are tracked through their lifetimes by a dispatch mode: a fake
+storage freed by the forward hands its address to a later one, so a storage
+is keyed by its address *and* the generation of that address, never by the
+address alone (counting by address lost whichever of two colliding saves
+came first, and made a layer measure differently from run to run).
+
+Saved tensors are seen by ``torch.autograd.graph.saved_tensors_hooks`` and
+returned detached, so the graph holds the bytes and not the tensor: an op
+saving its own output would otherwise hold itself through the output's
+``grad_fn``, a cycle that keeps every graph the forward drops alive into the
+backward. Parameters and their gradients are the memory model's to count and
+are left out; the layer's input counts where the layer saves it.
+
+Known limitations: a kernel's internal scratch buffers are not seen (only
+what ops return); bytes are whole storages, so a saved view of a larger
+buffer counts the buffer.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from typing import Any, Callable, Dict, Iterable, List, Sequence, Set, Tuple
+
+import attrs
+
+Key = Tuple[int, int]
+
+# Ops a matmul runs as, for attribution.
+_MATMULS = ("mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "matmul")
+_SOFTMAX = ("_softmax", "_log_softmax", "softmax", "log_softmax")
+
+
+def _torch():
+    import torch
+    return torch
+
+
+class LiveBytes:
+    """A dispatch mode following each storage the ops it sees return, from allocation to free.
+
+    ``events`` is the ordered list of ``(key, +bytes)`` at allocation and
+    ``(key, -bytes)`` when freed; ``sizes`` the storages live now.
+    """
+
+    def __new__(cls, *args, **kwargs):  # a TorchDispatchMode subclass defined lazily (torch import)
+        return _live_bytes_class()(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _live_bytes_class():
+    torch = _torch()
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    scalar_read = torch.ops.aten._local_scalar_dense.default
+
+    class _LiveBytes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: Dict[Key, int] = {}
+            self.generation: Dict[int, int] = {}
+            self.events: List[Tuple[Key, int]] = []
+
+        def key(self, tensor: Any) -> Key:
+            """The storage behind *tensor*, in the lifetime its address has now."""
+            address = tensor.untyped_storage()._cdata
+            return address, self.generation.get(address, 0)
+
+        def track(self, tensor: Any) -> None:
+            """Count *tensor*'s storage from now until it is freed."""
+            storage = tensor.untyped_storage()
+            key = self.key(tensor)
+            if key in self.sizes:
+                return
+            size = storage.nbytes()
+            self.sizes[key] = size
+            self.events.append((key, size))
+            weakref.finalize(storage, self._free, key)
+
+        def _free(self, key: Key) -> None:
+            size = self.sizes.pop(key, None)
+            self.generation[key[0]] = max(self.generation.get(key[0], 0), key[1] + 1)
+            if size:
+                self.events.append((key, -size))
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is scalar_read and isinstance(args[0], FakeTensor):
+                return 0  # a fake tensor holds no value; shapes alone price the memory
+            out = func(*args, **(kwargs or {}))
+            for tensor in tree_flatten(out)[0]:
+                if isinstance(tensor, torch.Tensor):
+                    self.track(tensor)
+            return out
+
+        def peak(self, start: int, excluded: Iterable[Key], apart: Iterable[Key] = ()) -> int:
+            """Bytes live when the most are, from event *start* on, without *excluded*.
+
+            The storages *apart* count toward finding that moment, not toward the
+            bytes returned (the parameters' gradients: they settle the moment the
+            backward holds the most, and the memory model counts them itself).
+            """
+            excluded, apart = set(excluded), set(apart)
+            live = held = 0
+            for key, delta in self.events[:start]:
+                if key not in excluded:
+                    live += delta
+                    held += delta if key in apart else 0
+            top, at_top = live, live - held
+            for key, delta in self.events[start:]:
+                if key in excluded:
+                    continue
+                live += delta
+                held += delta if key in apart else 0
+                if live > top:
+                    top, at_top = live, live - held
+            return at_top
+
+    return _LiveBytes
+
+
+class SavedOps:
+    """A dispatch mode telling which op of ``ndcost.OPS`` each tensor the forward saves belongs to."""
+
+    def __new__(cls, *args, **kwargs):
+        return _saved_ops_class()(*args, **kwargs)
+
+
+def module_part(path: str, module: Any = None) -> str:
+    """The part of a decoder layer the module at *path* (relative to the layer) belongs to.
+
+    Norms (the layer's and an attention's per-head query/key norms) are
+    ``norm``; the rest of a child named for attention is ``attention``; of
+    the feed-forward, a shared expert's modules are ``shared``, the routed
+    experts' ``routed``, the router's ``router`` and the rest ``ffn``. The
+    layer's own code (residual adds) is ``other``.
+    """
+    if not path:
+        return "other"
+    segments = path.split(".")
+    leaf = segments[-1]
+    if segments[0] in ("lm_head", "head", "output_layer"):
+        return "head"
+    if "norm" in segments[0] or "norm" in leaf or (module is not None and "norm" in type(module).__name__.lower()):
+        return "norm"
+    if "attn" in segments[0] or "attention" in segments[0] or "mixer" in segments[0]:
+        return "attention"
+    if any("shared" in s for s in segments):
+        return "shared"
+    if "experts" in segments:
+        return "routed"
+    if leaf in ("gate", "router") and len(segments) > 1:
+        return "router"
+    return "ffn"
+
+
+class ModuleStack:
+    """Which of a layer's modules runs now, followed by forward hooks (removed by :meth:`close`)."""
+
+    def __init__(self, layer: Any) -> None:
+        self.modules = dict(layer.named_modules())
+        self.running: List[str] = []
+        self.delta_rule = 0
+        self.handles = []
+        for name, module in self.modules.items():
+            if name:
+                self.handles.append(module.register_forward_pre_hook(functools.partial(self._enter, name)))
+                self.handles.append(module.register_forward_hook(self._leave))
+
+    def _enter(self, name: str, *_: Any) -> None:
+        self.running.append(name)
+
+    def _leave(self, *_: Any) -> None:
+        if self.running:
+            self.running.pop()
+
+    @property
+    def path(self) -> str:
+        return self.running[-1] if self.running else ""
+
+    def part(self) -> str:
+        path = self.path
+        return module_part(path, self.modules.get(path))
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+@contextlib.contextmanager
+def delta_rule_followed(modeling: Any, layer: Any, stack: ModuleStack):
+    """Note in *stack* while a gated-delta-rule function of *modeling* (or a module's attribute) runs.
+
+    Transformers' gated-delta-net modules call their modeling module's
+    ``torch_chunk_gated_delta_rule`` by name (5.15 and later) or hold it in
+    ``chunk_gated_delta_rule``; a contract may have replaced either, and the
+    wrapper follows whatever is installed when the layer runs.
+    """
+    names = [n for n in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
+                         "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")
+             if callable(getattr(modeling, n, None))]
+    patched: List[Tuple[Any, str, Any]] = []
+
+    def follow(function):
+        @functools.wraps(function)
+        def run(*args, **kwargs):
+            stack.delta_rule += 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                stack.delta_rule -= 1
+        return run
+
+    for name in names:
+        patched.append((modeling, name, getattr(modeling, name)))
+        setattr(modeling, name, follow(getattr(modeling, name)))
+    for module in layer.modules():
+        for name in ("chunk_gated_delta_rule", "recurrent_gated_delta_rule"):
+            value = module.__dict__.get(name)
+            if callable(value):
+                patched.append((module, name, value))
+                setattr(module, name, follow(value))
+    try:
+        yield
+    finally:
+        for owner, name, value in reversed(patched):
+            setattr(owner, name, value)
+
+
+@functools.lru_cache(maxsize=None)
+def _saved_ops_class():
+    torch = _torch()
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    dropout = {torch.ops.aten.native_dropout.default, torch.ops.aten.dropout.default}
+    detach = torch.ops.aten.detach.default
+
+    class _SavedOps(TorchDispatchMode):
+        """Remembers the last op dispatched, the module running it and whether a weight took part."""
+
+        def __init__(self, stack: ModuleStack, params: Set[int], contracts: Sequence[Any]) -> None:
+            super().__init__()
+            self.stack = stack
+            self.params = params
+            self.contracts = list(contracts)
+            self.func = None
+            self.weighted = False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            # metadata reads run as prims, and the pack hook detaches each save: neither is the saver
+            if func.namespace != "prim" and func is not detach:
+                self.func = func
+                self.weighted = any(isinstance(a, torch.Tensor) and a.untyped_storage()._cdata in self.params
+                                    for a in args)
+            return func(*args, **(kwargs or {}))
+
+        def op(self, tensor: Any) -> str:
+            """The op of OPS that *tensor*, saved now, belongs to."""
+            func = self.func
+            for contract in self.contracts:
+                found = contract.saved_op(func, tensor)
+                if found is not None:
+                    return found
+            if self.stack.delta_rule:
+                return "linrec"
+            if func in dropout:
+                return "dropout"
+            part = self.stack.part()
+            name = func._opname if func is not None else ""
+            if part == "norm":
+                return "normOp"
+            if part == "attention":
+                if name in _SOFTMAX:
+                    return "softmax"
+                if name in _MATMULS and not self.weighted:
+                    return "attBMM"
+                return "attMM"
+            if part == "other":
+                return "other"
+            module = self.stack.modules.get(self.stack.path)
+            if module is not None and type(module).__module__ in ("transformers.activations",
+                                                                  "torch.nn.modules.activation"):
+                return "ffAct"
+            return "ffMM"
+
+    return _SavedOps
+
+
+@attrs.frozen(kw_only=True)
+class Measured:
+    """One forward and backward of a layer: bytes it keeps, the most its backward holds, and by op."""
+
+    saved_bytes: int
+    working_bytes: int
+    ops_bytes: Dict[str, int] = attrs.field(factory=dict)
+    saved_tensors: Tuple[Tuple[Tuple[int, ...], str, int, str], ...] = ()
+    # every storage the forward saved, also those a graph it dropped freed before its end (as a
+    # saved-tensors hook that counts at pack time sees them)
+    packed_bytes: int = 0
+
+
+def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], Any],
+            backward: Callable[[Any], None], grad_inputs: Iterable[Any] = (), checkpointed: bool = False,
+            shared: Iterable[Any] = (), ops: Any = None, extra_modes: Sequence[Any] = (),
+            inputs_kept: bool = True) -> Measured:
+    """Bytes a forward saves for its backward and still holds once it has run, and the backward's peak.
+
+    Without checkpointing, the saved bytes are the unique storages the
+    autograd graph saved (parameters left out) still live at the forward's
+    end; with checkpointing, the storages live at its end but for the
+    output, the parameters and the *shared* tensors (what the checkpoint and
+    its policy keep, the input included unless *inputs_kept* is false, when it
+    counts only where an op saved it). The working figure is the bytes
+    live when the backward holds the most (from the forward's end on), the
+    output, parameters and parameter gradients left out. *ops* (a
+    :class:`SavedOps`) takes the saved bytes by op, each storage counted
+    toward the op that first saved it.
+    """
+    torch = _torch()
+    stored = {p.untyped_storage()._cdata for p in params}
+    live = LiveBytes()
+    saved: Dict[Key, int] = {}
+    saved_op: Dict[Key, str] = {}
+    shapes: Dict[Key, Tuple[Tuple[int, ...], str, str]] = {}
+
+    def pack(tensor):
+        op = ops.op(tensor) if ops is not None else None  # before the storage is read (which dispatches)
+        address = tensor.untyped_storage()._cdata
+        if address not in stored:
+            key = live.key(tensor)
+            if key not in saved:
+                saved[key] = tensor.untyped_storage().nbytes()
+                shapes[key] = (tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""), op or "")
+                if op is not None:
+                    saved_op[key] = op
+        return tensor.detach()
+
+    grads: List[Key] = []
+    handles = [p.register_hook(lambda grad: grads.append(live.key(grad))) for p in params if p.requires_grad]
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(live)
+            for mode in extra_modes:
+                stack.enter_context(mode)
+            if ops is not None:
+                stack.enter_context(ops)
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor))
+            inputs = list(inputs)
+            for tensor in inputs:
+                live.track(tensor)
+            out = forward()
+            start = len(live.events)
+            left_out = {live.key(out), *(live.key(p) for p in params)}
+            not_kept = left_out | {live.key(t) for t in shared}
+            if not inputs_kept:
+                not_kept |= {live.key(t) for t in inputs} - set(saved)
+            kept = sum(size for key, size in live.sizes.items() if key not in not_kept)
+            held = {key: size for key, size in saved.items() if key in live.sizes}
+            for tensor in grad_inputs:
+                live.track(tensor)
+            backward(out)
+    finally:
+        for handle in handles:
+            handle.remove()
+    grads += [live.key(p.grad) for p in params if p.grad is not None]
+    by_op: Dict[str, int] = {}
+    for key, size in held.items():
+        if key in saved_op:
+            by_op[saved_op[key]] = by_op.get(saved_op[key], 0) + size
+    tensors = tuple(sorted(((shapes[k][0], shapes[k][1], size, shapes[k][2]) for k, size in held.items()),
+                           key=lambda t: (-t[2], t[0], t[1])))
+    return Measured(saved_bytes=kept if checkpointed else sum(held.values()),
+                    working_bytes=live.peak(start, left_out, grads),
+                    ops_bytes=by_op, saved_tensors=tensors, packed_bytes=sum(saved.values()))

@@ -1,0 +1,249 @@
+"""KindRecords from the census: each layer kind measured at TP 1 and as one of two TP ranks.
+
+A rank at TP 2 holds the layer built from the config with the seven TP
+fields halved (:func:`~ndcost.plugins.census.layer.tp_config`). With ``x1``
+bytes at TP 1 and ``x2`` at TP 2, the bytes TP splits are ``2 (x1 - x2)``
+and those it does not ``2 x2 - x1``, so a rank at TP t keeps
+``saved + saved_tp / t``; the working, selective and per-op figures split
+alike. Per-token figures divide by the sequence length.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+from ndcost.errors import CensusUnavailable
+from ndcost.records import KindRecord
+from ndcost.values import OPS
+
+SOURCE = "census"
+
+
+def split(one: int, two: int, seq: int) -> Tuple[float, float]:
+    """(bytes TP does not split, bytes it splits) per token from the TP 1 and TP 2 measurements."""
+    return (2 * two - one) / seq, 2 * (one - two) / seq
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _measure_plain(config: Any, layer_index: int, seq: int, runtime: Any):
+    import torch
+
+    from ndcost.plugins.census import layer as L
+    from ndcost.plugins.census.measure import ModuleStack, SavedOps, delta_rule_followed, measure
+
+    with L.fake_layer(config, layer_index, runtime) as fake:
+        hidden = L.hidden_input(fake.config, seq)
+        grad = torch.empty_like(hidden, requires_grad=False)
+        where = L.positions(fake, hidden)
+        mask = L.attention_mask(fake, hidden, where[0])
+        params = list(fake.layer.parameters())
+        stack = ModuleStack(fake.layer)
+        ops = SavedOps(stack, {p.untyped_storage()._cdata for p in params}, fake.contracts)
+        try:
+            with delta_rule_followed(fake.modeling, fake.layer, stack):
+                return measure(params, (hidden,), lambda: L.run(fake, hidden, where, mask),
+                               lambda out: out.backward(grad), grad_inputs=(grad,), ops=ops)
+        finally:
+            stack.close()
+
+
+def _measure_selective(config: Any, layer_index: int, seq: int, runtime: Any, policy: Any, ledger: bool):
+    from ndcost.plugins.census import layer as L
+    from ndcost.plugins.census.selective import RecomputeLedger, attention_storages, measure_selective
+
+    with L.fake_layer(config, layer_index, runtime) as fake:
+        book = RecomputeLedger(attention_storages(fake.layer)) if ledger else None
+        return measure_selective(fake, policy, seq, book), book
+
+
+def _count(config: Any, layer_index: int, seq: int, runtime: Any):
+    from ndcost.plugins.census import layer as L
+    from ndcost.plugins.census.flops import count_forward
+
+    # Transformers' own modules (no replacement): a fused module runs the same arithmetic
+    with L.fake_layer(config, layer_index, runtime, replacements=False) as fake:
+        return count_forward(fake, seq)
+
+
+def policy_for(runtime: Any) -> Any:
+    """The runtime's selective checkpoint policy from the registry."""
+    from ndcost import manager
+    return manager.registry().get(f"checkpoint_policy/{runtime.selective_policy}")
+
+
+def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str,
+                progress: Optional[Callable[[str], None]] = None) -> KindRecord:
+    """The KindRecord of the layer at *layer_index* of *config* (a Transformers config) under *runtime*."""
+    from ndcost.plugins.census.layer import tp_config
+
+    say = progress or (lambda message: None)
+    began = time.perf_counter()
+    one, two = tp_config(config, 1), tp_config(config, 2)
+    plain_1 = _measure_plain(one, layer_index, seq, runtime)
+    plain_2 = _measure_plain(two, layer_index, seq, runtime)
+    policy = policy_for(runtime)
+    (sel_1, ledger), (sel_2, _) = (_measure_selective(one, layer_index, seq, runtime, policy, True),
+                                   _measure_selective(two, layer_index, seq, runtime, policy, False))
+    counted = _count(one, layer_index, seq, runtime)
+    saved, saved_tp = split(plain_1.saved_bytes, plain_2.saved_bytes, seq)
+    working, working_tp = split(plain_1.working_bytes, plain_2.working_bytes, seq)
+    selective, selective_tp = split(sel_1.saved_bytes, sel_2.saved_bytes, seq)
+    ops, ops_tp = {}, {}
+    for op in OPS:
+        if op in plain_1.ops_bytes or op in plain_2.ops_bytes:
+            ops[op], ops_tp[op] = split(plain_1.ops_bytes.get(op, 0), plain_2.ops_bytes.get(op, 0), seq)
+    say(f"  {kind}: {plain_1.saved_bytes / seq:,.1f} bytes/token saved at TP 1 "
+        f"({time.perf_counter() - began:.1f} s)")
+    return KindRecord(
+        kind=kind, seq=seq, source=SOURCE,
+        saved_per_token=saved, saved_tp_per_token=saved_tp,
+        working_per_token=working, working_tp_per_token=working_tp,
+        selective_per_token=selective, selective_tp_per_token=selective_tp,
+        recomputed_attention_mm_share=ledger.share(attention=True) if ledger else 0.0,
+        recomputed_other_mm_share=ledger.share(attention=False) if ledger else 0.0,
+        ops=ops, ops_tp=ops_tp,
+        flops_by_part=counted.flops, flops_all_pairs_by_part=counted.all_pairs_flops,
+        traffic=counted.traffic(),
+    )
+
+
+# -- models ----------------------------------------------------------------------------------------
+def runtime_profile(runtime: Any) -> Any:
+    """*runtime* (a name or a profile) as a RuntimeProfile from the registry."""
+    from ndcost.plugins.runtimes import RuntimeProfile
+    if isinstance(runtime, RuntimeProfile):
+        return runtime
+    from ndcost import manager
+    return manager.registry().get(f"runtime/{runtime}")
+
+
+def config_of(spec: Any) -> Any:
+    """The Transformers config of *spec* (a ModelSpec or a Transformers config)."""
+    if hasattr(spec, "to_dict") and hasattr(spec, "model_type") and not hasattr(spec, "layers"):
+        return spec
+    try:
+        from ndcost.models import transformers_config
+    except ImportError:
+        transformers_config = None
+    if transformers_config is not None:
+        return transformers_config(spec)
+    import transformers
+    data = dict(spec.hf_config)
+    model_type = data.pop("model_type", spec.model_type)
+    return transformers.AutoConfig.for_model(model_type, **data)
+
+
+def first_layers(groups: Sequence[Any], build_mtp: bool = False) -> Dict[str, int]:
+    """The index of the first layer of each kind, in model order (MTP groups only where built)."""
+    out: Dict[str, int] = {}
+    index = 0
+    for group in groups:
+        if group.mtp and not build_mtp:
+            continue
+        if group.mtp:
+            raise CensusUnavailable(
+                f"the runtime builds MTP layers ({group.kind}), which the single-layer census cannot build "
+                f"from Transformers (it has no MTP module); price them from the formulas (census='off')")
+        out.setdefault(group.kind, index)
+        index += group.count
+    return out
+
+
+def _stack_census(spec: Any) -> bool:
+    from ndcost import manager
+    family = manager.registry().find(f"family/{getattr(spec, 'model_type', '')}")
+    return bool(getattr(family, "stack_census", False))
+
+
+def census_groups(config: Any, groups: Sequence[Any], seq: int, runtime: Any = "hf-cuda",
+                  use_cache: bool = True, progress: Optional[Callable[[str], None]] = _progress,
+                  model_name: str = "", hf_config: Optional[Mapping[str, Any]] = None) -> Dict[str, KindRecord]:
+    """KindRecords of every kind in *groups* (LayerGroups) of the model *config*, from the cache where there.
+
+    *config* is a Transformers config, or a zero-argument callable building
+    it (called only where a kind is not cached, so a cached lookup imports
+    neither torch nor Transformers); *hf_config* is its ``to_dict()`` form,
+    required with a callable.
+    """
+    from ndcost.plugins.census import cache
+
+    profile = runtime_profile(runtime)
+    hf = dict(hf_config) if hf_config is not None else config.to_dict()
+    built = []
+
+    def the_config():
+        if not built:
+            built.append(config() if callable(config) and not hasattr(config, "to_dict") else config)
+        return built[0]
+
+    firsts = first_layers(groups, profile.build_mtp)
+    out: Dict[str, KindRecord] = {}
+    for number, (kind, index) in enumerate(firsts.items(), 1):
+        content = cache.entry_content(what="layer", kind=kind, config=cache.kind_config(hf, index), seq=seq,
+                                      runtime=profile.content())
+
+        def compute(kind=kind, index=index, number=number):
+            if progress:
+                progress(f"census {model_name or hf.get('model_type', '')}: kind {kind} ({number}/{len(firsts)}) "
+                         f"at {seq} tokens under {profile.name}")
+            return census_kind(the_config(), index, seq, profile, kind, progress)
+
+        out[kind] = cache.cached(content, compute) if use_cache else compute()
+    return out
+
+
+def kind_records(spec: Any, seq: int, runtime: str = "hf-cuda", use_cache: bool = True,
+                 progress: Optional[Callable[[str], None]] = _progress) -> Dict[str, KindRecord]:
+    """``{kind: KindRecord}`` measured by the census for every layer kind of *spec* (a ModelSpec).
+
+    Read from the disk cache where measured before (no torch import then).
+    Raises CensusUnavailable where no contract states a family's kernels,
+    or where the family's layers cannot run alone and no stack census is
+    installed.
+    """
+    profile = runtime_profile(runtime)
+    if _stack_census(spec):
+        from ndcost import manager
+        stack = manager.registry().find("census/stack")
+        if stack is None:
+            raise CensusUnavailable(
+                f"{spec.model_type} layers cannot be measured one at a time (its family asks for a stack census), "
+                f"and no installed plugin registers census/stack; install it, or price the model from the "
+                f"formulas (census='off')")
+        return stack(spec, seq, profile, use_cache=use_cache, progress=progress)
+    return census_groups(lambda: config_of(spec), spec.layers, seq, profile, use_cache=use_cache,
+                         progress=progress, model_name=getattr(spec, "name", ""), hf_config=_hf(spec))
+
+
+def _hf(spec: Any) -> Dict[str, Any]:
+    data = dict(getattr(spec, "hf_config", None) or {})
+    data.setdefault("model_type", spec.model_type)
+    return data
+
+
+def output_record(spec: Any, seq: int, runtime: str = "hf-cuda", use_cache: bool = True,
+                  progress: Optional[Callable[[str], None]] = _progress) -> KindRecord:
+    """The output layer's KindRecord (kind ``output``): final norm, LM head, causal-LM loss.
+
+    Its TP part is the part a vocabulary-parallel split over the ranks divides.
+    """
+    from ndcost.plugins.census import cache
+    from ndcost.plugins.census.output import output_config
+
+    profile = runtime_profile(runtime)
+    is_config = hasattr(spec, "to_dict") and not hasattr(spec, "layers")
+    hf = spec.to_dict() if is_config else _hf(spec)
+    content = cache.entry_content(what="output", config=output_config(hf), seq=seq, runtime=profile.content())
+
+    def compute():
+        from ndcost.plugins.census.output import census_output
+        if progress:
+            progress(f"census {getattr(spec, 'name', '') or hf.get('model_type', '')}: output layer at {seq} "
+                     f"tokens under {profile.name}")
+        return census_output(config_of(spec), seq, profile)
+
+    return cache.cached(content, compute) if use_cache else compute()

@@ -1,0 +1,337 @@
+"""Contract ``cuda-sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` as it runs on a CUDA GPU.
+
+On a CPU host SDPA dispatches to a CPU kernel that keeps other bytes than the
+GPU's, so the census routes every SDPA call to a custom op whose fake
+implementation and autograd state what the CUDA kernel keeps. Measured on an
+H200 with torch 2.11 (tests/data/h200_measurements.json), SDPA without a mask
+and with head widths up to 256 runs the cuDNN kernel, which keeps for its
+backward:
+
+- the query, and the key and value *unexpanded* (Transformers passes
+  ``enable_gqa=True`` for grouped-query attention without a mask);
+- its output, laid out in memory as the query is (Llama's rotated query is
+  ``[b, s, h, d]`` in memory, so Transformers' ``transpose(1, 2).contiguous()``
+  copies nothing; DeepSeek-V3's and Qwen3-Next's queries are concatenated,
+  contiguous ``[b, h, s, d]``, and the copy is a new storage the output
+  projection saves);
+- one fp32 softmax statistic (the logsumexp) of shape ``[b, h, s, 1]``;
+- two int64 scalars, the RNG seed and offset.
+
+Unequal query and value widths (DeepSeek-V3's 192 and 128) run the same way.
+With a mask, or a head wider than 256, SDPA takes the memory-efficient kernel,
+which keeps q, k, v, its output laid out ``[b, s, h, d]``, the mask as an
+additive bias in the query's dtype, a logsumexp of ``[b, h, ceil(s / 32) * 32]``
+fp32 and the two RNG scalars.
+
+Known limitations: the kernels' internal scratch buffers (the backward's fp32
+accumulators) are not seen by the working-peak count; the memory-efficient
+path is stated from torch's source, not from an H200 measurement.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Iterator, Mapping, Optional, Tuple
+
+from ndcost.hookspecs import hookimpl
+from ndcost.plugins.contracts import Contract, FlopCount, KernelContract, Site
+
+NAME = "cuda-sdpa"
+
+CONTRACT = Contract(
+    name=NAME,
+    summary="torch SDPA on a CUDA GPU (cuDNN kernel; memory-efficient kernel under a mask)",
+    implementation="ndcost.plugins.contracts.cuda_sdpa:implementation",
+    saves="q, k and v unexpanded, the output (laid out as q), fp32 logsumexp [b, h, s, 1], "
+          "int64 RNG seed and offset; under a mask also the additive bias, logsumexp padded to 32 tokens",
+    device="cuda",
+)
+
+# The largest head width the cuDNN kernel takes.
+_MAX_HEAD_DIM = 256
+# The memory-efficient kernel pads its logsumexp to a multiple of this many queries.
+_EFFICIENT_LSE_BLOCK = 32
+
+
+def _cudnn_kernel(query: Any, key: Any, value: Any, attn_mask: Any) -> bool:
+    """Whether SDPA takes the cuDNN kernel for these inputs on an H200 (no mask, head widths up to 256)."""
+    return attn_mask is None and query.shape[-1] == key.shape[-1] <= _MAX_HEAD_DIM and value.shape[-1] <= _MAX_HEAD_DIM
+
+
+def _strides_like(strides: Tuple[int, ...], size: Tuple[int, ...]) -> Tuple[int, ...]:
+    """Dense strides for *size* with the dimensions in the memory order *strides* gives them."""
+    order = sorted(range(len(size)), key=lambda i: (-strides[i], i))  # outermost first
+    out = [0] * len(size)
+    step = 1
+    for i in reversed(order):
+        out[i] = step
+        step *= size[i]
+    return tuple(out)
+
+
+def _pairs(queries: int, keys: int, causal: bool) -> int:
+    """Query-key pairs a kernel computes: below the diagonal (inclusive) where causal, else all."""
+    if not causal:
+        return queries * keys
+    if queries <= keys:
+        # causal aligned to the top left, as SDPA's is_causal
+        return queries * (queries + 1) // 2
+    return keys * (keys + 1) // 2 + (queries - keys) * keys
+
+
+def _forward_flops(q_shape, k_shape, v_shape, causal: bool) -> Tuple[int, int]:
+    """(FLOPs as the kernel runs them, FLOPs at all pairs) of one SDPA forward: scores and values."""
+    batch, heads, queries, width = q_shape
+    keys, value_width = k_shape[-2], v_shape[-1]
+    per_pair = 2 * batch * heads * (width + value_width)
+    return per_pair * _pairs(queries, keys, causal), per_pair * queries * keys
+
+
+def _backward_flops(q_shape, k_shape, v_shape, causal: bool) -> int:
+    """FLOPs of one SDPA backward: the scores recomputed, dP = dO v^T, dV, dQ and dK."""
+    batch, heads, queries, width = q_shape
+    keys, value_width = k_shape[-2], v_shape[-1]
+    per_pair = 2 * batch * heads * (3 * width + 2 * value_width)
+    return per_pair * _pairs(queries, keys, causal)
+
+
+class _CudaSdpa(KernelContract):
+    """The torch side of ``cuda-sdpa``: two custom ops and a function mode routing SDPA to them."""
+
+    name = NAME
+
+    def __init__(self) -> None:
+        import torch
+
+        self._torch = torch
+
+        @torch.library.custom_op(
+            "ndcost::cuda_sdpa", mutates_args=(),
+            schema="(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, bool is_causal, "
+                   "float? scale, bool enable_gqa) -> (Tensor, Tensor, Tensor, Tensor)")
+        def cuda_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+            raise NotImplementedError(
+                "ndcost::cuda_sdpa is a contract for fake tensors only; on a CUDA device call "
+                "torch.nn.functional.scaled_dot_product_attention")
+
+        @cuda_sdpa.register_fake
+        def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+            batch, heads, queries, _ = query.shape
+            value_width = value.shape[-1]
+            size = (batch, heads, queries, value_width)
+            if _cudnn_kernel(query, key, value, attn_mask):
+                # cuDNN lays its output out as the query is laid out
+                out = torch.empty_strided(size, _strides_like(query.stride(), size), dtype=query.dtype,
+                                          device=query.device)
+                stat = query.new_empty((batch, heads, queries, 1), dtype=torch.float32)
+            else:
+                # the memory-efficient kernel writes [b, s, h, d]
+                out = torch.empty_strided(size, (queries * heads * value_width, value_width,
+                                                 heads * value_width, 1), dtype=query.dtype, device=query.device)
+                padded = -(-queries // _EFFICIENT_LSE_BLOCK) * _EFFICIENT_LSE_BLOCK
+                stat = query.new_empty((batch, heads, padded), dtype=torch.float32)
+            seed = query.new_empty((), dtype=torch.int64)
+            offset = query.new_empty((), dtype=torch.int64)
+            return out, stat, seed, offset
+
+        @torch.library.custom_op(
+            "ndcost::cuda_sdpa_backward", mutates_args=(),
+            schema="(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor out, Tensor stat, Tensor seed, "
+                   "Tensor offset, Tensor? attn_mask, float dropout_p, bool is_causal, float? scale, "
+                   "bool enable_gqa) -> (Tensor, Tensor, Tensor)")
+        def cuda_sdpa_backward(grad, query, key, value, out, stat, seed, offset, attn_mask, dropout_p, is_causal,
+                               scale, enable_gqa):
+            raise NotImplementedError("ndcost::cuda_sdpa_backward is a contract for fake tensors only")
+
+        @cuda_sdpa_backward.register_fake
+        def _(grad, query, key, value, out, stat, seed, offset, attn_mask, dropout_p, is_causal, scale,
+              enable_gqa):
+            return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+        def setup_context(ctx, inputs, output):
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = inputs
+            out, stat, seed, offset = output
+            ctx.mark_non_differentiable(stat, seed, offset)
+            ctx.options = (dropout_p, is_causal, scale, enable_gqa)
+            ctx.has_mask = attn_mask is not None
+            saved = [query, key, value, out, stat, seed, offset]
+            if attn_mask is not None:
+                saved.append(attn_mask)
+            ctx.save_for_backward(*saved)
+
+        def backward(ctx, grad, _stat, _seed, _offset):
+            saved = ctx.saved_tensors
+            query, key, value, out, stat, seed, offset = saved[:7]
+            attn_mask = saved[7] if ctx.has_mask else None
+            dq, dk, dv = cuda_sdpa_backward(grad, query, key, value, out, stat, seed, offset, attn_mask,
+                                            *ctx.options)
+            return dq, dk, dv, None, None, None, None, None
+
+        cuda_sdpa.register_autograd(backward, setup_context=setup_context)
+        self.forward_op = torch.ops.ndcost.cuda_sdpa.default
+        self.backward_op = torch.ops.ndcost.cuda_sdpa_backward.default
+
+    # -- what the census asks of a contract ---------------------------------
+    def stands_for(self) -> Mapping[Any, str]:
+        # torchtitan's policy saves the cuDNN and the efficient kernels alike
+        return {self.forward_op: "aten._scaled_dot_product_cudnn_attention",
+                self.backward_op: "aten._scaled_dot_product_cudnn_attention_backward"}
+
+    def install(self, site: Site):
+        return _routed(self)
+
+    def call(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+             enable_gqa=False):
+        """SDPA's signature, answered by the contract op (a bool mask becomes SDPA's additive bias)."""
+        torch = self._torch
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            # SDPA turns a boolean mask into an additive one of the query's dtype before the kernel
+            attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(query.dtype)
+        if attn_mask is not None and is_causal:
+            raise ValueError("scaled_dot_product_attention takes either attn_mask or is_causal, not both")
+        return torch.ops.ndcost.cuda_sdpa(query, key, value, attn_mask, float(dropout_p), bool(is_causal),
+                                          None if scale is None else float(scale), bool(enable_gqa))[0]
+
+    def saved_op(self, func: Any, tensor: Any) -> Optional[str]:
+        if func is not self.forward_op:
+            return None
+        torch = self._torch
+        if tensor.dtype == torch.float32:
+            return "softmax"      # the logsumexp the backward rebuilds the softmax from
+        if tensor.dtype == torch.int64:
+            return "dropout"      # the RNG seed and offset of the kernel's dropout
+        return "attBMM"           # q, k, v, the output and a mask: the two batched matmuls'
+
+    def part(self, func: Any) -> Optional[str]:
+        return "scores" if func in (self.forward_op, self.backward_op) else None
+
+    def flops(self, func, args, kwargs, out) -> Optional[FlopCount]:
+        if func is not self.forward_op:
+            return None
+        query, key, value = args[:3]
+        causal = bool(args[5]) if len(args) > 5 else bool(kwargs.get("is_causal", False))
+        flops, all_pairs = _forward_flops(tuple(query.shape), tuple(key.shape), tuple(value.shape), causal)
+        return FlopCount(part="scores", flops=flops, all_pairs_flops=all_pairs)
+
+    def flop_formulas(self) -> Mapping[Any, Any]:
+        torch = self._torch
+
+        def forward(query_shape, key_shape, value_shape, attn_mask_shape=None, dropout_p=0.0, is_causal=False,
+                    *args, out_shape=None, **kwargs):
+            return _forward_flops(query_shape, key_shape, value_shape, bool(is_causal))[0]
+
+        def backward(grad_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+            causal = bool(args[6]) if len(args) > 6 else False
+            return _backward_flops(query_shape, key_shape, value_shape, causal)
+
+        return {torch.ops.ndcost.cuda_sdpa: forward, torch.ops.ndcost.cuda_sdpa_backward: backward}
+
+
+@contextlib.contextmanager
+def _routed(contract: _CudaSdpa) -> Iterator[None]:
+    """Every ``torch.nn.functional.scaled_dot_product_attention`` call answered by the contract.
+
+    The function is replaced on ``torch.nn.functional`` (Transformers looks
+    it up there at each call), not by a function mode: a mode is off inside
+    its own handler, so the recompute a checkpoint runs during the backward
+    would miss it.
+    """
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+
+    @functools.wraps(original)
+    def scaled_dot_product_attention(*args, **kwargs):
+        return contract.call(*args, **kwargs)
+
+    F.scaled_dot_product_attention = scaled_dot_product_attention
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+@functools.lru_cache(maxsize=None)
+def implementation() -> _CudaSdpa:
+    """The contract's torch side, defined once per process (custom ops cannot be defined twice)."""
+    return _CudaSdpa()
+
+
+# -- CUDA's own ATen kernels where their outputs differ from the CPU's -------------------------------
+NATIVE_NAME = "cuda-native"
+
+NATIVE_CONTRACT = Contract(
+    name=NATIVE_NAME,
+    summary="CUDA's ATen kernels whose saved outputs differ from the CPU's: dropout and layer norm",
+    implementation="ndcost.plugins.contracts.cuda_sdpa:native_implementation",
+    saves="native_dropout keeps a bool mask (the CPU kernel one of the input's dtype); native_layer_norm "
+          "keeps fp32 mean and rstd for bf16/fp16 input (the CPU kernel keeps them in the input's dtype)",
+    device="cuda",
+)
+
+
+class _CudaNative(KernelContract):
+    """A dispatch mode giving ``native_dropout`` and ``native_layer_norm`` the outputs their CUDA kernels give.
+
+    Measured on an H200 (GPT-2 medium, tests/data/h200_measurements.json):
+    the dropout masks saved are bool and the layer norms' statistics fp32.
+    """
+
+    name = NATIVE_NAME
+
+    def install(self, site: Site):
+        return _native_installed()
+
+
+@contextlib.contextmanager
+def _native_installed() -> Iterator[None]:
+    """CUDA's fused dropout for ``F.dropout`` (the CPU path multiplies by a mask of the input's dtype) and the mode."""
+    import torch
+    import torch.nn.functional as F
+
+    original = F.dropout
+
+    @functools.wraps(original)
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if not training or p == 0 or inplace:
+            return original(input, p, training, inplace)
+        return torch.ops.aten.native_dropout(input, p, True)[0]
+
+    F.dropout = dropout
+    try:
+        with _native_mode()():
+            yield
+    finally:
+        F.dropout = original
+
+
+@functools.lru_cache(maxsize=None)
+def _native_mode():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    dropout, layer_norm = aten.native_dropout.default, aten.native_layer_norm.default
+    reduced = (torch.bfloat16, torch.float16)
+
+    class _Native(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is dropout and out[1].dtype != torch.bool:
+                return out[0], torch.empty(out[1].shape, dtype=torch.bool, device=out[1].device)
+            if func is layer_norm and args[0].dtype in reduced:
+                return (out[0], *(torch.empty(t.shape, dtype=torch.float32, device=t.device) for t in out[1:]))
+            return out
+
+    return _Native
+
+
+@functools.lru_cache(maxsize=None)
+def native_implementation() -> _CudaNative:
+    return _CudaNative()
+
+
+@hookimpl
+def ndcost_register(register):
+    register(f"contract/{NAME}", CONTRACT)
+    register(f"contract/{NATIVE_NAME}", NATIVE_CONTRACT)

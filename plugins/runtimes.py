@@ -1,0 +1,132 @@
+"""Runtime profiles: which kernels and modules a run uses, so the census measures what that run keeps.
+
+A profile is one YAML file (``specs/runtimes/<name>.yaml``, or a third
+party's, registered the same way) naming:
+
+- ``attention``: the Transformers attention implementation where the model
+  supports it (``sdpa``), and ``attention_fallback`` where its
+  ``PreTrainedModel`` refuses it (``_supports_sdpa = False``, as GPT-OSS and
+  DeepSeek-V4 do);
+- ``contracts``: the kernel contracts installed for every layer
+  (``contract/<name>`` keys), and ``family_contracts``: those a model type's
+  own kernels need, which the census refuses to run without;
+- ``experts``: the Transformers experts implementation (``grouped_mm``: the
+  eager loop over experts reads token counts no fake tensor has);
+- ``replacements``: modules replaced by path pattern and class-name pattern
+  with a factory, as training frameworks install fused modules;
+- ``selective_policy``: the ``checkpoint_policy/<name>`` selective
+  checkpointing runs under;
+- ``build_mtp``: whether the run builds multi-token-prediction layers;
+- ``unsupported``: model types the runtime cannot price, with why.
+
+Registered as ``runtime/<name>``. Torch-free: only the census reads what a
+profile names.
+"""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping, Tuple, Union
+
+import attrs
+import yaml
+
+from ndcost.errors import InvalidValue
+from ndcost.hookspecs import hookimpl
+from ndcost.values import _frozen_mapping
+
+
+def _names(value: Any) -> Tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(v) for v in value)
+
+
+@attrs.frozen(kw_only=True)
+class Replacement:
+    """Replace the layer's modules whose path matches ``match`` and class name matches ``module_type``.
+
+    ``factory`` is ``"package.module:callable"``, called as ``factory(module,
+    config)`` and returning the module to put in its place (its parameters
+    those of the original, fused or renamed). Paths are relative to the
+    decoder layer (``self_attn``, ``mlp.experts``, ``input_layernorm``) or
+    ``norm`` for the final norm of the output layer; patterns are ``fnmatch``.
+    """
+
+    match: Tuple[str, ...] = attrs.field(converter=_names)
+    factory: str = attrs.field(validator=attrs.validators.matches_re(r"^[\w.]+:[\w.]+$"))
+    module_type: str = "*"
+
+    def __attrs_post_init__(self):
+        if not self.match:
+            raise InvalidValue(f"replacement {self.factory}: state at least one 'match' pattern")
+
+
+@attrs.frozen(kw_only=True)
+class RuntimeProfile:
+    """A named set of kernel contracts and module choices a training run uses."""
+
+    name: str = attrs.field(validator=attrs.validators.matches_re(r"^[a-z][a-z0-9_.\-]*$"))
+    summary: str = ""
+    device: str = ""
+    attention: str = "sdpa"
+    attention_fallback: str = "eager"
+    contracts: Tuple[str, ...] = attrs.field(default=(), converter=_names)
+    family_contracts: Mapping[str, Tuple[str, ...]] = attrs.field(
+        factory=dict, converter=lambda v: _frozen_mapping({str(k): _names(x) for k, x in dict(v or {}).items()}))
+    experts: str = "grouped_mm"
+    replacements: Tuple[Replacement, ...] = attrs.field(default=(), converter=tuple)
+    selective_policy: str = "torchtitan"
+    build_mtp: bool = False
+    unsupported: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+    def contracts_for(self, model_type: str) -> Tuple[str, ...]:
+        """The contracts a layer of *model_type* runs under: the profile's and its family's."""
+        return self.contracts + tuple(c for c in self.family_contracts.get(model_type, ()) if c not in self.contracts)
+
+    def content(self) -> dict:
+        """Everything that decides what a census measures, for cache keys."""
+        out = attrs.asdict(self, recurse=True)
+        out.pop("summary", None)
+        return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in out.items()}
+
+
+def profile_from_mapping(data: Mapping[str, Any], where: str = "<mapping>") -> RuntimeProfile:
+    """A :class:`RuntimeProfile` from a YAML mapping, naming *where* in any error."""
+    if not isinstance(data, Mapping):
+        raise InvalidValue(f"runtime profile {where}: expected a mapping, got {type(data).__name__}")
+    fields = {a.name for a in attrs.fields(RuntimeProfile)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise InvalidValue(f"runtime profile {where}: unknown field(s) {', '.join(unknown)}; "
+                           f"known: {', '.join(sorted(fields))}")
+    try:
+        values = dict(data)
+        values["replacements"] = tuple(
+            Replacement(**dict(item)) for item in (values.get("replacements") or ()))
+        return RuntimeProfile(**values)
+    except (TypeError, ValueError) as exc:
+        raise InvalidValue(f"runtime profile {where}: {exc}") from None
+
+
+def load_profile_yaml(path: Union[str, Path, Any]) -> RuntimeProfile:
+    """The profile in one YAML file."""
+    text = Path(path).read_text() if isinstance(path, (str, Path)) else path.read_text()
+    return profile_from_mapping(yaml.safe_load(text), where=str(path))
+
+
+def register_profile_dir(register, directory) -> None:
+    """Register every ``*.yaml`` of *directory* as ``runtime/<name>``."""
+    for entry in sorted(directory.iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".yaml"):
+            profile = load_profile_yaml(entry)
+            if entry.name != f"{profile.name}.yaml":
+                raise InvalidValue(f"runtime profile {entry}: the file must be named {profile.name}.yaml")
+            register(f"runtime/{profile.name}", profile)
+
+
+@hookimpl
+def ndcost_register(register):
+    register_profile_dir(register, resources.files("ndcost.specs") / "runtimes")

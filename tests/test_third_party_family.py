@@ -1,0 +1,325 @@
+"""A model family shipped as a third-party distribution: docs/examples/ndcost-toyfamily (OLMo-2).
+
+The example is installed with pip into a temporary folder, found through its
+``ndcost.plugins`` entry point, and its counts are checked against
+Transformers' own Olmo2ForCausalLM built on the meta device, with the
+parameters sorted into parts by their names here (independently of ndcost's
+families). A second, fake distribution overrides the built-in ``family/llama``
+to show that an explicit override wins and is reported as one.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import warnings
+from collections import Counter
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from ndcost import manager
+from ndcost.errors import RegistrationError
+from ndcost.models import FamilyFallbackWarning, family_for, load_model, parameters
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "docs" / "examples" / "ndcost-toyfamily"
+DIST = "ndcost-toyfamily"
+MODULE = "ndcost_toyfamily"
+
+
+def pip_install(source: Path, work: Path) -> Path:
+    """*source* (a distribution folder) installed with pip, offline and without dependencies, into a folder."""
+    copy = work / "src"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    target = work / "site"
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                             "--no-index", "--target", str(target), str(copy)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return target
+
+
+def forget(*modules: str) -> None:
+    for name in list(sys.modules):
+        if any(name == m or name.startswith(m + ".") for m in modules):
+            del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def toy_site(tmp_path_factory):
+    return pip_install(EXAMPLE, tmp_path_factory.mktemp("toyfamily"))
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """A plugin set reloaded for this test and forgotten after it."""
+    monkeypatch.delenv("NDCOST_STRICT_PLUGINS", raising=False)
+    manager.reset()
+    yield
+    manager.reset()
+
+
+@pytest.fixture
+def toyfamily(toy_site, monkeypatch, fresh):
+    """The installed example on sys.path, and the plugins reloaded to find it."""
+    monkeypatch.syspath_prepend(str(toy_site))
+    manager.reset()
+    yield toy_site
+    forget(MODULE)
+    manager.reset()
+
+
+# ---------------------------------------------------------------------------
+# the reference: Transformers' parameters by part, classified by name here
+# ---------------------------------------------------------------------------
+def part_of(name: str) -> str:
+    """The part an Olmo2/Llama parameter name belongs to (Transformers' module names)."""
+    if ".embed_tokens." in name:
+        return "embedding"
+    if name.startswith("lm_head."):
+        return "head"
+    if re.search(r"\.self_attn\.(q_norm|k_norm)\.", name):
+        return "norm"
+    if ".self_attn." in name:
+        return "attention"
+    if name.endswith("layernorm.weight") or name == "model.norm.weight":
+        return "norm"
+    if ".mlp." in name:
+        return "ffn"
+    raise AssertionError(f"no part for Transformers parameter {name}")
+
+
+def meta_parts(config):
+    """(whole model by part, layer 0 by part, total) of *config*'s causal LM built on the meta device."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    whole, layer0 = Counter(), Counter()
+    for name, p in model.named_parameters():  # a tied head is one parameter, listed once
+        whole[part_of(name)] += p.numel()
+        if name.startswith("model.layers.0."):
+            layer0[part_of(name)] += p.numel()
+    return dict(whole), dict(layer0), sum(p.numel() for p in model.parameters())
+
+
+def olmo2_config(**fields):
+    from transformers import Olmo2Config
+    fields.setdefault("eos_token_id", None)  # the default 50279 lies outside a small vocabulary
+    return Olmo2Config(**fields)
+
+
+SMALL = {
+    # GQA with biases on q, k, v and o, the head tied to the embedding
+    "gqa-bias-tied": dict(vocab_size=1000, hidden_size=256, intermediate_size=688, num_hidden_layers=3,
+                          num_attention_heads=8, num_key_value_heads=2, attention_bias=True,
+                          tie_word_embeddings=True),
+    # a stated head width that is not hidden / heads (192 / 4 = 48)
+    "stated-head-dim": dict(vocab_size=512, hidden_size=192, intermediate_size=300, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=4, head_dim=64),
+}
+
+# OLMo-2-1124-7B by hand: hidden h = 4096, 32 heads of 128 (q, k, v, o all h x h), FFN f = 11008,
+# vocabulary v = 100352, untied. A layer: 4 h^2 + 3 h f + q_norm h + k_norm h + 2 norms of h
+# = 67,108,864 + 135,266,304 + 16,384 = 202,391,552; 32 layers = 6,476,529,664;
+# embedding and head 2 v h = 822,083,584; final norm 4096.
+OLMO2_7B_LAYER = 4 * 4096 ** 2 + 3 * 4096 * 11008 + 4 * 4096
+OLMO2_7B_TOTAL = 32 * OLMO2_7B_LAYER + 2 * 100352 * 4096 + 4096
+assert OLMO2_7B_TOTAL == 7_298_617_344
+
+
+# ---------------------------------------------------------------------------
+# without the plugin
+# ---------------------------------------------------------------------------
+def test_without_the_distribution_olmo2_is_unknown_and_falls_back(fresh):
+    try:
+        metadata.distribution(DIST)
+        pytest.skip(f"{DIST} is installed in this environment")
+    except metadata.PackageNotFoundError:
+        pass
+    assert family_for("olmo2") is None
+    config = {"model_type": "olmo2", "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 688,
+              "num_hidden_layers": 2, "num_attention_heads": 8}
+    with pytest.warns(FamilyFallbackWarning, match="olmo2"):
+        spec = load_model(config)
+    assert spec.family == "generic_decoder"
+
+
+# ---------------------------------------------------------------------------
+# with it
+# ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_distribution_registers_its_family_and_slot(toyfamily):
+    loaded = manager.plugins()
+    ours = [p for p in loaded.plugins if p.distribution == DIST]
+    assert len(ours) == 1 and ours[0].error is None
+    assert ours[0].name == "toyfamily" and ours[0].version == "0.1.0" and ours[0].module == MODULE
+    assert set(ours[0].registered) == {"family/olmo2", "formula/olmo2.params.qk_norm"}
+    entry = loaded.registry.entry("family/olmo2")
+    assert entry.source.distribution == DIST and not entry.override
+    family = family_for("olmo2")
+    assert family.name == "olmo2" and family.stack_census is False
+    # the slot is a plain function of keyword counts: (heads + kv_heads) * head_dim
+    assert loaded.registry.get("formula/olmo2.params.qk_norm")(heads=8, kv_heads=2, head_dim=32) == 320
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_counts_equal_transformers_on_the_meta_device(toyfamily, name):
+    config = olmo2_config(**SMALL[name])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FamilyFallbackWarning)  # found by model_type: no fallback
+        spec = load_model(config)
+    assert spec.family == "olmo2" and spec.model_type == "olmo2"
+    count = parameters(spec)
+    whole, layer0, total = meta_parts(config)
+    assert count.total == total
+    assert dict(count.by_part) == whole
+    assert count.layer_counts == {"dense": config.num_hidden_layers}
+    assert dict(count.by_kind["dense"]) == layer0
+    assert count.head == (0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size)
+
+
+@pytest.mark.slow
+def test_the_shipped_spec_of_olmo_2_7b(toyfamily, capsys):
+    import yaml
+
+    import ndcost_toyfamily
+    from ndcost.cli import main
+
+    path = ndcost_toyfamily.spec_path("olmo-2-1124-7b")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FamilyFallbackWarning)
+        spec = load_model(path)
+    count = parameters(spec)
+    assert spec.name == "olmo-2-1124-7b" and count.total == OLMO2_7B_TOTAL
+    assert count.kind_total("dense") == OLMO2_7B_LAYER
+
+    fields = dict(yaml.safe_load(path.read_text())["config"])
+    fields.pop("model_type")
+    whole, layer0, total = meta_parts(olmo2_config(**fields))
+    assert total == OLMO2_7B_TOTAL and dict(count.by_part) == whole and dict(count.by_kind["dense"]) == layer0
+
+    assert main(["params", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"] == "olmo-2-1124-7b" and data["total"] == OLMO2_7B_TOTAL
+    assert data["by_part"] == whole
+
+    # the resolver prices it with nothing more from the plugin (formulas only here: no census)
+    import ndcost
+    cost = ndcost.resolve(path, census="off").evaluate(ndcost.Strategy(tp=2, pp=2, dp=2, seq=4096))
+    assert cost.valid and cost.peak_bytes > 0
+    assert DIST in cost.provenance["family"] and DIST in cost.provenance["parameters"]
+
+
+# ---------------------------------------------------------------------------
+# overriding a built-in family
+# ---------------------------------------------------------------------------
+OVERRIDE = """
+    import attrs
+
+    import ndcost
+    from ndcost.models import Family
+    from ndcost.plugins.families.llama import LLAMA
+
+
+    class StackedLlama(Family):
+        '''The built-in Llama family, measured over the whole stack by the census.'''
+
+        name = "llama_stacked"
+        model_types = ("llama",)
+        stack_census = True
+
+        def spec(self, config, name):
+            return attrs.evolve(LLAMA.spec(config, name), family=self.name)
+
+        def layer_parameters(self, spec, kind):
+            return LLAMA.layer_parameters(spec, kind)
+
+
+    FAMILY = StackedLlama()
+
+
+    @ndcost.hookimpl
+    def ndcost_register(register):
+        register("family/llama", FAMILY, override={override})
+"""
+
+
+def fake_dist(root: Path, dist: str, module: str, source: str) -> Path:
+    """A minimal installed distribution: a dist-info folder with one ``ndcost.plugins`` entry point, and its module."""
+    info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[ndcost.plugins]\n{module} = {module}\n")
+    (root / f"{module}.py").write_text(textwrap.dedent(source))
+    return root
+
+
+@pytest.fixture
+def llama_override(tmp_path, monkeypatch, fresh):
+    def install(override: bool) -> None:
+        source = OVERRIDE.replace("{override}", str(override))
+        monkeypatch.syspath_prepend(str(fake_dist(tmp_path / "site", "ndcost-llama-stacked", "ndcost_llama_stacked",
+                                                  source)))
+        manager.reset()
+
+    yield install
+    forget("ndcost_llama_stacked")
+    manager.reset()
+
+
+LLAMA_SMALL = dict(vocab_size=1000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                   num_attention_heads=8, num_key_value_heads=4, attention_bias=True)
+
+
+@pytest.mark.slow
+def test_an_override_family_wins_over_the_builtin_and_is_reported(llama_override, capsys):
+    from transformers import LlamaConfig
+
+    from ndcost.cli import main
+
+    llama_override(True)
+    loaded = manager.plugins()
+    entry = loaded.registry.entry("family/llama")
+    assert entry.override and entry.source.distribution == "ndcost-llama-stacked"
+    assert entry.overrides is not None and entry.overrides.distribution == "ndcost"
+    assert entry in loaded.registry.overrides()
+    family = family_for("llama")
+    assert family.name == "llama_stacked" and family.stack_census is True
+
+    config = LlamaConfig(**LLAMA_SMALL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FamilyFallbackWarning)
+        spec = load_model(config)
+    assert spec.family == "llama_stacked"
+    whole, _, total = meta_parts(config)  # the override counts as Transformers builds
+    assert parameters(spec).total == total and dict(parameters(spec).by_part) == whole
+
+    assert main(["plugins", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    ours = [p for p in data if p["distribution"] == "ndcost-llama-stacked"]
+    assert len(ours) == 1 and ours[0]["registered"] == ["family/llama"]
+    builtin = [p for p in data if p["distribution"] == "ndcost" and p["name"] == "family_llama"]
+    assert builtin and "family/llama" in builtin[0]["registered"]  # it registered too; the override won
+
+    assert main(["plugins"]) == 0
+    text = capsys.readouterr().out
+    overrides = text.split("overrides:", 1)[1]
+    line = next(x for x in overrides.splitlines() if "family/llama" in x)
+    assert "ndcost_llama_stacked" in line and "replaces" in line and "distribution ndcost)" in line
+
+
+def test_a_second_family_for_a_builtin_model_type_without_override_is_refused(llama_override):
+    llama_override(False)
+    with pytest.raises(RegistrationError) as err:
+        manager.load()
+    message = str(err.value)
+    assert "family/llama" in message and "ndcost_llama_stacked" in message
+    assert "ndcost.plugins.families.llama" in message and "override=True" in message
