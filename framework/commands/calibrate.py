@@ -1,0 +1,89 @@
+"""`ndcost calibrate`: fit a hardware's per-op-class efficiencies from measured layer times."""
+from __future__ import annotations
+
+HELP = "fit a hardware's per-op-class efficiencies from measured layer times (see docs/calibration.md)"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("measurements", metavar="MEASUREMENTS.json",
+                        help="measured layer times: one measurement, or {\"hardware\": ..., \"measurements\": [...]}")
+    parser.add_argument("--hardware", default=None,
+                        help="hardware whose efficiencies are the priors (default: the file's, else h200)")
+    parser.add_argument("--model", default=None,
+                        help="the measured layer's model (name, config.json or spec YAML), where the file names none")
+    parser.add_argument("--kind", default=None, help="the measured layer's kind (default: the model's first)")
+    parser.add_argument("--classes", default=None,
+                        help="comma-separated efficiency classes to fit (default: every class the layers exercise)")
+    parser.add_argument("--only", default=None, metavar="PATTERNS",
+                        help="fit only the measurements whose label matches one of these comma-separated globs "
+                             "(e.g. 'llama3_8b@*,qwen3_8b@*'); the others are still shown, priced by the fit")
+    parser.add_argument("--census", default="auto", choices=("auto", "off"),
+                        help="price each layer from the census's FLOPs and traffic (auto, where it can run) or "
+                             "analytically (off)")
+    parser.add_argument("--runtime", default="hf-cuda", help="the runtime profile the census runs (default hf-cuda)")
+    parser.add_argument("--output", default=None, metavar="HARDWARE.yaml",
+                        help="write the hardware's spec with the fitted efficiencies to this file")
+
+
+def run(args):
+    import attrs
+
+    from ndcost import manager
+    from ndcost.cli import Output, table
+    from ndcost.plugins.calibration import read_measurements
+
+    measurements, named, components = read_measurements(args.measurements, model=args.model, kind=args.kind,
+                                                         census=args.census, runtime=args.runtime)
+    hardware_name = args.hardware or named or "h200"
+    registry = manager.registry()
+    hardware = registry.get(f"hardware/{hardware_name}")
+    method = registry.get("calibration/min_norm_log")
+    classes = [c.strip() for c in args.classes.split(",") if c.strip()] if args.classes else None
+    shown = measurements
+    if args.only:
+        import fnmatch
+        patterns = [p.strip() for p in args.only.split(",") if p.strip()]
+        measurements = [m for m in measurements if any(fnmatch.fnmatch(m.label, p) for p in patterns)]
+        if not measurements:
+            from ndcost.errors import InvalidValue
+            raise InvalidValue(f"--only {args.only!r} matches none of the measurements "
+                               f"({', '.join(m.label for m in shown)})")
+    result = method(measurements, hardware, classes=classes, components=components)
+    if len(shown) != len(measurements):
+        from ndcost.plugins.calibration import validation_rows
+        result = attrs.evolve(result, rows=tuple(validation_rows(shown, hardware, result.efficiency)))
+    data = result.to_dict()
+    if args.output:
+        _write_hardware(hardware, result.efficiency, args.output)
+        data["written"] = args.output
+    fitted_on = {m.label for m in measurements}
+    data["fitted_on"] = sorted(fitted_on)
+    rows = [[k, result.prior[k], v, "components" if k in result.pinned else "fitted" if k in result.fitted
+             else "prior"]
+            for k, v in result.efficiency.items()]
+    text = f"hardware {hardware.name}: efficiencies fitted by {result.method}\n"
+    text += table(rows, ["class", "prior", "efficiency", "how"], align="lrrl")
+    text += "\n\n" + table([[r["label"] + ("" if r["label"] in fitted_on else " (not fitted)"),
+                             r["measured_forward_seconds"] * 1e3, r["model_forward_seconds"] * 1e3,
+                             (r["measured_forward_backward_seconds"] or float("nan")) * 1e3,
+                             r["model_forward_backward_seconds"] * 1e3] for r in result.rows],
+                           ["measurement", "fwd ms", "model fwd ms", "fwd+bwd ms", "model fwd+bwd ms"], align="lrrrr")
+    text += "\n\nfor the hardware YAML:\n" + result.yaml_block()
+    if args.output:
+        text += f"\n\nwrote {args.output}"
+    return Output(data=data, text=text)
+
+
+def _write_hardware(hardware, efficiency, path) -> None:
+    import yaml
+
+    doc = {"name": hardware.name, "description": hardware.description, "memory_bytes": hardware.memory_bytes,
+           "hbm_bytes_per_second": hardware.hbm_bytes_per_second,
+           "peak_flops_per_second": dict(hardware.peak_flops_per_second),
+           "devices_per_node": hardware.devices_per_node,
+           "network": {level.name: {"bytes_per_second": level.bytes_per_second,
+                                    "latency_seconds": level.latency_seconds} for level in hardware.network},
+           "efficiency": {k: round(float(v), 4) for k, v in efficiency.items()}}
+    with open(path, "w") as handle:
+        handle.write("# written by `ndcost calibrate`; efficiencies fitted from measured layer times\n")
+        yaml.safe_dump(doc, handle, sort_keys=False)

@@ -1,0 +1,342 @@
+"""Calibration: per-op-class efficiencies fitted from measured layer times (see docs/calibration.md).
+
+A measurement is one layer of a model, run alone at a micro-batch of
+``micro_batch`` sequences of ``seq`` tokens on one device, timed forward and
+forward plus backward. The time model prices the same layer with the
+hardware's efficiencies; the fit changes those efficiencies as little as
+possible, in log space, so that the model reproduces every measurement:
+
+    minimize  sum_c (log e_c - log e_c_prior)^2
+    subject to  model_seconds_i(e) = measured_seconds_i  for every measurement i
+
+solved by Gauss-Newton steps on ``log(model / measured)`` with the minimum-norm
+update (the Jacobian by finite differences of the time model itself, so the
+fit is exact for the model as it prices, rooflines included). With more
+independent measurements than classes no exact fit exists, and the update is
+the least-squares one. A class no measurement exercises keeps its prior.
+
+The forward measurement involves only the forward classes (``matmul``,
+``attention``, ``memory``, ``linrec``), the backward (forward plus backward
+less forward) only the ``*_backward`` ones, so each pass is fitted on its own.
+The plugin registers the method as ``calibration/min_norm_log``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import attrs
+import numpy as np
+
+from ndcost.errors import InvalidValue
+from ndcost.hookspecs import hookimpl
+
+FORWARD_CLASSES = ("matmul", "attention", "linrec", "memory")
+BACKWARD_CLASSES = tuple(f"{c}_backward" for c in FORWARD_CLASSES)
+
+
+@attrs.frozen(kw_only=True)
+class Measurement:
+    """One layer timed on one device: forward seconds and, where measured, forward plus backward."""
+
+    spec: Any = attrs.field(repr=False)
+    kind: str
+    seq: int
+    micro_batch: int = 1
+    dtype: str = "bf16"
+    forward_seconds: float
+    forward_backward_seconds: Optional[float] = None
+    label: str = ""
+    record: Any = attrs.field(default=None, repr=False)  # the census's KindRecord of the layer, where one ran
+    work: Any = attrs.field(default=None, repr=False, eq=False)
+
+    def model_work(self):
+        """The time model's work for this layer (census FLOPs and traffic where measured), built once."""
+        from ndcost import timemodel
+        if self.work is None:
+            records = {self.kind: self.record} if self.record is not None else None
+            object.__setattr__(self, "work", timemodel.model_work(self.spec, self.seq, records))
+        return self.work
+
+    @property
+    def backward_seconds(self) -> Optional[float]:
+        if self.forward_backward_seconds is None:
+            return None
+        return self.forward_backward_seconds - self.forward_seconds
+
+
+@attrs.frozen(kw_only=True)
+class Fit:
+    """Fitted efficiencies, the priors they moved from, and each measurement's modeled and measured seconds."""
+
+    hardware: str
+    efficiency: Mapping[str, float]
+    prior: Mapping[str, float]
+    fitted: Tuple[str, ...]
+    rows: Tuple[Mapping[str, Any], ...]
+    pinned: Tuple[str, ...] = ()
+    method: str = "calibration/min_norm_log"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"hardware": self.hardware, "method": self.method, "fitted": list(self.fitted),
+                "pinned_by_components": list(self.pinned),
+                "efficiency": dict(self.efficiency), "prior": dict(self.prior),
+                "measurements": [dict(r) for r in self.rows]}
+
+    def yaml_block(self) -> str:
+        lines = ["efficiency:"] + [f"  {k}: {v:.4f}" for k, v in self.efficiency.items()]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# reading measurements
+# ---------------------------------------------------------------------------
+_SHAPE_WORDS = {
+    "hidden_size": r"hidden\s+(\d+)", "intermediate_size": r"intermediate\s+(\d+)",
+    "num_attention_heads": r"(\d+)\s+heads", "num_key_value_heads": r"(\d+)\s+KV\s+heads",
+    "head_dim": r"head\s+dim\s+(\d+)",
+}
+
+
+def _spec_from_text(text: str, params: Optional[int]):
+    """A Llama-shaped ModelSpec from a measurement's description ("hidden 4096, intermediate 14336, ...")."""
+    from ndcost.values import LayerGroup, ModelSpec
+
+    found = {}
+    for name, pattern in _SHAPE_WORDS.items():
+        match = re.search(pattern, text, flags=re.IGNORECASE)
+        if match:
+            found[name] = int(match.group(1))
+    missing = [n for n in ("hidden_size", "intermediate_size", "num_attention_heads") if n not in found]
+    if missing:
+        raise InvalidValue("the measurement names no model and its description does not state the layer's "
+                           f"{', '.join(missing)}; add \"model\": \"<name or config.json>\" to it or pass --model")
+    try:  # through the llama family, so the census can rebuild the layer
+        from ndcost.models import load_model
+        spec = load_model({"model_type": "llama", "_name_or_path": "measured-layer", "num_hidden_layers": 1,
+                           "vocab_size": 32000, **found})
+    except Exception:  # no family plugin: the shape alone (priced analytically)
+        spec = ModelSpec(name="measured-layer", model_type="llama", family="llama", vocab_size=32000,
+                         layers=(LayerGroup(kind="dense", count=1),), **found)
+    if params is not None:
+        from ndcost.timemodel import _analytic_parameters
+        counted = sum(_analytic_parameters(spec, spec.kinds[0]).values())
+        if counted != int(params):
+            raise InvalidValue(f"the layer read from the measurement's description has {counted:,} parameters, "
+                               f"the measurement states {int(params):,}; name its model with \"model\" or --model")
+    return spec
+
+
+def _census_record(spec, kind: str, seq: int, runtime: str):
+    """The census's record of *kind* at *seq* under *runtime*, or None where no census can run here."""
+    from ndcost.errors import CensusUnavailable
+    try:
+        from ndcost.plugins import census
+        return census.kind_records(spec, seq, runtime=runtime).get(kind)
+    except (CensusUnavailable, ImportError, AttributeError):
+        return None
+
+
+def _hardware_of_device(device: str) -> Optional[str]:
+    """A registered hardware name for a device name such as 'NVIDIA H200' (None where none matches)."""
+    text = device.lower().replace(" ", "")
+    for name in ("h200", "h100", "a100", "b200"):
+        if name in text:
+            return name
+    return None
+
+
+def _ms(entry: Mapping[str, Any], *names) -> Optional[float]:
+    for name in names:
+        if entry.get(name) is not None:
+            value = float(entry[name])
+            return value / 1000.0 if name.endswith("_ms") else value
+    return None
+
+
+def read_measurements(path: str, model: Any = None, kind: Optional[str] = None, census: str = "auto",
+                      runtime: str = "hf-cuda") -> Tuple[List[Measurement], Optional[str], List[Mapping[str, Any]]]:
+    """The layer measurements of a JSON file, the hardware it names (or None), and its components.
+
+    The file is one measurement (the form of shared/calibration/*.json) or
+    ``{"hardware": ..., "measurements": [...]}``. A measurement states
+    ``seq``, ``forward_ms`` (or ``forward_seconds``), optionally
+    ``forward_backward_ms`` and ``backward_ms``, ``micro_batch`` (1),
+    ``dtype`` (bf16), ``kind`` (or ``kind_layer_index``), and its layer by
+    ``model`` or ``config`` (anything ``ndcost.models.load_model`` takes: a
+    name, a path, a config mapping); *model* overrides it. Without a model,
+    the layer's shape is read from its ``what`` description. The output of
+    ``benchmarks/measure_cuda.py`` (``{"device": ..., "layers": [...]}``)
+    is read as it is. ``components`` (``benchmarks/bench_time.py``) are op
+    classes timed alone: ``{"op_class", "flops" or "bytes", "seconds"}``.
+    With ``census="auto"`` each layer is priced from the census's FLOPs and
+    traffic under *runtime* where a census can run (the analytic figures
+    otherwise); ``"off"`` prices it analytically.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InvalidValue(f"no measurements file {path!r}") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidValue(f"{path}: not JSON ({exc})") from None
+    hardware = data.get("hardware") if isinstance(data, Mapping) else None
+    if isinstance(data, Mapping) and "measurements" in data:
+        entries = data["measurements"]
+    elif isinstance(data, Mapping) and "layers" in data:  # benchmarks/measure_cuda.py's output
+        entries = [e for e in data["layers"] if e.get("forward_ms") is not None
+                   and not (isinstance(e["forward_ms"], float) and math.isnan(e["forward_ms"]))]
+        hardware = hardware or _hardware_of_device(str(data.get("device", "")))
+    else:
+        entries = [data]
+    if not isinstance(entries, list) or not entries:
+        raise InvalidValue(f"{path}: expected a measurement object or {{\"measurements\": [...]}}")
+    components = list(data.get("components") or []) if isinstance(data, Mapping) else []
+    for n, component in enumerate(components):
+        if component.get("op_class") not in FORWARD_CLASSES + BACKWARD_CLASSES or not component.get("seconds") \
+                or not (component.get("flops") or component.get("bytes")):
+            raise InvalidValue(f"{path} component {n}: needs op_class (one of "
+                               f"{', '.join(FORWARD_CLASSES + BACKWARD_CLASSES)}), seconds, and flops or bytes")
+    out = []
+    for n, entry in enumerate(entries):
+        where = f"{path} measurement {n}"
+        forward = _ms(entry, "forward_ms", "forward_seconds")
+        if forward is None or entry.get("seq") is None:
+            raise InvalidValue(f"{where}: needs seq and forward_ms (and forward_backward_ms to fit the backward)")
+        both = _ms(entry, "forward_backward_ms", "forward_backward_seconds")
+        backward = _ms(entry, "backward_ms", "backward_seconds")
+        if both is None and backward is not None:
+            both = forward + backward
+        if both is not None and both <= forward:
+            raise InvalidValue(f"{where}: forward_backward ({both * 1e3:g} ms) must exceed forward ({forward * 1e3:g} ms)")
+        source = model if model is not None else (entry.get("model") or entry.get("config"))
+        if source is not None:
+            from ndcost.models import load_model
+            spec = load_model(source)
+        else:
+            spec = _spec_from_text(str(entry.get("what", "")), entry.get("params"))
+        layer_kind = kind or entry.get("kind")
+        if layer_kind is None and entry.get("kind_layer_index") is not None:
+            layer_kind = spec.layer_kinds(include_mtp=True)[int(entry["kind_layer_index"])]
+        layer_kind = layer_kind or spec.kinds[0]
+        if layer_kind not in spec.kinds:
+            raise InvalidValue(f"{where}: {spec.name!r} has no layer kind {layer_kind!r}; kinds: {', '.join(spec.kinds)}")
+        record = _census_record(spec, layer_kind, int(entry["seq"]), runtime) if census != "off" else None
+        out.append(Measurement(spec=spec, kind=layer_kind, seq=int(entry["seq"]), record=record,
+                               micro_batch=int(entry.get("micro_batch", 1)), dtype=str(entry.get("dtype", "bf16")),
+                               forward_seconds=forward, forward_backward_seconds=both,
+                               label=str(entry.get("label") or entry.get("case") or
+                                         f"{spec.name}/{layer_kind}@{entry['seq']}")))
+    return out, hardware, components
+
+
+def pinned_efficiencies(components: Sequence[Mapping[str, Any]], hardware) -> Dict[str, float]:
+    """Each component class's efficiency: its total work over the time the hardware's roof allows for it."""
+    work: Dict[str, float] = {}
+    ideal: Dict[str, float] = {}
+    seconds: Dict[str, float] = {}
+    for c in components:
+        name = c["op_class"]
+        if c.get("flops"):
+            ideal[name] = ideal.get(name, 0.0) + float(c["flops"]) / hardware.peak_flops(str(c.get("dtype", "bf16")))
+        else:
+            ideal[name] = ideal.get(name, 0.0) + float(c["bytes"]) / float(hardware.hbm_bytes_per_second)
+        seconds[name] = seconds.get(name, 0.0) + float(c["seconds"])
+        work[name] = 1.0
+    return {name: ideal[name] / seconds[name] for name in work}
+
+
+# ---------------------------------------------------------------------------
+# the model of a measurement, and the fit
+# ---------------------------------------------------------------------------
+def layer_times(measurement: Measurement, hardware, efficiency: Mapping[str, float]) -> Tuple[float, float]:
+    """The time model's forward and backward seconds of a measured layer under *efficiency*."""
+    from ndcost import timemodel
+    from ndcost.values import Strategy
+
+    work = measurement.model_work()
+    strategy = Strategy(seq=measurement.seq, micro_batch=measurement.micro_batch, param_dtype=measurement.dtype)
+    cols = timemodel.columns([strategy])
+    seconds = timemodel.layer_seconds(work, cols, hardware, dict(efficiency))
+    index = list(work.kinds).index(measurement.kind)
+    return float(seconds["forward"][0, index]), float(seconds["backward"][0, index])
+
+
+def fit(measurements: Sequence[Measurement], hardware, classes: Optional[Sequence[str]] = None,
+        iterations: int = 50, components: Sequence[Mapping[str, Any]] = ()) -> Fit:
+    """Efficiencies that reproduce *measurements*, moved as little as possible (log space) from the hardware's.
+
+    *components* pin the classes they time alone (:func:`pinned_efficiencies`)
+    before the layers fit the others.
+    """
+    from ndcost import timemodel
+
+    stated, _ = timemodel.efficiencies(hardware)
+    pinned = pinned_efficiencies(components, hardware)
+    prior = {**stated, **pinned}
+    targets: List[Tuple[Measurement, int, float]] = []   # (measurement, pass 0 fwd / 1 bwd, seconds)
+    for m in measurements:
+        targets.append((m, 0, m.forward_seconds))
+        if m.backward_seconds is not None:
+            targets.append((m, 1, m.backward_seconds))
+    candidates = tuple(c for c in (classes or FORWARD_CLASSES + BACKWARD_CLASSES) if c not in pinned)
+    unknown = sorted(set(candidates) - set(FORWARD_CLASSES + BACKWARD_CLASSES))
+    if unknown:
+        raise InvalidValue(f"cannot fit efficiency class(es) {', '.join(unknown)}; fittable: "
+                           f"{', '.join(FORWARD_CLASSES + BACKWARD_CLASSES)}")
+
+    def model(log_scale: np.ndarray, names: Sequence[str]) -> np.ndarray:
+        eff = dict(prior)
+        for name, x in zip(names, log_scale):
+            eff[name] = prior[name] * math.exp(x)
+        return np.array([math.log(layer_times(m, hardware, eff)[p] / seconds) for m, p, seconds in targets])
+
+    # classes some measurement is sensitive to
+    step = 1e-3
+    names: Tuple[str, ...] = ()
+    if targets and candidates:
+        base = model(np.zeros(len(candidates)), candidates)
+        jac = np.stack([(model(np.eye(len(candidates))[j] * step, candidates) - base) / step
+                        for j in range(len(candidates))], axis=1)
+        names = tuple(c for j, c in enumerate(candidates) if np.any(np.abs(jac[:, j]) > 1e-9))
+    if not names and not pinned:
+        raise InvalidValue("no efficiency class affects the measured times; check the measurements' layers")
+    x = np.zeros(len(names))
+    for _ in range(iterations if names else 0):
+        r = model(x, names)
+        if np.max(np.abs(r)) < 1e-12:
+            break
+        j = np.stack([(model(x + np.eye(len(names))[i] * step, names) - r) / step for i in range(len(names))], axis=1)
+        # Gauss-Newton for the min-norm solution: x_new = pinv(J) (J x - r)
+        x = np.linalg.pinv(j) @ (j @ x - r)
+    efficiency = dict(prior)
+    for name, value in zip(names, x):
+        efficiency[name] = prior[name] * math.exp(value)
+    too_high = {k: v for k, v in efficiency.items() if v > 1.0}
+    if too_high:
+        raise InvalidValue(f"the fit needs efficiencies above 1 ({', '.join(f'{k}={v:.3f}' for k, v in too_high.items())}): "
+                           f"the measurements are faster than {hardware.name!r}'s peaks allow; check the hardware "
+                           f"(--hardware) and that the measured layer is the one named")
+    return Fit(hardware=hardware.name, efficiency=efficiency, prior=stated, fitted=tuple(pinned) + names,
+               rows=tuple(validation_rows(measurements, hardware, efficiency)), pinned=tuple(pinned))
+
+
+def validation_rows(measurements: Sequence[Measurement], hardware, efficiency: Mapping[str, float]
+                    ) -> List[Dict[str, Any]]:
+    """Each measurement's measured and modeled seconds under *efficiency*."""
+    rows = []
+    for m in measurements:
+        fwd, bwd = layer_times(m, hardware, efficiency)
+        rows.append({"label": m.label, "seq": m.seq, "micro_batch": m.micro_batch,
+                     "priced_from": m.model_work().work[m.kind].source,
+                     "measured_forward_seconds": m.forward_seconds, "model_forward_seconds": fwd,
+                     "measured_forward_backward_seconds": m.forward_backward_seconds,
+                     "model_forward_backward_seconds": fwd + bwd})
+    return rows
+
+
+@hookimpl
+def ndcost_register(register):
+    register("calibration/min_norm_log", fit)

@@ -1,0 +1,98 @@
+"""Hardware specs: the shipped devices, and a third party's device added by one YAML in its own package."""
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from ndcost import timemodel as tm
+from ndcost.values import LayerGroup, ModelSpec, Strategy
+
+SHIPPED = {
+    # name: (dense bf16 peak, fp8 peak or None, memory GiB at least, HBM TB/s, devices a node)
+    "h100": (989.4e12, 1978.9e12, 79, 3.35e12, 8),
+    "h200": (989.0e12, 1979.0e12, 140, 4.8e12, 8),
+    "a100": (312.0e12, None, 79, 2.039e12, 8),
+    "b200": (2.25e15, 4.5e15, 178, 8.0e12, 8),
+    "ascend-910b": (313.0e12, None, 63, 1.6e12, 8),
+    "ascend-910c": (376.0e12, None, 63, 1.6e12, 16),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_hardware(registry, name):
+    bf16, fp8, gib, hbm, per_node = SHIPPED[name]
+    hw = registry.get(f"hardware/{name}")
+    assert hw.peak_flops("bf16") == bf16
+    assert (hw.peak_flops_per_second.get("fp8")) == fp8
+    assert hw.memory_bytes >= gib * 2 ** 30
+    assert hw.hbm_bytes_per_second == hbm
+    assert hw.devices_per_node == per_node
+    levels = {level.name: level for level in hw.network}
+    assert levels["within_node"].bytes_per_second > levels["across_nodes"].bytes_per_second
+    values, sources = tm.efficiencies(hw)
+    assert set(values) == set(tm.EFFICIENCY_KEYS)
+    assert all(s.startswith(f"hardware/{name}") for s in sources.values())
+
+
+def test_fp8_compute_uses_the_fp8_peak(registry):
+    spec = ModelSpec(name="toy", model_type="llama", family="llama", hidden_size=2048, vocab_size=1000,
+                     layers=(LayerGroup(kind="dense", count=4),), num_attention_heads=16, intermediate_size=8192)
+    work = tm.model_work(spec, 4096)
+    h100 = registry.get("hardware/h100")
+    r = tm.step_time(work, [Strategy.parse("seq=4096"), Strategy.parse("seq=4096,compute_dtype=fp8")], h100)
+    assert r.compute_seconds[1] < r.compute_seconds[0]
+    with pytest.raises(Exception, match="no peak for 'fp8'"):
+        tm.step_time(work, [Strategy.parse("seq=4096,compute_dtype=fp8")], registry.get("hardware/a100"))
+
+
+def test_third_party_adds_a_device_with_one_yaml(tmp_path, monkeypatch):
+    """A distribution ships specs/mychip.yaml and a plugin module calling register_hardware_dir."""
+    package = tmp_path / "acme_chips"
+    (package / "specs").mkdir(parents=True)
+    (package / "__init__.py").write_text(textwrap.dedent('''
+        from importlib import resources
+        from ndcost import hookimpl
+        from ndcost.plugins.hardware import register_hardware_dir
+
+        @hookimpl
+        def ndcost_register(register):
+            register_hardware_dir(register, resources.files(__name__) / "specs")
+    '''))
+    (package / "specs" / "mychip.yaml").write_text(textwrap.dedent('''
+        name: acme-x1
+        description: a made-up accelerator
+        memory_bytes: 68719476736
+        hbm_bytes_per_second: 2.0e12
+        peak_flops_per_second: {bf16: 500.0e12}
+        devices_per_node: 4
+        network:
+          within_node: {bytes_per_second: 200.0e9, latency_seconds: 2.0e-6}
+          across_nodes: {bytes_per_second: 25.0e9, latency_seconds: 8.0e-6}
+        efficiency: {matmul: 0.6}
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+    module = importlib.import_module("acme_chips")
+    from ndcost import manager
+    loaded = manager.load(extra_modules={"acme_chips": module})
+    hw = loaded.registry.get("hardware/acme-x1")
+    assert hw.devices_per_node == 4
+    values, sources = tm.efficiencies(hw)
+    assert values["matmul"] == 0.6 and values["matmul_backward"] == 0.6   # the forward figure stands in
+    assert sources["attention"] == "prior (uncalibrated)"
+    spec = ModelSpec(name="toy", model_type="llama", family="llama", hidden_size=1024, vocab_size=1000,
+                     layers=(LayerGroup(kind="dense", count=2),), num_attention_heads=8, intermediate_size=4096)
+    r = tm.step_time(tm.model_work(spec, 1024), [Strategy.parse("seq=1024,tp=4"), Strategy.parse("seq=1024,tp=8")],
+                     hw)
+    # TP 8 spans two 4-device nodes: its all-reduces cross the slower network
+    assert r.communication_seconds[1] > 2 * r.communication_seconds[0]
+    sys.modules.pop("acme_chips", None)
+
+
+def test_unknown_efficiency_key_is_refused(registry):
+    import attrs
+    hw = attrs.evolve(registry.get("hardware/h200"), efficiency={"matmull": 0.5})
+    with pytest.raises(Exception, match="unknown efficiency"):
+        tm.efficiencies(hw)
