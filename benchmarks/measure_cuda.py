@@ -279,8 +279,6 @@ def measure_layer(name: str, factory, index: int, seq: int, dtype=torch.bfloat16
             p.grad = None
         hidden.grad = None
 
-    with torch.no_grad():
-        pass
     forward_ms = _time_ms(lambda: fwd().sum())
     forward_backward_ms = _time_ms(fwd_bwd)
     saved_bytes = sum(v["bytes"] for v in saved.values())
@@ -463,69 +461,35 @@ def main(argv=None) -> int:
                                 "the forward (parameters, input, output gradient); includes parameter gradients",
         "layers": [], "models": [], "errors": {},
     }
-    shrink = dict(num_hidden_layers=None)
+    seq = 64 if args.small else args.seq
+    model_seq = 64 if args.small else args.model_seq
+
+    def run(section: str, name: str, factory, measure: Callable[[Any], Dict[str, Any]]) -> None:
+        """Measure one case into *section*; a failure is recorded and the others still run."""
+        if only and name not in only:
+            return
+        started = time.time()
+        try:
+            record = measure(_shrunk(factory) if args.small else factory)
+            results.setdefault(section, []).append(record)
+            print(f"{name}: ok in {time.time() - started:.1f}s", file=sys.stderr, flush=True)
+        except Exception as exc:  # one family must not cost the others
+            results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            print(f"{name}: FAILED {exc}", file=sys.stderr, flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     for name, factory, index in LAYER_CASES:
-        if only and name not in only:
-            continue
-        seq = 64 if args.small else args.seq
-        f = factory
-        if args.small:
-            f = _shrunk(factory)
-        t0 = time.time()
-        try:
-            results["layers"].append(measure_layer(name, f, index, seq))
-            print(f"{name}: ok in {time.time() - t0:.1f}s saved={results['layers'][-1]['saved_bytes']}",
-                  file=sys.stderr, flush=True)
-        except Exception as exc:  # record and go on: one family must not cost the others
-            results["errors"][name] = f"{type(exc).__name__}: {exc}"
-            print(f"{name}: FAILED {exc}", file=sys.stderr, flush=True)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        run("layers", name, factory, lambda f, n=name, i=index: measure_layer(n, f, i, seq))
     for name, factory, index, window in MASKED_CASES:
-        if only and name not in only:
-            continue
-        try:
-            f = _shrunk(factory) if args.small else factory
-            results["layers"].append(measure_layer(name, f, index, 64 if args.small else args.seq,
-                                                   window=16 if args.small else window))
-            print(f"{name}: ok saved={results['layers'][-1]['saved_bytes']}", file=sys.stderr, flush=True)
-        except Exception as exc:
-            results["errors"][name] = f"{type(exc).__name__}: {exc}"
-            print(f"{name}: FAILED {exc}", file=sys.stderr, flush=True)
+        run("layers", name, factory, lambda f, n=name, i=index, w=window:
+            measure_layer(n, f, i, seq, window=16 if args.small else w))
     for name, factory, vocab in OUTPUT_CASES:
-        if only and name not in only:
-            continue
-        try:
-            f = _shrunk(factory) if args.small else factory
-            results.setdefault("outputs", []).append(
-                measure_output(name, f, 512 if args.small else vocab, 64 if args.small else args.seq))
-            print(f"{name}: ok saved={results['outputs'][-1]['saved_bytes']}", file=sys.stderr, flush=True)
-        except Exception as exc:
-            results["errors"][name] = f"{type(exc).__name__}: {exc}"
-            print(f"{name}: FAILED {exc}", file=sys.stderr, flush=True)
+        run("outputs", name, factory, lambda f, n=name, v=vocab: measure_output(n, f, 512 if args.small else v, seq))
     for name, factory, index in SELECTIVE_CASES:
-        if only and name not in only:
-            continue
-        try:
-            f = _shrunk(factory) if args.small else factory
-            results.setdefault("selective", []).append(measure_selective(name, f, index, 64 if args.small else args.seq))
-            print(f"{name}: ok", file=sys.stderr, flush=True)
-        except Exception as exc:
-            results["errors"][name] = f"{type(exc).__name__}: {exc}"
-            print(f"{name}: FAILED {exc}", file=sys.stderr, flush=True)
+        run("selective", name, factory, lambda f, n=name, i=index: measure_selective(n, f, i, seq))
     for name, factory, opts in MODEL_CASES:
-        if only and name not in only:
-            continue
-        try:
-            f = _shrunk(factory) if args.small else factory
-            results["models"].append(measure_model(name, f, 64 if args.small else args.model_seq, **opts))
-            print(f"{name}: ok peak={results['models'][-1]['max_allocated_during_step_bytes']}",
-                  file=sys.stderr, flush=True)
-        except Exception as exc:
-            results["errors"][name] = f"{type(exc).__name__}: {exc}"
-            print(f"{name}: FAILED {exc}", file=sys.stderr, flush=True)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        run("models", name, factory, lambda f, n=name, o=opts: measure_model(n, f, model_seq, **o))
     with open(args.out, "w") as fh:
         json.dump(results, fh, indent=1)
     return 0

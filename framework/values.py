@@ -152,14 +152,13 @@ RECOMPUTE = ("none", "full", "selective", "core_attention")
 BUILTIN_OPTIMIZERS = ("adamw", "adam", "sgd", "adagrad")
 
 
-def _known_optimizers() -> Tuple[str, ...]:
-    """Optimizers registered by plugins, or the built-in names where plugins are not loaded."""
+def _registered(namespace: str, builtin: Tuple[str, ...]) -> Tuple[str, ...]:
+    """Names plugins registered under *namespace*, or the built-in names where plugins are not loaded."""
     try:
         from ndcost import manager
-        names = tuple(manager.registry().names("optimizer"))
-        return names or BUILTIN_OPTIMIZERS
+        return tuple(manager.registry().names(namespace)) or builtin
     except Exception:  # during a broken load the built-in names still validate
-        return BUILTIN_OPTIMIZERS
+        return builtin
 
 
 def _dtype(name: str) -> Any:
@@ -249,32 +248,16 @@ def _pp_layers(value):
     return layers
 
 
-def _known_schedules() -> Tuple[str, ...]:
-    """Pipeline schedules registered by plugins (``schedule/<name>``), or the built-in names before loading."""
-    try:
-        from ndcost import manager
-        names = tuple(manager.registry().names("schedule"))
-        return names or SCHEDULES
-    except Exception:  # during a broken load the built-in names still validate
-        return SCHEDULES
-
-
-def _schedule(value):
-    text = str(value).strip().lower()
-    known = _known_schedules()
-    if text not in known:
-        raise InvalidValue(f"Strategy.schedule: {value!r} is not allowed; allowed: {', '.join(known)} "
-                           f"(a plugin can register more as 'schedule/<name>')")
-    return text
-
-
-def _optimizer(value):
-    text = str(value).strip().lower()
-    known = _known_optimizers()
-    if text not in known:
-        raise InvalidValue(f"Strategy.optimizer: unknown optimizer {value!r}; allowed: {', '.join(known)} "
-                           f"(a plugin can register more as 'optimizer/<name>')")
-    return text
+def _plugin_choice(field: str, namespace: str, builtin: Tuple[str, ...]):
+    """A converter accepting the names registered under *namespace* (case-insensitive)."""
+    def convert(value):
+        text = str(value).strip().lower()
+        known = _registered(namespace, builtin)
+        if text not in known:
+            raise InvalidValue(f"Strategy.{field}: unknown {field} {value!r}; allowed: {', '.join(known)} "
+                               f"(a plugin can register more as '{namespace}/<name>')")
+        return text
+    return convert
 
 
 @attrs.frozen(kw_only=True)
@@ -297,14 +280,14 @@ class Strategy:
     zero: int = attrs.field(default=0, converter=_int_field("zero", 0, 3))
     sp: bool = attrs.field(default=False, converter=_bool_field("sp"))
     cp_algo: str = attrs.field(default="ring", converter=_choice("cp_algo", CP_ALGOS))
-    schedule: str = attrs.field(default="1f1b", converter=_schedule)
+    schedule: str = attrs.field(default="1f1b", converter=_plugin_choice("schedule", "schedule", SCHEDULES))
     micro_batch: int = attrs.field(default=1, converter=_int_field("micro_batch", 1))
     num_micro_batches: int = attrs.field(default=1, converter=_int_field("num_micro_batches", 1))
     seq: Optional[int] = attrs.field(default=None, converter=_optional_int_field("seq", 1))
     recompute: str = attrs.field(default="none", converter=_choice("recompute", RECOMPUTE))
     recompute_layers: Optional[int] = attrs.field(default=None, converter=_optional_int_field("recompute_layers", 0))
     vocab_parallel: bool = attrs.field(default=False, converter=_bool_field("vocab_parallel"))
-    optimizer: str = attrs.field(default="adamw", converter=_optimizer)
+    optimizer: str = attrs.field(default="adamw", converter=_plugin_choice("optimizer", "optimizer", BUILTIN_OPTIMIZERS))
     param_dtype: str = attrs.field(default="bf16", converter=_dtype("param_dtype"))
     compute_dtype: Optional[str] = attrs.field(default=None, converter=_dtype("compute_dtype"))
     grad_dtype: Optional[str] = attrs.field(default=None, converter=_dtype("grad_dtype"))
