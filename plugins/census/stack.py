@@ -1,0 +1,506 @@
+"""The stack census: for families whose layers cannot run alone, the model's own forward and backward.
+
+DeepSeek-V4's layers carry ``hc_mult`` hyper-connection streams between
+them (a layer's input is ``[b, s, hc, d]``), take the rotary flavours the
+model picks per layer type as one mapping, route their first MoE layers by a
+hash of the input ids, and build their compressed keys inside each
+attention. A single layer built apart is not what the model runs, so the
+census runs the model the config names (Transformers' base model, on fake
+tensors, under the runtime's contracts and replacements) over a micro-batch
+of one sequence, forward and backward:
+
+- each tensor autograd saves counts toward the decoder layer whose forward
+  saves it first (the outermost layer running), the embedding's and the
+  final norm's toward none (the output layer's census prices the end of the
+  model); a layer keeps those of its saves still live when the forward ends
+  (a graph the forward drops, as the indexer's scores, is freed then);
+- a layer's backward holds what it keeps plus the most the backward holds
+  beyond every layer's saves (the parameters and their gradients left out)
+  while it runs, over what was live when the forward ended;
+- a kind's record is the mean of its layers' (with one record a kind, the
+  stack's total comes back whole), at TP 1 and as one of two TP ranks, split
+  as the single-layer census splits them. No selective figures are stated:
+  a selective layer of these kinds is priced by the formulas.
+
+Registered as ``census/stack``; the census calls it for a family whose
+``stack_census`` is set, and :func:`refuse_single_layer` refuses a
+single-layer census of such a family.
+
+FLOPs and traffic by part come from one more forward of the stack at TP 1,
+Transformers' modules under the runtime's contracts, each op counted toward
+the layer running it (the layer census's counter), a kind's the mean of its
+layers'.
+
+Known limitations: the working figure leaves out kernel scratch.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import sys
+import time
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import attrs
+
+from ndcost.errors import CensusUnavailable
+from ndcost.hookspecs import hookimpl
+
+SOURCE = "census-stack"
+
+# Why each family's layers cannot run alone, for messages (a family plugin's stack_census decides).
+STACK_REASONS: Dict[str, str] = {
+    "deepseek_v4": (
+        "its layers exchange hc_mult hyper-connection streams ([b, s, hc, d]) and a mixing state, take the "
+        "model's pair of rotary flavours, and route their first MoE layers by a hash of the input ids"
+    ),
+}
+
+
+def _family_says_stack(model_type: str) -> bool:
+    try:
+        from ndcost import manager
+        family = manager.registry().find(f"family/{model_type}")
+    except Exception:  # pragma: no cover - a registry that fails to load says nothing
+        family = None
+    if family is not None and hasattr(family, "stack_census"):
+        return bool(family.stack_census)
+    return model_type in STACK_REASONS
+
+
+def needs_stack(config_or_spec: Any) -> bool:
+    """Whether *config_or_spec*'s family must be measured over its whole stack."""
+    return _family_says_stack(str(getattr(config_or_spec, "model_type", "")))
+
+
+def refuse_single_layer(config: Any) -> None:
+    """Raise CensusUnavailable for a single-layer census of a family whose layers cannot run alone.
+
+    The layer census calls this before building one layer; the stack
+    census (:func:`stack_records`) is the one that measures such a family.
+    """
+    model_type = str(getattr(config, "model_type", ""))
+    if needs_stack(config):
+        reason = STACK_REASONS.get(model_type, "its family says its layers cannot run alone (stack_census)")
+        raise CensusUnavailable(
+            f"no census of one {model_type} layer: {reason}. Measure the whole stack instead "
+            f"(ndcost.plugins.census.kind_records runs the stack census, census/stack, for this family), "
+            f"or price the model from the formulas (census='off')")
+
+
+@contextlib.contextmanager
+def fake_module_conversions() -> Iterator[None]:
+    """Let a module built under FakeTensorMode convert its own dtype (``module.to(torch.float32)``).
+
+    ``nn.Module._apply`` swaps a fake parameter for its converted copy, and the
+    swap refuses a tensor holding a weak reference, as every fake tensor does;
+    DeepSeek-V4 keeps its hyper-connections and norms in fp32 that way while
+    it builds. During the build nothing else holds the parameter, so its data
+    is replaced in place instead.
+    """
+    import torch
+    import torch.utils
+
+    original = torch.utils.swap_tensors
+
+    def swap(first, second):
+        try:
+            return original(first, second)
+        except RuntimeError:
+            with torch.no_grad():
+                first.data = second.data
+            return None
+
+    torch.utils.swap_tensors = swap
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
+
+
+# The config fields a tensor-parallel rank holds a share of (the census's seven).
+_TP_FIELDS = (
+    "num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "linear_num_key_heads", "linear_num_value_heads",
+)
+
+
+def stack_tp_config(config: Any, tp: int) -> Any:
+    """*config* as one of *tp* TP ranks holds its layers: the seven TP fields divided, each attribute once.
+
+    A field smaller than *tp* is replicated, not split: DeepSeek-V4's one
+    shared key-value head stays whole on every rank.
+    """
+    config = copy.deepcopy(config)
+    if tp == 1:
+        return config
+    heads = getattr(config, "num_attention_heads", None)
+    if heads:
+        config.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    aliases = getattr(type(config), "attribute_map", None) or {}
+    divided = set()
+    for name in _TP_FIELDS:
+        target = aliases.get(name, name)
+        if target in divided:
+            continue
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= tp:
+            setattr(config, name, value // tp)
+            divided.add(target)
+    return config
+
+
+@attrs.frozen(kw_only=True)
+class LayerMeasure:
+    """What one decoder layer of the stack keeps and holds, and its kept bytes by op."""
+
+    kept_bytes: int
+    working_bytes: int
+    ops_bytes: Mapping[str, int] = attrs.field(factory=dict)
+
+
+class _LayerPaths:
+    """Which decoder layer runs its forward, and which of its modules (paths relative to the layer).
+
+    Duck-types the census's ``ModuleStack`` for per-op attribution, and notes
+    each layer's backward window by hooks on its output and input tensors.
+    """
+
+    def __init__(self, layers: Sequence[Any], clock: Callable[[], int]) -> None:
+        self.layers = list(layers)
+        self.clock = clock
+        self.layer_running: List[int] = []
+        self.running: List[str] = []
+        self.delta_rule = 0
+        self.modules: Dict[str, Any] = {}
+        self.windows: Dict[int, List[int]] = {}
+        self.handles: List[Any] = []
+        for index, layer in enumerate(self.layers):
+            self.handles.append(layer.register_forward_pre_hook(functools.partial(self._enter_layer, index)))
+            self.handles.append(layer.register_forward_hook(functools.partial(self._leave_layer, index)))
+            for name, module in layer.named_modules():
+                if name:
+                    self.modules.setdefault(name, module)
+                    self.handles.append(module.register_forward_pre_hook(functools.partial(self._enter, name)))
+                    self.handles.append(module.register_forward_hook(self._leave))
+
+    # forward ---------------------------------------------------------------------------------------
+    def _enter_layer(self, index: int, module: Any, args: Tuple[Any, ...]) -> None:
+        self.layer_running.append(index)
+        hidden = args[0] if args else None
+        if hidden is not None and getattr(hidden, "requires_grad", False):
+            # the gradient reaching the layer's input closes its backward
+            hidden.register_hook(functools.partial(self._close, index))
+
+    def _leave_layer(self, index: int, module: Any, args: Any, output: Any) -> None:
+        if self.layer_running:
+            self.layer_running.pop()
+        out = output[0] if isinstance(output, tuple) else output
+        if getattr(out, "requires_grad", False):
+            # the gradient reaching the layer's output opens its backward
+            out.register_hook(functools.partial(self._open, index))
+
+    def _enter(self, name: str, *_: Any) -> None:
+        self.running.append(name)
+
+    def _leave(self, *_: Any) -> None:
+        if self.running:
+            self.running.pop()
+
+    # backward --------------------------------------------------------------------------------------
+    def _open(self, index: int, grad: Any) -> None:
+        now = self.clock()
+        self.windows.setdefault(index, [now, now])
+
+    def _close(self, index: int, grad: Any) -> None:
+        window = self.windows.setdefault(index, [self.clock(), self.clock()])
+        window[1] = self.clock()
+
+    # what SavedOps reads ---------------------------------------------------------------------------
+    @property
+    def layer(self) -> Optional[int]:
+        return self.layer_running[0] if self.layer_running else None
+
+    @property
+    def path(self) -> str:
+        return self.running[-1] if self.running else ""
+
+    def part(self) -> str:
+        from ndcost.plugins.census.measure import module_part
+        path = self.path
+        return module_part(path, self.modules.get(path))
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def _base_model_class(config: Any) -> Any:
+    """The Transformers base model class of *config* (its decoder stack, no LM head)."""
+    import transformers
+
+    mapping = transformers.AutoModel._model_mapping
+    try:
+        return mapping[type(config)]
+    except KeyError:
+        raise CensusUnavailable(
+            f"Transformers {transformers.__version__} has no base model for model type "
+            f"{getattr(config, 'model_type', '?')!r}; the stack census cannot build it. Upgrade Transformers, "
+            f"or price the model from the formulas (census='off')") from None
+
+
+def _decoder_layers(model: Any) -> Sequence[Any]:
+    layers = getattr(model, "layers", None)
+    if layers is None and hasattr(model, "get_decoder"):
+        layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise CensusUnavailable(f"{type(model).__name__} holds no decoder layers the stack census can follow")
+    return layers
+
+
+@contextlib.contextmanager
+def fake_stack(config: Any, runtime: Any, contracts: bool = True,
+               replacements: bool = True) -> Iterator[Tuple[Any, List[Any], Any]]:
+    """The base model of *config* on fake tensors, its runtime's replacements and contracts installed.
+
+    Yields ``(model, loaded contracts, modeling module)``.
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ndcost.plugins.census import layer as L
+    from ndcost.plugins.contracts import Site
+
+    model_type = str(getattr(config, "model_type", ""))
+    reason = runtime.unsupported.get(model_type)
+    if reason:
+        raise CensusUnavailable(f"runtime {runtime.name!r} cannot price a {model_type} model: {reason}")
+    modeling = L.modeling_module(config)
+    model_cls = _base_model_class(config)
+    loaded = L.load_contracts(runtime.contracts_for(model_type), model_type, runtime.name) if contracts else []
+    config = copy.deepcopy(config)
+    config._attn_implementation = L.attention_implementation(modeling, runtime)
+    config._experts_implementation = runtime.experts
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with fake_module_conversions():
+                model = model_cls(config)
+        finally:
+            torch.set_default_dtype(default)
+        model.config._experts_implementation = runtime.experts
+        if replacements and runtime.replacements:
+            for layer in _decoder_layers(model):
+                L._replaced(layer, model.config, runtime.replacements)
+        model.train()
+        site = Site(config=model.config, modeling=modeling, root=model, runtime=runtime)
+        for contract in loaded:
+            stack.enter_context(contract.install(site))
+        yield model, loaded, modeling
+
+
+def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
+    """What each decoder layer of *config* keeps and holds, from one forward and backward of the stack."""
+    import torch
+
+    from ndcost.plugins.census.measure import LiveBytes, SavedOps, delta_rule_followed
+
+    with fake_stack(config, runtime) as (model, contracts, modeling):
+        layers = _decoder_layers(model)
+        params = list(model.parameters())
+        stored = {p.untyped_storage()._cdata for p in params}
+        live = LiveBytes()
+        follow = _LayerPaths(layers, lambda: len(live.events))
+        ops = SavedOps(follow, stored, contracts)
+        saved_by: Dict[Any, int] = {}
+        saved_op: Dict[Any, str] = {}
+
+        def pack(tensor):
+            op = ops.op(tensor)
+            if tensor.untyped_storage()._cdata not in stored and follow.layer is not None:
+                key = live.key(tensor)
+                if key not in saved_by:
+                    saved_by[key] = follow.layer
+                    saved_op[key] = op
+            return tensor.detach()  # a graph the forward drops is freed, not held by its own output
+
+        grads: List[Any] = []
+        handles = [p.register_hook(lambda grad: grads.append(live.key(grad))) for p in params if p.requires_grad]
+        kept = [0] * len(layers)
+        by_op: List[Dict[str, int]] = [dict() for _ in layers]
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(live)
+                stack.enter_context(ops)
+                for layer in layers:
+                    stack.enter_context(delta_rule_followed(modeling, layer, follow))
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor))
+                input_ids = torch.zeros(1, seq, dtype=torch.long)
+                out = model(input_ids=input_ids, use_cache=False).last_hidden_state
+                forward_end = len(live.events)
+                for key, index in saved_by.items():
+                    size = live.sizes.get(key, 0)
+                    kept[index] += size
+                    if size:
+                        by_op[index][saved_op[key]] = by_op[index].get(saved_op[key], 0) + size
+                out.float().sum().backward()
+        finally:
+            follow.close()
+            for handle in handles:
+                handle.remove()
+        grads += [live.key(p.grad) for p in params if p.grad is not None]
+        excluded = set(saved_by) | set(grads) | {key for key, _ in live.events if key[0] in stored}
+        beyond = [0]
+        for key, delta in live.events:
+            beyond.append(beyond[-1] + (0 if key in excluded else delta))
+        baseline = beyond[forward_end]
+        measures = []
+        for index, size in enumerate(kept):
+            begin, end = follow.windows.get(index, (forward_end, forward_end))
+            top = max(beyond[begin:end + 1], default=baseline)
+            measures.append(LayerMeasure(kept_bytes=size, working_bytes=size + max(0, top - baseline),
+                                         ops_bytes=by_op[index]))
+        return measures
+
+
+def count_stack(config: Any, seq: int, runtime: Any) -> List[Any]:
+    """Forward FLOPs and traffic of each decoder layer by part, from one forward of the stack.
+
+    Transformers' own modules run (no replacement: a fused module runs the
+    same arithmetic), under the runtime's contracts, as the layer census
+    counts them; each op counts toward the layer running it.
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ndcost.plugins.census.flops import ForwardCount, _counter_class, flop_formulas
+    from ndcost.plugins.census.measure import delta_rule_followed
+
+    with fake_stack(config, runtime, replacements=False) as (model, contracts, modeling):
+        layers = _decoder_layers(model)
+        params = {p.untyped_storage()._cdata for p in model.parameters()}
+        follow = _LayerPaths(layers, lambda: 0)
+        formulas = flop_formulas(contracts)
+        counters = [_counter_class()(follow, params, contracts, formulas) for _ in layers]
+
+        class _PerLayer(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                index = follow.layer
+                if index is None:
+                    return func(*args, **(kwargs or {}))
+                return counters[index].__torch_dispatch__(func, types, args, kwargs)
+
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(torch.no_grad())
+                for layer in layers:
+                    stack.enter_context(delta_rule_followed(modeling, layer, follow))
+                stack.enter_context(_PerLayer())
+                model(input_ids=torch.zeros(1, seq, dtype=torch.long), use_cache=False)
+        finally:
+            follow.close()
+        return [ForwardCount(flops=c.flops, all_pairs_flops=c.all_pairs, moved_bytes=c.moved,
+                             parameter_bytes=c.parameter, launches=c.launches) for c in counters]
+
+
+def _kinds(groups: Sequence[Any], build_mtp: bool = False) -> List[str]:
+    """The kind of each decoder layer the stack builds, in model order (MTP layers are not built)."""
+    kinds: List[str] = []
+    for group in groups:
+        if getattr(group, "mtp", False):
+            if build_mtp:
+                raise CensusUnavailable(
+                    f"the runtime builds MTP layers ({group.kind}), which Transformers' stack does not hold; "
+                    f"price them from the formulas (census='off')")
+            continue
+        kinds.extend([str(group.kind)] * int(group.count))
+    return kinds
+
+
+def stack_kind_records(config: Any, groups: Sequence[Any], seq: int, runtime: Any,
+                       progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """``{kind: KindRecord}`` of *config*'s stack: each kind the mean of its layers, at TP 1 and TP 2."""
+    from ndcost.plugins.census.records import split
+    from ndcost.records import KindRecord
+    from ndcost.values import OPS
+
+    kinds = _kinds(groups, getattr(runtime, "build_mtp", False))
+    say = progress or (lambda message: None)
+    began = time.perf_counter()
+    say(f"census {config.model_type}: the whole stack of {len(kinds)} layers at {seq} tokens, TP 1 and TP 2, "
+        f"under {runtime.name} (its layers cannot run alone)")
+    one = census_stack(stack_tp_config(config, 1), seq, runtime)
+    two = census_stack(stack_tp_config(config, 2), seq, runtime)
+    counted = count_stack(stack_tp_config(config, 1), seq, runtime)
+    if len(one) != len(kinds):
+        raise CensusUnavailable(f"the model builds {len(one)} decoder layers where its spec states {len(kinds)}; "
+                                f"check the spec's layer groups against the config's num_hidden_layers")
+    out: Dict[str, Any] = {}
+    for kind in dict.fromkeys(kinds):
+        members = [index for index, each in enumerate(kinds) if each == kind]
+
+        def mean(stack: List[LayerMeasure], read: Callable[[LayerMeasure], int]) -> float:
+            return sum(read(stack[index]) for index in members) / len(members)
+
+        saved, saved_tp = split(mean(one, lambda m: m.kept_bytes), mean(two, lambda m: m.kept_bytes), seq)
+        working, working_tp = split(mean(one, lambda m: m.working_bytes), mean(two, lambda m: m.working_bytes), seq)
+        ops, ops_tp = {}, {}
+        for op in OPS:
+            if any(op in one[i].ops_bytes or op in two[i].ops_bytes for i in members):
+                ops[op], ops_tp[op] = split(mean(one, lambda m: m.ops_bytes.get(op, 0)),
+                                            mean(two, lambda m: m.ops_bytes.get(op, 0)), seq)
+        def mean_table(read: Callable[[Any], Mapping[str, int]]) -> Dict[str, float]:
+            parts = sorted({part for index in members for part in read(counted[index])})
+            return {part: sum(read(counted[index]).get(part, 0) for index in members) / len(members)
+                    for part in parts}
+
+        traffic = {"moved_bytes": mean_table(lambda c: c.moved_bytes),
+                   "parameter_bytes": mean_table(lambda c: c.parameter_bytes),
+                   "launches": mean_table(lambda c: c.launches)}
+        out[kind] = KindRecord(kind=kind, seq=seq, source=SOURCE, saved_per_token=saved,
+                               saved_tp_per_token=saved_tp, working_per_token=working,
+                               working_tp_per_token=working_tp, ops=ops, ops_tp=ops_tp,
+                               flops_by_part=mean_table(lambda c: c.flops),
+                               flops_all_pairs_by_part=mean_table(lambda c: c.all_pairs_flops),
+                               traffic=traffic)
+    say(f"  stack census done ({time.perf_counter() - began:.1f} s)")
+    return out
+
+
+def stack_records(spec: Any, seq: int, runtime: Any = "hf-cuda", use_cache: bool = True,
+                  progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """``{kind: KindRecord}`` for *spec* (a ModelSpec) from the stack census, cached on disk."""
+    from ndcost.plugins.census import cache
+    from ndcost.plugins.census.records import config_of, runtime_profile
+
+    profile = runtime_profile(runtime)
+    config = config_of(spec)
+    say = progress if progress is not None else (lambda message: print(message, file=sys.stderr, flush=True))
+    groups = list(spec.layers)
+    content = cache.entry_content(what="stack", config=config.to_dict(), seq=seq,
+                                  runtime=profile.content(),
+                                  layers=[[g.kind, int(g.count), bool(g.mtp)] for g in groups])
+    # one entry per kind, all computed together
+    records: Dict[str, Any] = {}
+    kinds = list(dict.fromkeys(_kinds(groups, profile.build_mtp)))
+    computed: Dict[str, Any] = {}
+
+    def compute_all() -> Dict[str, Any]:
+        if not computed:
+            computed.update(stack_kind_records(config, groups, seq, profile, say))
+        return computed
+
+    for kind in kinds:
+        entry = dict(content, kind=kind)
+        records[kind] = (cache.cached(entry, lambda kind=kind: compute_all()[kind]) if use_cache
+                         else compute_all()[kind])
+    return records
+
+
+@hookimpl
+def ndcost_register(register):
+    register("census/stack", stack_records)

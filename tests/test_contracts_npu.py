@@ -1,0 +1,173 @@
+"""The NPU contracts: a census under each differs from the census under hf-cuda by what the kernels save differently.
+
+Differences derived by hand from Transformers' Llama modules (LlamaRMSNorm,
+LlamaMLP, SDPA) and the kernels' contracts, for one Llama layer of
+``s`` tokens, hidden ``h``, ``n`` query heads of width ``d``, feed-forward
+``I``, in bf16.
+"""
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from ndcost.errors import CensusUnavailable  # noqa: E402
+from ndcost.plugins.runtimes import profile_from_mapping  # noqa: E402
+
+S, H, N, KV, D, I = 256, 256, 8, 2, 32, 512
+
+
+def _config():
+    from transformers import AutoConfig
+    return AutoConfig.for_model("llama", hidden_size=H, intermediate_size=I, num_attention_heads=N,
+                                num_key_value_heads=KV, head_dim=D, vocab_size=1000, num_hidden_layers=1)
+
+
+_NORMS = dict(match=["input_layernorm", "post_attention_layernorm"], module_type="*RMSNorm",
+              factory="ndcost.plugins.contracts.npu:fused_rms_norm")
+_MLP = dict(match=["mlp"], module_type="*MLP", factory="ndcost.plugins.contracts.npu:fused_swiglu_mlp")
+
+PROFILES = {
+    "cuda": dict(name="t-cuda", contracts=["cuda-sdpa"]),
+    "attention": dict(name="t-npu-attention", attention="npu_fusion_attention",
+                      contracts=["npu-fusion-attention"]),
+    "dropout": dict(name="t-npu-attention", attention="npu_fusion_attention",
+                    contracts=["npu-fusion-attention"]),
+    "norm": dict(name="t-npu-norm", contracts=["cuda-sdpa", "npu-rms-norm"], replacements=[_NORMS]),
+    "swiglu": dict(name="t-npu-swiglu", contracts=["cuda-sdpa", "npu-swiglu"], replacements=[_MLP]),
+}
+
+
+def _saved(profile, config=None, index=0):
+    from ndcost.plugins.census import records as R
+    return R._measure_plain(config or _config(), index, S, profile)
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    return _saved(profile_from_mapping(PROFILES["cuda"]))
+
+
+@pytest.mark.slow
+def test_fusion_attention_differs_by_its_statistics(cuda):
+    # SDPA (flash) keeps an fp32 logsumexp [b, n, s, 1] and two int64 RNG scalars;
+    # npu_fusion_attention keeps softmax_max and softmax_sum, fp32 [b, n, s, 8] each.
+    # q, k, v (unexpanded) and the output are the same storages' bytes under both.
+    npu = _saved(profile_from_mapping(PROFILES["attention"]))
+    sdpa_stats = N * S * 1 * 4 + 2 * 8
+    npu_stats = 2 * N * S * 8 * 4
+    assert npu.saved_bytes - cuda.saved_bytes == npu_stats - sdpa_stats
+    assert npu.ops_bytes["softmax"] == npu_stats
+    assert "dropout" not in npu.ops_bytes
+
+
+@pytest.mark.slow
+def test_fusion_attention_installed_by_module_replacement(cuda):
+    # the same kernel, installed on the layer's attention module by path instead of for every layer
+    profile = profile_from_mapping(dict(
+        name="t-npu-attention-module", contracts=["cuda-sdpa", "npu-fusion-attention"],
+        replacements=[dict(match=["self_attn"], module_type="*Attention",
+                           factory="ndcost.plugins.contracts.npu:fused_attention")]))
+    npu = _saved(profile)
+    assert npu.saved_bytes - cuda.saved_bytes == 2 * N * S * 8 * 4 - (N * S * 4 + 2 * 8)
+
+
+@pytest.mark.slow
+def test_fusion_attention_keeps_a_packed_dropout_mask_below_keep_probability_one():
+    config = _config()
+    config.attention_dropout = 0.1
+    npu = _saved(profile_from_mapping(PROFILES["dropout"]), config)
+    base = _saved(profile_from_mapping(PROFILES["attention"]))
+    # one bit per query-key pair of each head
+    assert npu.saved_bytes - base.saved_bytes == N * S * S // 8
+    assert npu.ops_bytes["dropout"] == N * S * S // 8
+
+
+@pytest.mark.slow
+def test_rms_norm_differs_by_the_fp32_copy_and_the_unweighted_output(cuda):
+    # LlamaRMSNorm keeps x in fp32 (pow and mul: 4 s h), the rstd (4 s) and the bf16 normalized
+    # value before the weight (2 s h); npu_rms_norm keeps its bf16 input (2 s h) and the rstd (4 s).
+    # The first norm's input is the layer's input, the second's the residual sum: nothing else
+    # saves either, so each is a new storage under the NPU kernel.
+    npu = _saved(profile_from_mapping(PROFILES["norm"]))
+    per_norm_hf = 4 * S * H + 4 * S + 2 * S * H
+    per_norm_npu = 2 * S * H + 4 * S
+    assert cuda.saved_bytes - npu.saved_bytes == 2 * (per_norm_hf - per_norm_npu)
+    assert npu.ops_bytes["normOp"] == 2 * per_norm_npu
+
+
+@pytest.mark.slow
+def test_swiglu_mlp_differs_by_one_intermediate_tensor(cuda):
+    # LlamaMLP keeps gate_proj's output (SiLU's input), SiLU's output, up_proj's output and
+    # their product (down_proj's input): four [s, I] bf16. The fused MLP keeps the gate-and-up
+    # output [s, 2I] (npu_swiglu's input) and npu_swiglu's output [s, I]: three [s, I].
+    npu = _saved(profile_from_mapping(PROFILES["swiglu"]))
+    assert cuda.saved_bytes - npu.saved_bytes == 2 * S * I
+    assert npu.ops_bytes["ffAct"] == 2 * S * 2 * I
+
+
+@pytest.mark.slow
+def test_hf_npu_profile_is_the_three_differences_together(cuda):
+    from ndcost.plugins.census import records as R
+    npu = _saved(R.runtime_profile("hf-npu"))
+    attention = 2 * N * S * 8 * 4 - (N * S * 4 + 16)
+    norms = 2 * ((4 * S * H + 4 * S + 2 * S * H) - (2 * S * H + 4 * S))
+    mlp = 2 * S * I
+    assert npu.saved_bytes == cuda.saved_bytes + attention - norms - mlp
+
+
+@pytest.mark.slow
+def test_replacements_keep_the_parameter_count():
+    import torch
+
+    from ndcost.plugins.census import layer as L
+    from ndcost.plugins.census import records as R
+
+    counts = {}
+    for name in ("hf-cuda", "hf-npu"):
+        with L.fake_layer(_config(), 0, R.runtime_profile(name)) as fake:
+            counts[name] = sum(p.numel() for p in fake.layer.parameters())
+            if name == "hf-npu":
+                assert type(fake.layer.mlp).__name__ == "NpuSwiGLUMLP"
+                assert type(fake.layer.input_layernorm).__name__ == "NpuRMSNorm"
+                assert fake.layer.mlp.gate_up_proj.weight.dtype == torch.bfloat16
+    assert counts["hf-cuda"] == counts["hf-npu"]
+
+
+@pytest.mark.slow
+def test_attention_sinks_are_refused_under_hf_npu():
+    from transformers import AutoConfig
+
+    from ndcost.plugins.census import records as R
+    config = AutoConfig.for_model("gpt_oss", hidden_size=128, intermediate_size=128, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=32, num_local_experts=4, num_experts_per_tok=2,
+                                  vocab_size=1000, num_hidden_layers=2,
+                                  layer_types=["sliding_attention", "full_attention"])
+    with pytest.raises(CensusUnavailable, match="sinks"):
+        R._measure_plain(config, 0, 64, R.runtime_profile("hf-npu"))
+
+
+@pytest.mark.slow
+def test_npu_native_dropout_keeps_a_bit_mask():
+    # GPT-2 drops out the attention's and the MLP's outputs ([1, s, h] each, resid_pdrop 0.1): CUDA's
+    # native_dropout keeps a bool mask (s h bytes), torch_npu's a uint8 bit mask padded to whole
+    # 128-element blocks (s h / 8 bytes here). Both keep the layer norms' statistics in fp32.
+    from transformers import AutoConfig
+
+    from ndcost.plugins.census import records as R
+    config = AutoConfig.for_model("gpt2", n_embd=H, n_layer=1, n_head=N, n_positions=S, vocab_size=1000,
+                                  bos_token_id=0, eos_token_id=0)
+    cuda = R._measure_plain(config, 0, S, R.runtime_profile("hf-cuda"))
+    npu = R._measure_plain(config, 0, S, profile_from_mapping(dict(name="t-npu-native",
+                                                                   contracts=["cuda-sdpa", "npu-native"])))
+    elements = S * H
+    assert cuda.saved_bytes - npu.saved_bytes == 2 * (elements - -(-elements // 128) * 128 // 8)
+    assert npu.ops_bytes["dropout"] - 16 == 2 * elements // 8  # beside SDPA's two RNG scalars
+
+
+def test_contracts_are_registered_without_importing_torch(registry):
+    from ndcost.plugins.contracts import Contract
+    for name in ("npu-fusion-attention", "npu-rms-norm", "npu-swiglu", "npu-native"):
+        contract = registry.get(f"contract/{name}")
+        assert isinstance(contract, Contract) and contract.device == "npu"
+    profile = registry.get("runtime/hf-npu")
+    assert set(profile.contracts) == {"npu-fusion-attention", "npu-rms-norm", "npu-swiglu", "npu-native"}
