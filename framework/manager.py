@@ -23,9 +23,15 @@ from ndcost.registry import Registry, Source
 
 GROUP = "ndcost.plugins"
 
-# Entry-point names of ndcost's own distribution that every install must have.
+# Every built-in entry point: an install whose metadata lacks one is stale.
 ESSENTIAL = frozenset({
-    "storage", "optimizers", "accounting", "schedules", "hardware", "op_records",
+    "accounting", "calibration", "census_stack", "checkpoint_policies", "collectives", "contracts_cuda_sdpa",
+    "contracts_deepseek_v4", "contracts_delta_rule", "contracts_npu", "family_deepseek_v3",
+    "family_deepseek_v32", "family_deepseek_v4", "family_generic", "family_glm4_moe", "family_gpt2",
+    "family_gpt_oss", "family_llama", "family_mixtral", "family_qwen2", "family_qwen3", "family_qwen3_5",
+    "family_qwen3_5_moe", "family_qwen3_moe", "family_qwen3_next", "formulas_attention", "formulas_common",
+    "formulas_deepseek_v4", "formulas_gpt_oss", "formulas_linear_attention", "formulas_moe", "hardware",
+    "op_records", "optimizers", "runtimes", "schedules", "storage",
 })
 
 
