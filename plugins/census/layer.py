@@ -228,18 +228,37 @@ def positions(fake: FakeLayer, hidden: Any) -> Tuple[Any, Any]:
         return position_ids, fake.rotary(hidden, rotary_ids)
 
 
+def mask_type(config: Any, layer_index: int, modeling: Any) -> str:
+    """The attention type the model builds layer *layer_index*'s mask for.
+
+    ``layer_types`` where the config has them; else ``sliding_attention``
+    where the config sets a ``sliding_window`` and the model's modeling
+    module builds sliding-window masks (Mistral, Mixtral, Phi-3, Starcoder2,
+    Qwen3-MoE with ``use_sliding_window``: their model picks
+    ``create_sliding_window_causal_mask`` whenever ``sliding_window`` is set,
+    for every layer); else ``full_attention``.
+    """
+    types = getattr(config, "layer_types", None)
+    if types and layer_index < len(types):
+        return types[layer_index]
+    if getattr(config, "sliding_window", None) and hasattr(modeling, "create_sliding_window_causal_mask"):
+        return "sliding_attention"
+    return "full_attention"
+
+
 def attention_mask(fake: FakeLayer, hidden: Any, position_ids: Any) -> Any:
     """The mask the model hands this layer for one unpadded sequence, as its forward builds it.
 
     Full causal attention under SDPA gets None (the kernel's ``is_causal``);
     a sliding-window or chunked layer gets what Transformers' mask builders
-    return for its layer type.
+    return for its layer type: under SDPA a boolean ``[1, 1, s, s]`` mask
+    once the sequence reaches the window (below it, None and ``is_causal``),
+    under eager an additive one. The mask is built at the model level, so a
+    layer measured alone is handed it here as its model would hand it.
     """
-    types = getattr(fake.config, "layer_types", None)
-    layer_type = types[fake.layer_index] if types and fake.layer_index < len(types) else "full_attention"
     builders = {"full_attention": "create_causal_mask", "sliding_attention": "create_sliding_window_causal_mask",
                 "chunked_attention": "create_chunked_causal_mask"}
-    builder = builders.get(layer_type)
+    builder = builders.get(mask_type(fake.config, fake.layer_index, fake.modeling))
     if builder is None:
         return None
     masking = importlib.import_module("transformers.masking_utils")
@@ -250,6 +269,7 @@ def attention_mask(fake: FakeLayer, hidden: Any, position_ids: Any) -> Any:
     for name in ("cache", "past_key_values"):
         if name in accepted:
             kwargs[name] = None
+            break  # the newer name only: the older one is deprecated where both are taken
     kwargs = {k: v for k, v in kwargs.items() if k in accepted}
     if "cache_position" in accepted:
         import torch

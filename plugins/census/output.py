@@ -8,9 +8,10 @@ a vocabulary-parallel loss over two ranks splits.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Iterator, Mapping
 
 from ndcost.records import KindRecord
 
@@ -18,44 +19,164 @@ KIND = "output"
 
 
 def output_config(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
-    """What decides the output layer's census, for its cache key."""
-    keep = ("model_type", "hidden_size", "vocab_size", "hidden_act")
-    return {k: v for k, v in sorted(hf_config.items())
+    """What decides the output layer's census, for its cache key (a multimodal config's text part)."""
+    keep = ("model_type", "hidden_size", "vocab_size", "hidden_act", "n_embd", "layer_norm_epsilon")
+    text = hf_config.get("text_config")
+    source = {**hf_config, **text} if isinstance(text, Mapping) else hf_config
+    return {k: v for k, v in sorted(source.items())
             if k in keep or "norm" in k or "eps" in k or "logit" in k or "softcap" in k}
 
 
-def _holder(config: Any, runtime: Any, norm: Any):
-    """A module holding ``norm`` (the final norm, of the class of a layer's input norm) and ``lm_head``."""
+def text_config(config: Any) -> Any:
+    """The decoder's config: *config* itself, or a multimodal config's text part (Qwen3.5)."""
+    if getattr(config, "hidden_size", None) or not hasattr(config, "get_text_config"):
+        return config
+    return config.get_text_config(decoder=True)
+
+
+@contextlib.contextmanager
+def _fake_conversions() -> Iterator[None]:
+    """Let a module built on fake tensors convert its own dtype (DeepSeek-V4's ``norm.to(torch.float32)``).
+
+    ``nn.Module._apply`` swaps a parameter for its converted copy, which a fake
+    tensor (holding a weak reference) refuses; while the model is being built
+    nothing else holds the parameter, so its data is replaced instead.
+    """
+    import torch
+    import torch.utils
+
+    original = torch.utils.swap_tensors
+
+    def swap(first, second):
+        try:
+            return original(first, second)
+        except RuntimeError:
+            with torch.no_grad():
+                first.data = second.data
+            return None
+
+    torch.utils.swap_tensors = swap
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
+
+
+def _base_model_class(config: Any, modeling: Any) -> type:
+    """The model class whose forward ends with the final norm (``LlamaModel``, ``GPT2Model``, ``Olmo2Model``)."""
+    import transformers
+
+    from ndcost.errors import CensusUnavailable
+
+    try:
+        found = transformers.AutoModel._model_mapping[type(config)]
+        if found.__module__ == modeling.__name__:
+            return found
+    except (KeyError, ValueError):
+        pass
+    candidates = [cls for name, cls in vars(modeling).items()
+                  if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
+                  and cls.__module__ == modeling.__name__ and name.endswith("Model")
+                  and not name.endswith("PreTrainedModel")
+                  and not any(w in name for w in ("Vision", "Audio", "Encoder", "MTP"))]
+    candidates.sort(key=lambda cls: "Text" not in cls.__name__)
+    if not candidates:
+        raise CensusUnavailable(f"{modeling.__name__} defines no base model class the output census can take "
+                                f"the final norm from; price the output layer from the formulas (census='off')")
+    return candidates[0]
+
+
+def _stack_norm(model: Any) -> Any:
+    """The norm after the decoder stack: the last norm child of the module holding the layers."""
     import torch
 
-    from ndcost.plugins.census import layer as L
+    owners = [module for name, module in model.named_modules()
+              if not any(w in name for w in ("visual", "vision", "audio", "encoder", "mtp"))
+              and any(isinstance(child, torch.nn.ModuleList) and child_name in ("layers", "h", "blocks")
+                      for child_name, child in module.named_children())]
+    for owner in owners:
+        norms = [module for name, module in owner.named_children()
+                 if not isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict))
+                 and "norm" in type(module).__name__.lower()]
+        if norms:
+            return norms[-1]
+    return None
 
-    holder = torch.nn.Module()
-    holder.norm = norm
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        holder.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False,
-                                         device=norm.weight.device)
-    finally:
-        torch.set_default_dtype(default)
-    if runtime.replacements:
-        L._replaced(holder, config, runtime.replacements)
-    return holder
+
+def final_norm(config: Any, modeling: Any) -> Any:
+    """The final norm as the model builds it: its base model's own, built with one layer (fake tensors active).
+
+    The last norm child of the module holding the decoder layers (``norm``,
+    GPT-2's ``ln_f``): the model's ``__init__`` decides its class, width and
+    options, so a family with post-norms only (OLMo-2), a LayerNorm with a
+    bias (GPT-2) or a norm of its own class is built as it is.
+    """
+    from ndcost.errors import CensusUnavailable
+
+    one = copy.deepcopy(config)
+    layers = getattr(one, "num_hidden_layers", None)
+    if isinstance(layers, int) and layers > 1:
+        for name, value in list(vars(one).items()):
+            if isinstance(value, list) and len(value) == layers:
+                setattr(one, name, value[:1])  # per-layer lists (layer_types) at the one layer built
+        one.num_hidden_layers = 1
+    with _fake_conversions():
+        model = _base_model_class(one, modeling)(one)
+    norm = _stack_norm(model)
+    if norm is None:
+        raise CensusUnavailable(f"{type(model).__name__} holds no final norm the output census recognises (a norm "
+                                f"beside its decoder layers); price the output layer from the formulas "
+                                f"(census='off')")
+    return norm
+
+
+@contextlib.contextmanager
+def output_holder(config: Any, runtime: Any) -> Iterator[Any]:
+    """A module holding ``norm`` (the model's final norm) and ``lm_head``, on fake tensors in bf16.
+
+    The runtime's replacements apply to it (path ``norm`` for the final
+    norm) and its profile-wide kernel contracts are active while the context
+    lasts (CUDA's layer norm keeps fp32 statistics, as GPT-2's ``ln_f`` shows).
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ndcost.plugins.census import layer as L
+    from ndcost.plugins.contracts import Site
+
+    config = text_config(config)
+    modeling = L.modeling_module(config)
+    model_type = str(getattr(config, "model_type", ""))
+    loaded = L.load_contracts(runtime.contracts, model_type, runtime.name)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        holder = torch.nn.Module()
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            holder.norm = final_norm(config, modeling)
+            holder.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        finally:
+            torch.set_default_dtype(default)
+        if runtime.replacements:
+            L._replaced(holder, config, runtime.replacements)
+        holder.train()
+        site = Site(config=config, modeling=modeling, root=holder, runtime=runtime)
+        for contract in loaded:
+            stack.enter_context(contract.install(site))
+        yield holder
 
 
 def measure_output(config: Any, seq: int, runtime: Any):
     """(Measured, ForwardCount) of the output layer of *config* at *seq* tokens."""
     import torch
 
-    from ndcost.plugins.census import layer as L
     from ndcost.plugins.census.flops import ForwardCount, _counter_class, flop_formulas
     from ndcost.plugins.census.measure import ModuleStack, measure
 
     loss_function = importlib.import_module("transformers.loss.loss_utils").ForCausalLMLoss
-    # the layer is built only for its input norm's class; contracts and replacements apply to the holder
-    with L.fake_layer(config, 0, runtime, contracts=False, replacements=False) as fake:
-        holder = _holder(config, runtime, fake.layer.input_layernorm)
+    config = text_config(config)
+    with output_holder(config, runtime) as holder:
         hidden = torch.empty(1, seq, config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
         labels = torch.zeros(1, seq, dtype=torch.long)
         params = list(holder.parameters())
@@ -80,6 +201,7 @@ def census_output(config: Any, seq: int, runtime: Any) -> KindRecord:
     """The output layer's KindRecord; its TP part is what a vocabulary-parallel split divides."""
     from ndcost.plugins.census.records import SOURCE, split
 
+    config = text_config(config)
     half = copy.deepcopy(config)
     half.vocab_size = max(1, config.vocab_size // 2)
     (one, counted), (two, _) = measure_output(config, seq, runtime), measure_output(half, seq, runtime)

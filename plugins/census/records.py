@@ -129,12 +129,13 @@ def config_of(spec: Any) -> Any:
         from ndcost.models import transformers_config
     except ImportError:
         transformers_config = None
+    from ndcost.plugins.census.output import text_config
     if transformers_config is not None:
-        return transformers_config(spec)
+        return text_config(transformers_config(spec))
     import transformers
     data = dict(spec.hf_config)
     model_type = data.pop("model_type", spec.model_type)
-    return transformers.AutoConfig.for_model(model_type, **data)
+    return text_config(transformers.AutoConfig.for_model(model_type, **data))
 
 
 def first_layers(groups: Sequence[Any], build_mtp: bool = False) -> Dict[str, int]:
@@ -220,8 +221,16 @@ def kind_records(spec: Any, seq: int, runtime: str = "hf-cuda", use_cache: bool 
 
 
 def _hf(spec: Any) -> Dict[str, Any]:
+    """*spec*'s config as a dict; a multimodal config's text part in place of the whole (Qwen3.5).
+
+    The decoder's widths live in ``text_config`` there, and the cache keys
+    need them (a key without them would be shared by every size).
+    """
     data = dict(getattr(spec, "hf_config", None) or {})
     data.setdefault("model_type", spec.model_type)
+    text = data.get("text_config")
+    if isinstance(text, Mapping) and not data.get("hidden_size"):
+        data = {**{k: v for k, v in data.items() if k != "text_config"}, **text}
     return data
 
 

@@ -18,10 +18,16 @@ backward:
 - two int64 scalars, the RNG seed and offset.
 
 Unequal query and value widths (DeepSeek-V3's 192 and 128) run the same way.
-With a mask, or a head wider than 256, SDPA takes the memory-efficient kernel,
-which keeps q, k, v, its output laid out ``[b, s, h, d]``, the mask as an
-additive bias in the query's dtype, a logsumexp of ``[b, h, ceil(s / 32) * 32]``
-fp32 and the two RNG scalars.
+With a mask (a sliding window: Transformers then expands k and v itself with
+``repeat_kv``, as it passes ``enable_gqa`` only without a mask) the cuDNN
+kernel runs too: on the H200 (tests/data/h200_measurements_2.json, a
+Mistral-7B layer with a 1024-token window) it kept q, the expanded k and v,
+its output, the boolean mask as an additive bias in the query's dtype
+``[1, 1, s, s]``, the logsumexp ``[b, h, s, 1]`` (cuDNN's shape; the
+memory-efficient kernel's is ``[b, h, ceil(s / 32) * 32]``) and the two RNG
+scalars. With a head wider than 256, SDPA takes the memory-efficient kernel,
+which keeps q, k, v, its output laid out ``[b, s, h, d]``, the bias where
+masked, that padded logsumexp fp32 and the two RNG scalars.
 
 Known limitations: the kernels' internal scratch buffers (the backward's fp32
 accumulators) are not seen by the working-peak count; the memory-efficient
@@ -40,10 +46,10 @@ NAME = "cuda-sdpa"
 
 CONTRACT = Contract(
     name=NAME,
-    summary="torch SDPA on a CUDA GPU (cuDNN kernel; memory-efficient kernel under a mask)",
+    summary="torch SDPA on a CUDA GPU (cuDNN kernel, masked or not; memory-efficient kernel past 256-wide heads)",
     implementation="ndcost.plugins.contracts.cuda_sdpa:implementation",
     saves="q, k and v unexpanded, the output (laid out as q), fp32 logsumexp [b, h, s, 1], "
-          "int64 RNG seed and offset; under a mask also the additive bias, logsumexp padded to 32 tokens",
+          "int64 RNG seed and offset; under a mask also the additive bias (k and v then expanded by the caller)",
     device="cuda",
 )
 
@@ -54,8 +60,8 @@ _EFFICIENT_LSE_BLOCK = 32
 
 
 def _cudnn_kernel(query: Any, key: Any, value: Any, attn_mask: Any) -> bool:
-    """Whether SDPA takes the cuDNN kernel for these inputs on an H200 (no mask, head widths up to 256)."""
-    return attn_mask is None and query.shape[-1] == key.shape[-1] <= _MAX_HEAD_DIM and value.shape[-1] <= _MAX_HEAD_DIM
+    """Whether SDPA takes the cuDNN kernel for these inputs on an H200 (head widths up to 256, masked or not)."""
+    return query.shape[-1] == key.shape[-1] <= _MAX_HEAD_DIM and value.shape[-1] <= _MAX_HEAD_DIM
 
 
 def _strides_like(strides: Tuple[int, ...], size: Tuple[int, ...]) -> Tuple[int, ...]:
