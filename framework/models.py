@@ -78,6 +78,7 @@ class ParameterCount:
         return sum(self.by_kind[kind].values())
 
     def to_dict(self) -> Dict[str, Any]:
+        """Plain dicts and ints (``ndcost params --json``)."""
         return {"total": self.total, "by_part": dict(self.by_part),
                 "by_kind": {k: dict(v) for k, v in self.by_kind.items()},
                 "layer_counts": dict(self.layer_counts), "embedding": self.embedding, "head": self.head,
@@ -220,6 +221,10 @@ class Family:
     name: str = "family"
     model_types: Tuple[str, ...] = ()
     stack_census: bool = False
+    # Whether Transformers runs the family's attention through SDPA (its PreTrainedModel's
+    # ``_supports_sdpa``): where not, a runtime that asks for SDPA runs its fallback (eager, scores
+    # materialized), and the op records' formulas must price that, without importing transformers.
+    supports_sdpa: bool = True
     # Transformers' defaults of the fields the family reads, so a config.json
     # written with only its differences reads the same.
     defaults: Mapping[str, Any] = {}
@@ -325,16 +330,15 @@ def _from_mapping(config: Mapping[str, Any], name: str, extra: Optional[Mapping[
         raise InvalidValue(f"model {name!r}: the config states no model_type; add model_type "
                            f"(for example 'llama') so its family can read it")
     family = family_for(model_type)
-    if family is None:
+    fallback = family is None
+    if fallback:
         family = generic_family()
-        reader_spec = family.spec(config, name)
-        read = reader_spec.extra.get("fields_read", ())
+    spec = family.spec(config, name)
+    if fallback:
+        read = spec.extra.get("fields_read", ())
         warnings.warn(f"no family plugin for model_type {model_type!r} (model {name!r}); counting it as a "
                       f"generic decoder from the fields {', '.join(read)}; layer biases and norms it does not "
                       f"state follow the formulas' convention", FamilyFallbackWarning, stacklevel=3)
-        spec = reader_spec
-    else:
-        spec = family.spec(config, name)
     updates: Dict[str, Any] = {"hf_config": config}
     if extra:
         updates["extra"] = {**spec.extra, **extra}

@@ -21,6 +21,8 @@ Layers:
 - :func:`slot_bytes`, :func:`layer_slots`, :func:`op_bytes`,
   :func:`layer_bytes`, :func:`ops_bytes`, :func:`kv_shards`,
   :func:`gathered_kv_bytes` price one rank's share of a micro-batch.
+- :func:`runtime_attention` says which attention kernel a runtime profile
+  runs for a model (eager materializes the scores; SDPA and flash do not).
 - :func:`formula_record` gives the resolver a :class:`~ndcost.records.KindRecord`:
   bytes per token at TP 1, the part TP does not split (``saved_per_token``)
   and the part it does (``saved_tp_per_token``), so that a rank at TP t
@@ -29,9 +31,10 @@ Layers:
 
 Known limitations: the records follow the published convention (Korthikanti
 et al. 2022) where it applies: a tensor is counted once by the op whose
-backward reads it first, and a norm's fp32 statistics are left out. An MTP
-layer's own projection and norms, DeepSeek-V3.2/V4's indexer and compressors,
-and GPT-OSS's sinks are not in the records (the census measures them).
+backward reads it first, and a norm's fp32 statistics are left out.
+DeepSeek-V3.2/V4's indexer and compressors, and GPT-OSS's sinks are not in
+the records (the census measures them); a fused attention kernel keeps one
+fp32 statistic a head a query (``bytes_stat``), whatever its own layout.
 Keys and values are split linearly over TP, even where TP exceeds the KV heads
 and a run replicates them.
 """
@@ -674,22 +677,24 @@ def term_bytes(values: Union[Values, Mapping[str, Any]], switches: Switches = No
     return out
 
 
+def _summed(values, switches, records, field: int) -> Dict[str, Number]:
+    """:func:`term_bytes` summed by one of its fields (1: part, 3: op)."""
+    out: Dict[str, Number] = {}
+    for row in term_bytes(values, switches, records=records):
+        out[row[field]] = out.get(row[field], 0) + row[-1]
+    return out
+
+
 def layer_bytes(values: Union[Values, Mapping[str, Any]], switches: Switches = None, *,
                 records: Optional[OpRecords] = None) -> Dict[str, Number]:
     """What a layer keeps, by part, under *switches* (everything kept where omitted)."""
-    parts: Dict[str, Number] = {}
-    for _slot, part, _term, _op, _split, value in term_bytes(values, switches, records=records):
-        parts[part] = parts.get(part, 0) + value
-    return parts
+    return _summed(values, switches, records, 1)
 
 
 def ops_bytes(values: Union[Values, Mapping[str, Any]], switches: Switches = None, *,
               records: Optional[OpRecords] = None) -> Dict[str, Number]:
     """What a layer keeps, by op, under *switches*."""
-    ops: Dict[str, Number] = {}
-    for _slot, _part, _term, op, _split, value in term_bytes(values, switches, records=records):
-        ops[op] = ops.get(op, 0) + value
-    return ops
+    return _summed(values, switches, records, 3)
 
 
 def total_bytes(values: Union[Values, Mapping[str, Any]], switches: Switches = None, *,
@@ -728,7 +733,10 @@ UNGATED_MODEL_TYPES = frozenset({"gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt
 # keys, and to gate the attention's output; a family's ``extra`` says so where it knows.
 QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"})
 OUTPUT_GATE_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_moe"})
-ATTENTION_KERNELS = {"eager": 1, "sdpa": 0, "flash": 0, "flash_attention_2": 0}
+# Whether each attention implementation materializes the scores (1) or keeps a fused kernel's
+# statistics (0); the names are Transformers' ``attn_implementation`` values and the runtimes' kernels.
+ATTENTION_KERNELS = {"eager": 1, "sdpa": 0, "flash": 0, "flash_attention_2": 0, "flash_attention_3": 0,
+                     "flex_attention": 0, "npu_fusion_attention": 0}
 # GPT-2's config defaults, the paper's dropout, for a spec built without its config.
 _GPT2_DROPOUT = 0.1
 
@@ -872,6 +880,32 @@ def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropou
     return out
 
 
+def runtime_attention(spec: ModelSpec, profile: Any) -> str:
+    """The attention kernel the formulas price for *spec* under the runtime *profile*.
+
+    The census runs the profile's ``attention`` where the model supports it and
+    its ``attention_fallback`` where Transformers' model refuses SDPA; the
+    formulas must assume the same kernel, or a model priced without a census
+    would be charged scores its run never materializes (or spared those it
+    does). The family says whether it supports SDPA (``Family.supports_sdpa``),
+    so this needs no transformers. Without a profile: ``eager``, the published
+    formulas' assumption.
+    """
+    if profile is None:
+        return "eager"
+    kernel = str(profile.attention)
+    if kernel == "sdpa":
+        from ndcost.models import family_for
+        family = family_for(spec.model_type)
+        if family is not None and not getattr(family, "supports_sdpa", True):
+            kernel = str(profile.attention_fallback)
+    if kernel not in ATTENTION_KERNELS:
+        raise InvalidValue(f"runtime {getattr(profile, 'name', profile)!r} runs attention {kernel!r}, which the op "
+                           f"records do not know; known: {', '.join(ATTENTION_KERNELS)} (add it to "
+                           f"ndcost.plugins.op_records.ATTENTION_KERNELS)")
+    return kernel
+
+
 def values_for(spec: ModelSpec, kind: str, *, seq: Optional[int] = None, strategy: Any = None,
                micro_batch: Optional[int] = None, tp: Optional[int] = None, sp: Optional[bool] = None,
                cp: Optional[int] = None, cp_algo: Optional[str] = None, etp: Optional[int] = None,
@@ -927,6 +961,10 @@ def formula_record(spec: ModelSpec, kind: str, seq: int, *, attention: str = "ea
                    records: Optional[OpRecords] = None) -> KindRecord:
     """One layer of *kind*: analytic activation bytes per token at TP 1, from the op records.
 
+    *attention* is the kernel: ``eager`` (the default, the published formulas'
+    materialized scores) or a fused one (``sdpa``, ``flash``...) that keeps
+    statistics instead; the resolver passes the runtime's
+    (:func:`runtime_attention`).
     ``saved_per_token`` holds the bytes TP does not split and
     ``saved_tp_per_token`` those it splits, so a rank at TP t keeps
     ``saved + saved_tp / t``, and ``(saved + saved_tp) / t`` under sequence

@@ -223,3 +223,15 @@ def test_shared_identifiers():
     assert PARTS == ("attention", "norm", "ffn", "routed", "shared", "router", "embedding", "head", "mtp", "other")
     assert OPS == ("attMM", "attBMM", "softmax", "dropout", "normOp", "ffAct", "ffMM", "linrec", "other")
     assert FLOP_PARTS == PARTS + ("scores", "linrec")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(FAMILY_CONFIGS))
+def test_supports_sdpa_is_transformers_own(model_type):
+    """Whether a runtime asking for SDPA runs it: Transformers' causal-LM class's ``_supports_sdpa``."""
+    import importlib
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    cls = getattr(modeling, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    assert family_for(model_type).supports_sdpa == bool(cls._supports_sdpa)

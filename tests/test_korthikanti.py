@@ -188,3 +188,86 @@ def test_a_gpt2_config_through_the_families_loader():
     values = R.values_for(spec, kind, seq=s, micro_batch=b, tp=t, attention="eager")  # dropout read: 0.1
     assert R.total_bytes(values) == tensor_parallel(s, b, 1024, 16, t)
     assert R.total_bytes(values, "selective") == tensor_parallel_selective(s, b, 1024, 16, t)
+
+
+# ---------------------------------------------------------------------------
+# The resolver without a census: the runtime's attention kernel decides whether scores are kept
+# ---------------------------------------------------------------------------
+def _resolved_layer(config, runtime, t, **fields):
+    """One layer's activation bytes on a rank, and the kernel the provenance names, census off."""
+    from ndcost.resolver import resolve
+    model = resolve(config, runtime=runtime, census="off")
+    s = fields.pop("seq")
+    batch = model.evaluate_many({"tp": [t], "seq": s, **{k: [v] for k, v in fields.items()}})
+    assert batch.valid[0], batch.reason[0]
+    attention = model.evaluate(f"seq={s}").provenance["records"][s]["attention"]
+    return batch.layer_activation_bytes[0], attention
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("t", [1, 4])
+def test_census_off_prices_the_runtimes_attention_kernel(t):
+    """hf-cuda runs GPT-2 under SDPA: no scores, the fp32 log-sum-exp instead; hf-cuda-eager is the paper.
+
+    Under SDPA the score slot keeps a head's fp32 statistic per query (4 bytes) where eager keeps
+    5as bytes per token (softmax output, dropout mask, dropped-out probabilities): sbh(10 + 24/t) + 4abs/t.
+    """
+    transformers = pytest.importorskip("transformers")
+    s, b, h, a = 1024, 1, 256, 8
+    config = transformers.GPT2Config(n_embd=h, n_head=a, n_layer=2, n_positions=s, vocab_size=1000,
+                                     bos_token_id=0, eos_token_id=0)  # dropout 0.1: GPT-2's defaults
+    sbh = s * b * h
+    eager, said = _resolved_layer(config, "hf-cuda-eager", t, seq=s)
+    assert said.startswith("eager")
+    assert eager[0] == tensor_parallel(s, b, h, a, t)
+    sdpa, said = _resolved_layer(config, "hf-cuda", t, seq=s)
+    assert said.startswith("sdpa")
+    assert sdpa[0] == sbh * (10 + F(24, t)) + F(4 * a * s * b, t)
+    # core-attention recompute drops the statistics too: the paper's selective figure either way
+    selective, _ = _resolved_layer(config, "hf-cuda", t, seq=s, recompute="core_attention")
+    assert selective[0] == tensor_parallel_selective(s, b, h, a, t)
+
+
+@pytest.mark.slow
+def test_census_off_prices_eager_attention_where_the_model_refuses_sdpa():
+    """GPT-OSS refuses SDPA (its sinks), so hf-cuda runs it eager: its formulas keep the scores.
+
+    Against Llama under the same runtime (SDPA, no dropout): eager adds the softmax output (2 bytes a
+    score, a heads x s scores a token) and drops the 4-byte statistic a head.
+    """
+    transformers = pytest.importorskip("transformers")
+    s, a = 512, 4
+    oss = transformers.GptOssConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=32, num_local_experts=4,
+                                    num_experts_per_tok=2, num_attention_heads=a, num_key_value_heads=2,
+                                    head_dim=16, vocab_size=100)
+    cuda, said = _resolved_layer(oss, "hf-cuda", 1, seq=s)
+    assert said.startswith("eager")
+    assert list(cuda) == list(_resolved_layer(oss, "hf-cuda-eager", 1, seq=s)[0])
+    llama = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=96,
+                                     num_attention_heads=a, num_key_value_heads=2, vocab_size=100)
+    sdpa, said = _resolved_layer(llama, "hf-cuda", 1, seq=s)
+    assert said.startswith("sdpa")
+    eager, _ = _resolved_layer(llama, "hf-cuda-eager", 1, seq=s)
+    assert eager[0] - sdpa[0] == s * a * s * 2 - s * a * 4
+
+
+@pytest.mark.slow
+def test_the_census_under_hf_cuda_eager_materializes_the_scores():
+    """Measured on fake tensors, hf-cuda-eager keeps what the records' eager score slot says over hf-cuda's SDPA.
+
+    Per token: eager keeps the softmax output (2 bytes), the dropout mask (1) and the dropped-out
+    probabilities (2) of a*s scores; SDPA keeps a head's fp32 log-sum-exp (4 bytes) instead, and a few
+    bytes of dropout RNG state a layer (under a byte a token here).
+    """
+    transformers = pytest.importorskip("transformers")
+    census = pytest.importorskip("ndcost.plugins.census")
+    from ndcost.models import load_model
+    s, h, a = 256, 128, 4
+    spec = load_model(transformers.GPT2Config(n_embd=h, n_head=a, n_layer=1, n_positions=s, vocab_size=100,
+                                              bos_token_id=0, eos_token_id=0))
+
+    def kept(runtime):
+        record = census.kind_records(spec, s, runtime=runtime, use_cache=False, progress=None)["dense"]
+        return record.saved_per_token + record.saved_tp_per_token
+
+    assert kept("hf-cuda-eager") - kept("hf-cuda") == pytest.approx(5 * a * s - 4 * a, abs=1)

@@ -104,8 +104,14 @@ def test_missing_field_names_field_and_family(tmp_path):
             load_model(path)
 
 
-def test_missing_field_without_default_in_known_family():
-    with pytest.raises(InvalidValue, match=r"the gpt2 family needs|gpt2 config"):
+def test_missing_or_malformed_field_in_known_families():
+    # Transformers' defaults fill what a known family's config omits; what has no default is named
+    with pytest.raises(InvalidValue, match=r"deepseek_v32 config: the indexer needs q_lora_rank"):
+        load_model({"model_type": "deepseek_v32", "q_lora_rank": None})
+    from ndcost.models import ConfigReader
+    with pytest.raises(InvalidValue, match=r"the llama family needs 'hidden_size' in the config"):
+        ConfigReader({}, "llama").int("hidden_size")
+    with pytest.raises(InvalidValue, match=r"gpt2 config: n_embd must be an integer, got 'wide'"):
         load_model({"model_type": "gpt2", "n_embd": "wide"})
 
 
@@ -132,6 +138,9 @@ def test_mismatched_factors():
         load_model({"model_type": "deepseek_v3", "num_hidden_layers": 3, "first_k_dense_replace": 9})
     with pytest.raises(InvalidValue, match="layer_types lists 1 layers but num_hidden_layers is 4"):
         load_model({"model_type": "qwen3_next", "num_hidden_layers": 4, "layer_types": ["full_attention"]})
+    with pytest.raises(InvalidValue, match=r"linear_num_key_heads 16 does not divide linear_num_value_heads 24 "
+                                           r"\(24 / 16 = 1.5\)"):
+        load_model({"model_type": "qwen3_next", "linear_num_value_heads": 24})
     with pytest.raises(InvalidValue, match=r"o_groups 3 does not divide num_attention_heads \* head_dim 32768"):
         load_model({"model_type": "deepseek_v4", "o_groups": 3})
 

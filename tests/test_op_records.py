@@ -479,3 +479,24 @@ def test_family_specs_give_records_for_every_kind():
             assert flags == expect[(name, kind)], (name, kind)
             record = R.formula_record(spec, kind, 1024, attention="sdpa")
             assert record.saved_per_token > 0 and record.saved_tp_per_token > 0
+
+
+# ---------------------------------------------------------------------------
+# the runtime's attention kernel
+# ---------------------------------------------------------------------------
+def test_runtime_attention_follows_the_profile_and_the_familys_sdpa_support(registry):
+    from ndcost.models import load_model
+    from ndcost.plugins.runtimes import profile_from_mapping
+    cuda, eager, npu = (registry.get(f"runtime/{n}") for n in ("hf-cuda", "hf-cuda-eager", "hf-npu"))
+    llama_spec, oss = load_model("llama-3.1-8b"), load_model("gpt-oss-20b")
+    assert R.runtime_attention(llama_spec, cuda) == "sdpa"
+    assert R.runtime_attention(oss, cuda) == "eager"          # GPT-OSS refuses SDPA: the fallback
+    assert R.runtime_attention(llama_spec, eager) == "eager"
+    assert R.runtime_attention(llama_spec, npu) == "npu_fusion_attention"
+    assert R.runtime_attention(llama_spec, None) == "eager"   # no profile: the published formulas' assumption
+    # a fused NPU kernel keeps a head's statistics, never the scores
+    values = R.values_for(llama(), "dense", seq=1024, attention="npu_fusion_attention")
+    assert R.slot_bytes(values, "score") == 1024 * 32 * 4
+    odd = profile_from_mapping({"name": "odd", "attention": "paged_magic"})
+    with pytest.raises(InvalidValue, match="runtime 'odd' runs attention 'paged_magic'"):
+        R.runtime_attention(llama_spec, odd)

@@ -175,6 +175,11 @@ def test_params_json(capsys):
     assert data["published_total"] == 671_026_419_200
     assert data["buffers"] == 14_848
     assert data["mtp"] > 0 and "mtp" in data["by_kind"]
+    # a model whose card quotes what Transformers builds: no published_total of its own, no MTP, no buffers
+    assert main(["params", "llama-3.1-8b", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["total"] == 8_030_261_248 == sum(data["by_part"].values())
+    assert (data["published_total"], data["mtp"], data["buffers"]) == (None, 0, 0)
 
 
 def test_params_text(capsys):

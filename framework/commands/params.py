@@ -17,9 +17,7 @@ def run(args):
 
     spec = load_model(args.model)
     count = parameters(spec)
-    data = {"model": spec.name, "total": count.total, "by_part": dict(count.by_part),
-            "by_kind": {k: dict(v) for k, v in count.by_kind.items()}, "layer_counts": dict(count.layer_counts),
-            "mtp": count.mtp, "buffers": count.buffers, "published_total": count.published_total}
+    data = {"model": spec.name, **count.to_dict()}
     lines = [f"{spec.name} ({spec.model_type}, family {spec.family}): {count.total:,} parameters"]
     if count.published_total is not None and count.published_total != count.total:
         lines.append(f"published total: {count.published_total:,} (with {count.buffers:,} buffer values)")

@@ -17,6 +17,7 @@ KINDS = {"sliding_attention": {"attention": "gpt_oss", "mlp": "gpt_oss"},
 class GptOssFamily(DecoderFamily):
     name = "gpt_oss"
     model_types = ("gpt_oss",)
+    supports_sdpa = False  # its sinks: GptOssPreTrainedModel refuses SDPA, so hf-cuda runs eager attention
     defaults = dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880,
                     intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
                     tie_word_embeddings=False, max_position_embeddings=131072, num_experts_per_tok=4,

@@ -9,6 +9,7 @@ layer (4) is full attention. A layer in ``mlp_only_layers`` or off the
 from __future__ import annotations
 
 from ndcost.errors import InvalidValue
+from ndcost.models import check_divides
 from ndcost.plugins.families._base import (DecoderFamily, check_experts, layer_types, moe_layers, read_attention,
                                            register_family)
 
@@ -36,6 +37,9 @@ def hybrid_table():
 
 
 def linear_fields(r):
+    """The gated delta net's widths; its value heads share the key heads in equal groups."""
+    check_divides(r.family, "linear_num_key_heads", r.int("linear_num_key_heads"), r.int("linear_num_value_heads"),
+                  "linear_num_value_heads")
     return dict(linear_num_key_heads=r.int("linear_num_key_heads"),
                 linear_num_value_heads=r.int("linear_num_value_heads"),
                 linear_key_head_dim=r.int("linear_key_head_dim"),
@@ -69,6 +73,8 @@ class Qwen3NextFamily(DecoderFamily):
         fields = {}
         if self.dense:
             routes = [False] * n
+            kinds = types
+            table = {k: {"attention": m, "mlp": "dense"} for k, m in MECHANISMS.items()}
         else:
             experts = r.int("num_experts", minimum=0)
             top_k = r.int("num_experts_per_tok")
@@ -77,24 +83,17 @@ class Qwen3NextFamily(DecoderFamily):
             fields = dict(num_experts=experts, num_experts_per_tok=top_k, num_shared_experts=1,
                           moe_intermediate_size=r.int("moe_intermediate_size"),
                           shared_expert_intermediate_size=r.int("shared_expert_intermediate_size"))
-        kinds = [t if moe else f"{t}_dense" for t, moe in zip(types, routes)]
-        if self.dense:
-            kinds = types
-        intermediate = r.int("intermediate_size") if (self.dense or not all(routes)) else \
-            r.int("intermediate_size", None)
-        table = hybrid_table()
-        if self.dense:
-            table = {k: {"attention": m, "mlp": "dense"} for k, m in MECHANISMS.items()}
-        tie = self.tied(config, r)
+            kinds = [t if moe else f"{t}_dense" for t, moe in zip(types, routes)]
+            table = hybrid_table()
+        # every layer routing (Qwen3.5-MoE, or Qwen3-Next without dense layers) needs no dense width
+        intermediate = r.int("intermediate_size", None) if all(routes) else r.int("intermediate_size")
         return self.build(
             r, name, str(config.get("model_type") or self.model_types[0]), kinds, table,
             extra={"output_gate": True, "qk_norm": True, "shared_expert_gate": True},
-            vocab_size=r.int("vocab_size"), intermediate_size=intermediate, tie_word_embeddings=tie,
-            attention_bias=r.bool("attention_bias"), mlp_bias=False,
-            max_position_embeddings=r.int("max_position_embeddings"), **linear_fields(r), **fields, **att)
-
-    def tied(self, config, r):
-        return r.bool("tie_word_embeddings")
+            vocab_size=r.int("vocab_size"), intermediate_size=intermediate,
+            tie_word_embeddings=r.bool("tie_word_embeddings"), attention_bias=r.bool("attention_bias"),
+            mlp_bias=False, max_position_embeddings=r.int("max_position_embeddings"), **linear_fields(r), **fields,
+            **att)
 
 
 ndcost_register = register_family(Qwen3NextFamily())
