@@ -3,13 +3,14 @@ PIP ?= $(PYTHON) -m pip
 
 .PHONY: install demo test bench
 
-# torch is pinned first: an unpinned torch pulls a CUDA build of several GB.
+# torch is pinned first: the project's machines hold a CPU wheel of torch 2.13.0, while an unpinned
+# torch pulls a CUDA build of several GB.
 install:
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
 
 demo: install
-	ndcost estimate llama-3.1-8b --strategy "fsdp=8,tp=1,seq=4096,micro_batch=1,recompute=full" --hardware h200
+	$(PYTHON) -m ndcost estimate llama-3.1-8b --strategy "fsdp=8,tp=1,seq=4096,micro_batch=1,recompute=full" --hardware h200
 
 # pytest's exit 5 (no tests collected) is a failure too.
 test: install

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import warnings
 from typing import Any, List, Optional
@@ -49,14 +50,22 @@ def _commands():
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ndcost", description="Cost model for LLM training: memory per device and step time.")
     parser.add_argument("--version", action="version", version=f"ndcost {__import__('ndcost').__version__}")
+    _add_common(parser)  # `ndcost --json plugins` as well as `ndcost plugins --json`
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, module in _commands():
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
-        p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+        _add_common(p)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: an option left out adds no attribute, so the subcommand's parser does not reset a flag
+    # given before the subcommand's name; main() reads them with getattr(..., False).
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="write one JSON document to stdout")
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
 
 
 def _json_default(value):
@@ -80,11 +89,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return 2
+    args.json, args.debug = getattr(args, "json", False), getattr(args, "debug", False)
     try:
         with warnings.catch_warnings():  # warnings go to stderr, one line each; restored on return
             warnings.simplefilter("default")
             warnings.showwarning = lambda message, category, *rest, **kw: print(
-                f"warning: {message}", file=sys.stderr)
+                f"warning: {_one_line(message)}", file=sys.stderr)
             out = args._run(args)
     except NdcostError as exc:
         if args.debug:
@@ -96,16 +106,24 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         print(f"ndcost {args.command}: {_one_line(exc)} (rerun with --debug for a traceback)", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"ndcost {args.command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:  # a bug, not a refusal: still one line unless --debug
         if args.debug:
             raise
         print(f"ndcost {args.command}: internal error, {type(exc).__name__}: {_one_line(exc)} "
               f"(rerun with --debug for a traceback and please report it)", file=sys.stderr)
         return 1
-    if args.json:
-        sys.stdout.write(json.dumps(out.data, indent=2, default=_json_default) + "\n")
-    else:
-        sys.stdout.write(out.text.rstrip("\n") + "\n")
+    text = json.dumps(out.data, indent=2, default=_json_default) if args.json else out.text.rstrip("\n")
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (`ndcost plugins | head`): no traceback at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 

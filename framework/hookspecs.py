@@ -5,9 +5,12 @@ an entry point of the group ``ndcost.plugins`` in its distribution's metadata.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Mapping
+from typing import TYPE_CHECKING, Any, Callable, List, Mapping
 
 import pluggy
+
+if TYPE_CHECKING:  # the registry imports nothing of the hooks; keep it that way at run time
+    from ndcost.registry import Registry
 
 PROJECT = "ndcost"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -40,9 +43,10 @@ def ndcost_op_records() -> List[Mapping[str, Any]]:
 
 
 @hookspec
-def ndcost_loaded(registry: Any) -> None:
-    """Inspect the resolved registry once loading is complete (for checks or derived entries).
+def ndcost_loaded(registry: "Registry") -> None:
+    """Inspect the resolved registry once loading is complete (for checks, or to build caches).
 
     Runs once per process after every plugin registered and duplicates were
-    resolved, for every plugin (not first-result). It must not register.
+    resolved, for every plugin (not first-result). Registration is closed by
+    then: a key added from here is an error naming the plugin.
     """

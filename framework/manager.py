@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 import threading
 import warnings
 from importlib import metadata
@@ -18,7 +17,7 @@ import attrs
 import pluggy
 
 from ndcost import hookspecs
-from ndcost.errors import PluginLoadError, StalePluginSet
+from ndcost.errors import PluginLoadError, RegistrationError, StalePluginSet
 from ndcost.registry import Registry, Source
 
 GROUP = "ndcost.plugins"
@@ -108,7 +107,7 @@ def load(extra_modules: Optional[Dict[str, object]] = None, *, check_essential: 
             source = Source(distribution=dist, module=module, version=version, entry_point=name)
             impls = [impl for impl in pm.hook.ndcost_register.get_hookimpls() if impl.plugin is plugin]
             for impl in impls:
-                impl.function(register=registry.callback(source))
+                _call(impl, register=registry.callback(source))
         except Exception as exc:  # a broken third party must not take the rest down
             del registry._pending[before:]  # nothing of a failed plugin stays registered
             if pm.get_plugin(plugin_name) is not None:
@@ -143,8 +142,19 @@ def load(extra_modules: Optional[Dict[str, object]] = None, *, check_essential: 
                 f"ndcost's essential plugins {', '.join(missing)} are not installed or failed to load"
                 f"{' (' + why + ')' if why else ''}: the installed metadata is stale or broken; reinstall "
                 f"with `pip install -e .` (or `pip install .`) from the ndcost checkout")
-    pm.hook.ndcost_loaded(registry=registry)
+    for impl in pm.hook.ndcost_loaded.get_hookimpls():  # one by one, to name a plugin that registers late
+        before = len(registry._pending)
+        _call(impl, registry=registry)
+        if len(registry._pending) != before:
+            late = ", ".join(e.key for e in registry._pending[before:])
+            raise RegistrationError(f"plugin {impl.plugin_name} registered {late} from ndcost_loaded, which runs "
+                                    f"after registration closed; register them in its ndcost_register hook")
     return PluginSet(pm, registry, loaded)
+
+
+def _call(impl, **kwargs):
+    """One hook implementation with the arguments it declares (pluggy lets it take a subset)."""
+    return impl.function(*(kwargs[name] for name in impl.argnames))
 
 
 _lock = threading.Lock()

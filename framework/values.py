@@ -44,6 +44,11 @@ def _optional_non_negative_int(instance, attribute, value):
         _non_negative_int(instance, attribute, value)
 
 
+def _optional_count():
+    """A width or count a family may leave unstated (None), never a negative or fractional one."""
+    return attrs.field(default=None, validator=_optional_non_negative_int)
+
+
 # ---------------------------------------------------------------------------
 # the model
 # ---------------------------------------------------------------------------
@@ -78,34 +83,34 @@ class ModelSpec:
     vocab_size: int = attrs.field(validator=_positive_int)
     layers: Tuple[LayerGroup, ...] = attrs.field(converter=tuple)
     num_attention_heads: int = attrs.field(validator=_positive_int)
-    num_key_value_heads: Optional[int] = attrs.field(default=None, validator=_optional_non_negative_int)
-    head_dim: Optional[int] = attrs.field(default=None, validator=_optional_non_negative_int)
-    intermediate_size: Optional[int] = attrs.field(default=None, validator=_optional_non_negative_int)
+    num_key_value_heads: Optional[int] = _optional_count()
+    head_dim: Optional[int] = _optional_count()
+    intermediate_size: Optional[int] = _optional_count()
     # MLA
-    q_lora_rank: Optional[int] = None
-    kv_lora_rank: Optional[int] = None
-    qk_rope_head_dim: Optional[int] = None
-    qk_nope_head_dim: Optional[int] = None
-    v_head_dim: Optional[int] = None
+    q_lora_rank: Optional[int] = _optional_count()
+    kv_lora_rank: Optional[int] = _optional_count()
+    qk_rope_head_dim: Optional[int] = _optional_count()
+    qk_nope_head_dim: Optional[int] = _optional_count()
+    v_head_dim: Optional[int] = _optional_count()
     # experts
-    num_experts: Optional[int] = None
-    num_shared_experts: Optional[int] = None
-    num_experts_per_tok: Optional[int] = None
-    moe_intermediate_size: Optional[int] = None
-    shared_expert_intermediate_size: Optional[int] = None
-    first_k_dense: Optional[int] = None
-    sparse_step: Optional[int] = None
+    num_experts: Optional[int] = _optional_count()
+    num_shared_experts: Optional[int] = _optional_count()
+    num_experts_per_tok: Optional[int] = _optional_count()
+    moe_intermediate_size: Optional[int] = _optional_count()
+    shared_expert_intermediate_size: Optional[int] = _optional_count()
+    first_k_dense: Optional[int] = _optional_count()
+    sparse_step: Optional[int] = _optional_count()
     # linear attention (gated delta net)
-    linear_num_key_heads: Optional[int] = None
-    linear_num_value_heads: Optional[int] = None
-    linear_key_head_dim: Optional[int] = None
-    linear_value_head_dim: Optional[int] = None
-    linear_conv_kernel_dim: Optional[int] = None
+    linear_num_key_heads: Optional[int] = _optional_count()
+    linear_num_value_heads: Optional[int] = _optional_count()
+    linear_key_head_dim: Optional[int] = _optional_count()
+    linear_value_head_dim: Optional[int] = _optional_count()
+    linear_conv_kernel_dim: Optional[int] = _optional_count()
     # conventions
     tie_word_embeddings: bool = False
     attention_bias: Optional[bool] = None
     mlp_bias: Optional[bool] = None
-    max_position_embeddings: Optional[int] = None
+    max_position_embeddings: Optional[int] = _optional_count()
     extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
     hf_config: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping, repr=False, eq=False)
 
@@ -248,10 +253,21 @@ def _pp_layers(value):
     return layers
 
 
+def _is_registered(namespace: str, name: str) -> bool:
+    """Whether ``namespace/name`` is registered: one dict lookup, as a searcher builds strategies by the million."""
+    try:
+        from ndcost import manager
+        return f"{namespace}/{name}" in manager.registry()
+    except Exception:  # during a broken load the built-in names still validate (see _registered)
+        return False
+
+
 def _plugin_choice(field: str, namespace: str, builtin: Tuple[str, ...]):
     """A converter accepting the names registered under *namespace* (case-insensitive)."""
     def convert(value):
         text = str(value).strip().lower()
+        if _is_registered(namespace, text):
+            return text
         known = _registered(namespace, builtin)
         if text not in known:
             raise InvalidValue(f"Strategy.{field}: unknown {field} {value!r}; allowed: {', '.join(known)} "
@@ -260,7 +276,7 @@ def _plugin_choice(field: str, namespace: str, builtin: Tuple[str, ...]):
     return convert
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, init=False)
 class Strategy:
     """A parallel training strategy; ``Strategy.parse("dp=2,tp=4,seq=4096")`` builds one.
 
@@ -297,12 +313,21 @@ class Strategy:
     moe_imbalance: float = attrs.field(default=1.0, converter=_float_field("moe_imbalance", 1.0))
     allocator_overhead: float = attrs.field(default=0.0, converter=_float_field("allocator_overhead", 0.0, 1.0))
 
+    def __init__(self, *args: Any, **fields: Any) -> None:
+        # attrs' own __init__ would answer an unknown or positional field with a bare TypeError;
+        # a strategy refuses it as every other bad value: naming the field and the allowed ones.
+        if args:
+            raise InvalidValue(f"Strategy takes fields by name (Strategy(tp=2, seq=4096)), got positional "
+                               f"{', '.join(map(repr, args))}; fields: {', '.join(Strategy.field_names())}")
+        if not _STRATEGY_FIELDS.issuperset(fields):
+            _refuse_unknown_fields(fields)
+        self.__attrs_init__(**fields)
+
     def __attrs_post_init__(self):
         if self.pp_layers is not None and len(self.pp_layers) != self.pp * self.vpp:
             raise InvalidValue(f"Strategy.pp_layers: {len(self.pp_layers)} stages given "
                                f"({'/'.join(map(str, self.pp_layers))}) but pp * vpp = {self.pp * self.vpp}")
-        if self.vpp > 1 and self.schedule not in ("interleaved", "dualpipev") and self.pp > 1:
-            pass  # vpp with a non-interleaved schedule is refused by the schedule plugin, by name
+        # vpp with a non-interleaved schedule is refused by the schedule plugin, by name.
         ranks = self.dp * self.fsdp * self.cp * self.tp
         if ranks % (self.ep * self.etp):
             raise InvalidValue(f"Strategy: ep * etp = {self.ep} * {self.etp} = {self.ep * self.etp} must divide "
@@ -355,13 +380,10 @@ class Strategy:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "Strategy":
         """A strategy from a mapping of field names; unknown names are refused with the closest field."""
-        names = cls.field_names()
-        for key in values:
-            if key not in names:
-                close = difflib.get_close_matches(str(key), names, n=3)
-                hint = f"did you mean {', '.join(close)}? " if close else ""
-                raise InvalidValue(f"Strategy: unknown field {key!r}; {hint}fields: {', '.join(names)}")
-        return cls(**dict(values))
+        values = dict(values)
+        if not _STRATEGY_FIELDS.issuperset(values):
+            _refuse_unknown_fields(values)
+        return cls(**values)
 
     def to_dict(self, *, defaults: bool = True) -> Dict[str, Any]:
         out = {}
@@ -381,6 +403,18 @@ class Strategy:
                 value = repr(value)
             items.append(f"{key}={value}")
         return ",".join(items)
+
+
+_STRATEGY_FIELDS = frozenset(Strategy.field_names())
+
+
+def _refuse_unknown_fields(fields: Mapping[Any, Any]) -> None:
+    names = Strategy.field_names()
+    for key in fields:
+        if key not in _STRATEGY_FIELDS:
+            close = difflib.get_close_matches(str(key), names, n=3)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise InvalidValue(f"Strategy: unknown field {key!r}; {hint}fields: {', '.join(names)}")
 
 
 # ---------------------------------------------------------------------------
@@ -435,14 +469,6 @@ class Hardware:
 # results
 # ---------------------------------------------------------------------------
 @attrs.frozen(kw_only=True)
-class Figure:
-    """A number and the plugin (registry key) that produced it."""
-
-    value: Any
-    source: str
-
-
-@attrs.frozen(kw_only=True)
 class StageMemory:
     """What one pipeline stage's device holds at its worst moment, by category (bytes)."""
 
@@ -489,10 +515,64 @@ class StrategyCost:
     time: Optional[TimeBreakdown] = None
     provenance: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
 
+    def sources(self) -> Dict[str, str]:
+        """Which plugin produced each figure: every memory category, the peak and every time component.
+
+        Read from :attr:`provenance` (which the resolver fills with registry
+        keys and the module and distribution behind each), so a figure a
+        third-party plugin priced names that plugin. A figure nobody priced
+        says ``unpriced`` and why.
+        """
+        prov = self.provenance
+        composition = str(prov.get("composition", "unstated"))
+        records = (prov.get("records") or {}).get(self.strategy.seq) or {}
+        activations = records.get("activations", composition)
+        working = records.get("working") or {}
+        if isinstance(activations, Mapping):  # a kind without a working record is priced by what it keeps
+            working = {kind: working.get(kind, source) for kind, source in activations.items()}
+        params = str(prov.get("parameters", composition))
+        out = {
+            "parameters": params, "gradients": params, "master": params,
+            "optimizer_states": str((prov.get("optimizers") or {}).get(self.strategy.optimizer, composition)),
+            "activations": _by_kind(activations), "working": _by_kind(working or activations),
+            "output": str(records.get("output", composition)),
+            "communication": composition,
+            "allocator": f"Strategy.allocator_overhead={self.strategy.allocator_overhead!r} of the rest",
+            "peak_bytes": composition,
+        }
+        time = dict(self.time.provenance) if self.time is not None else {}
+        unpriced = (prov.get("time") or {}).get("unpriced") if self.time is None else None
+        model = "; ".join(str(time[k]) for k in ("model", "hardware") if k in time) or \
+            "unpriced" + (f": {unpriced}" if unpriced else "")
+        schedule = str((prov.get("schedules") or {}).get(self.strategy.schedule, model))
+        out.update({
+            "step_seconds": model, "tokens_per_second": model, "mfu": model, "optimizer_seconds": model,
+            "compute_seconds": "; ".join(str(time[k]) for k in ("compute", "hardware") if k in time) or model,
+            "communication_seconds": str(time.get("communication", model)),
+            "exposed_communication_seconds": str(time.get("communication", model)),
+            "bubble_seconds": schedule if self.time is not None else model,
+        })
+        return out
+
+    def source(self, figure: str) -> str:
+        """Which plugin produced *figure* (a memory category, ``peak_bytes`` or a time component)."""
+        sources = self.sources()
+        try:
+            return sources[figure]
+        except KeyError:
+            from ndcost.errors import UnknownKey
+            raise UnknownKey(f"no figure {figure!r} in a strategy's cost; figures: {', '.join(sources)}") from None
+
     def to_dict(self) -> Dict[str, Any]:
         out = {"strategy": str(self.strategy), "valid": self.valid, "reason": self.reason,
                "peak_bytes": self.peak_bytes, "stages": [s.to_dict() for s in self.stages],
-               "provenance": dict(self.provenance)}
+               "provenance": dict(self.provenance), "sources": self.sources()}
         if self.time is not None:
             out["time"] = self.time.to_dict()
         return out
+
+
+def _by_kind(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "; ".join(f"{kind}: {source}" for kind, source in value.items())
+    return str(value)

@@ -9,13 +9,12 @@ outside what they count.
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 from ndcost.errors import InvalidValue, UnknownKey
 from ndcost.hookspecs import hookimpl
-from ndcost.plugins.storage import ALIASES, StorageFormat
+from ndcost.plugins.storage import ALIASES, StorageFormat, exact_int as _int
 
 TRAINING_KEYS = ("parameters", "gradients", "activations", "optimizer_state", "total")
 OURO_ASSUMPTIONS = ("fixed local Kronecker layout, all loop copies, no optional diagonals; "
@@ -26,24 +25,8 @@ INVENTORY_EXCLUDES = "allocator overhead, runtime workspaces, KV cache, Python c
 # ---------------------------------------------------------------------------
 # validation helpers
 # ---------------------------------------------------------------------------
-def _int(what: str, value: Any, minimum: int = 0) -> int:
-    """*value* as an exact int >= *minimum*; bools and fractional numbers are refused."""
-    number = None
-    if not isinstance(value, bool):
-        try:
-            number = operator.index(value)
-        except TypeError:
-            if isinstance(value, float) and value.is_integer():
-                number = int(value)
-    if number is None or number < minimum:
-        raise InvalidValue(f"{what} must be an integer >= {minimum}, got {value!r}")
-    return number
-
-
 def _width(what: str, value: Any) -> int:
     """A byte width: a whole number of bytes >= 0 (sub-byte formats go through storage_bytes)."""
-    if isinstance(value, bool):
-        raise InvalidValue(f"{what} must be a whole number of bytes >= 0, got {value!r}")
     try:
         return _int(what, value)
     except InvalidValue:

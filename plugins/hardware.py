@@ -12,8 +12,14 @@ from ndcost.hookspecs import hookimpl
 from ndcost.values import Hardware, NetworkLevel
 
 
+REQUIRED = ("name", "memory_bytes", "hbm_bytes_per_second", "peak_flops_per_second", "devices_per_node", "network")
+
+
 def hardware_from_mapping(data: Mapping[str, Any], where: str = "<mapping>") -> Hardware:
     """A :class:`Hardware` from a spec mapping, naming the file in any error."""
+    if not isinstance(data, Mapping):
+        raise InvalidValue(f"hardware spec {where}: expected a mapping of {', '.join(REQUIRED)}, "
+                           f"got {type(data).__name__}")
     try:
         network = tuple(NetworkLevel(name=str(name), **dict(level)) for name, level in
                         dict(data.get("network") or {}).items())
@@ -21,13 +27,22 @@ def hardware_from_mapping(data: Mapping[str, Any], where: str = "<mapping>") -> 
         fields["memory_bytes"] = int(fields["memory_bytes"])
         return Hardware(network=network, **fields)
     except (KeyError, TypeError) as exc:
-        raise InvalidValue(f"hardware spec {where}: {exc}; required: name, memory_bytes, "
-                           f"hbm_bytes_per_second, peak_flops_per_second, devices_per_node, network") from None
+        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise InvalidValue(f"hardware spec {where}: {what}; required: {', '.join(REQUIRED)}") from None
 
 
 def load_hardware_yaml(path: Union[str, Path, Any]) -> Hardware:
-    text = Path(path).read_text() if isinstance(path, (str, Path)) else path.read_text()
-    return hardware_from_mapping(yaml.safe_load(text), where=str(path))
+    """A :class:`Hardware` from a spec YAML (a path or importlib.resources traversable)."""
+    try:
+        text = Path(path).read_text() if isinstance(path, (str, Path)) else path.read_text()
+    except OSError as exc:
+        raise InvalidValue(f"hardware spec {path}: cannot read it ({exc.strerror or exc}); pass a registered "
+                           f"hardware name (h200, ...) or the path of a spec YAML") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidValue(f"hardware spec {path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    return hardware_from_mapping(data, where=str(path))
 
 
 def register_hardware_dir(register, directory) -> None:

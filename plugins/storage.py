@@ -27,37 +27,21 @@ import attrs
 
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
+from ndcost.values import _non_negative_int, _positive_int
 
 
-def _count(what: str, value: Any) -> int:
-    """*value* as an exact int >= 0 (bools and fractional numbers refused)."""
-    if isinstance(value, bool):
-        raise InvalidValue(f"{what} must be an integer >= 0, got {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        if isinstance(value, float) and value.is_integer():
-            number = int(value)
-        else:
-            raise InvalidValue(f"{what} must be an integer >= 0, got {value!r}") from None
-    if number < 0:
-        raise InvalidValue(f"{what} must be an integer >= 0, got {value!r}")
+def exact_int(what: str, value: Any, minimum: int = 0) -> int:
+    """*value* as an exact int >= *minimum*: byte counts stay Python ints, bools and fractions are refused."""
+    number = None
+    if not isinstance(value, bool):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            if isinstance(value, float) and value.is_integer():
+                number = int(value)
+    if number is None or number < minimum:
+        raise InvalidValue(f"{what} must be an integer >= {minimum}, got {value!r}")
     return number
-
-
-def _positive(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidValue(f"storage format: {attribute.name} must be a positive integer, got {value!r}")
-
-
-def _optional_positive(instance, attribute, value):
-    if value is not None:
-        _positive(instance, attribute, value)
-
-
-def _non_negative(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidValue(f"storage format: {attribute.name} must be an integer >= 0, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -70,10 +54,10 @@ class StorageFormat:
     """
 
     name: str
-    bits_per_element: int = attrs.field(validator=_positive)
-    group_size: Optional[int] = attrs.field(default=None, validator=_optional_positive)
-    scale_bytes: int = attrs.field(default=0, validator=_non_negative)
-    width_multiple: int = attrs.field(default=1, validator=_positive)
+    bits_per_element: int = attrs.field(validator=_positive_int)
+    group_size: Optional[int] = attrs.field(default=None, validator=attrs.validators.optional(_positive_int))
+    scale_bytes: int = attrs.field(default=0, validator=_non_negative_int)
+    width_multiple: int = attrs.field(default=1, validator=_positive_int)
     description: str = ""
 
     def __attrs_post_init__(self):
@@ -101,7 +85,7 @@ class StorageFormat:
     # -- exact bytes --------------------------------------------------------
     def row_bytes(self, width: int) -> int:
         """Bytes of one packed row of *width* elements: codes padded to a byte, plus its groups' scales."""
-        width = _count(f"storage/{self.name}: width", width)
+        width = exact_int(f"storage/{self.name}: width", width)
         if width % self.width_multiple:
             raise InvalidValue(f"storage/{self.name}: width {width} is not a multiple of {self.width_multiple}; "
                                f"this format packs {self.width_multiple} elements together, pad the row "
@@ -111,7 +95,7 @@ class StorageFormat:
 
     def matrix_bytes(self, rows: int, width: int) -> int:
         """Bytes of a ``[rows, width]`` matrix stored row by row (each row padded and grouped alone)."""
-        return _count(f"storage/{self.name}: rows", rows) * self.row_bytes(width)
+        return exact_int(f"storage/{self.name}: rows", rows) * self.row_bytes(width)
 
     def tensor_bytes(self, elements: int) -> int:
         """Bytes of a tensor of *elements* elements stored as one flat run."""
@@ -181,7 +165,7 @@ def pack_6bit(codes):
 def unpack_6bit(packed, in_features: int):
     """Unpack uint8 ``[rows, in_features * 3 // 4]`` back to the uint8 codes ``[rows, in_features]``."""
     torch = _torch()
-    in_features = _count("unpack_6bit: in_features", in_features)
+    in_features = exact_int("unpack_6bit: in_features", in_features)
     if in_features % 4:
         raise InvalidValue(f"unpack_6bit: in_features {in_features} is not divisible by 4; the codec packs "
                            f"four 6-bit codes into three bytes")

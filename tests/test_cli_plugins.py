@@ -16,14 +16,6 @@ from ndcost.cli import main
 KEYS = {"name", "distribution", "version", "registered"}
 
 
-@pytest.fixture
-def fresh(monkeypatch):
-    monkeypatch.delenv("NDCOST_STRICT_PLUGINS", raising=False)
-    manager.reset()
-    yield
-    manager.reset()
-
-
 def test_plugins_json_is_one_array_of_entry_points(fresh, capsys):
     assert main(["plugins", "--json"]) == 0
     out = capsys.readouterr().out
@@ -98,8 +90,8 @@ def test_broken_plugin_warns_on_stderr_and_json_stays_clean(fresh, tmp_path, mon
     sys.modules.pop("ndcost_cli_broken", None)
 
 
-def test_console_script_in_a_subprocess(tmp_path):
-    cmd = [sys.executable, "-c", "import sys; from ndcost.cli import main; sys.exit(main(sys.argv[1:]))"]
+def test_python_m_ndcost_in_a_subprocess(tmp_path):
+    cmd = [sys.executable, "-m", "ndcost"]
     ok = subprocess.run(cmd + ["plugins", "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert isinstance(json.loads(ok.stdout), list)
@@ -119,3 +111,91 @@ def test_unexpected_error_is_one_line_and_debug_shows_it(monkeypatch, capsys):
     assert len(err.strip().splitlines()) == 1 and "something broke inside" in err and "Traceback" not in err
     with pytest.raises(RuntimeError):
         main(["plugins", "--debug"])
+
+
+# ---------------------------------------------------------------------------
+# the conventions, command by command: usage errors exit 2, refusals one line exit 1
+# ---------------------------------------------------------------------------
+USAGE_ERRORS = {
+    "params": [["params"], ["params", "llama-3.1-8b", "--bogus"]],
+    "census": [["census", "llama-3.1-8b"], ["census", "llama-3.1-8b", "--seq", "abc"]],
+    "estimate": [["estimate", "llama-3.1-8b"], ["estimate", "llama-3.1-8b", "--strategy", "seq=8", "--census", "x"]],
+    "calibrate": [["calibrate"], ["calibrate", "m.json", "--census", "on"]],
+    "plugins": [["plugins", "extra"]],
+}
+REFUSALS = {  # argv, and what the one line must name
+    "params": (["params", "no-such-model"], "unknown model 'no-such-model'"),
+    "census": (["census", "llama-3.1-8b", "--seq", "0"], "--seq must be a positive"),
+    "estimate": (["estimate", "llama-3.1-8b", "--strategy", "tp=0,seq=4096", "--census", "off"], "Strategy.tp"),
+    "calibrate": (["calibrate", "/nonexistent/measurements.json"], "/nonexistent/measurements.json"),
+}
+
+
+def test_every_listed_command_is_covered_here():
+    from ndcost.cli import COMMANDS
+
+    assert set(COMMANDS) == set(USAGE_ERRORS) and set(COMMANDS) - {"plugins"} == set(REFUSALS)
+
+
+@pytest.mark.parametrize("argv", [a for cases in USAGE_ERRORS.values() for a in cases], ids=lambda a: " ".join(a))
+def test_usage_error_of_each_command_exits_2_with_nothing_on_stdout(argv, capsys):
+    with pytest.raises(SystemExit) as err:
+        main(argv + ["--json"])
+    assert err.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "usage: ndcost" in captured.err and "error:" in captured.err
+
+
+@pytest.mark.parametrize("command", sorted(REFUSALS))
+def test_refusal_of_each_command_is_one_line_exit_1_and_debug_shows_the_traceback(command, capsys):
+    argv, names = REFUSALS[command]
+    assert main(argv + ["--json"]) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1, captured.err
+    assert lines[0].startswith(f"ndcost {command}: ") and names in lines[0] and "Traceback" not in lines[0]
+    with pytest.raises(ndcost.NdcostError):
+        main(argv + ["--debug"])
+
+
+def test_refusal_and_usage_error_in_a_subprocess(tmp_path):
+    """The installed console script: refusal exit 1 with one stderr line, usage exit 2, --debug a traceback."""
+    import shutil
+
+    script = shutil.which("ndcost") or pytest.skip("the ndcost console script is not on PATH")
+    argv, names = REFUSALS["estimate"]
+    refused = subprocess.run([script, *argv, "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.count("\n") == 1 and names in refused.stderr
+    debug = subprocess.run([script, *argv, "--debug"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "InvalidValue" in debug.stderr
+    usage = subprocess.run([script, "estimate", "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert usage.returncode == 2 and usage.stdout == "" and "usage: ndcost estimate" in usage.stderr
+
+
+@pytest.mark.parametrize("argv", [["params", "llama-3.1-8b"],
+                                  ["estimate", "llama-3.1-8b", "--strategy", "fsdp=8,seq=1024", "--census", "off"]],
+                         ids=lambda a: a[0])
+def test_json_is_exactly_one_document_on_stdout(argv, capsys):
+    assert main(argv + ["--json"]) == 0
+    out = capsys.readouterr().out
+    data, end = json.JSONDecoder().raw_decode(out)
+    assert out[end:].strip() == "" and isinstance(data, dict)
+    if argv[0] == "estimate":  # each figure says which plugin produced it
+        assert "optimizer/adamw" in data["sources"]["optimizer_states"]
+
+
+def test_json_and_debug_also_go_before_the_command(fresh, capsys):
+    assert main(["--json", "plugins"]) == 0
+    assert isinstance(json.loads(capsys.readouterr().out), list)
+    with pytest.raises(ndcost.NdcostError):
+        main(["--debug", "params", "no-such-model"])
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    """`ndcost plugins --json | head -c 1`: the closed pipe is an exit 1, not a BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "ndcost", "plugins", "--json", "--keys"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1 and "Traceback" not in err and "BrokenPipe" not in err

@@ -35,13 +35,18 @@ def test_package_dir_maps_the_four_folders():
 
 
 def _source_packages() -> set:
-    """Dotted names of every folder with an __init__.py under the four mapped folders."""
+    """Dotted names of every folder with an __init__.py under the four mapped folders, and of specs' data folders.
+
+    setuptools ships a data folder left out of ``packages`` only with a
+    warning that it will stop, so those are listed too.
+    """
     found = set()
     for folder, package in FOLDERS.items():
-        for init in (REPO / folder).rglob("__init__.py"):
-            relative = init.parent.relative_to(REPO / folder)
-            if "__pycache__" not in relative.parts:
-                found.add(".".join((package,) + relative.parts))
+        for marker in ("__init__.py", "*.yaml"):
+            for path in (REPO / folder).rglob(marker):
+                relative = path.parent.relative_to(REPO / folder)
+                if "__pycache__" not in relative.parts and (marker == "__init__.py" or folder == "specs"):
+                    found.add(".".join((package,) + relative.parts))
     return found
 
 
@@ -49,7 +54,11 @@ def test_every_folder_with_init_is_a_listed_package():
     listed = set(_pyproject()["tool"]["setuptools"]["packages"])
     found = _source_packages()
     missing = sorted(found - listed)
-    assert not missing, f"add these to [tool.setuptools] packages in pyproject.toml: {missing}"
+    assert not missing, (f"add these to [tool.setuptools] packages in pyproject.toml (and a data folder's "
+                         f"*.yaml to [tool.setuptools.package-data]): {missing}")
+    data = _pyproject()["tool"]["setuptools"]["package-data"]
+    unshipped = sorted(p for p in found if p.startswith("ndcost.specs") and "*.yaml" not in data.get(p, ()))
+    assert not unshipped, f"add '*.yaml' for these to [tool.setuptools.package-data]: {unshipped}"
     stale = sorted(listed - found)
     assert not stale, f"pyproject lists packages with no folder: {stale}"
 
@@ -57,6 +66,8 @@ def test_every_folder_with_init_is_a_listed_package():
 def test_project_metadata():
     project = _pyproject()["project"]
     assert project["name"] == "ndcost" and project["requires-python"] == ">=3.10"
+    # an SPDX string: the TOML-table form is deprecated and refused by setuptools from 2027-02-18
+    assert isinstance(project["license"], str)
     deps = " ".join(project["dependencies"])
     for name in ("pluggy", "attrs", "pyyaml", "numpy", "torch>=2.6", "transformers"):
         assert name in deps
@@ -124,7 +135,7 @@ def test_plain_install_ships_ndcost_only_with_its_yaml(tmp_path):
                for p in (target / "ndcost" / "specs").rglob("*.yaml")}
     expected = {p.relative_to(REPO / "specs").as_posix() for p in (REPO / "specs").rglob("*.yaml")}
     assert expected and expected <= shipped, f"YAML missing from the install: {sorted(expected - shipped)}"
-    absent = sorted(p for p in _source_packages() if not target.joinpath(*p.split("."), "__init__.py").is_file())
+    absent = sorted(p for p in _source_packages() if not target.joinpath(*p.split(".")).is_dir())
     assert not absent, f"packages missing from a plain install (list them in pyproject's packages): {absent}"
 
     # the installed copy imports and loads its built-in plugins from its own metadata
@@ -140,3 +151,28 @@ def test_plain_install_ships_ndcost_only_with_its_yaml(tmp_path):
     assert report["file"].startswith(str(target))
     assert {"storage", "optimizers", "accounting", "hardware", "schedules"} <= set(report["plugins"])
     assert report["total"] == 226
+
+    # and its console script runs, reading the model specs shipped as package data: Llama-3.1-8B has
+    # 8,030,261,248 parameters (its Hugging Face model card's 8.03B, exactly Transformers' count)
+    import os
+    script = target / "bin" / "ndcost"
+    assert script.is_file(), f"pip installed no console script: {sorted(p.name for p in target.iterdir())}"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(target)
+    cli = subprocess.run([sys.executable, str(script), "params", "llama-3.1-8b", "--json"], capture_output=True,
+                         text=True, cwd=tmp_path, env=env, timeout=300)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["total"] == 8_030_261_248
+
+
+def test_every_built_in_entry_point_is_essential():
+    """The manager's essential set is how a stale install is caught: it must name every built-in entry point."""
+    from ndcost import manager
+
+    declared = set(_pyproject()["project"]["entry-points"]["ndcost.plugins"])
+    assert declared == set(manager.ESSENTIAL), (
+        f"framework/manager.py ESSENTIAL lacks {sorted(declared - manager.ESSENTIAL)} and names "
+        f"{sorted(manager.ESSENTIAL - declared)} that pyproject.toml does not declare")
+    # and each points into ndcost.plugins, declared as a third party declares one: group, name, module
+    for name, target in _pyproject()["project"]["entry-points"]["ndcost.plugins"].items():
+        assert target.startswith("ndcost.plugins.") and ":" not in target, (name, target)

@@ -55,15 +55,6 @@ BROKEN_HOOK = """
 
 
 @pytest.fixture
-def fresh(monkeypatch):
-    """A process-wide plugin set reloaded for this test and forgotten after it."""
-    monkeypatch.delenv("NDCOST_STRICT_PLUGINS", raising=False)
-    manager.reset()
-    yield
-    manager.reset()
-
-
-@pytest.fixture
 def fake_dists(tmp_path, monkeypatch, fresh):
     make_dist(tmp_path / "site", "ndcost-broken-example", {"ndcost_broken_example": BROKEN_IMPORT},
               {"broken": "ndcost_broken_example"})
@@ -184,6 +175,17 @@ def test_third_party_distribution_is_found_and_used(lion_site, monkeypatch, fres
         assert out == {"parameters": 30, "gradients": 60, "activations": 16, "optimizer_state": 60, "total": 166}
         # its storage format: 4096 elements = 2048 code bytes + 64 blocks x 4-byte absmax
         assert ndcost.accounting.storage_bytes("nf4", 4096) == 2048 + 64 * 4
+
+        # and by the resolver: Lion keeps one state a parameter where AdamW keeps two, and the cost
+        # names the third-party plugin as the source of its optimizer states
+        model = ndcost.resolve("llama-3.1-8b", census="off")
+        lion_cost = model.evaluate(ndcost.Strategy.parse("optimizer=lion,fsdp=8,seq=1024"))
+        adamw_cost = model.evaluate(ndcost.Strategy.parse("optimizer=adamw,fsdp=8,seq=1024"))
+        lion_states = lion_cost.stages[0].bytes_by_category["optimizer_states"]
+        assert 2 * lion_states == adamw_cost.stages[0].bytes_by_category["optimizer_states"] > 0
+        assert "optimizer/lion" in lion_cost.source("optimizer_states")
+        assert "ndcost-lion" in lion_cost.source("optimizer_states")
+        assert "distribution ndcost)" in adamw_cost.source("optimizer_states")
     finally:
         sys.modules.pop("ndcost_lion", None)
     manager.reset()
@@ -195,3 +197,96 @@ def test_without_the_third_party_lion_is_unknown(fresh):
 
     with pytest.raises(InvalidValue, match="lion"):
         ndcost.accounting.training_bytes([[1]], 2, 2, [], 2, "lion", 4)
+
+
+# ---------------------------------------------------------------------------
+# results name the plugin behind each figure
+# ---------------------------------------------------------------------------
+def test_every_figure_of_a_cost_names_its_plugin_and_an_override_shows(fresh, monkeypatch):
+    import types
+
+    import attrs
+
+    import ndcost
+    from ndcost.plugins.optimizers import Optimizer
+    from ndcost.values import MEMORY_CATEGORIES, TimeBreakdown
+
+    module = types.ModuleType("my_adamw")
+    module.ndcost_register = ndcost.hookimpl(
+        lambda register: register("optimizer/adamw", Optimizer(name="adamw", states_per_parameter=2), override=True))
+    monkeypatch.setattr(manager, "_current", manager.load(extra_modules={"mine": module}))
+    cost = ndcost.resolve("llama-3.1-8b", census="off").evaluate(ndcost.Strategy.parse("fsdp=8,seq=1024"))
+    sources = cost.sources()
+    time_fields = {f.name for f in attrs.fields(TimeBreakdown)} - {"provenance"}
+    assert set(MEMORY_CATEGORIES) | {"peak_bytes"} | time_fields <= set(sources)
+    assert all(isinstance(v, str) and v for v in sources.values())
+    assert "my_adamw" in cost.source("optimizer_states") and "<local>" in cost.source("optimizer_states")
+    assert "family/llama" in cost.source("parameters")
+    assert "schedule/1f1b" in cost.source("bubble_seconds")
+    assert cost.to_dict()["sources"] == sources
+    with pytest.raises(ndcost.UnknownKey, match="figures: parameters"):
+        cost.source("params")
+
+
+def test_a_cost_without_time_says_time_is_unpriced():
+    from ndcost.values import Strategy, StrategyCost
+
+    cost = StrategyCost(strategy=Strategy(seq=8), stages=(), peak_bytes=0,
+                        provenance={"time": {"unpriced": "hardware x states no bf16 peak"}})
+    assert cost.source("step_seconds") == "unpriced: hardware x states no bf16 peak"
+    assert cost.source("bubble_seconds").startswith("unpriced")
+
+
+def test_loaded_hook_sees_the_resolved_registry_and_may_not_register(fresh):
+    import types
+
+    import ndcost
+    from ndcost.errors import RegistrationError
+
+    seen = []
+    watcher = types.ModuleType("watcher")
+    watcher.ndcost_loaded = ndcost.hookimpl(lambda registry: seen.append(registry.get("optimizer/adamw")))
+    loaded = manager.load(extra_modules={"watcher": watcher})
+    assert len(seen) == 1 and seen[0] is loaded.registry.get("optimizer/adamw")
+
+    late = types.ModuleType("late")
+    late.ndcost_loaded = ndcost.hookimpl(lambda registry: registry.add(
+        "optimizer/late", 1, source=registry.entry("optimizer/adamw").source))
+    with pytest.raises(RegistrationError, match="optimizer/late.*ndcost_register"):
+        manager.load(extra_modules={"late": late})
+
+
+# ---------------------------------------------------------------------------
+# the hardware loader: a bad spec YAML is a refusal naming the file, never an internal error
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("text,fragment", [
+    ("name: x\nmemory_bytes: [\n", "not valid YAML"),
+    ("name: x\nmemory_byte: 5\n", "missing 'memory_bytes'"),
+    ("- 1\n", "expected a mapping"),
+    (None, "cannot read it"),
+])
+def test_bad_hardware_yaml_is_refused_naming_the_file(tmp_path, text, fragment):
+    from ndcost.errors import InvalidValue
+    from ndcost.plugins.hardware import load_hardware_yaml
+
+    path = tmp_path / "mine.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(InvalidValue, match=fragment) as err:
+        load_hardware_yaml(path)
+    assert str(path) in str(err.value)
+
+
+def test_hookspecs_are_named_typed_and_say_when_they_run():
+    import inspect
+
+    from ndcost import hookspecs
+
+    specs = {name: f for name, f in vars(hookspecs).items() if hasattr(f, "ndcost_spec")}
+    assert set(specs) == {"ndcost_register", "ndcost_op_records", "ndcost_loaded"}
+    for name, function in specs.items():
+        signature = inspect.signature(function)
+        assert signature.return_annotation is not inspect.Signature.empty, name
+        assert all(p.annotation is not inspect.Parameter.empty for p in signature.parameters.values()), name
+        doc = inspect.getdoc(function)
+        assert "Runs" in doc and "first-result" in doc, name

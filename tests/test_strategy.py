@@ -91,6 +91,29 @@ def test_unknown_field_lists_the_fields():
     assert "pipeline" in str(err.value) and "num_micro_batches" in str(err.value)
 
 
+@pytest.mark.parametrize("build", [lambda: Strategy(foo=1), lambda: Strategy(tp=2, pipeline=4)])
+def test_direct_construction_refuses_unknown_fields_naming_them(build):
+    # attrs alone would raise a bare TypeError; a strategy names the field and the allowed ones
+    with pytest.raises(InvalidValue) as err:
+        build()
+    message = str(err.value)
+    assert ("'foo'" in message or "'pipeline'" in message) and "num_micro_batches" in message
+    assert "allocator_overhead" in message
+
+
+def test_positional_fields_are_refused_naming_the_fields():
+    with pytest.raises(InvalidValue, match="by name.*fields: dp, fsdp, tp"):
+        Strategy(2)
+
+
+def test_evolve_keeps_validation():
+    import attrs
+
+    assert attrs.evolve(Strategy(tp=2), seq=128) == Strategy(tp=2, seq=128)
+    with pytest.raises(InvalidValue, match="Strategy.tp"):
+        attrs.evolve(Strategy(tp=2), tp=0)
+
+
 def test_optimizer_names_case_insensitive():
     assert Strategy(optimizer="SGD").optimizer == "sgd"
     assert Strategy.parse("optimizer=AdaGrad").optimizer == "adagrad"
@@ -156,3 +179,34 @@ def test_non_positive_degrees_refused(field, value):
     with pytest.raises(InvalidValue) as err:
         Strategy.parse(f"{field}={value}")
     assert f"Strategy.{field}" in str(err.value) and ">= 1" in str(err.value)
+
+
+# ---------------------------------------------------------------------------
+# the other value types are validated too
+# ---------------------------------------------------------------------------
+def _spec(**overrides):
+    from ndcost import LayerGroup, ModelSpec
+
+    fields = dict(name="toy", model_type="llama", family="llama", hidden_size=64, vocab_size=100,
+                  num_attention_heads=4, layers=[LayerGroup(kind="dense", count=2)])
+    fields.update(overrides)
+    return ModelSpec(**fields)
+
+
+@pytest.mark.parametrize("field,value", [("hidden_size", 0), ("q_lora_rank", -1), ("num_experts", 2.5),
+                                         ("moe_intermediate_size", "big"), ("head_dim", -8)])
+def test_model_spec_refuses_bad_widths_naming_the_field(field, value):
+    with pytest.raises(InvalidValue, match=f"ModelSpec.{field}"):
+        _spec(**{field: value})
+
+
+def test_model_spec_layer_stack():
+    from ndcost import LayerGroup
+
+    spec = _spec(layers=[LayerGroup(kind="dense", count=3), LayerGroup(kind="moe", count=5),
+                         LayerGroup(kind="mtp_moe", count=1, mtp=True)])
+    assert (spec.num_layers, spec.num_mtp_layers, spec.kinds) == (8, 1, ("dense", "moe", "mtp_moe"))
+    with pytest.raises(InvalidValue, match="mtp"):
+        LayerGroup(kind="moe", count=1, mtp=True)
+    with pytest.raises(InvalidValue, match="no layers"):
+        _spec(layers=[])
