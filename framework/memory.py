@@ -38,9 +38,16 @@ What a stage holds (bytes per device, categories of ``MEMORY_CATEGORIES``):
 - output: the output layer's (final norm, head, loss with fp32 logits) kept
   bytes per micro-batch in flight and its backward peak; the vocabulary part
   split by tp only under ``vocab_parallel``.
-- communication: FSDP/ZeRO-3's unsharded layer (parameters all-gathered in
-  the compute dtype, gradients before their reduce-scatter) plus the largest
-  of SP's gathered layer input, EP's all-to-all buffers and CP's KV blocks.
+- communication: parameters all-gathered (in the compute dtype) and
+  gradients before their reduce-scatter. FSDP2 (``fsdp``) keeps the root's
+  parameters (embedding, final norm, head) gathered from the forward's start
+  to the backward's end (the root is not resharded after forward) and the
+  head's gradient whole until the root's reduce-scatter at the backward's
+  end; a layer's backward adds it and the next layer (prefetched) gathered
+  and its gradient. ZeRO-3 gathers one module at a time, root or layer. Plus
+  the largest of SP's gathered layer input, EP's dispatch and combine
+  buffers and CP's KV blocks in flight (TP without SP all-reduces in place:
+  no buffer).
 - allocator: ``allocator_overhead`` times the rest.
 
 The peak of a stage is the largest of four moments: the first backward of
@@ -301,6 +308,8 @@ class Composed:
     stage_moment: np.ndarray     # (N, R) int64: index into MOMENTS
     unpriced: Dict[str, np.ndarray]  # what a row used that nobody priced -> (N,) bool
     layer_bytes: np.ndarray      # (N, K) int64: one layer of each kind keeps for one micro-batch
+    stage_kind_layers: np.ndarray  # (N, R, K) int64: the stack's layers of each kind on each stage (no MTP)
+    head_stage: np.ndarray       # (N,) int64: the stage holding the head
 
 
 MOMENTS = ("output backward", "last layer backward", "end of backward", "optimizer step")
@@ -308,8 +317,13 @@ MOMENTS = ("output backward", "last layer backward", "end of backward", "optimiz
 
 def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.ndarray, cols: Mapping[str, Any],
             schedules: Sequence[Any], states_per_parameter: np.ndarray,
-            step_temporaries_per_parameter: np.ndarray) -> Composed:
-    """Price every row of *cols* (all rows valid): see the module docstring for what is counted."""
+            step_temporaries_per_parameter: np.ndarray, out: Optional[np.ndarray] = None) -> Composed:
+    """Price every row of *cols* (all rows valid): see the module docstring for what is counted.
+
+    *out*, where given, is the ``(N, R, C)`` int64 array (a view of the
+    caller's) that ``stage_bytes`` is written into, saving a copy of the
+    batch's largest array.
+    """
     f64 = np.float64
     p = cols["pp"].astype(np.int64)
     v = cols["vpp"].astype(np.int64)
@@ -376,11 +390,14 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     last = exists & (vstage == (nv - 1)[:, None, None])
     # counts[k]: (N, R, V) layers of kind k on each chunk; rec[k]: of those, recomputed
     counts = [model.prefix[k][end] - model.prefix[k][start] for k in range(K)]
+    on_rank_stack = [c.sum(axis=2) for c in counts]  # (N, R): the stack's layers, MTP aside (the time model's)
+    on_rank = on_rank_stack
     if model.builds_mtp:
         counts = [c + np.where(last, model.mtp_counts[k], 0) for k, c in enumerate(counts)]
+        on_rank = [c.sum(axis=2) for c in counts]  # (N, R)
     rec = [model.prefix[k][rec_end] - model.prefix[k][start] for k in range(K)]
     plain = [c - r for c, r in zip(counts, rec)]
-    stage_layers = sum(c.sum(axis=2) for c in counts) if K else np.zeros((N, R), dtype=np.int64)
+    stage_layers = sum(on_rank) if K else np.zeros((N, R), dtype=np.int64)
 
     # -- parameters by device ------------------------------------------------------------------
     ep_etp = (cols["ep"] * cols["etp"]).astype(np.int64)
@@ -391,7 +408,6 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     layer_routed = [ceil_div(np.int64(model.routed_params[k]), ep_etp) for k in range(K)]
     layer_copies = [ceil_div(np.int64(model.matmul_tp_params[k]), ti) + model.matmul_replicated_params[k]
                     + layer_routed[k] for k in range(K)]
-    on_rank = [c.sum(axis=2) for c in counts]  # (N, R)
     dense = sum(on_rank[k] * layer_dense[k][:, None] for k in range(K))
     routed = sum(on_rank[k] * layer_routed[k][:, None] for k in range(K))
     copies = sum(on_rank[k] * layer_copies[k][:, None] for k in range(K))
@@ -516,8 +532,22 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     for k in range(K):
         largest = np.maximum(largest, np.where(on_rank[k] > 0, (layer_dense[k] + layer_routed[k])[:, None], 0))
     root = np.where(has_emb, emb[:, None], 0) + head_extra + np.where(has_head, model.final_norm, 0)
-    largest = np.maximum(largest, root)
-    fsdp_buffer = np.where(sharded_params[:, None], largest * (cbytes + gbytes)[:, None], 0.0)
+    c2, g2 = cbytes[:, None], gbytes[:, None]
+    # FSDP2 (fully_shard per layer and at the root): the root's parameters (embedding, final norm, head) are
+    # gathered at the forward's start and kept to the backward's end (the root's reshard_after_forward is
+    # False); the head's gradient stays whole until the root's reduce-scatter at the backward's end, the
+    # embedding's is made last; a layer's backward holds it and the next layer (prefetched) gathered, and
+    # its gradient before the reduce-scatter. ZeRO-3 gathers one module at a time, root or layer.
+    gathered_root = root * c2
+    two_layers = np.minimum(stage_layers, 2)
+    head_grad_whole = head_grad * g2
+    zero3_buffer = np.maximum(largest, root) * (c2 + g2)
+    fsdp2 = (fsdp > 1)[:, None]
+    fsdp_loss = np.where(fsdp2, gathered_root, zero3_buffer)
+    fsdp_last = np.where(fsdp2, gathered_root + head_grad_whole + largest * (two_layers * c2 + g2), zero3_buffer)
+    fsdp_end = np.where(fsdp2, gathered_root + head_grad_whole + np.maximum(largest * (c2 + g2), emb_grad * g2),
+                        zero3_buffer)
+    unsharded = sharded_params[:, None]
     tp_buffer = np.where(sp & (ti > 1), tokens * model.hidden_size * cbytes, 0.0)
     moe_on_rank = sum(on_rank[k] * int(model.is_moe[k]) for k in range(K)) > 0 if K else np.zeros((N, R), bool)
     ep_buffer = np.where(moe_on_rank & (cols["ep"] > 1)[:, None],
@@ -525,7 +555,9 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
                           * cols["moe_imbalance"] / np.where(sp, t, 1.0))[:, None], 0.0)
     kv_max = model.kv_elements_per_token.max() if K else 0.0
     cp_buffer = np.where(cpi > 1, 2 * tokens * kv_max * cbytes / t, 0.0)
-    communication = fsdp_buffer + np.maximum(np.maximum(tp_buffer[:, None], ep_buffer), cp_buffer[:, None])
+    activation_buffers = np.maximum(np.maximum(tp_buffer[:, None], ep_buffer), cp_buffer[:, None])
+    comm_loss, comm_last, comm_end = (np.where(unsharded, buffer, 0.0) + activation_buffers
+                                      for buffer in (fsdp_loss, fsdp_last, fsdp_end))
 
     # -- the moments ------------------------------------------------------------------------------
     def whole(x):
@@ -536,20 +568,21 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     # a first backward makes the head's gradient after the loss's peak, the embedding's after the first
     # layer's; a rank that has run a backward before holds every gradient throughout
     grads_loss = np.where(accumulating, grads_all, 0.0)
-    grads_first = np.where(accumulating, grads_all, whole(head_gradients))
-    grads_last = np.where(accumulating, grads_all, grads_all - whole(embedding_gradients))
-    comm = whole(communication)
+    # under FSDP2 a layer's gradient is sharded after its backward, the root's (head, embedding) at the end
+    root_late = np.where(fsdp2, whole(head_gradients), 0.0)
+    grads_first = np.where(accumulating, grads_all, whole(head_gradients) - root_late)
+    grads_last = np.where(accumulating, grads_all, grads_all - whole(embedding_gradients) - root_late)
     others_out = whole(others_out)
     persistent = {"parameters": whole(parameters), "master": whole(master),
                   "optimizer_states": whole(optimizer_states)}
     held_still = whole(activations)
     moments = [
         dict(gradients=grads_loss, activations=held_still, working=zeros, output=whole(out_backward),
-             communication=comm),
+             communication=whole(comm_loss)),
         dict(gradients=grads_first, activations=held_still, working=whole(excess), output=others_out,
-             communication=comm),
+             communication=whole(comm_last)),
         dict(gradients=grads_last, activations=whole(activations - one_micro_batch), working=whole(working_layer),
-             output=others_out, communication=comm),
+             output=others_out, communication=whole(comm_end)),
         dict(gradients=grads_all, activations=zeros, working=whole(step_temporaries), output=zeros,
              communication=zeros),
     ]
@@ -560,25 +593,40 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
         other = base
         for name in ("gradients", "activations", "working", "output", "communication"):  # a fixed order
             other = other + moment[name]
-        allocator = np.ceil(overhead * other - 1e-3)
+        if overhead.any():
+            allocator = np.ceil(overhead * other - 1e-3)
+            total = other + allocator
+        else:  # the common case: no allocator overhead asked for, nothing to add
+            allocator, total = zeros, other
         moment["allocator"] = allocator
-        total = other + allocator
         if i == 0:
             total = np.where(has_head, total, -1.0)  # the output layer's moment exists on its holder only
         totals.append(total)
-    best_index = np.argmax(np.stack(totals), axis=0)  # the first of equal moments
-    best_total = np.choose(best_index, totals)
-    best = np.empty((N, R, len(CATEGORIES)))
+    best_total, best_index = totals[0], np.zeros((N, R), dtype=np.int64)
+    for i in range(1, len(totals)):  # the first of equal moments wins
+        later = totals[i] > best_total
+        best_index[later] = i
+        best_total = np.maximum(best_total, totals[i])
+    # every category is whole and non-negative by construction: written once, straight into int64
+    stage_bytes = np.empty((N, R, len(CATEGORIES)), dtype=np.int64) if out is None else out
     for c, name in enumerate(CATEGORIES):
-        best[:, :, c] = persistent[name] if name in persistent else np.choose(best_index, [m[name] for m in moments])
+        stage_bytes[:, :, c] = persistent[name] if name in persistent else \
+            np.choose(best_index, [m[name] for m in moments])
+    stage_peak = np.maximum(best_total, 0).astype(np.int64)
     stage_exists = np.arange(R)[None, :] < p[:, None]
-    stage_bytes = np.where(stage_exists[:, :, None], np.maximum(best, 0), 0).astype(np.int64)
-    stage_peak = np.where(stage_exists, np.maximum(best_total, 0), 0).astype(np.int64)
+    if not stage_exists.all():  # rows of fewer stages than the batch's most: their extra stages hold nothing
+        stage_bytes[~stage_exists] = 0
+        stage_peak[~stage_exists] = 0
+        stage_layers = np.where(stage_exists, stage_layers, 0)
     peak_stage = np.argmax(stage_peak, axis=1)
     peak = stage_peak[np.arange(N), peak_stage]
+    stack_layers = np.empty((N, R, K), dtype=np.int64)
+    for k in range(K):
+        stack_layers[:, :, k] = on_rank_stack[k]
     return Composed(stage_bytes=stage_bytes, stage_peak_bytes=stage_peak, peak_bytes=peak, peak_stage=peak_stage,
-                    stage_layers=np.where(stage_exists, stage_layers, 0), stage_moment=best_index,
+                    stage_layers=stage_layers, stage_moment=best_index,
                     layer_bytes=np.ceil(np.where((mode == RECOMPUTE.index("none"))[:, None], keep_plain, keep_rec)
                                         - 1e-3).astype(np.int64),
                     unpriced={"working": unpriced_working, "output working": unpriced_out,
-                              "selective": unpriced_selective})
+                              "selective": unpriced_selective},
+                    stage_kind_layers=stack_layers, head_stage=np.argmax(has_head, axis=1))

@@ -87,6 +87,8 @@ class BatchResult:
     stage_moment: np.ndarray
     peak_stage: np.ndarray
     layer_activation_bytes: np.ndarray  # (N, K): one layer of each kind, one micro-batch, per device
+    stage_kind_layers: np.ndarray  # (N, R, K): the stack's layers of each kind on each stage (MTP aside)
+    head_stage: np.ndarray         # (N,): the stage holding the head
     kinds: Tuple[str, ...]
     valid: np.ndarray
     reason: np.ndarray
@@ -309,8 +311,8 @@ def columns(strategies: Any, names: Mapping[str, Sequence[str]]) -> _Columns:
                     text = message(0) if callable(message) else message
                     out.refuse(np.ones(n, dtype=bool), text)
                 result = [result[0]] * n if name == "pp_layers" else np.repeat(result, n)
-            if name == "pp_layers":
-                out.pp_layers = result
+            if name == "pp_layers":  # None: no row gives a split (the common case pays no per-row work)
+                out.pp_layers = result if any(v is not None for v in (result if per_row else result[:1])) else None
             else:
                 out.cols[name] = result
         _cross_checks(out)
@@ -332,7 +334,7 @@ def columns(strategies: Any, names: Mapping[str, Sequence[str]]) -> _Columns:
         for name in _FIELDS:
             values = [getattr(s, name) for s in items]
             if name == "pp_layers":
-                out.pp_layers = values
+                out.pp_layers = values if any(v is not None for v in values) else None
                 continue
             if name in names:
                 table = {v: i for i, v in enumerate(names[name])}
@@ -454,14 +456,20 @@ class CostModel:
         prov: Dict[str, Any] = {}
         formulas: Dict[str, Any] = {}
         formula_error = None
+        kernel = "eager"
         try:
             from ndcost.plugins import op_records
+            # the runtime's attention kernel, so formulas never charge scores an SDPA run does not keep
+            kernel = op_records.runtime_attention(self.spec, self._profile)
+            prov["attention"] = (f"{kernel} (op records' formulas; runtime {self.runtime}"
+                                 + ("" if self._profile is not None else " unknown: the published formulas' eager")
+                                 + ")")
             for kind in kinds:
-                formulas[kind] = op_records.formula_record(self.spec, kind, seq)
+                formulas[kind] = op_records.formula_record(self.spec, kind, seq, attention=kernel)
         except (ImportError, NdcostError, KeyError) as exc:
             formula_error = f"{type(exc).__name__}: {exc}"
             formulas = {}
-        core_dropped = self._core_attention(seq, kinds)
+        core_dropped = self._core_attention(seq, kinds, kernel)
         if seq in self._given_records:
             records, output = self._given_records[seq]
             source = {k: f"given ({getattr(records[k], 'source', '?')})" for k in records}
@@ -528,14 +536,10 @@ class CostModel:
                                   dropped_tp=np.array([core_dropped[k][1] for k in kinds]))
         return tables
 
-    def _core_attention(self, seq: int, kinds) -> Dict[str, Tuple[float, float]]:
-        """Per kind, the bytes per token (not split, split by TP) the attention core keeps: the op records' mode."""
+    def _core_attention(self, seq: int, kinds, kernel: str) -> Dict[str, Tuple[float, float]]:
+        """Per kind, the bytes per token (not split, split by TP) the attention core keeps under *kernel*."""
         try:
             from ndcost.plugins import op_records
-            kernel = "eager"
-            if self.census != "off" and self._profile is not None:
-                kernel = getattr(self._profile, "attention", "eager")
-                kernel = kernel if kernel in op_records.ATTENTION_KERNELS else "eager"
             out = {}
             for kind in kinds:
                 values = op_records.values_for(self.spec, kind, seq=seq, micro_batch=1, tp=1, sp=False, cp=1,
@@ -633,56 +637,74 @@ class CostModel:
             valid = ~batch.invalid()
         reason = batch.reason_array()
         K = len(self.tables.kinds)
-        layer_bytes = np.zeros((n, K), dtype=np.int64)
         C = len(MEMORY_CATEGORIES)
         R = int(c["pp"][valid].max()) if valid.any() else 1
-        stage_bytes = np.zeros((n, R, C), dtype=np.int64)
-        stage_peak = np.zeros((n, R), dtype=np.int64)
-        stage_layers = np.zeros((n, R), dtype=np.int64)
-        stage_moment = np.zeros((n, R), dtype=np.int64)
-        peak = np.zeros(n, dtype=np.int64)
-        peak_stage = np.zeros(n, dtype=np.int64)
+        # the outputs of the valid rows, sorted by pipeline layout (each layout a contiguous slice)
+        order = np.flatnonzero(valid)
         if valid.any() and tables:
+            layout = (c["pp"] * (int(c["vpp"].max()) + 1) + c["vpp"])[order]
+            sizes = np.bincount(layout)
+            if np.count_nonzero(sizes) > 1:
+                order = order[np.argsort(layout, kind="stable")]
+            ends = np.cumsum(sizes[sizes > 0])
+        else:
+            order, ends = order[:0], np.zeros(0, dtype=np.int64)
+        priced = len(order)
+        in_order = priced == n and bool(np.all(order[1:] > order[:-1]))  # every row valid, one layout
+        shapes = {"stage_bytes": (R, C), "stage_peak_bytes": (R,), "stage_layers": (R,), "stage_moment": (R,),
+                  "stage_kind_layers": (R, K), "peak_bytes": (), "peak_stage": (), "head_stage": (),
+                  "layer_bytes": (K,)}
+        out = {name: np.zeros((priced,) + shape, dtype=np.int64) for name, shape in shapes.items()}
+        if priced:
             recs = memory.stack_records(tables)
             schedules = [_registry().get(f"schedule/{s}") for s in names["schedule"]]
             spp, temps = self._optimizer_arrays(names["optimizer"])
             unpriced_selective = np.zeros(n, dtype=bool)
-            # rows grouped by their pipeline layout, so no row pays for another's stages
-            valid_rows = np.flatnonzero(valid)
-            layout = (c["pp"] * (int(c["vpp"].max()) + 1) + c["vpp"])[valid_rows]
-            for key in np.flatnonzero(np.bincount(layout)):  # a loop over pipeline layouts, not rows
-                rows = valid_rows[layout == key]
-                sub = {k: v[rows] for k, v in c.items()}
-                sub["pp_bounds"] = self._pp_bounds(batch.pp_layers, rows)
-                composed = memory.compose(self.tables, recs, seq_index[rows], sub, schedules, spp, temps)
-                r = composed.stage_bytes.shape[1]
-                stage_bytes[rows, :r] = composed.stage_bytes
-                stage_peak[rows, :r] = composed.stage_peak_bytes
-                stage_layers[rows, :r] = composed.stage_layers
-                stage_moment[rows, :r] = composed.stage_moment
-                peak[rows] = composed.peak_bytes
-                peak_stage[rows] = composed.peak_stage
-                layer_bytes[rows] = composed.layer_bytes
-                unpriced_selective[rows] = composed.unpriced["selective"]
+            cols_sorted = c if in_order else {k: v[order] for k, v in c.items()}
+            seq_sorted = seq_index if in_order else seq_index[order]
+            bounds_sorted = self._pp_bounds(batch.pp_layers, order)
+            lo = 0
+            for hi in ends.tolist():  # a loop over pipeline layouts, not rows: no row pays for another's stages
+                sub = {k: v[lo:hi] for k, v in cols_sorted.items()}
+                sub["pp_bounds"] = None if bounds_sorted is None else bounds_sorted[lo:hi]
+                r = int(sub["pp"][0])  # one layout: every row of the slice has pp stages
+                composed = memory.compose(self.tables, recs, seq_sorted[lo:hi], sub, schedules, spp, temps,
+                                          out=out["stage_bytes"][lo:hi, :r])
+                for name in ("stage_peak_bytes", "stage_layers", "stage_moment", "stage_kind_layers"):
+                    out[name][lo:hi, :r] = getattr(composed, name)
+                for name in ("peak_bytes", "peak_stage", "head_stage", "layer_bytes"):
+                    out[name][lo:hi] = getattr(composed, name)
+                unpriced_selective[order[lo:hi]] = composed.unpriced["selective"]
+                lo = hi
             if unpriced_selective.any():
                 batch.refuse(unpriced_selective,
                              "recompute=selective: no selective figure for some layer kind (neither the census "
                              "nor the formulas state one); use recompute=full or core_attention")
                 reason = batch.reason_array()
                 valid = ~batch.invalid()
-                for array in (stage_bytes, stage_peak, stage_layers, stage_moment, peak, peak_stage, layer_bytes):
-                    array[~valid] = 0
+        if in_order:
+            full = out
+        else:  # back to the input order; invalid rows hold 0
+            full = {}
+            for name, array in out.items():
+                full[name] = np.zeros((n,) + array.shape[1:], dtype=array.dtype)
+                full[name][order] = array
+        if not valid.all():
+            for array in full.values():
+                array[~valid] = 0
         num_stages = np.where(valid, c["pp"], 0)
         prov = dict(self.provenance)
         prov["records"] = {t.seq: dict(t.provenance) for t in tables}
         prov["schedules"] = {s: _source_of(f"schedule/{s}") for s in names["schedule"]}
         prov["optimizers"] = {o: _source_of(f"optimizer/{o}") for o in names["optimizer"]}
+        peak = full["peak_bytes"]
         result = BatchResult(
-            categories=tuple(MEMORY_CATEGORIES), peak_bytes=peak, stage_bytes=stage_bytes,
-            stage_peak_bytes=stage_peak, num_stages=num_stages, stage_layers=stage_layers,
-            stage_moment=stage_moment, peak_stage=peak_stage, layer_activation_bytes=layer_bytes,
-            kinds=self.tables.kinds, valid=valid, reason=reason, fits=valid & (peak <= hw.memory_bytes),
-            memory_bytes=int(hw.memory_bytes), provenance=prov)
+            categories=tuple(MEMORY_CATEGORIES), peak_bytes=peak, stage_bytes=full["stage_bytes"],
+            stage_peak_bytes=full["stage_peak_bytes"], num_stages=num_stages, stage_layers=full["stage_layers"],
+            stage_moment=full["stage_moment"], peak_stage=full["peak_stage"],
+            layer_activation_bytes=full["layer_bytes"], stage_kind_layers=full["stage_kind_layers"],
+            head_stage=full["head_stage"], kinds=self.tables.kinds, valid=valid, reason=reason,
+            fits=valid & (peak <= hw.memory_bytes), memory_bytes=int(hw.memory_bytes), provenance=prov)
         return self._attach_time(result, batch, hw)
 
     def _attach_time(self, result: BatchResult, batch: _Columns, hardware: Hardware) -> BatchResult:
@@ -789,15 +811,19 @@ def _analytic_output_record(spec: ModelSpec, seq: int):
 
     Kept per token: the final norm's input and the head's input (16-bit,
     ``2 h`` each) and the loss's fp32 log-softmax (``4 V``, the part a
-    vocabulary-parallel loss splits). The backward's peak adds the fp32
-    gradient of the log-softmax and of the upcast logits and the 16-bit
-    gradient of the logits (``4 V + 4 V + 2 V``).
+    vocabulary-parallel loss splits). The backward peaks inside the
+    log-softmax's backward: its kept output, the incoming fp32 gradient and
+    the fp32 gradient it makes (``4 V + 4 V + 4 V``); the logits' 16-bit
+    gradient comes after the kept output is freed. The census of
+    Transformers' loss measures the same ``12 V`` (a Llama at 2048 tokens).
+    Norms that keep an fp32 copy of their input (Llama's RMSNorm) keep ``4 h``
+    more than this counts.
     """
     from ndcost.records import KindRecord
     h, vocab = spec.hidden_size, spec.vocab_size
     return KindRecord(kind="output", seq=int(seq), source="ndcost.resolver analytic output layer",
                       saved_per_token=float(4 * h), saved_tp_per_token=float(4 * vocab),
-                      working_per_token=float(4 * h), working_tp_per_token=float(14 * vocab))
+                      working_per_token=float(4 * h), working_tp_per_token=float(12 * vocab))
 
 
 # ---------------------------------------------------------------------------

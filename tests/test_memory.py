@@ -153,28 +153,55 @@ def test_setup_c_fsdp_with_tensor_parallel():
     cm = cost_model(llama_spec(), llama_counts(), s)
     cost = cm.evaluate(Strategy.parse(f"fsdp={N},tp={M},seq={s}"))
     layer_rank = (ATTN + FFN) // M + NORMS                # a TP rank's layer: matrices halved, norms whole
-    rank = L * layer_rank + EMB + HEAD + FINAL            # embedding and head replicated over TP
+    root = EMB + HEAD + FINAL                             # the root module's own parameters, replicated over TP
+    rank = L * layer_rank + root
     shard = math.ceil(rank / N)                           # fully_shard over the fsdp ranks
     params, grads, states = 2 * shard, 2 * shard, 2 * 2 * shard
-    # FSDP2 all-gathers a group's parameters (bf16) and reduce-scatters its gradients (bf16): the largest
-    # group is the root's (embedding, final norm, head)
-    communication = max(layer_rank, EMB + HEAD + FINAL) * (2 + 2)
+    head_shard, emb_shard = 2 * math.ceil(HEAD / N), 2 * math.ceil(EMB / N)
     kept_layer = s * (SAVED + SAVED_TP / M)
     layer_peak = s * (WORK + WORK_TP / M)
     out_keep = s * (OUT_SAVED + OUT_SAVED_TP)             # the loss is replicated: the whole vocabulary a rank
     out_peak = s * (OUT_WORK + OUT_WORK_TP)
-    head_grad = 2 * math.ceil(HEAD / N)                 # the head's gradient, reduce-scattered
-    emb_grad = 2 * math.ceil(EMB / N)
-    moments = [params + states + L * kept_layer + out_peak + communication,
-               params + states + L * kept_layer + (layer_peak - kept_layer) + head_grad + communication,
-               params + states + grads - emb_grad + layer_peak + communication,
-               params + states + grads]
+    # FSDP2's timeline (bf16 all-gathers and reduce-scatters): the root's parameters are gathered at the
+    # forward's start and, the root not resharding after forward, held to the backward's end; each layer
+    # is resharded after its forward. The loss's backward: the root gathered, no gradient yet. The last
+    # layer's backward: the head's gradient whole (the root reduce-scatters at the backward's end), the
+    # last layer and the one before it (prefetched) gathered, the last layer's gradient before its
+    # reduce-scatter; no gradient sharded yet. The first layer's backward: every layer's gradient but its
+    # own sharded, the head's whole, one layer gathered with its gradient (or, just after, the
+    # embedding's whole gradient, which is smaller here). The optimizer step: every sharded gradient.
+    comm_loss = 2 * root
+    comm_last = 2 * root + 2 * HEAD + layer_rank * (2 * 2 + 2)
+    comm_end = 2 * root + 2 * HEAD + max(layer_rank * (2 + 2), 2 * EMB)
+
+    def timeline(kept, peak):
+        """The step's four moments, each layer keeping *kept* and peaking at *peak* in its backward."""
+        return {"output backward": params + states + L * kept + out_peak + comm_loss,
+                "last layer backward": params + states + L * kept + (peak - kept) + comm_last,
+                "end of backward": params + states + grads - head_shard - emb_shard + peak + comm_end,
+                "optimizer step": params + states + grads}
+
+    moments = timeline(kept_layer, layer_peak)
+    moment = max(moments, key=moments.get)
     (stage,) = cost.stages
+    assert stage.provenance["moment"] == moment == "output backward"
     assert stage.bytes_by_category["parameters"] == params
     assert stage.bytes_by_category["optimizer_states"] == states
-    assert stage.bytes_by_category["communication"] == communication
-    assert cost.peak_bytes == math.ceil(max(moments))
+    assert stage.bytes_by_category["gradients"] == 0
+    assert stage.bytes_by_category["communication"] == comm_loss
+    assert cost.peak_bytes == math.ceil(moments[moment])
     assert out_keep < out_peak
+    # a layer whose backward peaks far above the loss's: the layers' moments decide, each with its buffers
+    big = cost_model(llama_spec(), llama_counts(), s, working_per_token=400_000.0)
+    later = big.evaluate(Strategy.parse(f"fsdp={N},tp={M},seq={s},recompute=full"))
+    kept_full = s * H * 2                                 # a checkpointed layer keeps its bf16 input
+    full = timeline(kept_full, s * (400_000.0 + WORK_TP / M))
+    worst = max(full, key=full.get)
+    assert worst != "output backward"
+    assert later.stages[0].provenance["moment"] == worst
+    assert later.stages[0].bytes_by_category["communication"] == {"last layer backward": comm_last,
+                                                                  "end of backward": comm_end}[worst]
+    assert later.peak_bytes == math.ceil(full[worst])
 
 
 # ---------------------------------------------------------------------------

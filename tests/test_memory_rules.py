@@ -1,0 +1,94 @@
+"""The memory composition's rules one at a time, each against numbers derived here by hand:
+ZeRO stages over dp, ZeRO-3's and EP's buffers, the allocator's overhead, MTP layers only where the
+runtime builds them. The tiny models and their hand-counted parameters are test_memory's."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ndcost.records import KindRecord
+from ndcost.values import LayerGroup, ModelSpec, Strategy
+
+from test_memory import (ATTN, EMB, FFN, FINAL, HEAD, L, LAYER, NORMS, ROUTED, ROUTER, TOPK, H, cost_model,
+                         llama_counts, llama_spec, moe_counts, moe_spec, records)
+
+S = 2048
+P = L * LAYER + EMB + HEAD + FINAL  # the tiny Llama's parameters
+
+
+def _stage(cm, text):
+    cost = cm.evaluate(Strategy.parse(text))
+    return cost, cost.stages[0].bytes_by_category
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return cost_model(llama_spec(), llama_counts(), S)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_zero_stages_shard_states_then_gradients_then_parameters(llama, zero):
+    dp = 4
+    # two micro-batches: the second backward finds every gradient made, so each category is whole at any moment
+    cost, stage = _stage(llama, f"dp={dp},zero={zero},num_micro_batches=2,seq={S},master_dtype=fp32")
+    share = math.ceil(P / dp)
+    assert stage["optimizer_states"] == 2 * 2 * (share if zero >= 1 else P)  # AdamW's two bf16 moments
+    assert stage["master"] == 4 * (share if zero >= 1 else P)                # the fp32 master copy
+    assert stage["gradients"] == 2 * (share if zero >= 2 else P)
+    assert stage["parameters"] == 2 * (share if zero >= 3 else P)
+    # ZeRO-3 gathers one module at a time with its gradient: here the root (embedding, head, final norm),
+    # larger than a layer; ZeRO 0-2 gather nothing
+    assert stage["communication"] == ((EMB + HEAD + FINAL) * (2 + 2) if zero == 3 else 0)
+
+
+def test_allocator_overhead_is_a_share_of_the_rest(llama):
+    plain, _ = _stage(llama, f"seq={S}")
+    cost, stage = _stage(llama, f"seq={S},allocator_overhead=0.1")
+    rest = sum(v for k, v in stage.items() if k != "allocator")
+    assert rest == plain.peak_bytes                       # the same moment, the same categories
+    assert stage["allocator"] == math.ceil(0.1 * rest)
+    assert cost.peak_bytes == rest + math.ceil(0.1 * rest)
+
+
+@pytest.mark.parametrize("imbalance", [1.0, 1.5])
+def test_expert_parallel_dispatch_and_combine_buffers(imbalance):
+    cm = cost_model(moe_spec(), moe_counts(), S, kind="moe")
+    cost, stage = _stage(cm, f"ep=2,dp=2,seq={S},moe_imbalance={imbalance}")
+    # each token's hidden state to its top-k experts and back, bf16, scaled by the most loaded rank's share
+    assert stage["communication"] == math.ceil(2 * S * TOPK * H * 2 * imbalance)
+    # the routed experts split by ep, never by tp
+    assert stage["parameters"] == 2 * (L * (ATTN + NORMS + ROUTER + ROUTED // 2) + EMB + HEAD + FINAL)
+
+
+MTP_LAYER = ATTN + FFN + NORMS + 2 * H * H + 2 * H  # a layer, the projection of [h; embedding] and two norms
+
+
+def _mtp_model(builds):
+    from ndcost.models import ParameterCount
+    from ndcost.resolver import CostModel
+    spec = ModelSpec(name="tiny-mtp", model_type="llama", family="llama", hidden_size=H, vocab_size=32000,
+                     layers=(LayerGroup(kind="dense", count=L), LayerGroup(kind="dense_mtp", count=1, mtp=True)),
+                     num_attention_heads=16, num_key_value_heads=4, head_dim=64, intermediate_size=2816)
+    counts = ParameterCount(
+        by_kind={"dense": {"attention": ATTN, "ffn": FFN, "norm": NORMS},
+                 "dense_mtp": {"attention": ATTN, "ffn": FFN, "norm": NORMS + 2 * H, "mtp": 2 * H * H}},
+        layer_counts={"dense": L, "dense_mtp": 1}, embedding=EMB, head=HEAD, final_norm=FINAL, mtp=MTP_LAYER,
+        buffers=0, total=P + MTP_LAYER,
+        by_part={"attention": (L + 1) * ATTN, "ffn": (L + 1) * FFN, "norm": (L + 1) * NORMS + 2 * H + FINAL,
+                 "mtp": 2 * H * H, "embedding": EMB, "head": HEAD})
+    kinds, out = records(S)
+    mtp_record = KindRecord(**{**{f: getattr(kinds["dense"], f) for f in ("saved_per_token", "saved_tp_per_token",
+                                                                         "working_per_token", "working_tp_per_token")},
+                               "kind": "dense_mtp", "seq": S, "source": "test"})
+    return CostModel.from_records(spec, counts, {S: ({**kinds, "dense_mtp": mtp_record}, out)}, builds_mtp=builds)
+
+
+@pytest.mark.parametrize("builds", [False, True])
+def test_mtp_layers_only_where_the_runtime_builds_them(builds):
+    cost = _mtp_model(builds).evaluate(Strategy.parse(f"pp=2,seq={S}"))
+    first, last = cost.stages
+    extra = MTP_LAYER if builds else 0
+    assert [first.layers, last.layers] == [L // 2, L // 2 + (1 if builds else 0)]  # with the head, on the last
+    assert first.bytes_by_category["parameters"] == 2 * (L // 2 * LAYER + EMB)
+    assert last.bytes_by_category["parameters"] == 2 * (L // 2 * LAYER + extra + HEAD + FINAL)
