@@ -18,14 +18,25 @@ Built in:
   ``p * v + p - 1`` chunk-micro-batches, Megatron's memory factor
   ``1 + (p - 1) / (p * v)`` of ``p`` micro-batches of ``L / p`` layers.
 - ``gpipe``: every forward before any backward, ``m`` micro-batches.
-- ``dualpipev`` (DeepSeek's V-shaped cut-in-half DualPipe): ``2 p`` stages
-  on ``p`` ranks, rank ``r`` holding stages ``r`` and ``2 p - 1 - r``; per
-  DeepSeek's table a rank holds ``PP + 1 = 2 p + 1`` stage-micro-batches of
-  activations, counted here as ``p + 1`` of its first chunk and ``p`` of its
-  second, each at most ``m``.
+- ``dualpipev`` (DeepSeek's V-shaped cut-in-half DualPipe, ``DualPipeV.step``
+  in deepseek-ai/DualPipe ``dualpipe/dualpipev.py``): ``2 p`` stages on ``p``
+  ranks, rank ``r`` holding stages ``r`` and ``2 p - 1 - r``; it needs
+  ``m >= 2 p`` (the step asserts it). Rank ``r`` runs ``2 (p - r - 1)``
+  forwards of chunk 0, then ``r + 1`` pairs of chunk 0 and chunk 1 forwards,
+  ``p - r - 1`` (backward, weight, forward) of chunk 1, and its peak comes with
+  the first forward of the main loop: ``2 p - r`` micro-batches of chunk 0 and
+  ``r + 1`` of chunk 1 at once, ``PP + 1 = 2 p + 1`` stage-micro-batches as
+  DeepSeek's table says. Bubble: DeepSeek's ``(PP / 2 - 1)(F&B + B - 3 W)``
+  a chunk with ``PP = 2 p``, ``F&B = F + B`` (the overlap hides communication,
+  not compute), ``B = 2 F`` and ``W = F`` (the zero-bubble split:
+  backward-for-weights as long as the forward), i.e. ``2 (p - 1)`` chunk
+  forwards, ``(p - 1) / 3`` of a rank's forward and backward.
 
-Known limitations: the counts are those at the peak of a steady schedule
-with equal layer counts per chunk; uneven ``pp_layers`` keep the counts.
+Known limitations: the counts are those at the moment a rank's total first
+peaks. Under ``interleaved`` the chunks trade micro-batches in the steady
+state at the same total (p = 2, v = 2, m = 4: rank 0 holds [3, 2], later
+[4, 1]), so uneven ``pp_layers`` may peak at a split not counted; under
+``dualpipev`` each chunk's maximum falls at that one moment.
 """
 from __future__ import annotations
 
@@ -112,27 +123,32 @@ class Interleaved(Schedule):
 
 @attrs.frozen(kw_only=True)
 class DualPipeV(Schedule):
-    """DeepSeek's DualPipeV: two chunks a rank in a V (stages r and 2p-1-r), ``2p + 1`` stage-micro-batches."""
+    """DeepSeek's DualPipeV: two chunks a rank in a V (stages r and 2p-1-r); rank r keeps ``2p - r`` + ``r + 1``."""
 
     def refusals(self, pp, vpp, m):
         return [(vpp != 2, "schedule dualpipev places exactly two chunks on each rank (a V); "
-                           "set vpp=2 (got vpp={vpp})")]
+                           "set vpp=2 (got vpp={vpp})"),
+                (m < 2 * pp, "schedule dualpipev needs num_micro_batches >= 2 * pp (DualPipeV's step asserts "
+                             "it); got num_micro_batches={m} with pp={pp}: raise num_micro_batches or lower pp")]
 
     def virtual_stage(self, pp, vpp, rank, chunk):
         return np.where(chunk == 0, rank, 2 * pp - 1 - rank)
 
     def in_flight(self, pp, vpp, m, rank, chunk):
-        return np.minimum(pp + 1 - chunk, m) + 0 * rank
+        # at the first forward of the main loop: 2p - r of chunk 0 (the arm going down), r + 1 of chunk 1
+        return np.minimum(np.where(chunk == 0, 2 * pp - rank, rank + 1), m)
 
     def bubble_stage_steps(self, pp, vpp, m):
-        return (pp - 1) / 2.0
+        # (p - 1)(F&B + B - 3W) a chunk = 2 (p - 1) chunk forwards; a rank's forward and backward is 6 of them
+        return (pp - 1) / 3.0
 
 
 BUILTIN = (
     OneFOneB(name="1f1b", description="PipeDream-Flush 1F1B: stage s of p holds min(p - s, m) micro-batches"),
     Interleaved(name="interleaved", description="Megatron's interleaved 1F1B with vpp model chunks per rank"),
     GPipe(name="gpipe", description="GPipe: all forwards then all backwards; m micro-batches held"),
-    DualPipeV(name="dualpipev", description="DeepSeek's DualPipeV: V-shaped two chunks per rank, 2p + 1 held"),
+    DualPipeV(name="dualpipev",
+              description="DeepSeek's DualPipeV: V-shaped two chunks per rank, 2p + 1 held, m >= 2p"),
 )
 
 
