@@ -4,10 +4,11 @@ Two scopes:
 
 - ``layer``: the whole decoder layer runs under ``torch.utils.checkpoint``
   with ``create_selective_checkpoint_contexts`` and an op-level policy: the
-  outputs of the ops in ``saves`` are kept, every second call of the op in
-  ``alternate`` is recomputed (counted apart in the forward and in the
-  recompute), everything else is recomputed. torchtitan's default
-  (``torchtitan``) is this scope.
+  outputs of the ops in ``saves`` are kept, every second call of the ops in
+  ``alternate`` is recomputed (one counter for all of them, counted apart
+  in the forward and in the recompute), the ops in ``recomputes`` always
+  are, everything else is recomputed. torchtitan's default
+  (``torchtitan``) and HyperParallel's (``hyperparallel``) are this scope.
 - ``core_attention``: only the attention function (Transformers' attention
   interface: QK^T, softmax, dropout, PV or the fused kernel) runs under a
   plain checkpoint, keeping its inputs; the rest of the layer saves as
@@ -42,7 +43,9 @@ class CheckpointPolicy:
     summary: str
     scope: str = attrs.field(default="layer", validator=attrs.validators.in_(SCOPES))
     saves: Tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    alternate: Optional[str] = None
+    alternate: Tuple[str, ...] = attrs.field(default=(), converter=lambda v: (v,) if isinstance(v, str)
+                                             else tuple(v or ()))
+    recomputes: Tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     def op_policy(self, stands_for: Mapping[Any, str] = None,
                   note: Optional[Callable[[Any, Tuple[Any, ...], bool, bool], None]] = None) -> Callable[..., Any]:
@@ -55,14 +58,15 @@ class CheckpointPolicy:
         from torch.utils.checkpoint import CheckpointPolicy as Decision
 
         saves = {_base(n) for n in self.saves}
-        alternate = _base(self.alternate) if self.alternate else None
+        alternate = {_base(n) for n in self.alternate}
+        recomputes = {_base(n) for n in self.recomputes}
         aliases = {op: _base(name) for op, name in (stands_for or {}).items()}
         counts: Dict[bool, int] = {False: 0, True: 0}
 
         def policy(ctx, func, *args, **kwargs):
             name = aliases.get(func) or _base(str(func))
-            save = name in saves
-            if save and name == alternate:
+            save = name in saves and name not in recomputes
+            if name in alternate:
                 counts[ctx.is_recompute] += 1
                 save = counts[ctx.is_recompute] % 2 == 1  # the first saved, the second recomputed, ...
             if note is not None:
@@ -85,6 +89,27 @@ BUILTIN = (
                "_c10d_functional.reduce_scatter_tensor.default",
                "aten.max.default"),
         alternate="aten.mm.default",
+    ),
+    CheckpointPolicy(
+        name="hyperparallel",
+        summary="HyperParallel's eager selective AC: matmuls (mm, matmul, linear, grouped_mm) alternate on one "
+                "counter; PyTorch's compute-intensive ops, SDPA and NPU fusion attention, max and the collectives "
+                "saved; topk and the rest recomputed",
+        scope="layer",
+        # hyper_parallel.distributed.activation_checkpoint: _SELECTIVE_AC_COMPUTE_OP_NAMES and
+        # _SELECTIVE_AC_COMM_OP_NAMES, with torch._functorch.partitioners' compute-intensive ops
+        saves=("aten.mm", "aten.addmm", "aten.bmm", "aten.linear", "aten._scaled_mm",
+               "aten.convolution", "aten.convolution_backward", "aten.upsample_bilinear2d",
+               "aten._efficient_attention_forward", "aten._flash_attention_forward",
+               "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_efficient_attention",
+               "aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_flash_attention_for_cpu",
+               "aten._scaled_dot_product_fused_attention_overrideable", "aten.scaled_dot_product_attention",
+               "npu.npu_fusion_attention", "npu.npu_fusion_attention_v3", "aten._flex_attention", "aten.max",
+               "aten.all_to_all_single", "aten.reduce_scatter_tensor", "_c10d_functional.all_to_all_single",
+               "_c10d_functional.reduce_scatter_tensor", "c10d.allreduce_"),
+        # _SELECTIVE_AC_MATMUL_OPS (one counter) and _SELECTIVE_AC_FORCE_RECOMPUTE_OPS
+        alternate=("aten.matmul", "aten.mm", "aten.linear", "aten._grouped_mm", "aten._scaled_grouped_mm"),
+        recomputes=("aten.topk",),
     ),
     CheckpointPolicy(
         name="megatron-core-attention",

@@ -167,6 +167,60 @@ def test_contract_against_eager_attention():
     assert eager_bytes - sdpa_bytes == repeated + scores - unexpanded - 4 * HEADS * S - 16
 
 
+def test_storages_keyed_by_address_and_generation():
+    """A freed fake storage hands its address to a later one: each lifetime is its own storage.
+
+    Twenty graphs each save an fp32 exp output [4096] and are dropped (freed)
+    before the forward ends; the last one is kept. Every save counts once when
+    packed (20 + 1 storages of 16,384 bytes, however often an address comes
+    back), and only the kept one is saved at the forward's end.
+    """
+    import gc
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ndcost.plugins.census.measure import LiveBytes, measure
+    with FakeTensorMode():
+        hidden = torch.empty(4096, dtype=torch.float32, requires_grad=True)
+
+        def forward():
+            for _ in range(20):
+                dropped = (hidden * 2).exp()
+                del dropped
+            return (hidden * 3).exp().sum()
+
+        measured = measure([], (hidden,), forward, lambda out: out.backward())
+        assert measured.packed_bytes == 21 * 4 * 4096
+        assert measured.saved_bytes == 4 * 4096
+        live, keys = LiveBytes(), []
+        with live:
+            for _ in range(50):
+                made = hidden * 2
+                keys.append(live.key(made))
+                del made
+                gc.collect()
+    if len({address for address, _ in keys}) == len(keys):
+        pytest.skip("no address came back in this process")
+    assert len(set(keys)) == len(keys)
+
+
+def test_cuda_native_contract_against_the_cpu_kernels():
+    """cuda-native against the CPU kernels, on a GPT-2 layer: exactly the bytes the two save differently.
+
+    Its two layer norms keep mean and rstd ``[1, s, 1]`` in fp32 on CUDA (bf16
+    on the CPU): 2 x 2 x s x 2 bytes more; its two residual dropouts keep a
+    bool mask ``[1, s, h]`` on CUDA (a bf16 mask on the CPU): 2 x s x h bytes
+    fewer.
+    """
+    from ndcost.plugins.runtimes import profile_from_mapping
+    config = transformers.AutoConfig.for_model("gpt2", n_embd=H // 4, n_layer=1, n_head=4, n_positions=S,
+                                               vocab_size=V, bos_token_id=0, eos_token_id=0)
+    width = H // 4
+    cuda = plain(config).saved_bytes
+    cpu = plain(config, runtime=profile_from_mapping(dict(name="t-sdpa-only", contracts=["cuda-sdpa"]))).saved_bytes
+    assert cuda - cpu == 2 * 2 * S * 2 - 2 * S * width
+
+
 # -- the TP split ----------------------------------------------------------------------------------
 def test_tp_split_property():
     """A layer built from the halved config keeps saved + saved_tp / 2 exactly."""
@@ -179,6 +233,28 @@ def test_tp_split_property():
     # the norms' fp32 upcasts and the layer input's copies are not split; the MLP's products are
     assert record.ops_tp["ffAct"] == 2 * I
     assert record.ops["normOp"] > 0 and record.ops_tp.get("normOp", 0) == 0
+
+
+@pytest.mark.slow
+def test_working_peak_is_taken_where_the_backward_holds_the_most():
+    """The working figure: the live bytes, parameters and their gradients out, at the moment the most is live.
+
+    The parameters' gradients count toward finding that moment (the memory
+    model adds them whole). At a short sequence a layer's own weight
+    gradients (2 bytes a parameter) outweigh its activations, so the moment
+    is the end of its backward, when only tensors TP does not split are live:
+    ``working_tp`` is 0 there (as Qwen3.5-9B's full-attention layer at 512
+    tokens shows), and the working figure is below the saved one. At a long
+    sequence the activations win and TP splits part of the working peak.
+    """
+    config = small_llama()
+    gradient_bytes = 2 * (2 * H * HEADS * D + 2 * H * KV * D + 3 * H * I + 2 * H)  # bf16, q k v o, MLP, norms
+    short, long = 8, 512
+    one, two = plain(config, seq=short), plain(tp_config(config, 2), seq=short)
+    assert gradient_bytes > one.saved_bytes  # the gradients outweigh the activations
+    assert one.working_bytes == two.working_bytes and one.working_bytes < one.saved_bytes
+    one, two = plain(config, seq=long), plain(tp_config(config, 2), seq=long)
+    assert one.working_bytes > two.working_bytes and one.working_bytes > one.saved_bytes
 
 
 def test_tp_config_halves_each_attribute_once():
@@ -195,6 +271,37 @@ def test_tp_config_halves_each_attribute_once():
     halved = tp_config(Aliased(), 2)
     assert halved.moe_intermediate_size == 256 and halved.intermediate_size == 256
     assert halved.num_attention_heads == 8 and halved.num_key_value_heads == 2 and halved.head_dim == 64
+
+
+def test_tp_config_replicates_a_single_kv_head():
+    """MQA (one KV head, as DeepSeek-V4's shared head): each TP rank holds it whole, so it is not split.
+
+    By hand from the Llama derivation above with KV = 1: at TP 2 the heads and
+    the MLP width halve, the one KV head does not, so the bytes TP splits per
+    token are q and the output (4 H d), the logsumexp (4 H) and the MLP's four
+    [s, I] bf16 saves (8 I); k and v stay in the unsplit part.
+    """
+    config = small_llama(num_key_value_heads=1)
+    half = tp_config(config, 2)
+    assert half.num_key_value_heads == 1 and half.num_attention_heads == HEADS // 2
+    record = records.census_groups(config, [LayerGroup(kind="dense", count=1)], S, "hf-cuda",
+                                   use_cache=False, progress=None)["dense"]
+    assert record.saved_tp_per_token == HEADS * (4 * D + 4) + 8 * I
+    with pytest.raises(Exception, match="not divisible by TP 2"):
+        tp_config(small_llama(hidden_size=288, num_key_value_heads=3, num_attention_heads=9), 2)
+
+
+def test_single_layer_census_of_a_stack_family_is_refused_early():
+    """A DeepSeek-V4 layer built alone fails deep inside its forward: refused before it is built."""
+    from ndcost import CensusUnavailable
+    config = transformers.AutoConfig.for_model(
+        "deepseek_v4", hidden_size=256, moe_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        head_dim=64, q_lora_rank=128, n_routed_experts=4, num_experts_per_tok=2, index_n_heads=4,
+        index_head_dim=32, index_topk=8, o_groups=2, o_lora_rank=64, vocab_size=1000, sliding_window=16)
+    with pytest.raises(CensusUnavailable, match="whole stack"):
+        plain(config)
+    with pytest.raises(CensusUnavailable, match="whole stack"):
+        records.census_groups(config, [LayerGroup(kind="moe", count=2)], S, use_cache=False, progress=None)
 
 
 # -- selective checkpointing -----------------------------------------------------------------------
@@ -232,6 +339,35 @@ def test_selective_policy_alternates_mm_in_forward_and_recompute():
     assert ledger.share(attention=False) == pytest.approx(1 / 3)
 
 
+def test_hyperparallel_policy_alternates_grouped_mm_with_the_matmuls():
+    """HyperParallel's policy: mm and grouped_mm share one alternating counter; torchtitan recomputes grouped_mm.
+
+    A Qwen3-MoE layer runs q, k, v, o, the router and the experts' gate-up
+    and down grouped_mm: seven matmuls, saved S R S R S R S under
+    HyperParallel, so the down projection's output ``[s k, h]`` bf16 is kept
+    where torchtitan (whose list has no grouped_mm) recomputes it; topk is
+    recomputed under both.
+    """
+    import attrs
+    hidden, top_k = 64, 2
+    config = transformers.AutoConfig.for_model(
+        "qwen3_moe", hidden_size=hidden, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=100, num_hidden_layers=1, moe_intermediate_size=48, num_experts=4,
+        num_experts_per_tok=top_k, decoder_sparse_step=1, mlp_only_layers=[])
+    kept = {}
+    for name in ("torchtitan", "hyperparallel"):
+        prof = attrs.evolve(profile(), name=f"{name}-test", selective_policy=name)
+        kept[name], _ = records._measure_selective(config, 0, S, prof, records.policy_for(prof), False)
+    assert kept["hyperparallel"].saved_bytes - kept["torchtitan"].saved_bytes == 2 * S * top_k * hidden
+    decide = records.policy_for(attrs.evolve(profile(), selective_policy="hyperparallel")).op_policy()
+    from types import SimpleNamespace
+
+    from torch.utils.checkpoint import CheckpointPolicy
+    fwd = SimpleNamespace(is_recompute=False)
+    assert decide(fwd, torch.ops.aten.topk.default) == CheckpointPolicy.PREFER_RECOMPUTE
+    assert decide(fwd, torch.ops.aten.addmm.default) == CheckpointPolicy.MUST_SAVE
+
+
 def test_megatron_core_attention_policy_keeps_attention_inputs():
     """Megatron's core-attention recompute: the layer saves as plain, but the attention keeps only its inputs."""
     import attrs
@@ -256,7 +392,35 @@ def test_flops_by_part_by_hand():
     traffic = record.traffic
     assert traffic["parameter_bytes"]["ffn"] == 3 * H * I * 2
     assert traffic["parameter_bytes"]["attention"] == (2 * HEADS * D * H + 2 * KV * D * H) * 2
-    assert traffic["launches"]["scores"] == 1
+    # launches, views and aliases (aten._unsafe_view after each linear's mm) excluded, from LlamaDecoderLayer's
+    # source: each RMSNorm casts up, squares, means, adds eps, rsqrt, multiplies, casts back and scales (8);
+    # the attention runs q, k, v, o (4 mm) and rotary q * cos + rotate_half(q) * sin and the same for k
+    # (4 mul, 2 neg, 2 cat, 2 add); the MLP gate, up, down (3 mm), silu and the product; two residual adds
+    assert traffic["launches"] == {"norm": 16, "attention": 14, "scores": 1, "other": 2, "ffn": 5}
+    # the MLP's bytes, each op reading its arguments and writing its output: gate and up read x [s, h] and
+    # a weight [h, I] and write [s, I]; silu reads and writes [s, I]; the product reads two and writes one;
+    # down reads [s, I] and its weight and writes [s, h] (all bf16)
+    assert traffic["moved_bytes"]["ffn"] == 2 * (2 * (S * H + H * I + S * I) + 2 * S * I + 3 * S * I
+                                                 + S * I + I * H + S * H)
+
+
+def test_alias_ops_move_nothing():
+    """Views and ops returning an input's storage without a view annotation are no kernel; writes are."""
+    from ndcost.plugins.census.flops import aliases_only
+    aten = torch.ops.aten
+    x, y = torch.ones(4, 6), torch.ones(6, 3)
+
+    def check(func, *args):
+        out = func(*args)
+        return aliases_only(func, args, out if isinstance(out, tuple) else (out,))
+
+    assert not aten._unsafe_view.default.is_view          # the schema states no alias: why a rule is needed
+    assert check(aten._unsafe_view.default, x, [24])
+    assert check(aten.view.default, x, [24]) and check(aten.t.default, x) and check(aten.alias.default, x)
+    assert check(aten.detach.default, x)
+    assert not check(aten.mm.default, x, y) and not check(aten.clone.default, x)
+    assert not check(aten.add_.Tensor, x.clone(), x)     # in place: it writes what it returns
+    assert not check(aten._to_copy.default, x)
 
 
 def test_grouped_mm_flops_formula_in_flop_counter():
@@ -271,6 +435,38 @@ def test_grouped_mm_flops_formula_in_flop_counter():
     with FlopCounterMode(display=False, custom_mapping=custom_mapping()) as counter:
         torch._grouped_mm(a, b, offs=offs)
     assert counter.get_total_flops() == 2 * tokens * hidden * out
+
+
+def test_sdpa_aten_ops_counted_at_the_causal_pairs():
+    """FlopCounterMode counts SDPA's flash, efficient and cuDNN ops at every pair; the overlay at the causal ones.
+
+    By hand: a forward costs 2 b h (d_qk + d_v) per pair, a backward 2 b h
+    (3 d_qk + 2 d_v) (scores again, dP, dV, dQ, dK); a causal kernel computes
+    s (s + 1) / 2 of the s * s pairs.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ndcost.plugins.census.flops import custom_mapping
+    aten = torch.ops.aten
+    b, h, s, d = 1, 4, 64, 32
+    causal_pairs = s * (s + 1) // 2
+    with FakeTensorMode():
+        q = torch.empty(b, h, s, d, dtype=torch.bfloat16)
+        k, v = torch.empty_like(q), torch.empty_like(q)
+        seed = torch.empty((), dtype=torch.int64)
+        for causal, pairs in ((False, s * s), (True, causal_pairs)):
+            calls = [lambda: aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal),
+                     lambda: aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal),
+                     lambda: aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal)]
+            for call in calls:
+                with FlopCounterMode(display=False, custom_mapping=custom_mapping()) as counter:
+                    out, lse = call()[:2]
+                assert counter.get_total_flops() == 2 * b * h * (d + d) * pairs
+            with FlopCounterMode(display=False, custom_mapping=custom_mapping()) as counter:
+                aten._scaled_dot_product_efficient_attention_backward(out, q, k, v, None, out, lse, seed, seed, 0.0,
+                                                                      [True, True, True, False], causal)
+            assert counter.get_total_flops() == 2 * b * h * (3 * d + 2 * d) * pairs
 
 
 # -- output layer -----------------------------------------------------------------------------------
@@ -315,9 +511,16 @@ def test_cache_reuse_and_corrupt_entry(tmp_path, monkeypatch):
         again = records.census_groups(small_llama(), [LayerGroup(kind="dense", count=1)], S, progress=None)
     assert calls == ["dense", "dense"] and again == one
     assert json.loads(files[0].read_text())["record"]["saved_per_token"] == one["dense"].saved_per_token
+    # a stale entry (filed under a key its content no longer states) is recomputed with a warning too
+    data = json.loads(files[0].read_text())
+    data["key"]["seq"] = S + 1
+    files[0].write_text(json.dumps(data))
+    with pytest.warns(cache.CacheWarning, match="does not match"):
+        records.census_groups(small_llama(), [LayerGroup(kind="dense", count=1)], S, progress=None)
+    assert calls == ["dense"] * 3
     # another sequence length or runtime is another entry
     records.census_groups(small_llama(), [LayerGroup(kind="dense", count=1)], S * 2, progress=None)
-    assert calls == ["dense"] * 3
+    assert calls == ["dense"] * 4
 
 
 def test_cache_dir_override(tmp_path, monkeypatch):
@@ -339,15 +542,31 @@ def test_missing_contract_refused():
         plain(small_llama(), runtime=broken)
 
 
-def test_stack_family_refused_without_stack_census(registry):
-    """A family whose layers cannot run alone is refused one layer at a time, saying what to do."""
-    from ndcost import CensusUnavailable
+def test_stack_family_refused_without_stack_census(monkeypatch):
+    """A family whose layers cannot run alone, and no installed stack census: refused, saying what to do."""
+    from ndcost import CensusUnavailable, manager
     from ndcost.models import load_model
-    if registry.find("family/deepseek_v4") is None or registry.find("census/stack") is not None:
-        pytest.skip("needs the DeepSeek-V4 family and no stack census installed")
+    real = manager.registry()
     spec = load_model(transformers.AutoConfig.for_model("deepseek_v4"))
-    with pytest.raises(CensusUnavailable, match="census/stack"):
+
+    class WithoutStack:
+        def find(self, key):
+            return None if key == "census/stack" else real.find(key)
+
+        def get(self, key):
+            return real.get(key)
+
+    monkeypatch.setattr(manager, "registry", lambda: WithoutStack())
+    with pytest.raises(CensusUnavailable, match="census/stack.*census='off'"):
         records.kind_records(spec, S, use_cache=False, progress=None)
+
+
+def test_no_mtp_kind_where_the_runtime_builds_none():
+    """Transformers builds no MTP layer, so hf-cuda's census has no MTP kind; the layer indices skip none."""
+    groups = [LayerGroup(kind="dense", count=3), LayerGroup(kind="moe", count=58),
+              LayerGroup(kind="mtp", count=1, mtp=True)]
+    assert profile().build_mtp is False
+    assert records.first_layers(groups) == {"dense": 0, "moe": 3}
 
 
 def test_cli_json_shape(tmp_path, monkeypatch, capsys):

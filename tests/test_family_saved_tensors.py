@@ -92,6 +92,17 @@ def test_llama():
     assert found == Counter(expected)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type,fields", [("qwen2", {}), ("mistral", {"sliding_window": 4 * S})],
+                         ids=["qwen2", "mistral"])
+def test_llama_like(model_type, fields):
+    # Qwen2 differs from Llama by the q, k and v biases (addmm keeps the same input; a bias's gradient
+    # needs nothing); Mistral by its sliding window, which at a sequence inside the window builds no mask
+    # (SDPA's is_causal), so both keep Llama's tensors
+    found, _ = _census(model_type, **dict(LLAMA, **fields))
+    assert found == Counter(_llama_attention_block(64, 4, 2, 16) + rms_norm(S, 64) + swiglu_mlp(64, 96))
+
+
 def _qk_norms(heads, kv_heads, width):
     # Qwen3's q_norm and k_norm over the head width, on q_proj's and k_proj's outputs viewed per head
     return rms_norm(S, heads, width) + rms_norm(S, kv_heads, width)
@@ -167,6 +178,42 @@ def test_deepseek_v3_moe_layer():
 
 
 @pytest.mark.slow
+def test_glm4_moe_layer():
+    fields = dict(LLAMA, moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+                  first_k_dense_replace=0, n_group=1, topk_group=1, partial_rotary_factor=0.5, use_qk_norm=False)
+    found, _ = _census("glm4_moe", 0, **fields)
+    # Llama's attention with rotary on half of each head (cos and sin [1, 1, s, 8]); the rotated half is
+    # concatenated with the rest, so q is contiguous [b, h, s, d], SDPA's output laid out alike, and
+    # o_proj keeps the copy transpose(1, 2).reshape makes. The MoE is DeepSeek-V3's: the router's fp32
+    # copy of the tokens, sigmoid output, gather indices and renormalization; fp32 routing weights; the
+    # shared expert an MLP of moe_intermediate_size
+    attention = (rms_norm(S, 64) + [((S, 64), BF)] + rope(8) + sdpa(4, 2, 16) + [((S, 64), BF)])
+    router = [((S, 64), F32), ((S, 8), F32), ((S, 2), I64), ((S, 2), F32), ((S, 1), F32)]
+    expected = attention + rms_norm(S, 64) + router + grouped_experts(64, 32, 8, 2, F32) + swiglu_mlp(64, 32)
+    assert found == Counter(expected)
+
+
+DEEPSEEK_V32 = dict(DEEPSEEK_V3, index_n_heads=4, index_head_dim=32, index_topk=8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layer_index", [0, 1], ids=["dense", "moe"])
+def test_deepseek_v32(layer_index):
+    # DeepSeek-V3's MLA, but the model always builds the causal mask (the indexer scores against it) and
+    # the attention folds the indexer's top-k into it: SDPA takes a boolean [1, 1, s, s] mask, which the
+    # cuDNN kernel keeps as a bf16 bias. The indexer keeps nothing: its scores' graph is freed once the
+    # top-k indices (which take no gradient) are taken
+    found, _ = _census("deepseek_v32", layer_index, **DEEPSEEK_V32)
+    attention = _mla_attention() + [((1, 1, S, S), BF)]
+    if layer_index == 0:
+        expected = attention + rms_norm(S, 64) + swiglu_mlp(64, 96)
+    else:
+        router = [((S, 64), F32), ((S, 8), F32), ((S, 2), I64), ((S, 2), F32), ((S, 1), F32)]
+        expected = attention + rms_norm(S, 64) + router + grouped_experts(64, 32, 8, 2, F32) + swiglu_mlp(64, 32)
+    assert found == Counter(expected)
+
+
+@pytest.mark.slow
 def test_gpt2():
     found, _ = _census("gpt2", n_embd=64, n_layer=1, n_head=4, n_positions=128, vocab_size=100,
                        bos_token_id=0, eos_token_id=0)
@@ -238,18 +285,20 @@ def _qwen3_next_moe():
     return (_zero_centred_norm(S, 64) + shared + router + grouped_experts(64, 32, 4, 2, BF) + shared_gate)
 
 
+def _gated_attention(heads=4, kv=2, width=16, rope_width=4):  # partial rotary: a quarter of the head
+    return (_zero_centred_norm(S, 64) + [((S, 64), BF)]
+            + _zero_centred_norm(S, heads, width) + _zero_centred_norm(S, kv, width)  # q_norm, k_norm
+            + [((1, 1, S, rope_width), BF)] * 2
+            + sdpa(heads, kv, width)
+            # SDPA's output copied by transpose(1, 2).contiguous() (the concatenated query is
+            # contiguous [b, h, s, d]), sigmoid(gate)'s output, and o_proj's input, their product
+            + [((1, S, heads * width), BF), ((1, S, heads * width), BF), ((S, heads * width), BF)])
+
+
 @pytest.mark.slow
 def test_qwen3_next_full_attention_layer():
     found, _ = _census("qwen3_next", 3, **QWEN3_NEXT)
-    heads, kv, width, rope_width = 4, 2, 16, 4       # partial rotary: a quarter of the head
-    attention = (_zero_centred_norm(S, 64) + [((S, 64), BF)]
-                 + _zero_centred_norm(S, heads, width) + _zero_centred_norm(S, kv, width)  # q_norm, k_norm
-                 + [((1, 1, S, rope_width), BF)] * 2
-                 + sdpa(heads, kv, width)
-                 # SDPA's output copied by transpose(1, 2).contiguous() (the concatenated query is
-                 # contiguous [b, h, s, d]), sigmoid(gate)'s output, and o_proj's input, their product
-                 + [((1, S, heads * width), BF), ((1, S, heads * width), BF), ((S, heads * width), BF)])
-    assert found == Counter(attention + _qwen3_next_moe())
+    assert found == Counter(_gated_attention() + _qwen3_next_moe())
 
 
 @pytest.mark.slow
@@ -258,17 +307,7 @@ def test_qwen3_next_linear_attention_layer():
     hk, hv, dk, dv = 2, 4, 16, 16
     conv_dim = 2 * hk * dk + hv * dv
     kernel = 4
-    delta_net = (_zero_centred_norm(S, 64) + [((S, 64), BF)]       # in_proj_qkvz and in_proj_ba
-                 + [((1, conv_dim, S), BF)]                        # conv1d's input: cat(q, k, v) transposed
-                 + [((1, conv_dim, S), BF)]                        # SiLU's input: the conv output [.., s + 3]
-                 + [((1, S, hv), BF)]                              # beta = sigmoid(b), its output
-                 + [((hv,), F32), ((1, S, hv), F32)]               # exp(A_log) output, softplus's input
-                 + [((hv,), F32), ((1, S, hv), F32)]               # -exp(A) and softplus(..) the mul keeps
-                 # the gated RMSNorm on [s hv, dv]: fp32 input, rstd, bf16 normalized, its weighted
-                 # output, fp32 gate (SiLU's input) and SiLU's output
-                 + [((S * hv, dv), F32), ((S * hv, 1), F32), ((S * hv, dv), BF), ((S * hv, dv), BF),
-                    ((S * hv, dv), F32), ((S * hv, dv), F32)]
-                 + [((S, hv * dv), BF)])                           # out_proj's input
+    delta_net = _gated_delta_net(hk, hv, dk, dv)  # in_proj_qkvz and in_proj_ba share the norm's output
     outside_rule = Counter((tuple(shape), dtype) for shape, dtype, _, op in measured.saved_tensors if op != "linrec")
     assert outside_rule == Counter(delta_net + _qwen3_next_moe())
     # the convolution's input is s tokens wide, its padded output (SiLU's input) s + kernel - 1
@@ -276,6 +315,52 @@ def test_qwen3_next_linear_attention_layer():
     assert sizes == [2 * conv_dim * S, 2 * conv_dim * (S + kernel - 1)]
     rule_bytes = sum(size for _, _, size, op in measured.saved_tensors if op == "linrec")
     assert rule_bytes == _eager_rule_alone(hk, hv, dk, dv)
+
+
+def _gated_delta_net(hk=2, hv=4, dk=16, dv=16):
+    conv_dim = 2 * hk * dk + hv * dv
+    return (_zero_centred_norm(S, 64) + [((S, 64), BF)]       # the input projections share the norm's output
+            + [((1, conv_dim, S), BF)]                        # conv1d's input: cat(q, k, v) transposed
+            + [((1, conv_dim, S), BF)]                        # SiLU's input: the conv output [.., s + 3]
+            + [((1, S, hv), BF)]                              # beta = sigmoid(b), its output
+            + [((hv,), F32), ((1, S, hv), F32)]               # exp(A_log) output, softplus's input
+            + [((hv,), F32), ((1, S, hv), F32)]               # -exp(A) and softplus(..) the mul keeps
+            + [((S * hv, dv), F32), ((S * hv, 1), F32), ((S * hv, dv), BF), ((S * hv, dv), BF),
+               ((S * hv, dv), F32), ((S * hv, dv), F32)]      # the gated RMSNorm, as Qwen3-Next's
+            + [((S, hv * dv), BF)])                           # out_proj's input
+
+
+QWEN3_5 = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+               linear_conv_kernel_dim=4, vocab_size=100, num_hidden_layers=4,
+               layer_types=["linear_attention"] * 3 + ["full_attention"])
+
+
+@pytest.mark.slow
+def test_qwen3_5_layers():
+    # Qwen3.5's text decoder is Qwen3-Next's (gated attention with q/k norms and partial rotary, the gated
+    # delta net with separate q-k-v, z, b and a projections on one input) with a dense SwiGLU MLP behind
+    # a zero-centred norm
+    mlp = _zero_centred_norm(S, 64) + swiglu_mlp(64, 96)
+    found, _ = _census("qwen3_5_text", 3, **QWEN3_5)
+    assert found == Counter(_gated_attention() + mlp)
+    _, measured = _census("qwen3_5_text", 0, **QWEN3_5)
+    outside_rule = Counter((tuple(shape), dtype) for shape, dtype, _, op in measured.saved_tensors if op != "linrec")
+    assert outside_rule == Counter(_gated_delta_net() + mlp)
+    assert sum(size for _, _, size, op in measured.saved_tensors if op == "linrec") == _eager_rule_alone(2, 4, 16, 16)
+
+
+@pytest.mark.slow
+def test_qwen3_5_moe_layers():
+    # Qwen3.5-MoE: Qwen3.5's attention and gated delta net with Qwen3-Next's MoE (softmax router, gated
+    # shared expert, grouped experts)
+    fields = {k: v for k, v in QWEN3_5.items() if k != "intermediate_size"}
+    fields.update(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+    found, _ = _census("qwen3_5_moe_text", 3, **fields)
+    assert found == Counter(_gated_attention() + _qwen3_next_moe())
+    _, measured = _census("qwen3_5_moe_text", 0, **fields)
+    outside_rule = Counter((tuple(shape), dtype) for shape, dtype, _, op in measured.saved_tensors if op != "linrec")
+    assert outside_rule == Counter(_gated_delta_net() + _qwen3_next_moe())
 
 
 def _eager_rule_alone(hk, hv, dk, dv) -> int:

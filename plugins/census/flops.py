@@ -3,17 +3,21 @@
 FLOPs come from ``torch.utils.flop_counter``'s formula registry (the one
 ``FlopCounterMode`` uses), overlaid per run with formulas it lacks or
 miscounts: ``aten._grouped_mm`` (absent), grouped convolution's backward
-(counted as if ungrouped), and the kernel contracts' ops, whose attention
+(counted as if ungrouped), SDPA's flash, memory-efficient and cuDNN ops and
+their backwards (counted at every pair where causal), and the kernel contracts' ops, whose attention
 scores are counted at the pairs the causal kernel computes, and beside them
 at all pairs. Each op counts toward the part of the layer running it
 (:func:`ndcost.plugins.census.measure.module_part`); a matmul in the
 attention that no weight takes part in is its scores', or the linear
 recurrence's while a gated delta rule runs.
 
-Traffic: an op reads its tensor arguments and writes its outputs; a view
-moves nothing and launches no kernel, so it counts for neither. The
-parameters' share of the bytes read is kept apart, as a strategy divides it
-where it leaves the activations' alone.
+Traffic: an op reads its tensor arguments and writes its outputs; an op
+that only aliases its input (a view, and the ops that return an input's
+storage without a view annotation: ``aten._unsafe_view``, which every
+``nn.Linear`` on a 3-D input runs after its ``mm``, ``aten.lift_fresh``,
+``aten.alias``) moves nothing and launches no kernel, so it counts for
+neither, nor for FLOPs. The parameters' share of the bytes read is kept
+apart, as a strategy divides it where it leaves the activations' alone.
 """
 from __future__ import annotations
 
@@ -61,12 +65,44 @@ def _conv_backward_formula(grad_out_shape, x_shape, w_shape, _bias, _stride, _pa
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
+def _sdpa_formulas() -> Dict[str, Any]:
+    """SDPA's flash, memory-efficient and cuDNN ops and their backwards at the pairs the kernel computes.
+
+    ``FlopCounterMode``'s own formulas count every query-key pair, where a
+    causal kernel skips those above the diagonal (about half). Each formula
+    reads ``is_causal`` at its place in the op's schema.
+    """
+    from ndcost.plugins.contracts.cuda_sdpa import _backward_flops, _forward_flops
+
+    def forward(causal_at: int):
+        def formula(q, k, v, *args, out_shape=None, **kwargs):
+            causal = kwargs.get("is_causal", args[causal_at - 3] if len(args) > causal_at - 3 else False)
+            return _forward_flops(tuple(q), tuple(k), tuple(v), bool(causal))[0]
+        return formula
+
+    def backward(causal_at: int):
+        def formula(grad, q, k, v, *args, out_shape=None, **kwargs):
+            causal = kwargs.get("is_causal", args[causal_at - 4] if len(args) > causal_at - 4 else False)
+            return _backward_flops(tuple(q), tuple(k), tuple(v), bool(causal))
+        return formula
+
+    # the index of is_causal in each schema
+    return {"_scaled_dot_product_flash_attention": forward(4),
+            "_scaled_dot_product_efficient_attention": forward(6),
+            "_scaled_dot_product_cudnn_attention": forward(6),
+            "_scaled_dot_product_flash_attention_backward": backward(11),
+            "_scaled_dot_product_efficient_attention_backward": backward(11),
+            "_scaled_dot_product_cudnn_attention_backward": backward(14)}
+
+
 @functools.lru_cache(maxsize=None)
 def _overlay_base() -> Dict[Any, Any]:
     import torch
     from torch.utils.flop_counter import shape_wrapper
     out = {torch.ops.aten._grouped_mm: shape_wrapper(_grouped_mm_formula),
            torch.ops.aten.convolution_backward: shape_wrapper(_conv_backward_formula)}
+    for name, formula in _sdpa_formulas().items():
+        out[getattr(torch.ops.aten, name)] = shape_wrapper(formula)
     return out
 
 
@@ -87,6 +123,28 @@ def custom_mapping(contracts=()) -> Dict[Any, Any]:
     for contract in contracts:
         out.update(contract.flop_formulas())
     return out
+
+
+def aliases_only(func: Any, inputs: Any, outputs: Any) -> bool:
+    """Whether *func*, having returned *outputs* from *inputs*, only aliased (no kernel, no bytes moved).
+
+    A view by its schema (``Tensor(a)`` returns: ``view``, ``t``,
+    ``transpose``, ``detach``), or an op that writes none of its arguments
+    and returns only tensors whose storage is one of its inputs' (the schema
+    of ``aten._unsafe_view`` states no alias, yet it returns its input's
+    storage). An in-place or ``out=`` op returns a storage it wrote, so it
+    counts.
+    """
+    import torch
+    if func.is_view:
+        return True
+    if any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments):
+        return False
+    returned = [t for t in outputs if isinstance(t, torch.Tensor)]
+    if not returned:
+        return False
+    given = {t.untyped_storage()._cdata for t in inputs if isinstance(t, torch.Tensor)}
+    return all(t.untyped_storage()._cdata in given for t in returned)
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,9 +186,12 @@ def _counter_class():
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
-            if func.namespace == "prim" or getattr(func, "is_view", False):
+            if func.namespace == "prim":
                 return out
             tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+            returned = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            if aliases_only(func, tensors, returned):
+                return out
             weights = [t for t in tensors if t.untyped_storage()._cdata in self.params]
             part = self._part(func, bool(weights))
             counted = None
@@ -147,7 +208,7 @@ def _counter_class():
                     self._add(self.flops, part, flops)
                     self._add(self.all_pairs, part, flops)
             moved = sum(t.numel() * t.element_size() for t in tensors)
-            moved += sum(t.numel() * t.element_size() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+            moved += sum(t.numel() * t.element_size() for t in returned)
             self._add(self.moved, part, moved)
             self._add(self.parameter, part, sum(t.numel() * t.element_size() for t in weights))
             self._add(self.launches, part, 1)

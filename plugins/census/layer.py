@@ -26,6 +26,11 @@ TP_FIELDS = (
 )
 
 
+# Head counts a TP rank may hold whole where there are fewer than ranks: Megatron and torchtitan
+# replicate key-value heads (MQA's single shared head, DeepSeek-V4's) rather than split one.
+REPLICABLE_FIELDS = ("num_key_value_heads",)
+
+
 def tp_config(config: Any, tp: int) -> Any:
     """*config* as one of *tp* tensor-parallel ranks holds a layer: the seven TP fields divided by *tp*.
 
@@ -33,7 +38,9 @@ def tp_config(config: Any, tp: int) -> Any:
     width. A config class's ``attribute_map`` may give one attribute two
     names (DeepSeek-V4 maps ``intermediate_size`` onto
     ``moe_intermediate_size``): each underlying attribute is divided once,
-    or the rank's layer would be a quarter as wide at TP 2.
+    or the rank's layer would be a quarter as wide at TP 2. Key-value heads
+    fewer than *tp* (and dividing it) are replicated: each rank holds one,
+    so the census's TP pair puts their bytes in the part TP does not split.
     """
     config = copy.deepcopy(config)
     if tp == 1:
@@ -49,9 +56,13 @@ def tp_config(config: Any, tp: int) -> Any:
             continue
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            if value % tp:
-                raise InvalidValue(f"{name} = {value} is not divisible by TP {tp}; the TP split needs it even")
-            setattr(config, name, value // tp)
+            if name in REPLICABLE_FIELDS and value < tp and tp % value == 0:
+                setattr(config, name, 1)
+            elif value % tp:
+                raise InvalidValue(f"{name} = {value} is not divisible by TP {tp}; the TP split needs it even "
+                                   f"(choose a TP size dividing it)")
+            else:
+                setattr(config, name, value // tp)
             divided.add(target)
     return config
 
@@ -178,6 +189,9 @@ def fake_layer(config: Any, layer_index: int, runtime: Any, contracts: bool = Tr
 
     from ndcost.plugins.contracts import Site
 
+    from ndcost.plugins.census.stack import refuse_single_layer
+
+    refuse_single_layer(config)  # before building: such a family's layer fails deep inside its forward
     model_type = str(getattr(config, "model_type", ""))
     reason = runtime.unsupported.get(model_type)
     if reason:
@@ -257,8 +271,12 @@ def attention_mask(fake: FakeLayer, hidden: Any, position_ids: Any) -> Any:
     layer measured alone is handed it here as its model would hand it.
     """
     builders = {"full_attention": "create_causal_mask", "sliding_attention": "create_sliding_window_causal_mask",
-                "chunked_attention": "create_chunked_causal_mask"}
-    builder = builders.get(mask_type(fake.config, fake.layer_index, fake.modeling))
+                "chunked_attention": "create_chunked_causal_mask",
+                # DeepSeek-V3.2's model always builds the causal mask (allow_is_causal_skip=False): its
+                # indexer scores against it, and its attention folds the selection into it
+                "indexed_attention": "create_causal_mask"}
+    layer_type = mask_type(fake.config, fake.layer_index, fake.modeling)
+    builder = builders.get(layer_type)
     if builder is None:
         return None
     masking = importlib.import_module("transformers.masking_utils")
@@ -266,6 +284,8 @@ def attention_mask(fake: FakeLayer, hidden: Any, position_ids: Any) -> Any:
     accepted = inspect.signature(build).parameters
     # no position ids: they would be inspected for packed sequences, which a fake tensor cannot answer
     kwargs = {"config": fake.config, "inputs_embeds": hidden, "attention_mask": None, "position_ids": None}
+    if layer_type == "indexed_attention":
+        kwargs["allow_is_causal_skip"] = False
     for name in ("cache", "past_key_values"):
         if name in accepted:
             kwargs[name] = None

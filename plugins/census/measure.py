@@ -316,7 +316,10 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
     its policy keep, the input included unless *inputs_kept* is false, when it
     counts only where an op saved it). The working figure is the bytes
     live when the backward holds the most (from the forward's end on), the
-    output, parameters and parameter gradients left out. *ops* (a
+    output, parameters and parameter gradients left out, and the inputs too
+    unless an op saved them or a checkpoint keeps them (a real model frees
+    an input nothing saves: an H200 Llama output layer's peak is the
+    census's without it). *ops* (a
     :class:`SavedOps`) takes the saved bytes by op, each storage counted
     toward the op that first saved it.
     """
@@ -356,8 +359,12 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
             start = len(live.events)
             left_out = {live.key(out), *(live.key(p) for p in params)}
             not_kept = left_out | {live.key(t) for t in shared}
-            if not inputs_kept:
-                not_kept |= {live.key(t) for t in inputs} - set(saved)
+            # an input no op saved is freed by a real model once the forward has used it (it is the
+            # previous layer's output, which nothing else holds); only a checkpoint keeps it whole
+            unsaved_inputs = {live.key(t) for t in inputs} - set(saved)
+            if not (checkpointed and inputs_kept):
+                not_kept |= unsaved_inputs
+                left_out |= unsaved_inputs
             kept = sum(size for key, size in live.sizes.items() if key not in not_kept)
             held = {key: size for key, size in saved.items() if key in live.sizes}
             for tensor in grad_inputs:

@@ -34,34 +34,6 @@ def text_config(config: Any) -> Any:
     return config.get_text_config(decoder=True)
 
 
-@contextlib.contextmanager
-def _fake_conversions() -> Iterator[None]:
-    """Let a module built on fake tensors convert its own dtype (DeepSeek-V4's ``norm.to(torch.float32)``).
-
-    ``nn.Module._apply`` swaps a parameter for its converted copy, which a fake
-    tensor (holding a weak reference) refuses; while the model is being built
-    nothing else holds the parameter, so its data is replaced instead.
-    """
-    import torch
-    import torch.utils
-
-    original = torch.utils.swap_tensors
-
-    def swap(first, second):
-        try:
-            return original(first, second)
-        except RuntimeError:
-            with torch.no_grad():
-                first.data = second.data
-            return None
-
-    torch.utils.swap_tensors = swap
-    try:
-        yield
-    finally:
-        torch.utils.swap_tensors = original
-
-
 def _base_model_class(config: Any, modeling: Any) -> type:
     """The model class whose forward ends with the final norm (``LlamaModel``, ``GPT2Model``, ``Olmo2Model``)."""
     import transformers
@@ -120,7 +92,9 @@ def final_norm(config: Any, modeling: Any) -> Any:
             if isinstance(value, list) and len(value) == layers:
                 setattr(one, name, value[:1])  # per-layer lists (layer_types) at the one layer built
         one.num_hidden_layers = 1
-    with _fake_conversions():
+    from ndcost.plugins.census.stack import fake_module_conversions
+
+    with fake_module_conversions():  # DeepSeek-V4's norm.to(torch.float32) on a fake parameter
         model = _base_model_class(one, modeling)(one)
     norm = _stack_norm(model)
     if norm is None:

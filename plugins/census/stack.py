@@ -119,36 +119,11 @@ def fake_module_conversions() -> Iterator[None]:
         torch.utils.swap_tensors = original
 
 
-# The config fields a tensor-parallel rank holds a share of (the census's seven).
-_TP_FIELDS = (
-    "num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
-    "shared_expert_intermediate_size", "linear_num_key_heads", "linear_num_value_heads",
-)
-
-
 def stack_tp_config(config: Any, tp: int) -> Any:
-    """*config* as one of *tp* TP ranks holds its layers: the seven TP fields divided, each attribute once.
-
-    A field smaller than *tp* is replicated, not split: DeepSeek-V4's one
-    shared key-value head stays whole on every rank.
-    """
-    config = copy.deepcopy(config)
-    if tp == 1:
-        return config
-    heads = getattr(config, "num_attention_heads", None)
-    if heads:
-        config.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    aliases = getattr(type(config), "attribute_map", None) or {}
-    divided = set()
-    for name in _TP_FIELDS:
-        target = aliases.get(name, name)
-        if target in divided:
-            continue
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= tp:
-            setattr(config, name, value // tp)
-            divided.add(target)
-    return config
+    """*config* as one of *tp* TP ranks holds its layers (the layer census's rule: DeepSeek-V4's one
+    shared key-value head is replicated, each width divided once)."""
+    from ndcost.plugins.census.layer import tp_config
+    return tp_config(config, tp)
 
 
 @attrs.frozen(kw_only=True)
