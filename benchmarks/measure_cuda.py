@@ -137,10 +137,17 @@ def small_llama(**over):
                                tie_word_embeddings=False), **over})
 
 
+def small_qwen3_moe(**over):
+    return qwen3_30b_a3b(**{**dict(num_hidden_layers=4, num_experts=32, vocab_size=32000,
+                                   tie_word_embeddings=False), **over})
+
+
 MODEL_CASES = [
     ("small_llama_bf16", small_llama, dict(param_dtype=torch.bfloat16, checkpointing=False)),
     ("small_llama_bf16_ckpt", small_llama, dict(param_dtype=torch.bfloat16, checkpointing=True)),
     ("small_llama_fp32_autocast", small_llama, dict(param_dtype=torch.float32, checkpointing=False)),
+    ("small_qwen3_moe_bf16", small_qwen3_moe, dict(param_dtype=torch.bfloat16, checkpointing=False)),
+    ("small_qwen3_moe_bf16_ckpt", small_qwen3_moe, dict(param_dtype=torch.bfloat16, checkpointing=True)),
 ]
 
 
@@ -395,6 +402,7 @@ def measure_model(name: str, factory, seq: int, param_dtype, checkpointing: bool
     from transformers import AutoModelForCausalLM
     config = factory()
     config._attn_implementation = _attn_implementation(config)
+    config._experts_implementation = "grouped_mm"
     previous = torch.get_default_dtype()
     torch.set_default_dtype(param_dtype)
     try:
