@@ -34,7 +34,8 @@ What a stage holds (bytes per device, categories of ``MEMORY_CATEGORIES``):
   selective figure, ``core_attention`` drops the ops attBMM, softmax and
   dropout. Multiplied by the micro-batches the schedule keeps in flight.
 - working: the backward's peak over what is kept (record ``working`` less
-  what the layer keeps), or the optimizer step's temporaries.
+  what the layer keeps), the embedding backward's arriving gradient and
+  scratch, or the optimizer step's temporaries.
 - output: the output layer's (final norm, head, loss with fp32 logits) kept
   bytes per micro-batch in flight and its backward peak; the vocabulary part
   split by tp only under ``vocab_parallel``.
@@ -50,25 +51,40 @@ What a stage holds (bytes per device, categories of ``MEMORY_CATEGORIES``):
   no buffer).
 - allocator: ``allocator_overhead`` times the rest.
 
-The peak of a stage is the largest of four moments: the first backward of
+The peak of a stage is the largest of five moments: the first backward of
 the output layer (all activations kept, no gradient yet: the head's is made
 after the loss's peak), of the stage's last layer (the head's gradient
 made), the end of the last backward (every gradient but the embedding's,
 which comes after the first layer's backward, the other micro-batches'
-activations, one layer's full working), and the optimizer step (every
-gradient). A rank that has already run a backward (more forwards than it
-keeps in flight) holds every gradient throughout. The device's peak is the
-largest stage's. On an H200 (torch 2.11, Transformers' Llama, bf16, fused
-AdamW) this put setup (a)'s peak within 0.2 % of ``max_memory_allocated``
-for a Llama-3.1-8B at 4096 tokens, with and without full recompute, less
-the 64 MiB of cuBLAS workspaces (two streams) it does not count.
+activations, one layer's full working), the embedding's backward (every
+gradient, the gradient arriving from the first layer, PyTorch CUDA's fp32
+sums by row above 3072 indices where the runtime is CUDA's) and the
+optimizer step (every gradient). A layer's working figure is the census's:
+the activations live where activations and gradients together peak, the
+layer's input left out where no op saves it (a full-recompute layer's
+backward adds the input its checkpoint keeps), with the share of the
+layer's gradients made by then (on a first backward with whole gradients
+the layer moments count that share of its gradients, not all). A rank that
+has already run a backward (more forwards than it keeps in flight) holds
+every gradient throughout. The device's peak is the largest stage's. On an
+H200 (torch 2.11, Transformers, bf16, fused AdamW) this put setup (a)'s peak
+within 0.1 % of ``max_memory_allocated`` for a Llama-3.1-8B at 4096 tokens
+(+0.080 % plain, -0.011 % with full recompute) and a 4-layer Qwen3-MoE at
+2048 (+0.013 %, -0.017 %), less the cuBLAS workspaces (two streams) and
+input ids it does not count.
 
 Known limitations: a stage's working peak takes the largest over the kinds
 it holds rather than the kind of its first or last layer; parameters split
 by TP are split evenly (biases of row-parallel layers, MLA's replicated
 down-projections are split too); activation records are used at the dtype they were taken in.
 Where tp exceeds the KV heads (replicated, as Megatron does), a rank keeps
-one KV head's projections and keys and values.
+one KV head's projections and keys and values. The share of a layer's
+gradients made by its working moment is the census's at TP 1 and the
+sequence it measured (more tokens a micro-batch can move the moment); under
+sharded gradients (ZeRO-2, FSDP) and accumulation every gradient of the
+layer is counted, and a layer's transient gradients before they are added
+in are not (the embedding's aside). The embedding's sort scratch is an
+upper bound (one row a token: real text repeats tokens).
 """
 from __future__ import annotations
 
@@ -209,6 +225,8 @@ class RecordTables:
     saved_tp: np.ndarray
     working: np.ndarray       # nan: unpriced
     working_tp: np.ndarray
+    working_input: np.ndarray  # 1: the working figure leaves out the layer's input (no op saves it), 0: in it
+    grad_share: np.ndarray     # share of the layer's parameter gradients made by the working moment
     selective: np.ndarray     # nan: unpriced
     selective_tp: np.ndarray
     dropped: np.ndarray       # core-attention recompute: bytes of attBMM, softmax, dropout
@@ -223,7 +241,8 @@ class RecordTables:
     out_working_tp: float
     provenance: Mapping[str, Any] = attrs.field(factory=dict)
 
-    ROW_FIELDS = ("saved", "saved_tp", "working", "working_tp", "selective", "selective_tp", "dropped",
+    ROW_FIELDS = ("saved", "saved_tp", "working", "working_tp", "working_input", "grad_share", "selective",
+                  "selective_tp", "dropped",
                   "dropped_tp", "routed", "routed_tp", "routed_tokens", "routed_width")
     SCALAR_FIELDS = ("out_saved", "out_saved_tp", "out_working", "out_working_tp")
 
@@ -254,6 +273,10 @@ class RecordTables:
             cols["saved_tp"].append(float(r.saved_tp_per_token))
             cols["working"].append(_nan(r.working_per_token))
             cols["working_tp"].append(_nan(r.working_tp_per_token) if r.working_per_token is not None else np.nan)
+            # records before these figures (and the formulas) count the input and every gradient
+            cols["working_input"].append(float(bool(getattr(r, "working_input_per_token", None))))
+            made = getattr(r, "working_grad_share", None)
+            cols["grad_share"].append(1.0 if made is None else min(max(float(made), 0.0), 1.0))
             sel = r if r.selective_per_token is not None else sel_fb.get(k)
             cols["selective"].append(_nan(getattr(sel, "selective_per_token", None)))
             cols["selective_tp"].append(_nan(getattr(sel, "selective_tp_per_token", None)) if sel is not None
@@ -312,13 +335,21 @@ class Composed:
     head_stage: np.ndarray       # (N,) int64: the stage holding the head
 
 
-MOMENTS = ("output backward", "last layer backward", "end of backward", "optimizer step")
+MOMENTS = ("output backward", "last layer backward", "end of backward", "embedding backward", "optimizer step")
+
+# PyTorch's CUDA embedding backward (embedding_dense_backward_cuda) sorts the indices and sums each
+# row's gradient in fp32 partial buffers above this many indices; at or below it, it adds in place.
+EMBEDDING_SORT_MIN_TOKENS = 3072
 
 
 def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.ndarray, cols: Mapping[str, Any],
             schedules: Sequence[Any], states_per_parameter: np.ndarray,
-            step_temporaries_per_parameter: np.ndarray, out: Optional[np.ndarray] = None) -> Composed:
+            step_temporaries_per_parameter: np.ndarray, out: Optional[np.ndarray] = None,
+            embedding_sort_scratch: bool = False) -> Composed:
     """Price every row of *cols* (all rows valid): see the module docstring for what is counted.
+
+    *embedding_sort_scratch*: the runtime's embedding backward is PyTorch's CUDA kernel, which above
+    ``EMBEDDING_SORT_MIN_TOKENS`` indices sums each row's gradient in an fp32 ``[rows, h]`` scratch.
 
     *out*, where given, is the ``(N, R, C)`` int64 array (a view of the
     caller's) that ``stage_bytes`` is written into, saving a copy of the
@@ -486,15 +517,31 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     working_full = T * (np.nan_to_num(at_tp(working_rec, rec_rows("working_tp"))) + routed_working_extra + gathered)
     working_full = np.where(np.isnan(working_rec), np.maximum(keep_plain, keep_rec), working_full)
     excess_plain = np.maximum(working_full - keep_plain, 0.0)
-    excess_rec = np.maximum(working_full - keep_rec, 0.0)
+    # a full-recompute layer's backward holds the input its checkpoint kept besides the working figure
+    # where that figure leaves the input out (no op of the layer saves it: the census's convention)
+    working_rec_layer = working_full + np.where((mode == RECOMPUTE.index("full"))[:, None],
+                                                T * full_input * rec_rows("working_input"), 0.0)
+    excess_rec = np.maximum(working_rec_layer - keep_rec, 0.0)
     unpriced_selective = (mode == RECOMPUTE.index("selective")) & np.isnan(keep_rec).any(axis=1)
     keep_rec = np.nan_to_num(keep_rec)
 
+    held_total = held.sum(axis=2)
+    forwards = (m * v)[:, None] * np.ones((1, R), dtype=np.int64)
+    accumulating = forwards > held_total
+    # a layer's backward peaks with a share of its own gradients made (the record's): on a first backward
+    # with whole gradients the moments count that share, not all of them (sharded gradients: the
+    # communication buffers hold the layer's whole gradient; accumulating: every gradient exists already)
+    share_rows = ~accumulating & ((zero < 2) & (fsdp == 1))[:, None]
+    grad_share = rec_rows("grad_share")
     held_f = held.astype(f64)
     activations = np.zeros((N, R))
     one_micro_batch = np.zeros((N, R))
     excess = np.zeros((N, R))
     working_layer = np.zeros((N, R))
+    made_last = np.zeros((N, R))      # the layer's gradients made at the last layer's backward peak
+    pending_end = np.zeros((N, R))    # the layer's gradients not yet made at the first layer's
+    best_last = np.full((N, R), -np.inf)
+    best_end = np.full((N, R), -np.inf)
     for k in range(K):  # a loop over kinds and chunks, never layers
         for c in range(V):
             pk, rk = plain[k][:, :, c], rec[k][:, :, c]
@@ -503,14 +550,19 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
             one_micro_batch = one_micro_batch + np.where(held[:, :, c] > 0, mb, 0.0)
         present_plain = sum(plain[k][:, :, c] for c in range(V)) > 0
         present_rec = sum(rec[k][:, :, c] for c in range(V)) > 0
-        excess = np.maximum(excess, np.where(present_plain, excess_plain[:, k][:, None], 0.0))
-        excess = np.maximum(excess, np.where(present_rec, excess_rec[:, k][:, None], 0.0))
-        present = present_plain | present_rec
-        working_layer = np.maximum(working_layer, np.where(present, working_full[:, k][:, None], 0.0))
+        layer_grads = ((layer_dense[k] + layer_routed[k]) * gbytes)[:, None]
+        made = np.where(share_rows, grad_share[:, k][:, None] * layer_grads, 0.0)
+        pending = np.where(share_rows, layer_grads, 0.0) - made
+        for present, ex, work in ((present_plain, excess_plain, working_full), (present_rec, excess_rec,
+                                                                                working_rec_layer)):
+            ex, work = ex[:, k][:, None], work[:, k][:, None]
+            later = present & (ex + made > best_last)  # the kind whose backward holds the most decides
+            excess, made_last = np.where(later, ex, excess), np.where(later, made, made_last)
+            best_last = np.where(later, ex + made, best_last)
+            later = present & (work - pending > best_end)
+            working_layer, pending_end = np.where(later, work, working_layer), np.where(later, pending, pending_end)
+            best_end = np.where(later, work - pending, best_end)
     one_micro_batch = np.minimum(one_micro_batch, activations)
-    held_total = held.sum(axis=2)
-    forwards = (m * v)[:, None] * np.ones((1, R), dtype=np.int64)
-    accumulating = forwards > held_total
 
     # -- the output layer ------------------------------------------------------------------------
     vp = cols["vocab_parallel"].astype(bool)
@@ -573,15 +625,30 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     grads_first = np.where(accumulating, grads_all, whole(head_gradients) - root_late)
     grads_last = np.where(accumulating, grads_all, grads_all - whole(embedding_gradients) - root_late)
     others_out = whole(others_out)
+    # the embedding's backward, last: every other gradient made (under FSDP2 the root's whole in the
+    # buffers), the gradient arriving from the first layer (the whole sequence of the rank's tokens: SP
+    # gathers it, a vocabulary-parallel embedding takes it all), the CUDA kernel's fp32 sums by row (one
+    # row a distinct index at most) and, where a gradient exists already (accumulation, a tied head's),
+    # the new one before it is added in
+    grads_emb = np.where(fsdp2 & ~accumulating, grads_last, grads_all)
+    vocab_rows = ceil_div(np.int64(model.embedding // max(model.hidden_size, 1)), vocab_split)
+    sort_rows = np.where(tokens > EMBEDDING_SORT_MIN_TOKENS, np.minimum(tokens, vocab_rows), 0.0)
+    emb_whole = np.where((zero < 2) & (fsdp == 1), emb * gbytes, 0.0)[:, None]
+    emb_working = ((tokens * model.hidden_size * cbytes
+                    + (4.0 * model.hidden_size * sort_rows if embedding_sort_scratch else 0.0))[:, None]
+                   + np.where(accumulating | model.tied, emb_whole, 0.0))
     persistent = {"parameters": whole(parameters), "master": whole(master),
                   "optimizer_states": whole(optimizer_states)}
     held_still = whole(activations)
     moments = [
         dict(gradients=grads_loss, activations=held_still, working=zeros, output=whole(out_backward),
              communication=whole(comm_loss)),
-        dict(gradients=grads_first, activations=held_still, working=whole(excess), output=others_out,
-             communication=whole(comm_last)),
-        dict(gradients=grads_last, activations=whole(activations - one_micro_batch), working=whole(working_layer),
+        dict(gradients=whole(grads_first + made_last), activations=held_still, working=whole(excess),
+             output=others_out, communication=whole(comm_last)),
+        dict(gradients=whole(grads_last - pending_end), activations=whole(activations - one_micro_batch),
+             working=whole(working_layer),
+             output=others_out, communication=whole(comm_end)),
+        dict(gradients=grads_emb, activations=whole(activations - one_micro_batch), working=whole(emb_working),
              output=others_out, communication=whole(comm_end)),
         dict(gradients=grads_all, activations=zeros, working=whole(step_temporaries), output=zeros,
              communication=zeros),
@@ -601,6 +668,8 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
         moment["allocator"] = allocator
         if i == 0:
             total = np.where(has_head, total, -1.0)  # the output layer's moment exists on its holder only
+        if i == 3:
+            total = np.where(has_emb, total, -1.0)  # and the embedding's on its own
         totals.append(total)
     best_total, best_index = totals[0], np.zeros((N, R), dtype=np.int64)
     for i in range(1, len(totals)):  # the first of equal moments wins

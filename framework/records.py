@@ -25,6 +25,12 @@ class KindRecord:
     saved_tp_per_token: float
     working_per_token: Optional[float] = None
     working_tp_per_token: Optional[float] = None
+    # What the working figure leaves out: the layer's input where no op saves it (bytes a token; a
+    # checkpoint keeping the input holds it besides), and the share of the layer's parameter gradients
+    # made by the working moment (the memory model adds them). None: the input is in the working
+    # figure, and every gradient of the layer is counted at that moment.
+    working_input_per_token: Optional[float] = None
+    working_grad_share: Optional[float] = None
     selective_per_token: Optional[float] = None
     selective_tp_per_token: Optional[float] = None
     recomputed_attention_mm_share: Optional[float] = None

@@ -669,7 +669,8 @@ class CostModel:
                 sub["pp_bounds"] = None if bounds_sorted is None else bounds_sorted[lo:hi]
                 r = int(sub["pp"][0])  # one layout: every row of the slice has pp stages
                 composed = memory.compose(self.tables, recs, seq_sorted[lo:hi], sub, schedules, spp, temps,
-                                          out=out["stage_bytes"][lo:hi, :r])
+                                          out=out["stage_bytes"][lo:hi, :r],
+                                          embedding_sort_scratch=getattr(self._profile, "device", "") == "cuda")
                 for name in ("stage_peak_bytes", "stage_layers", "stage_moment", "stage_kind_layers"):
                     out[name][lo:hi, :r] = getattr(composed, name)
                 for name in ("peak_bytes", "peak_stage", "head_stage", "layer_bytes"):

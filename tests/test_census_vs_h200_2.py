@@ -155,6 +155,33 @@ def test_mistral_sliding_layer_matches_the_h200():
     assert case["param_grad_bytes"] == 2 * case["params"]
 
 
+@pytest.mark.slow
+def test_llama_backward_peak_with_the_gradients_made_by_then():
+    """The first batch's Llama-3-8B layer at 4096 tokens: the H200's backward peak is the census's working
+    figure plus the gradients made by its moment, and the record says which (down_proj's weight gradient,
+    [h, i] bf16, of the layer's 436,224,000 bytes) and that the working figure leaves the input out.
+
+    As for the Mistral layer: the census counts the incoming gradient (in the H200 baseline) and not the
+    input (in the H200 baseline too); the H200 run held the output, 30 MiB outside the saves and the RNG
+    scalars' blocks.
+    """
+    case = next(c for c in _data(DATA_1)["layers"] if c["case"] == "llama3_8b")
+    config = _config(case)
+    seq, hidden, inter = case["seq"], config.hidden_size, config.intermediate_size
+    measured = records._measure_plain(config, case["kind_layer_index"], seq, _profile())
+    down_grad = 2 * hidden * inter
+    activation = 2 * seq * hidden
+    assert measured.working_grad_bytes == down_grad
+    assert measured.grad_bytes == case["param_grad_bytes"] == 2 * case["params"]
+    assert measured.inputs_left_out_bytes == activation      # RMSNorm saves its fp32 upcast, not the input
+    assert case["backward_peak_over_baseline_bytes"] == (measured.working_bytes + measured.working_grad_bytes
+                                                         - activation + activation + HELD_OUTSIDE_SAVES
+                                                         + RNG_SCALARS)
+    record = records.census_kind(config, case["kind_layer_index"], seq, _profile(), "dense")
+    assert record.working_grad_share * case["param_grad_bytes"] == pytest.approx(down_grad, rel=1e-12)
+    assert record.working_input_per_token == 2 * hidden
+
+
 # -- the output layer -----------------------------------------------------------------------------------------
 def _output_config(case):
     return transformers.LlamaConfig(hidden_size=case["hidden_size"], vocab_size=case["vocab_size"],

@@ -121,6 +121,82 @@ def test_setup_a_single_gpu(recompute):
         assert stage.bytes_by_category["activations"] == activations
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_working_leaves_out_the_input_and_the_gradients_not_yet_made(recompute):
+    """The census's convention: the working figure leaves out the layer's input (no op saves it) and is
+    taken where activations and gradients together peak, a quarter of the layer's gradients made by then.
+
+    A full-recompute layer's backward holds its checkpointed input besides the working figure; the first
+    and last layers' backwards hold the quarter of their own gradients made, not all; the embedding's
+    backward comes last, with every other gradient and the first layer's gradient arriving (no CUDA
+    kernel named by a runtime profile here: no sort scratch).
+    """
+    s, work = 2048, 1_000_000.0
+    cm = cost_model(llama_spec(), llama_counts(), s, working_per_token=work, working_input_per_token=2.0 * H,
+                    working_grad_share=0.25)
+    cost = cm.evaluate(Strategy.parse(f"seq={s},recompute={recompute}"))
+    P = L * LAYER + EMB + HEAD + FINAL
+    base = 2 * P + 2 * 2 * P                              # bf16 weights, AdamW's two bf16 moments
+    layer_input = s * H * 2                               # bf16, kept by the checkpoint under full recompute
+    kept_layer = s * (SAVED + SAVED_TP) if recompute == "none" else layer_input
+    held = layer_input if recompute == "full" else 0      # what the backward holds besides the working figure
+    peak = s * (work + WORK_TP) + held
+    out_peak = s * (OUT_WORK + OUT_WORK_TP)
+    made = 2 * LAYER // 4                                 # a quarter of one layer's bf16 gradients
+    moments = {
+        "output backward": base + L * kept_layer + out_peak,
+        "last layer backward": base + L * kept_layer + (peak - kept_layer) + 2 * HEAD + made,
+        "end of backward": base + 2 * (P - EMB) - (2 * LAYER - made) + peak,
+        "embedding backward": base + 2 * P + s * H * 2,
+        "optimizer step": base + 2 * P,
+    }
+    moment = max(moments, key=moments.get)
+    # every layer's activations held, or one layer's backward with nearly every gradient
+    assert moment == {"none": "last layer backward", "full": "end of backward"}[recompute]
+    (stage,) = cost.stages
+    assert stage.provenance["moment"] == moment
+    assert cost.peak_bytes == moments[moment]
+    assert stage.bytes_by_category["gradients"] == {"none": 2 * HEAD + made,
+                                                    "full": 2 * (P - EMB) - (2 * LAYER - made)}[recompute]
+    # several micro-batches: the rank ran a backward before, so it holds every gradient throughout, and
+    # the embedding's new gradient besides until it is added in
+    again = cm.evaluate(Strategy.parse(f"seq={s},recompute={recompute},num_micro_batches=2"))
+    grads = 2 * P
+    moments = {
+        "output backward": base + grads + L * kept_layer + out_peak,
+        "last layer backward": base + grads + L * kept_layer + (peak - kept_layer),
+        "end of backward": base + grads + peak,
+        "embedding backward": base + grads + s * H * 2 + 2 * EMB,
+        "optimizer step": base + grads,
+    }
+    assert again.stages[0].bytes_by_category["gradients"] == grads
+    assert again.peak_bytes == max(moments.values())
+    assert again.stages[0].provenance["moment"] == max(moments, key=moments.get)
+
+
+def test_the_embedding_backward_can_be_the_peak():
+    """A layer keeping and working little: the embedding's backward, after every other gradient, peaks."""
+    s = 256
+    cm = cost_model(llama_spec(), llama_counts(), s, saved_per_token=1.0, saved_tp_per_token=0.0,
+                    working_per_token=1.0, working_tp_per_token=0.0, working_input_per_token=2.0 * H,
+                    working_grad_share=0.5)
+    cost = cm.evaluate(Strategy.parse(f"seq={s},recompute=full"))
+    P = L * LAYER + EMB + HEAD + FINAL
+    base = 2 * P + 2 * 2 * P
+    moments = {
+        "output backward": base + L * s * H * 2 + s * (OUT_WORK + OUT_WORK_TP),             # 99 MB over base
+        "end of backward": base + 2 * (P - EMB) - LAYER + s * (1 + 0) + s * H * 2,           # 235 MB
+        "embedding backward": base + 2 * P + s * H * 2,                                     # 312 MB
+        "optimizer step": base + 2 * P,
+    }
+    assert max(moments, key=moments.get) == "embedding backward"
+    (stage,) = cost.stages
+    assert stage.provenance["moment"] == "embedding backward"
+    assert cost.peak_bytes == moments["embedding backward"]
+    assert stage.bytes_by_category["working"] == s * H * 2
+    assert stage.bytes_by_category["gradients"] == 2 * P
+
+
 # ---------------------------------------------------------------------------
 # (b) fp32 weights under bf16 autocast
 # ---------------------------------------------------------------------------

@@ -5,8 +5,9 @@ Qwen3MoeForCausalLM, 4 layers of Qwen3-30B-A3B's widths with 32 experts, grouped
 parameters, fused AdamW with bf16 states, 2048 tokens, with and without gradient checkpointing;
 ``max_memory_allocated`` during a steady-state step. What was allocated before the step beyond the
 parameters and the optimizer states (cuBLAS workspaces, the input ids) is not the cost model's and is
-taken off, as tests/test_resolver.py does for the Llama steps. Gaps when written: +0.013 % plain,
-+0.42 % with full checkpointing.
+taken off, as tests/test_resolver.py does for the Llama steps. Gaps: +0.013 % plain, -0.017 % with
+full checkpointing (+0.42 % before the first layer's backward counted only the gradients its peak
+has made, a share the census states, and the input its checkpoint keeps).
 """
 import json
 import pathlib

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 from ndcost.records import KindRecord
 
 # Bumped whenever the census's rules change what it measures.
-CENSUS_VERSION = 4
+CENSUS_VERSION = 5
 
 # Config fields of the whole model, not of one layer: left out of a layer kind's key.
 STACK_FIELDS = frozenset({

@@ -97,11 +97,16 @@ def _live_bytes_class():
             return out
 
         def peak(self, start: int, excluded: Iterable[Key], apart: Iterable[Key] = ()) -> int:
+            """:meth:`peak_parts`' first figure: the bytes live at the peak, *apart* left out."""
+            return self.peak_parts(start, excluded, apart)[0]
+
+        def peak_parts(self, start: int, excluded: Iterable[Key], apart: Iterable[Key] = ()) -> Tuple[int, int]:
             """Bytes live when the most are, from event *start* on, without *excluded*.
 
             The storages *apart* count toward finding that moment, not toward the
-            bytes returned (the parameters' gradients: they settle the moment the
-            backward holds the most, and the memory model counts them itself).
+            first figure returned (the parameters' gradients: they settle the moment
+            the backward holds the most, and the memory model counts them itself);
+            the second is the bytes of *apart* live then.
             """
             excluded, apart = set(excluded), set(apart)
             live = held = 0
@@ -117,7 +122,7 @@ def _live_bytes_class():
                 held += delta if key in apart else 0
                 if live > top:
                     top, at_top = live, live - held
-            return at_top
+            return at_top, top - at_top
 
     return _LiveBytes
 
@@ -301,6 +306,11 @@ class Measured:
     # every storage the forward saved, also those a graph it dropped freed before its end (as a
     # saved-tensors hook that counts at pack time sees them)
     packed_bytes: int = 0
+    # the parameters' gradients live at the working moment, and all of them once the backward has run
+    working_grad_bytes: int = 0
+    grad_bytes: int = 0
+    # the inputs no op saved and no checkpoint keeps: out of the working figure (a real model frees them)
+    inputs_left_out_bytes: int = 0
 
 
 def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], Any],
@@ -319,7 +329,10 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
     output, parameters and parameter gradients left out, and the inputs too
     unless an op saved them or a checkpoint keeps them (a real model frees
     an input nothing saves: an H200 Llama output layer's peak is the
-    census's without it). *ops* (a
+    census's without it). The moment is the one the activations and the
+    parameters' gradients together peak at: ``working_grad_bytes`` are the
+    gradients live then, ``grad_bytes`` all of them once the backward has run,
+    ``inputs_left_out_bytes`` the inputs the working figure leaves out. *ops* (a
     :class:`SavedOps`) takes the saved bytes by op, each storage counted
     toward the op that first saved it.
     """
@@ -362,9 +375,11 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
             # an input no op saved is freed by a real model once the forward has used it (it is the
             # previous layer's output, which nothing else holds); only a checkpoint keeps it whole
             unsaved_inputs = {live.key(t) for t in inputs} - set(saved)
+            inputs_left_out = 0
             if not (checkpointed and inputs_kept):
                 not_kept |= unsaved_inputs
                 left_out |= unsaved_inputs
+                inputs_left_out = sum(live.sizes.get(key, 0) for key in unsaved_inputs)
             kept = sum(size for key, size in live.sizes.items() if key not in not_kept)
             held = {key: size for key, size in saved.items() if key in live.sizes}
             for tensor in grad_inputs:
@@ -380,6 +395,10 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
             by_op[saved_op[key]] = by_op.get(saved_op[key], 0) + size
     tensors = tuple(sorted(((shapes[k][0], shapes[k][1], size, shapes[k][2]) for k, size in held.items()),
                            key=lambda t: (-t[2], t[0], t[1])))
+    working, working_grads = live.peak_parts(start, left_out, grads)
+    grad_bytes = sum({live.key(p.grad): p.grad.untyped_storage().nbytes()
+                      for p in params if p.grad is not None}.values())
     return Measured(saved_bytes=kept if checkpointed else sum(held.values()),
-                    working_bytes=live.peak(start, left_out, grads),
+                    working_bytes=working, working_grad_bytes=working_grads, grad_bytes=grad_bytes,
+                    inputs_left_out_bytes=inputs_left_out,
                     ops_bytes=by_op, saved_tensors=tensors, packed_bytes=sum(saved.values()))

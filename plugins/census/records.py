@@ -6,6 +6,12 @@ bytes at TP 1 and ``x2`` at TP 2, the bytes TP splits are ``2 (x1 - x2)``
 and those it does not ``2 x2 - x1``, so a rank at TP t keeps
 ``saved + saved_tp / t``; the working, selective and per-op figures split
 alike. Per-token figures divide by the sequence length.
+
+The working figure is the activations live at the moment a layer's backward
+holds the most activations and parameter gradients together; the record
+states besides the share of the layer's gradients made by then (the memory
+model adds those, not all of them) and the layer's input where no op saves
+it (out of the working figure; a full-recompute checkpoint keeps it).
 """
 from __future__ import annotations
 
@@ -102,6 +108,8 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         kind=kind, seq=seq, source=SOURCE,
         saved_per_token=saved, saved_tp_per_token=saved_tp,
         working_per_token=working, working_tp_per_token=working_tp,
+        working_input_per_token=plain_1.inputs_left_out_bytes / seq,
+        working_grad_share=plain_1.working_grad_bytes / plain_1.grad_bytes if plain_1.grad_bytes else None,
         selective_per_token=selective, selective_tp_per_token=selective_tp,
         recomputed_attention_mm_share=ledger.share(attention=True) if ledger else 0.0,
         recomputed_other_mm_share=ledger.share(attention=False) if ledger else 0.0,
