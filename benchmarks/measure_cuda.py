@@ -234,40 +234,52 @@ def _layer_call(layer, rotary, hidden, seq, mask=None):
     return call
 
 
+def _saved_during(params, forward: Callable[[], Any]):
+    """Run *forward* under saved-tensor hooks.
+
+    Returns its output, the bytes of the unique storages it saved (by data
+    pointer and size, parameters excluded), every save listed, the memory
+    allocated before it, and what it left allocated; the peak counter is
+    reset afterwards for the backward.
+    """
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    saved: Dict[tuple, int] = {}
+    listing: List[Dict[str, Any]] = []
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in param_ptrs:
+            key = (storage.data_ptr(), storage.nbytes())
+            listing.append({"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                            "storage_bytes": storage.nbytes(), "new": key not in saved})
+            saved.setdefault(key, storage.nbytes())
+        return t
+
+    on_cuda = torch.cuda.is_available()
+    _sync()
+    if on_cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if on_cuda else 0
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    _sync()
+    after_forward = (torch.cuda.memory_allocated() - base) if on_cuda else None
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats()
+    return out, sum(saved.values()), sorted(listing, key=lambda r: -r["storage_bytes"]), base, after_forward
+
+
 def measure_layer(name: str, factory, index: int, seq: int, dtype=torch.bfloat16, window=None) -> Dict[str, Any]:
     config = factory()
     layer, rotary = _build_layer(config, index, dtype)
     params = list(layer.parameters())
-    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
     hidden = torch.randn(1, seq, config.hidden_size, dtype=dtype, device=_device(), requires_grad=True)
     grad = torch.randn_like(hidden)
     mask = None if window is None else sliding_mask(seq, window, hidden.device)
     call = _layer_call(layer, rotary, hidden, seq, mask)
 
-    saved: Dict[tuple, Dict[str, Any]] = {}
-    listing: List[Dict[str, Any]] = []
-
-    def pack(t):
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in param_ptrs:
-            key = (ptr, storage.nbytes())
-            listing.append({"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-                            "storage_bytes": storage.nbytes(), "new": key not in saved})
-            saved.setdefault(key, {"bytes": storage.nbytes()})
-        return t
-
-    _sync()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = call()
-    _sync()
-    after_forward = (torch.cuda.memory_allocated() - base) if torch.cuda.is_available() else None
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
+    out, saved_bytes, listing, base, after_forward = _saved_during(params, call)
     out.backward(grad)
     _sync()
     peak = (torch.cuda.max_memory_allocated() - base) if torch.cuda.is_available() else None
@@ -288,7 +300,6 @@ def measure_layer(name: str, factory, index: int, seq: int, dtype=torch.bfloat16
 
     forward_ms = _time_ms(lambda: fwd().sum())
     forward_backward_ms = _time_ms(fwd_bwd)
-    saved_bytes = sum(v["bytes"] for v in saved.values())
     return {
         "case": name, "kind_layer_index": index, "seq": seq, "model_type": config.model_type,
         "attn_implementation": config._attn_implementation,
@@ -298,7 +309,7 @@ def measure_layer(name: str, factory, index: int, seq: int, dtype=torch.bfloat16
         "retained_after_forward_bytes": after_forward,
         "backward_peak_over_baseline_bytes": peak, "param_grad_bytes": param_grad_bytes,
         "forward_ms": forward_ms, "forward_backward_ms": forward_backward_ms,
-        "saved_tensors": sorted(listing, key=lambda r: -r["storage_bytes"]),
+        "saved_tensors": listing,
     }
 
 
@@ -362,40 +373,18 @@ def measure_output(name: str, factory, vocab: int, seq: int, dtype=torch.bfloat1
     finally:
         torch.set_default_dtype(previous)
     params = [*norm.parameters(), *head.parameters()]
-    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
     hidden = torch.randn(1, seq, config.hidden_size, dtype=dtype, device=_device(), requires_grad=True)
     labels = torch.randint(0, vocab, (1, seq), device=_device())
-    saved: Dict[tuple, int] = {}
-    listing: List[Dict[str, Any]] = []
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in param_ptrs:
-            key = (storage.data_ptr(), storage.nbytes())
-            listing.append({"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-                            "storage_bytes": storage.nbytes(), "new": key not in saved})
-            saved.setdefault(key, storage.nbytes())
-        return t
-
-    _sync()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = ForCausalLMLoss(head(norm(hidden)), labels, vocab)
-    _sync()
-    after_forward = (torch.cuda.memory_allocated() - base) if torch.cuda.is_available() else None
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
+    loss, saved_bytes, listing, base, after_forward = _saved_during(
+        params, lambda: ForCausalLMLoss(head(norm(hidden)), labels, vocab))
     loss.backward()
     _sync()
     peak = (torch.cuda.max_memory_allocated() - base) if torch.cuda.is_available() else None
     return {"case": name, "seq": seq, "vocab_size": vocab, "hidden_size": config.hidden_size,
-            "saved_bytes": sum(saved.values()), "retained_after_forward_bytes": after_forward,
+            "saved_bytes": saved_bytes, "retained_after_forward_bytes": after_forward,
             "backward_peak_over_baseline_bytes": peak,
             "param_grad_bytes": sum(p.grad.numel() * p.grad.element_size() for p in params),
-            "saved_tensors": sorted(listing, key=lambda r: -r["storage_bytes"])}
+            "saved_tensors": listing}
 
 
 def measure_model(name: str, factory, seq: int, param_dtype, checkpointing: bool) -> Dict[str, Any]:
