@@ -155,7 +155,7 @@ def test_kronecker_counts_by_hand():
 
 def test_ouro_defaults_by_hand():
     out = accounting.ouro_analytic_accounting()
-    hidden, inter, vocab, layers = 2048, 5632, 49152, 24
+    hidden, vocab, layers = 2048, 49152, 24
     # per layer: q, k, v, o are hidden x hidden (kv heads = heads); gate, up, down are hidden x inter
     per_layer_projection = 4 * 2048 * 2048 + 3 * 2048 * 5632
     assert per_layer_projection == 16_777_216 + 34_603_008
