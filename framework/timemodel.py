@@ -29,7 +29,7 @@ What a step costs, on each pipeline rank, per micro-batch:
 And per step: the pipeline bubble, the registered schedule's idle stage
 steps (``schedule/<name>.bubble_stage_steps``: 1F1B and GPipe ``p - 1``, so
 ``(p - 1) / m`` of the busy time for balanced stages; interleaved a ``1 / v``
-of that; DualPipeV half) times the mean stage time of the ranks other than
+of that; DualPipeV a third) times the mean stage time of the ranks other than
 the busiest, the data-parallel gradient and parameter collectives, the
 pipeline's fill and drain sends, and the optimizer step (the bytes of
 parameters, gradients, master weights and optimizer states it reads and
@@ -902,7 +902,7 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, np.ndarray], hardware: Ha
     ep, etp = col("ep"), col("etp")
     sp = np.asarray(cols["sp"])[:, None]
     width, pwidth = col("compute_bytes"), col("param_bytes")
-    peak = _peaks(hardware, cols["compute_dtype"])[:, None]
+    peak = (cols["peak_flops"] if "peak_flops" in cols else _peaks(hardware, cols["compute_dtype"]))[:, None]
     hbm = float(hardware.hbm_bytes_per_second)
     tokens = b * s / cp                          # tokens of a micro-batch on one CP rank
     split = tokens / tp
@@ -966,7 +966,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *,
                                   if np.ndim(parts[0].detail[k]) == 1})
     eff, eff_sources = efficiencies(hardware)
     coll = _collectives()
-    from ndcost.plugins.collectives import group_link
+    from ndcost.plugins.collectives import OVERLAP_RULES, group_link
 
     f64 = lambda name: np.asarray(cols[name], dtype=np.float64)  # noqa: E731
     dp, fsdp, tp, pp, cp = f64("dp"), f64("fsdp"), f64("tp"), f64("pp"), f64("cp")
@@ -978,7 +978,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *,
     width, pwidth, gwidth = f64("compute_bytes"), f64("param_bytes"), f64("grad_bytes")
     owidth, mwidth = f64("optimizer_bytes"), f64("master_bytes")
     imbalance = f64("moe_imbalance")
-    peak = _peaks(hardware, cols["compute_dtype"])
+    peak = cols["peak_flops"] if "peak_flops" in cols else _peaks(hardware, cols["compute_dtype"])
     hbm = float(hardware.hbm_bytes_per_second)
     dualpipe = schedule == _SCHEDULE_CODES["dualpipev"]
     vpp = f64("vpp")
@@ -1023,7 +1023,9 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *,
     ulysses = (np.asarray(cols["cp_algo"]) == _CP_CODES["ulysses"])[:, None]
     attention_kind = k["has_attention"][None, :]
     cp_fwd_total = np.where(attention_kind, np.where(ulysses, cp_ulysses, cp_ring), 0.0)
-    cp_bwd_total = 2.0 * cp_fwd_total
+    # the ring's backward passes K/V and their gradients (twice the forward's bytes); Ulysses' backward runs
+    # the forward's four all-to-alls transposed (dO in, dQ/dK/dV out): the same bytes
+    cp_bwd_total = np.where(ulysses, 1.0, 2.0) * cp_fwd_total
     cp_fwd_exposed = np.where(ulysses, cp_fwd_total, np.maximum(0.0, cp_fwd_total - layer["scores_forward"]))
     cp_bwd_exposed = np.where(ulysses, cp_bwd_total, np.maximum(0.0, cp_bwd_total - layer["scores_backward"]))
     bw_ep, lat_ep = group_link(hardware, etp, ep, eff)
@@ -1165,7 +1167,8 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *,
     step = compute + exposed + bubble + optimizer
     sequences = dp * fsdp * m * b
     tokens_per_second = sequences * s / step
-    model_flops = 3.0 * model.forward_flops_per_sequence(s) * sequences
+    one_seq = n > 0 and s.min() == s.max()  # the resolver prices one sequence length a call: one evaluation
+    model_flops = 3.0 * model.forward_flops_per_sequence(s[:1] if one_seq else s) * sequences
     devices = dp * fsdp * cp * tp * pp
     mfu = model_flops / (step * devices * peak)
 
@@ -1173,6 +1176,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *,
         "compute": f"roofline per op class; flops: {model.source}",
         "efficiency": ", ".join(f"{key}={eff[key]:g} ({eff_sources[key]})" for key in EFFICIENCY_KEYS),
         "communication": "collective/" + ", collective/".join(sorted(coll)),
+        "overlap": "; ".join(f"{use}: {rule}" for use, rule in OVERLAP_RULES.items()),
         "hardware": f"hardware/{hardware.name}",
         "model": "ndcost.timemodel",
     }
@@ -1187,6 +1191,34 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *,
 # ---------------------------------------------------------------------------
 # the resolver's hook
 # ---------------------------------------------------------------------------
+def _shared_columns(cols, coded, valid, every, names, hardware: Hardware, cost_model: Any) -> None:
+    """Add ``peak_flops`` and ``optimizer_states`` to *cols* from the resolver's codes (a table per name)."""
+    def by_code(field, table):
+        codes = np.asarray(coded[field])
+        return table[codes if every else codes[valid]]
+    used = np.flatnonzero(np.bincount(np.asarray(coded["compute_dtype"])[valid]))
+    peaks = np.full(len(names["compute_dtype"]), np.nan)
+    for code in used.tolist():  # a loop over the few dtypes the batch uses
+        peaks[code] = float(hardware.peak_flops(str(names["compute_dtype"][code])))
+    cols["peak_flops"] = by_code("compute_dtype", peaks)
+    optimizer_arrays = getattr(cost_model, "_optimizer_arrays", None)
+    if optimizer_arrays is not None:
+        cols["optimizer_states"] = by_code("optimizer", optimizer_arrays(names["optimizer"])[0])
+
+
+def _shared_rank_layers(model: ModelWork, cost_model: Any, result: Any, rows: np.ndarray, ranks: int):
+    """:func:`rank_layer_counts`' answer (*ranks* wide) from the memory composition's placement, or None."""
+    layers = getattr(result, "stage_kind_layers", None)
+    tables = getattr(cost_model, "tables", None)
+    if layers is None or tables is None or not set(model.kinds) <= set(tables.kinds):
+        return None
+    counts = layers[rows, :ranks][:, :, [tables.kinds.index(k) for k in model.kinds]]
+    head_rank = np.asarray(result.head_stage)[rows]
+    for kind in model.mtp_kinds:  # MTP layers run with the head, as rank_layer_counts places them
+        counts[np.arange(len(rows)), head_rank, model.kinds.index(kind)] += 1
+    return counts, head_rank
+
+
 def attach(cost_model: Any, result: Any, batch: Any, hardware: Hardware) -> Any:
     """*result* (the resolver's BatchResult) with ``time`` filled for its valid rows.
 
@@ -1203,11 +1235,16 @@ def attach(cost_model: Any, result: Any, batch: Any, hardware: Hardware) -> Any:
     provenance: Dict[str, Any] = {}
     if valid.any():
         try:
-            cols = columns_from_codes({k: np.asarray(v)[valid] for k, v in batch.cols.items()},
-                                      cost_model._names(),
+            names = cost_model._names()
+            every = bool(valid.all())
+            cols = columns_from_codes({k: np.asarray(v) if every else np.asarray(v)[valid]
+                                       for k, v in batch.cols.items()}, names,
                                       None if batch.pp_layers is None else
                                       [batch.pp_layers[i] for i in np.flatnonzero(valid)])
             rows = np.flatnonzero(valid)
+            # shared with the memory composition (resolver): peak FLOP/s and optimizer states by code, the
+            # layers on each rank as it placed them -- no string lookups or second placement on the hot path
+            _shared_columns(cols, batch.cols, valid, every, names, hardware, cost_model)
             seqs, inverse = np.unique(cols["seq"], return_inverse=True)
             works = getattr(cost_model, "_time_work", None)
             if works is None:
@@ -1216,7 +1253,7 @@ def attach(cost_model: Any, result: Any, batch: Any, hardware: Hardware) -> Any:
                     cost_model._time_work = works
                 except AttributeError:  # pragma: no cover - a frozen cost model
                     pass
-            for j, seq in enumerate(seqs.tolist()):
+            for seq in seqs.tolist():
                 if seq not in works:
                     records = (getattr(cost_model, "_kind_records", {}) or {}).get(seq)
                     kinds, output = (records if records is not None else ({}, None))
@@ -1224,14 +1261,26 @@ def attach(cost_model: Any, result: Any, batch: Any, hardware: Hardware) -> Any:
                     if output is not None:
                         merged["output"] = output
                     works[seq] = model_work(cost_model.spec, int(seq), merged, cost_model.parameters)
-                mask = inverse.reshape(-1) == j
-                sub = {k: v[mask] for k, v in cols.items()}
-                priced = step_time(works[seq], sub, hardware)
+            # rows grouped by (sequence length, pp), each group a contiguous slice after one sort, so a
+            # group's per-rank arrays are only as wide as its pp
+            pp = cols["pp"]
+            key = inverse.reshape(-1) * (int(pp.max()) + 1) + pp
+            order = np.argsort(key, kind="stable")
+            edges = np.flatnonzero(np.diff(key[order])) + 1
+            # groups cut into at most CHUNK_ROWS rows, so the per-rank arrays stay bounded
+            cuts = sorted(set(edges.tolist()) | set(range(0, len(order), CHUNK_ROWS)) | {len(order)})
+            ordered = {k: v[order] for k, v in cols.items()}
+            for lo, hi in zip(cuts[:-1], cuts[1:]):  # a loop over the groups, not rows
+                seq = seqs[key[order[lo]] // (int(pp.max()) + 1)].item()
+                sub = {k: v[lo:hi] for k, v in ordered.items()}
+                target = rows[order[lo:hi]]
+                shared = _shared_rank_layers(works[seq], cost_model, result, target, int(sub["pp"][0]))
+                priced = step_time(works[seq], sub, hardware, rank_layers=shared,
+                                   optimizer_states=sub.get("optimizer_states"))
                 for name in TIME_FIELDS:
-                    arrays[name][rows[mask]] = getattr(priced, name)
-                flops = provenance.get("flops", "")
+                    arrays[name][target] = getattr(priced, name)
                 provenance = dict(priced.provenance)
-                provenance["flops"] = "; ".join(filter(None, (flops, f"seq {int(seq)}: {works[seq].source}")))
+            provenance["flops"] = "; ".join(f"seq {int(seq)}: {works[seq].source}" for seq in seqs.tolist())
         except Unpriced as exc:
             provenance = {"unpriced": str(exc)}
             arrays = {name: np.full(n, np.nan) for name in TIME_FIELDS}

@@ -234,7 +234,6 @@ def read_measurements(path: str, model: Any = None, kind: Optional[str] = None, 
 
 def pinned_efficiencies(components: Sequence[Mapping[str, Any]], hardware) -> Dict[str, float]:
     """Each component class's efficiency: its total work over the time the hardware's roof allows for it."""
-    work: Dict[str, float] = {}
     ideal: Dict[str, float] = {}
     seconds: Dict[str, float] = {}
     for c in components:
@@ -244,8 +243,7 @@ def pinned_efficiencies(components: Sequence[Mapping[str, Any]], hardware) -> Di
         else:
             ideal[name] = ideal.get(name, 0.0) + float(c["bytes"]) / float(hardware.hbm_bytes_per_second)
         seconds[name] = seconds.get(name, 0.0) + float(c["seconds"])
-        work[name] = 1.0
-    return {name: ideal[name] / seconds[name] for name in work}
+    return {name: ideal[name] / seconds[name] for name in seconds}
 
 
 # ---------------------------------------------------------------------------

@@ -43,8 +43,9 @@ Overlap rules (what the time model counts as exposed, i.e. added to the step):
 - ``cp_ring``: context-parallel ring passing of K/V blocks (forward) and of
   K/V and their gradients (backward): overlapped with that layer's attention
   kernel of the same pass; exposed is what exceeds it.
-- ``cp_ulysses``: the all-to-alls of queries, keys, values and output:
-  exposed, none overlapped.
+- ``cp_ulysses``: the all-to-alls of queries, keys and values in and of the
+  output back (forward), and of their gradients the other way (backward, the
+  same bytes): exposed, none overlapped.
 - ``ep``: expert dispatch and combine all-to-alls, forward and backward:
   exposed, none overlapped, except under the DualPipeV schedule, which
   overlaps them with the other micro-batch's compute of the same layer
@@ -82,11 +83,6 @@ from ndcost.hookspecs import hookimpl
 
 def _n(group_size):
     return np.maximum(np.asarray(group_size, dtype=np.float64), 1.0)
-
-
-def _ring_share(group_size):
-    n = _n(group_size)
-    return (n - 1.0) / n
 
 
 def _zero_where_alone(group_size, seconds):
@@ -129,28 +125,27 @@ def send_recv_seconds(message_bytes, group_size, bytes_per_second, latency_secon
 
 @attrs.frozen(kw_only=True)
 class Collective:
-    """A collective primitive: its vectorized time and the bytes a member sends per byte of message."""
+    """A collective primitive: ``seconds(message_bytes, group_size, bytes_per_second, latency_seconds)``."""
 
     name: str
     seconds: Callable[..., Any] = attrs.field(repr=False)
-    sent_per_byte: Callable[[Any], Any] = attrs.field(repr=False)
     description: str = ""
 
 
 BUILTIN = (
-    Collective(name="all_reduce", seconds=all_reduce_seconds, sent_per_byte=lambda n: 2.0 * _ring_share(n),
+    Collective(name="all_reduce", seconds=all_reduce_seconds,
                description="ring or double binary tree, whichever is faster"),
-    Collective(name="all_gather", seconds=all_gather_seconds, sent_per_byte=_ring_share,
+    Collective(name="all_gather", seconds=all_gather_seconds,
                description="ring; message is the gathered tensor"),
-    Collective(name="reduce_scatter", seconds=reduce_scatter_seconds, sent_per_byte=_ring_share,
+    Collective(name="reduce_scatter", seconds=reduce_scatter_seconds,
                description="ring; message is the full tensor before the scatter"),
-    Collective(name="all_to_all", seconds=all_to_all_seconds, sent_per_byte=_ring_share,
+    Collective(name="all_to_all", seconds=all_to_all_seconds,
                description="pairwise exchange; message is what a member holds"),
-    Collective(name="send_recv", seconds=send_recv_seconds, sent_per_byte=lambda n: np.ones_like(_n(n)),
+    Collective(name="send_recv", seconds=send_recv_seconds,
                description="point to point"),
 )
 
-# Where each use of a collective sits in the rank order, and its overlap rule (see the module docstring).
+# Each use of a collective and its overlap rule (the module docstring says why), in the time model's provenance.
 OVERLAP_RULES: Mapping[str, str] = {
     "tp": "exposed: none overlapped",
     "cp_ring": "overlapped with the layer's attention kernel of the same pass; the excess is exposed",

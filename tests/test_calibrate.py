@@ -102,6 +102,25 @@ def test_cli_json_and_output(layer_file, tmp_path, capsys):
     assert written.efficiency["matmul"] == pytest.approx(data["efficiency"]["matmul"], abs=1e-4)
 
 
+def test_cli_only_fits_a_subset_and_prices_the_rest(layer_file, capsys):
+    """Two files fitted together; --only: the matching layers are fitted, the others still priced; components
+    pin matmul and attention."""
+    from ndcost.cli import main
+    assert main(["calibrate", str(BENCH), layer_file, "--only", "llama3_8b@[248]*,qwen3_8b*,measured-layer*",
+                 "--census", "off", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fitted_on"] == ["llama3_8b@2048", "llama3_8b@4096", "llama3_8b@8192", "measured-layer/dense@4096",
+                                 "qwen3_8b@4096"]
+    assert len(data["measurements"]) == len(json.loads(BENCH.read_text())["measurements"]) + 1
+    assert set(data["pinned_by_components"]) == {"matmul", "matmul_backward", "attention", "attention_backward"}
+    assert {"memory", "memory_backward"} <= set(data["fitted"])
+    for row in data["measurements"]:
+        if row["label"] in data["fitted_on"]:  # four layers, two free classes a pass: least squares, within 6%
+            assert row["model_forward_seconds"] == pytest.approx(row["measured_forward_seconds"], rel=0.06)
+    assert main(["calibrate", str(BENCH), "--only", "nothing*", "--census", "off"]) == 1
+    assert "matches none" in capsys.readouterr().err
+
+
 def test_cli_refuses_a_missing_file(capsys):
     from ndcost.cli import main
     assert main(["calibrate", "/nonexistent/measurements.json"]) == 1
@@ -114,6 +133,7 @@ def test_shipped_h200_efficiencies_match_the_measurements(h200):
     measurements, _, _ = cal.read_measurements(str(BENCH), census="auto")
     fitted_on = [m for m in measurements if m.label in ("llama3_8b@2048", "llama3_8b@4096", "llama3_8b@8192",
                                                         "qwen3_8b@4096", "deepseek_v3_dense@4096")]
+    assert len(fitted_on) == 5
     for row in cal.validation_rows(fitted_on, h200, h200.efficiency):
         assert row["model_forward_seconds"] == pytest.approx(row["measured_forward_seconds"], rel=0.05), row
         assert row["model_forward_backward_seconds"] == pytest.approx(

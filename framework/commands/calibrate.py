@@ -5,10 +5,11 @@ HELP = "fit a hardware's per-op-class efficiencies from measured layer times (se
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("measurements", metavar="MEASUREMENTS.json",
-                        help="measured layer times: one measurement, or {\"hardware\": ..., \"measurements\": [...]}")
+    parser.add_argument("measurements", metavar="MEASUREMENTS.json", nargs="+",
+                        help="measured layer times, one file or several fitted together: one measurement, or "
+                             "{\"hardware\": ..., \"measurements\": [...]}")
     parser.add_argument("--hardware", default=None,
-                        help="hardware whose efficiencies are the priors (default: the file's, else h200)")
+                        help="hardware whose efficiencies are the priors (default: the first file's, else h200)")
     parser.add_argument("--model", default=None,
                         help="the measured layer's model (name, config.json or spec YAML), where the file names none")
     parser.add_argument("--kind", default=None, help="the measured layer's kind (default: the model's first)")
@@ -32,8 +33,13 @@ def run(args):
     from ndcost.cli import Output, table
     from ndcost.plugins.calibration import read_measurements
 
-    measurements, named, components = read_measurements(args.measurements, model=args.model, kind=args.kind,
-                                                         census=args.census, runtime=args.runtime)
+    measurements, components, named = [], [], None
+    for path in args.measurements:
+        found, hardware_named, timed_alone = read_measurements(path, model=args.model, kind=args.kind,
+                                                               census=args.census, runtime=args.runtime)
+        measurements += found
+        components += timed_alone
+        named = named or hardware_named
     hardware_name = args.hardware or named or "h200"
     registry = manager.registry()
     hardware = registry.get(f"hardware/{hardware_name}")

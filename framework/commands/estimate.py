@@ -50,6 +50,8 @@ def run(args):
                      f"(compute {t.compute_seconds:.4g} s, exposed communication "
                      f"{t.exposed_communication_seconds:.4g} s, bubble {t.bubble_seconds:.4g} s, "
                      f"optimizer {t.optimizer_seconds:.4g} s)")
+    elif (cost.provenance.get("time") or {}).get("unpriced"):
+        lines.append(f"step time: unpriced ({cost.provenance['time']['unpriced']})")
     sources = cost.provenance.get("records", {})
     for seq, prov in sources.items():
         acts = prov.get("activations", {})
