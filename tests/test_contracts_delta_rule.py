@@ -16,9 +16,10 @@ censuses differ by what each rule keeps that nothing else in the layer keeps:
   beta, which the sigmoid already keeps; the chunk-cumulated gates, fp32
   ``[b, s, h_v]``; and one chunk matrix ``[b, s, h_v, 64]`` bf16.
 """
-import weakref
 
 import pytest
+
+from _helpers import eager_delta_rule_kept_bytes
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -44,38 +45,6 @@ def _measure(runtime, index):
     return R._measure_plain(_config(), index, S, R.runtime_profile(runtime))
 
 
-def _eager_rule_kept_bytes() -> int:
-    """What Transformers' torch_chunk_gated_delta_rule keeps when run alone, inputs shaped as in the layer."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from transformers.models.qwen3_next import modeling_qwen3_next as modeling
-
-    rule = getattr(modeling.torch_chunk_gated_delta_rule, "__wrapped__", modeling.torch_chunk_gated_delta_rule)
-    with FakeTensorMode():
-        q = torch.empty(1, S, HK, DK, dtype=torch.bfloat16, requires_grad=True)
-        k = torch.empty(1, S, HK, DK, dtype=torch.bfloat16, requires_grad=True)
-        v = torch.empty(1, S, HV, DV, dtype=torch.bfloat16, requires_grad=True)
-        g = torch.empty(1, S, HV, dtype=torch.float32, requires_grad=True)
-        beta = torch.empty(1, S, HV, dtype=torch.bfloat16, requires_grad=True)
-        inputs = {t.untyped_storage()._cdata for t in (q, k, v, g, beta)}
-        saved = {}
-
-        def pack(tensor):
-            storage = tensor.untyped_storage()
-            if storage._cdata not in inputs:
-                saved[storage._cdata] = (weakref.ref(storage), storage.nbytes())
-            # detached, as a graph holds what it saves: an op saving its own output would
-            # otherwise hold itself, a cycle that keeps a graph the rule drops alive
-            return tensor.detach()
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out, _ = rule(q, k, v, g=g, beta=beta, chunk_size=CHUNK, use_qk_l2norm_in_kernel=True)
-        # what the rule keeps: the saves its output's graph still holds once it has returned
-        kept = sum(size for alive, size in saved.values() if alive() is not None)
-        del out
-        return kept
-
-
 @pytest.mark.slow
 def test_fused_rule_differs_from_the_eager_rule_by_their_own_saves():
     eager = _measure("hf-cuda", 0)
@@ -85,7 +54,7 @@ def test_fused_rule_differs_from_the_eager_rule_by_their_own_saves():
                   + 2 * CONV_DIM * S           # the value's storage: the convolution's SiLU output
                   + 4 * S * HV                 # gates cumulated within each chunk, fp32
                   + 2 * S * HV * CHUNK)        # the chunk matrix A, bf16
-    assert eager.saved_bytes - fused.saved_bytes == _eager_rule_kept_bytes() - fused_rule
+    assert eager.saved_bytes - fused.saved_bytes == eager_delta_rule_kept_bytes(S, HK, HV, DK, DV, CHUNK) - fused_rule
     assert fused.ops_bytes["linrec"] == fused_rule
 
 

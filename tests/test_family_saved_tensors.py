@@ -21,9 +21,10 @@ first save, at micro-batch 1 of ``S`` tokens in bf16. Shared pieces:
   ``[s k, h]`` and the routing weights ``[s k, 1]`` it is scaled by.
 """
 from collections import Counter
-import weakref
 
 import pytest
+
+from _helpers import eager_delta_rule_kept_bytes
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -314,7 +315,7 @@ def test_qwen3_next_linear_attention_layer():
     sizes = sorted(size for shape, _, size, _ in measured.saved_tensors if shape == (1, conv_dim, S))
     assert sizes == [2 * conv_dim * S, 2 * conv_dim * (S + kernel - 1)]
     rule_bytes = sum(size for _, _, size, op in measured.saved_tensors if op == "linrec")
-    assert rule_bytes == _eager_rule_alone(hk, hv, dk, dv)
+    assert rule_bytes == eager_delta_rule_kept_bytes(S, hk, hv, dk, dv)
 
 
 def _gated_delta_net(hk=2, hv=4, dk=16, dv=16):
@@ -347,7 +348,7 @@ def test_qwen3_5_layers():
     _, measured = _census("qwen3_5_text", 0, **QWEN3_5)
     outside_rule = Counter((tuple(shape), dtype) for shape, dtype, _, op in measured.saved_tensors if op != "linrec")
     assert outside_rule == Counter(_gated_delta_net() + mlp)
-    assert sum(size for _, _, size, op in measured.saved_tensors if op == "linrec") == _eager_rule_alone(2, 4, 16, 16)
+    assert sum(size for _, _, size, op in measured.saved_tensors if op == "linrec") == eager_delta_rule_kept_bytes(S, 2, 4, 16, 16)
 
 
 @pytest.mark.slow
@@ -361,34 +362,3 @@ def test_qwen3_5_moe_layers():
     _, measured = _census("qwen3_5_moe_text", 0, **fields)
     outside_rule = Counter((tuple(shape), dtype) for shape, dtype, _, op in measured.saved_tensors if op != "linrec")
     assert outside_rule == Counter(_gated_delta_net() + _qwen3_next_moe())
-
-
-def _eager_rule_alone(hk, hv, dk, dv) -> int:
-    """What Transformers' torch_chunk_gated_delta_rule keeps run alone on inputs of the layer's shapes."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from transformers.models.qwen3_next import modeling_qwen3_next as modeling
-
-    rule = getattr(modeling.torch_chunk_gated_delta_rule, "__wrapped__", modeling.torch_chunk_gated_delta_rule)
-    with FakeTensorMode():
-        q, k = (torch.empty(1, S, hk, dk, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-        v = torch.empty(1, S, hv, dv, dtype=torch.bfloat16, requires_grad=True)
-        g = torch.empty(1, S, hv, dtype=torch.float32, requires_grad=True)
-        beta = torch.empty(1, S, hv, dtype=torch.bfloat16, requires_grad=True)
-        inputs = {t.untyped_storage()._cdata for t in (q, k, v, g, beta)}
-        saved = {}
-
-        def pack(tensor):
-            storage = tensor.untyped_storage()
-            if storage._cdata not in inputs:
-                saved[storage._cdata] = (weakref.ref(storage), storage.nbytes())
-            # detached, as a graph holds what it saves: an op saving its own output would
-            # otherwise hold itself, a cycle that keeps a graph the rule drops alive
-            return tensor.detach()
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = rule(q, k, v, g=g, beta=beta, chunk_size=64, use_qk_l2norm_in_kernel=True)
-        # what the rule keeps: the saves its output's graph still holds once it has returned
-        kept = sum(size for alive, size in saved.values() if alive() is not None)
-        del out
-        return kept

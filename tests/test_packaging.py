@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import pip_install_into
+
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"framework": "ndcost", "registry": "ndcost.registry", "plugins": "ndcost.plugins", "specs": "ndcost.specs"}
 
@@ -123,11 +125,7 @@ def test_plain_install_ships_ndcost_only_with_its_yaml(tmp_path):
     for folder in FOLDERS:
         shutil.copytree(REPO / folder, source / folder,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
-    target = tmp_path / "site"
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                             "--no-index", "--target", str(target), str(source)],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
+    target = pip_install_into(source, tmp_path / "site", timeout=600)
 
     top = {p.name for p in target.iterdir() if not p.name.endswith(".dist-info") and p.name != "bin"}
     assert top == {"ndcost"}, f"a plain install must put only ndcost at the top level, got {sorted(top)}"

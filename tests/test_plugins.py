@@ -6,8 +6,6 @@ which is all ``importlib.metadata`` needs to find an entry point.
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -17,6 +15,8 @@ import pytest
 from ndcost import manager
 from ndcost.errors import PluginLoadError, StalePluginSet
 from ndcost.manager import PluginLoadWarning
+
+from _helpers import pip_install
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -142,16 +142,7 @@ def test_one_module_under_two_entry_points_runs_once(fresh):
 @pytest.fixture(scope="module")
 def lion_site(tmp_path_factory):
     """docs/examples/ndcost-lion installed with pip into a temporary target folder."""
-    work = tmp_path_factory.mktemp("lion")
-    source = work / "src"
-    shutil.copytree(REPO / "docs" / "examples" / "ndcost-lion", source,
-                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    target = work / "site"
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                             "--no-index", "--target", str(target), str(source)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return target
+    return pip_install(REPO / "docs" / "examples" / "ndcost-lion", tmp_path_factory.mktemp("lion"))
 
 
 @pytest.mark.slow

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import sys
 import textwrap
 import warnings
@@ -26,22 +24,12 @@ from ndcost import manager
 from ndcost.errors import RegistrationError
 from ndcost.models import FamilyFallbackWarning, family_for, load_model, parameters
 
+from _helpers import pip_install
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "docs" / "examples" / "ndcost-toyfamily"
 DIST = "ndcost-toyfamily"
 MODULE = "ndcost_toyfamily"
-
-
-def pip_install(source: Path, work: Path) -> Path:
-    """*source* (a distribution folder) installed with pip, offline and without dependencies, into a folder."""
-    copy = work / "src"
-    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    target = work / "site"
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                             "--no-index", "--target", str(target), str(copy)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return target
 
 
 def forget(*modules: str) -> None:
@@ -53,15 +41,6 @@ def forget(*modules: str) -> None:
 @pytest.fixture(scope="module")
 def toy_site(tmp_path_factory):
     return pip_install(EXAMPLE, tmp_path_factory.mktemp("toyfamily"))
-
-
-@pytest.fixture
-def fresh(monkeypatch):
-    """A plugin set reloaded for this test and forgotten after it."""
-    monkeypatch.delenv("NDCOST_STRICT_PLUGINS", raising=False)
-    manager.reset()
-    yield
-    manager.reset()
 
 
 @pytest.fixture

@@ -155,12 +155,11 @@ def load_contracts(names: Sequence[str], model_type: str, runtime_name: str) -> 
 
 def _replaced(root: Any, config: Any, replacements: Sequence[Any]) -> None:
     """Install *replacements* on *root*'s modules whose path and class name match."""
+    from ndcost.plugins.contracts import import_target
+
     for rule in replacements:
-        module_name, _, attribute = rule.factory.partition(":")
         try:
-            factory = importlib.import_module(module_name)
-            for part in attribute.split("."):
-                factory = getattr(factory, part)
+            factory = import_target(rule.factory)
         except (ImportError, AttributeError) as exc:
             raise CensusUnavailable(
                 f"the runtime replaces {list(rule.match)} with {rule.factory}, which this host cannot import "
@@ -175,6 +174,43 @@ def _replaced(root: Any, config: Any, replacements: Sequence[Any]) -> None:
             setattr(parent, leaf, factory(module, config))
 
 
+def refuse_unsupported(runtime: Any, config: Any, what: str) -> str:
+    """*config*'s model type, refused (CensusUnavailable) where *runtime* says it cannot price a *what* of it."""
+    model_type = str(getattr(config, "model_type", ""))
+    reason = runtime.unsupported.get(model_type)
+    if reason:
+        raise CensusUnavailable(f"runtime {runtime.name!r} cannot price a {model_type} {what}: {reason}")
+    return model_type
+
+
+def runtime_config(config: Any, modeling: Any, runtime: Any) -> Any:
+    """A copy of *config* naming *runtime*'s attention and experts implementations."""
+    config = copy.deepcopy(config)
+    config._attn_implementation = attention_implementation(modeling, runtime)
+    config._experts_implementation = runtime.experts
+    return config
+
+
+def build_fake(stack: contextlib.ExitStack, build: Callable[[], Any]) -> Any:
+    """``build()`` on fake tensors (the fake mode entered on *stack*, to last with it), bf16 the default dtype."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        return build()
+    finally:
+        torch.set_default_dtype(default)
+
+
+def install_contracts(stack: contextlib.ExitStack, loaded: Sequence[Any], site: Any) -> None:
+    """Each of the *loaded* contracts installed at *site* until *stack* closes."""
+    for contract in loaded:
+        stack.enter_context(contract.install(site))
+
+
 @contextlib.contextmanager
 def fake_layer(config: Any, layer_index: int, runtime: Any, contracts: bool = True,
                replacements: bool = True) -> Iterator[FakeLayer]:
@@ -184,39 +220,23 @@ def fake_layer(config: Any, layer_index: int, runtime: Any, contracts: bool = Tr
     kernels' shapes as counted for FLOPs (a fused kernel runs the same
     arithmetic, and its matmuls are ones no dispatch would see).
     """
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from ndcost.plugins.contracts import Site
 
     from ndcost.plugins.census.stack import refuse_single_layer
 
     refuse_single_layer(config)  # before building: such a family's layer fails deep inside its forward
-    model_type = str(getattr(config, "model_type", ""))
-    reason = runtime.unsupported.get(model_type)
-    if reason:
-        raise CensusUnavailable(f"runtime {runtime.name!r} cannot price a {model_type} layer: {reason}")
+    model_type = refuse_unsupported(runtime, config, "layer")
     modeling = modeling_module(config)
     layer_cls, rotary_cls = layer_classes(modeling)
     loaded = load_contracts(runtime.contracts_for(model_type), model_type, runtime.name) if contracts else []
-    config = copy.deepcopy(config)
-    config._attn_implementation = attention_implementation(modeling, runtime)
-    config._experts_implementation = runtime.experts
+    config = runtime_config(config, modeling, runtime)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            layer = layer_cls(config, layer_index)
-            rotary = rotary_cls(config=config) if rotary_cls is not None else None
-        finally:
-            torch.set_default_dtype(default)
+        layer, rotary = build_fake(stack, lambda: (
+            layer_cls(config, layer_index), rotary_cls(config=config) if rotary_cls is not None else None))
         if replacements and runtime.replacements:
             _replaced(layer, config, runtime.replacements)
         layer.train()
-        site = Site(config=config, modeling=modeling, root=layer, runtime=runtime)
-        for contract in loaded:
-            stack.enter_context(contract.install(site))
+        install_contracts(stack, loaded, Site(config=config, modeling=modeling, root=layer, runtime=runtime))
         yield FakeLayer(layer=layer, rotary=rotary, config=config, modeling=modeling, runtime=runtime,
                         contracts=loaded, layer_index=layer_index)
 

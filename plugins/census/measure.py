@@ -166,14 +166,21 @@ class ModuleStack:
     """Which of a layer's modules runs now, followed by forward hooks (removed by :meth:`close`)."""
 
     def __init__(self, layer: Any) -> None:
+        self._start()
         self.modules = dict(layer.named_modules())
-        self.running: List[str] = []
-        self.delta_rule = 0
-        self.handles = []
         for name, module in self.modules.items():
             if name:
-                self.handles.append(module.register_forward_pre_hook(functools.partial(self._enter, name)))
-                self.handles.append(module.register_forward_hook(self._leave))
+                self._follow(name, module)
+
+    def _start(self) -> None:
+        self.running: List[str] = []
+        self.delta_rule = 0
+        self.handles: List[Any] = []
+
+    def _follow(self, name: str, module: Any) -> None:
+        """Note *module* as running at path *name* while its forward runs."""
+        self.handles.append(module.register_forward_pre_hook(functools.partial(self._enter, name)))
+        self.handles.append(module.register_forward_hook(self._leave))
 
     def _enter(self, name: str, *_: Any) -> None:
         self.running.append(name)

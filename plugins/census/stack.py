@@ -36,7 +36,6 @@ Known limitations: the working figure leaves out kernel scratch.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import sys
 import time
@@ -46,6 +45,7 @@ import attrs
 
 from ndcost.errors import CensusUnavailable
 from ndcost.hookspecs import hookimpl
+from ndcost.plugins.census.measure import ModuleStack
 
 SOURCE = "census-stack"
 
@@ -135,30 +135,28 @@ class LayerMeasure:
     ops_bytes: Mapping[str, int] = attrs.field(factory=dict)
 
 
-class _LayerPaths:
+class _LayerPaths(ModuleStack):
     """Which decoder layer runs its forward, and which of its modules (paths relative to the layer).
 
-    Duck-types the census's ``ModuleStack`` for per-op attribution, and notes
-    each layer's backward window by hooks on its output and input tensors.
+    The census's ``ModuleStack`` over every decoder layer, for per-op
+    attribution; it notes each layer's backward window by hooks on its
+    output and input tensors.
     """
 
     def __init__(self, layers: Sequence[Any], clock: Callable[[], int]) -> None:
+        self._start()
         self.layers = list(layers)
         self.clock = clock
         self.layer_running: List[int] = []
-        self.running: List[str] = []
-        self.delta_rule = 0
         self.modules: Dict[str, Any] = {}
         self.windows: Dict[int, List[int]] = {}
-        self.handles: List[Any] = []
         for index, layer in enumerate(self.layers):
             self.handles.append(layer.register_forward_pre_hook(functools.partial(self._enter_layer, index)))
             self.handles.append(layer.register_forward_hook(functools.partial(self._leave_layer, index)))
             for name, module in layer.named_modules():
                 if name:
                     self.modules.setdefault(name, module)
-                    self.handles.append(module.register_forward_pre_hook(functools.partial(self._enter, name)))
-                    self.handles.append(module.register_forward_hook(self._leave))
+                    self._follow(name, module)
 
     # forward ---------------------------------------------------------------------------------------
     def _enter_layer(self, index: int, module: Any, args: Tuple[Any, ...]) -> None:
@@ -176,13 +174,6 @@ class _LayerPaths:
             # the gradient reaching the layer's output opens its backward
             out.register_hook(functools.partial(self._open, index))
 
-    def _enter(self, name: str, *_: Any) -> None:
-        self.running.append(name)
-
-    def _leave(self, *_: Any) -> None:
-        if self.running:
-            self.running.pop()
-
     # backward --------------------------------------------------------------------------------------
     def _open(self, index: int, grad: Any) -> None:
         now = self.clock()
@@ -196,20 +187,6 @@ class _LayerPaths:
     @property
     def layer(self) -> Optional[int]:
         return self.layer_running[0] if self.layer_running else None
-
-    @property
-    def path(self) -> str:
-        return self.running[-1] if self.running else ""
-
-    def part(self) -> str:
-        from ndcost.plugins.census.measure import module_part
-        path = self.path
-        return module_part(path, self.modules.get(path))
-
-    def close(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
 
 
 def _base_model_class(config: Any) -> Any:
@@ -242,39 +219,28 @@ def fake_stack(config: Any, runtime: Any, contracts: bool = True,
 
     Yields ``(model, loaded contracts, modeling module)``.
     """
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from ndcost.plugins.census import layer as L
     from ndcost.plugins.contracts import Site
 
-    model_type = str(getattr(config, "model_type", ""))
-    reason = runtime.unsupported.get(model_type)
-    if reason:
-        raise CensusUnavailable(f"runtime {runtime.name!r} cannot price a {model_type} model: {reason}")
+    model_type = L.refuse_unsupported(runtime, config, "model")
     modeling = L.modeling_module(config)
     model_cls = _base_model_class(config)
     loaded = L.load_contracts(runtime.contracts_for(model_type), model_type, runtime.name) if contracts else []
-    config = copy.deepcopy(config)
-    config._attn_implementation = L.attention_implementation(modeling, runtime)
-    config._experts_implementation = runtime.experts
+    config = L.runtime_config(config, modeling, runtime)
+
+    def build() -> Any:
+        with fake_module_conversions():
+            return model_cls(config)
+
     with contextlib.ExitStack() as stack:
-        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            with fake_module_conversions():
-                model = model_cls(config)
-        finally:
-            torch.set_default_dtype(default)
+        model = L.build_fake(stack, build)
         model.config._experts_implementation = runtime.experts
         if replacements and runtime.replacements:
             for layer in _decoder_layers(model):
                 L._replaced(layer, model.config, runtime.replacements)
         model.train()
-        site = Site(config=model.config, modeling=modeling, root=model, runtime=runtime)
-        for contract in loaded:
-            stack.enter_context(contract.install(site))
+        L.install_contracts(stack, loaded, Site(config=model.config, modeling=modeling, root=model,
+                                                runtime=runtime))
         yield model, loaded, modeling
 
 

@@ -37,10 +37,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Iterator, Mapping, Optional, Tuple
+from typing import Any, ContextManager, Iterator, Mapping, Optional, Tuple
 
 from ndcost.hookspecs import hookimpl
-from ndcost.plugins.contracts import Contract, FlopCount, KernelContract, Site
+from ndcost.plugins.contracts import (Contract, FlopCount, KernelContract, OpContract, Site, attention_saved_op,
+                                      dropout_replaced, fake_only_op, fp32_layer_norm_statistics,
+                                      function_replaced, register_contracts, register_kernel_autograd)
 
 NAME = "cuda-sdpa"
 
@@ -101,27 +103,21 @@ def _backward_flops(q_shape, k_shape, v_shape, causal: bool) -> int:
     return per_pair * _pairs(queries, keys, causal)
 
 
-class _CudaSdpa(KernelContract):
+class _CudaSdpa(OpContract):
     """The torch side of ``cuda-sdpa``: two custom ops and a function mode routing SDPA to them."""
 
     name = NAME
+    forward, backward = "cuda_sdpa", "cuda_sdpa_backward"
+    # torchtitan's policy saves the cuDNN and the efficient kernels alike
+    stands = ("aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_cudnn_attention_backward")
+    runs_as = "scores"
 
     def __init__(self) -> None:
         import torch
 
         self._torch = torch
 
-        @torch.library.custom_op(
-            "ndcost::cuda_sdpa", mutates_args=(),
-            schema="(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, bool is_causal, "
-                   "float? scale, bool enable_gqa) -> (Tensor, Tensor, Tensor, Tensor)")
-        def cuda_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-            raise NotImplementedError(
-                "ndcost::cuda_sdpa is a contract for fake tensors only; on a CUDA device call "
-                "torch.nn.functional.scaled_dot_product_attention")
-
-        @cuda_sdpa.register_fake
-        def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        def sdpa_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
             batch, heads, queries, _ = query.shape
             value_width = value.shape[-1]
             size = (batch, heads, queries, value_width)
@@ -140,49 +136,34 @@ class _CudaSdpa(KernelContract):
             offset = query.new_empty((), dtype=torch.int64)
             return out, stat, seed, offset
 
-        @torch.library.custom_op(
-            "ndcost::cuda_sdpa_backward", mutates_args=(),
-            schema="(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor out, Tensor stat, Tensor seed, "
-                   "Tensor offset, Tensor? attn_mask, float dropout_p, bool is_causal, float? scale, "
-                   "bool enable_gqa) -> (Tensor, Tensor, Tensor)")
-        def cuda_sdpa_backward(grad, query, key, value, out, stat, seed, offset, attn_mask, dropout_p, is_causal,
-                               scale, enable_gqa):
-            raise NotImplementedError("ndcost::cuda_sdpa_backward is a contract for fake tensors only")
+        cuda_sdpa = fake_only_op(
+            "ndcost::cuda_sdpa",
+            "(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, bool is_causal, "
+            "float? scale, bool enable_gqa) -> (Tensor, Tensor, Tensor, Tensor)",
+            sdpa_fake, use="on a CUDA device call torch.nn.functional.scaled_dot_product_attention")
 
-        @cuda_sdpa_backward.register_fake
-        def _(grad, query, key, value, out, stat, seed, offset, attn_mask, dropout_p, is_causal, scale,
-              enable_gqa):
+        def sdpa_backward_fake(grad, query, key, value, out, stat, seed, offset, attn_mask, dropout_p, is_causal,
+                               scale, enable_gqa):
             return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
 
-        def setup_context(ctx, inputs, output):
-            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = inputs
-            out, stat, seed, offset = output
-            ctx.mark_non_differentiable(stat, seed, offset)
-            ctx.options = (dropout_p, is_causal, scale, enable_gqa)
-            ctx.has_mask = attn_mask is not None
-            saved = [query, key, value, out, stat, seed, offset]
-            if attn_mask is not None:
-                saved.append(attn_mask)
-            ctx.save_for_backward(*saved)
+        cuda_sdpa_backward = fake_only_op(
+            "ndcost::cuda_sdpa_backward",
+            "(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor out, Tensor stat, Tensor seed, "
+            "Tensor offset, Tensor? attn_mask, float dropout_p, bool is_causal, float? scale, "
+            "bool enable_gqa) -> (Tensor, Tensor, Tensor)",
+            sdpa_backward_fake)
 
-        def backward(ctx, grad, _stat, _seed, _offset):
-            saved = ctx.saved_tensors
-            query, key, value, out, stat, seed, offset = saved[:7]
-            attn_mask = saved[7] if ctx.has_mask else None
-            dq, dk, dv = cuda_sdpa_backward(grad, query, key, value, out, stat, seed, offset, attn_mask,
-                                            *ctx.options)
-            return dq, dk, dv, None, None, None, None, None
+        def saves(inputs, output):
+            # q, k, v, the output, the logsumexp, the RNG seed and offset, and the mask where there is one
+            query, key, value, attn_mask = inputs[:4]
+            return [query, key, value, *output] + ([attn_mask] if attn_mask is not None else [])
 
-        cuda_sdpa.register_autograd(backward, setup_context=setup_context)
-        self.forward_op = torch.ops.ndcost.cuda_sdpa.default
-        self.backward_op = torch.ops.ndcost.cuda_sdpa_backward.default
+        register_kernel_autograd(
+            cuda_sdpa, cuda_sdpa_backward, saves=saves, options=lambda inputs: inputs[4:], stateless=(1, 2, 3),
+            kept=lambda saved: (*saved[:7], saved[7] if len(saved) > 7 else None))
+        super().__init__(torch.ops.ndcost)
 
     # -- what the census asks of a contract ---------------------------------
-    def stands_for(self) -> Mapping[Any, str]:
-        # torchtitan's policy saves the cuDNN and the efficient kernels alike
-        return {self.forward_op: "aten._scaled_dot_product_cudnn_attention",
-                self.backward_op: "aten._scaled_dot_product_cudnn_attention_backward"}
-
     def install(self, site: Site):
         return _routed(self)
 
@@ -201,15 +182,9 @@ class _CudaSdpa(KernelContract):
     def saved_op(self, func: Any, tensor: Any) -> Optional[str]:
         if func is not self.forward_op:
             return None
-        torch = self._torch
-        if tensor.dtype == torch.float32:
-            return "softmax"      # the logsumexp the backward rebuilds the softmax from
-        if tensor.dtype == torch.int64:
-            return "dropout"      # the RNG seed and offset of the kernel's dropout
-        return "attBMM"           # q, k, v, the output and a mask: the two batched matmuls'
-
-    def part(self, func: Any) -> Optional[str]:
-        return "scores" if func in (self.forward_op, self.backward_op) else None
+        # the logsumexp is softmax's, the int64 RNG seed and offset dropout's, q, k, v, the output and a mask
+        # the two batched matmuls'
+        return attention_saved_op(tensor, dropout_dtype=self._torch.int64)
 
     def flops(self, func, args, kwargs, out) -> Optional[FlopCount]:
         if func is not self.forward_op:
@@ -233,8 +208,7 @@ class _CudaSdpa(KernelContract):
         return {torch.ops.ndcost.cuda_sdpa: forward, torch.ops.ndcost.cuda_sdpa_backward: backward}
 
 
-@contextlib.contextmanager
-def _routed(contract: _CudaSdpa) -> Iterator[None]:
+def _routed(contract: _CudaSdpa) -> ContextManager[None]:
     """Every ``torch.nn.functional.scaled_dot_product_attention`` call answered by the contract.
 
     The function is replaced on ``torch.nn.functional`` (Transformers looks
@@ -244,17 +218,12 @@ def _routed(contract: _CudaSdpa) -> Iterator[None]:
     """
     import torch.nn.functional as F
 
-    original = F.scaled_dot_product_attention
+    def make(original: Any) -> Any:
+        def scaled_dot_product_attention(*args, **kwargs):
+            return contract.call(*args, **kwargs)
+        return scaled_dot_product_attention
 
-    @functools.wraps(original)
-    def scaled_dot_product_attention(*args, **kwargs):
-        return contract.call(*args, **kwargs)
-
-    F.scaled_dot_product_attention = scaled_dot_product_attention
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = original
+    return function_replaced(F, "scaled_dot_product_attention", make)
 
 
 @functools.lru_cache(maxsize=None)
@@ -293,22 +262,10 @@ class _CudaNative(KernelContract):
 def _native_installed() -> Iterator[None]:
     """CUDA's fused dropout for ``F.dropout`` (the CPU path multiplies by a mask of the input's dtype) and the mode."""
     import torch
-    import torch.nn.functional as F
 
-    original = F.dropout
-
-    @functools.wraps(original)
-    def dropout(input, p=0.5, training=True, inplace=False):
-        if not training or p == 0 or inplace:
-            return original(input, p, training, inplace)
-        return torch.ops.aten.native_dropout(input, p, True)[0]
-
-    F.dropout = dropout
-    try:
+    with dropout_replaced(lambda input, p: torch.ops.aten.native_dropout(input, p, True)[0]):
         with _native_mode()():
             yield
-    finally:
-        F.dropout = original
 
 
 @functools.lru_cache(maxsize=None)
@@ -316,18 +273,14 @@ def _native_mode():
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    aten = torch.ops.aten
-    dropout, layer_norm = aten.native_dropout.default, aten.native_layer_norm.default
-    reduced = (torch.bfloat16, torch.float16)
+    dropout = torch.ops.aten.native_dropout.default
 
     class _Native(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             if func is dropout and out[1].dtype != torch.bool:
                 return out[0], torch.empty(out[1].shape, dtype=torch.bool, device=out[1].device)
-            if func is layer_norm and args[0].dtype in reduced:
-                return (out[0], *(torch.empty(t.shape, dtype=torch.float32, device=t.device) for t in out[1:]))
-            return out
+            return fp32_layer_norm_statistics(func, args, out)
 
     return _Native
 
@@ -339,5 +292,4 @@ def native_implementation() -> _CudaNative:
 
 @hookimpl
 def ndcost_register(register):
-    register(f"contract/{NAME}", CONTRACT)
-    register(f"contract/{NATIVE_NAME}", NATIVE_CONTRACT)
+    register_contracts(register, (CONTRACT, NATIVE_CONTRACT))

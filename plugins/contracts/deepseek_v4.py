@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Iterator, Mapping, Optional, Tuple
+from typing import Any, Iterator, Optional, Tuple
 
 from ndcost.hookspecs import hookimpl
-from ndcost.plugins.contracts import Contract, FlopCount, KernelContract, Site
+from ndcost.plugins.contracts import (Contract, FlopCount, OpContract, Patched, Site, attention_saved_op,
+                                      fake_only_op, register_attention_function, register_contracts,
+                                      register_kernel_autograd)
 
 SPARSE_ATTENTION = "deepseek-v4-sparse-attention"
 INDEXER = "deepseek-v4-indexer"
@@ -60,54 +62,33 @@ def _ops() -> Any:
 
     namespace = "ndcost_dsv4"
 
-    @torch.library.custom_op(
-        f"{namespace}::sparse_attention", mutates_args=(),
-        schema="(Tensor query, Tensor kv, Tensor sinks, Tensor indices, float scale) -> (Tensor, Tensor)")
-    def sparse_attention(query, kv, sinks, indices, scale):
-        raise NotImplementedError(f"{namespace}::sparse_attention is a contract for fake tensors only")
-
-    @sparse_attention.register_fake
-    def _(query, kv, sinks, indices, scale):
+    def attention_fake(query, kv, sinks, indices, scale):
         batch, heads, queries, width = query.shape
         out = query.new_empty((batch, queries, heads, width))
         lse = query.new_empty((batch, heads, queries), dtype=torch.float32)
         return out, lse
 
-    @torch.library.custom_op(
-        f"{namespace}::sparse_attention_grad", mutates_args=(),
-        schema="(Tensor grad, Tensor query, Tensor kv, Tensor sinks, Tensor indices, Tensor out, Tensor lse, "
-               "float scale) -> (Tensor, Tensor, Tensor)")
-    def sparse_attention_grad(grad, query, kv, sinks, indices, out, lse, scale):
-        raise NotImplementedError(f"{namespace}::sparse_attention_grad is a contract for fake tensors only")
+    sparse_attention = fake_only_op(
+        f"{namespace}::sparse_attention",
+        "(Tensor query, Tensor kv, Tensor sinks, Tensor indices, float scale) -> (Tensor, Tensor)",
+        attention_fake)
+    sparse_attention_grad = fake_only_op(
+        f"{namespace}::sparse_attention_grad",
+        "(Tensor grad, Tensor query, Tensor kv, Tensor sinks, Tensor indices, Tensor out, Tensor lse, "
+        "float scale) -> (Tensor, Tensor, Tensor)",
+        lambda grad, query, kv, sinks, indices, out, lse, scale: (
+            torch.empty_like(query), torch.empty_like(kv), torch.empty_like(sinks)))
 
-    @sparse_attention_grad.register_fake
-    def _(grad, query, kv, sinks, indices, out, lse, scale):
-        return torch.empty_like(query), torch.empty_like(kv), torch.empty_like(sinks)
+    # q, the shared K=V, the sinks (a parameter), the gathered indices, the output and the log-sum-exp
+    register_kernel_autograd(sparse_attention, sparse_attention_grad,
+                             saves=lambda inputs, output: [*inputs[:4], *output],
+                             options=lambda inputs: inputs[4:], stateless=(1,))
 
-    def setup(ctx, inputs, output):
-        query, kv, sinks, indices, scale = inputs
-        out, lse = output
-        ctx.mark_non_differentiable(lse)
-        ctx.scale = scale
-        ctx.save_for_backward(query, kv, sinks, indices, out, lse)
-
-    def backward(ctx, grad, _lse):
-        query, kv, sinks, indices, out, lse = ctx.saved_tensors
-        dq, dkv, dsinks = sparse_attention_grad(grad, query, kv, sinks, indices, out, lse, ctx.scale)
-        return dq, dkv, dsinks, None, None
-
-    sparse_attention.register_autograd(backward, setup_context=setup)
-
-    @torch.library.custom_op(
-        f"{namespace}::indexer_scores", mutates_args=(),
-        schema="(Tensor q, Tensor compressed_kv, Tensor weights, float scale) -> Tensor")
-    def indexer_scores(q, compressed_kv, weights, scale):
-        raise NotImplementedError(f"{namespace}::indexer_scores is a contract for fake tensors only")
-
-    @indexer_scores.register_fake
-    def _(q, compressed_kv, weights, scale):
-        batch, queries = q.shape[:2]
-        return q.new_empty((batch, queries, compressed_kv.shape[-2]), dtype=torch.float32)
+    indexer_scores = fake_only_op(
+        f"{namespace}::indexer_scores",
+        "(Tensor q, Tensor compressed_kv, Tensor weights, float scale) -> Tensor",
+        lambda q, compressed_kv, weights, scale: q.new_empty((*q.shape[:2], compressed_kv.shape[-2]),
+                                                             dtype=torch.float32))
 
     def indexer_setup(ctx, inputs, output):
         ctx.mark_non_differentiable(output)
@@ -150,12 +131,8 @@ def dsv4_sparse_attention_forward(module: Any, query: Any, key: Any, value: Any,
 
 
 def _register_attention_function() -> None:
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-    from transformers.modeling_utils import AttentionInterface
-
-    AttentionInterface.register(ATTENTION_IMPLEMENTATION, dsv4_sparse_attention_forward)
     # The kernel takes the window and causality from the layer: no dense mask is built.
-    AttentionMaskInterface.register(ATTENTION_IMPLEMENTATION, flash_attention_mask)
+    register_attention_function(ATTENTION_IMPLEMENTATION, dsv4_sparse_attention_forward)
 
 
 def _configs(site: Site) -> list:
@@ -167,17 +144,15 @@ def _configs(site: Site) -> list:
     return list(found.values())
 
 
-class _SparseAttention(KernelContract):
+class _SparseAttention(OpContract):
     name = SPARSE_ATTENTION
+    forward, backward = "sparse_attention", "sparse_attention_grad"
+    stands = ("dsv4.sparse_attn", "dsv4.sparse_attn_backward")
+    runs_as = "scores"
 
     def __init__(self) -> None:
-        self.ops = _ops()
-        self.forward_op = self.ops.sparse_attention.default
-        self.backward_op = self.ops.sparse_attention_grad.default
+        super().__init__(_ops())
         _register_attention_function()
-
-    def stands_for(self) -> Mapping[Any, str]:
-        return {self.forward_op: "dsv4.sparse_attn", self.backward_op: "dsv4.sparse_attn_backward"}
 
     def install(self, site: Site):
         return self._installed(site)
@@ -185,26 +160,15 @@ class _SparseAttention(KernelContract):
     @contextlib.contextmanager
     def _installed(self, site: Site) -> Iterator[None]:
         _register_attention_function()
-        configs = _configs(site)
-        previous = [(config, config._attn_implementation) for config in configs]
-        for config in configs:
-            config._attn_implementation = ATTENTION_IMPLEMENTATION
-        try:
+        with Patched() as patched:
+            for config in _configs(site):
+                patched.set(config, "_attn_implementation", ATTENTION_IMPLEMENTATION)
             yield
-        finally:
-            for config, value in previous:
-                config._attn_implementation = value
 
     def saved_op(self, func: Any, tensor: Any) -> Optional[str]:
         if func is not self.forward_op:
             return None
-        import torch
-        if tensor.dtype == torch.float32:
-            return "softmax"
-        return "attBMM"
-
-    def part(self, func: Any) -> Optional[str]:
-        return "scores" if func in (self.forward_op, self.backward_op) else None
+        return attention_saved_op(tensor)
 
     def flops(self, func, args, kwargs, out) -> Optional[FlopCount]:
         if func is not self.forward_op:
@@ -218,15 +182,12 @@ class _SparseAttention(KernelContract):
         return FlopCount(part="scores", flops=per_pair * pairs, all_pairs_flops=per_pair * queries * kv.shape[-2])
 
 
-class _Indexer(KernelContract):
+class _Indexer(OpContract):
     name = INDEXER
+    forward, stands, saves_as, runs_as = "indexer_scores", ("dsv4.fp8_index",), "attBMM", "scores"
 
     def __init__(self) -> None:
-        self.ops = _ops()
-        self.forward_op = self.ops.indexer_scores.default
-
-    def stands_for(self) -> Mapping[Any, str]:
-        return {self.forward_op: "dsv4.fp8_index"}
+        super().__init__(_ops())
 
     def install(self, site: Site):
         return self._installed(site)
@@ -235,29 +196,14 @@ class _Indexer(KernelContract):
     def _installed(self, site: Site) -> Iterator[None]:
         import torch
 
-        patched = []
-        for module in (site.root.modules() if site.root is not None else ()):
-            name = type(module).__name__
-            if name.endswith("IndexerScorer") and hasattr(module, "weights_proj"):
-                patched.append((module, "forward", module.__dict__.get("forward")))
-                module.forward = functools.partial(_scores, module)
-            elif name.endswith("Indexer") and hasattr(module, "scorer"):
-                patched.append((module, "forward", module.__dict__.get("forward")))
-                module.forward = _without_grad(module.forward, torch)
-        try:
+        with Patched() as patched:
+            for module in (site.root.modules() if site.root is not None else ()):
+                name = type(module).__name__
+                if name.endswith("IndexerScorer") and hasattr(module, "weights_proj"):
+                    patched.set(module, "forward", functools.partial(_scores, module))
+                elif name.endswith("Indexer") and hasattr(module, "scorer"):
+                    patched.set(module, "forward", _without_grad(module.forward, torch))
             yield
-        finally:
-            for module, attribute, value in reversed(patched):
-                if value is None:
-                    module.__dict__.pop(attribute, None)
-                else:
-                    setattr(module, attribute, value)
-
-    def saved_op(self, func: Any, tensor: Any) -> Optional[str]:
-        return "attBMM" if func is self.forward_op else None
-
-    def part(self, func: Any) -> Optional[str]:
-        return "scores" if func is self.forward_op else None
 
     def flops(self, func, args, kwargs, out) -> Optional[FlopCount]:
         if func is not self.forward_op:
@@ -294,5 +240,4 @@ def indexer_implementation() -> _Indexer:
 
 @hookimpl
 def ndcost_register(register):
-    for contract in CONTRACTS:
-        register(f"contract/{contract.name}", contract)
+    register_contracts(register, CONTRACTS)

@@ -30,11 +30,13 @@ does not see.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Iterator, Mapping, Optional, Tuple
 
 from ndcost.hookspecs import hookimpl
-from ndcost.plugins.contracts import Contract, FlopCount, KernelContract, Site
+from ndcost.plugins.contracts import (Contract, FlopCount, OpContract, Patched, Site, fake_only_op,
+                                      register_contracts, register_kernel_autograd)
 
 NAME = "fla-chunk-gated-delta-rule"
 
@@ -73,18 +75,12 @@ def chunk_rule_flops(batch: int, tokens: int, value_heads: int, key_width: int, 
 def _ops() -> Any:
     """The custom ops, defined once per process."""
     import torch
-    from torch import Tensor
 
     namespace = "ndcost_fla"
 
-    @torch.library.custom_op(f"{namespace}::l2norm", mutates_args=(),
-        schema="(Tensor x, float eps) -> (Tensor, Tensor)")
-    def l2norm(x: Tensor, eps: float) -> Tuple[Tensor, Tensor]:
-        raise NotImplementedError(f"{namespace}::l2norm is a contract for fake tensors only")
-
-    @l2norm.register_fake
-    def _(x, eps):
-        return torch.empty_like(x), x.new_empty(x.shape[:-1], dtype=torch.float32)
+    l2norm = fake_only_op(
+        f"{namespace}::l2norm", "(Tensor x, float eps) -> (Tensor, Tensor)",
+        lambda x, eps: (torch.empty_like(x), x.new_empty(x.shape[:-1], dtype=torch.float32)))
 
     def l2norm_setup(ctx, inputs, output):
         y, rstd = output
@@ -97,51 +93,34 @@ def _ops() -> Any:
 
     l2norm.register_autograd(l2norm_backward, setup_context=l2norm_setup)
 
-    @torch.library.custom_op(f"{namespace}::chunk_gated_delta_rule", mutates_args=(),
-        schema="(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
-               "int chunk_size) -> (Tensor, Tensor, Tensor)")
-    def chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
-                               chunk_size: int) -> Tuple[Tensor, Tensor, Tensor]:
-        raise NotImplementedError(f"{namespace}::chunk_gated_delta_rule is a contract for fake tensors only; "
-                                  f"on a GPU install flash-linear-attention")
-
-    @chunk_gated_delta_rule.register_fake
-    def _(q, k, v, g, beta, scale, chunk_size):
+    def rule_fake(q, k, v, g, beta, scale, chunk_size):
         batch, tokens, value_heads, value_width = v.shape
         out = q.new_empty((batch, tokens, value_heads, value_width))
         gates = g.new_empty((batch, tokens, value_heads), dtype=torch.float32)
         chunk_matrix = k.new_empty((batch, tokens, value_heads, chunk_size))
         return out, gates, chunk_matrix
 
-    @torch.library.custom_op(f"{namespace}::chunk_gated_delta_rule_grad", mutates_args=(),
-        schema="(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor gates, Tensor beta, "
-               "Tensor chunk_matrix, float scale, int chunk_size) -> (Tensor, Tensor, Tensor, Tensor, "
-               "Tensor)")
-    def chunk_gated_delta_rule_grad(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, gates: Tensor,
-                                    beta: Tensor, chunk_matrix: Tensor, scale: float,
-                                    chunk_size: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        raise NotImplementedError(f"{namespace}::chunk_gated_delta_rule_grad is a contract for fake tensors only")
+    chunk_gated_delta_rule = fake_only_op(
+        f"{namespace}::chunk_gated_delta_rule",
+        "(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
+        "int chunk_size) -> (Tensor, Tensor, Tensor)",
+        rule_fake, use="on a GPU install flash-linear-attention")
+    chunk_gated_delta_rule_grad = fake_only_op(
+        f"{namespace}::chunk_gated_delta_rule_grad",
+        "(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor gates, Tensor beta, "
+        "Tensor chunk_matrix, float scale, int chunk_size) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+        lambda grad, q, k, v, gates, beta, chunk_matrix, scale, chunk_size: (
+            torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(gates),
+            torch.empty_like(beta)))
 
-    @chunk_gated_delta_rule_grad.register_fake
-    def _(grad, q, k, v, gates, beta, chunk_matrix, scale, chunk_size):
-        return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(gates),
-                torch.empty_like(beta))
-
-    def rule_setup(ctx, inputs, output):
-        q, k, v, g, beta, scale, chunk_size = inputs
+    def rule_saves(inputs, output):
+        # q, k, v, the chunk-cumulated fp32 gates (not g itself), beta and the chunk matrix
+        q, k, v, _, beta = inputs[:5]
         _, gates, chunk_matrix = output
-        ctx.mark_non_differentiable(gates, chunk_matrix)
-        ctx.options = (scale, chunk_size)
-        ctx.gate_dtype = g.dtype
-        ctx.save_for_backward(q, k, v, gates, beta, chunk_matrix)
+        return [q, k, v, gates, beta, chunk_matrix]
 
-    def rule_backward(ctx, grad, _gates, _matrix):
-        q, k, v, gates, beta, chunk_matrix = ctx.saved_tensors
-        dq, dk, dv, dg, dbeta = chunk_gated_delta_rule_grad(grad, q, k, v, gates, beta, chunk_matrix,
-                                                            *ctx.options)
-        return dq, dk, dv, dg.to(ctx.gate_dtype), dbeta, None, None
-
-    chunk_gated_delta_rule.register_autograd(rule_backward, setup_context=rule_setup)
+    register_kernel_autograd(chunk_gated_delta_rule, chunk_gated_delta_rule_grad, saves=rule_saves,
+                             options=lambda inputs: inputs[5:], stateless=(1, 2))
     return torch.ops.ndcost_fla
 
 
@@ -166,15 +145,14 @@ def fused_chunk_gated_delta_rule(query: Any, key: Any, value: Any, g: Any, beta:
     return out, final
 
 
-class _DeltaRule(KernelContract):
+class _DeltaRule(OpContract):
     """The torch side of ``fla-chunk-gated-delta-rule``."""
 
     name = NAME
+    forward, backward = "chunk_gated_delta_rule", "chunk_gated_delta_rule_grad"
 
     def __init__(self) -> None:
-        self.ops = _ops()
-        self.forward_op = self.ops.chunk_gated_delta_rule.default
-        self.backward_op = self.ops.chunk_gated_delta_rule_grad.default
+        super().__init__(_ops())
         self.l2norm_op = self.ops.l2norm.default
 
     def stands_for(self) -> Mapping[Any, str]:
@@ -212,37 +190,18 @@ class _DeltaRule(KernelContract):
         return {self.ops.chunk_gated_delta_rule: forward, self.ops.chunk_gated_delta_rule_grad: backward}
 
 
-class _installed:
+@contextlib.contextmanager
+def _installed(site: Site) -> Iterator[None]:
     """Route the modeling module's rule, and any module's rule attribute, to the contract while open."""
-
-    def __init__(self, site: Site) -> None:
-        self.site = site
-        self.patched = []
-
-    def __enter__(self):
-        modeling, root = self.site.modeling, self.site.root
+    modeling, root = site.modeling, site.root
+    with Patched() as patched:
         if modeling is not None and callable(getattr(modeling, RULE_FUNCTION, None)):
-            self.patched.append((modeling, RULE_FUNCTION, getattr(modeling, RULE_FUNCTION), True))
-            setattr(modeling, RULE_FUNCTION, fused_chunk_gated_delta_rule)
+            patched.set(modeling, RULE_FUNCTION, fused_chunk_gated_delta_rule)
         if root is not None:
             for module in root.modules():
                 if RULE_ATTRIBUTE in module.__dict__ or callable(getattr(type(module), RULE_ATTRIBUTE, None)):
-                    had = RULE_ATTRIBUTE in module.__dict__
-                    self.patched.append((module, RULE_ATTRIBUTE, module.__dict__.get(RULE_ATTRIBUTE), had))
-                    setattr(module, RULE_ATTRIBUTE, fused_chunk_gated_delta_rule)
-        return self
-
-    def __exit__(self, *exc):
-        for owner, name, value, had in reversed(self.patched):
-            if had:
-                setattr(owner, name, value)
-            else:
-                try:
-                    delattr(owner, name)
-                except AttributeError:
-                    pass
-        self.patched = []
-        return False
+                    patched.set(module, RULE_ATTRIBUTE, fused_chunk_gated_delta_rule)
+        yield
 
 
 @functools.lru_cache(maxsize=None)
@@ -253,4 +212,4 @@ def implementation() -> _DeltaRule:
 
 @hookimpl
 def ndcost_register(register):
-    register(f"contract/{NAME}", CONTRACT)
+    register_contracts(register, (CONTRACT,))

@@ -50,7 +50,10 @@ from typing import Any, Iterator, Mapping, Optional, Tuple
 
 from ndcost.errors import CensusUnavailable
 from ndcost.hookspecs import hookimpl
-from ndcost.plugins.contracts import Contract, FlopCount, KernelContract, Site
+from ndcost.plugins.contracts import (Contract, FlopCount, OpContract, Site, attention_saved_op,
+                                      dropout_replaced, fake_only_op, fp32_layer_norm_statistics,
+                                      register_attention_function, register_contracts,
+                                      register_kernel_autograd)
 
 ATTENTION = "npu-fusion-attention"
 RMS_NORM = "npu-rms-norm"
@@ -117,21 +120,11 @@ def dropout_mask_bytes(batch: int, heads: int, queries: int, keys: int) -> int:
 def _ops() -> Any:
     """The NPU custom ops, defined once per process (a custom op cannot be defined twice)."""
     import torch
-    from torch import Tensor
 
     namespace = "ndcost_npu"
 
     # -- fusion attention ---------------------------------------------------
-    @torch.library.custom_op(f"{namespace}::fusion_attention", mutates_args=(),
-        schema="(Tensor query, Tensor key, Tensor value, float scale, float keep_prob, int pre_tokens, "
-               "int next_tokens) -> (Tensor, Tensor, Tensor, Tensor)")
-    def fusion_attention(query: Tensor, key: Tensor, value: Tensor, scale: float, keep_prob: float,
-                         pre_tokens: int, next_tokens: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        raise NotImplementedError(f"{namespace}::fusion_attention is a contract for fake tensors only; "
-                                  f"on an Ascend NPU call torch_npu.npu_fusion_attention")
-
-    @fusion_attention.register_fake
-    def _(query, key, value, scale, keep_prob, pre_tokens, next_tokens):
+    def attention_fake(query, key, value, scale, keep_prob, pre_tokens, next_tokens):
         batch, queries, heads, _ = query.shape
         keys = key.shape[1]
         out = query.new_empty((batch, queries, heads, value.shape[-1]))
@@ -141,52 +134,39 @@ def _ops() -> Any:
         mask = query.new_empty((mask_bytes,), dtype=torch.uint8)
         return out, stats[0], stats[1], mask
 
-    @torch.library.custom_op(f"{namespace}::fusion_attention_grad", mutates_args=(),
-        schema="(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor out, Tensor softmax_max, "
-               "Tensor softmax_sum, Tensor mask, float scale, float keep_prob, int pre_tokens, "
-               "int next_tokens) -> (Tensor, Tensor, Tensor)")
-    def fusion_attention_grad(grad: Tensor, query: Tensor, key: Tensor, value: Tensor, out: Tensor,
-                              softmax_max: Tensor, softmax_sum: Tensor, mask: Tensor, scale: float,
-                              keep_prob: float, pre_tokens: int,
-                              next_tokens: int) -> Tuple[Tensor, Tensor, Tensor]:
-        raise NotImplementedError(f"{namespace}::fusion_attention_grad is a contract for fake tensors only")
+    fusion_attention = fake_only_op(
+        f"{namespace}::fusion_attention",
+        "(Tensor query, Tensor key, Tensor value, float scale, float keep_prob, int pre_tokens, "
+        "int next_tokens) -> (Tensor, Tensor, Tensor, Tensor)",
+        attention_fake, use="on an Ascend NPU call torch_npu.npu_fusion_attention")
 
-    @fusion_attention_grad.register_fake
-    def _(grad, query, key, value, out, softmax_max, softmax_sum, mask, scale, keep_prob, pre_tokens,
-          next_tokens):
+    def attention_grad_fake(grad, query, key, value, out, softmax_max, softmax_sum, mask, scale, keep_prob,
+                            pre_tokens, next_tokens):
         return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
 
-    def attention_setup(ctx, inputs, output):
-        query, key, value, scale, keep_prob, pre_tokens, next_tokens = inputs
-        out, softmax_max, softmax_sum, mask = output
-        ctx.mark_non_differentiable(softmax_max, softmax_sum, mask)
-        ctx.options = (scale, keep_prob, pre_tokens, next_tokens)
-        ctx.dropout = keep_prob < 1.0
-        saved = [query, key, value, out, softmax_max, softmax_sum]
-        if ctx.dropout:
-            saved.append(mask)
-        ctx.save_for_backward(*saved)
+    fusion_attention_grad = fake_only_op(
+        f"{namespace}::fusion_attention_grad",
+        "(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor out, Tensor softmax_max, "
+        "Tensor softmax_sum, Tensor mask, float scale, float keep_prob, int pre_tokens, "
+        "int next_tokens) -> (Tensor, Tensor, Tensor)",
+        attention_grad_fake)
 
-    def attention_backward(ctx, grad, _max, _sum, _mask):
-        saved = ctx.saved_tensors
-        query, key, value, out, softmax_max, softmax_sum = saved[:6]
-        mask = saved[6] if ctx.dropout else softmax_max.new_empty((0,), dtype=torch.uint8)
-        dq, dk, dv = fusion_attention_grad(grad, query, key, value, out, softmax_max, softmax_sum, mask,
-                                           *ctx.options)
-        return dq, dk, dv, None, None, None, None
+    def attention_saves(inputs, output):
+        # q, k, v, the output, softmax_max and softmax_sum, and the dropout mask where it draws one
+        query, key, value, scale, keep_prob = inputs[:5]
+        return [query, key, value, *output[:3]] + ([output[3]] if keep_prob < 1.0 else [])
 
-    fusion_attention.register_autograd(attention_backward, setup_context=attention_setup)
+    register_kernel_autograd(
+        fusion_attention, fusion_attention_grad, saves=attention_saves, options=lambda inputs: inputs[3:],
+        stateless=(1, 2, 3),
+        kept=lambda saved: (*saved[:6], saved[6] if len(saved) > 6
+                            else saved[4].new_empty((0,), dtype=torch.uint8)))
 
     # -- RMSNorm ------------------------------------------------------------
-    @torch.library.custom_op(f"{namespace}::rms_norm", mutates_args=(),
-        schema="(Tensor x, Tensor gamma, float epsilon) -> (Tensor, Tensor)")
-    def rms_norm(x: Tensor, gamma: Tensor, epsilon: float) -> Tuple[Tensor, Tensor]:
-        raise NotImplementedError(f"{namespace}::rms_norm is a contract for fake tensors only; "
-                                  f"on an Ascend NPU call torch_npu.npu_rms_norm")
-
-    @rms_norm.register_fake
-    def _(x, gamma, epsilon):
-        return torch.empty_like(x), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+    rms_norm = fake_only_op(
+        f"{namespace}::rms_norm", "(Tensor x, Tensor gamma, float epsilon) -> (Tensor, Tensor)",
+        lambda x, gamma, epsilon: (torch.empty_like(x), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)),
+        use="on an Ascend NPU call torch_npu.npu_rms_norm")
 
     def norm_setup(ctx, inputs, output):
         x, gamma, _ = inputs
@@ -201,17 +181,13 @@ def _ops() -> Any:
     rms_norm.register_autograd(norm_backward, setup_context=norm_setup)
 
     # -- SwiGLU -------------------------------------------------------------
-    @torch.library.custom_op(f"{namespace}::swiglu", mutates_args=(),
-        schema="(Tensor x, int dim) -> Tensor")
-    def swiglu(x: Tensor, dim: int) -> Tensor:
-        raise NotImplementedError(f"{namespace}::swiglu is a contract for fake tensors only; "
-                                  f"on an Ascend NPU call torch_npu.npu_swiglu")
-
-    @swiglu.register_fake
-    def _(x, dim):
+    def swiglu_fake(x, dim):
         shape = list(x.shape)
         shape[dim] //= 2
         return x.new_empty(shape)
+
+    swiglu = fake_only_op(f"{namespace}::swiglu", "(Tensor x, int dim) -> Tensor", swiglu_fake,
+                          use="on an Ascend NPU call torch_npu.npu_swiglu")
 
     def swiglu_setup(ctx, inputs, output):
         x, dim = inputs
@@ -225,14 +201,10 @@ def _ops() -> Any:
     swiglu.register_autograd(swiglu_backward, setup_context=swiglu_setup)
 
     # -- dropout ------------------------------------------------------------
-    @torch.library.custom_op(f"{namespace}::dropout", mutates_args=(),
-                             schema="(Tensor x, float p) -> (Tensor, Tensor)")
-    def dropout(x, p):
-        raise NotImplementedError(f"{namespace}::dropout is a contract for fake tensors only")
-
-    @dropout.register_fake
-    def _(x, p):
-        return torch.empty_like(x), x.new_empty((dropout_mask_bytes_elements(x.numel()),), dtype=torch.uint8)
+    dropout = fake_only_op(
+        f"{namespace}::dropout", "(Tensor x, float p) -> (Tensor, Tensor)",
+        lambda x, p: (torch.empty_like(x),
+                      x.new_empty((dropout_mask_bytes_elements(x.numel()),), dtype=torch.uint8)))
 
     def dropout_setup(ctx, inputs, output):
         _, mask = output
@@ -250,13 +222,11 @@ def _ops() -> Any:
 
 
 def _register_attention_function() -> None:
-    """Make ``npu_fusion_attention`` an attention implementation (and mask builder) Transformers accepts."""
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-    from transformers.modeling_utils import AttentionInterface
+    """Make ``npu_fusion_attention`` an attention implementation (and mask builder) Transformers accepts.
 
-    AttentionInterface.register(ATTENTION_IMPLEMENTATION, npu_fusion_attention_forward)
-    # The kernel takes causality (and a sliding window) as its sparse mode, not a dense mask.
-    AttentionMaskInterface.register(ATTENTION_IMPLEMENTATION, flash_attention_mask)
+    The kernel takes causality (and a sliding window) as its sparse mode, not a dense mask.
+    """
+    register_attention_function(ATTENTION_IMPLEMENTATION, npu_fusion_attention_forward)
 
 
 def npu_fusion_attention_forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
@@ -286,20 +256,17 @@ def npu_fusion_attention_forward(module: Any, query: Any, key: Any, value: Any, 
     return out, None
 
 
-class _Attention(KernelContract):
+class _Attention(OpContract):
     """``npu-fusion-attention``: the fusion attention op and Transformers' interface entry running it."""
 
     name = ATTENTION
+    forward, backward = "fusion_attention", "fusion_attention_grad"
+    stands = ("npu.npu_fusion_attention", "npu.npu_fusion_attention_grad")
+    runs_as = "scores"
 
     def __init__(self) -> None:
-        self.ops = _ops()
-        self.forward_op = self.ops.fusion_attention.default
-        self.backward_op = self.ops.fusion_attention_grad.default
+        super().__init__(_ops())
         _register_attention_function()
-
-    def stands_for(self) -> Mapping[Any, str]:
-        return {self.forward_op: "npu.npu_fusion_attention",
-                self.backward_op: "npu.npu_fusion_attention_grad"}
 
     def install(self, site: Site):
         _register_attention_function()
@@ -309,14 +276,7 @@ class _Attention(KernelContract):
         if func is not self.forward_op:
             return None
         import torch
-        if tensor.dtype == torch.float32:
-            return "softmax"
-        if tensor.dtype == torch.uint8:
-            return "dropout"
-        return "attBMM"
-
-    def part(self, func: Any) -> Optional[str]:
-        return "scores" if func in (self.forward_op, self.backward_op) else None
+        return attention_saved_op(tensor, dropout_dtype=torch.uint8)
 
     def flops(self, func, args, kwargs, out) -> Optional[FlopCount]:
         if func is not self.forward_op:
@@ -347,39 +307,24 @@ class _Attention(KernelContract):
         return {self.ops.fusion_attention: forward, self.ops.fusion_attention_grad: backward}
 
 
-class _RmsNorm(KernelContract):
+class _RmsNorm(OpContract):
     """``npu-rms-norm``: the op :class:`NpuRMSNorm` runs."""
 
     name = RMS_NORM
+    forward, stands, saves_as, runs_as = "rms_norm", ("npu.npu_rms_norm",), "normOp", "norm"
 
     def __init__(self) -> None:
-        self.ops = _ops()
-        self.forward_op = self.ops.rms_norm.default
-
-    def stands_for(self) -> Mapping[Any, str]:
-        return {self.forward_op: "npu.npu_rms_norm"}
-
-    def saved_op(self, func: Any, tensor: Any) -> Optional[str]:
-        return "normOp" if func is self.forward_op else None
-
-    def part(self, func: Any) -> Optional[str]:
-        return "norm" if func is self.forward_op else None
+        super().__init__(_ops())
 
 
-class _SwiGlu(KernelContract):
+class _SwiGlu(OpContract):
     """``npu-swiglu``: the op :class:`NpuSwiGLUMLP` runs."""
 
     name = SWIGLU
+    forward, stands, saves_as = "swiglu", ("npu.npu_swiglu",), "ffAct"
 
     def __init__(self) -> None:
-        self.ops = _ops()
-        self.forward_op = self.ops.swiglu.default
-
-    def stands_for(self) -> Mapping[Any, str]:
-        return {self.forward_op: "npu.npu_swiglu"}
-
-    def saved_op(self, func: Any, tensor: Any) -> Optional[str]:
-        return "ffAct" if func is self.forward_op else None
+        super().__init__(_ops())
 
 
 @functools.lru_cache(maxsize=None)
@@ -397,61 +342,35 @@ def swiglu_implementation() -> _SwiGlu:
     return _SwiGlu()
 
 
-class _Native(KernelContract):
+class _Native(OpContract):
     """``npu-native``: ``F.dropout`` as torch_npu runs it (a bit mask), and layer norms' fp32 statistics."""
 
     name = NATIVE
+    forward, stands, saves_as = "dropout", ("npu.npu_dropout",), "dropout"
 
     def __init__(self) -> None:
-        self.ops = _ops()
-        self.forward_op = self.ops.dropout.default
-
-    def stands_for(self) -> Mapping[Any, str]:
-        return {self.forward_op: "npu.npu_dropout"}
+        super().__init__(_ops())
 
     def install(self, site: Site):
         return _native_installed(self.ops)
 
-    def saved_op(self, func: Any, tensor: Any) -> Optional[str]:
-        return "dropout" if func is self.forward_op else None
-
 
 @contextlib.contextmanager
 def _native_installed(ops: Any) -> Iterator[None]:
-    import torch.nn.functional as F
-
-    original = F.dropout
-
-    @functools.wraps(original)
-    def dropout(input, p=0.5, training=True, inplace=False):
-        if not training or p == 0 or inplace:
-            return original(input, p, training, inplace)
-        return ops.dropout(input, float(p))[0]
-
-    F.dropout = dropout
-    try:
+    with dropout_replaced(lambda input, p: ops.dropout(input, float(p))[0]):
         with _layer_norm_mode()():
             yield
-    finally:
-        F.dropout = original
 
 
 @functools.lru_cache(maxsize=None)
 def _layer_norm_mode():
-    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
-
-    layer_norm = torch.ops.aten.native_layer_norm.default
-    reduced = (torch.bfloat16, torch.float16)
 
     class _LayerNormStatistics(TorchDispatchMode):
         """``native_layer_norm`` with fp32 mean and rstd for reduced-precision input, as the NPU kernel keeps."""
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func is layer_norm and args[0].dtype in reduced:
-                return (out[0], *(torch.empty(t.shape, dtype=torch.float32, device=t.device) for t in out[1:]))
-            return out
+            return fp32_layer_norm_statistics(func, args, func(*args, **(kwargs or {})))
 
     return _LayerNormStatistics
 
@@ -573,5 +492,4 @@ def fused_swiglu_mlp(module: Any, config: Any) -> Any:
 
 @hookimpl
 def ndcost_register(register):
-    for contract in CONTRACTS:
-        register(f"contract/{contract.name}", contract)
+    register_contracts(register, CONTRACTS)

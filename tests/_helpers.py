@@ -1,0 +1,62 @@
+"""Helpers several test files share (plain functions; the fixtures are in conftest.py)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+
+
+def pip_install_into(source: Path, target: Path, timeout: int = 300) -> Path:
+    """The distribution folder *source* installed with pip into *target*: offline, no dependencies, no isolation."""
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                             "--no-index", "--target", str(target), str(source)],
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr
+    return target
+
+
+def pip_install(source: Path, work: Path) -> Path:
+    """A copy of *source* (a distribution folder, its build leftovers skipped) installed into ``work/site``."""
+    copy = work / "src"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    return pip_install_into(copy, work / "site")
+
+
+def eager_delta_rule_kept_bytes(seq: int, key_heads: int, value_heads: int, key_width: int, value_width: int,
+                                chunk: int = 64) -> int:
+    """What Transformers' torch_chunk_gated_delta_rule keeps run alone on inputs of a layer's shapes.
+
+    Counted independently of the census: saved-tensor hooks note each saved
+    storage that is not an input, and what the rule's output graph still
+    holds once it has returned is what it keeps.
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers.models.qwen3_next import modeling_qwen3_next as modeling
+
+    rule = getattr(modeling.torch_chunk_gated_delta_rule, "__wrapped__", modeling.torch_chunk_gated_delta_rule)
+    with FakeTensorMode():
+        q, k = (torch.empty(1, seq, key_heads, key_width, dtype=torch.bfloat16, requires_grad=True)
+                for _ in range(2))
+        v = torch.empty(1, seq, value_heads, value_width, dtype=torch.bfloat16, requires_grad=True)
+        g = torch.empty(1, seq, value_heads, dtype=torch.float32, requires_grad=True)
+        beta = torch.empty(1, seq, value_heads, dtype=torch.bfloat16, requires_grad=True)
+        inputs = {t.untyped_storage()._cdata for t in (q, k, v, g, beta)}
+        saved = {}
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            if storage._cdata not in inputs:
+                saved[storage._cdata] = (weakref.ref(storage), storage.nbytes())
+            # detached, as a graph holds what it saves: an op saving its own output would
+            # otherwise hold itself, a cycle that keeps a graph the rule drops alive
+            return tensor.detach()
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = rule(q, k, v, g=g, beta=beta, chunk_size=chunk, use_qk_l2norm_in_kernel=True)
+        # what the rule keeps: the saves its output's graph still holds once it has returned
+        kept = sum(size for alive, size in saved.values() if alive() is not None)
+        del out
+        return kept
