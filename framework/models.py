@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import attrs
 
+from ndcost.specio import load_yaml
 from ndcost.errors import InvalidValue, UnknownKey
 from ndcost.values import PARTS, LayerGroup, ModelSpec
 
@@ -314,7 +315,7 @@ def _read_yaml(path) -> Dict[str, Any]:
     import yaml
     text = path.read_text()
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise InvalidValue(f"model spec {path} is not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):

@@ -7,6 +7,7 @@ from typing import Any, Mapping, Union
 
 import yaml
 
+from ndcost.specio import load_yaml
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
 from ndcost.values import Hardware, NetworkLevel
@@ -39,7 +40,7 @@ def load_hardware_yaml(path: Union[str, Path, Any]) -> Hardware:
         raise InvalidValue(f"hardware spec {path}: cannot read it ({exc.strerror or exc}); pass a registered "
                            f"hardware name (h200, ...) or the path of a spec YAML") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise InvalidValue(f"hardware spec {path}: not valid YAML ({' '.join(str(exc).split())})") from None
     return hardware_from_mapping(data, where=str(path))

@@ -49,8 +49,8 @@ from importlib import resources
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import attrs
-import yaml
 
+from ndcost.specio import load_yaml
 from ndcost.errors import InvalidValue, RegistrationError, StalePluginSet, UnknownKey
 from ndcost.hookspecs import hookimpl
 from ndcost.plugins.expressions import Expression, Number, divide
@@ -490,7 +490,7 @@ def builtin_records() -> Dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _builtin_mapping() -> Dict[str, Any]:
-    return yaml.safe_load(_builtin_text())
+    return load_yaml(_builtin_text())
 
 
 @hookimpl

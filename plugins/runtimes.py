@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Mapping, Tuple, Union
 
 import attrs
-import yaml
 
+from ndcost.specio import load_yaml
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
 from ndcost.values import _frozen_mapping
@@ -114,7 +114,7 @@ def profile_from_mapping(data: Mapping[str, Any], where: str = "<mapping>") -> R
 def load_profile_yaml(path: Union[str, Path, Any]) -> RuntimeProfile:
     """The profile in one YAML file."""
     text = Path(path).read_text() if isinstance(path, (str, Path)) else path.read_text()
-    return profile_from_mapping(yaml.safe_load(text), where=str(path))
+    return profile_from_mapping(load_yaml(text), where=str(path))
 
 
 def register_profile_dir(register, directory) -> None:
