@@ -166,7 +166,7 @@ def ouro_analytic_accounting(*, layers=24, hidden=2048, intermediate=5632, vocab
     kv = hidden // heads * kv_heads
     shapes = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden),
               (intermediate, hidden), (intermediate, hidden), (hidden, intermediate)]
-    projection = layers * sum(r * c for r, c in shapes)
+    projection = layers * sum(rows * cols for rows, cols in shapes)
     scales = layers * sum(r * math.ceil(c / 32) for r, c in shapes)
     non_projection = 2 * vocab * hidden + (4 * layers + 1) * hidden + hidden + 1
     backbone = projection + non_projection

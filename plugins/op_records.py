@@ -20,7 +20,7 @@ Layers:
   :class:`Values` mapping of the names the records read.
 - :func:`slot_bytes`, :func:`layer_slots`, :func:`op_bytes`,
   :func:`layer_bytes`, :func:`ops_bytes`, :func:`kv_shards`,
-  :func:`gathered_kv_bytes` price one rank's share of a micro-batch.
+  :func:`gathered_kv_bytes` give what one rank holds for its part of a micro-batch.
 - :func:`runtime_attention` says which attention kernel a runtime profile
   runs for a model (eager materializes the scores; SDPA and flash do not).
 - :func:`formula_record` gives the resolver a :class:`~ndcost.records.KindRecord`:
@@ -634,7 +634,7 @@ def _prepare(values, switches, overrides, records):
 def slot_bytes(values: Union[Values, Mapping[str, Any]], slot: str, switches: Switches = None,
                overrides: Optional[Mapping[str, Any]] = None, only: Optional[str] = None,
                *, records: Optional[OpRecords] = None) -> Number:
-    """The bytes a layer keeps in *slot*, one rank's share of a micro-batch.
+    """Bytes held in activation *slot* by one rank for its part of a micro-batch.
 
     Args:
         values: The layer's values (:func:`values_for`, or a mapping of names).
@@ -659,7 +659,7 @@ def layer_slots(values: Union[Values, Mapping[str, Any]], *, records: Optional[O
 
 def op_bytes(values: Union[Values, Mapping[str, Any]], op: str, *,
              records: Optional[OpRecords] = None) -> Dict[str, Number]:
-    """What a layer keeps for *op* where nothing drops it, by slot of the layer's."""
+    """Per slot of the layer, the bytes *op* leaves held when no switch recomputes it."""
     values = as_values(values, records)
     held = layer_slots(values)
     return {slot: values.records.evaluate(slot, values, {}, only=op)
@@ -699,16 +699,17 @@ def ops_bytes(values: Union[Values, Mapping[str, Any]], switches: Switches = Non
 
 def total_bytes(values: Union[Values, Mapping[str, Any]], switches: Switches = None, *,
                 records: Optional[OpRecords] = None) -> Number:
-    """What a layer keeps in all, one rank's share of a micro-batch."""
+    """Total bytes one rank's layer holds for its part of a micro-batch."""
     return sum(v for *_, v in term_bytes(values, switches, records=records))
 
 
 def kv_shards(values: Union[Values, Mapping[str, Any]], *, records: Optional[OpRecords] = None) -> Number:
-    """Over how many CP ranks a layer's keys and values are split.
+    """The number of CP ranks that divide a layer's keys and values between them.
 
-    Ulysses CP gives each rank its heads' share, and a linear-attention layer
-    passes its state instead of gathering them: all of CP. Ring, Colossal-AI
-    and hybrid CP all-gather them, and the attention keeps them whole: 1.
+    It is the full CP degree under Ulysses (each rank holds a subset of the
+    heads) and for a linear-attention layer (which hands on a recurrent state
+    rather than collecting keys and values); it is 1 for ring, Colossal-AI and
+    hybrid CP, whose all-gather leaves the whole keys and values on every rank.
     """
     return as_values(values, records)["kv_shards"]
 
@@ -716,9 +717,9 @@ def kv_shards(values: Union[Values, Mapping[str, Any]], *, records: Optional[OpR
 def gathered_kv_bytes(values: Union[Values, Mapping[str, Any]], *, records: Optional[OpRecords] = None) -> Number:
     """Per token of a rank's share, the bytes of the other ranks' keys and values it keeps.
 
-    Where CP gathers the keys and values (:func:`kv_shards` is 1), the
-    attention keeps the whole sequence's: the rank's own share and ``cp - 1``
-    others, each split over TP. The ``qkv`` slot's ``gathered_kv`` term.
+    When the CP scheme all-gathers keys and values (:func:`kv_shards` is 1),
+    each rank ends up holding them for the full sequence, its own chunk plus
+    ``cp - 1`` received ones, every one divided over TP. The ``qkv`` slot's ``gathered_kv`` term.
     """
     values = as_values(values, records)
     return divide(values["gathered_kv_width"] * values["bytes_act"], values["tp"])

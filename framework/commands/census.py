@@ -12,7 +12,7 @@ FIELDS = ("saved_per_token", "saved_tp_per_token", "working_per_token", "working
 def add_arguments(parser) -> None:
     parser.add_argument("model", help="a model name from specs/models, a spec YAML, a config.json, "
                                       "or a folder holding config.json")
-    parser.add_argument("--seq", type=int, required=True, help="tokens of the micro-batch of one sequence")
+    parser.add_argument("--seq", type=int, required=True, help="sequence length in tokens (the census runs one sequence per micro-batch)")
     parser.add_argument("--runtime", default="hf-cuda", help="runtime profile (runtime/<name>; default hf-cuda)")
     parser.add_argument("--no-cache", action="store_true", help="measure again instead of reading the cache")
 

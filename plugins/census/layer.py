@@ -19,7 +19,7 @@ import attrs
 
 from ndcost.errors import CensusUnavailable, InvalidValue
 
-# The config fields a tensor-parallel rank holds a share of (heads and feed-forward widths).
+# Config fields that tensor parallelism divides among ranks (head counts and feed-forward widths).
 TP_FIELDS = (
     "num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
     "shared_expert_intermediate_size", "linear_num_key_heads", "linear_num_value_heads",
@@ -68,7 +68,7 @@ def tp_config(config: Any, tp: int) -> Any:
 
 
 def modeling_module(config: Any) -> Any:
-    """The Transformers modeling module of *config*'s model type."""
+    """Import and return ``transformers.models.<type>.modeling_<type>`` for *config* (a ``_text`` type falls back to its base)."""
     model_type = str(getattr(config, "model_type", ""))
     names = [model_type] + ([model_type[: -len("_text")]] if model_type.endswith("_text") else [])
     for name in names:
@@ -77,7 +77,7 @@ def modeling_module(config: Any) -> Any:
         except ImportError:
             continue
     raise CensusUnavailable(
-        f"Transformers {_version('transformers')} has no modeling module for model type {model_type!r}; "
+        f"Transformers {_version('transformers')} ships no modeling code for model_type {model_type!r}; "
         f"upgrade Transformers, or price this model from the formulas (census='off')")
 
 
@@ -99,15 +99,15 @@ def _pretrained_class(modeling: Any) -> Optional[type]:
 
 def layer_classes(modeling: Any) -> Tuple[type, type]:
     """The text decoder layer class and the text rotary embedding class of *modeling*."""
-    classes = {name: cls for name, cls in vars(modeling).items()
-               if isinstance(cls, type) and cls.__module__ == modeling.__name__}
+    classes = dict(filter(lambda item: isinstance(item[1], type) and item[1].__module__ == modeling.__name__,
+                          vars(modeling).items()))
     pretrained = _pretrained_class(modeling)
     preferred = list(getattr(pretrained, "_no_split_modules", None) or ())
     layers = [classes[name] for name in preferred if name in classes and name.endswith("DecoderLayer")]
-    layers += [cls for name, cls in classes.items() if name.endswith("DecoderLayer") and cls not in layers]
+    layers += [classes[name] for name in classes if name.endswith("DecoderLayer") and classes[name] not in layers]
     layers += [classes[name] for name in preferred if name in classes and classes[name] not in layers]  # GPT2Block
     layers = [cls for cls in layers if not any(w in cls.__name__ for w in ("Vision", "MTP", "Audio", "Encoder"))]
-    rotary = [cls for name, cls in classes.items() if name.endswith("RotaryEmbedding") and "Vision" not in name]
+    rotary = [classes[name] for name in classes if name.endswith("RotaryEmbedding") and "Vision" not in name]
     rotary.sort(key=lambda cls: "Text" not in cls.__name__)
     if not layers:
         raise CensusUnavailable(f"{modeling.__name__} defines no decoder layer class the census can build")
@@ -322,9 +322,8 @@ def run(fake: FakeLayer, hidden: Any, where: Tuple[Any, Any], mask: Any = None,
     """One forward of the layer as its model calls it; returns the hidden states."""
     position_ids, embeddings = where
     accepted = inspect.signature(fake.layer.forward).parameters
-    kwargs = {name: value for name, value in (
-        ("position_embeddings", embeddings), ("position_ids", position_ids),
-        ("attention_mask", mask), ("use_cache", False)) if name in accepted}
+    offered = dict(position_embeddings=embeddings, position_ids=position_ids, attention_mask=mask, use_cache=False)
+    kwargs = {name: offered[name] for name in offered if name in accepted}
     out = (call or fake.layer)(hidden, **kwargs)
     return out[0] if isinstance(out, tuple) else out
 

@@ -8,8 +8,8 @@ came first, and made a layer measure differently from run to run).
 
 Saved tensors are seen by ``torch.autograd.graph.saved_tensors_hooks`` and
 returned detached, so the graph holds the bytes and not the tensor: an op
-saving its own output would otherwise hold itself through the output's
-``grad_fn``, a cycle that keeps every graph the forward drops alive into the
+saving its own output would, without the detach, reach itself again through the
+output's ``grad_fn``; that cycle keeps every graph the forward drops alive until the
 backward. Parameters and their gradients are the memory model's to count and
 are left out; the layer's input counts where the layer saves it.
 
@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Sequence, Set, Tuple
 
 import attrs
 
@@ -66,34 +67,33 @@ def _live_bytes_class():
             self.events: List[Tuple[Key, int]] = []
 
         def key(self, tensor: Any) -> Key:
-            """The storage behind *tensor*, in the lifetime its address has now."""
+            """Identity of *tensor*'s storage: its address, and how many storages at that address died before."""
             address = tensor.untyped_storage()._cdata
             return address, self.generation.get(address, 0)
 
         def track(self, tensor: Any) -> None:
-            """Count *tensor*'s storage from now until it is freed."""
-            storage = tensor.untyped_storage()
+            """Log a birth event for *tensor*'s storage (once per storage) and a death event when it goes."""
             key = self.key(tensor)
-            if key in self.sizes:
-                return
-            size = storage.nbytes()
-            self.sizes[key] = size
-            self.events.append((key, size))
-            weakref.finalize(storage, self._free, key)
+            if key not in self.sizes:
+                storage = tensor.untyped_storage()
+                self.sizes[key] = nbytes = storage.nbytes()
+                self.events.append((key, nbytes))
+                weakref.finalize(storage, self._free, key)
 
         def _free(self, key: Key) -> None:
-            size = self.sizes.pop(key, None)
-            self.generation[key[0]] = max(self.generation.get(key[0], 0), key[1] + 1)
-            if size:
-                self.events.append((key, -size))
+            address, lifetime = key
+            self.generation[address] = max(self.generation.get(address, 0), lifetime + 1)
+            nbytes = self.sizes.pop(key, 0)
+            if nbytes:
+                self.events.append((key, -nbytes))
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is scalar_read and isinstance(args[0], FakeTensor):
                 return 0  # a fake tensor holds no value; shapes alone price the memory
             out = func(*args, **(kwargs or {}))
-            for tensor in tree_flatten(out)[0]:
-                if isinstance(tensor, torch.Tensor):
-                    self.track(tensor)
+            for leaf in tree_flatten(out)[0]:
+                if isinstance(leaf, torch.Tensor):
+                    self.track(leaf)
             return out
 
         def peak(self, start: int, excluded: Iterable[Key], apart: Iterable[Key] = ()) -> int:
@@ -101,28 +101,31 @@ def _live_bytes_class():
             return self.peak_parts(start, excluded, apart)[0]
 
         def peak_parts(self, start: int, excluded: Iterable[Key], apart: Iterable[Key] = ()) -> Tuple[int, int]:
-            """Bytes live when the most are, from event *start* on, without *excluded*.
+            """The highest live total from event *start* onwards, split in two, ignoring *excluded* storages.
 
-            The storages *apart* count toward finding that moment, not toward the
-            first figure returned (the parameters' gradients: they settle the moment
-            the backward holds the most, and the memory model counts them itself);
-            the second is the bytes of *apart* live then.
+            The *apart* storages (the parameters' gradients, which the memory
+            model prices itself) help decide where the high point is, yet are
+            reported separately: the first figure is everything else live there,
+            the second is the *apart* bytes live there.
             """
             excluded, apart = set(excluded), set(apart)
-            live = held = 0
-            for key, delta in self.events[:start]:
-                if key not in excluded:
-                    live += delta
-                    held += delta if key in apart else 0
-            top, at_top = live, live - held
-            for key, delta in self.events[start:]:
-                if key in excluded:
-                    continue
-                live += delta
-                held += delta if key in apart else 0
-                if live > top:
-                    top, at_top = live, live - held
-            return at_top, top - at_top
+
+            def running() -> Iterator[Tuple[int, int]]:
+                total = of_apart = 0
+                yield total, of_apart
+                for key, delta in self.events:
+                    if key not in excluded:
+                        total += delta
+                        if key in apart:
+                            of_apart += delta
+                    yield total, of_apart
+
+            states = itertools.islice(running(), min(start, len(self.events)), None)
+            best_total, best_apart = next(states)
+            for total, of_apart in states:
+                if total > best_total:
+                    best_total, best_apart = total, of_apart
+            return best_total - best_apart, best_apart
 
     return _LiveBytes
 
@@ -135,12 +138,13 @@ class SavedOps:
 
 
 def module_part(path: str, module: Any = None) -> str:
-    """The part of a decoder layer the module at *path* (relative to the layer) belongs to.
+    """Which part of a decoder layer owns the module at *path* (a path inside the layer).
 
-    Norms (the layer's and an attention's per-head query/key norms) are
-    ``norm``; the rest of a child named for attention is ``attention``; of
-    the feed-forward, a shared expert's modules are ``shared``, the routed
-    experts' ``routed``, the router's ``router`` and the rest ``ffn``. The
+    Every norm, the per-head query/key norms inside an attention included,
+    is ``norm``; anything else under an attention-named child is
+    ``attention``; inside the feed-forward, modules of a shared expert are
+    ``shared``, the routed experts' are ``routed``, the router's ``router``,
+    and what remains ``ffn``. The
     layer's own code (residual adds) is ``other``.
     """
     if not path:
@@ -324,7 +328,7 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
             backward: Callable[[Any], None], grad_inputs: Iterable[Any] = (), checkpointed: bool = False,
             shared: Iterable[Any] = (), ops: Any = None, extra_modes: Sequence[Any] = (),
             inputs_kept: bool = True) -> Measured:
-    """Bytes a forward saves for its backward and still holds once it has run, and the backward's peak.
+    """Two figures for one forward/backward: what the forward leaves saved for the backward, and the backward's high point.
 
     Without checkpointing, the saved bytes are the unique storages the
     autograd graph saved (parameters left out) still live at the forward's
@@ -351,7 +355,7 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
     shapes: Dict[Key, Tuple[Tuple[int, ...], str, str]] = {}
 
     def pack(tensor):
-        op = ops.op(tensor) if ops is not None else None  # before the storage is read (which dispatches)
+        op = None if ops is None else ops.op(tensor)  # ask first: reading the storage dispatches
         address = tensor.untyped_storage()._cdata
         if address not in stored:
             key = live.key(tensor)
@@ -387,15 +391,15 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
                 not_kept |= unsaved_inputs
                 left_out |= unsaved_inputs
                 inputs_left_out = sum(live.sizes.get(key, 0) for key in unsaved_inputs)
-            kept = sum(size for key, size in live.sizes.items() if key not in not_kept)
-            held = {key: size for key, size in saved.items() if key in live.sizes}
+            kept = sum(live.sizes[key] for key in live.sizes.keys() - not_kept)
+            held = {key: saved[key] for key in saved if key in live.sizes}
             for tensor in grad_inputs:
                 live.track(tensor)
             backward(out)
     finally:
         for handle in handles:
             handle.remove()
-    grads += [live.key(p.grad) for p in params if p.grad is not None]
+    grads.extend(live.key(param.grad) for param in params if param.grad is not None)
     by_op: Dict[str, int] = {}
     for key, size in held.items():
         if key in saved_op:
@@ -405,7 +409,8 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
     working, working_grads = live.peak_parts(start, left_out, grads)
     grad_bytes = sum({live.key(p.grad): p.grad.untyped_storage().nbytes()
                       for p in params if p.grad is not None}.values())
-    return Measured(saved_bytes=kept if checkpointed else sum(held.values()),
+    saved_bytes = kept if checkpointed else sum(held.values())
+    return Measured(saved_bytes=saved_bytes,
                     working_bytes=working, working_grad_bytes=working_grads, grad_bytes=grad_bytes,
                     inputs_left_out_bytes=inputs_left_out,
                     ops_bytes=by_op, saved_tensors=tensors, packed_bytes=sum(saved.values()))

@@ -21,7 +21,7 @@ _MATMULS = ("mm", "addmm", "bmm", "baddbmm", "_grouped_mm")
 
 
 def matmul_flops(func: Any, args: Tuple[Any, ...]) -> int:
-    """FLOPs of *func* on *args* where it is a matmul (each output element a dot product), else 0."""
+    """Matmul FLOPs of one call of *func* on *args* (two per multiply-add of each output element); 0 for a non-matmul."""
     name = getattr(func, "_opname", "")
     if name not in _MATMULS:
         return 0
@@ -63,10 +63,10 @@ class RecomputeLedger:
             self.flops[key] = self.flops.get(key, 0) + flops
 
     def share(self, attention: bool) -> float:
-        """The share of the attention's matmul FLOPs (or of the rest's) that the backward runs again."""
+        """Fraction of the attention's matmul FLOPs (with *attention* false: the other parts') recomputed in the backward."""
         again = self.flops.get((attention, True), 0)
-        total = again + self.flops.get((attention, False), 0)
-        return again / total if total else 0.0
+        once = self.flops.get((attention, False), 0)
+        return 0.0 if again + once == 0 else again / (again + once)
 
 
 def _stands_for(contracts) -> Mapping[Any, str]:
@@ -140,7 +140,7 @@ def attention_storages(layer: Any) -> set:
     """Storages of the parameters of the layer's attention child (a child named for attention)."""
     from ndcost.plugins.census.measure import module_part
     out = set()
-    for name, module in layer.named_modules():
-        if name and module_part(name, module) == "attention":
+    for path, module in layer.named_modules():
+        if path and module_part(path, module) == "attention":
             out.update(p.untyped_storage()._cdata for p in module.parameters(recurse=False))
     return out

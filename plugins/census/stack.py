@@ -17,10 +17,11 @@ of one sequence, forward and backward:
 - a layer's backward holds what it keeps plus the most the backward holds
   beyond every layer's saves (the parameters and their gradients left out)
   while it runs, over what was live when the forward ended;
-- a kind's record is the mean of its layers' (with one record a kind, the
-  stack's total comes back whole), at TP 1 and as one of two TP ranks, split
-  as the single-layer census splits them. No selective figures are stated:
-  a selective layer of these kinds is priced by the formulas.
+- each kind's record averages the layers of that kind (so the kinds'
+  records, times their layer counts, add back up to the stack's total), taken
+  at TP 1 and as one rank of TP 2 and split the way the single-layer census
+  splits. The stack census gives no selective figures; for these kinds the
+  formulas price selective recompute.
 
 Registered as ``census/stack``; the census calls it for a family whose
 ``stack_census`` is set, and :func:`refuse_single_layer` refuses a
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import sys
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -262,11 +264,11 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
 
         def pack(tensor):
             op = ops.op(tensor)
-            if tensor.untyped_storage()._cdata not in stored and follow.layer is not None:
+            owner = follow.layer
+            if owner is not None and tensor.untyped_storage()._cdata not in stored:
                 key = live.key(tensor)
-                if key not in saved_by:
-                    saved_by[key] = follow.layer
-                    saved_op[key] = op
+                saved_op.setdefault(key, op)
+                saved_by.setdefault(key, owner)
             return tensor.detach()  # a graph the forward drops is freed, not held by its own output
 
         grads: List[Any] = []
@@ -293,19 +295,19 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
             follow.close()
             for handle in handles:
                 handle.remove()
-        grads += [live.key(p.grad) for p in params if p.grad is not None]
+        grads.extend(live.key(param.grad) for param in params if param.grad is not None)
         excluded = set(saved_by) | set(grads) | {key for key, _ in live.events if key[0] in stored}
-        beyond = [0]
-        for key, delta in live.events:
-            beyond.append(beyond[-1] + (0 if key in excluded else delta))
+        # running total of the bytes live beyond every layer's saves, after each event
+        beyond = [0, *itertools.accumulate(delta * (key not in excluded) for key, delta in live.events)]
         baseline = beyond[forward_end]
-        measures = []
-        for index, size in enumerate(kept):
+
+        def layer_measure(index: int) -> LayerMeasure:
             begin, end = follow.windows.get(index, (forward_end, forward_end))
-            top = max(beyond[begin:end + 1], default=baseline)
-            measures.append(LayerMeasure(kept_bytes=size, working_bytes=size + max(0, top - baseline),
-                                         ops_bytes=by_op[index]))
-        return measures
+            extra = max(beyond[begin:end + 1], default=baseline) - baseline
+            return LayerMeasure(kept_bytes=kept[index], working_bytes=kept[index] + max(0, extra),
+                                ops_bytes=by_op[index])
+
+        return [layer_measure(index) for index in range(len(layers))]
 
 
 def count_stack(config: Any, seq: int, runtime: Any) -> List[Any]:
@@ -378,11 +380,13 @@ def stack_kind_records(config: Any, groups: Sequence[Any], seq: int, runtime: An
     two = census_stack(stack_tp_config(config, 2), seq, runtime)
     counted = count_stack(stack_tp_config(config, 1), seq, runtime)
     if len(one) != len(kinds):
-        raise CensusUnavailable(f"the model builds {len(one)} decoder layers where its spec states {len(kinds)}; "
+        raise CensusUnavailable(f"the model builds {len(one)} decoder layers but its spec lists {len(kinds)}; "
                                 f"check the spec's layer groups against the config's num_hidden_layers")
     out: Dict[str, Any] = {}
-    for kind in dict.fromkeys(kinds):
-        members = [index for index, each in enumerate(kinds) if each == kind]
+    positions: Dict[str, List[int]] = {}
+    for index, each in enumerate(kinds):
+        positions.setdefault(each, []).append(index)
+    for kind, members in positions.items():
 
         def mean(stack: List[LayerMeasure], read: Callable[[LayerMeasure], int]) -> float:
             return sum(read(stack[index]) for index in members) / len(members)

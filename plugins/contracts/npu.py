@@ -13,8 +13,8 @@ kernels keep for the backward.
   ``[b, n, s, 8]``; where the keep probability is below 1, also the dropout
   mask it draws, one bit per query-key pair of each head (uint8, packed).
   The causal mask the kernel reads in its compressed sparse mode is one
-  2048 x 2048 constant a device allocates once for every layer and
-  micro-batch, so it counts toward no layer. It states no attention sinks
+  2048 x 2048 constant, built once per device and shared by all layers and
+  micro-batches, so no layer is charged for it. It states no attention sinks
   (GPT-OSS, DeepSeek-V4): such a layer is refused.
 - ``npu-rms-norm``: ``torch_npu.npu_rms_norm``, keeping its input and an
   fp32 ``rstd`` of shape ``[..., 1]`` (and its gamma, a parameter).

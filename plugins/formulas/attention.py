@@ -54,12 +54,13 @@ def mla(*, hidden: int, heads: int, kv_lora_rank: int, qk_nope_head_dim: int, qk
         v_head_dim: int, q_lora_rank: Optional[int] = None, attention_bias: Optional[bool] = False) -> int:
     """Multi-head latent attention (DeepSeek-V2/V3).
 
-    Queries: a down-projection to their latent, its norm and an up-projection
-    to every head's non-rotary and rotary part, or one projection where there
-    is no query latent (``q_lora_rank`` None or 0). Keys and values: one
-    down-projection to the shared latent beside the rotary key, its norm, and
-    an up-projection to every head's non-rotary key and value. The output
-    projection from the values. ``attention_bias`` applies, as in
+    Query side: with a query latent, a compression matrix into it, a norm
+    over it and a decompression to each head's rotary and non-rotary widths;
+    without one (``q_lora_rank`` None or 0), a single hidden-to-heads matrix.
+    Key/value side: a compression into the shared latent that also emits the
+    rotary key, a norm over the latent, and a decompression to each head's
+    non-rotary key and its value. Last, the output matrix from the values back
+    to the hidden width. ``attention_bias`` applies, as in
     Transformers, to the two down-projections and the output projection.
     """
     count("hidden", hidden)

@@ -22,10 +22,12 @@ def bias(*, stated: Optional[bool], width: int, hidden: int) -> int:
 
 
 def mlp_biases(*, stated: Optional[bool], width: int, hidden: int, matrices: int = 3) -> int:
-    """The biases of one feed-forward *width* wide of *matrices* projections.
+    """Bias parameters of a feed-forward of *matrices* projections and inner width *width*.
 
-    Stated: each projection into the width has one of it, the last (back to
-    the hidden width) one of that; unstated: each projection one of the width.
+    When the model states biases, every projection that widens to *width*
+    carries a *width*-long bias and the closing projection back to the hidden
+    size a *hidden*-long one; when it does not, all *matrices* biases are
+    counted *width* long.
     """
     count("width", width)
     count("matrices", matrices)
