@@ -183,7 +183,8 @@ def speed(n: int, out: str) -> int:
     from ndcost.models import load_model
 
     spec = load_model(mc.llama3_8b(num_hidden_layers=32))
-    work = timemodel.model_work(spec, 4096)
+    from ndcost.plugins.estimators.flops import model_work
+    work = model_work(spec, 4096)
     hardware = manager.registry().get("hardware/h200")
     rng = np.random.default_rng(0)
     cols = {"seq": np.full(n, 4096), "tp": rng.choice([1, 2, 4, 8], n), "dp": rng.choice([1, 2, 4, 8, 16], n),

@@ -30,7 +30,7 @@ ESSENTIAL = frozenset({
     "family_gpt_oss", "family_llama", "family_mixtral", "family_qwen2", "family_qwen3", "family_qwen3_5",
     "family_qwen3_5_moe", "family_qwen3_moe", "family_qwen3_next", "formulas_attention", "formulas_common",
     "formulas_deepseek_v4", "formulas_gpt_oss", "formulas_linear_attention", "formulas_moe", "hardware",
-    "op_records", "optimizers", "runtimes", "schedules", "storage",
+    "estimators_activations", "estimators_flops", "op_records", "optimizers", "runtimes", "schedules", "storage",
 })
 
 

@@ -181,9 +181,9 @@ class ModelTables:
         head_dim = spec.resolved_head_dim
         kv_elems = []
         for k in kinds:
-            if "linear" in k:
+            if spec.kind(k).linear:
                 kv_elems.append(0)
-            elif spec.kv_lora_rank:
+            elif spec.kind(k).latent:
                 qk = (spec.qk_nope_head_dim or head_dim) + (spec.qk_rope_head_dim or 0)
                 kv_elems.append(spec.num_attention_heads * (qk + (spec.v_head_dim or head_dim)))
             else:
@@ -191,7 +191,7 @@ class ModelTables:
         routed = parts(ROUTED_PARTS)
         kv_params = []
         for k in kinds:
-            if "linear" in k or spec.kv_lora_rank or not spec.num_key_value_heads:
+            if spec.kind(k).linear or spec.kind(k).latent or not spec.num_key_value_heads:
                 kv_params.append(0)
             else:
                 width = spec.num_key_value_heads * head_dim

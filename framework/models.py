@@ -232,6 +232,14 @@ class Family:
     # other names of a field (Transformers' ``attribute_map`` both ways)
     aliases: Mapping[str, Tuple[str, ...]] = {}
 
+    def activation_estimators(self, spec: ModelSpec, kind: str) -> Tuple[str, ...]:
+        """The ``estimator/activations/<name>`` to price *kind* by, best first (the first available wins)."""
+        return ("stack_census" if self.stack_census else "census", "op_records")
+
+    def flops_estimators(self, spec: ModelSpec, kind: str) -> Tuple[str, ...]:
+        """The ``estimator/flops/<name>`` to price *kind*'s work by, best first (the first that measures it wins)."""
+        return ("census", "analytic")
+
     def reader(self, config: Mapping[str, Any]) -> ConfigReader:
         return ConfigReader(config, self.name, self.defaults, self.aliases)
 

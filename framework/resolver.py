@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import attrs
 import numpy as np
 
-from ndcost import memory
+from ndcost import memory, models
 from ndcost.errors import CensusUnavailable, InvalidStrategy, InvalidValue, NdcostError, Unpriced
 from ndcost.values import (CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Hardware, ModelSpec, StageMemory, Strategy,
                            StrategyCost, TimeBreakdown)
@@ -375,6 +375,21 @@ def _cross_checks(out: _Columns) -> None:
 # ---------------------------------------------------------------------------
 # the cost model
 # ---------------------------------------------------------------------------
+@attrs.frozen(kw_only=True, eq=False)
+class ResolvedWork:
+    """What the resolver chose per sequence length and hands to the time model (filled on first use).
+
+    ``kind_records[seq]`` is ``({kind: KindRecord}, output KindRecord)`` as the
+    activation estimators gave them; ``model_work[seq]`` the
+    :class:`~ndcost.work.ModelWork` the flops estimators made from them, with
+    ``flops_sources[seq]`` naming the estimator of each kind.
+    """
+
+    kind_records: Dict[int, Tuple[Dict[str, Any], Any]] = attrs.field(factory=dict)
+    model_work: Dict[int, Any] = attrs.field(factory=dict)
+    flops_sources: Dict[int, Dict[str, str]] = attrs.field(factory=dict)
+
+
 class CostModel:
     """A model resolved against its estimators: prices strategies' memory (and time) in batches.
 
@@ -404,9 +419,12 @@ class CostModel:
                 runtime_note = f"runtime/{runtime} is not registered: no MTP layers built"
             builds_mtp = bool(getattr(self._profile, "build_mtp", False))
         self.tables = memory.ModelTables.build(spec, parameters, builds_mtp)
+        self._family = models.family_for(spec.model_type) or models.generic_family()
+        # the runtime the estimators price under: none where no profile is registered (the formulas' eager)
+        self._estimator_runtime = runtime if self._profile is not None else None
         self._records: Dict[int, memory.RecordTables] = {}
-        self._kind_records: Dict[int, Tuple[Dict[str, Any], Any]] = {}  # seq -> (KindRecords, output record)
-        self._record_errors: Dict[int, str] = {}
+        self._chosen_activations: Dict[int, Dict[str, str]] = {}
+        self.work = ResolvedWork()
         self.provenance: Dict[str, Any] = {
             "model": spec.name, "model_type": spec.model_type,
             "family": _source_of(f"family/{spec.model_type}"),
@@ -437,6 +455,34 @@ class CostModel:
             self._records[seq] = self._choose_records(seq)
         return self._records[seq]
 
+    def model_work(self, seq: int) -> Any:
+        """The :class:`~ndcost.work.ModelWork` at *seq*: each kind's work from the first flops estimator its
+        family prefers that measures it (``Family.flops_estimators``; chosen and cached on first use)."""
+        seq = int(seq)
+        if seq not in self.work.model_work:
+            self.record_tables(seq)
+            records, output = self.work.kind_records.get(seq, ({}, None))
+            works, sources = {}, {}
+            for kind in self.spec.kinds:
+                record = records.get(kind)
+                by_part = self.parameters.by_kind.get(kind)
+                for name in self._family.flops_estimators(self.spec, kind):
+                    estimator = _registry().find(f"estimator/flops/{name}")
+                    if estimator is None or estimator.available(self.spec, self.runtime) is not None \
+                            or not estimator.measures(record):
+                        continue
+                    works[kind] = estimator.kind_work(self.spec, kind, seq, record, by_part)
+                    sources[kind] = _source_of(f"estimator/flops/{name}")
+                    break
+                else:
+                    raise Unpriced(f"no flops estimator prices layer kind {kind!r} of {self.spec.name!r} "
+                                   f"(tried {', '.join(self._family.flops_estimators(self.spec, kind))})")
+            flops = _estimator("flops", "analytic")
+            merged = {**records, "output": output} if output is not None else dict(records)
+            self.work.model_work[seq] = flops.model_work(self.spec, seq, merged, self.parameters, works)
+            self.work.flops_sources[seq] = sources
+        return self.work.model_work[seq]
+
     def _choose_records(self, seq: int) -> memory.RecordTables:
         built = [k for i, k in enumerate(self.tables.kinds)
                  if self.tables.prefix[i, -1] > 0 or (self.tables.builds_mtp and self.tables.mtp_counts[i] > 0)]
@@ -454,140 +500,120 @@ class CostModel:
 
     def _choose_built_records(self, seq: int, kinds: Tuple[str, ...]) -> memory.RecordTables:
         prov: Dict[str, Any] = {}
-        formulas: Dict[str, Any] = {}
-        formula_error = None
-        kernel = "eager"
-        try:
-            from ndcost.plugins import op_records
-            # the runtime's attention kernel, so formulas never charge scores an SDPA run does not keep
-            kernel = op_records.runtime_attention(self.spec, self._profile)
-            prov["attention"] = (f"{kernel} (op records' formulas; runtime {self.runtime}"
-                                 + ("" if self._profile is not None else " unknown: the published formulas' eager")
-                                 + ")")
-            for kind in kinds:
-                formulas[kind] = op_records.formula_record(self.spec, kind, seq, attention=kernel)
-        except (ImportError, NdcostError, KeyError) as exc:
-            formula_error = f"{type(exc).__name__}: {exc}"
-            formulas = {}
-        core_dropped = self._core_attention(seq, kinds, kernel)
         if seq in self._given_records:
             records, output = self._given_records[seq]
             source = {k: f"given ({getattr(records[k], 'source', '?')})" for k in records}
             out_source = f"given ({getattr(output, 'source', '?')})"
-            prov["activations"] = "records given to the cost model"
-            routed_where = "saved"
+            measured = False
         else:
-            records, output, source, out_source = None, None, {}, ""
-            why = ""
-            if self.census != "off":
-                try:
-                    from ndcost.plugins import census as census_mod
-                    records = dict(census_mod.kind_records(self.spec, seq, runtime=self.runtime))
-                    output = census_mod.output_record(self.spec, seq, self.runtime)
-                    source = {k: f"census ({getattr(r, 'source', 'census')}, runtime {self.runtime})"
-                              for k, r in records.items()}
-                    out_source = f"census (runtime {self.runtime})"
-                except CensusUnavailable as exc:
-                    why = f"census unavailable: {exc}"
-                except (ImportError, AttributeError) as exc:
-                    why = f"census plugin not installed ({type(exc).__name__}: {exc})"
-                if records is None and self.census == "on":
-                    raise CensusUnavailable(f"census='on' but {why}; use census='auto' to fall back to the formulas")
-            else:
-                why = "census='off'"
-            records = dict(records or {})
-            missing = [k for k in kinds if k not in records]
-            if missing:
-                if formula_error:
-                    raise Unpriced(f"no activation record for kinds {missing} at seq {seq}: {why}; "
-                                   f"the op records' formulas failed too ({formula_error})")
-                for k in missing:
-                    records[k] = formulas[k]
-                    source[k] = f"formulas (ndcost.plugins.op_records.formula_record; {why or 'not measured'})"
-            if output is None:
-                output = _analytic_output_record(self.spec, seq)
-                out_source = (f"analytic output layer (ndcost.resolver: final norm and head inputs, fp32 "
-                              f"log-softmax of the loss; {why})")
-            routed_where = "census" if any(s.startswith("census") for s in source.values()) else "saved"
+            records, output, source, out_source = self._estimate_activations(seq, kinds)
+            measured = any(getattr(self._activation_estimator(name), "needs_census", False)
+                           for name in self._chosen_activations.get(seq, {}).values())
         prov["activations"] = source
         prov["output"] = out_source
-        sel_fallback = {}
+        formulas = _estimator("activations", "op_records")
+        sel_fallback: Dict[str, Any] = {}
         for k in kinds:
-            if getattr(records[k], "selective_per_token", None) is None and k in formulas:
-                sel_fallback[k] = formulas[k]
+            if getattr(records[k], "selective_per_token", None) is None:
+                try:
+                    sel_fallback[k] = formulas.records(self.spec, [k], seq, self._estimator_runtime)[0][k]
+                except (NdcostError, KeyError) as exc:
+                    prov.setdefault("selective", {})[k] = f"unpriced: {exc}"
+                    continue
                 prov.setdefault("selective", {})[k] = "formulas (the record states no selective figure)"
         if any(getattr(records[k], "working_per_token", None) is None for k in kinds):
             prov["working"] = {k: "unpriced: the record states no backward working peak (counted as what the "
                                   "layer keeps; the peak may be higher)"
                                for k in kinds if getattr(records[k], "working_per_token", None) is None}
-        routed_share = self._routed_share(seq, kinds, records, routed_where)
+        routed_share = self._routed_share(seq, kinds, formulas, "census" if measured else "saved")
         if routed_share:
             prov["routed"] = ("routed experts' token-proportional bytes from the op records (scaled by "
                               "moe_imbalance, width split by etp)")
-        if core_dropped:
+        try:
+            core_kept = formulas.core_attention_kept(self.spec, kinds, seq, self._estimator_runtime)
             prov["core_attention"] = "the op records' core_attention mode (what the attention core keeps)"
-        else:
-            prov["core_attention"] = "the records' ops attBMM, softmax and dropout dropped"
-        self._kind_records[seq] = ({k: records[k] for k in kinds}, output)  # the time model reads FLOPs here
+        except (NdcostError, KeyError) as exc:  # the record's own ops stand in
+            core_kept = {}
+            prov["core_attention"] = f"the records' ops attBMM, softmax and dropout dropped (op records: {exc})"
+        self.work.kind_records[seq] = ({k: records[k] for k in kinds}, output)  # the time model reads FLOPs here
         tables = memory.RecordTables.build(kinds, seq, records, output, selective_fallback=sel_fallback,
                                            routed_share=routed_share, provenance=prov)
-        if core_dropped:
-            tables = attrs.evolve(tables, dropped=np.array([core_dropped[k][0] for k in kinds]),
-                                  dropped_tp=np.array([core_dropped[k][1] for k in kinds]))
+        if core_kept:
+            tables = attrs.evolve(tables, dropped=np.array([core_kept[k][0] for k in kinds]),
+                                  dropped_tp=np.array([core_kept[k][1] for k in kinds]))
         return tables
 
-    def _core_attention(self, seq: int, kinds, kernel: str) -> Dict[str, Tuple[float, float]]:
-        """Per kind, the bytes per token (not split, split by TP) the attention core keeps under *kernel*."""
-        try:
-            from ndcost.plugins import op_records
-            out = {}
-            for kind in kinds:
-                values = op_records.values_for(self.spec, kind, seq=seq, micro_batch=1, tp=1, sp=False, cp=1,
-                                               attention=kernel)
-                kept = {"sequence": 0.0, "tp": 0.0}
-                core = {"sequence": 0.0, "tp": 0.0}
-                for *_, split, value in op_records.term_bytes(values, None):
-                    kept[split] = kept.get(split, 0.0) + float(value)
-                for *_, split, value in op_records.term_bytes(values, "core_attention"):
-                    core[split] = core.get(split, 0.0) + float(value)
-                out[kind] = ((kept["sequence"] - core["sequence"]) / seq, (kept["tp"] - core["tp"]) / seq)
-            return out
-        except Exception:  # no op records: the record's own ops stand in (provenance says so)
-            return {}
+    def _activation_estimator(self, name: str) -> Any:
+        return _registry().find(f"estimator/activations/{name}")
 
-    def _routed_share(self, seq: int, kinds, records, where: str) -> Dict[str, Tuple[float, float, float, float]]:
+    def _estimate_activations(self, seq: int, kinds: Sequence[str]):
+        """Each kind's record from the first estimator its family prefers that is available and delivers.
+
+        Returns the records, the output layer's record, and for each the
+        estimator that priced it with the reasons the ones before it were passed over.
+        """
+        family = self._family
+        preference = {k: [name for name in family.activation_estimators(self.spec, k)
+                          if not (self.census == "off" and getattr(self._activation_estimator(name),
+                                                                   "needs_census", False))]
+                      for k in kinds}
+        records: Dict[str, Any] = {}
+        source: Dict[str, str] = {}
+        passed_over: Dict[str, List[str]] = {k: [] for k in kinds}
+        output, out_source = None, ""
+        chosen: Dict[str, str] = {}
+        pending = list(kinds)
+        while pending:
+            name = preference[pending[0]][0] if preference[pending[0]] else None
+            if name is None:
+                why = "; ".join(passed_over[pending[0]]) or "its family names no activation estimator"
+                raise Unpriced(f"no activation record for kind {pending[0]!r} at seq {seq}: {why}")
+            group = [k for k in pending if preference[k] and preference[k][0] == name]
+            estimator = self._activation_estimator(name)
+            try:
+                why = "not registered" if estimator is None else estimator.available(self.spec, self._estimator_runtime)
+                if why is None:
+                    got, out = estimator.records(self.spec, group, seq, self._estimator_runtime)
+            except (CensusUnavailable, ImportError) as exc:
+                why = str(exc)
+            if why is not None:
+                key = f"estimator/activations/{name}"
+                for k in group:
+                    passed_over[k].append(f"{key}: {why}")
+                    preference[k] = preference[k][1:]
+                if getattr(estimator, "needs_census", False) and self.census == "on":
+                    raise CensusUnavailable(f"census='on' but {key} cannot price {', '.join(group)}: {why}; "
+                                            f"use census='auto' to fall back to the formulas")
+                _note_census_extra(why)
+                continue
+            for k in group:
+                records[k], chosen[k] = got[k], name
+                source[k] = _chosen(f"estimator/activations/{name}", got[k], passed_over[k], self.census)
+            if output is None and out is not None:
+                output, out_source = out, _chosen(f"estimator/activations/{name}", out, passed_over[group[0]],
+                                                  self.census)
+            pending = [k for k in pending if k not in records]
+        if output is None:
+            raise Unpriced(f"no estimator priced the output layer at seq {seq}")
+        self._chosen_activations[seq] = chosen
+        return records, output, source, out_source
+
+    def _routed_share(self, seq: int, kinds, formulas: Any, where: str) -> Dict[str, Tuple[float, float, float, float]]:
         """Per MoE kind: (in saved, in saved_tp, token part, width part) of the routed bytes, per token, TP 1."""
-        if not self.tables.is_moe.any():
-            return {}
-        try:
-            from ndcost.plugins import op_records
-        except ImportError:
-            return {}
         out = {}
-        for i, kind in enumerate(kinds):
+        for kind in kinds:
             if not self.tables.is_moe[self.tables.kinds.index(kind)]:
                 continue
             try:
-                def total(**over):
-                    values = op_records.values_for(self.spec, kind, seq=seq, micro_batch=1, tp=1, sp=False, cp=1,
-                                                   overrides=over)
-                    return float(op_records.total_bytes(values))
-                base = total(dropless_tok_factor=1, etp=1)
-                doubled = total(dropless_tok_factor=2, etp=1)
-                halved = total(dropless_tok_factor=1, etp=2)
+                routed_all, width = formulas.routed_bytes(self.spec, kind, seq)
             except (NdcostError, KeyError, TypeError, ValueError):
                 continue
-            routed_all = (doubled - base) / seq
-            width = 2 * (base - halved) / seq
             rest = routed_all - width
-            if where == "census":
-                out[kind] = (rest, width, rest, width)
-            else:
-                out[kind] = (routed_all, 0.0, rest, width)
+            out[kind] = (rest, width, rest, width) if where == "census" else (routed_all, 0.0, rest, width)
         return out
 
     # -- evaluation ------------------------------------------------------------------------------
-    def _names(self) -> Dict[str, Tuple[str, ...]]:
+    def names(self) -> Dict[str, Tuple[str, ...]]:
         reg = _registry()
         return {"cp_algo": CP_ALGOS, "schedule": tuple(reg.names("schedule")), "recompute": RECOMPUTE,
                 "optimizer": tuple(reg.names("optimizer")),
@@ -609,7 +635,7 @@ class CostModel:
     def evaluate_many(self, strategies: Any, hardware: Any = None) -> BatchResult:
         """Price a batch: a sequence of Strategy, or a mapping of field -> list/array (see module docstring)."""
         hw = self.hardware if hardware is None else _hardware(hardware)
-        names = self._names()
+        names = self.names()
         batch = columns(strategies, names)
         self._model_checks(batch, names)
         n = batch.n
@@ -658,7 +684,7 @@ class CostModel:
         if priced:
             recs = memory.stack_records(tables)
             schedules = [_registry().get(f"schedule/{s}") for s in names["schedule"]]
-            spp, temps = self._optimizer_arrays(names["optimizer"])
+            spp, temps = self.optimizer_arrays(names["optimizer"])
             unpriced_selective = np.zeros(n, dtype=bool)
             cols_sorted = c if in_order else {k: v[order] for k, v in c.items()}
             seq_sorted = seq_index if in_order else seq_index[order]
@@ -717,7 +743,7 @@ class CostModel:
         attach = getattr(timemodel, "attach", None)
         return result if attach is None else attach(self, result, batch, hardware)
 
-    def _optimizer_arrays(self, names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
+    def optimizer_arrays(self, names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
         reg = _registry()
         spp, temps = [], []
         for name in names:
@@ -807,24 +833,34 @@ def _even_split(layers: int, stages: int) -> List[int]:
     return [base + (1 if i >= stages - extra else 0) for i in range(stages)]
 
 
-def _analytic_output_record(spec: ModelSpec, seq: int):
-    """The output layer where no census measured it: final norm, head, Transformers' fp32 loss (bf16 run).
+def _estimator(kind: str, name: str) -> Any:
+    """The registered ``estimator/<kind>/<name>``; a missing built-in is a stale install."""
+    found = _registry().find(f"estimator/{kind}/{name}")
+    if found is None:
+        raise Unpriced(f"estimator/{kind}/{name} is not registered; reinstall ndcost with `pip install -e .`")
+    return found
 
-    Kept per token: the final norm's input and the head's input (16-bit,
-    ``2 h`` each) and the loss's fp32 log-softmax (``4 V``, the part a
-    vocabulary-parallel loss splits). The backward peaks inside the
-    log-softmax's backward: its kept output, the incoming fp32 gradient and
-    the fp32 gradient it makes (``4 V + 4 V + 4 V``); the logits' 16-bit
-    gradient comes after the kept output is freed. The census of
-    Transformers' loss measures the same ``12 V`` (a Llama at 2048 tokens).
-    Norms that keep an fp32 copy of their input (Llama's RMSNorm) keep ``4 h``
-    more than this counts.
-    """
-    from ndcost.records import KindRecord
-    h, vocab = spec.hidden_size, spec.vocab_size
-    return KindRecord(kind="output", seq=int(seq), source="ndcost.resolver analytic output layer",
-                      saved_per_token=float(4 * h), saved_tp_per_token=float(4 * vocab),
-                      working_per_token=float(4 * h), working_tp_per_token=float(12 * vocab))
+
+def _chosen(key: str, record: Any, passed_over: Sequence[str], census: str) -> str:
+    """Provenance of one record: the estimator that made it and why those before it did not."""
+    estimator = _registry().find(key)
+    text = f"{_source_of(key)}, {getattr(estimator, 'description', '')}: {getattr(record, 'source', '?')}"
+    if passed_over:
+        text += " (chosen over " + "; ".join(passed_over) + ")"
+    elif census == "off":
+        text += " (census='off')"
+    return text
+
+
+_NOTED: List[str] = []
+
+
+def _note_census_extra(why: str) -> None:
+    """Say once on stderr that the census extra is missing and the formulas price instead."""
+    if "pip install 'ndcost[census]'" in why and not _NOTED:
+        import sys
+        _NOTED.append(why)
+        print(f"ndcost: {why}; pricing activations with the op records' formulas", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import attrs
 
 from ndcost.errors import InvalidValue
+from ndcost.layer import LayerKind
 
 # ---------------------------------------------------------------------------
 # shared identifiers
@@ -67,13 +68,15 @@ class LayerGroup:
 
 @attrs.frozen(kw_only=True)
 class ModelSpec:
-    """What the cost model knows of a model: widths and its layer stack.
+    """What the cost model knows of a model: widths, its layer stack and what each kind of layer is.
 
     Fields a family does not have are ``None`` (never a silent zero). Biases
     are ``True``/``False`` where the config states them and ``None`` where it
-    leaves them unstated. ``extra`` holds family-specific widths (DeepSeek-V4's
-    hyper-connections, compressors, ...); ``hf_config`` the config as a dict,
-    from which the census rebuilds the Transformers config.
+    leaves them unstated. ``kind_specs`` describes every kind in ``layers``
+    (:class:`~ndcost.layer.LayerKind`): it is what the estimators read.
+    ``extra`` holds what only the family itself reads (DeepSeek-V4's
+    hyper-connections, a bias convention, ...); ``hf_config`` the config as a
+    dict, from which the census rebuilds the Transformers config.
     """
 
     name: str
@@ -82,6 +85,7 @@ class ModelSpec:
     hidden_size: int = attrs.field(validator=_positive_int)
     vocab_size: int = attrs.field(validator=_positive_int)
     layers: Tuple[LayerGroup, ...] = attrs.field(converter=tuple)
+    kind_specs: Mapping[str, LayerKind] = attrs.field(converter=_frozen_mapping)
     num_attention_heads: int = attrs.field(validator=_positive_int)
     num_key_value_heads: Optional[int] = _optional_count()
     head_dim: Optional[int] = _optional_count()
@@ -117,6 +121,19 @@ class ModelSpec:
     def __attrs_post_init__(self):
         if not self.layers:
             raise InvalidValue(f"model {self.name!r} has no layers")
+        stacked = set(self.kinds)
+        undescribed = [k for k in self.kinds if k not in self.kind_specs]
+        if undescribed:
+            raise InvalidValue(f"model {self.name!r}: layer kind(s) {', '.join(undescribed)} are not described; "
+                               f"give kind_specs={{kind: LayerKind(attention=..., mlp=...)}} for each")
+        unused = sorted(set(self.kind_specs) - stacked)
+        if unused:
+            raise InvalidValue(f"model {self.name!r}: kind_specs describes {', '.join(unused)}, which no layer "
+                               f"group stacks; kinds stacked: {', '.join(self.kinds)}")
+        for kind, described in self.kind_specs.items():
+            if not isinstance(described, LayerKind):
+                raise InvalidValue(f"model {self.name!r}: kind_specs[{kind!r}] must be a LayerKind, "
+                                   f"got {type(described).__name__}")
         if self.num_attention_heads and self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise InvalidValue(
                 f"model {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
@@ -135,6 +152,14 @@ class ModelSpec:
     def kinds(self) -> Tuple[str, ...]:
         """Distinct layer kinds in model order."""
         return tuple(dict.fromkeys(g.kind for g in self.layers))
+
+    def kind(self, name: str) -> LayerKind:
+        """The description of layer kind *name*."""
+        try:
+            return self.kind_specs[name]
+        except KeyError:
+            raise InvalidValue(f"model {self.name!r} has no layer kind {name!r}; its kinds: "
+                               f"{', '.join(self.kinds)}") from None
 
     @property
     def resolved_head_dim(self) -> int:

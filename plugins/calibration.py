@@ -55,10 +55,10 @@ class Measurement:
 
     def model_work(self):
         """The time model's work for this layer (census FLOPs and traffic where measured), built once."""
-        from ndcost import timemodel
+        from ndcost.plugins.estimators.flops import model_work
         if self.work is None:
             records = {self.kind: self.record} if self.record is not None else None
-            object.__setattr__(self, "work", timemodel.model_work(self.spec, self.seq, records))
+            object.__setattr__(self, "work", model_work(self.spec, self.seq, records))
         return self.work
 
     @property
@@ -103,6 +103,7 @@ _SHAPE_WORDS = {
 
 def _spec_from_text(text: str, params: Optional[int]):
     """A Llama-shaped ModelSpec from a measurement's description ("hidden 4096, intermediate 14336, ...")."""
+    from ndcost.layer import LayerKind
     from ndcost.values import LayerGroup, ModelSpec
 
     found = {}
@@ -120,9 +121,10 @@ def _spec_from_text(text: str, params: Optional[int]):
                            "vocab_size": 32000, **found})
     except Exception:  # no family plugin: the shape alone (priced analytically)
         spec = ModelSpec(name="measured-layer", model_type="llama", family="llama", vocab_size=32000,
-                         layers=(LayerGroup(kind="dense", count=1),), **found)
+                         layers=(LayerGroup(kind="dense", count=1),),
+                         kind_specs={"dense": LayerKind(attention="gqa", mlp="dense")}, **found)
     if params is not None:
-        from ndcost.timemodel import _analytic_parameters
+        from ndcost.plugins.estimators.flops import _analytic_parameters
         counted = sum(_analytic_parameters(spec, spec.kinds[0]).values())
         if counted != int(params):
             raise InvalidValue(f"the layer read from the measurement's description has {counted:,} parameters, "

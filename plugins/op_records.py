@@ -53,6 +53,7 @@ import attrs
 from ndcost.specio import load_yaml
 from ndcost.errors import InvalidValue, RegistrationError, StalePluginSet, UnknownKey
 from ndcost.hookspecs import hookimpl
+from ndcost.layer import DENSE_MLPS, NO_MLPS
 from ndcost.plugins.expressions import Expression, Number, divide
 from ndcost.records import KindRecord
 from ndcost.values import CP_ALGOS, DTYPES, PARTS, ModelSpec
@@ -728,38 +729,10 @@ def gathered_kv_bytes(values: Union[Values, Mapping[str, Any]], *, records: Opti
 # ---------------------------------------------------------------------------
 # a ModelSpec's values
 # ---------------------------------------------------------------------------
-# Families whose feed-forward is an ungated two-matmul MLP (GeLU and kin).
-UNGATED_MODEL_TYPES = frozenset({"gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "phi"})
-# Where a spec states neither (a spec built by hand), the families known to normalize queries and
-# keys, and to gate the attention's output; a family's ``extra`` says so where it knows.
-QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"})
-OUTPUT_GATE_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_moe"})
 # Whether each attention implementation materializes the scores (1) or keeps a fused kernel's
 # statistics (0); the names are Transformers' ``attn_implementation`` values and the runtimes' kernels.
 ATTENTION_KERNELS = {"eager": 1, "sdpa": 0, "flash": 0, "flash_attention_2": 0, "flash_attention_3": 0,
                      "flex_attention": 0, "npu_fusion_attention": 0}
-# GPT-2's config defaults, the paper's dropout, for a spec built without its config.
-_GPT2_DROPOUT = 0.1
-
-_ATTN_DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob")
-_HIDDEN_DROPOUT_KEYS = ("resid_pdrop", "hidden_dropout", "hidden_dropout_prob")
-
-
-def _stated(spec: ModelSpec, *keys: str) -> Any:
-    """The first of *keys* the spec's ``extra`` or its config states, else None."""
-    for key in keys:
-        if key in spec.extra and spec.extra[key] is not None:
-            return spec.extra[key]
-        if key in spec.hf_config and spec.hf_config[key] is not None:
-            return spec.hf_config[key]
-    return None
-
-
-def _dropout_present(spec: ModelSpec, keys: Tuple[str, ...]) -> int:
-    stated = _stated(spec, *keys)
-    if stated is None:
-        return int(spec.model_type == "gpt2" and _GPT2_DROPOUT > 0)
-    return int(float(stated) > 0)
 
 
 def _need(spec: ModelSpec, kind: str, field: str, value: Any) -> Any:
@@ -770,45 +743,6 @@ def _need(spec: ModelSpec, kind: str, field: str, value: Any) -> Any:
         raise InvalidValue(f"model {spec.name!r} (family {spec.family!r}): ModelSpec.{field} must be > 0 "
                            f"for layer kind {kind!r}, got {value!r}")
     return value
-
-
-MLA_MECHANISMS = frozenset({"mla", "dsa"})
-LINEAR_MECHANISMS = frozenset({"gated_delta_net"})
-DENSE_MLPS = frozenset({"dense"})
-NO_MLPS = frozenset({"none"})
-
-
-def kind_info(spec: ModelSpec, kind: str) -> Dict[str, Any]:
-    """How a layer of *kind* is built: ``attention`` mechanism, ``mlp`` and ``mtp``.
-
-    Read from the family's description (``spec.extra["kinds"][kind]``); for a
-    spec built without one, from the kind's name and the spec's fields: a
-    kind naming ``linear`` is a gated delta net, MLA where the spec has a KV
-    latent, an MoE where the spec has experts and the kind does not name
-    ``dense``, MTP where the kind names ``mtp``.
-    """
-    described = (spec.extra.get("kinds") or {}).get(kind)
-    if described:
-        info = dict(described)
-        info.setdefault("mtp", False)
-        return info
-    linear = "linear" in kind
-    attention = "gated_delta_net" if linear else ("mla" if spec.kv_lora_rank else "gqa")
-    mlp = "moe" if spec.num_experts and "dense" not in kind else "dense"
-    return {"attention": attention, "mlp": mlp, "mtp": "mtp" in kind}
-
-
-def is_moe_kind(spec: ModelSpec, kind: str) -> bool:
-    """Whether a layer of *kind* routes its tokens to experts."""
-    mlp = kind_info(spec, kind)["mlp"]
-    return mlp not in DENSE_MLPS and mlp not in NO_MLPS
-
-
-def _flag(spec: ModelSpec, keys: Tuple[str, ...], model_types: frozenset) -> int:
-    stated = _stated(spec, *keys)
-    if stated is None:
-        return int(spec.model_type in model_types or spec.family in model_types)
-    return int(bool(stated))
 
 
 def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropout: Optional[bool] = None,
@@ -822,21 +756,21 @@ def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropou
         raise InvalidValue(f"attention={attention!r} is not known; allowed: {', '.join(ATTENTION_KERNELS)}")
     if ffn not in (None, "dense", "moe"):
         raise InvalidValue(f"ffn={ffn!r}: allowed: dense, moe (or None to read the spec)")
-    info = kind_info(spec, kind)
+    info = spec.kind(kind)
     h, a = spec.hidden_size, spec.num_attention_heads
-    linear = info["attention"] in LINEAR_MECHANISMS
-    mlp = info["mlp"] if ffn is None else ffn
-    moe = mlp not in DENSE_MLPS and mlp not in NO_MLPS
-    out: Dict[str, Number] = {"h": h, "a": a, "attention": int(not linear), "linear_attention": int(linear),
-                              "moe": int(moe), "has_ffn": int(mlp not in NO_MLPS), "mtp": int(bool(info["mtp"])),
+    mlp = info.mlp if ffn is None else ffn
+    moe = mlp not in DENSE_MLPS + NO_MLPS
+    out: Dict[str, Number] = {"h": h, "a": a, "attention": int(not info.linear),
+                              "linear_attention": int(info.linear), "moe": int(moe),
+                              "has_ffn": int(mlp not in NO_MLPS), "mtp": int(info.mtp),
                               "scores": ATTENTION_KERNELS[attention]}
     if dropout is None:
-        out["dropout_attn"] = _dropout_present(spec, _ATTN_DROPOUT_KEYS)
-        out["dropout_hidden"] = _dropout_present(spec, _HIDDEN_DROPOUT_KEYS)
+        out["dropout_attn"] = int(info.attention_dropout > 0)
+        out["dropout_hidden"] = int(info.hidden_dropout > 0)
     else:
         out["dropout_attn"] = out["dropout_hidden"] = int(bool(dropout))
 
-    if info["attention"] in MLA_MECHANISMS or (spec.kv_lora_rank and not linear):
+    if info.latent:
         nope = spec.qk_nope_head_dim or 0
         rope = _need(spec, kind, "qk_rope_head_dim", spec.qk_rope_head_dim)
         out.update(mla=1, kv_heads=a, dk=nope + rope, dv=_need(spec, kind, "v_head_dim", spec.v_head_dim),
@@ -846,16 +780,11 @@ def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropou
         head = spec.resolved_head_dim
         out.update(kv_heads=spec.num_key_value_heads or a, dk=head, dv=head)
 
-    gated = _stated(spec, "gated_mlp")
-    if gated is None:
-        matrices = _stated(spec, "ffn_matrices")
-        gated = spec.model_type not in UNGATED_MODEL_TYPES if matrices is None else int(matrices) >= 3
-    out["act_widths"] = 3 if gated else 1
-    out["qk_norm"] = _flag(spec, ("qk_norm", "use_qk_norm"), QK_NORM_MODEL_TYPES)
-    out["output_gate"] = _flag(spec, ("output_gate", "attn_output_gate"), OUTPUT_GATE_MODEL_TYPES)
-    norms = _stated(spec, "layer_norms")
-    if norms is not None:
-        out["n_norms"] = int(norms)
+    out["act_widths"] = 3 if info.gated_mlp else 1
+    out["qk_norm"] = int(info.qk_norm)
+    out["output_gate"] = int(info.output_gate)
+    if info.layer_norms is not None:
+        out["n_norms"] = info.layer_norms
 
     if moe:
         out["experts"] = _need(spec, kind, "num_experts", spec.num_experts)
@@ -868,12 +797,9 @@ def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropou
         else:
             out["shared_width"] = (spec.num_shared_experts or 0) * out["hff_exp"]
     elif mlp not in NO_MLPS:
-        width = spec.intermediate_size
-        if width is None and spec.model_type == "gpt2":
-            width = 4 * h  # GPT2Config.n_inner None means 4 * n_embd
-        out["hff"] = _need(spec, kind, "intermediate_size", width)
+        out["hff"] = _need(spec, kind, "intermediate_size", spec.intermediate_size)
 
-    if linear:
+    if info.linear:
         out["lin_kh"] = _need(spec, kind, "linear_num_key_heads", spec.linear_num_key_heads)
         out["lin_vh"] = _need(spec, kind, "linear_num_value_heads", spec.linear_num_value_heads)
         out["lin_dk"] = _need(spec, kind, "linear_key_head_dim", spec.linear_key_head_dim)

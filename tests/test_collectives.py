@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from ndcost import timemodel as tm
+from ndcost.plugins.estimators import flops as analytic
 from ndcost.plugins import collectives as c
+from ndcost.layer import LayerKind
 from ndcost.values import Hardware, LayerGroup, ModelSpec, NetworkLevel, Strategy
 
 GB = 1e9
@@ -66,13 +68,14 @@ def _hardware():
 def _spec(layers=2, hidden=1024, heads=8, vocab=1000):
     return ModelSpec(name="toy", model_type="llama", family="llama", hidden_size=hidden, vocab_size=vocab,
                      layers=(LayerGroup(kind="dense", count=layers),), num_attention_heads=heads,
+                     kind_specs={"dense": LayerKind(attention="gqa", mlp="dense")}, attention_bias=False, mlp_bias=False,
                      num_key_value_heads=heads, intermediate_size=4 * hidden)
 
 
 def test_tp_volume_through_the_step():
     """TP 2 without SP: two all-reduces a layer each pass of the layer's activations (tokens x hidden x 2 bytes)."""
     spec = _spec()
-    work = tm.model_work(spec, 512)
+    work = analytic.model_work(spec, 512)
     r = tm.step_time(work, [Strategy.parse("seq=512,tp=2,micro_batch=2")], _hardware())
     message = 2 * 512 * 1024 * 2
     per_all_reduce = 2 * (1 / 2) * message / 100e9
@@ -85,7 +88,7 @@ def test_tp_volume_through_the_step():
 def test_dp_gradient_all_reduce_volume():
     """DP 2 (stride 1, one node): one all-reduce of the rank's gradients (every parameter, bf16) a step."""
     spec = _spec()
-    work = tm.model_work(spec, 512)
+    work = analytic.model_work(spec, 512)
     h, inter, vocab = 1024, 4096, 1000
     params = 2 * (4 * h * h + 3 * h * inter + 2 * h) + vocab * h * 2 + h  # layers, embedding, untied head, norm
     r = tm.step_time(work, [Strategy.parse("seq=512,dp=2")], _hardware())
@@ -96,7 +99,7 @@ def test_pp_send_volume_and_exposure():
     """PP 2 above DP 8 (stride 8): sends cross nodes at 10 GB/s; a rank sends the activations forward and
     their gradient back a micro-batch; 2 (p - 1) sends are exposed on fill and drain."""
     spec = _spec()
-    work = tm.model_work(spec, 512)
+    work = analytic.model_work(spec, 512)
     r = tm.step_time(work, [Strategy.parse("seq=512,pp=2,dp=8,num_micro_batches=4")], _hardware())
     send = 512 * 1024 * 2 / 10e9
     assert r.detail["pp_send_seconds"][0] == pytest.approx(send, rel=1e-12)
@@ -107,8 +110,9 @@ def test_ep_all_to_all_volume():
     """EP 4: dispatch and combine a pass, each moving top_k copies of every token's hidden vector."""
     spec = ModelSpec(name="toy-moe", model_type="qwen3_moe", family="qwen3_moe", hidden_size=512, vocab_size=1000,
                      layers=(LayerGroup(kind="moe", count=1),), num_attention_heads=8, num_key_value_heads=8,
+                     kind_specs={"moe": LayerKind(attention="gqa", mlp="moe")}, attention_bias=False, mlp_bias=False,
                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256)
-    work = tm.model_work(spec, 256)
+    work = analytic.model_work(spec, 256)
     hw = _hardware()
     base = tm.step_time(work, [Strategy.parse("seq=256,dp=4")], hw)
     ep = tm.step_time(work, [Strategy.parse("seq=256,dp=4,ep=4")], hw)
@@ -125,7 +129,7 @@ def test_ep_all_to_all_volume():
 def test_cp_ring_passes_kv():
     """CP 2 ring: the KV of a rank's half sequence passes once forward and twice backward (KV and dKV)."""
     spec = _spec(layers=1)
-    work = tm.model_work(spec, 1024)
+    work = analytic.model_work(spec, 1024)
     hw = _hardware()
     r = tm.step_time(work, [Strategy.parse("seq=1024,cp=2")], hw)
     kv = 512 * 2 * 1024 * 2                     # tokens, K and V of 8 heads x 128, bf16

@@ -133,8 +133,8 @@ def test_qwen3_next_groups_in_model_order():
     spec = load_model("qwen3-next-80b-a3b")
     expected = [("linear_attention", 3), ("full_attention", 1)] * 12
     assert [(g.kind, g.count) for g in spec.layers] == expected
-    assert spec.extra["kinds"]["full_attention"]["attention"] == "gqa"
-    assert spec.extra["kinds"]["linear_attention"]["attention"] == "gated_delta_net"
+    assert spec.kind("full_attention").attention == "gqa"
+    assert spec.kind("linear_attention").attention == "gated_delta_net"
     assert spec.extra["output_gate"] and spec.extra["qk_norm"]
 
 

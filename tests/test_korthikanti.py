@@ -31,7 +31,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ndcost.plugins import op_records as R
+from ndcost.layer import LayerKind
 from ndcost.values import LayerGroup, ModelSpec
+
+# GPT-2's layer as the paper assumes it: an ungated 4h MLP, learned positions, dropout 0.1 after the
+# attention's softmax and after each block (GPT2Config's attn_pdrop and resid_pdrop)
+GPT2_LAYER = LayerKind(attention="gqa", mlp="dense", mlp_matrices=2, rotary=False, activation="gelu_new",
+                       attention_dropout=0.1, hidden_dropout=0.1)
 
 # (s, b, h, a, t): GPT-2 medium and larger shapes of the paper's Table 3 sizes, and small odd ones
 CASES = [
@@ -48,7 +54,8 @@ CASES = [
 
 def gpt2_spec(h, a, layers=24):
     return ModelSpec(name=f"gpt2-h{h}-a{a}", model_type="gpt2", family="gpt2", hidden_size=h, vocab_size=50257,
-                     num_attention_heads=a, intermediate_size=4 * h, layers=(LayerGroup(kind="dense", count=layers),))
+                     num_attention_heads=a, intermediate_size=4 * h, layers=(LayerGroup(kind="dense", count=layers),),
+                     kind_specs={"dense": GPT2_LAYER})
 
 
 def paper_values(s, b, h, a, t, sp=False):

@@ -12,6 +12,7 @@ import math
 
 import pytest
 
+from ndcost.layer import LayerKind
 from ndcost.records import KindRecord
 from ndcost.values import LayerGroup, ModelSpec, Strategy
 
@@ -27,6 +28,7 @@ H, A, KV, DH, I, V, L = 1024, 16, 4, 64, 2816, 32000, 8
 def llama_spec(layers=L, tied=False):
     return ModelSpec(name="tiny-llama", model_type="llama", family="llama", hidden_size=H, vocab_size=V,
                      layers=(LayerGroup(kind="dense", count=layers),), num_attention_heads=A,
+                     kind_specs={"dense": LayerKind(attention="gqa", mlp="dense")},
                      num_key_value_heads=KV, head_dim=DH, intermediate_size=I, tie_word_embeddings=tied)
 
 
@@ -292,6 +294,7 @@ ROUTED = E * 3 * H * EW
 def moe_spec():
     return ModelSpec(name="tiny-moe", model_type="mixtral", family="mixtral", hidden_size=H, vocab_size=V,
                      layers=(LayerGroup(kind="moe", count=L),), num_attention_heads=A, num_key_value_heads=KV,
+                     kind_specs={"moe": LayerKind(attention="gqa", mlp="moe")},
                      head_dim=DH, intermediate_size=EW, num_experts=E, num_experts_per_tok=TOPK,
                      moe_intermediate_size=EW)
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from ndcost.layer import LayerKind
 from ndcost.records import KindRecord
 from ndcost.values import LayerGroup, ModelSpec, Strategy
 
@@ -69,7 +70,9 @@ def _mtp_model(builds):
     from ndcost.resolver import CostModel
     spec = ModelSpec(name="tiny-mtp", model_type="llama", family="llama", hidden_size=H, vocab_size=32000,
                      layers=(LayerGroup(kind="dense", count=L), LayerGroup(kind="dense_mtp", count=1, mtp=True)),
-                     num_attention_heads=16, num_key_value_heads=4, head_dim=64, intermediate_size=2816)
+                     num_attention_heads=16, num_key_value_heads=4, head_dim=64, intermediate_size=2816,
+                     kind_specs={"dense": LayerKind(attention="gqa", mlp="dense"),
+                                 "dense_mtp": LayerKind(attention="gqa", mlp="dense", mtp=True)})
     counts = ParameterCount(
         by_kind={"dense": {"attention": ATTN, "ffn": FFN, "norm": NORMS},
                  "dense_mtp": {"attention": ATTN, "ffn": FFN, "norm": NORMS + 2 * H, "mtp": 2 * H * H}},

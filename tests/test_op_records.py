@@ -12,7 +12,13 @@ from ndcost.errors import InvalidValue, RegistrationError, StalePluginSet, Unkno
 from ndcost.plugins import op_records as R
 from ndcost.plugins.expressions import ExpressionError
 from ndcost.records import KindRecord
+from ndcost.layer import LayerKind
 from ndcost.values import OPS, PARTS, RECOMPUTE, LayerGroup, ModelSpec, Strategy
+
+# GPT-2's layer: an ungated 4h MLP, learned positions, dropout 0.1 (GPT2Config's attn_pdrop, resid_pdrop)
+GPT2_LAYER = LayerKind(attention="gqa", mlp="dense", mlp_matrices=2, rotary=False, activation="gelu_new",
+                       attention_dropout=0.1, hidden_dropout=0.1)
+GQA_DENSE = LayerKind(attention="gqa", mlp="dense")
 
 
 # ---------------------------------------------------------------------------
@@ -20,14 +26,15 @@ from ndcost.values import OPS, PARTS, RECOMPUTE, LayerGroup, ModelSpec, Strategy
 # ---------------------------------------------------------------------------
 def gpt2():
     return ModelSpec(name="gpt2-medium", model_type="gpt2", family="gpt2", hidden_size=1024, vocab_size=50257,
-                     num_attention_heads=16, intermediate_size=4096, layers=(LayerGroup(kind="dense", count=24),))
+                     num_attention_heads=16, intermediate_size=4096, layers=(LayerGroup(kind="dense", count=24),),
+                     kind_specs={"dense": GPT2_LAYER})
 
 
 def llama():
     # Llama-3.1-8B's widths: GQA 32/8 heads of 128, SwiGLU 14336
     return ModelSpec(name="llama-like", model_type="llama", family="llama", hidden_size=4096, vocab_size=128256,
                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=14336,
-                     layers=(LayerGroup(kind="dense", count=32),))
+                     layers=(LayerGroup(kind="dense", count=32),), kind_specs={"dense": GQA_DENSE})
 
 
 def deepseek():
@@ -39,7 +46,10 @@ def deepseek():
                      num_experts=256, num_shared_experts=1, num_experts_per_tok=8, moe_intermediate_size=2048,
                      first_k_dense=3,
                      layers=(LayerGroup(kind="dense", count=3), LayerGroup(kind="moe", count=58),
-                             LayerGroup(kind="mtp", count=1, mtp=True)))
+                             LayerGroup(kind="mtp", count=1, mtp=True)),
+                     kind_specs={"dense": LayerKind(attention="mla", mlp="dense"),
+                                 "moe": LayerKind(attention="mla", mlp="moe"),
+                                 "mtp": LayerKind(attention="mla", mlp="moe", mtp=True)})
 
 
 def qwen3_next():
@@ -49,7 +59,11 @@ def qwen3_next():
                      intermediate_size=5120, num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
                      shared_expert_intermediate_size=512, linear_num_key_heads=16, linear_num_value_heads=32,
                      linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
-                     layers=(LayerGroup(kind="linear_attention", count=3), LayerGroup(kind="full_attention", count=1)))
+                     layers=(LayerGroup(kind="linear_attention", count=3), LayerGroup(kind="full_attention", count=1)),
+                     kind_specs={"linear_attention": LayerKind(attention="gated_delta_net", mlp="moe", qk_norm=True,
+                                                               output_gate=True),
+                                 "full_attention": LayerKind(attention="gqa", mlp="moe", qk_norm=True,
+                                                             output_gate=True)})
 
 
 @pytest.fixture(scope="module")
@@ -314,9 +328,11 @@ def test_gated_and_ungated_feed_forwards():
     assert R.slot_bytes(llama_values, "norm") == 2 * s * 4096 * 2
 
 
-def test_gpt2_without_intermediate_size_reads_four_h():
-    spec = ModelSpec(name="gpt2", model_type="gpt2", family="gpt2", hidden_size=768, vocab_size=50257,
-                     num_attention_heads=12, layers=(LayerGroup(kind="dense", count=12),))
+def test_gpt2_without_n_inner_reads_four_h():
+    # GPT2Config: "n_inner (int, optional): Dimensionality of the inner feed-forward layers. None will set
+    # it to 4 times n_embd"
+    from ndcost.models import load_model
+    spec = load_model({"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12})
     assert R.values_for(spec, "dense", seq=16)["hff"] == 3072
 
 
@@ -404,12 +420,14 @@ def test_bad_models_and_evaluations():
         R.values_for(deepseek(), "moee", seq=16)
     no_top_k = ModelSpec(name="broken-moe", model_type="mixtral", family="mixtral", hidden_size=64,
                          vocab_size=100, num_attention_heads=4, num_experts=8, intermediate_size=128,
-                         layers=(LayerGroup(kind="moe", count=2),))
+                         layers=(LayerGroup(kind="moe", count=2),),
+                         kind_specs={"moe": LayerKind(attention="gqa", mlp="moe")})
     with pytest.raises(InvalidValue) as info:
         R.values_for(no_top_k, "moe", seq=16)
     assert "num_experts_per_tok" in str(info.value) and "mixtral" in str(info.value)
     no_width = ModelSpec(name="broken", model_type="llama", family="llama", hidden_size=64, vocab_size=100,
-                         num_attention_heads=4, layers=(LayerGroup(kind="dense", count=2),))
+                         num_attention_heads=4, layers=(LayerGroup(kind="dense", count=2),),
+                         kind_specs={"dense": GQA_DENSE})
     with pytest.raises(InvalidValue, match="intermediate_size"):
         R.values_for(no_width, "dense", seq=16)
     with pytest.raises(InvalidValue, match="sequence length"):

@@ -350,7 +350,7 @@ def test_time_model_shares_the_memory_placement_without_changing_a_number(moe, m
     strategies = [Strategy.from_mapping(dict(r, seq=SEQ)) for r in rows]
     batch = moe.evaluate_many(strategies)
     assert batch.valid.all(), batch.reason
-    work = moe._time_work[SEQ]
+    work = moe.model_work(SEQ)
     for i, s in enumerate(strategies):
         alone = timemodel.step_time(work, timemodel.columns([s]), moe.hardware)
         for name in timemodel.TIME_FIELDS:

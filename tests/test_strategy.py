@@ -185,10 +185,11 @@ def test_non_positive_degrees_refused(field, value):
 # the other value types are validated too
 # ---------------------------------------------------------------------------
 def _spec(**overrides):
-    from ndcost import LayerGroup, ModelSpec
+    from ndcost import LayerGroup, LayerKind, ModelSpec
 
     fields = dict(name="toy", model_type="llama", family="llama", hidden_size=64, vocab_size=100,
-                  num_attention_heads=4, layers=[LayerGroup(kind="dense", count=2)])
+                  num_attention_heads=4, layers=[LayerGroup(kind="dense", count=2)],
+                  kind_specs={"dense": LayerKind(attention="gqa", mlp="dense")})
     fields.update(overrides)
     return ModelSpec(**fields)
 
@@ -203,10 +204,17 @@ def test_model_spec_refuses_bad_widths_naming_the_field(field, value):
 def test_model_spec_layer_stack():
     from ndcost import LayerGroup
 
+    from ndcost import LayerKind
+
     spec = _spec(layers=[LayerGroup(kind="dense", count=3), LayerGroup(kind="moe", count=5),
-                         LayerGroup(kind="mtp_moe", count=1, mtp=True)])
+                         LayerGroup(kind="mtp_moe", count=1, mtp=True)],
+                 kind_specs={"dense": LayerKind(attention="gqa", mlp="dense"),
+                             "moe": LayerKind(attention="gqa", mlp="moe"),
+                             "mtp_moe": LayerKind(attention="gqa", mlp="moe", mtp=True)})
     assert (spec.num_layers, spec.num_mtp_layers, spec.kinds) == (8, 1, ("dense", "moe", "mtp_moe"))
     with pytest.raises(InvalidValue, match="mtp"):
         LayerGroup(kind="moe", count=1, mtp=True)
     with pytest.raises(InvalidValue, match="no layers"):
         _spec(layers=[])
+    with pytest.raises(InvalidValue, match="moe are not described"):
+        _spec(layers=[LayerGroup(kind="moe", count=1)])

@@ -7,6 +7,8 @@ import textwrap
 import pytest
 
 from ndcost import timemodel as tm
+from ndcost.plugins.estimators import flops as analytic
+from ndcost.layer import LayerKind
 from ndcost.values import LayerGroup, ModelSpec, Strategy
 
 SHIPPED = {
@@ -38,8 +40,9 @@ def test_shipped_hardware(registry, name):
 
 def test_fp8_compute_uses_the_fp8_peak(registry):
     spec = ModelSpec(name="toy", model_type="llama", family="llama", hidden_size=2048, vocab_size=1000,
-                     layers=(LayerGroup(kind="dense", count=4),), num_attention_heads=16, intermediate_size=8192)
-    work = tm.model_work(spec, 4096)
+                     layers=(LayerGroup(kind="dense", count=4),), num_attention_heads=16, intermediate_size=8192,
+                     kind_specs={"dense": LayerKind(attention="gqa", mlp="dense")}, attention_bias=False, mlp_bias=False)
+    work = analytic.model_work(spec, 4096)
     h100 = registry.get("hardware/h100")
     r = tm.step_time(work, [Strategy.parse("seq=4096"), Strategy.parse("seq=4096,compute_dtype=fp8")], h100)
     assert r.compute_seconds[1] < r.compute_seconds[0]
@@ -83,8 +86,9 @@ def test_third_party_adds_a_device_with_one_yaml(tmp_path, monkeypatch):
     assert values["matmul"] == 0.6 and values["matmul_backward"] == 0.6   # the forward figure stands in
     assert sources["attention"] == "prior (uncalibrated)"
     spec = ModelSpec(name="toy", model_type="llama", family="llama", hidden_size=1024, vocab_size=1000,
-                     layers=(LayerGroup(kind="dense", count=2),), num_attention_heads=8, intermediate_size=4096)
-    r = tm.step_time(tm.model_work(spec, 1024), [Strategy.parse("seq=1024,tp=4"), Strategy.parse("seq=1024,tp=8")],
+                     layers=(LayerGroup(kind="dense", count=2),), num_attention_heads=8, intermediate_size=4096,
+                     kind_specs={"dense": LayerKind(attention="gqa", mlp="dense")}, attention_bias=False, mlp_bias=False)
+    r = tm.step_time(analytic.model_work(spec, 1024), [Strategy.parse("seq=1024,tp=4"), Strategy.parse("seq=1024,tp=8")],
                      hw)
     # TP 8 spans two 4-device nodes: its all-reduces cross the slower network
     assert r.communication_seconds[1] > 2 * r.communication_seconds[0]

@@ -8,6 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ndcost import timemodel as tm
+from ndcost import work
+from ndcost.plugins.estimators import flops as analytic
+from ndcost.layer import LayerKind
 from ndcost.values import Hardware, LayerGroup, ModelSpec, NetworkLevel, Strategy
 
 
@@ -16,13 +19,14 @@ def gpt2_spec(layers=12, hidden=768, heads=12, vocab=50257):
     return ModelSpec(name="gpt2", model_type="gpt2", family="gpt2", hidden_size=hidden, vocab_size=vocab,
                      layers=(LayerGroup(kind="dense", count=layers),), num_attention_heads=heads,
                      num_key_value_heads=heads, intermediate_size=4 * hidden, tie_word_embeddings=True,
-                     extra={"ffn_matrices": 2})
+                     kind_specs={"dense": LayerKind(attention="gqa", mlp="dense", mlp_matrices=2, rotary=False)})
 
 
 def llama_spec(layers=32):
     return ModelSpec(name="llama-3-8b", model_type="llama", family="llama", hidden_size=4096, vocab_size=128256,
                      layers=(LayerGroup(kind="dense", count=layers),), num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, intermediate_size=14336)
+                     num_key_value_heads=8, head_dim=128, intermediate_size=14336,
+                     kind_specs={"dense": LayerKind(attention="gqa", mlp="dense")}, attention_bias=False, mlp_bias=False)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +36,7 @@ def h200(registry):
 
 @pytest.fixture(scope="module")
 def llama_work():
-    return tm.model_work(llama_spec(), 4096)
+    return analytic.model_work(llama_spec(), 4096)
 
 
 # ---------------------------------------------------------------------------
@@ -44,7 +48,7 @@ def test_narayanan_flops_per_iteration(seq, batch):
     """Narayanan et al. 2021 (Megatron-LM at scale), eq. 3: 72BsLh^2 (1 + s/6h + V/12Lh), and with full
     recompute 96BsLh^2 (1 + s/6h + V/16Lh); matmuls only, attention at every pair of tokens."""
     spec = gpt2_spec()
-    work = tm.model_work(spec, seq)
+    work = analytic.model_work(spec, seq)
     B, s, L, h, V = batch, seq, 12, 768, 50257
     expected = 72 * B * s * L * h ** 2 * (1 + s / (6 * h) + V / (12 * L * h))
     expected_full = 96 * B * s * L * h ** 2 * (1 + s / (6 * h) + V / (16 * L * h))
@@ -60,31 +64,31 @@ def test_six_n_per_token():
     matmul adds 6 V d_model."""
     spec = gpt2_spec()
     h, L, V = 768, 12, 50257
-    work = tm.model_work(spec, 1024).work
+    work = analytic.model_work(spec, 1024).work
     layer = work["dense"].attention_mm_flops_per_token + work["dense"].other_mm_flops_per_token
     assert 3 * L * layer == 6 * (12 * L * h ** 2)
-    model = tm.model_work(spec, 1024)
+    model = analytic.model_work(spec, 1024)
     assert 3 * (L * layer + model.head_flops_per_token) == 6 * (12 * L * h ** 2 + V * h)
 
 
 def test_causal_pairs_and_window():
-    assert tm.causal_pairs(4) == 10
+    assert work.causal_pairs(4) == 10
     # window 2 over 5 tokens: 1 + 2 + 2 + 2 + 2
-    assert tm.window_pairs(5, 2) == 9
-    assert tm.window_pairs(5, 0) == 15
-    assert tm.window_pairs(3, 8) == 6
+    assert work.window_pairs(5, 2) == 9
+    assert work.window_pairs(5, 0) == 15
+    assert work.window_pairs(3, 8) == 6
 
 
 def test_analytic_flops_by_hand_llama():
     """One Llama-3-8B layer at 4096 tokens: 2 * tokens * (in * out) per projection; scores 4 * H * d at s(s+1)/2."""
     spec = llama_spec()
     s, h, d, H, kv, inter = 4096, 4096, 128, 32, 8, 14336
-    flops = tm.analytic_flops(spec, "dense", s)
+    flops = analytic.analytic_flops(spec, "dense", s)
     assert flops["attention"] == 2 * s * (h * H * d + 2 * h * kv * d + H * d * h)
     assert flops["ffn"] == 2 * s * 3 * h * inter
     assert flops["scores"] == 4 * H * d * s * (s + 1) / 2
-    assert tm.analytic_flops(spec, "dense", s, all_pairs=True)["scores"] == 4 * H * d * s * s
-    assert tm.analytic_flops(spec, "output", s) == {"head": 2 * s * h * 128256}
+    assert analytic.analytic_flops(spec, "dense", s, all_pairs=True)["scores"] == 4 * H * d * s * s
+    assert analytic.analytic_flops(spec, "output", s) == {"head": 2 * s * h * 128256}
 
 
 @pytest.mark.slow
@@ -112,8 +116,8 @@ def test_analytic_flops_match_torch_flop_counter():
         with FlopCounterMode(display=False) as counter:
             model(torch.zeros(1, seq, dtype=torch.long))
         whole = counter.get_total_flops()
-        expected = sum(tm.analytic_flops(spec, kind, seq, all_pairs=True).values()) \
-            + tm.analytic_flops(spec, "output", seq)["head"]
+        expected = sum(analytic.analytic_flops(spec, kind, seq, all_pairs=True).values()) \
+            + analytic.analytic_flops(spec, "output", seq)["head"]
         assert whole == expected, (spec.name, whole, expected)
 
 
@@ -243,7 +247,7 @@ def test_balanced_one_f_one_b_bubble_is_p_minus_1_over_m(h200):
     """Ranks carrying nearly equal work (a tiny vocabulary, so the head and loss are small): bubble/busy close
     to (p-1)/m (the last rank's final norm and loss make it a few percent busier than the others)."""
     spec = attrs.evolve(llama_spec(), vocab_size=8)
-    work = tm.model_work(spec, 4096)
+    work = analytic.model_work(spec, 4096)
     r = tm.step_time(work, [Strategy.parse("seq=4096,pp=4,num_micro_batches=8")], h200)
     busy = r.compute_seconds[0] + r.exposed_communication_seconds[0] - r.detail["pp_send_seconds"][0] * 2 * 3
     assert r.bubble_seconds[0] / busy == pytest.approx(3 / 8, rel=0.05)
@@ -252,10 +256,10 @@ def test_balanced_one_f_one_b_bubble_is_p_minus_1_over_m(h200):
 
 def test_unpriced_mechanism_is_refused():
     from ndcost.errors import Unpriced
-    spec = attrs.evolve(llama_spec(), extra={"kinds": {"dense": {"attention": "compressed_sparse_attention",
-                                                                 "mlp": "dense"}}})
+    spec = attrs.evolve(llama_spec(), kind_specs={"dense": LayerKind(attention="compressed_sparse_attention",
+                                                                     mlp="dense")})
     with pytest.raises(Unpriced, match="census"):
-        tm.analytic_flops(spec, "dense", 128)
+        analytic.analytic_flops(spec, "dense", 128)
 
 
 def test_hardware_without_efficiency_uses_priors_and_says_so():
@@ -264,18 +268,19 @@ def test_hardware_without_efficiency_uses_priors_and_says_so():
     values, sources = tm.efficiencies(hw)
     assert values == dict(tm.DEFAULT_EFFICIENCY)
     assert set(sources.values()) == {"prior (uncalibrated)"}
-    r = tm.step_time(tm.model_work(llama_spec(2), 1024), [Strategy.parse("seq=1024,tp=2")], hw)
+    r = tm.step_time(analytic.model_work(llama_spec(2), 1024), [Strategy.parse("seq=1024,tp=2")], hw)
     assert "prior (uncalibrated)" in r.provenance["efficiency"]
 
 
 def moe_spec():
     return ModelSpec(name="toy-moe", model_type="qwen3_moe", family="qwen3_moe", hidden_size=2048, vocab_size=32000,
                      layers=(LayerGroup(kind="moe", count=8),), num_attention_heads=16, num_key_value_heads=4,
-                     head_dim=128, num_experts=64, num_experts_per_tok=8, moe_intermediate_size=768)
+                     head_dim=128, num_experts=64, num_experts_per_tok=8, moe_intermediate_size=768,
+                     kind_specs={"moe": LayerKind(attention="gqa", mlp="moe")}, attention_bias=False, mlp_bias=False)
 
 
 def test_moe_expert_parallel_and_dualpipev(h200):
-    work = tm.model_work(moe_spec(), 4096)
+    work = analytic.model_work(moe_spec(), 4096)
     strategies = [Strategy.parse(s) for s in (
         "seq=4096,dp=8,ep=8,pp=2,num_micro_batches=8",
         "seq=4096,dp=8,ep=8,pp=2,vpp=2,schedule=dualpipev,num_micro_batches=8",
@@ -303,7 +308,7 @@ def test_census_traffic_becomes_elementwise_bytes():
     from ndcost.records import KindRecord
     spec = llama_spec(1)
     seq, h, inter = 1024, 4096, 14336
-    flops = tm.analytic_flops(spec, "dense", seq)
+    flops = analytic.analytic_flops(spec, "dense", seq)
     attention_io = (h + 4096) + (h + 1024) * 2 + (4096 + h)     # q, k, v, o: inputs and outputs a token
     ffn_io = (h + inter) * 2 + (inter + h)
     moved = {"attention": 2 * seq * attention_io + 100 * seq + 7, "ffn": 2 * seq * ffn_io + 300 * seq + 11,
@@ -311,7 +316,7 @@ def test_census_traffic_becomes_elementwise_bytes():
     params = {"attention": 7, "ffn": 11, "norm": 0, "other": 0, "scores": 0}
     record = KindRecord(kind="dense", seq=seq, source="test", saved_per_token=0.0, saved_tp_per_token=0.0,
                         flops_by_part=flops, traffic={"moved_bytes": moved, "parameter_bytes": params})
-    work = tm.kind_work(spec, "dense", seq, record)
+    work = analytic.kind_work(spec, "dense", seq, record)
     assert work.elementwise_elements_per_token == pytest.approx((100 + 300) / 2)
     assert work.replicated_elements_per_token == pytest.approx((36 + 12) * h / 2)
     assert "census traffic" in work.source
@@ -324,9 +329,9 @@ def test_selective_recompute_repeats_the_measured_shares(h200):
     spec = llama_spec(2)
     seq = 4096
     record = KindRecord(kind="dense", seq=seq, source="test", saved_per_token=0.0, saved_tp_per_token=0.0,
-                        flops_by_part=tm.analytic_flops(spec, "dense", seq),
+                        flops_by_part=analytic.analytic_flops(spec, "dense", seq),
                         recomputed_attention_mm_share=0.5, recomputed_other_mm_share=1 / 3)
-    work = tm.model_work(spec, seq, {"dense": record})
+    work = analytic.model_work(spec, seq, {"dense": record})
     cols = tm.columns([Strategy.parse(f"seq={seq},recompute=selective")])
     eff, _ = tm.efficiencies(h200)
     seconds = tm.layer_seconds(work, cols, h200, eff)

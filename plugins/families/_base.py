@@ -1,11 +1,13 @@
-"""The decoder machinery families share: reading the common fields, and a layer's parameters by part.
+"""The decoder machinery families share: reading the common fields, describing each layer kind, and a
+layer's parameters by part.
 
-A family's ``spec`` describes each layer kind in ``spec.extra["kinds"]`` as
-``{"attention": mechanism, "mlp": "dense" | "moe" | ..., "mtp": bool}``; the
-mechanisms are ``gqa`` (MHA/GQA/MQA with the spec's biases, QK-norm, output
-gate and sinks), ``mla``, ``dsa`` (MLA with the V3.2 indexer) and
-``gated_delta_net``. :class:`DecoderFamily` composes the formula slots from
-that description, so most families only read their config.
+A family's ``spec`` gives a table of its kinds, ``{kind: {"attention": mechanism, "mlp": "dense" | "moe"
+| ..., "mtp": bool, "sliding": bool}}``, and the choices every kind shares (QK-norm, an output gate,
+sinks, rotary positions, the MLP's matrices); :meth:`DecoderFamily.build` turns them into the
+:class:`~ndcost.layer.LayerKind` of each kind (``ModelSpec.kind_specs``), which is what the estimators
+read. The mechanisms are ``gqa`` (MHA/GQA/MQA with the spec's biases, QK-norm, output gate and sinks),
+``mla``, ``dsa`` (MLA with the V3.2 indexer) and ``gated_delta_net``. The layer's parameters compose the
+formula slots from that description, so most families only read their config.
 """
 from __future__ import annotations
 
@@ -14,8 +16,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
+from ndcost.layer import LayerKind
 from ndcost.models import ConfigReader, Family, check_heads, formula, groups_of
 from ndcost.values import ModelSpec
+
+# The config keys Transformers' families name their dropout probabilities by.
+ATTENTION_DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob")
+HIDDEN_DROPOUT_KEYS = ("resid_pdrop", "hidden_dropout", "hidden_dropout_prob")
 
 
 def kind_table(**kinds: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
@@ -50,39 +57,64 @@ def check_experts(r: ConfigReader, experts: int, top_k: Optional[int]) -> None:
         raise InvalidValue(f"{r.family} config: num_experts_per_tok {top_k} exceeds the {experts} routed experts")
 
 
+def _probability(config: Mapping[str, Any], keys: Sequence[str], default: float) -> float:
+    for key in keys:
+        if config.get(key) is not None:
+            return float(config[key])
+    return default
+
+
 class DecoderFamily(Family):
-    """A decoder whose layers are an attention, two norms and an MLP, each kind described in ``extra['kinds']``."""
+    """A decoder whose layers are an attention, two norms and an MLP, each kind a :class:`LayerKind`."""
+
+    # Whether the attention rotates queries and keys (False: learned absolute positions, GPT-2's).
+    rotary: bool = True
+    # GPT-2's config defaults its dropouts to 0.1; most families' to 0.
+    default_dropout: float = 0.0
 
     def build(self, r: ConfigReader, name: str, model_type: str, kinds: Sequence[str],
               table: Mapping[str, Mapping[str, Any]], *, mtp: int = 0, mtp_kind: str = "mtp",
               extra: Optional[Mapping[str, Any]] = None, **fields: Any) -> ModelSpec:
-        """A ModelSpec with the layers in model order as groups and *table* describing each kind."""
+        """A ModelSpec with the layers in model order as groups and *table* describing each kind.
+
+        The choices every kind shares are read from *extra* (``qk_norm``, ``output_gate``, ``sinks``,
+        ``ffn_matrices``) and the config (activation, dropouts, the sliding window).
+        """
         used = set(kinds) | ({mtp_kind} if mtp else set())
-        ex = {"kinds": {k: dict(v) for k, v in table.items() if k in used}, "fields_read": tuple(r.read)}
+        ex = {"fields_read": tuple(r.read)}
         ex.update(extra or {})
+        described = {kind: self.layer_kind(r.config, ex, info) for kind, info in table.items() if kind in used}
         return ModelSpec(name=name, model_type=model_type, family=self.name,
-                         layers=groups_of(kinds, mtp_kind, mtp), extra=ex, **fields)
+                         layers=groups_of(kinds, mtp_kind, mtp), kind_specs=described, extra=ex, **fields)
+
+    def layer_kind(self, config: Mapping[str, Any], extra: Mapping[str, Any], info: Mapping[str, Any]) -> LayerKind:
+        """One kind of the table as a LayerKind, with the choices the family's layers share."""
+        window = config.get("sliding_window") or config.get("window_size") or 0 if info.get("sliding") else 0
+        return LayerKind(
+            attention=info["attention"], mlp=info["mlp"], mtp=bool(info.get("mtp", False)),
+            qk_norm=bool(extra.get("qk_norm", False)), output_gate=bool(extra.get("output_gate", False)),
+            sinks=bool(extra.get("sinks", False)), rotary=self.rotary, sliding_window=int(window),
+            mlp_matrices=int(extra.get("ffn_matrices", 3)),
+            activation=str(config.get("hidden_act") or config.get("activation_function") or "gelu"),
+            attention_dropout=_probability(config, ATTENTION_DROPOUT_KEYS, self.default_dropout),
+            hidden_dropout=_probability(config, HIDDEN_DROPOUT_KEYS, self.default_dropout))
 
     # -- a layer --------------------------------------------------------------
     def layer_parameters(self, spec: ModelSpec, kind: str) -> Dict[str, int]:
-        try:
-            info = spec.extra["kinds"][kind]
-        except KeyError:
-            raise InvalidValue(f"family {self.name}: model {spec.name!r} has no layer kind {kind!r}; "
-                               f"kinds: {', '.join(spec.extra.get('kinds', {}))}") from None
+        info = spec.kind(kind)
         parts: Counter = Counter()
         self.add_attention(parts, spec, info)
         parts["norm"] += formula("norm.params.layer")(hidden=spec.hidden_size,
                                                       norms=spec.extra.get("layer_norms", 2),
                                                       bias=spec.extra.get("norm_bias", False))
         self.add_mlp(parts, spec, info)
-        if info.get("mtp"):
+        if info.mtp:
             parts["mtp"] += formula("mtp.params.glue")(hidden=spec.hidden_size)
         self.add_other(parts, spec, info)
         return dict(parts)
 
-    def add_attention(self, parts: Counter, spec: ModelSpec, info: Mapping[str, Any]) -> None:
-        mechanism = info["attention"]
+    def add_attention(self, parts: Counter, spec: ModelSpec, info: LayerKind) -> None:
+        mechanism = info.attention
         ex = spec.extra
         h, heads, d = spec.hidden_size, spec.num_attention_heads, spec.resolved_head_dim
         if mechanism == "gqa":
@@ -90,12 +122,12 @@ class DecoderFamily(Family):
             parts["attention"] += formula("attention.params.gqa")(
                 hidden=h, heads=heads, kv_heads=spec.num_key_value_heads or heads, head_dim=d,
                 qkv_bias=qkv_bias, o_bias=ex.get("o_bias", spec.attention_bias))
-            if ex.get("output_gate"):
+            if info.output_gate:
                 parts["attention"] += formula("attention.params.output_gate")(
                     hidden=h, heads=heads, head_dim=d, qkv_bias=qkv_bias)
-            if ex.get("sinks"):
+            if info.sinks:
                 parts["attention"] += formula("attention.params.sinks")(heads=heads)
-            if ex.get("qk_norm"):
+            if info.qk_norm:
                 parts["norm"] += formula("norm.params.qk")(head_dim=d)
         elif mechanism in ("mla", "dsa"):
             parts["attention"] += formula("attention.params.mla")(
@@ -114,11 +146,11 @@ class DecoderFamily(Family):
         else:
             raise InvalidValue(f"family {self.name}: unknown attention mechanism {mechanism!r}")
 
-    def add_mlp(self, parts: Counter, spec: ModelSpec, info: Mapping[str, Any]) -> None:
-        mlp = info["mlp"]
+    def add_mlp(self, parts: Counter, spec: ModelSpec, info: LayerKind) -> None:
+        mlp = info.mlp
         ex = spec.extra
         h = spec.hidden_size
-        matrices = ex.get("ffn_matrices", 3)
+        matrices = info.mlp_matrices
         if mlp == "dense":
             parts["ffn"] += formula("ffn.params.dense")(hidden=h, intermediate=spec.intermediate_size,
                                                         matrices=matrices, bias=spec.mlp_bias)
@@ -136,7 +168,7 @@ class DecoderFamily(Family):
         elif mlp != "none":
             raise InvalidValue(f"family {self.name}: unknown MLP {mlp!r}")
 
-    def add_other(self, parts: Counter, spec: ModelSpec, info: Mapping[str, Any]) -> None:
+    def add_other(self, parts: Counter, spec: ModelSpec, info: LayerKind) -> None:
         """Anything else a family's layer holds (DeepSeek-V4's hyper-connections)."""
 
 
@@ -154,7 +186,7 @@ def register_family(*families: Family):
 
 ATTENTION_KINDS = {"dense": {"attention": "gqa", "mlp": "dense"},
                    "full_attention": {"attention": "gqa", "mlp": "dense"},
-                   "sliding_attention": {"attention": "gqa", "mlp": "dense"}}
+                   "sliding_attention": {"attention": "gqa", "mlp": "dense", "sliding": True}}
 
 
 def dense_kinds(r: ConfigReader, n: int) -> List[str]:

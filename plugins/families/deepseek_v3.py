@@ -67,7 +67,7 @@ class DeepseekV3Family(DecoderFamily):
 
     def buffers(self, spec):
         """One score-correction bias per routed expert in every MoE layer (MTP layers are not built)."""
-        moe = sum(g.count for g in spec.layers if not g.mtp and spec.extra["kinds"][g.kind]["mlp"] == "moe")
+        moe = sum(g.count for g in spec.layers if not g.mtp and spec.kind(g.kind).mlp == "moe")
         return moe * spec.num_experts
 
     def published_total(self, spec, total, buffers):

@@ -95,7 +95,7 @@ class DeepseekV4Family(DecoderFamily):
         parts["attention"] += formula("deepseek_v4.params.attention")(
             hidden=h, heads=spec.num_attention_heads, head_dim=d, q_lora_rank=spec.q_lora_rank,
             o_groups=ex["o_groups"], o_lora_rank=ex["o_lora_rank"])
-        kind = info["attention"]
+        kind = info.attention
         if kind == "sliding_attention":
             return
         rate = int(ex["compress_rates"][kind])
@@ -110,7 +110,7 @@ class DeepseekV4Family(DecoderFamily):
         h = spec.hidden_size
         parts["routed"] += formula("moe.params.routed")(hidden=h, experts=spec.num_experts,
                                                         intermediate=spec.moe_intermediate_size, bias=False)
-        if info["mlp"] == "hash_moe":
+        if info.mlp == "hash_moe":
             parts["router"] += formula("deepseek_v4.params.hash_router")(hidden=h, experts=spec.num_experts)
         else:
             parts["router"] += formula("moe.params.router")(hidden=h, experts=spec.num_experts)
@@ -125,7 +125,7 @@ class DeepseekV4Family(DecoderFamily):
         return formula("deepseek_v4.params.hyper_head")(hidden=spec.hidden_size, hc_mult=spec.extra["hc_mult"])
 
     def buffers(self, spec):
-        moe = sum(g.count for g in spec.layers if not g.mtp and spec.extra["kinds"][g.kind]["mlp"] == "moe")
+        moe = sum(g.count for g in spec.layers if not g.mtp and spec.kind(g.kind).mlp == "moe")
         return moe * spec.num_experts
 
 

@@ -9,9 +9,18 @@ the hidden width on each projection, two vectors per norm.
 """
 from __future__ import annotations
 
+import attrs
+
 from ndcost.plugins.families._base import DecoderFamily, check_experts, read_attention, register_family
 
 KINDS = {"dense": {"attention": "gqa", "mlp": "dense"}, "moe": {"attention": "gqa", "mlp": "moe"}}
+# Transformers' model types whose MLP is up and down projections only (no gate).
+PLAIN_MLP_MODEL_TYPES = frozenset({
+    "gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "phi", "starcoder2", "codegen",
+    "gpt_neo", "biogpt", "xglm", "mpt",
+})
+# Model types with learned absolute positions (no rotary on the queries and keys).
+ABSOLUTE_POSITION_MODEL_TYPES = frozenset({"gpt2", "gpt_bigcode", "opt", "biogpt", "xglm", "bloom", "mpt"})
 
 
 class GenericDecoderFamily(DecoderFamily):
@@ -47,10 +56,18 @@ class GenericDecoderFamily(DecoderFamily):
             width = r.int("moe_intermediate_size", None) or r.int("intermediate_size")
             fields = dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=width)
         intermediate = r.int("intermediate_size", None) if kind == "moe" else r.int("intermediate_size")
+        model_type = str(config.get("model_type"))
+        extra = {"norm_bias": norm_bias, "ffn_matrices": 2 if model_type in PLAIN_MLP_MODEL_TYPES else 3,
+                 "absolute_positions": model_type in ABSOLUTE_POSITION_MODEL_TYPES}
         return self.build(
-            r, name, str(config.get("model_type")), [kind] * n, KINDS, extra={"norm_bias": norm_bias},
+            r, name, model_type, [kind] * n, KINDS, extra=extra,
             vocab_size=vocab, intermediate_size=intermediate, tie_word_embeddings=tie,
             attention_bias=attention_bias, mlp_bias=mlp_bias, **fields, **att)
+
+
+    def layer_kind(self, config, extra, info):
+        described = super().layer_kind(config, extra, info)
+        return attrs.evolve(described, rotary=not extra["absolute_positions"])
 
 
 ndcost_register = register_family(GenericDecoderFamily())

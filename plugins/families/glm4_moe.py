@@ -46,7 +46,7 @@ class Glm4MoeFamily(DecoderFamily):
             mlp_bias=False, max_position_embeddings=r.int("max_position_embeddings"), **att)
 
     def buffers(self, spec):
-        moe = sum(g.count for g in spec.layers if not g.mtp and spec.extra["kinds"][g.kind]["mlp"] == "moe")
+        moe = sum(g.count for g in spec.layers if not g.mtp and spec.kind(g.kind).mlp == "moe")
         return moe * spec.num_experts
 
 

@@ -15,6 +15,8 @@ KINDS = {"dense": {"attention": "gqa", "mlp": "dense"}}
 class GPT2Family(DecoderFamily):
     name = "gpt2"
     model_types = ("gpt2",)
+    rotary = False  # learned absolute positions (wpe)
+    default_dropout = 0.1  # GPT2Config's attn_pdrop and resid_pdrop
     defaults = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
                     tie_word_embeddings=True)
 

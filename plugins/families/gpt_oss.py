@@ -10,7 +10,7 @@ from ndcost.models import formula
 from ndcost.plugins.families._base import (DecoderFamily, check_experts, layer_types, read_attention,
                                            register_family)
 
-KINDS = {"sliding_attention": {"attention": "gpt_oss", "mlp": "gpt_oss"},
+KINDS = {"sliding_attention": {"attention": "gpt_oss", "mlp": "gpt_oss", "sliding": True},
          "full_attention": {"attention": "gpt_oss", "mlp": "gpt_oss"}}
 
 
@@ -44,14 +44,14 @@ class GptOssFamily(DecoderFamily):
             mlp_bias=True, max_position_embeddings=r.int("max_position_embeddings"), **att)
 
     def add_attention(self, parts, spec, info):
-        if info["attention"] != "gpt_oss":
+        if info.attention != "gpt_oss":
             return super().add_attention(parts, spec, info)
         parts["attention"] += formula("gpt_oss.params.attention")(
             hidden=spec.hidden_size, heads=spec.num_attention_heads, kv_heads=spec.num_key_value_heads,
             head_dim=spec.resolved_head_dim, bias=bool(spec.attention_bias))
 
     def add_mlp(self, parts, spec, info):
-        if info["mlp"] != "gpt_oss":
+        if info.mlp != "gpt_oss":
             return super().add_mlp(parts, spec, info)
         parts["routed"] += formula("gpt_oss.params.experts")(
             hidden=spec.hidden_size, experts=spec.num_experts, intermediate=spec.moe_intermediate_size)

@@ -1,0 +1,121 @@
+"""The work of a layer kind and of a model, as the time model reads it: FLOPs by op class, bytes moved.
+
+A FLOPs estimator (``estimator/flops/<name>``: the census's measured FLOPs, or
+the analytic shapes of :mod:`ndcost.plugins.estimators.flops`) turns each layer
+kind into a :class:`KindWork`; the resolver gathers them into a
+:class:`ModelWork` per sequence length.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional, Tuple
+
+import attrs
+import numpy as np
+
+from ndcost.errors import InvalidValue
+from ndcost.values import _frozen_mapping
+
+# An RMSNorm upcasts to fp32, squares, averages, scales, casts back and multiplies by its weight: 18
+# 2-byte elements moved an element (Transformers' eager LlamaRMSNorm); the analytic traffic of a norm.
+NORM_ELEMENTS = 18
+
+
+# ---------------------------------------------------------------------------
+# pairs of tokens the attention computes
+# ---------------------------------------------------------------------------
+def causal_pairs(seq):
+    """Query-key pairs a causal kernel computes on one sequence: ``s (s + 1) / 2``."""
+    s = np.asarray(seq, dtype=np.float64)
+    return s * (s + 1.0) / 2.0
+
+
+def window_pairs(seq, window):
+    """Causal pairs under a sliding window of *window* keys (0: no window), vectorized."""
+    s = np.asarray(seq, dtype=np.float64)
+    w = np.asarray(window, dtype=np.float64)
+    windowed = w * (w + 1.0) / 2.0 + (s - w) * w
+    return np.where((w > 0) & (s > w), windowed, causal_pairs(s))
+
+
+# ---------------------------------------------------------------------------
+# one layer kind's work
+# ---------------------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class KindWork:
+    """One layer kind's forward work, per token or per pair of tokens, at TP 1 and CP 1.
+
+    FLOPs are split by the op class that prices them; ``routed`` is the
+    routed experts' matmuls (scaled by ``moe_imbalance``). Elementwise bytes
+    are in elements per token (times the compute dtype's width): those
+    tensor parallelism splits, and those it splits only under sequence
+    parallelism (norms and residual adds over the hidden width).
+    """
+
+    kind: str
+    source: str
+    attention_mm_flops_per_token: float
+    other_mm_flops_per_token: float
+    routed_mm_flops_per_token: float = 0.0
+    score_flops_per_pair: float = 0.0
+    window: int = 0
+    linrec_flops_per_token: float = 0.0
+    elementwise_elements_per_token: float = 0.0
+    replicated_elements_per_token: float = 0.0
+    dense_parameters: int = 0          # split by TP
+    routed_parameters: int = 0         # split by EP x ETP
+    replicated_parameters: int = 0     # norms: held whole by every TP rank
+    recomputed_attention_mm_share: Optional[float] = None
+    recomputed_other_mm_share: Optional[float] = None
+    query_elements_per_token: int = 0  # what Ulysses moves for queries and outputs
+    kv_elements_per_token: int = 0     # keys and values a CP ring passes
+    experts_per_token: int = 0         # 0: no expert all-to-all
+    has_attention: bool = True
+
+    def forward_flops(self, seq, *, all_pairs: bool = False):
+        """This kind's forward FLOPs on one sequence of *seq* tokens (vectorized)."""
+        s = np.asarray(seq, dtype=np.float64)
+        pairs = s * s if all_pairs else window_pairs(s, self.window)
+        return (s * (self.attention_mm_flops_per_token + self.other_mm_flops_per_token
+                     + self.routed_mm_flops_per_token + self.linrec_flops_per_token)
+                + pairs * self.score_flops_per_pair)
+
+
+@attrs.frozen(kw_only=True)
+class ModelWork:
+    """A model's work for the time model: each kind's, the layer order, and the embedding and head."""
+
+    name: str
+    hidden_size: int
+    vocab_size: int
+    kinds: Tuple[str, ...]
+    work: Mapping[str, KindWork] = attrs.field(converter=_frozen_mapping)
+    layer_order: Tuple[str, ...]           # the kind of every non-MTP layer in model order
+    mtp_kinds: Tuple[str, ...] = ()        # MTP layers, placed after the last layer
+    embedding_parameters: int = 0
+    head_parameters: int = 0               # 0 where tied (the head still runs its matmul)
+    final_norm_parameters: int = 0
+    head_flops_per_token: float = 0.0
+    loss_bytes_per_token: Optional[float] = None  # the output layer's elementwise bytes (census); else analytic
+    source: str = ""
+
+    def forward_flops_per_sequence(self, seq, *, all_pairs: bool = False):
+        """The whole model's forward FLOPs on one sequence (every layer, MTP layers and their heads)."""
+        total = 0.0
+        for kind in self.layer_order + self.mtp_kinds:
+            total = total + self.work[kind].forward_flops(seq, all_pairs=all_pairs)
+        heads = 1 + len(self.mtp_kinds)
+        return total + heads * self.head_flops_per_token * np.asarray(seq, dtype=np.float64)
+
+    def training_flops_per_sequence(self, seq, *, recompute: str = "none", all_pairs: bool = False):
+        """FLOPs a training step runs on one sequence: forward, a backward of twice it, and recompute.
+
+        Full recompute runs every layer's forward again (not the head's, whose
+        output the loss consumes at once); ``all_pairs`` counts the scores at
+        every pair of tokens as Narayanan et al. do. Selective recompute
+        depends on the census's shares and is priced by :func:`step_time`.
+        """
+        layers = sum(self.work[k].forward_flops(seq, all_pairs=all_pairs) for k in self.layer_order + self.mtp_kinds)
+        heads = (1 + len(self.mtp_kinds)) * self.head_flops_per_token * np.asarray(seq, dtype=np.float64)
+        if recompute not in ("none", "full"):
+            raise InvalidValue(f"training_flops_per_sequence prices recompute none or full, not {recompute!r}")
+        return (4.0 if recompute == "full" else 3.0) * layers + 3.0 * heads

@@ -1,0 +1,173 @@
+"""Activation estimators: what each layer kind keeps for the backward, as KindRecords.
+
+Registered as ``estimator/activations/<name>``; the resolver asks each kind's
+family which it prefers (:meth:`ndcost.models.Family.activation_estimators`)
+and takes the first that is available, writing the choice and the reasons for
+the ones passed over into the provenance.
+
+- ``census``: measured on fake tensors under the runtime's kernel contracts, one
+  layer at a time (:mod:`ndcost.plugins.census`; needs torch and transformers,
+  ``pip install ndcost[census]``);
+- ``stack_census``: the same over the whole stack, for families whose layers
+  cannot run alone (DeepSeek-V4's hyper-connected streams);
+- ``op_records``: the op records' formulas (:mod:`ndcost.plugins.op_records`)
+  under the runtime's attention kernel, with the analytic output layer.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import attrs
+
+from ndcost.errors import NdcostError
+from ndcost.hookspecs import hookimpl
+from ndcost.records import KindRecord
+from ndcost.values import ModelSpec
+
+Records = Tuple[Dict[str, KindRecord], Optional[KindRecord]]
+
+
+def _registry():
+    from ndcost import manager
+    return manager.registry()
+
+
+def _family(spec: ModelSpec) -> Any:
+    return _registry().find(f"family/{spec.model_type}")
+
+
+def _census_missing() -> Optional[str]:
+    """Why the census cannot run here (its extra is not installed), or None."""
+    missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
+    if missing:
+        return (f"the census needs {' and '.join(missing)}, which are not installed "
+                f"(pip install 'ndcost[census]')")
+    return None
+
+
+@attrs.frozen(kw_only=True)
+class CensusActivations:
+    """One layer of each kind measured alone (cached on disk: a cached model needs no torch)."""
+
+    name: str = "census"
+    stack: bool = False
+    needs_census: bool = True
+    description: str = "measured on fake tensors under the runtime's kernel contracts, one layer at a time"
+
+    def available(self, spec: ModelSpec, runtime: Optional[str]) -> Optional[str]:
+        if runtime is None:
+            return "no runtime profile says which kernels run"
+        stacked = bool(getattr(_family(spec), "stack_census", False))
+        if stacked and not self.stack:
+            return f"the {spec.model_type} family's layers cannot be measured one at a time (a stack census can)"
+        if self.stack and not stacked:
+            return f"the {spec.model_type} family's layers run alone (the one-layer census measures them)"
+        return None
+
+    def records(self, spec: ModelSpec, kinds: Sequence[str], seq: int, runtime: str) -> Records:
+        from ndcost.plugins import census
+        try:
+            measured = dict(census.kind_records(spec, seq, runtime=runtime))
+        except ImportError as exc:  # a cache miss without the census extra
+            raise _unavailable(exc) from None
+        missing = [k for k in kinds if k not in measured]
+        if missing:
+            from ndcost.errors import CensusUnavailable
+            raise CensusUnavailable(f"the census measured no layer of kind(s) {', '.join(missing)}")
+        return {k: measured[k] for k in kinds}, census.output_record(spec, seq, runtime)
+
+
+def _unavailable(exc: Exception) -> NdcostError:
+    from ndcost.errors import CensusUnavailable
+    return CensusUnavailable(_census_missing() or f"{type(exc).__name__}: {exc}")
+
+
+def analytic_output_record(spec: ModelSpec, seq: int) -> KindRecord:
+    """The output layer where no census measured it: final norm, head, Transformers' fp32 loss (bf16 run).
+
+    Kept per token: the final norm's input and the head's input (16-bit,
+    ``2 h`` each) and the loss's fp32 log-softmax (``4 V``, the part a
+    vocabulary-parallel loss splits). The backward peaks inside the
+    log-softmax's backward: its kept output, the incoming fp32 gradient and
+    the fp32 gradient it makes (``4 V + 4 V + 4 V``); the logits' 16-bit
+    gradient comes after the kept output is freed. The census of
+    Transformers' loss measures the same ``12 V`` (a Llama at 2048 tokens).
+    Norms that keep an fp32 copy of their input (Llama's RMSNorm) keep ``4 h``
+    more than this counts.
+    """
+    h, vocab = spec.hidden_size, spec.vocab_size
+    return KindRecord(kind="output", seq=int(seq), source="analytic output layer (ndcost.plugins.estimators)",
+                      saved_per_token=float(4 * h), saved_tp_per_token=float(4 * vocab),
+                      working_per_token=float(4 * h), working_tp_per_token=float(12 * vocab))
+
+
+@attrs.frozen(kw_only=True)
+class OpRecordsActivations:
+    """The op records' formulas, under the attention kernel the runtime runs for the model."""
+
+    name: str = "op_records"
+    needs_census: bool = False
+    description: str = "the op records' byte formulas (specs/op_records.yaml) under the runtime's attention kernel"
+
+    def available(self, spec: ModelSpec, runtime: str) -> Optional[str]:
+        return None
+
+    def attention_kernel(self, spec: ModelSpec, runtime: Optional[str]) -> str:
+        """The kernel the formulas price: the runtime's (its SDPA fallback where the family refuses SDPA);
+        without a runtime profile, eager, as the published formulas assume."""
+        from ndcost.plugins import op_records
+        profile = None if runtime is None else _registry().find(f"runtime/{runtime}")
+        return op_records.runtime_attention(spec, profile)
+
+    def records(self, spec: ModelSpec, kinds: Sequence[str], seq: int, runtime: str) -> Records:
+        from ndcost.plugins import op_records
+        kernel = self.attention_kernel(spec, runtime)
+        return ({k: op_records.formula_record(spec, k, seq, attention=kernel) for k in kinds},
+                analytic_output_record(spec, seq))
+
+    def core_attention_kept(self, spec: ModelSpec, kinds: Sequence[str], seq: int,
+                            runtime: str) -> Dict[str, Tuple[float, float]]:
+        """Per kind, bytes a token (not split, split by TP) a layer keeps under core-attention recompute."""
+        from ndcost.plugins import op_records
+        kernel = self.attention_kernel(spec, runtime)
+        out = {}
+        for kind in kinds:
+            values = op_records.values_for(spec, kind, seq=seq, micro_batch=1, tp=1, sp=False, cp=1,
+                                           attention=kernel)
+            kept = {"sequence": 0.0, "tp": 0.0}
+            core = {"sequence": 0.0, "tp": 0.0}
+            for *_, split, value in op_records.term_bytes(values, None):
+                kept[split] = kept.get(split, 0.0) + float(value)
+            for *_, split, value in op_records.term_bytes(values, "core_attention"):
+                core[split] = core.get(split, 0.0) + float(value)
+            out[kind] = ((kept["sequence"] - core["sequence"]) / seq, (kept["tp"] - core["tp"]) / seq)
+        return out
+
+    def routed_bytes(self, spec: ModelSpec, kind: str, seq: int) -> Tuple[float, float]:
+        """A MoE kind's routed experts' bytes a token at TP 1: (all of them, the part one expert's width scales).
+
+        Read off the formulas by doubling the routed tokens and halving the
+        experts' width (``dropless_tok_factor``, ``etp``), so whatever the
+        records count for the routed experts is what imbalance and ETP scale.
+        """
+        from ndcost.plugins import op_records
+
+        def total(**overrides: Any) -> float:
+            values = op_records.values_for(spec, kind, seq=seq, micro_batch=1, tp=1, sp=False, cp=1,
+                                           overrides=overrides)
+            return float(op_records.total_bytes(values))
+
+        base = total(dropless_tok_factor=1, etp=1)
+        doubled = total(dropless_tok_factor=2, etp=1)
+        halved = total(dropless_tok_factor=1, etp=2)
+        return (doubled - base) / seq, 2 * (base - halved) / seq
+
+
+@hookimpl
+def ndcost_register(register):
+    for estimator in (CensusActivations(), CensusActivations(name="stack_census", stack=True,
+                                                               description="the census over the whole stack, "
+                                                                           "for layers that cannot run alone"),
+                      OpRecordsActivations()):
+        register(f"estimator/activations/{estimator.name}", estimator)

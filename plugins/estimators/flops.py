@@ -1,0 +1,397 @@
+"""FLOPs and bytes moved by a layer kind: the census's measured FLOPs, or analytic shapes from the spec.
+
+Two FLOPs estimators, registered as ``estimator/flops/census`` and
+``estimator/flops/analytic``: the census's counts a layer's FLOPs and bytes
+by part on one sequence (``FlopCounterMode`` over the real modules), the
+analytic one counts the matmuls of the layer's :class:`~ndcost.layer.LayerKind`
+(``2 * tokens * in * out`` a projection), the attention kernel's pairs and the
+elementwise traffic of Transformers' eager modules. Both give the time model a
+:class:`~ndcost.work.KindWork`; the resolver picks per kind (the census where it
+measured the kind).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import attrs
+
+from ndcost.errors import InvalidValue, Unpriced
+from ndcost.hookspecs import hookimpl
+from ndcost.layer import LayerKind
+from ndcost.values import ModelSpec
+from ndcost.work import NORM_ELEMENTS, KindWork, ModelWork, window_pairs
+
+# The census's parts, by the op class the time model prices them as.
+_ATTENTION_MM_PARTS = ("attention",)
+_SCORE_PARTS = ("scores",)
+_LINREC_PARTS = ("linrec",)
+_ROUTED_PARTS = ("routed",)
+# Parameters tensor parallelism splits (the rest but the routed experts are replicated over it), as the
+# memory model counts them.
+TP_PARTS = ("attention", "ffn", "shared")
+
+# Analytic elementwise traffic, in 2-byte elements a token, as Transformers' eager modules (the default
+# runtime, hf-cuda) run them; the census measures the real figure where it runs. An RMSNorm upcasts to
+# fp32, squares, averages, scales, casts back and multiplies by its weight: 18 elements an element.
+ROTARY_ELEMENTS = 10      # rotate_half (negate, concatenate), two products with cos and sin, their sum
+RESIDUAL_ELEMENTS = 3     # two reads, one write
+GATED_ACT_ELEMENTS = 5    # SiLU (read, write), times up (two reads, one write)
+PLAIN_ACT_ELEMENTS = {"gelu_new": 16, "gelu_fast": 16, "quick_gelu": 8}  # Python-composed GELUs; fused ones: 2
+# Chunk of the chunked delta-rule kernel (fla, Transformers' torch_chunk_gated_delta_rule).
+LINREC_CHUNK = 64
+
+
+# ---------------------------------------------------------------------------
+# analytic FLOPs from a ModelSpec
+# ---------------------------------------------------------------------------
+def _window(info: LayerKind) -> int:
+    """The sliding window of a softmax or latent attention (0: the kind attends to every earlier token)."""
+    return info.sliding_window if info.attention_class in ("softmax", "latent") else 0
+
+
+def _act_elements(info: LayerKind) -> int:
+    if info.gated_mlp:
+        return GATED_ACT_ELEMENTS
+    return PLAIN_ACT_ELEMENTS.get(info.activation, 2)
+
+
+def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
+    """The matmul widths of one layer of *kind*: what analytic_flops and kind_work count."""
+    h = spec.hidden_size
+    out: Dict[str, Any] = {"matmuls": {}, "score_per_pair": 0.0, "linrec_per_token": 0.0,
+                           "query_elements": 0, "kv_elements": 0, "has_attention": True, "experts_per_token": 0,
+                           "elementwise": 0.0, "replicated": 0.0}
+    mm = out["matmuls"]  # part -> list of (in, out, tokens_multiplier)
+    info = spec.kind(kind)
+    rotary = info.rotary
+    if info.attention_class == "other":
+        raise Unpriced(f"layer kind {kind!r} of {spec.name!r}: no analytic FLOPs for attention {info.attention!r}; "
+                       f"run the census (census='auto') to measure them")
+    if not info.has_mlp:
+        raise Unpriced(f"layer kind {kind!r} of {spec.name!r}: no analytic FLOPs for mlp {info.mlp!r}; "
+                       f"run the census (census='auto') to measure them")
+    if info.linear:
+        hk, hv = spec.linear_num_key_heads or spec.linear_num_value_heads, spec.linear_num_value_heads
+        dk, dv = spec.linear_key_head_dim, spec.linear_value_head_dim
+        if not (dk and dv):
+            raise Unpriced(f"layer kind {kind!r} of {spec.name!r} looks like linear attention but the spec "
+                           f"states no linear_key_head_dim / linear_value_head_dim; a census prices it")
+        key_dim, value_dim = hk * dk, hv * dv
+        mm["attention"] = [(h, 2 * key_dim + 2 * value_dim, 1), (h, 2 * hv, 1), (value_dim, h, 1)]
+        # chunked delta rule: state update and readout (4 dk dv a head) plus the intra-chunk products
+        out["linrec_per_token"] = float(hv * (4 * dk * dv + 2 * LINREC_CHUNK * (dk + dv)))
+        out["has_attention"] = False
+        out["elementwise"] += 4 * value_dim + 2 * (2 * key_dim + 2 * value_dim)  # gating, norm, conv
+    else:
+        heads = spec.num_attention_heads
+        if info.latent:
+            rope = spec.qk_rope_head_dim or 0
+            nope = spec.qk_nope_head_dim or 0
+            vdim = spec.v_head_dim or spec.resolved_head_dim
+            qk = nope + rope
+            if spec.q_lora_rank:
+                mm["attention"] = [(h, spec.q_lora_rank, 1), (spec.q_lora_rank, heads * qk, 1)]
+            else:
+                mm["attention"] = [(h, heads * qk, 1)]
+            mm["attention"] += [(h, spec.kv_lora_rank + rope, 1), (spec.kv_lora_rank, heads * (nope + vdim), 1),
+                                (heads * vdim, h, 1)]
+            out["score_per_pair"] = float(2 * heads * qk + 2 * heads * vdim)
+            out["query_elements"] = heads * qk
+            out["kv_elements"] = heads * (qk + vdim)
+            out["elementwise"] += ROTARY_ELEMENTS * (heads + 1) * rope if rotary else 0
+        else:
+            d = spec.resolved_head_dim
+            kv = spec.num_key_value_heads or heads
+            gate = 2 if info.output_gate else 1  # a gate fused into the query projection
+            mm["attention"] = [(h, gate * heads * d, 1), (h, kv * d, 1), (h, kv * d, 1), (heads * d, h, 1)]
+            out["score_per_pair"] = float(4 * heads * d)
+            out["query_elements"] = heads * d
+            out["kv_elements"] = 2 * kv * d
+            out["elementwise"] += ROTARY_ELEMENTS * (heads + kv) * d if rotary else 0
+            if info.qk_norm:
+                out["elementwise"] += NORM_ELEMENTS * (heads + kv) * d
+    matrices = info.mlp_matrices
+    if info.routed:
+        width = spec.moe_intermediate_size or spec.intermediate_size
+        top_k = spec.num_experts_per_tok or 1
+        if not width:
+            raise Unpriced(f"layer kind {kind!r} of {spec.name!r} has experts but no moe_intermediate_size")
+        mm["routed"] = [(h, width, top_k)] * (matrices - 1) + [(width, h, top_k)]
+        mm["router"] = [(h, spec.num_experts, 1)]
+        shared_width = spec.shared_expert_intermediate_size or (
+            (spec.num_shared_experts or 0) * width)
+        if shared_width:
+            mm["shared"] = [(h, shared_width, 1)] * (matrices - 1) + [(shared_width, h, 1)]
+        out["experts_per_token"] = top_k
+        act = top_k * width + shared_width
+        out["elementwise"] += _act_elements(info) * act + 4 * top_k * h  # activation, (un)permute
+    else:
+        width = spec.intermediate_size
+        if not width:
+            raise Unpriced(f"layer kind {kind!r} of {spec.name!r} has a dense MLP but no intermediate_size")
+        mm["ffn"] = [(h, width, 1)] * (matrices - 1) + [(width, h, 1)]
+        out["elementwise"] += _act_elements(info) * width
+    if info.mtp:
+        mm["mtp"] = [(2 * h, h, 1)]
+        out["replicated"] += 2 * NORM_ELEMENTS * h
+    # two norms and two residual adds over the hidden width
+    out["replicated"] += 2 * NORM_ELEMENTS * h + 2 * RESIDUAL_ELEMENTS * h
+    # activation elements a token the matmuls read and write (their weights aside), by part
+    out["matmul_io"] = {part: sum((i + o) * mult for i, o, mult in matmuls) for part, matmuls in mm.items()}
+    return out
+
+
+def analytic_flops(spec: ModelSpec, kind: str, seq: int, *, all_pairs: bool = False) -> Dict[str, float]:
+    """The forward FLOPs of one layer of *kind* on one sequence of *seq* tokens, by part.
+
+    Matmuls only, ``2 * tokens * in * out`` a projection (no biases, norms or
+    elementwise ops), routed experts at ``num_experts_per_tok`` experts a
+    token; ``scores`` is the attention kernel's ``Q K^T`` and ``P V`` at the
+    causal pairs it computes (``all_pairs=True``: at every pair, as Narayanan
+    et al. count); ``linrec`` a linear attention's chunked recurrence. Kind
+    ``"output"`` is the LM head (part ``head``): ``2 * tokens * hidden * vocab``.
+    """
+    if seq < 1:
+        raise InvalidValue(f"analytic_flops: seq must be >= 1, got {seq}")
+    if kind == "output":
+        return {"head": float(2 * seq * spec.hidden_size * spec.vocab_size)}
+    if kind not in spec.kinds:
+        raise InvalidValue(f"analytic_flops: {spec.name!r} has no layer kind {kind!r}; kinds: {', '.join(spec.kinds)}")
+    shapes = _kind_shapes(spec, kind)
+    flops: Dict[str, float] = {}
+    for part, matmuls in shapes["matmuls"].items():
+        flops[part] = float(sum(2 * seq * multiplier * i * o for i, o, multiplier in matmuls))
+    if shapes["has_attention"]:
+        window = _window(spec.kind(kind))
+        pairs = float(seq) * seq if all_pairs else float(window_pairs(seq, window))
+        flops["scores"] = shapes["score_per_pair"] * pairs
+    if shapes["linrec_per_token"]:
+        flops["linrec"] = shapes["linrec_per_token"] * seq
+    return flops
+
+
+def _analytic_parameters(spec: ModelSpec, kind: str) -> Dict[str, int]:
+    shapes = _kind_shapes(spec, kind)
+    params = {part: sum(i * o for i, o, _ in matmuls) for part, matmuls in shapes["matmuls"].items()}
+    if "routed" in params:
+        params["routed"] = params["routed"] * (spec.num_experts or 1)
+    params["norm"] = 2 * spec.hidden_size
+    return params
+
+
+def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
+              parameters: Optional[Mapping[str, int]] = None) -> KindWork:
+    """One kind's :class:`KindWork`: the census record's FLOPs where it has them, else analytic_flops.
+
+    A record's FLOPs (on one sequence of ``record.seq`` tokens) become per-token
+    and per-pair figures, so strategies at other sequence lengths rescale them
+    exactly (matmuls are linear in tokens, scores in pairs). *parameters* is
+    one layer's parameters by part (``ndcost.models.parameters(spec).by_kind``);
+    without it they are counted from the same shapes.
+    """
+    measured = record is not None and bool(getattr(record, "flops_by_part", None))
+    try:
+        shapes = _kind_shapes(spec, kind)
+    except Unpriced:
+        if not measured:
+            raise
+        shapes = _generic_shapes(spec)  # the census measured what the formulas cannot shape
+    window = _window(spec.kind(kind))
+    flops: Mapping[str, float]
+    if measured:
+        flops, at, source = dict(record.flops_by_part), int(record.seq), f"census flops ({record.source})"
+    else:
+        flops, at, source = analytic_flops(spec, kind, seq), int(seq), "analytic flops"
+    unknown = sorted(set(flops) - set(_ALL_FLOP_PARTS))
+    if unknown:
+        raise Unpriced(f"layer kind {kind!r}: FLOPs of part(s) {', '.join(unknown)} have no op class; "
+                       f"known parts: {', '.join(_ALL_FLOP_PARTS)}")
+    per_token = {part: float(v) / at for part, v in flops.items()}
+    pairs = float(window_pairs(at, window))
+    attention_mm = sum(per_token.get(p, 0.0) for p in _ATTENTION_MM_PARTS)
+    routed = sum(per_token.get(p, 0.0) for p in _ROUTED_PARTS)
+    linrec = sum(per_token.get(p, 0.0) for p in _LINREC_PARTS)
+    scores = sum(float(flops.get(p, 0.0)) for p in _SCORE_PARTS) / pairs
+    other = sum(v for p, v in per_token.items()
+                if p not in _ATTENTION_MM_PARTS + _ROUTED_PARTS + _LINREC_PARTS + _SCORE_PARTS)
+    params = dict(parameters) if parameters is not None else _analytic_parameters(spec, kind)
+    elementwise = float(shapes["elementwise"])
+    replicated_elements = float(shapes["replicated"])
+    census_traffic = _census_elementwise(record, shapes) if record is not None else None
+    if census_traffic is not None:
+        elementwise, replicated_elements = census_traffic
+        source += "; census traffic"
+    else:
+        source += "; analytic traffic"
+    dense = sum(v for p, v in params.items() if p in TP_PARTS)
+    routed_params = sum(v for p, v in params.items() if p in _ROUTED_PARTS)
+    replicated = sum(params.values()) - dense - routed_params
+    return KindWork(
+        kind=kind, source=source,
+        attention_mm_flops_per_token=attention_mm, other_mm_flops_per_token=other,
+        routed_mm_flops_per_token=routed, score_flops_per_pair=scores, window=window,
+        linrec_flops_per_token=linrec,
+        elementwise_elements_per_token=elementwise,
+        replicated_elements_per_token=replicated_elements,
+        dense_parameters=int(dense), routed_parameters=int(routed_params), replicated_parameters=int(replicated),
+        recomputed_attention_mm_share=getattr(record, "recomputed_attention_mm_share", None),
+        recomputed_other_mm_share=getattr(record, "recomputed_other_mm_share", None),
+        query_elements_per_token=int(shapes["query_elements"]), kv_elements_per_token=int(shapes["kv_elements"]),
+        experts_per_token=int(shapes["experts_per_token"] if spec.num_experts else 0),
+        has_attention=bool(shapes["has_attention"] and scores > 0),
+    )
+
+
+# Parts whose elementwise traffic tensor parallelism leaves whole (without sequence parallelism).
+_REPLICATED_TRAFFIC_PARTS = ("norm", "other", "router", "embedding", "mtp")
+# Parts whose traffic is a kernel the time model prices by its FLOPs (the attention kernel, the recurrence).
+_KERNEL_TRAFFIC_PARTS = ("scores", "linrec")
+
+
+def _census_elementwise(record: Any, shapes: Mapping[str, Any]) -> Optional[Tuple[float, float]]:
+    """Elementwise traffic a token from a census record: (TP-split, TP-replicated) in 2-byte elements.
+
+    The census counts every op's reads and writes by part on one forward
+    (``traffic["moved_bytes"]``); the weights it read (``parameter_bytes``),
+    the matmuls' activation inputs and outputs (from the matmul shapes, at 2
+    bytes) and the attention kernel's and recurrence's own traffic are taken
+    out, so what is left is what the elementwise ops move: norms in fp32,
+    rotary, activation functions, residual adds, copies. None where the
+    record has no traffic.
+    """
+    traffic = getattr(record, "traffic", None) or {}
+    moved = traffic.get("moved_bytes")
+    if not moved:
+        return None
+    parameter = traffic.get("parameter_bytes") or {}
+    tokens = float(record.seq)
+    io = shapes.get("matmul_io", {})
+    split = replicated = 0.0
+    for part, value in moved.items():
+        if part in _KERNEL_TRAFFIC_PARTS:
+            continue
+        rest = max(0.0, float(value) - float(parameter.get(part, 0)) - 2.0 * io.get(part, 0) * tokens)
+        if part in _REPLICATED_TRAFFIC_PARTS:
+            replicated += rest
+        else:
+            split += rest
+    return split / 2.0 / tokens, replicated / 2.0 / tokens
+
+
+def _generic_shapes(spec: ModelSpec) -> Dict[str, Any]:
+    """What a census-measured kind the formulas cannot shape still needs: its heads' widths, nothing else."""
+    heads = spec.num_attention_heads
+    d = spec.resolved_head_dim
+    kv = spec.num_key_value_heads or heads
+    return {"matmuls": {}, "score_per_pair": 0.0, "linrec_per_token": 0.0, "query_elements": heads * d,
+            "kv_elements": 2 * kv * d, "has_attention": True, "experts_per_token": spec.num_experts_per_tok or 0,
+            "elementwise": 0.0, "replicated": 0.0, "matmul_io": {}}
+
+
+_ALL_FLOP_PARTS = ("attention", "norm", "ffn", "routed", "shared", "router", "embedding", "head", "mtp", "other",
+                   "scores", "linrec")
+
+
+def model_work(spec: ModelSpec, seq: int, records: Optional[Mapping[str, Any]] = None,
+               parameters: Any = None, works: Optional[Mapping[str, KindWork]] = None) -> ModelWork:
+    """The :class:`ModelWork` of *spec*: every kind's work, the layer order, the embedding and the head.
+
+    *records* maps kinds to KindRecords (a census's; kinds without FLOPs fall
+    back to :func:`analytic_flops`; ``"output"`` the output layer's);
+    *parameters* is ``ndcost.models.parameters(spec)`` where available, else
+    the parameters are counted from the matmul shapes. *works* gives kinds'
+    work an estimator the resolver chose already made.
+    """
+    records = dict(records or {})
+    if parameters is None:
+        try:
+            from ndcost.models import parameters as count_parameters
+            parameters = count_parameters(spec)
+        except Exception:  # families not loadable: count from the shapes (the work's source says so)
+            parameters = None
+    work = dict(works or {})
+    for kind in spec.kinds:
+        if kind not in work:
+            by_part = parameters.by_kind.get(kind) if parameters is not None else None
+            work[kind] = kind_work(spec, kind, seq, records.get(kind), by_part)
+    h, vocab = spec.hidden_size, spec.vocab_size
+    output = records.get("output")
+    if output is not None and getattr(output, "flops_by_part", None) and output.flops_by_part.get("head"):
+        head_flops = float(output.flops_by_part["head"]) / int(output.seq)
+    else:
+        head_flops = float(2 * h * vocab)
+    loss_bytes = None
+    traffic = getattr(output, "traffic", None) or {}
+    if traffic.get("moved_bytes"):
+        # the output layer's elementwise bytes: all it moves but the head's weights and its matmul's input/output
+        tokens = float(output.seq)
+        loss_bytes = max(0.0, (sum(float(v) for v in traffic["moved_bytes"].values())
+                               - sum(float(v) for v in (traffic.get("parameter_bytes") or {}).values())
+                               - 2.0 * (h + vocab) * tokens) / tokens)
+    if parameters is not None:
+        embedding, head, final_norm = parameters.embedding, parameters.head, parameters.final_norm
+    else:
+        embedding, head, final_norm = vocab * h, 0 if spec.tie_word_embeddings else vocab * h, h
+    sources = sorted({w.source for w in work.values()})
+    return ModelWork(
+        name=spec.name, hidden_size=h, vocab_size=vocab, kinds=spec.kinds, work=work,
+        layer_order=spec.layer_kinds(include_mtp=False),
+        mtp_kinds=tuple(g.kind for g in spec.layers if g.mtp for _ in range(g.count)),
+        embedding_parameters=int(embedding), head_parameters=int(head), final_norm_parameters=int(final_norm),
+        head_flops_per_token=head_flops, loss_bytes_per_token=loss_bytes, source="; ".join(sources),
+    )
+
+
+# ---------------------------------------------------------------------------
+# the estimators
+# ---------------------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class CensusFlops:
+    """A kind's work from the FLOPs and bytes the census counted on its record (``FlopCounterMode``)."""
+
+    name: str = "census"
+    description: str = "FLOPs and traffic by part the census counted running the real modules"
+
+    def available(self, spec: ModelSpec, runtime: Any) -> Optional[str]:
+        return None  # per kind: where the activation record carries measured FLOPs
+
+    def measures(self, record: Any) -> bool:
+        """Whether *record* carries the census's FLOPs."""
+        return record is not None and bool(getattr(record, "flops_by_part", None))
+
+    def kind_work(self, spec: ModelSpec, kind: str, seq: int, record: Any,
+                  parameters: Optional[Mapping[str, int]]) -> KindWork:
+        if not self.measures(record):
+            raise Unpriced(f"layer kind {kind!r} of {spec.name!r}: its record states no measured FLOPs")
+        return kind_work(spec, kind, seq, record, parameters)
+
+
+@attrs.frozen(kw_only=True)
+class AnalyticFlops:
+    """A kind's work from the matmul shapes of its LayerKind; the record's recompute shares where it has them."""
+
+    name: str = "analytic"
+    description: str = "matmul shapes, attention pairs and eager elementwise traffic of the layer kind"
+
+    def available(self, spec: ModelSpec, runtime: Any) -> Optional[str]:
+        return None
+
+    def measures(self, record: Any) -> bool:
+        return True
+
+    def model_work(self, spec: ModelSpec, seq: int, records: Mapping[str, Any], parameters: Any,
+                   works: Mapping[str, KindWork]) -> ModelWork:
+        """The model's work from the kinds' (*works*), with the head and the loss from the output record."""
+        return model_work(spec, seq, records, parameters, works)
+
+    def kind_work(self, spec: ModelSpec, kind: str, seq: int, record: Any,
+                  parameters: Optional[Mapping[str, int]]) -> KindWork:
+        if record is not None and (getattr(record, "flops_by_part", None) or getattr(record, "traffic", None)):
+            record = attrs.evolve(record, flops_by_part={}, traffic={})  # what was measured is not used
+        return kind_work(spec, kind, seq, record, parameters)
+
+
+@hookimpl
+def ndcost_register(register):
+    for estimator in (CensusFlops(), AnalyticFlops()):
+        register(f"estimator/flops/{estimator.name}", estimator)
