@@ -512,6 +512,13 @@ class CostModel:
         prov["activations"] = source
         prov["output"] = out_source
         formulas = _estimator("activations", "op_records")
+        try:
+            kernel = formulas.attention_kernel(self.spec, self._estimator_runtime)
+            prov["attention"] = (f"{kernel} (op records' formulas; runtime {self.runtime}"
+                                 + ("" if self._profile is not None else " unknown: the published formulas' eager")
+                                 + ")")
+        except NdcostError as exc:
+            prov["attention"] = f"unpriced: {exc}"
         sel_fallback: Dict[str, Any] = {}
         for k in kinds:
             if getattr(records[k], "selective_per_token", None) is None:
@@ -579,11 +586,11 @@ class CostModel:
             if why is not None:
                 key = f"estimator/activations/{name}"
                 for k in group:
-                    passed_over[k].append(f"{key}: {why}")
+                    passed_over[k].append(f"{name} unavailable: {why}")
                     preference[k] = preference[k][1:]
                 if getattr(estimator, "needs_census", False) and self.census == "on":
-                    raise CensusUnavailable(f"census='on' but {key} cannot price {', '.join(group)}: {why}; "
-                                            f"use census='auto' to fall back to the formulas")
+                    raise CensusUnavailable(f"census='on' but {name} unavailable for kind(s) {', '.join(group)} "
+                                            f"({key}): {why}; use census='auto' to fall back to the formulas")
                 _note_census_extra(why)
                 continue
             for k in group:
@@ -844,7 +851,7 @@ def _estimator(kind: str, name: str) -> Any:
 def _chosen(key: str, record: Any, passed_over: Sequence[str], census: str) -> str:
     """Provenance of one record: the estimator that made it and why those before it did not."""
     estimator = _registry().find(key)
-    text = f"{_source_of(key)}, {getattr(estimator, 'description', '')}: {getattr(record, 'source', '?')}"
+    text = f"{getattr(estimator, 'description', key)} ({_source_of(key)}; record: {getattr(record, 'source', '?')})"
     if passed_over:
         text += " (chosen over " + "; ".join(passed_over) + ")"
     elif census == "off":

@@ -53,7 +53,7 @@ class CensusActivations:
     name: str = "census"
     stack: bool = False
     needs_census: bool = True
-    description: str = "measured on fake tensors under the runtime's kernel contracts, one layer at a time"
+    description: str = "census: measured on fake tensors under the runtime's kernel contracts, one layer at a time"
 
     def available(self, spec: ModelSpec, runtime: Optional[str]) -> Optional[str]:
         if runtime is None:
@@ -108,7 +108,7 @@ class OpRecordsActivations:
 
     name: str = "op_records"
     needs_census: bool = False
-    description: str = "the op records' byte formulas (specs/op_records.yaml) under the runtime's attention kernel"
+    description: str = "formulas: the op records' bytes (specs/op_records.yaml) under the runtime's attention kernel"
 
     def available(self, spec: ModelSpec, runtime: str) -> Optional[str]:
         return None
@@ -167,7 +167,7 @@ class OpRecordsActivations:
 @hookimpl
 def ndcost_register(register):
     for estimator in (CensusActivations(), CensusActivations(name="stack_census", stack=True,
-                                                               description="the census over the whole stack, "
-                                                                           "for layers that cannot run alone"),
+                                                               description="census over the whole stack, for "
+                                                                           "layers that cannot run alone"),
                       OpRecordsActivations()):
         register(f"estimator/activations/{estimator.name}", estimator)

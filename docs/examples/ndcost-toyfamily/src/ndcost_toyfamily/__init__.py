@@ -23,6 +23,7 @@ from typing import Any, Dict, Mapping
 
 import ndcost
 from ndcost.errors import InvalidValue
+from ndcost.layer import LayerKind
 from ndcost.models import Family, check_heads, formula, groups_of
 from ndcost.values import ModelSpec
 
@@ -30,9 +31,9 @@ __version__ = "0.1.0"
 __all__ = ["Olmo2Family", "qk_norm", "spec_path", "ndcost_register"]
 
 # How each layer kind is built, in the vocabulary ndcost's estimators read
-# (``spec.extra["kinds"]``): every OLMo-2 layer is full GQA attention and a
-# dense SwiGLU MLP.
-KINDS = {"dense": {"attention": "gqa", "mlp": "dense"}}
+# (``ModelSpec.kind_specs``): every OLMo-2 layer is full GQA attention with a
+# QK-norm and a dense SwiGLU MLP, two RMSNorms a layer.
+KINDS = {"dense": LayerKind(attention="gqa", mlp="dense", qk_norm=True, layer_norms=2)}
 
 
 # ---------------------------------------------------------------------------
@@ -72,7 +73,7 @@ class Olmo2Family(Family):
         layers = r.int("num_hidden_layers")
         return ModelSpec(
             name=name, model_type="olmo2", family=self.name,
-            layers=groups_of(["dense"] * layers),
+            layers=groups_of(["dense"] * layers), kind_specs=KINDS,
             hidden_size=hidden, vocab_size=r.int("vocab_size"), num_attention_heads=heads,
             num_key_value_heads=kv_heads, head_dim=head_dim, intermediate_size=r.int("intermediate_size"),
             tie_word_embeddings=r.bool("tie_word_embeddings"),
@@ -80,12 +81,8 @@ class Olmo2Family(Family):
             mlp_bias=False,  # Olmo2MLP has no biases
             max_position_embeddings=r.int("max_position_embeddings"),
             extra={
-                "kinds": KINDS,
-                "qk_norm": True,  # the layer normalizes queries and keys (the op records count its activations)
                 "qk_norm_scope": "projection",
-                "layer_norms": 2,
                 "norm_bias": False,  # RMSNorm: a weight, no bias
-                "ffn_matrices": 3,
                 "fields_read": tuple(r.read),
             })
 
