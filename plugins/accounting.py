@@ -69,8 +69,8 @@ def optimizer_states(optimizer: Any, registry=None) -> int:
         known = ", ".join(registry.names("optimizer")) or "none"
         raise InvalidValue(f"optimizer: unknown optimizer {optimizer!r}; known: {known} "
                            f"(a plugin can register more as 'optimizer/<name>')")
-    states = value if isinstance(value, int) else getattr(value, "states_per_parameter", None)
-    return _int(f"optimizer/{name}: states_per_parameter", states)
+    # the optimizer/ contract (ndcost.protocols) guarantees the field; an int only where it is whole
+    return _int(f"optimizer/{name}: states_per_parameter", value.states_per_parameter)
 
 
 # ---------------------------------------------------------------------------
