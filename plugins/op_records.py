@@ -734,10 +734,25 @@ UNGATED_MODEL_TYPES = frozenset({"gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt
 # keys, and to gate the attention's output; a family's ``extra`` says so where it knows.
 QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"})
 OUTPUT_GATE_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_moe"})
-# Whether each attention implementation materializes the scores (1) or keeps a fused kernel's
-# statistics (0); the names are Transformers' ``attn_implementation`` values and the runtimes' kernels.
-ATTENTION_KERNELS = {"eager": 1, "sdpa": 0, "flash": 0, "flash_attention_2": 0, "flash_attention_3": 0,
-                     "flex_attention": 0, "npu_fusion_attention": 0}
+def attention_kernel(name: str, where: str = "") -> Any:
+    """The registered ``attention_kernel/<name>``: whether it materializes the scores or keeps their statistics.
+
+    The kernels are registered by the plugins that know them (the CUDA SDPA
+    and NPU contracts), so the records hold no closed list; an unknown one
+    fails naming the registered kernels and how to add one. *where* opens the
+    message ("runtime 'x' runs attention").
+    """
+    from ndcost import manager
+    registry = manager.registry()
+    kernel = registry.find(f"attention_kernel/{name}")
+    if kernel is None:
+        known = registry.names("attention_kernel")
+        raise InvalidValue(f"{where or 'attention='}{name!r} is not a registered attention kernel; known: "
+                           f"{', '.join(known) or 'none'} (a plugin adds one by registering an "
+                           f"AttentionKernel(name=..., materializes_scores=...) as 'attention_kernel/<name>')")
+    return kernel
+
+
 # GPT-2's config defaults, the paper's dropout, for a spec built without its config.
 _GPT2_DROPOUT = 0.1
 
@@ -818,8 +833,7 @@ def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropou
         close = difflib.get_close_matches(kind, list(spec.kinds), n=3)
         raise UnknownKey(f"model {spec.name!r} has no layer kind {kind!r}; its kinds: {', '.join(spec.kinds)}"
                          + (f" (closest: {', '.join(close)})" if close else ""))
-    if attention not in ATTENTION_KERNELS:
-        raise InvalidValue(f"attention={attention!r} is not known; allowed: {', '.join(ATTENTION_KERNELS)}")
+    scores = int(attention_kernel(attention).materializes_scores)
     if ffn not in (None, "dense", "moe"):
         raise InvalidValue(f"ffn={ffn!r}: allowed: dense, moe (or None to read the spec)")
     info = kind_info(spec, kind)
@@ -829,7 +843,7 @@ def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropou
     moe = mlp not in DENSE_MLPS and mlp not in NO_MLPS
     out: Dict[str, Number] = {"h": h, "a": a, "attention": int(not linear), "linear_attention": int(linear),
                               "moe": int(moe), "has_ffn": int(mlp not in NO_MLPS), "mtp": int(bool(info["mtp"])),
-                              "scores": ATTENTION_KERNELS[attention]}
+                              "scores": scores}
     if dropout is None:
         out["dropout_attn"] = _dropout_present(spec, _ATTN_DROPOUT_KEYS)
         out["dropout_hidden"] = _dropout_present(spec, _HIDDEN_DROPOUT_KEYS)
@@ -898,12 +912,9 @@ def runtime_attention(spec: ModelSpec, profile: Any) -> str:
     if kernel == "sdpa":
         from ndcost.models import family_for
         family = family_for(spec.model_type)
-        if family is not None and not getattr(family, "supports_sdpa", True):
+        if family is not None and not family.supports_sdpa:  # declared by the family/ contract
             kernel = str(profile.attention_fallback)
-    if kernel not in ATTENTION_KERNELS:
-        raise InvalidValue(f"runtime {getattr(profile, 'name', profile)!r} runs attention {kernel!r}, which the op "
-                           f"records do not know; known: {', '.join(ATTENTION_KERNELS)} (add it to "
-                           f"ndcost.plugins.op_records.ATTENTION_KERNELS)")
+    attention_kernel(kernel, where=f"runtime {profile.name!r} runs attention ")
     return kernel
 
 
