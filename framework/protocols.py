@@ -227,6 +227,7 @@ class StorageFormatLike(Protocol):
 
     name: str
     bytes_per_element: float
+    aliases: Tuple[str, ...]  # other spellings a lookup accepts ("bfloat16" for bf16)
 
     def row_bytes(self, width: int) -> int: ...
     def matrix_bytes(self, rows: int, width: int) -> int: ...
@@ -302,7 +303,7 @@ CONTRACTS: Mapping[str, NamespaceContract] = {c.namespace: c for c in (
     _contract("contract", "a kernel contract", KernelContractLike, name=STR, summary=STR, implementation=STR,
               load=METHOD),
     _contract("storage", "a storage format", StorageFormatLike, name=STR, bytes_per_element=NUMBER,
-              row_bytes=METHOD, matrix_bytes=METHOD, tensor_bytes=METHOD),
+              aliases=SEQUENCE, row_bytes=METHOD, matrix_bytes=METHOD, tensor_bytes=METHOD),
     _contract("attention_kernel", "an attention kernel", AttentionKernelLike, name=STR,
               materializes_scores=BOOL, description=STR),
     _contract("estimator/activations", "an activations estimator", ActivationsEstimator, name=STR,
