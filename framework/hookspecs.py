@@ -28,7 +28,10 @@ def ndcost_register(register: Register) -> None:
     override=False)`` for each contribution; keys are ``namespace/name``
     (``optimizer/lion``, ``family/llama``, ``formula/attention.params.mla``,
     ``hardware/h200``). A key another plugin holds is an error naming both
-    unless this one passes ``override=True``.
+    unless this one passes ``override=True``. A value must meet its
+    namespace's contract (:mod:`ndcost.protocols`: an optimizer has
+    ``states_per_parameter`` ...); one that does not is refused here, naming
+    this plugin and what the value lacks.
     """
 
 

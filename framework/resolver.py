@@ -29,6 +29,7 @@ from ndcost import memory, models
 from ndcost.errors import CensusUnavailable, InvalidStrategy, InvalidValue, NdcostError, Unpriced
 from ndcost.values import (CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Hardware, ModelSpec, StageMemory, Strategy,
                            StrategyCost, TimeBreakdown)
+from ndcost.values import unknown_plugin_name_message  # the one message for an unregistered plugin name
 
 __all__ = ["resolve", "CostModel", "BatchResult", "CENSUS_MODES"]
 
@@ -259,7 +260,7 @@ def _convert(name: str, values: np.ndarray, out: _Columns, names: Mapping[str, S
                 codes.append(table[value])
             else:
                 codes.append(0)
-                errors[j] = f"Strategy.{name}: {value!r} is not registered; known: {', '.join(names[name])}"
+                errors[j] = unknown_plugin_name_message(name, name, value, names[name])
                 mask = inverse == j
                 out.refuse(mask, errors[j])
         return np.array(codes, dtype=np.int64)[inverse]
@@ -340,8 +341,7 @@ def columns(strategies: Any, names: Mapping[str, Sequence[str]]) -> _Columns:
                 table = {v: i for i, v in enumerate(names[name])}
                 codes = np.array([-1 if v is None else table.get(v, -2) for v in values], dtype=np.int64)
                 unknown = codes == -2
-                out.refuse(unknown, lambda i, v=values, nm=name: f"Strategy.{nm}: {v[i]!r} is not registered; "
-                                                                 f"known: {', '.join(names[nm])}")
+                out.refuse(unknown, lambda i, v=values, nm=name: unknown_plugin_name_message(nm, nm, v[i], names[nm]))
                 out.cols[name] = np.where(unknown, 0, codes)
             elif name in memory.INT_FIELDS:
                 out.cols[name] = np.array([-1 if v is None else v for v in values], dtype=np.int64)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Dict, Mapping, Optional, Tuple
+import re
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
@@ -177,18 +178,7 @@ DTYPES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
                   "float8": "fp8", "e4m3": "fp8", "e5m2": "fp8"}
 CP_ALGOS = ("ring", "ulysses", "colossal", "hybrid")
-SCHEDULES = ("1f1b", "interleaved", "gpipe", "dualpipev")
 RECOMPUTE = ("none", "full", "selective", "core_attention")
-BUILTIN_OPTIMIZERS = ("adamw", "adam", "sgd", "adagrad")
-
-
-def _registered(namespace: str, builtin: Tuple[str, ...]) -> Tuple[str, ...]:
-    """Names plugins registered under *namespace*, or the built-in names where plugins are not loaded."""
-    try:
-        from ndcost import manager
-        return tuple(manager.registry().names(namespace)) or builtin
-    except Exception:  # during a broken load the built-in names still validate
-        return builtin
 
 
 def _dtype(name: str) -> Any:
@@ -278,25 +268,29 @@ def _pp_layers(value):
     return layers
 
 
-def _is_registered(namespace: str, name: str) -> bool:
-    """Whether ``namespace/name`` is registered: one dict lookup, as a searcher builds strategies by the million."""
-    try:
-        from ndcost import manager
-        return f"{namespace}/{name}" in manager.registry()
-    except Exception:  # during a broken load the built-in names still validate (see _registered)
-        return False
+# A plugin name as a registry key's last part takes it ("optimizer/<name>"), lower case.
+_PLUGIN_NAME = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
 
 
-def _plugin_choice(field: str, namespace: str, builtin: Tuple[str, ...]):
-    """A converter accepting the names registered under *namespace* (case-insensitive)."""
+def unknown_plugin_name_message(field: str, namespace: str, value: str, known: Sequence[str]) -> str:
+    """The message for a strategy naming a plugin nobody registered (said at evaluation, where the registry is)."""
+    return (f"Strategy.{field}: unknown {field} {value!r}; allowed: {', '.join(known)} "
+            f"(a plugin can register more as '{namespace}/<name>')")
+
+
+def _plugin_name(field: str, namespace: str, example: str):
+    """A converter accepting any plugin-style name, lower-cased; whether it is registered is asked at evaluation.
+
+    A value type never consults the registry: building a strategy must not load
+    the plugins (searchers build them by the million, and before any plugin is
+    needed).
+    """
     def convert(value):
-        text = str(value).strip().lower()
-        if _is_registered(namespace, text):
-            return text
-        known = _registered(namespace, builtin)
-        if text not in known:
-            raise InvalidValue(f"Strategy.{field}: unknown {field} {value!r}; allowed: {', '.join(known)} "
-                               f"(a plugin can register more as '{namespace}/<name>')")
+        text = str(value).strip().lower() if isinstance(value, str) else None
+        if text is None or not _PLUGIN_NAME.match(text):
+            raise InvalidValue(f"Strategy.{field}: {value!r} is not a plugin name: use lower-case letters, "
+                               f"digits, '_', '.', '-' (a name registered as '{namespace}/<name>', "
+                               f"for example {field}={example})")
         return text
     return convert
 
@@ -321,14 +315,14 @@ class Strategy:
     zero: int = attrs.field(default=0, converter=_int_field("zero", 0, 3))
     sp: bool = attrs.field(default=False, converter=_bool_field("sp"))
     cp_algo: str = attrs.field(default="ring", converter=_choice("cp_algo", CP_ALGOS))
-    schedule: str = attrs.field(default="1f1b", converter=_plugin_choice("schedule", "schedule", SCHEDULES))
+    schedule: str = attrs.field(default="1f1b", converter=_plugin_name("schedule", "schedule", "1f1b"))
     micro_batch: int = attrs.field(default=1, converter=_int_field("micro_batch", 1))
     num_micro_batches: int = attrs.field(default=1, converter=_int_field("num_micro_batches", 1))
     seq: Optional[int] = attrs.field(default=None, converter=_optional_int_field("seq", 1))
     recompute: str = attrs.field(default="none", converter=_choice("recompute", RECOMPUTE))
     recompute_layers: Optional[int] = attrs.field(default=None, converter=_optional_int_field("recompute_layers", 0))
     vocab_parallel: bool = attrs.field(default=False, converter=_bool_field("vocab_parallel"))
-    optimizer: str = attrs.field(default="adamw", converter=_plugin_choice("optimizer", "optimizer", BUILTIN_OPTIMIZERS))
+    optimizer: str = attrs.field(default="adamw", converter=_plugin_name("optimizer", "optimizer", "adamw"))
     param_dtype: str = attrs.field(default="bf16", converter=_dtype("param_dtype"))
     compute_dtype: Optional[str] = attrs.field(default=None, converter=_dtype("compute_dtype"))
     grad_dtype: Optional[str] = attrs.field(default=None, converter=_dtype("grad_dtype"))

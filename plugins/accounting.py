@@ -12,9 +12,9 @@ import math
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
-from ndcost.errors import InvalidValue, UnknownKey
+from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
-from ndcost.plugins.storage import ALIASES, StorageFormat, exact_int as _int
+from ndcost.plugins.storage import StorageFormat, exact_int as _int
 
 TRAINING_KEYS = ("parameters", "gradients", "activations", "optimizer_state", "total")
 OURO_ASSUMPTIONS = ("fixed local Kronecker layout, all loop copies, no optional diagonals; "
@@ -69,8 +69,8 @@ def optimizer_states(optimizer: Any, registry=None) -> int:
         known = ", ".join(registry.names("optimizer")) or "none"
         raise InvalidValue(f"optimizer: unknown optimizer {optimizer!r}; known: {known} "
                            f"(a plugin can register more as 'optimizer/<name>')")
-    states = value if isinstance(value, int) else getattr(value, "states_per_parameter", None)
-    return _int(f"optimizer/{name}: states_per_parameter", states)
+    # the optimizer/ contract (ndcost.protocols) guarantees the field; an int only where it is whole
+    return _int(f"optimizer/{name}: states_per_parameter", value.states_per_parameter)
 
 
 # ---------------------------------------------------------------------------
@@ -260,14 +260,14 @@ def storage_format(name: Any, registry=None) -> StorageFormat:
         raise InvalidValue(f"storage format must be a name such as 'bf16' or 'int4', got {name!r}")
     registry = registry if registry is not None else _registry()
     text = name.strip().lower()
-    key = f"storage/{text}"
-    if key not in registry:
-        key = f"storage/{ALIASES.get(text, text)}"
-    try:
-        return registry.get(key)
-    except UnknownKey:
+    found = registry.find(f"storage/{text}")
+    if found is None:  # another spelling a registered format declares (StorageFormat.aliases)
+        found = next((fmt for _, fmt in registry.items("storage") if text in fmt.aliases), None)
+    if found is None:
         raise InvalidValue(f"unknown storage format {name!r}; known: {', '.join(registry.names('storage'))} "
-                           f"(a plugin can register more as 'storage/<name>')") from None
+                           f"(a plugin can register more as 'storage/<name>', with aliases=(...) for other "
+                           f"spellings)")
+    return found
 
 
 def storage_bytes(format, elements) -> int:

@@ -142,11 +142,19 @@ def _census_record(spec, kind: str, seq: int, runtime: str):
         return None
 
 
-def _hardware_of_device(device: str) -> Optional[str]:
-    """A registered hardware name for a device name such as 'NVIDIA H200' (None where none matches)."""
-    text = device.lower().replace(" ", "")
-    for name in ("h200", "h100", "a100", "b200"):
-        if name in text:
+def _hardware_of_device(device: str, registry: Any = None) -> Optional[str]:
+    """A registered hardware name for a device name such as 'NVIDIA H200' (None where none matches).
+
+    Every ``hardware/<name>`` is a candidate, the longest first (so a name
+    containing another wins), compared without spaces and dashes: a third
+    party's hardware is recognized as the built-ins are.
+    """
+    if registry is None:
+        from ndcost import manager
+        registry = manager.registry()
+    text = device.lower().replace(" ", "").replace("-", "")
+    for name in sorted(registry.names("hardware"), key=lambda n: (-len(n), n)):
+        if name.replace("-", "") in text:
             return name
     return None
 

@@ -729,10 +729,23 @@ def gathered_kv_bytes(values: Union[Values, Mapping[str, Any]], *, records: Opti
 # ---------------------------------------------------------------------------
 # a ModelSpec's values
 # ---------------------------------------------------------------------------
-# Whether each attention implementation materializes the scores (1) or keeps a fused kernel's
-# statistics (0); the names are Transformers' ``attn_implementation`` values and the runtimes' kernels.
-ATTENTION_KERNELS = {"eager": 1, "sdpa": 0, "flash": 0, "flash_attention_2": 0, "flash_attention_3": 0,
-                     "flex_attention": 0, "npu_fusion_attention": 0}
+def attention_kernel(name: str, where: str = "") -> Any:
+    """The registered ``attention_kernel/<name>``: whether it materializes the scores or keeps their statistics.
+
+    The kernels are registered by the plugins that know them (the CUDA SDPA
+    and NPU contracts), so the records hold no closed list; an unknown one
+    fails naming the registered kernels and how to add one. *where* opens the
+    message ("runtime 'x' runs attention").
+    """
+    from ndcost import manager
+    registry = manager.registry()
+    kernel = registry.find(f"attention_kernel/{name}")
+    if kernel is None:
+        known = registry.names("attention_kernel")
+        raise InvalidValue(f"{where or 'attention='}{name!r} is not a registered attention kernel; known: "
+                           f"{', '.join(known) or 'none'} (a plugin adds one by registering an "
+                           f"AttentionKernel(name=..., materializes_scores=...) as 'attention_kernel/<name>')")
+    return kernel
 
 
 def _need(spec: ModelSpec, kind: str, field: str, value: Any) -> Any:
@@ -752,8 +765,7 @@ def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropou
         close = difflib.get_close_matches(kind, list(spec.kinds), n=3)
         raise UnknownKey(f"model {spec.name!r} has no layer kind {kind!r}; its kinds: {', '.join(spec.kinds)}"
                          + (f" (closest: {', '.join(close)})" if close else ""))
-    if attention not in ATTENTION_KERNELS:
-        raise InvalidValue(f"attention={attention!r} is not known; allowed: {', '.join(ATTENTION_KERNELS)}")
+    scores = int(attention_kernel(attention).materializes_scores)
     if ffn not in (None, "dense", "moe"):
         raise InvalidValue(f"ffn={ffn!r}: allowed: dense, moe (or None to read the spec)")
     info = spec.kind(kind)
@@ -763,7 +775,7 @@ def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropou
     out: Dict[str, Number] = {"h": h, "a": a, "attention": int(not info.linear),
                               "linear_attention": int(info.linear), "moe": int(moe),
                               "has_ffn": int(mlp not in NO_MLPS), "mtp": int(info.mtp),
-                              "scores": ATTENTION_KERNELS[attention]}
+                              "scores": scores}
     if dropout is None:
         out["dropout_attn"] = int(info.attention_dropout > 0)
         out["dropout_hidden"] = int(info.hidden_dropout > 0)
@@ -824,12 +836,9 @@ def runtime_attention(spec: ModelSpec, profile: Any) -> str:
     if kernel == "sdpa":
         from ndcost.models import family_for
         family = family_for(spec.model_type)
-        if family is not None and not getattr(family, "supports_sdpa", True):
+        if family is not None and not family.supports_sdpa:  # declared by the family/ contract
             kernel = str(profile.attention_fallback)
-    if kernel not in ATTENTION_KERNELS:
-        raise InvalidValue(f"runtime {getattr(profile, 'name', profile)!r} runs attention {kernel!r}, which the op "
-                           f"records do not know; known: {', '.join(ATTENTION_KERNELS)} (add it to "
-                           f"ndcost.plugins.op_records.ATTENTION_KERNELS)")
+    attention_kernel(kernel, where=f"runtime {profile.name!r} runs attention ")
     return kernel
 
 

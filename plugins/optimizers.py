@@ -8,10 +8,19 @@ from ndcost.hookspecs import hookimpl
 
 @attrs.frozen(kw_only=True)
 class Optimizer:
-    """An optimizer's persistent state: ``states_per_parameter`` tensors the shape of each parameter."""
+    """An optimizer's persistent state: ``states_per_parameter`` tensors the shape of each parameter.
+
+    ``step_temporaries_per_parameter`` is the parameter-sized scratch its step
+    allocates and frees (a fused update's copies), in tensors a parameter:
+    the step's transient peak, not kept state. 0 for the built-ins; declared
+    rather than read with a default so that a reader sees every field the
+    cost model uses (the ``optimizer/`` contract in ndcost.protocols).
+    """
 
     name: str
     states_per_parameter: int
+    step_temporaries_per_parameter: float = attrs.field(
+        default=0.0, converter=float, validator=attrs.validators.ge(0.0))
     description: str = ""
 
     def state_elements(self, parameters: int) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import operator
 from fractions import Fraction
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import attrs
 
@@ -50,7 +50,9 @@ class StorageFormat:
 
     ``width_multiple`` is the row width the packing needs (4 for the 6-bit
     codec, which packs four codes into three bytes); other widths are refused
-    rather than rounded.
+    rather than rounded. ``aliases`` are other spellings a lookup accepts
+    (``bfloat16`` for ``bf16``): the format declares them, so a third party's
+    format brings its own.
     """
 
     name: str
@@ -58,6 +60,7 @@ class StorageFormat:
     group_size: Optional[int] = attrs.field(default=None, validator=attrs.validators.optional(_positive_int))
     scale_bytes: int = attrs.field(default=0, validator=_non_negative_int)
     width_multiple: int = attrs.field(default=1, validator=_positive_int)
+    aliases: Tuple[str, ...] = attrs.field(default=(), converter=lambda v: tuple(str(a).lower() for a in v))
     description: str = ""
 
     def __attrs_post_init__(self):
@@ -104,28 +107,27 @@ class StorageFormat:
     def to_dict(self) -> Dict[str, Any]:
         return {"name": self.name, "bits_per_element": self.bits_per_element, "group_size": self.group_size,
                 "scale_bytes": self.scale_bytes, "width_multiple": self.width_multiple,
-                "bytes_per_element": self.bytes_per_element, "description": self.description}
+                "bytes_per_element": self.bytes_per_element, "aliases": list(self.aliases),
+                "description": self.description}
 
 
-BF16 = StorageFormat(name="bf16", bits_per_element=16, description="bfloat16")
-FP16 = StorageFormat(name="fp16", bits_per_element=16, description="IEEE half precision")
-FP32 = StorageFormat(name="fp32", bits_per_element=32, description="IEEE single precision")
-FP8 = StorageFormat(name="fp8", bits_per_element=8, description="float8 (e4m3 or e5m2); scales kept elsewhere")
-INT8 = StorageFormat(name="int8", bits_per_element=8, description="8-bit integer codes; scales kept elsewhere")
+BF16 = StorageFormat(name="bf16", bits_per_element=16, aliases=("bfloat16",), description="bfloat16")
+FP16 = StorageFormat(name="fp16", bits_per_element=16, aliases=("float16", "half"),
+                     description="IEEE half precision")
+FP32 = StorageFormat(name="fp32", bits_per_element=32, aliases=("float32", "float"),
+                     description="IEEE single precision")
+FP8 = StorageFormat(name="fp8", bits_per_element=8, aliases=("float8", "e4m3", "e5m2"),
+                    description="float8 (e4m3 or e5m2); scales kept elsewhere")
+INT8 = StorageFormat(name="int8", bits_per_element=8, aliases=("uint8",),
+                     description="8-bit integer codes; scales kept elsewhere")
 INT4 = StorageFormat(name="int4", bits_per_element=4, group_size=32, scale_bytes=4,
+                     aliases=("w4", "packed_w4", "int4_g32"),
                      description="packed W4: two codes a byte, one fp32 scale per 32 elements of a row")
 UINT6 = StorageFormat(name="uint6", bits_per_element=6, width_multiple=4,
+                      aliases=("6bit", "6-bit", "int6", "packed6", "packed_6bit"),
                       description="packed 6-bit codes 0..63, four in three bytes (0.75 byte per weight)")
 
 BUILTIN = (BF16, FP16, FP32, FP8, INT8, INT4, UINT6)
-
-# Other spellings accepted by lookups (ndcost.accounting.storage_format).
-ALIASES = {
-    "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
-    "float8": "fp8", "e4m3": "fp8", "e5m2": "fp8", "uint8": "int8",
-    "w4": "int4", "packed_w4": "int4", "int4_g32": "int4",
-    "6bit": "uint6", "6-bit": "uint6", "int6": "uint6", "packed6": "uint6", "packed_6bit": "uint6",
-}
 
 
 # ---------------------------------------------------------------------------

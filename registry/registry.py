@@ -4,15 +4,22 @@ Registrations are collected first and resolved once every plugin has loaded
 (:meth:`Registry.freeze`), so load order never decides which entry wins: a key
 held by two plugins is an error naming both, unless exactly one of them
 declares ``override=True``.
+
+A value registered under a namespace that declares a contract
+(:mod:`ndcost.protocols`: ``optimizer``, ``schedule``, ``family`` ...) must
+satisfy it: a wrong value is refused when it is registered, naming the key,
+the plugin, the namespace's requirements and the value, rather than failing
+later when a cost is first priced.
 """
 from __future__ import annotations
 
 import difflib
 import re
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 import attrs
 
+from ndcost import protocols
 from ndcost.errors import RegistrationError, UnknownKey
 
 # A key is a namespace and a name, "optimizer/adamw", "family/llama",
@@ -41,6 +48,11 @@ class Source:
     def __str__(self) -> str:
         return f"{self.module} (distribution {self.distribution})"
 
+    @property
+    def short(self) -> str:
+        """``distribution (module)``, as a refused registration names its plugin."""
+        return f"{self.distribution} ({self.module})"
+
 
 @attrs.frozen(kw_only=True)
 class Entry:
@@ -60,7 +72,10 @@ class Registry:
     receives (:meth:`callback`), which records the plugin as the source.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, contracts: Optional[Mapping[str, "protocols.NamespaceContract"]] = None) -> None:
+        # namespace -> contract its values must meet; None: ndcost's declared ones (ndcost.protocols.CONTRACTS)
+        self.contracts: Mapping[str, protocols.NamespaceContract] = (
+            protocols.CONTRACTS if contracts is None else dict(contracts))
         self._pending: List[Entry] = []
         self._entries: Dict[str, Entry] = {}
         self._frozen = False
@@ -79,6 +94,11 @@ class Registry:
         validate_key(key)
         if value is None:
             raise RegistrationError(f"{source} registered {key!r} with no value")
+        contract = protocols.contract_for(key, self.contracts)
+        why = None if contract is None else contract.refusal(value)
+        if why is not None:
+            raise RegistrationError(f"{key} from {source.short}: {why}; every '{contract.namespace}/' value must "
+                                    f"meet that contract: fix the value {source.module} registers")
         entry = Entry(key=key, value=value, source=source, override=bool(override))
         self._pending.append(entry)
         if self._frozen:  # a late registration is resolved at once; a refused one leaves no trace

@@ -148,3 +148,22 @@ def _write(folder: Path, entry) -> Path:
     path = Path(folder) / f"m{abs(hash(json.dumps(entry, sort_keys=True)))}.json"
     path.write_text(json.dumps(entry))
     return path
+
+
+def test_a_device_name_is_matched_against_every_registered_hardware(registry):
+    from ndcost.registry import Registry, Source
+    from ndcost.values import Hardware
+
+    assert cal._hardware_of_device("NVIDIA H200") == "h200"
+    assert cal._hardware_of_device("NVIDIA A100-SXM4-80GB") == "a100"
+    assert cal._hardware_of_device("Ascend910B") == "ascend-910b"     # registered, so recognized
+    assert cal._hardware_of_device("Tesla V100") is None
+    # a third party's hardware is a candidate too, the longest name first
+    mine = Registry()
+    for name in ("h200", "h200-nvl"):
+        mine.add(f"hardware/{name}", Hardware(name=name, memory_bytes=1, hbm_bytes_per_second=1.0,
+                                              peak_flops_per_second={"bf16": 1.0}),
+                 source=Source(distribution="d", module="m"))
+    mine.freeze()
+    assert cal._hardware_of_device("NVIDIA H200 NVL", mine) == "h200-nvl"
+    assert cal._hardware_of_device("NVIDIA H200", mine) == "h200"

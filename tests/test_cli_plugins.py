@@ -12,6 +12,7 @@ import pytest
 import ndcost
 from ndcost import manager
 from ndcost.cli import main
+from ndcost.plugins.optimizers import Optimizer
 
 KEYS = {"name", "distribution", "version", "registered"}
 
@@ -45,7 +46,7 @@ def test_plugins_table(fresh, capsys):
 def test_plugins_table_shows_overrides(monkeypatch, capsys):
     module = types.ModuleType("my_optimizers")
     module.ndcost_register = ndcost.hookimpl(
-        lambda register: register("optimizer/adamw", "mine", override=True))
+        lambda register: register("optimizer/adamw", Optimizer(name="adamw", states_per_parameter=2), override=True))
     monkeypatch.setattr(manager, "_current", manager.load(extra_modules={"mine": module}))
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out

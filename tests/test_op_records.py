@@ -518,3 +518,58 @@ def test_runtime_attention_follows_the_profile_and_the_familys_sdpa_support(regi
     odd = profile_from_mapping({"name": "odd", "attention": "paged_magic"})
     with pytest.raises(InvalidValue, match="runtime 'odd' runs attention 'paged_magic'"):
         R.runtime_attention(llama_spec, odd)
+
+
+# ---------------------------------------------------------------------------
+# attention kernels: registered by the plugins that know them, not a table in the records
+# ---------------------------------------------------------------------------
+def test_attention_kernels_are_registered_by_their_contracts(registry):
+    from ndcost.plugins.contracts import AttentionKernel
+
+    materializes = {name: registry.get(f"attention_kernel/{name}").materializes_scores
+                    for name in registry.names("attention_kernel")}
+    # the kernels and flags the op records' closed table held before
+    assert materializes == {"eager": True, "sdpa": False, "flash": False, "flash_attention_2": False,
+                            "flash_attention_3": False, "flex_attention": False, "npu_fusion_attention": False}
+    assert registry.entry("attention_kernel/sdpa").source.module == "ndcost.plugins.contracts.cuda_sdpa"
+    assert registry.entry("attention_kernel/npu_fusion_attention").source.module == "ndcost.plugins.contracts.npu"
+    assert all(isinstance(v, AttentionKernel) for _, v in registry.items("attention_kernel"))
+
+
+def test_registering_the_attention_kernels_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from ndcost.plugins.contracts import cuda_sdpa, npu\n"
+            "keys = []\n"
+            "for m in (cuda_sdpa, npu):\n"
+            "    m.ndcost_register(lambda key, value, override=False: keys.append(key))\n"
+            "assert 'attention_kernel/sdpa' in keys and 'attention_kernel/npu_fusion_attention' in keys, keys\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_an_unknown_attention_kernel_names_the_registered_ones_and_how_to_add_one():
+    with pytest.raises(InvalidValue) as err:
+        R.model_values(llama(), "dense", attention="paged_magic")
+    message = str(err.value)
+    assert "attention='paged_magic'" in message and "eager" in message and "npu_fusion_attention" in message
+    assert "'attention_kernel/<name>'" in message
+
+
+def test_a_plugin_adds_an_attention_kernel_without_editing_the_records(monkeypatch):
+    from ndcost.plugins.contracts import AttentionKernel
+
+    module = types.ModuleType("paged_attention_plugin")
+    module.ndcost_register = hookimpl(lambda register: register(
+        "attention_kernel/paged", AttentionKernel(name="paged", materializes_scores=False,
+                                                  description="a paged fused kernel")))
+    monkeypatch.setattr(manager, "_current", manager.load(extra_modules={"paged": module}))
+    spec = llama()
+    assert R.model_values(spec, "dense", attention="paged")["scores"] == 0
+    assert R.model_values(spec, "dense", attention="eager")["scores"] == 1
+    paged = R.values_for(spec, "dense", seq=1024, attention="paged")
+    sdpa = R.values_for(spec, "dense", seq=1024, attention="sdpa")
+    assert R.slot_bytes(paged, "score") == R.slot_bytes(sdpa, "score")  # priced as the fused kernels are

@@ -36,20 +36,22 @@ def make_dist(root: Path, dist: str, modules: dict, entry_points: dict, version:
 
 GOOD = """
     import ndcost
+    from ndcost.plugins.optimizers import Optimizer
 
     @ndcost.hookimpl
     def ndcost_register(register):
-        register("optimizer/good_opt", 1)
+        register("optimizer/good_opt", Optimizer(name="good_opt", states_per_parameter=1))
 """
 BROKEN_IMPORT = """
     raise RuntimeError("this plugin is broken on purpose")
 """
 BROKEN_HOOK = """
     import ndcost
+    from ndcost.plugins.optimizers import Optimizer
 
     @ndcost.hookimpl
     def ndcost_register(register):
-        register("optimizer/half_done", 1)
+        register("optimizer/half_done", Optimizer(name="half_done", states_per_parameter=1))
         raise ZeroDivisionError("failed halfway through registering")
 """
 
@@ -88,7 +90,7 @@ def test_broken_plugin_warns_naming_distribution_and_error_while_the_rest_load(f
     assert halfway and "ZeroDivisionError" in halfway[0]
     assert "optimizer/half_done" not in loaded.registry
     # the rest loaded, third party and built-ins alike
-    assert loaded.registry.get("optimizer/good_opt") == 1
+    assert loaded.registry.get("optimizer/good_opt").states_per_parameter == 1
     assert "optimizer/adamw" in loaded.registry
     by_name = {p.name: p for p in loaded.plugins}
     assert by_name["broken"].error.startswith("RuntimeError")
@@ -130,10 +132,13 @@ def test_one_module_under_two_entry_points_runs_once(fresh):
 
     import ndcost
 
+    from ndcost.plugins.optimizers import Optimizer
+
     module = types.ModuleType("twice")
-    module.ndcost_register = ndcost.hookimpl(lambda register: register("optimizer/twice", 1))
+    module.ndcost_register = ndcost.hookimpl(
+        lambda register: register("optimizer/twice", Optimizer(name="twice", states_per_parameter=1)))
     loaded = manager.load(extra_modules={"one": module, "two": module})
-    assert loaded.registry.get("optimizer/twice") == 1
+    assert loaded.registry.get("optimizer/twice").states_per_parameter == 1
 
 
 # ---------------------------------------------------------------------------
@@ -242,7 +247,7 @@ def test_loaded_hook_sees_the_resolved_registry_and_may_not_register(fresh):
 
     late = types.ModuleType("late")
     late.ndcost_loaded = ndcost.hookimpl(lambda registry: registry.add(
-        "optimizer/late", 1, source=registry.entry("optimizer/adamw").source))
+        "optimizer/late", registry.get("optimizer/adamw"), source=registry.entry("optimizer/adamw").source))
     with pytest.raises(RegistrationError, match="optimizer/late.*ndcost_register"):
         manager.load(extra_modules={"late": late})
 
@@ -281,3 +286,31 @@ def test_hookspecs_are_named_typed_and_say_when_they_run():
         assert all(p.annotation is not inspect.Parameter.empty for p in signature.parameters.values()), name
         doc = inspect.getdoc(function)
         assert "Runs" in doc and "first-result" in doc, name
+
+
+# ---------------------------------------------------------------------------
+# a distribution registering a value that does not meet its namespace's contract
+# ---------------------------------------------------------------------------
+WRONG_VALUES = """
+    import ndcost
+
+    @ndcost.hookimpl
+    def ndcost_register(register):
+        register("schedule/zero_bubble", "zb-h1")
+"""
+
+
+def test_a_distribution_registering_a_wrong_value_is_refused_at_load_naming_it(tmp_path, monkeypatch, fresh):
+    make_dist(tmp_path / "site", "ndcost-wrong-values", {"ndcost_wrong_values": WRONG_VALUES},
+              {"wrong": "ndcost_wrong_values"}, version="0.3")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("NDCOST_STRICT_PLUGINS", "1")
+    try:
+        with pytest.raises(PluginLoadError) as err:
+            manager.load()
+        message = str(err.value)
+        for fragment in ("schedule/zero_bubble from ndcost-wrong-values (ndcost_wrong_values)",
+                         "a pipeline schedule must have", "in_flight()", "got str 'zb-h1'", "'schedule/'"):
+            assert fragment in message, (fragment, message)
+    finally:
+        sys.modules.pop("ndcost_wrong_values", None)

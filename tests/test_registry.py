@@ -16,8 +16,13 @@ C = Source(distribution="dist-c", module="pkg_c.plugin", version="3.0")
 
 
 def _registry(*registrations):
-    """A frozen registry from (source, key, value, override) in the order given."""
-    registry = Registry()
+    """A frozen registry from (source, key, value, override) in the order given.
+
+    Keys, duplicates and overrides are the registry's mechanics, whatever the
+    values: these registries declare no contracts, so placeholders stand for
+    values (the contracts are tested below, with real registrations).
+    """
+    registry = Registry(contracts={})
     for source, key, value, override in registrations:
         registry.callback(source)(key, value, override=override)
     registry.freeze()
@@ -108,6 +113,11 @@ def test_real_registry_has_the_foundation_keys(registry):
 # ---------------------------------------------------------------------------
 # through the plugin manager: the same rules with whole plugins
 # ---------------------------------------------------------------------------
+def _opt(description, name="lion"):
+    from ndcost.plugins.optimizers import Optimizer
+    return Optimizer(name=name, states_per_parameter=1, description=description)
+
+
 def _plugin(name, key, value, override=False):
     module = types.ModuleType(name)
 
@@ -121,21 +131,162 @@ def _plugin(name, key, value, override=False):
 
 @pytest.mark.parametrize("order", [("base", "over"), ("over", "base")])
 def test_manager_override_wins_in_either_load_order(order):
-    plugins = {"base": _plugin("plug_base", "optimizer/lion", "base"),
-               "over": _plugin("plug_over", "optimizer/lion", "over", override=True)}
+    plugins = {"base": _plugin("plug_base", "optimizer/lion", _opt("base")),
+               "over": _plugin("plug_over", "optimizer/lion", _opt("over"), override=True)}
     loaded = manager.load(extra_modules={name: plugins[name] for name in order})
-    assert loaded.registry.get("optimizer/lion") == "over"
+    assert loaded.registry.get("optimizer/lion").description == "over"
     entry = loaded.registry.entry("optimizer/lion")
     assert entry.source.module == "plug_over" and entry.overrides.module == "plug_base"
 
 
 def test_manager_override_of_a_builtin():
-    loaded = manager.load(extra_modules={"mine": _plugin("my_adamw", "optimizer/adamw", "mine", override=True)})
+    mine = _opt("mine", name="adamw")
+    loaded = manager.load(extra_modules={"mine": _plugin("my_adamw", "optimizer/adamw", mine, override=True)})
     entry = loaded.registry.entry("optimizer/adamw")
-    assert entry.value == "mine" and entry.overrides.distribution == "ndcost"
+    assert entry.value is mine and entry.overrides.distribution == "ndcost"
 
 
 def test_manager_duplicate_of_a_builtin_names_both():
     with pytest.raises(RegistrationError) as err:
-        manager.load(extra_modules={"mine": _plugin("my_adamw", "optimizer/adamw", "mine")})
+        manager.load(extra_modules={"mine": _plugin("my_adamw", "optimizer/adamw", _opt("mine", name="adamw"))})
     assert "ndcost.plugins.optimizers" in str(err.value) and "my_adamw" in str(err.value)
+
+
+# ---------------------------------------------------------------------------
+# contracts: a value must offer what the core reads from its namespace (ndcost.protocols)
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("key,value,missing", [
+    ("optimizer/x", 42, "states_per_parameter (float)"),
+    ("optimizer/x", {"states_per_parameter": 2}, "states_per_parameter (float)"),
+    ("schedule/zb", "1f1b", "in_flight()"),
+    ("runtime/fast", 1.5, "attention (str)"),
+    ("hardware/h300", "h200", "ndcost.values.Hardware"),
+    ("family/toy", object(), "layer_parameters()"),
+    ("storage/nf4", 4, "tensor_bytes()"),
+    ("collective/all_gather", "ring", "seconds()"),
+    ("checkpoint_policy/mine", ("mm",), "op_policy()"),
+    ("contract/mine", "flash", "implementation (str)"),
+    ("attention_kernel/paged", 0, "materializes_scores (bool)"),
+    ("formula/attention.params.x", 3, "callable"),
+    ("accounting/x", "f", "callable"),
+    ("estimator/activations/mine", object(), "records()"),
+    ("estimator/flops/mine", object(), "kind_work()"),
+])
+def test_a_value_not_meeting_its_namespaces_contract_is_refused_naming_everything(key, value, missing):
+    register = Registry().callback(A)
+    with pytest.raises(RegistrationError) as err:
+        register(key, value)
+    message = str(err.value)
+    namespace = key.rsplit("/", 1)[0]
+    for fragment in (key, "dist-a", "pkg_a.plugin", f"'{namespace}/'", missing, type(value).__name__):
+        assert fragment in message, (fragment, message)
+
+
+def test_the_optimizer_message_reads_as_documented():
+    with pytest.raises(RegistrationError) as err:
+        Registry().callback(A)("optimizer/x", 42)
+    assert str(err.value).startswith("optimizer/x from dist-a (pkg_a.plugin): an optimizer must have "
+                                     "states_per_parameter (float)")
+    assert str(err.value).count("got int 42") == 1
+
+
+def test_a_refused_value_leaves_no_trace_and_the_registry_goes_on():
+    from ndcost.plugins.optimizers import Optimizer
+
+    registry = Registry()
+    register = registry.callback(A)
+    with pytest.raises(RegistrationError):
+        register("optimizer/lion", "lion")
+    register("optimizer/lion", Optimizer(name="lion", states_per_parameter=1))
+    registry.freeze()
+    assert registry.get("optimizer/lion").states_per_parameter == 1
+    with pytest.raises(RegistrationError, match="optimizer/muon from dist-b"):  # a late one is checked too
+        registry.add("optimizer/muon", 2.0, source=B)
+    assert "optimizer/muon" not in registry
+
+
+def test_a_partial_value_is_told_only_what_it_lacks():
+    class HalfOptimizer:  # a third party's own class that forgot the step's temporaries
+        name = "half"
+        states_per_parameter = 1
+
+    with pytest.raises(RegistrationError) as err:
+        Registry().callback(A)("optimizer/half", HalfOptimizer())
+    message = str(err.value)
+    assert "step_temporaries_per_parameter (float)" in message
+    assert "states_per_parameter (float)," not in message and "name (str)" not in message
+
+
+def test_a_wrong_kind_is_refused_even_when_the_attribute_is_there():
+    class Flagged:
+        name, materializes_scores, description = "paged", 1, "1 is not a bool: say True or False"
+
+    with pytest.raises(RegistrationError, match="materializes_scores \\(bool\\)"):
+        Registry().callback(A)("attention_kernel/paged", Flagged())
+
+
+def test_a_third_party_value_of_its_own_class_meeting_the_contract_is_accepted():
+    class Lion:  # no ndcost base class: the contract is what the core reads, not a type
+        name, states_per_parameter, step_temporaries_per_parameter = "lion", 1, 0.0
+
+    registry = Registry()
+    registry.callback(A)("optimizer/lion", Lion())
+    registry.freeze()
+    assert registry.get("optimizer/lion").states_per_parameter == 1
+
+
+def test_namespaces_without_a_contract_keep_the_plain_rules():
+    registry = Registry()
+    registry.callback(A)("widget/anything", 42)
+    registry.freeze()
+    assert registry.get("widget/anything") == 42
+
+
+def test_every_builtin_value_meets_its_contract(registry):
+    from ndcost import protocols
+
+    checked = 0
+    for key, value in registry.items():
+        contract = protocols.contract_for(key)
+        assert contract is not None, f"{key}: every built-in namespace declares a contract"
+        assert contract.refusal(value) is None, key
+        if contract.protocol is not None and not contract.callable_value:
+            assert isinstance(value, contract.protocol), key  # the typing Protocol says the same
+        checked += 1
+    assert checked == len(registry.keys())
+
+
+def test_the_longest_declared_namespace_decides():
+    from ndcost import protocols
+
+    assert protocols.contract_for("estimator/flops/census").namespace == "estimator/flops"
+    assert protocols.contract_for("estimator/activations/op_records").namespace == "estimator/activations"
+    assert protocols.contract_for("estimator/other/x") is None
+    assert protocols.contract_for("formula/attention.params.mla").namespace == "formula"
+
+
+@pytest.mark.parametrize("key,value,what", [
+    ("schedule/zb", "zero-bubble", "a pipeline schedule"),
+    ("runtime/fast", 0.5, "a runtime profile"),
+    ("optimizer/lion", {"states_per_parameter": 1}, "an optimizer"),
+])
+def test_manager_refuses_a_plugin_registering_a_wrong_value_naming_it(key, value, what, monkeypatch):
+    from ndcost.errors import PluginLoadError
+
+    monkeypatch.setenv("NDCOST_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginLoadError) as err:
+        manager.load(extra_modules={"bad": _plugin("bad_plugin", key, value)})
+    message = str(err.value)
+    for fragment in (key, "<local> (bad_plugin)", what, type(value).__name__):
+        assert fragment in message, (fragment, message)
+    assert isinstance(err.value.__cause__, RegistrationError)
+
+
+def test_manager_drops_a_plugin_registering_a_wrong_value_and_loads_the_rest(monkeypatch):
+    from ndcost.manager import PluginLoadWarning
+
+    monkeypatch.delenv("NDCOST_STRICT_PLUGINS", raising=False)
+    with pytest.warns(PluginLoadWarning, match="schedule/zb from <local> \\(bad_plugin\\)"):
+        loaded = manager.load(extra_modules={"bad": _plugin("bad_plugin", "schedule/zb", "zero-bubble")})
+    assert "schedule/zb" not in loaded.registry and "schedule/1f1b" in loaded.registry
+    assert [p.error for p in loaded.plugins if p.name == "bad"][0].startswith("RegistrationError")

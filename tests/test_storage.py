@@ -174,3 +174,19 @@ def test_pack_6bit_empty_rows():
     packed = accounting.pack_6bit(torch.zeros(0, 8, dtype=torch.uint8))
     assert tuple(packed.shape) == (0, 6)
     assert tuple(accounting.unpack_6bit(packed, 8).shape) == (0, 8)
+
+
+def test_a_formats_aliases_are_its_own_so_a_third_partys_format_brings_them(monkeypatch):
+    import types
+
+    import ndcost
+    from ndcost import manager
+    from ndcost.plugins.storage import StorageFormat
+
+    nf4 = StorageFormat(name="nf4", bits_per_element=4, group_size=64, scale_bytes=4, aliases=("NormalFloat4",))
+    module = types.ModuleType("nf4_plugin")
+    module.ndcost_register = ndcost.hookimpl(lambda register: register("storage/nf4", nf4))
+    monkeypatch.setattr(manager, "_current", manager.load(extra_modules={"nf4": module}))
+    assert accounting.storage_format("normalfloat4") is nf4
+    assert accounting.storage_format("bfloat16").name == "bf16"   # the built-ins' aliases still hold
+    assert accounting.storage_format("bf16").aliases == ("bfloat16",)

@@ -66,9 +66,9 @@ def test_pp_layers_must_match_the_stages():
     ("seq=-1", "seq", ">= 1"),
     ("dp=two", "dp", "integer"),
     ("zero=4", "zero", "0 to 3"),
-    ("optimizer=adafactorx", "optimizer", "adamw"),
+    ("optimizer=Adam W", "optimizer", "plugin name"),
     ("cp_algo=spiral", "cp_algo", "ulysses"),
-    ("schedule=zb", "schedule", "dualpipev"),
+    ("schedule=1f1b!", "schedule", "plugin name"),
     ("recompute=some", "recompute", "core_attention"),
     ("param_dtype=fp4", "param_dtype", "bf16"),
     ("sp=maybe", "sp", "true or false"),
@@ -83,6 +83,44 @@ def test_invalid_values_name_field_and_allowed(text, field, allowed):
         Strategy.parse(text)
     message = str(err.value)
     assert field in message and allowed in message
+
+
+def test_plugin_names_are_checked_against_the_registry_at_evaluation_not_at_construction():
+    import sys
+
+    import ndcost
+    from ndcost.errors import InvalidStrategy
+
+    # any plugin-style name builds (a value type never loads the plugins) ...
+    assert Strategy(schedule="zb", optimizer="AdaFactorX").optimizer == "adafactorx"
+    # ... and the evaluation refuses one nobody registered, listing those registered
+    model = ndcost.resolve("llama-3.1-8b", census="off")
+    for text, field, allowed in (("schedule=zb", "schedule", "dualpipev"),
+                                 ("optimizer=adafactorx", "optimizer", "adamw")):
+        with pytest.raises((InvalidStrategy, InvalidValue)) as err:
+            model.evaluate(Strategy.parse(text + ",seq=1024"))
+        message = str(err.value)
+        assert f"Strategy.{field}: unknown {field}" in message and allowed in message
+        assert f"'{field}/<name>'" in message
+    assert "ndcost.plugins" in " ".join(sys.modules)  # the evaluation, not the strategy, loaded them
+
+
+def test_building_a_strategy_loads_no_plugin():
+    import subprocess
+    import sys
+
+    code = ("import sys, ndcost; ndcost.Strategy(seq=4096, schedule='interleaved', vpp=2, pp=2, optimizer='sgd'); "
+            "print([m for m in sys.modules if m.startswith('ndcost.plugins')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_unknown_plugin_name_message_names_the_field_the_known_names_and_the_namespace():
+    from ndcost.values import unknown_plugin_name_message
+
+    assert unknown_plugin_name_message("schedule", "schedule", "zb", ["1f1b", "gpipe"]) == (
+        "Strategy.schedule: unknown schedule 'zb'; allowed: 1f1b, gpipe "
+        "(a plugin can register more as 'schedule/<name>')")
 
 
 def test_unknown_field_lists_the_fields():

@@ -66,7 +66,7 @@ def _family_says_stack(model_type: str) -> bool:
         family = manager.registry().find(f"family/{model_type}")
     except Exception:  # pragma: no cover - a registry that fails to load says nothing
         family = None
-    if family is not None and hasattr(family, "stack_census"):
+    if family is not None:  # stack_census is declared by the family/ contract (ndcost.protocols)
         return bool(family.stack_census)
     return model_type in STACK_REASONS
 

@@ -148,6 +148,35 @@ class Contract:
             return found
 
 
+@attrs.frozen(kw_only=True)
+class AttentionKernel:
+    """An attention implementation the formulas price, registered as ``attention_kernel/<name>``.
+
+    ``name`` is Transformers' ``attn_implementation`` value or a runtime
+    profile's kernel (``sdpa``, ``npu_fusion_attention``).
+    ``materializes_scores`` says whether the kernel keeps the ``[b, h, s, s]``
+    score matrix for the backward (eager does) or only a row's softmax
+    statistics (fused kernels); the op records' ``score`` slot prices one or
+    the other. The plugin that knows the kernel (its contract) registers it,
+    so a new kernel needs no edit of the op records.
+    """
+
+    name: str = attrs.field(validator=attrs.validators.matches_re(r"^[a-z][a-z0-9_.\-]*$"))
+    materializes_scores: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    description: str = ""
+
+
+def attention_kernel_key(name: str) -> str:
+    """The registry key of attention kernel *name*."""
+    return f"attention_kernel/{name}"
+
+
+def register_attention_kernels(register: Callable[..., None], kernels: Sequence[AttentionKernel]) -> None:
+    """Register each of *kernels* under its key (torch-free, like :func:`register_contracts`)."""
+    for kernel in kernels:
+        register(attention_kernel_key(kernel.name), kernel)
+
+
 def contract_key(name: str) -> str:
     """The registry key of contract *name*."""
     return f"contract/{name}"

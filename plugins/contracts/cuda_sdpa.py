@@ -40,9 +40,10 @@ import functools
 from typing import Any, ContextManager, Iterator, Mapping, Optional, Tuple
 
 from ndcost.hookspecs import hookimpl
-from ndcost.plugins.contracts import (Contract, FlopCount, KernelContract, OpContract, Site, attention_saved_op,
-                                      dropout_replaced, fake_only_op, fp32_layer_norm_statistics,
-                                      function_replaced, register_contracts, register_kernel_autograd)
+from ndcost.plugins.contracts import (AttentionKernel, Contract, FlopCount, KernelContract, OpContract, Site,
+                                      attention_saved_op, dropout_replaced, fake_only_op,
+                                      fp32_layer_norm_statistics, function_replaced, register_attention_kernels,
+                                      register_contracts, register_kernel_autograd)
 
 NAME = "cuda-sdpa"
 
@@ -290,6 +291,22 @@ def native_implementation() -> _CudaNative:
     return _CudaNative()
 
 
+# The attention implementations a CUDA run (Transformers' ``attn_implementation``) chooses among:
+# only eager keeps the scores; the fused kernels keep a row's logsumexp (measured above for cuDNN).
+ATTENTION_KERNELS = (
+    AttentionKernel(name="eager", materializes_scores=True,
+                    description="Transformers' eager attention: matmul, softmax, dropout; the scores are saved"),
+    AttentionKernel(name="sdpa", materializes_scores=False,
+                    description="torch SDPA (cuDNN / flash / memory-efficient): the logsumexp, not the scores"),
+    AttentionKernel(name="flash", materializes_scores=False, description="a flash-attention kernel"),
+    AttentionKernel(name="flash_attention_2", materializes_scores=False, description="FlashAttention-2"),
+    AttentionKernel(name="flash_attention_3", materializes_scores=False, description="FlashAttention-3"),
+    AttentionKernel(name="flex_attention", materializes_scores=False,
+                    description="torch FlexAttention: a compiled fused kernel keeping the logsumexp"),
+)
+
+
 @hookimpl
 def ndcost_register(register):
     register_contracts(register, (CONTRACT, NATIVE_CONTRACT))
+    register_attention_kernels(register, ATTENTION_KERNELS)

@@ -50,9 +50,9 @@ from typing import Any, Iterator, Mapping, Optional, Tuple
 
 from ndcost.errors import CensusUnavailable
 from ndcost.hookspecs import hookimpl
-from ndcost.plugins.contracts import (Contract, FlopCount, OpContract, Site, attention_saved_op,
+from ndcost.plugins.contracts import (AttentionKernel, Contract, FlopCount, OpContract, Site, attention_saved_op,
                                       dropout_replaced, fake_only_op, fp32_layer_norm_statistics,
-                                      register_attention_function, register_contracts,
+                                      register_attention_function, register_attention_kernels, register_contracts,
                                       register_kernel_autograd)
 
 ATTENTION = "npu-fusion-attention"
@@ -490,6 +490,12 @@ def fused_swiglu_mlp(module: Any, config: Any) -> Any:
     return mlp_cls(module)
 
 
+ATTENTION_KERNEL = AttentionKernel(
+    name="npu_fusion_attention", materializes_scores=False,
+    description="Ascend's torch_npu.npu_fusion_attention: a head's softmax statistics, not the scores")
+
+
 @hookimpl
 def ndcost_register(register):
     register_contracts(register, CONTRACTS)
+    register_attention_kernels(register, (ATTENTION_KERNEL,))
