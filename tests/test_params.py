@@ -49,7 +49,7 @@ SIBLINGS = ["llama-3.1-70b", "llama-3.1-405b", "qwen3-235b-a22b", "mixtral-8x22b
 @pytest.mark.parametrize("name", SIBLINGS + sorted(PUBLISHED))
 def test_shipped_specs_equal_transformers_on_meta(name):
     pytest.importorskip("transformers")
-    from test_family_hf_parts import hf_buffers, hf_parts
+    from _hf_parts import hf_buffers, hf_parts
     from ndcost.models import transformers_config
 
     spec = load_model(name)
