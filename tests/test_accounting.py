@@ -244,6 +244,7 @@ def test_tensor_tree_inventory_meta_storages_are_not_merged():
     assert out["unique_storage_bytes"] == 2 * 64
 
 
+@pytest.mark.slow
 def test_tensor_tree_inventory_of_fake_tensors(recwarn):
     torch = pytest.importorskip("torch")
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -167,6 +167,7 @@ def test_contract_against_eager_attention():
     assert eager_bytes - sdpa_bytes == repeated + scores - unexpanded - 4 * HEADS * S - 16
 
 
+@pytest.mark.slow
 def test_storages_keyed_by_address_and_generation():
     """A freed fake storage hands its address to a later one: each lifetime is its own storage.
 
@@ -222,6 +223,7 @@ def test_cuda_native_contract_against_the_cpu_kernels():
 
 
 # -- the TP split ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_tp_split_property():
     """A layer built from the halved config keeps saved + saved_tp / 2 exactly."""
     config = small_llama()
@@ -489,6 +491,7 @@ def test_output_layer_by_hand():
 
 
 # -- cache ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cache_reuse_and_corrupt_entry(tmp_path, monkeypatch):
     monkeypatch.setenv("NDCOST_CACHE_DIR", str(tmp_path))
     calls = []

@@ -68,6 +68,7 @@ _rows = st.fixed_dictionaries({
 })
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(_rows, min_size=1, max_size=6))
 def test_every_row_of_a_batch_equals_the_strategy_alone(moe, rows):

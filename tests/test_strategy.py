@@ -163,6 +163,7 @@ def strategies(draw):
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(strategies())
 def test_parse_of_own_string_gives_it_back(s):
