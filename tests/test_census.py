@@ -1,7 +1,7 @@
 """The census: saved bytes, TP split, selective checkpointing, FLOPs, output layer, cache, CLI.
 
-Expected figures come from an H200 (tests/data/h200_measurements.json, the
-calibration of issue 4) or from hand derivations written here from
+Expected figures come from an H200 (tests/data/h200_measurements.json, its
+Llama-3-8B layer the calibration point) or from hand derivations written here from
 Transformers' module sources and the contracts' stated saved sets.
 """
 from __future__ import annotations
@@ -44,7 +44,10 @@ def plain(config, index=0, seq=S, runtime=None):
 # -- accuracy against the H200 ----------------------------------------------------------------------
 @pytest.mark.slow
 def test_calibration_llama3_8b_layer_exact():
-    """Issue 4's calibration point: 824,737,808 bytes (201,352.0039 a token) at 4096 tokens."""
+    """The calibration point: 824,737,808 bytes (201,352.0039 a token) at 4096 tokens.
+
+    tests/data/h200_measurements.json, case llama3_8b.
+    """
     config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                                       num_key_value_heads=8, head_dim=128, num_hidden_layers=1,
                                       vocab_size=128256, max_position_embeddings=8192)

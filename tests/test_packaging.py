@@ -1,4 +1,4 @@
-"""Packaging: every subpackage listed, no generic top-level names, lazy torch, a plain install with its YAML and py.typed."""
+"""Packaging: every subpackage listed, no generic top-level names, lazy torch, a plain install with YAML, py.typed."""
 from __future__ import annotations
 
 import json

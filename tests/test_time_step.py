@@ -40,7 +40,7 @@ def toy_parameters(spec):
 # "time" in `ndcost estimate --json` and in the resolver's result
 # ---------------------------------------------------------------------------
 def test_estimate_json_and_resolver_time(capsys):
-    """Every key the issue names, the step as the sum of its parts, and MFU by hand for Llama-3.1-8B."""
+    """Every key of the step's time (TIME_KEYS), the step as the sum of its parts, and MFU by hand for Llama-3.1-8B."""
     from ndcost.cli import main
     from ndcost.resolver import resolve
 
