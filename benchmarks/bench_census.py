@@ -1,4 +1,4 @@
-"""Speed of the census (issue 4, item 11): run on demand, not as a timed test.
+"""Speed of the census (the README's speed table): run on demand, not as a timed test.
 
     python benchmarks/bench_census.py
 

@@ -17,7 +17,7 @@ picks on CUDA, and records:
   included, and reported apart), and forward / forward+backward milliseconds;
 - model cases: a whole causal-LM training step at micro-batch 1 with a fused
   AdamW whose states are in the parameters' dtype, ``max_memory_allocated``
-  during a steady-state step (setups (a) and (b) of the resolver issue).
+  during a steady-state step (setups (a) and (b) of tests/test_resolver.py).
 
 What it leaves out: allocator fragmentation (allocated, not reserved, bytes
 are reported) and the CUDA context.

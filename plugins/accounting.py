@@ -1,4 +1,5 @@
-"""Exact storage accounting (seeds 000 and 004), registered as ``accounting/<function>``.
+"""Exact storage accounting, registered as ``accounting/<function>``: training bytes from shapes and byte
+widths, packed W4, Kronecker factors, the Ouro layout, a tensor inventory.
 
 These are the implementations behind :mod:`ndcost.accounting`, which looks
 each one up in the registry so a third party can override it. Every count and
@@ -74,7 +75,7 @@ def optimizer_states(optimizer: Any, registry=None) -> int:
 
 
 # ---------------------------------------------------------------------------
-# seed 004: training bytes from shapes and byte widths
+# training bytes from shapes and byte widths
 # ---------------------------------------------------------------------------
 def training_bytes(param_shapes, param_bytes_per_element, grad_bytes_per_element, activation_shapes,
                    activation_bytes_per_element, optimizer, optimizer_bytes_per_element) -> Dict[str, int]:
@@ -100,7 +101,7 @@ def training_bytes(param_shapes, param_bytes_per_element, grad_bytes_per_element
 
 
 # ---------------------------------------------------------------------------
-# seed 000: packed W4, Kronecker factors, the Ouro layout, a tensor inventory
+# packed W4, Kronecker factors, the Ouro layout, a tensor inventory
 # ---------------------------------------------------------------------------
 def packed_w4_bytes(rows, width) -> int:
     """Bytes of a ``[rows, width]`` weight packed to 4 bits with one fp32 scale per 32 elements of a row."""

@@ -3,10 +3,10 @@
 A format says how many bits one element takes and, for block-quantized
 formats, how many elements share one scale and how many bytes that scale
 takes. Bytes are exact: a row is padded to whole bytes, and a row of a packed
-matrix pays one scale per started group (seed 000's packed W4 layout:
+matrix pays one scale per started group (packed W4 with a 4-byte scale per 32:
 ``ceil(width / 2) + 4 * ceil(width / 32)`` bytes a row).
 
-The 6-bit codec stores four codes 0..63 in three bytes (seed 002), so its
+The 6-bit codec stores four codes 0..63 in three bytes, so its
 persistent state is 0.75 byte per weight. Within each group of four codes
 ``c0..c3`` of a row the bytes are::
 
@@ -131,7 +131,7 @@ BUILTIN = (BF16, FP16, FP32, FP8, INT8, INT4, UINT6)
 
 
 # ---------------------------------------------------------------------------
-# the 6-bit codec (seed 002)
+# the 6-bit codec
 # ---------------------------------------------------------------------------
 def _torch():
     import torch

@@ -1,7 +1,8 @@
-"""ndcost.accounting: seed 004's training bytes and seed 000's exact counts.
+"""ndcost.accounting: training bytes from shapes and byte widths, and exact counts (packed W4, Kronecker
+factors, the Ouro layout, a tensor inventory).
 
-Expected figures are the seeds' published worked examples or hand derivations
-written out below, never the code's own output.
+Expected figures are worked examples or hand derivations written out below,
+never the code's own output.
 """
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ KEYS = {"parameters", "gradients", "activations", "optimizer_state", "total"}
 
 
 # ---------------------------------------------------------------------------
-# seed 004: the three worked examples, exactly
+# training bytes: three worked examples, exactly (parameters and gradients of the parameters' shapes;
+# optimizer states: none for SGD, one a parameter for AdaGrad, two for Adam)
 # ---------------------------------------------------------------------------
-def test_seed_004_example_adam():
+def test_training_bytes_example_adam():
     out = ndcost.accounting.training_bytes(
         param_shapes=[[4, 3], [3]], param_bytes_per_element=2, grad_bytes_per_element=4,
         activation_shapes=[[2, 4]], activation_bytes_per_element=2, optimizer="adam", optimizer_bytes_per_element=4)
@@ -29,12 +31,12 @@ def test_seed_004_example_adam():
     assert all(type(v) is int for v in out.values())
 
 
-def test_seed_004_example_sgd():
+def test_training_bytes_example_sgd():
     out = accounting.training_bytes([[2, 2]], 4, 4, [], 4, "sgd", 4)
     assert out == {"parameters": 16, "gradients": 16, "activations": 0, "optimizer_state": 0, "total": 32}
 
 
-def test_seed_004_example_adagrad():
+def test_training_bytes_example_adagrad():
     out = accounting.training_bytes([[128, 64], [64]], 2, 2, [[32, 128]], 2, "adagrad", 4)
     assert out == {"parameters": 16512, "gradients": 16512, "activations": 8192, "optimizer_state": 33024,
                    "total": 74240}
@@ -127,7 +129,7 @@ def test_a_zero_dimension_gives_zero(ps, data):
 
 
 # ---------------------------------------------------------------------------
-# seed 000: packed W4, Kronecker counts, the Ouro layout
+# packed W4, Kronecker counts, the Ouro layout
 # ---------------------------------------------------------------------------
 def test_packed_w4_bytes_by_hand():
     # a 4096-wide row: 4096 / 2 = 2048 bytes of codes + 4096 / 32 = 128 fp32 scales of 4 bytes = 2560
@@ -219,7 +221,7 @@ def test_ouro_is_keyword_only():
 
 
 # ---------------------------------------------------------------------------
-# seed 000: the tensor inventory
+# the tensor inventory
 # ---------------------------------------------------------------------------
 def test_tensor_tree_inventory_dedups_aliases():
     torch = pytest.importorskip("torch")
@@ -244,6 +246,7 @@ def test_tensor_tree_inventory_meta_storages_are_not_merged():
     assert out["unique_storage_bytes"] == 2 * 64
 
 
+@pytest.mark.slow
 def test_tensor_tree_inventory_of_fake_tensors(recwarn):
     torch = pytest.importorskip("torch")
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -72,6 +72,7 @@ def test_round_trip_recovers_known_efficiencies(tmp_path, h200):
     assert fit.efficiency["matmul_backward"] == pytest.approx(0.52, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_faster_than_the_peak_is_refused(tmp_path, h200):
     fast = dict(LAYER, forward_ms=0.5, forward_backward_ms=1.5)
     measurements, _, _ = cal.read_measurements(str(_write(tmp_path, fast)), census="off")
@@ -102,6 +103,7 @@ def test_cli_json_and_output(layer_file, tmp_path, capsys):
     assert written.efficiency["matmul"] == pytest.approx(data["efficiency"]["matmul"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_cli_only_fits_a_subset_and_prices_the_rest(layer_file, capsys):
     """Two files fitted together; --only: the matching layers are fitted, the others still priced; components
     pin matmul and attention."""

@@ -1,7 +1,7 @@
 """The census: saved bytes, TP split, selective checkpointing, FLOPs, output layer, cache, CLI.
 
-Expected figures come from an H200 (tests/data/h200_measurements.json, the
-calibration of issue 4) or from hand derivations written here from
+Expected figures come from an H200 (tests/data/h200_measurements.json, its
+Llama-3-8B layer the calibration point) or from hand derivations written here from
 Transformers' module sources and the contracts' stated saved sets.
 """
 from __future__ import annotations
@@ -44,7 +44,10 @@ def plain(config, index=0, seq=S, runtime=None):
 # -- accuracy against the H200 ----------------------------------------------------------------------
 @pytest.mark.slow
 def test_calibration_llama3_8b_layer_exact():
-    """Issue 4's calibration point: 824,737,808 bytes (201,352.0039 a token) at 4096 tokens."""
+    """The calibration point: 824,737,808 bytes (201,352.0039 a token) at 4096 tokens.
+
+    tests/data/h200_measurements.json, case llama3_8b.
+    """
     config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                                       num_key_value_heads=8, head_dim=128, num_hidden_layers=1,
                                       vocab_size=128256, max_position_embeddings=8192)
@@ -167,6 +170,7 @@ def test_contract_against_eager_attention():
     assert eager_bytes - sdpa_bytes == repeated + scores - unexpanded - 4 * HEADS * S - 16
 
 
+@pytest.mark.slow
 def test_storages_keyed_by_address_and_generation():
     """A freed fake storage hands its address to a later one: each lifetime is its own storage.
 
@@ -222,6 +226,7 @@ def test_cuda_native_contract_against_the_cpu_kernels():
 
 
 # -- the TP split ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_tp_split_property():
     """A layer built from the halved config keeps saved + saved_tp / 2 exactly."""
     config = small_llama()
@@ -489,6 +494,7 @@ def test_output_layer_by_hand():
 
 
 # -- cache ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cache_reuse_and_corrupt_entry(tmp_path, monkeypatch):
     monkeypatch.setenv("NDCOST_CACHE_DIR", str(tmp_path))
     calls = []

@@ -159,6 +159,7 @@ def test_refusal_of_each_command_is_one_line_exit_1_and_debug_shows_the_tracebac
         main(argv + ["--debug"])
 
 
+@pytest.mark.slow
 def test_refusal_and_usage_error_in_a_subprocess(tmp_path):
     """The installed console script: refusal exit 1 with one stderr line, usage exit 2, --debug a traceback."""
     import shutil

@@ -5,7 +5,7 @@ on/off, tied/untied heads, MHA/GQA/MQA, MLA with and without a query latent,
 shared experts, first dense layers, sparse steps, output gates, QK-norms,
 DeepSeek-V4's layer types), the reference is Transformers' model built from
 the config on the meta device, its named parameters summed by part by
-``tests/test_family_hf_parts.classify`` (independent of ndcost's code).
+``tests/_hf_parts.classify`` (independent of ndcost's code).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from test_family_hf_parts import hf_buffers, hf_parts  # noqa: E402
+from _hf_parts import hf_buffers, hf_parts  # noqa: E402
 
 from ndcost.models import family_for, load_model, parameters  # noqa: E402
 

@@ -73,9 +73,25 @@ def cost_model(spec, counts, seq, **rec):
     return CostModel.from_records(spec, counts, {seq: records(seq, **rec)})
 
 
-def test_hand_parameter_count_is_llama_shaped():
-    # the tiny model's layer by shapes: 4 attention matrices (GQA 16/4 heads of 64), 3 MLP matrices, 2 norms
-    assert LAYER == 1024 * 1024 + 2 * 1024 * 256 + 1024 * 1024 + 3 * 1024 * 2816 + 2048
+@pytest.mark.slow
+def test_hand_parameter_count_equals_transformers_llama_on_meta():
+    """The hand counts above against Transformers' LlamaForCausalLM of the same shapes built on the meta device."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=H, num_attention_heads=A, num_key_value_heads=KV, head_dim=DH,
+                         intermediate_size=I, vocab_size=V, num_hidden_layers=L, tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    layer = model.model.layers[0]
+    assert sum(p.numel() for p in layer.self_attn.parameters()) == ATTN
+    assert sum(p.numel() for p in layer.mlp.parameters()) == FFN
+    assert sum(p.numel() for p in layer.parameters()) == LAYER
+    assert model.model.embed_tokens.weight.numel() == EMB
+    assert model.lm_head.weight.numel() == HEAD
+    assert model.model.norm.weight.numel() == FINAL
+    assert sum(p.numel() for p in model.parameters()) == llama_counts().total
 
 
 # ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Packaging: every subpackage listed, no generic top-level names, lazy torch, a plain install with its YAML."""
+"""Packaging: every subpackage listed, no generic top-level names, lazy torch, a plain install with YAML, py.typed."""
 from __future__ import annotations
 
 import json
@@ -71,8 +71,16 @@ def test_project_metadata():
     # an SPDX string: the TOML-table form is deprecated and refused by setuptools from 2027-02-18
     assert isinstance(project["license"], str)
     deps = " ".join(project["dependencies"])
-    for name in ("pluggy", "attrs", "pyyaml", "numpy", "torch>=2.6", "transformers"):
+    for name in ("pluggy", "attrs", "pyyaml", "numpy"):
         assert name in deps
+    # torch and Transformers only for the census: an extra, not a dependency
+    for name in ("torch", "transformers"):
+        assert name not in deps
+    census = " ".join(project["optional-dependencies"]["census"])
+    assert "torch>=2.6" in census and "transformers>=5.0,<6" in census
+    # the version is defined once, in ndcost.__version__
+    assert "version" not in project and "version" in project["dynamic"]
+    assert _pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "ndcost.__version__"}
     assert {"pytest", "hypothesis"} <= {d.split(">")[0].split("=")[0].strip()
                                         for d in project["optional-dependencies"]["test"]}
     eps = _pyproject()["project"]["entry-points"]["ndcost.plugins"]
@@ -133,6 +141,8 @@ def test_plain_install_ships_ndcost_only_with_its_yaml(tmp_path):
                for p in (target / "ndcost" / "specs").rglob("*.yaml")}
     expected = {p.relative_to(REPO / "specs").as_posix() for p in (REPO / "specs").rglob("*.yaml")}
     assert expected and expected <= shipped, f"YAML missing from the install: {sorted(expected - shipped)}"
+    # PEP 561's marker: type checkers read the installed package's annotations
+    assert (target / "ndcost" / "py.typed").is_file(), "py.typed missing from the install"
     absent = sorted(p for p in _source_packages() if not target.joinpath(*p.split(".")).is_dir())
     assert not absent, f"packages missing from a plain install (list them in pyproject's packages): {absent}"
 

@@ -49,7 +49,7 @@ SIBLINGS = ["llama-3.1-70b", "llama-3.1-405b", "qwen3-235b-a22b", "mixtral-8x22b
 @pytest.mark.parametrize("name", SIBLINGS + sorted(PUBLISHED))
 def test_shipped_specs_equal_transformers_on_meta(name):
     pytest.importorskip("transformers")
-    from test_family_hf_parts import hf_buffers, hf_parts
+    from _hf_parts import hf_buffers, hf_parts
     from ndcost.models import transformers_config
 
     spec = load_model(name)
@@ -75,7 +75,8 @@ def test_gqa_mha_mqa_by_hand():
     # stated biases: q, k, v widths on the qkv side, h on the output
     assert (gqa(hidden=h, heads=a, kv_heads=2, head_dim=d, qkv_bias=True, o_bias=True)
             - gqa(hidden=h, heads=a, kv_heads=2, head_dim=d)) == a * d + 2 * 2 * d + h
-    # unstated (seed 003's convention): a bias of the hidden width on each of the four projections
+    # unstated (HyperParallel's convention, plugins/formulas/common.py cites it): a bias of the hidden width on each
+    # of the four projections
     assert (gqa(hidden=h, heads=a, kv_heads=2, head_dim=d, qkv_bias=None, o_bias=None)
             - gqa(hidden=h, heads=a, kv_heads=2, head_dim=d)) == 4 * h
 

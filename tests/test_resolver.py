@@ -68,6 +68,7 @@ _rows = st.fixed_dictionaries({
 })
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(_rows, min_size=1, max_size=6))
 def test_every_row_of_a_batch_equals_the_strategy_alone(moe, rows):
@@ -249,7 +250,7 @@ def test_estimate_cli(tmp_path, capsys):
     assert set(data["stages"][0]["bytes_by_category"]) == set(MEMORY_CATEGORIES)
     assert data["stages"][0]["stage"] == 0 and "provenance" in data
     assert data["provenance"]["census"] == "off" and "records" in data["provenance"]
-    assert data["time"]["step_seconds"] > 0  # the time issue's addition, priced on the default hardware
+    assert data["time"]["step_seconds"] > 0  # the time model's addition, priced on the default hardware
     assert data["peak_bytes"] == sum(data["stages"][0]["bytes_by_category"].values())
     assert main(["estimate", str(tmp_path), "--strategy", "pp=2,tp=2,seq=512,num_micro_batches=4",
                  "--census", "off"]) == 0
@@ -289,7 +290,7 @@ def test_a_third_party_schedule_plugin(monkeypatch):
 def test_census_records_are_preferred_and_match_the_calibration_point():
     """Under census='auto' a Llama-3-8B layer keeps what a real H200 run saved: 824,737,808 bytes at 4096 tokens.
 
-    The calibration point of the census issue (../shared/calibration/h200_llama3_8b_layer.json): about
+    The calibration point (tests/data/h200_measurements.json, case llama3_8b): about
     201,352 bytes a token, plus SDPA's two int64 RNG scalars.
     """
     pytest.importorskip("torch")

@@ -1,6 +1,6 @@
 """The resolver against whole training steps of a small Qwen3-MoE measured on an H200 (setup (a), MoE).
 
-tests/data/h200_measurements_3.json (benchmarks/measure_cuda.py's ``measure_model``): Transformers'
+tests/data/h200_qwen3_moe_steps.json (benchmarks/measure_cuda.py's ``measure_model``): Transformers'
 Qwen3MoeForCausalLM, 4 layers of Qwen3-30B-A3B's widths with 32 experts, grouped_mm experts, bf16
 parameters, fused AdamW with bf16 states, 2048 tokens, with and without gradient checkpointing;
 ``max_memory_allocated`` during a steady-state step. What was allocated before the step beyond the
@@ -16,7 +16,7 @@ import pytest
 
 from ndcost import Strategy
 
-DATA = json.loads((pathlib.Path(__file__).parent / "data" / "h200_measurements_3.json").read_text())
+DATA = json.loads((pathlib.Path(__file__).parent / "data" / "h200_qwen3_moe_steps.json").read_text())
 
 
 @pytest.mark.slow

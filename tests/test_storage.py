@@ -1,6 +1,6 @@
-"""Storage formats (``storage/<name>``) and seed 002's 6-bit codec.
+"""Storage formats (``storage/<name>``) and the 6-bit codec (four codes 0..63 in three bytes).
 
-The codec's expected bytes come from the seed's stated layout, checked two
+The codec's expected bytes come from that layout, checked two
 ways by hand: a few worked groups, and the equivalent 24-bit little-endian
 word ``c0 | c1 << 6 | c2 << 12 | c3 << 18``.
 """

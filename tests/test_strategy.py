@@ -30,7 +30,7 @@ def test_defaults():
     assert str(s) == "" and Strategy.parse("") == s
 
 
-def test_field_names_are_the_issue_s():
+def test_field_names_are_the_strategy_fields():
     assert set(Strategy.field_names()) == {
         "dp", "fsdp", "tp", "pp", "vpp", "cp", "ep", "etp", "zero", "sp", "cp_algo", "schedule", "micro_batch",
         "num_micro_batches", "seq", "recompute", "recompute_layers", "vocab_parallel", "optimizer", "param_dtype",
@@ -201,6 +201,7 @@ def strategies(draw):
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(strategies())
 def test_parse_of_own_string_gives_it_back(s):

@@ -148,10 +148,9 @@ STRATEGIES = [
 ]
 
 
-def test_step_is_the_sum_of_its_parts(h200, llama_work):
+def test_exposed_communication_is_part_of_communication_and_mfu_below_one(h200, llama_work):
+    # the step's total by hand is tests/test_time_step.py::test_step_by_hand_under_ulysses
     r = tm.step_time(llama_work, [Strategy.parse(s) for s in STRATEGIES], h200)
-    total = r.compute_seconds + r.exposed_communication_seconds + r.bubble_seconds + r.optimizer_seconds
-    np.testing.assert_allclose(r.step_seconds, total, rtol=1e-12)
     assert np.all(r.exposed_communication_seconds <= r.communication_seconds + 1e-15)
     assert np.all((r.mfu > 0) & (r.mfu < 1))
 

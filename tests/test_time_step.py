@@ -43,7 +43,7 @@ def toy_parameters(spec):
 # "time" in `ndcost estimate --json` and in the resolver's result
 # ---------------------------------------------------------------------------
 def test_estimate_json_and_resolver_time(capsys):
-    """Every key the issue names, the step as the sum of its parts, and MFU by hand for Llama-3.1-8B."""
+    """Every key of the step's time (TIME_KEYS), the step as the sum of its parts, and MFU by hand for Llama-3.1-8B."""
     from ndcost.cli import main
     from ndcost.resolver import resolve
 
@@ -152,6 +152,28 @@ def test_ulysses_volume():
     assert r.communication_seconds[0] == pytest.approx(2 * a2a + grads, rel=1e-12)
     # none of it overlapped
     assert r.exposed_communication_seconds[0] == pytest.approx(2 * a2a, rel=1e-12)
+
+
+def test_step_by_hand_under_ulysses():
+    """A whole step by hand: one layer under CP 2 Ulysses, every efficiency 1, memory infinitely fast (so the
+    embedding, the norms, the loss and the optimizer cost nothing), no pipeline (no bubble).
+
+    A rank's matmuls take its 512 tokens (2 FLOPs a multiply-add; q, k, v, o, gate, up, down, the head); its
+    attention scores take all 1024 tokens for half the heads (QK^T and PV, causal pairs s (s + 1) / 2); the
+    backward is twice the forward. The all-to-alls (Q, K, V in and the output back, their gradients the other
+    way) are exposed; the gradient all-reduce hides behind the slow backward (``test_ulysses_volume``)."""
+    spec = toy_spec(layers=1)
+    s, h, inter, heads, d, vocab, peak = 1024, 1024, 4096, 8, 128, 1000, 1e12
+    tokens = s // 2
+    layer = 2 * tokens * (4 * h * h + 3 * h * inter) + 4 * (heads // 2) * d * s * (s + 1) / 2
+    head = 2 * tokens * h * vocab
+    compute = 3 * (layer + head) / peak
+    all_to_alls = 2 * (1 / 2) * (tokens * 2 * (2 * h + 2 * h)) / WITHIN
+    r = tm.step_time(tm.model_work(spec, s), [Strategy.parse("seq=1024,cp=2,cp_algo=ulysses")],
+                     toy_hardware(peak=peak, hbm=1e30))
+    assert r.step_seconds[0] == pytest.approx(compute + all_to_alls, rel=1e-12)
+    # MFU: the model's FLOPs (twice one rank's: the pair splits the work evenly) over two devices' peak
+    assert r.mfu[0] == pytest.approx(3 * 2 * (layer + head) / (r.step_seconds[0] * 2 * peak), rel=1e-12)
 
 
 def test_fsdp_and_zero1_volumes():

@@ -20,7 +20,7 @@ backward:
 Unequal query and value widths (DeepSeek-V3's 192 and 128) run the same way.
 With a mask (a sliding window: Transformers then expands k and v itself with
 ``repeat_kv``, as it passes ``enable_gqa`` only without a mask) the cuDNN
-kernel runs too: on the H200 (tests/data/h200_measurements_2.json, a
+kernel runs too: on the H200 (tests/data/h200_sliding_window_output_selective.json, a
 Mistral-7B layer with a 1024-token window) it kept q, the expanded k and v,
 its output, the boolean mask as an additive bias in the query's dtype
 ``[1, 1, s, s]``, the logsumexp ``[b, h, s, 1]`` (cuDNN's shape; the

@@ -1,7 +1,8 @@
 """Biases, the embedding, the head and norms: the slots every family shares.
 
-The bias convention (seed 003): a projection whose model states a bias has
-one of its output width, one whose model states none has none, and where the
+The bias convention (HyperParallel's ``_bias``: mindspore-ai/hyper-parallel,
+hyper_parallel/auto_parallel/sapp_nd/memory_estimation/evaluators/layer_block.py):
+a projection whose model states a bias has one of its output width, one whose model states none has none, and where the
 model leaves it unstated, one of the hidden width.
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ def head(*, vocab: int, hidden: int, tied: bool = False, bias: bool = False) -> 
 
 
 def layer_norms(*, hidden: int, norms: int, bias: Optional[bool] = False) -> int:
-    """*norms* norms of *hidden*: a weight each (RMSNorm), a bias too (LayerNorm, or unstated: seed's two vectors)."""
+    """*norms* norms of *hidden*: a weight each (RMSNorm), a bias too (LayerNorm, or unstated: two vectors)."""
     vectors = 1 if bias is False else 2
     return count("norms", norms) * vectors * count("hidden", hidden)
 

@@ -1,4 +1,7 @@
-"""The census under ``hf-cuda`` against the second H200 batch (tests/data/h200_measurements_2.json).
+"""The census under ``hf-cuda`` against a second H200 batch: a Mistral-7B layer with a 1024-token sliding
+window, Llama-3-8B's output layer (full and half vocabulary) and DeepSeek-V3's MoE layer under selective
+recompute (tests/data/h200_sliding_window_output_selective.json; the first batch is
+tests/data/h200_measurements.json).
 
 Measured with benchmarks/measure_cuda.py on an H200 (torch 2.11, Transformers
 5.17); the census runs here on Transformers 5.24 and fake tensors. Saved
@@ -40,7 +43,7 @@ transformers = pytest.importorskip("transformers")
 from ndcost.plugins.census import records  # noqa: E402
 
 HERE = os.path.dirname(__file__)
-DATA = os.path.join(HERE, "data", "h200_measurements_2.json")
+DATA = os.path.join(HERE, "data", "h200_sliding_window_output_selective.json")
 DATA_1 = os.path.join(HERE, "data", "h200_measurements.json")
 
 BLOCK = 512                       # the caching allocator's smallest block
