@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import attrs
 import numpy as np
 
-from ndcost import memory
+from ndcost.compose import memory
 from ndcost.errors import CensusUnavailable, InvalidStrategy, InvalidValue, NdcostError, Unpriced
 from ndcost.values import (CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Hardware, ModelSpec, StageMemory, Strategy,
                            StrategyCost, TimeBreakdown)
@@ -709,13 +709,9 @@ class CostModel:
         return self._attach_time(result, batch, hw)
 
     def _attach_time(self, result: BatchResult, batch: _Columns, hardware: Hardware) -> BatchResult:
-        """The time model's arrays for the batch (:func:`ndcost.timemodel.attach`), where it is installed."""
-        try:
-            from ndcost import timemodel
-        except ImportError:
-            return result
-        attach = getattr(timemodel, "attach", None)
-        return result if attach is None else attach(self, result, batch, hardware)
+        """The time model's arrays for the batch (:func:`ndcost.compose.time.attach`)."""
+        from ndcost.compose import time as time_model  # imports the resolver (its columns): not at module level
+        return time_model.attach(self, result, batch, hardware)
 
     def _optimizer_arrays(self, names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
         reg = _registry()
