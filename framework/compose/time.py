@@ -482,6 +482,51 @@ def _check_splits(model: ModelWork, cols) -> None:
                            f"{model.name!r} has {len(model.layer_order)} layers")
 
 
+def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Placement, counts, schedules,
+                  hardware: Hardware, eff, coll) -> Dict[str, np.ndarray]:
+    """``(N, R)`` seconds a micro-batch on each rank: compute forward and backward, layer collectives, exposed ones.
+
+    ``recompute_layers`` recomputes that share of a rank's layers (``vpp``
+    chunks of them), the rest keeping their activations.
+    """
+    def per_rank(per_layer):                                           # (N, K) -> (N, R)
+        return np.einsum("srk,sk->sr", counts, per_layer)
+
+    overlaps_ep = np.array([bool(getattr(s, "overlaps_expert_communication", False)) for s in schedules],
+                           dtype=bool)[np.asarray(cols["schedule"])]
+    layer = layer_seconds(model, cols, hardware, eff, rows)
+    comm = _layer_communication(model, rows, cols, layer, overlaps_ep, hardware, eff, coll)
+    ends = _embedding_and_head(model, rows, hardware, eff)
+    layers_on_rank = counts.sum(axis=2)
+    rl = np.asarray(cols["recompute_layers"], dtype=np.float64)[:, None]
+    fraction = np.where(rl < 0, 1.0, np.minimum(1.0, np.divide(rl * rows.vpp[:, None], layers_on_rank,
+                                                                 out=np.ones_like(layers_on_rank),
+                                                                 where=layers_on_rank > 0)))
+    is_first, is_head = where.has_embedding, where.has_head
+    return {
+        "compute_f": per_rank(layer["forward"]) + is_first * ends["embed_fwd"][:, None]
+        + is_head * ends["head_fwd"][:, None],
+        "compute_b": (per_rank(layer["backward"]) + fraction * per_rank(layer["recompute"])
+                      + is_first * ends["embed_bwd"][:, None] + is_head * ends["head_bwd"][:, None]),
+        "comm_layers": per_rank(comm["comm_fwd"] + comm["comm_bwd"]) + fraction * per_rank(comm["comm_extra"]),
+        "exposed_f": per_rank(comm["exposed_fwd"]),
+        "exposed_b": per_rank(comm["exposed_bwd"]) + fraction * per_rank(comm["exposed_extra"]),
+        "head_split": ends["head_split"],
+    }
+
+
+def _chunked(model: ModelWork, cols, hardware: Hardware, schedules, states_per_parameter) -> TimeArrays:
+    """:func:`step_time` over ``CHUNK_ROWS`` rows at a time (the per-rank arrays are rows x ranks x kinds)."""
+    n = len(cols["tp"])
+    parts = [step_time(model, {k: None if v is None else v[i:i + CHUNK_ROWS] for k, v in cols.items()},
+                       hardware, schedules=schedules, states_per_parameter=states_per_parameter)
+             for i in range(0, n, CHUNK_ROWS)]
+    return TimeArrays(**{name: np.concatenate([getattr(p, name) for p in parts]) for name in TIME_FIELDS},
+                      provenance=parts[0].provenance,
+                      detail={k: np.concatenate([p.detail[k] for p in parts]) for k in parts[0].detail
+                              if np.ndim(parts[0].detail[k]) == 1})
+
+
 def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedules: Optional[Sequence[Any]] = None,
               states_per_parameter: Optional[np.ndarray] = None) -> TimeArrays:
     """Price a batch of strategies: one entry a strategy in each returned array.
@@ -499,77 +544,47 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     else:
         cols = strategies
     n = len(cols["tp"])
-    if n > CHUNK_ROWS:  # bounded memory: the per-rank arrays are (rows, ranks, kinds)
-        parts = [step_time(model, {k: None if v is None else v[i:i + CHUNK_ROWS] for k, v in cols.items()},
-                           hardware, schedules=schedules, states_per_parameter=states_per_parameter)
-                 for i in range(0, n, CHUNK_ROWS)]
-        return TimeArrays(**{name: np.concatenate([getattr(p, name) for p in parts]) for name in TIME_FIELDS},
-                          provenance=parts[0].provenance,
-                          detail={k: np.concatenate([p.detail[k] for p in parts]) for k in parts[0].detail
-                                  if np.ndim(parts[0].detail[k]) == 1})
+    if n > CHUNK_ROWS:
+        return _chunked(model, cols, hardware, schedules, states_per_parameter)
     eff, eff_sources = efficiencies(hardware)
     coll = _collectives()
-    rows = _rows(cols, hardware)
-    shard = sharding_rules.sharding(cols)
+    rows, shard = _rows(cols, hardware), sharding_rules.sharding(cols)
     mtp = np.bincount([model.kinds.index(kind) for kind in model.mtp_kinds], minlength=len(model.kinds))
     where = placement_rules.place(placement_rules.layer_prefix(model.kinds, model.layer_order), cols, schedules,
                                   mtp_counts=mtp, pp_bounds=cols.get("pp_bounds"))
     counts = where.rank_layers().astype(np.float64)                    # (N, R, K)
     real_rank = np.arange(counts.shape[1])[None, :] < rows.pp[:, None]
-    is_first, is_head = where.has_embedding, where.has_head
-    overlaps_ep = np.array([bool(getattr(s, "overlaps_expert_communication", False)) for s in schedules],
-                           dtype=bool)[np.asarray(cols["schedule"])]
-
-    def per_rank(per_layer):                                           # (N, K) -> (N, R)
-        return np.einsum("srk,sk->sr", counts, per_layer)
-
-    layer = layer_seconds(model, cols, hardware, eff, rows)
-    comm = _layer_communication(model, rows, cols, layer, overlaps_ep, hardware, eff, coll)
-    ends = _embedding_and_head(model, rows, hardware, eff)
-    # recompute_layers: the layers a chunk recomputes, as a share of the rank's (the rest keep their activations)
-    layers_on_rank = counts.sum(axis=2)
-    rl = np.asarray(cols["recompute_layers"], dtype=np.float64)[:, None]
-    fraction = np.where(rl < 0, 1.0, np.minimum(1.0, np.divide(rl * rows.vpp[:, None], layers_on_rank,
-                                                                 out=np.ones_like(layers_on_rank),
-                                                                 where=layers_on_rank > 0)))
-    compute_f = per_rank(layer["forward"]) + is_first * ends["embed_fwd"][:, None] + is_head * ends["head_fwd"][:, None]
-    compute_b = (per_rank(layer["backward"]) + fraction * per_rank(layer["recompute"])
-                 + is_first * ends["embed_bwd"][:, None] + is_head * ends["head_bwd"][:, None])
-    comm_layers = per_rank(comm["comm_fwd"] + comm["comm_bwd"]) + fraction * per_rank(comm["comm_extra"])
-    exposed_f = per_rank(comm["exposed_fwd"])
-    exposed_b = per_rank(comm["exposed_bwd"]) + fraction * per_rank(comm["exposed_extra"])
-    dense_params, routed_params = _rank_parameters(model, rows, counts, where, ends["head_split"])
+    rank = _rank_compute(model, rows, cols, where, counts, schedules, hardware, eff, coll)
+    dense_params, routed_params = _rank_parameters(model, rows, counts, where, rank["head_split"])
     dp = _data_parallel(rows, shard, dense_params, routed_params, hardware, eff, coll)
-    fsdp_exposed_f = np.maximum(0.0, dp["fsdp_gather"] - compute_f)
-    fsdp_exposed_b = np.maximum(0.0, dp["fsdp_gather"] + dp["fsdp_scatter"] - compute_b)
-    forward = compute_f + exposed_f + fsdp_exposed_f
-    backward = compute_b + exposed_b + fsdp_exposed_b
+    fsdp_exposed_f = np.maximum(0.0, dp["fsdp_gather"] - rank["compute_f"])
+    fsdp_exposed_b = np.maximum(0.0, dp["fsdp_gather"] + dp["fsdp_scatter"] - rank["compute_b"])
+    forward = rank["compute_f"] + rank["exposed_f"] + fsdp_exposed_f
+    backward = rank["compute_b"] + rank["exposed_b"] + fsdp_exposed_b
     stage = np.where(real_rank, forward + backward, 0.0)
     pipe = _pipeline(model, rows, cols, schedules, stage, hardware, eff, coll)
     grad_exposed = np.where(real_rank, np.maximum(0.0, dp["grad_step"] - backward), 0.0).max(axis=1)
     param_exposed = np.where(real_rank, np.maximum(0.0, dp["param_step"] - forward), 0.0).max(axis=1)
     states = np.asarray(states_per_parameter, dtype=np.float64)[np.asarray(cols["optimizer"])]
     optimizer = _optimizer_seconds(rows, shard, dense_params, routed_params, states, real_rank, hardware, eff)
-    busiest, m = pipe["busiest"], rows.micro_batches
-    pick = lambda a: a[np.arange(n), busiest]  # noqa: E731
-    compute = m * (pick(compute_f) + pick(compute_b))
-    exposed = (m * (pick(exposed_f) + pick(exposed_b) + pick(fsdp_exposed_f) + pick(fsdp_exposed_b))
+    m = rows.micro_batches
+    pick = lambda a: a[np.arange(n), pipe["busiest"]]  # noqa: E731
+    compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
+    exposed = (m * (pick(rank["exposed_f"]) + pick(rank["exposed_b"]) + pick(fsdp_exposed_f) + pick(fsdp_exposed_b))
                + grad_exposed + param_exposed + pipe["pp_exposed"])
-    communication = (m * (pick(comm_layers) + pick(dp["fsdp_gather"]) * 2.0 + pick(dp["fsdp_scatter"])
+    communication = (m * (pick(rank["comm_layers"]) + pick(dp["fsdp_gather"]) * 2.0 + pick(dp["fsdp_scatter"])
                           + pipe["pp_comm"]) + pick(dp["grad_step"]) + pick(dp["param_step"]))
-    step = compute + exposed + pipe["bubble"] + optimizer
-    return _results(model, rows, locals(), eff, eff_sources, coll, hardware)
+    seconds = {"compute_seconds": compute, "exposed_communication_seconds": exposed,
+               "communication_seconds": communication, "bubble_seconds": pipe["bubble"],
+               "optimizer_seconds": optimizer, "step_seconds": compute + exposed + pipe["bubble"] + optimizer}
+    detail = {"stage_seconds": stage, "busiest_rank": pipe["busiest"], "forward_seconds": pick(forward),
+              "backward_seconds": pick(backward), "grad_sync_seconds": pick(dp["grad_step"]),
+              "pp_send_seconds": pipe["send"]}
+    return _results(model, rows, seconds, detail, _provenance(model, eff, eff_sources, coll, hardware))
 
 
-def _results(model: ModelWork, rows: _Rows, priced: Mapping[str, Any], eff, eff_sources, coll,
-             hardware: Hardware) -> TimeArrays:
-    """The step's arrays, its throughput and MFU (three times the forward's model FLOPs), and provenance."""
-    step, pick, s = priced["step"], priced["pick"], rows.seq
-    sequences = rows.dp * rows.fsdp * rows.micro_batches * rows.micro_batch
-    one_seq = len(s) > 0 and s.min() == s.max()  # the resolver prices one sequence length a call: one evaluation
-    model_flops = 3.0 * model.forward_flops_per_sequence(s[:1] if one_seq else s) * sequences
-    devices = rows.dp * rows.fsdp * rows.cp * rows.tp * rows.pp
-    provenance = {
+def _provenance(model: ModelWork, eff, eff_sources, coll, hardware: Hardware) -> Dict[str, str]:
+    return {
         "compute": f"roofline per op class; flops: {model.source}",
         "efficiency": ", ".join(f"{key}={eff[key]:g} ({eff_sources[key]})" for key in EFFICIENCY_KEYS),
         "communication": "collective/" + ", collective/".join(sorted(coll)),
@@ -577,15 +592,19 @@ def _results(model: ModelWork, rows: _Rows, priced: Mapping[str, Any], eff, eff_
         "hardware": f"hardware/{hardware.name}",
         "model": "ndcost.timemodel",
     }
-    detail = {"stage_seconds": priced["stage"], "busiest_rank": priced["busiest"],
-              "forward_seconds": pick(priced["forward"]), "backward_seconds": pick(priced["backward"]),
-              "model_flops": model_flops, "grad_sync_seconds": pick(priced["dp"]["grad_step"]),
-              "pp_send_seconds": priced["pipe"]["send"]}
-    return TimeArrays(step_seconds=step, tokens_per_second=sequences * s / step,
-                      mfu=model_flops / (step * devices * rows.peak_flops), compute_seconds=priced["compute"],
-                      communication_seconds=priced["communication"],
-                      exposed_communication_seconds=priced["exposed"], bubble_seconds=priced["pipe"]["bubble"],
-                      optimizer_seconds=priced["optimizer"], provenance=provenance, detail=detail)
+
+
+def _results(model: ModelWork, rows: _Rows, seconds: Mapping[str, np.ndarray], detail: Dict[str, Any],
+             provenance: Mapping[str, str]) -> TimeArrays:
+    """The step's arrays with its throughput and MFU (three times the forward's model FLOPs, no recompute)."""
+    step, s = seconds["step_seconds"], rows.seq
+    sequences = rows.dp * rows.fsdp * rows.micro_batches * rows.micro_batch
+    one_seq = len(s) > 0 and s.min() == s.max()  # the resolver prices one sequence length a call: one evaluation
+    model_flops = 3.0 * model.forward_flops_per_sequence(s[:1] if one_seq else s) * sequences
+    devices = rows.dp * rows.fsdp * rows.cp * rows.tp * rows.pp
+    detail["model_flops"] = model_flops
+    return TimeArrays(tokens_per_second=sequences * s / step, mfu=model_flops / (step * devices * rows.peak_flops),
+                      provenance=provenance, detail=detail, **seconds)
 
 
 # ---------------------------------------------------------------------------
