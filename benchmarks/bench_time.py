@@ -179,7 +179,8 @@ def speed(n: int, out: str) -> int:
 
     import numpy as np
 
-    from ndcost import manager, timemodel
+    from ndcost import manager
+    from ndcost.compose import time as time_model
     from ndcost.models import load_model
 
     spec = load_model(mc.llama3_8b(num_hidden_layers=32))
@@ -192,9 +193,10 @@ def speed(n: int, out: str) -> int:
             "num_micro_batches": rng.integers(1, 32, n), "zero": rng.choice([0, 1], n),
             "recompute": rng.choice(["none", "selective", "full"], n)}
     start = time.perf_counter()
-    columns = timemodel.columns(cols)
+    columns = time_model.strategy_columns(cols)
     middle = time.perf_counter()
-    priced = timemodel.step_time(work, columns, hardware)
+    schedules, states = time_model.registry_plugins(time_model.registry_names())
+    priced = time_model.step_time(work, columns, hardware, schedules=schedules, states_per_parameter=states)
     end = time.perf_counter()
     report = {"strategies": n, "columns_seconds": middle - start, "step_time_seconds": end - middle,
               "strategies_per_second": n / (end - start), "median_step_seconds": float(np.median(priced.step_seconds))}

@@ -25,7 +25,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import attrs
 import numpy as np
 
-from ndcost import memory, models
+from ndcost import models
+from ndcost.compose import memory
 from ndcost.errors import CensusUnavailable, InvalidStrategy, InvalidValue, NdcostError, Unpriced
 from ndcost.values import (CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Hardware, ModelSpec, StageMemory, Strategy,
                            StrategyCost, TimeBreakdown)
@@ -435,7 +436,7 @@ class CostModel:
                      else "no MTP layers")),
             "hardware": _source_of(f"hardware/{self.hardware.name}"),
             "census": census,
-            "composition": "ndcost.memory.compose (numpy over the batch; moments: " + ", ".join(memory.MOMENTS) + ")",
+            "composition": "ndcost.compose.memory.compose (numpy over the batch; moments: " + ", ".join(memory.MOMENTS) + ")",
             "buffers": f"{getattr(parameters, 'buffers', 0)} buffer elements (not priced as memory)",
             **dict(provenance or {}),
         }
@@ -742,13 +743,9 @@ class CostModel:
         return self._attach_time(result, batch, hw)
 
     def _attach_time(self, result: BatchResult, batch: _Columns, hardware: Hardware) -> BatchResult:
-        """The time model's arrays for the batch (:func:`ndcost.timemodel.attach`), where it is installed."""
-        try:
-            from ndcost import timemodel
-        except ImportError:
-            return result
-        attach = getattr(timemodel, "attach", None)
-        return result if attach is None else attach(self, result, batch, hardware)
+        """The time model's arrays for the batch (:func:`ndcost.compose.time.attach`)."""
+        from ndcost.compose import time as time_model  # imports the resolver (its columns): not at module level
+        return time_model.attach(self, result, batch, hardware)
 
     def optimizer_arrays(self, names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
         reg = _registry()

@@ -261,13 +261,13 @@ def pinned_efficiencies(components: Sequence[Mapping[str, Any]], hardware) -> Di
 # ---------------------------------------------------------------------------
 def layer_times(measurement: Measurement, hardware, efficiency: Mapping[str, float]) -> Tuple[float, float]:
     """The time model's forward and backward seconds of a measured layer under *efficiency*."""
-    from ndcost import timemodel
+    from ndcost.compose import time as time_model
     from ndcost.values import Strategy
 
     work = measurement.model_work()
     strategy = Strategy(seq=measurement.seq, micro_batch=measurement.micro_batch, param_dtype=measurement.dtype)
-    cols = timemodel.columns([strategy])
-    seconds = timemodel.layer_seconds(work, cols, hardware, dict(efficiency))
+    cols = time_model.strategy_columns([strategy])
+    seconds = time_model.layer_seconds(work, cols, hardware, dict(efficiency))
     index = list(work.kinds).index(measurement.kind)
     return float(seconds["forward"][0, index]), float(seconds["backward"][0, index])
 
@@ -279,9 +279,9 @@ def fit(measurements: Sequence[Measurement], hardware, classes: Optional[Sequenc
     *components* pin the classes they time alone (:func:`pinned_efficiencies`)
     before the layers fit the others.
     """
-    from ndcost import timemodel
+    from ndcost.compose import time as time_model
 
-    stated, _ = timemodel.efficiencies(hardware)
+    stated, _ = time_model.efficiencies(hardware)
     pinned = pinned_efficiencies(components, hardware)
     prior = {**stated, **pinned}
     targets: List[Tuple[Measurement, int, float]] = []   # (measurement, pass 0 fwd / 1 bwd, seconds)

@@ -26,45 +26,10 @@ Algorithms (the bus-bandwidth factors are NCCL's, ``nccl-tests/doc/PERFORMANCE.m
 spans, times that level's efficiency (``collective_within_node`` or
 ``collective_across_nodes`` in the hardware's ``efficiency``).
 
-Placement. Ranks are numbered with tensor parallelism innermost, then context
-parallelism, then data parallelism (FSDP's shard dimension inside the
-replicate dimension), then pipeline parallelism outermost; expert layers
-re-split the ``dp * fsdp * cp * tp`` ranks as ``etp`` innermost, then ``ep``,
-then expert data parallelism. A group whose members are ``stride`` ranks apart
-and that has ``size`` members spans ``stride * size`` consecutive ranks: it
-stays within a node when that is at most ``devices_per_node``, and otherwise
-crosses nodes, where every member's traffic goes through its own network
-interface at the ``across_nodes`` bandwidth (a ring's slowest link).
-
-Overlap rules (what the time model counts as exposed, i.e. added to the step):
-- ``tp``: TP all-reduces (or all-gathers and reduce-scatters under sequence
-  parallelism), two a layer each pass: exposed, none overlapped (no TP comm
-  overlap is assumed).
-- ``cp_ring``: context-parallel ring passing of K/V blocks (forward) and of
-  K/V and their gradients (backward): overlapped with that layer's attention
-  kernel of the same pass; exposed is what exceeds it.
-- ``cp_ulysses``: the all-to-alls of queries, keys and values in and of the
-  output back (forward), and of their gradients the other way (backward, the
-  same bytes): exposed, none overlapped.
-- ``ep``: expert dispatch and combine all-to-alls, forward and backward:
-  exposed, none overlapped, except under the DualPipeV schedule, which
-  overlaps them with the other micro-batch's compute of the same layer
-  (exposed is what exceeds that layer's compute of the pass).
-- ``dp_grad``: data-parallel gradient all-reduce (or reduce-scatter under
-  ZeRO >= 1) over ``dp * fsdp * cp`` (context-parallel ranks hold the same
-  weights; the routed experts over expert data parallelism), once a step,
-  HSDP's replicas reducing their shards: overlapped with the last micro-batch's backward on
-  that rank (bucketed reduction); exposed is what exceeds it.
-- ``dp_param``: the all-gather of updated parameters under ZeRO 1/2
-  (distributed optimizer), once a step: overlapped with the next step's first
-  forward; exposed is what exceeds it.
-- ``fsdp``: parameter all-gathers (forward and backward) and gradient
-  reduce-scatters a micro-batch under FSDP or ZeRO-3: prefetched, overlapped
-  with the same micro-batch's forward (the gathers for it) and backward (the
-  gathers and the reduce-scatter); exposed is what exceeds each.
-- ``pp``: point-to-point activation (forward) and gradient (backward) sends:
-  overlapped in the steady state; exposed on the fill and drain path,
-  ``2 (p * v - 1)`` sends a step.
+Which network level a group spans (and so ``B`` and the latency) is
+:func:`ndcost.compose.topology.group_link`'s rule; what each use of a
+collective hides behind compute is the time model's
+(:data:`ndcost.compose.time.OVERLAP_RULES`).
 
 Known limitations: no contention between groups sharing a link (a TP group and
 a DP group on the same NVLink both get the full bandwidth), no hierarchical
@@ -73,7 +38,7 @@ collectives inside expert layers are not priced.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import attrs
 import numpy as np
@@ -144,47 +109,6 @@ BUILTIN = (
     Collective(name="send_recv", seconds=send_recv_seconds,
                description="point to point"),
 )
-
-# Each use of a collective and its overlap rule (the module docstring says why), in the time model's provenance.
-OVERLAP_RULES: Mapping[str, str] = {
-    "tp": "exposed: none overlapped",
-    "cp_ring": "overlapped with the layer's attention kernel of the same pass; the excess is exposed",
-    "cp_ulysses": "exposed: none overlapped",
-    "ep": "exposed, except under dualpipev: overlapped with the layer's compute of the pass",
-    "dp_grad": "overlapped with the last micro-batch's backward; the excess is exposed",
-    "dp_param": "overlapped with the next step's first forward; the excess is exposed",
-    "fsdp": "prefetched: overlapped with the micro-batch's forward / backward; the excess is exposed",
-    "pp": "overlapped in the steady state; 2 (p * v - 1) sends on the fill and drain path are exposed",
-}
-
-
-def spans_nodes(stride, size, devices_per_node):
-    """Whether a group of *size* members *stride* ranks apart crosses a node boundary (vectorized)."""
-    stride = np.asarray(stride, dtype=np.int64)
-    size = np.asarray(size, dtype=np.int64)
-    return (size > 1) & (stride * size > int(devices_per_node))
-
-
-def group_link(hardware, stride, size, efficiency: Mapping[str, float]):
-    """Bandwidth (bytes/s, efficiency applied) and latency of the slowest level a group spans (vectorized).
-
-    A hardware with a single network level uses it for both; one with none
-    cannot price communication, which is refused naming the fix.
-    """
-    from ndcost.errors import Unpriced
-
-    levels = {level.name: level for level in hardware.network}
-    if not levels:
-        raise Unpriced(f"hardware {hardware.name!r} states no network levels, so no collective can be priced; "
-                       f"add 'network: {{within_node: {{bytes_per_second: ...}}, across_nodes: {{...}}}}' to its YAML")
-    inner = levels.get("within_node") or next(iter(levels.values()))
-    outer = levels.get("across_nodes") or inner
-    across = spans_nodes(stride, size, hardware.devices_per_node)
-    bandwidth = np.where(across, outer.bytes_per_second * efficiency["collective_across_nodes"],
-                         inner.bytes_per_second * efficiency["collective_within_node"])
-    latency = np.where(across, outer.latency_seconds, inner.latency_seconds)
-    return bandwidth, latency
-
 
 @hookimpl
 def ndcost_register(register):

@@ -56,6 +56,9 @@ class Schedule:
 
     name: str
     description: str = ""
+    # the schedule runs one micro-batch's expert all-to-alls under another's compute (DualPipeV's
+    # overlapped forward and backward chunks); the time model then counts only what exceeds that compute
+    overlaps_expert_communication: bool = False
 
     def refusals(self, pp, vpp, m) -> List[Refusal]:
         """Layouts this schedule does not model: ``[(mask, template)]``; the template names the constraint."""
@@ -147,7 +150,7 @@ BUILTIN = (
     OneFOneB(name="1f1b", description="PipeDream-Flush 1F1B: stage s of p holds min(p - s, m) micro-batches"),
     Interleaved(name="interleaved", description="Megatron's interleaved 1F1B with vpp model chunks per rank"),
     GPipe(name="gpipe", description="GPipe: all forwards then all backwards; m micro-batches held"),
-    DualPipeV(name="dualpipev",
+    DualPipeV(name="dualpipev", overlaps_expert_communication=True,
               description="DeepSeek's DualPipeV: V-shaped two chunks per rank, 2p + 1 held, m >= 2p"),
 )
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ndcost import timemodel as tm
+from ndcost.compose import topology
+from ndcost.compose import time as ct
 from ndcost.plugins.estimators import flops as analytic
 from ndcost.plugins import collectives as c
 from ndcost.layer import LayerKind
@@ -50,11 +51,11 @@ def test_vectorized():
 
 def test_placement_tp_innermost():
     # 8 devices a node: TP 8 stays inside, TP 16 crosses; DP of 2 above TP 8 (stride 8) crosses
-    assert not c.spans_nodes(1, 8, 8)
-    assert c.spans_nodes(1, 16, 8)
-    assert c.spans_nodes(8, 2, 8)
-    assert not c.spans_nodes(2, 4, 8)
-    assert not c.spans_nodes(64, 1, 8)  # a group of one crosses nothing
+    assert not topology.spans_nodes(1, 8, 8)
+    assert topology.spans_nodes(1, 16, 8)
+    assert topology.spans_nodes(8, 2, 8)
+    assert not topology.spans_nodes(2, 4, 8)
+    assert not topology.spans_nodes(64, 1, 8)  # a group of one crosses nothing
 
 
 def _hardware():
@@ -76,12 +77,12 @@ def test_tp_volume_through_the_step():
     """TP 2 without SP: two all-reduces a layer each pass of the layer's activations (tokens x hidden x 2 bytes)."""
     spec = _spec()
     work = analytic.model_work(spec, 512)
-    r = tm.step_time(work, [Strategy.parse("seq=512,tp=2,micro_batch=2")], _hardware())
+    r = ct.step_time(work, [Strategy.parse("seq=512,tp=2,micro_batch=2")], _hardware())
     message = 2 * 512 * 1024 * 2
     per_all_reduce = 2 * (1 / 2) * message / 100e9
     assert r.communication_seconds[0] == pytest.approx(2 * 2 * 2 * per_all_reduce, rel=1e-12)
     # under SP: an all-gather and a reduce-scatter for each all-reduce, the same volume
-    r_sp = tm.step_time(work, [Strategy.parse("seq=512,tp=2,micro_batch=2,sp=true")], _hardware())
+    r_sp = ct.step_time(work, [Strategy.parse("seq=512,tp=2,micro_batch=2,sp=true")], _hardware())
     assert r_sp.communication_seconds[0] == pytest.approx(r.communication_seconds[0], rel=1e-12)
 
 
@@ -91,7 +92,7 @@ def test_dp_gradient_all_reduce_volume():
     work = analytic.model_work(spec, 512)
     h, inter, vocab = 1024, 4096, 1000
     params = 2 * (4 * h * h + 3 * h * inter + 2 * h) + vocab * h * 2 + h  # layers, embedding, untied head, norm
-    r = tm.step_time(work, [Strategy.parse("seq=512,dp=2")], _hardware())
+    r = ct.step_time(work, [Strategy.parse("seq=512,dp=2")], _hardware())
     assert r.communication_seconds[0] == pytest.approx(2 * (1 / 2) * params * 2 / 100e9, rel=1e-12)
 
 
@@ -100,7 +101,7 @@ def test_pp_send_volume_and_exposure():
     their gradient back a micro-batch; 2 (p - 1) sends are exposed on fill and drain."""
     spec = _spec()
     work = analytic.model_work(spec, 512)
-    r = tm.step_time(work, [Strategy.parse("seq=512,pp=2,dp=8,num_micro_batches=4")], _hardware())
+    r = ct.step_time(work, [Strategy.parse("seq=512,pp=2,dp=8,num_micro_batches=4")], _hardware())
     send = 512 * 1024 * 2 / 10e9
     assert r.detail["pp_send_seconds"][0] == pytest.approx(send, rel=1e-12)
     assert r.exposed_communication_seconds[0] >= 2 * send
@@ -114,8 +115,8 @@ def test_ep_all_to_all_volume():
                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256)
     work = analytic.model_work(spec, 256)
     hw = _hardware()
-    base = tm.step_time(work, [Strategy.parse("seq=256,dp=4")], hw)
-    ep = tm.step_time(work, [Strategy.parse("seq=256,dp=4,ep=4")], hw)
+    base = ct.step_time(work, [Strategy.parse("seq=256,dp=4")], hw)
+    ep = ct.step_time(work, [Strategy.parse("seq=256,dp=4,ep=4")], hw)
     message = 256 * 2 * 512 * 2
     a2a = 3 / 4 * message / 100e9
     # EP changes the gradient reduction too: without it the experts' bf16 gradients are all-reduced over
@@ -131,7 +132,7 @@ def test_cp_ring_passes_kv():
     spec = _spec(layers=1)
     work = analytic.model_work(spec, 1024)
     hw = _hardware()
-    r = tm.step_time(work, [Strategy.parse("seq=1024,cp=2")], hw)
+    r = ct.step_time(work, [Strategy.parse("seq=1024,cp=2")], hw)
     kv = 512 * 2 * 1024 * 2                     # tokens, K and V of 8 heads x 128, bf16
     grads = 2 * (1 / 2) * _params(spec) * 2     # the CP pair also reduces its gradients
     assert r.communication_seconds[0] == pytest.approx(3 * kv / 100e9 + grads / 100e9, rel=1e-9)

@@ -343,7 +343,7 @@ def test_tp_beyond_the_kv_heads_replicates_them(llama):
 def test_time_model_shares_the_memory_placement_without_changing_a_number(moe, monkeypatch):
     """The resolver hands the time model its per-rank layer counts and coded lookups (the speed path):
     every row's time equals the time model's own placement and string lookups of the same strategy."""
-    from ndcost import timemodel
+    from ndcost.compose import time as time_model
     rows = [dict(pp=2, vpp=2, schedule="interleaved", num_micro_batches=8, tp=2, sp=True, ep=2, dp=2),
             dict(pp=4, num_micro_batches=4, fsdp=2, ep=2), dict(pp=1, recompute="full"),
             dict(pp=2, vpp=2, schedule="dualpipev", num_micro_batches=6, zero=1, dp=4, ep=4),
@@ -353,12 +353,12 @@ def test_time_model_shares_the_memory_placement_without_changing_a_number(moe, m
     assert batch.valid.all(), batch.reason
     work = moe.model_work(SEQ)
     for i, s in enumerate(strategies):
-        alone = timemodel.step_time(work, timemodel.columns([s]), moe.hardware)
-        for name in timemodel.TIME_FIELDS:
+        alone = time_model.step_time(work, [s], moe.hardware)
+        for name in time_model.TIME_FIELDS:
             assert batch.time[name][i] == pytest.approx(float(getattr(alone, name)[0]), rel=1e-12), (i, name)
-    monkeypatch.setattr(timemodel, "CHUNK_ROWS", 2)  # the batch cut into chunks of two rows: the same numbers
+    monkeypatch.setattr(time_model, "CHUNK_ROWS", 2)  # the batch cut into chunks of two rows: the same numbers
     chunked = moe.evaluate_many(strategies)
-    for name in timemodel.TIME_FIELDS:
+    for name in time_model.TIME_FIELDS:
         assert np.array_equal(chunked.time[name], batch.time[name]), name
 
 

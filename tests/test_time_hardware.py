@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from ndcost import timemodel as tm
+from ndcost.compose import time as ct
 from ndcost.plugins.estimators import flops as analytic
 from ndcost.layer import LayerKind
 from ndcost.values import LayerGroup, ModelSpec, Strategy
@@ -33,8 +33,8 @@ def test_shipped_hardware(registry, name):
     assert hw.devices_per_node == per_node
     levels = {level.name: level for level in hw.network}
     assert levels["within_node"].bytes_per_second > levels["across_nodes"].bytes_per_second
-    values, sources = tm.efficiencies(hw)
-    assert set(values) == set(tm.EFFICIENCY_KEYS)
+    values, sources = ct.efficiencies(hw)
+    assert set(values) == set(ct.EFFICIENCY_KEYS)
     assert all(s.startswith(f"hardware/{name}") for s in sources.values())
 
 
@@ -44,10 +44,10 @@ def test_fp8_compute_uses_the_fp8_peak(registry):
                      kind_specs={"dense": LayerKind(attention="gqa", mlp="dense")}, attention_bias=False, mlp_bias=False)
     work = analytic.model_work(spec, 4096)
     h100 = registry.get("hardware/h100")
-    r = tm.step_time(work, [Strategy.parse("seq=4096"), Strategy.parse("seq=4096,compute_dtype=fp8")], h100)
+    r = ct.step_time(work, [Strategy.parse("seq=4096"), Strategy.parse("seq=4096,compute_dtype=fp8")], h100)
     assert r.compute_seconds[1] < r.compute_seconds[0]
     with pytest.raises(Exception, match="no peak for 'fp8'"):
-        tm.step_time(work, [Strategy.parse("seq=4096,compute_dtype=fp8")], registry.get("hardware/a100"))
+        ct.step_time(work, [Strategy.parse("seq=4096,compute_dtype=fp8")], registry.get("hardware/a100"))
 
 
 def test_third_party_adds_a_device_with_one_yaml(tmp_path, monkeypatch):
@@ -82,13 +82,13 @@ def test_third_party_adds_a_device_with_one_yaml(tmp_path, monkeypatch):
     loaded = manager.load(extra_modules={"acme_chips": module})
     hw = loaded.registry.get("hardware/acme-x1")
     assert hw.devices_per_node == 4
-    values, sources = tm.efficiencies(hw)
+    values, sources = ct.efficiencies(hw)
     assert values["matmul"] == 0.6 and values["matmul_backward"] == 0.6   # the forward figure stands in
     assert sources["attention"] == "prior (uncalibrated)"
     spec = ModelSpec(name="toy", model_type="llama", family="llama", hidden_size=1024, vocab_size=1000,
                      layers=(LayerGroup(kind="dense", count=2),), num_attention_heads=8, intermediate_size=4096,
                      kind_specs={"dense": LayerKind(attention="gqa", mlp="dense")}, attention_bias=False, mlp_bias=False)
-    r = tm.step_time(analytic.model_work(spec, 1024), [Strategy.parse("seq=1024,tp=4"), Strategy.parse("seq=1024,tp=8")],
+    r = ct.step_time(analytic.model_work(spec, 1024), [Strategy.parse("seq=1024,tp=4"), Strategy.parse("seq=1024,tp=8")],
                      hw)
     # TP 8 spans two 4-device nodes: its all-reduces cross the slower network
     assert r.communication_seconds[1] > 2 * r.communication_seconds[0]
@@ -99,4 +99,4 @@ def test_unknown_efficiency_key_is_refused(registry):
     import attrs
     hw = attrs.evolve(registry.get("hardware/h200"), efficiency={"matmull": 0.5})
     with pytest.raises(Exception, match="unknown efficiency"):
-        tm.efficiencies(hw)
+        ct.efficiencies(hw)

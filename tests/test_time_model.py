@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ndcost import timemodel as tm
+from ndcost.compose import time as ct
 from ndcost import work
 from ndcost.plugins.estimators import flops as analytic
 from ndcost.layer import LayerKind
@@ -129,7 +129,7 @@ def test_mfu_definition(h200, llama_work):
     spec = llama_spec()
     s = 4096
     strategy = Strategy.parse(f"seq={s},dp=2,tp=2,pp=2,num_micro_batches=4,micro_batch=2,recompute=full")
-    r = tm.step_time(llama_work, [strategy], h200)
+    r = ct.step_time(llama_work, [strategy], h200)
     per_layer = 2 * s * (4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 4 * 32 * 128 * s * (s + 1) / 2
     forward = 32 * per_layer + 2 * s * 4096 * 128256
     sequences = 2 * 4 * 2
@@ -148,19 +148,20 @@ STRATEGIES = [
 ]
 
 
-def test_exposed_communication_is_part_of_communication_and_mfu_below_one(h200, llama_work):
-    # the step's total by hand is tests/test_time_step.py::test_step_by_hand_under_ulysses
-    r = tm.step_time(llama_work, [Strategy.parse(s) for s in STRATEGIES], h200)
+def test_step_is_the_sum_of_its_parts(h200, llama_work):
+    r = ct.step_time(llama_work, [Strategy.parse(s) for s in STRATEGIES], h200)
+    total = r.compute_seconds + r.exposed_communication_seconds + r.bubble_seconds + r.optimizer_seconds
+    np.testing.assert_allclose(r.step_seconds, total, rtol=1e-12)
     assert np.all(r.exposed_communication_seconds <= r.communication_seconds + 1e-15)
     assert np.all((r.mfu > 0) & (r.mfu < 1))
 
 
 def test_batch_equals_one_at_a_time(h200, llama_work):
     strategies = [Strategy.parse(s) for s in STRATEGIES]
-    batch = tm.step_time(llama_work, strategies, h200)
+    batch = ct.step_time(llama_work, strategies, h200)
     for i, strategy in enumerate(strategies):
-        alone = tm.step_time(llama_work, [strategy], h200)
-        for field in tm.TIME_FIELDS:
+        alone = ct.step_time(llama_work, [strategy], h200)
+        for field in ct.TIME_FIELDS:
             assert getattr(alone, field)[0] == pytest.approx(getattr(batch, field)[i], rel=1e-12), (strategy, field)
     assert batch.breakdown(3).step_seconds == batch.step_seconds[3]
 
@@ -168,13 +169,13 @@ def test_batch_equals_one_at_a_time(h200, llama_work):
 def test_columns_mapping_matches_strategies(h200, llama_work):
     strategies = [Strategy.parse(s) for s in ("seq=4096,tp=2", "seq=4096,dp=4,zero=1")]
     cols = {"seq": [4096, 4096], "tp": [2, 1], "dp": [1, 4], "zero": [0, 1]}
-    a = tm.step_time(llama_work, strategies, h200)
-    b = tm.step_time(llama_work, cols, h200)
+    a = ct.step_time(llama_work, strategies, h200)
+    b = ct.step_time(llama_work, cols, h200)
     np.testing.assert_allclose(a.step_seconds, b.step_seconds, rtol=1e-12)
 
 
 def test_recompute_costs_time(h200, llama_work):
-    r = tm.step_time(llama_work, [Strategy.parse(f"seq=4096,recompute={x}") for x in
+    r = ct.step_time(llama_work, [Strategy.parse(f"seq=4096,recompute={x}") for x in
                                   ("none", "core_attention", "selective", "full")], h200)
     assert r.step_seconds[0] < r.step_seconds[1] <= r.step_seconds[2] < r.step_seconds[3]
     # full recompute repeats the forward: about a third more compute than none
@@ -182,7 +183,7 @@ def test_recompute_costs_time(h200, llama_work):
 
 
 def test_interleaving_halves_the_bubble(h200, llama_work):
-    r = tm.step_time(llama_work, [Strategy.parse("seq=4096,pp=4,num_micro_batches=8"),
+    r = ct.step_time(llama_work, [Strategy.parse("seq=4096,pp=4,num_micro_batches=8"),
                                   Strategy.parse("seq=4096,pp=4,vpp=2,schedule=interleaved,num_micro_batches=8")],
                      h200)
     assert r.bubble_seconds[1] == pytest.approx(r.bubble_seconds[0] / 2, rel=1e-9)
@@ -194,13 +195,13 @@ def test_interleaving_halves_the_bubble(h200, llama_work):
 def test_time_falls_with_devices_until_communication_dominates(h200, llama_work):
     """Fixed work (one micro-batch of 4096 tokens): TP within a node speeds the step up; past the node
     TP's all-reduces cross the network and dominate."""
-    r = tm.step_time(llama_work, [Strategy.parse(f"seq=4096,tp={t}") for t in (1, 2, 4, 8, 16, 32)], h200)
+    r = ct.step_time(llama_work, [Strategy.parse(f"seq=4096,tp={t}") for t in (1, 2, 4, 8, 16, 32)], h200)
     steps = r.step_seconds
     assert steps[0] > steps[1] > steps[2] > steps[3]
     assert steps[4] > steps[3]
     assert r.exposed_communication_seconds[5] > r.compute_seconds[5]
     # data parallelism at a fixed global batch: 64 micro-batches spread over more replicas
-    r = tm.step_time(llama_work, [Strategy.parse(f"seq=4096,dp={d},zero=1,num_micro_batches={64 // d}")
+    r = ct.step_time(llama_work, [Strategy.parse(f"seq=4096,dp={d},zero=1,num_micro_batches={64 // d}")
                                   for d in (1, 2, 4, 8, 16, 32, 64)], h200)
     assert np.all(np.diff(r.step_seconds) < 0)
 
@@ -226,8 +227,8 @@ strategy_strategy = st.builds(
 @given(strategy=strategy_strategy, factor=st.floats(0.05, 0.95), level=st.sampled_from(["within_node",
                                                                                          "across_nodes", "all"]))
 def test_slower_network_never_faster(h200, llama_work, strategy, factor, level):
-    fast = tm.step_time(llama_work, [strategy], h200)
-    slow = tm.step_time(llama_work, [strategy], _slower(h200, factor, level))
+    fast = ct.step_time(llama_work, [strategy], h200)
+    slow = ct.step_time(llama_work, [strategy], _slower(h200, factor, level))
     assert slow.step_seconds[0] >= fast.step_seconds[0] * (1 - 1e-12)
     assert slow.communication_seconds[0] >= fast.communication_seconds[0] * (1 - 1e-12)
 
@@ -236,7 +237,7 @@ def test_slower_network_never_faster(h200, llama_work, strategy, factor, level):
 @given(pp=st.sampled_from([2, 4, 8]), m=st.integers(1, 32), interleaved=st.booleans())
 def test_more_micro_batches_shrink_the_bubble_share(h200, llama_work, pp, m, interleaved):
     extra = ",schedule=interleaved,vpp=2" if interleaved else ""
-    r = tm.step_time(llama_work, [Strategy.parse(f"seq=4096,pp={pp},num_micro_batches={n}{extra}")
+    r = ct.step_time(llama_work, [Strategy.parse(f"seq=4096,pp={pp},num_micro_batches={n}{extra}")
                                   for n in (m, m + 1, 2 * m + 3)], h200)
     share = r.bubble_seconds / r.step_seconds
     assert share[0] > share[1] > share[2] > 0
@@ -247,7 +248,7 @@ def test_balanced_one_f_one_b_bubble_is_p_minus_1_over_m(h200):
     to (p-1)/m (the last rank's final norm and loss make it a few percent busier than the others)."""
     spec = attrs.evolve(llama_spec(), vocab_size=8)
     work = analytic.model_work(spec, 4096)
-    r = tm.step_time(work, [Strategy.parse("seq=4096,pp=4,num_micro_batches=8")], h200)
+    r = ct.step_time(work, [Strategy.parse("seq=4096,pp=4,num_micro_batches=8")], h200)
     busy = r.compute_seconds[0] + r.exposed_communication_seconds[0] - r.detail["pp_send_seconds"][0] * 2 * 3
     assert r.bubble_seconds[0] / busy == pytest.approx(3 / 8, rel=0.05)
     assert r.bubble_seconds[0] / busy < 3 / 8
@@ -264,10 +265,10 @@ def test_unpriced_mechanism_is_refused():
 def test_hardware_without_efficiency_uses_priors_and_says_so():
     hw = Hardware(name="bare", memory_bytes=1 << 30, hbm_bytes_per_second=1e12, peak_flops_per_second={"bf16": 1e14},
                   network=(NetworkLevel(name="within_node", bytes_per_second=1e11),))
-    values, sources = tm.efficiencies(hw)
-    assert values == dict(tm.DEFAULT_EFFICIENCY)
+    values, sources = ct.efficiencies(hw)
+    assert values == dict(ct.DEFAULT_EFFICIENCY)
     assert set(sources.values()) == {"prior (uncalibrated)"}
-    r = tm.step_time(analytic.model_work(llama_spec(2), 1024), [Strategy.parse("seq=1024,tp=2")], hw)
+    r = ct.step_time(analytic.model_work(llama_spec(2), 1024), [Strategy.parse("seq=1024,tp=2")], hw)
     assert "prior (uncalibrated)" in r.provenance["efficiency"]
 
 
@@ -284,7 +285,7 @@ def test_moe_expert_parallel_and_dualpipev(h200):
         "seq=4096,dp=8,ep=8,pp=2,num_micro_batches=8",
         "seq=4096,dp=8,ep=8,pp=2,vpp=2,schedule=dualpipev,num_micro_batches=8",
         "seq=4096,dp=8,ep=8,pp=2,num_micro_batches=8,moe_imbalance=1.5")]
-    r = tm.step_time(work, strategies, h200)
+    r = ct.step_time(work, strategies, h200)
     total = r.compute_seconds + r.exposed_communication_seconds + r.bubble_seconds + r.optimizer_seconds
     np.testing.assert_allclose(r.step_seconds, total, rtol=1e-12)
     # DualPipeV overlaps the all-to-alls with compute: less of the communication is exposed
@@ -297,8 +298,8 @@ def test_moe_expert_parallel_and_dualpipev(h200):
 
 
 def test_columns_broadcast_scalars(h200, llama_work):
-    a = tm.step_time(llama_work, {"seq": 4096, "tp": [1, 2], "sp": True}, h200)
-    b = tm.step_time(llama_work, [Strategy.parse("seq=4096,sp=true"), Strategy.parse("seq=4096,tp=2,sp=true")], h200)
+    a = ct.step_time(llama_work, {"seq": 4096, "tp": [1, 2], "sp": True}, h200)
+    b = ct.step_time(llama_work, [Strategy.parse("seq=4096,sp=true"), Strategy.parse("seq=4096,tp=2,sp=true")], h200)
     np.testing.assert_allclose(a.step_seconds, b.step_seconds, rtol=1e-12)
 
 
@@ -331,9 +332,9 @@ def test_selective_recompute_repeats_the_measured_shares(h200):
                         flops_by_part=analytic.analytic_flops(spec, "dense", seq),
                         recomputed_attention_mm_share=0.5, recomputed_other_mm_share=1 / 3)
     work = analytic.model_work(spec, seq, {"dense": record})
-    cols = tm.columns([Strategy.parse(f"seq={seq},recompute=selective")])
-    eff, _ = tm.efficiencies(h200)
-    seconds = tm.layer_seconds(work, cols, h200, eff)
+    cols = ct.strategy_columns([Strategy.parse(f"seq={seq},recompute=selective")])
+    eff, _ = ct.efficiencies(h200)
+    seconds = ct.layer_seconds(work, cols, h200, eff)
     w = work.work["dense"]
     attention = w.attention_mm_flops_per_token * seq / (989e12 * eff["matmul"])
     other = w.other_mm_flops_per_token * seq / (989e12 * eff["matmul"])
@@ -341,7 +342,7 @@ def test_selective_recompute_repeats_the_measured_shares(h200):
 
 
 def test_recompute_layers_limits_the_recompute(h200, llama_work):
-    r = tm.step_time(llama_work, [Strategy.parse(f"seq=4096,pp=2,num_micro_batches=4,recompute=full{x}")
+    r = ct.step_time(llama_work, [Strategy.parse(f"seq=4096,pp=2,num_micro_batches=4,recompute=full{x}")
                                   for x in ("", ",recompute_layers=8", ",recompute_layers=0")]
                      + [Strategy.parse("seq=4096,pp=2,num_micro_batches=4")], h200)
     assert r.compute_seconds[0] > r.compute_seconds[1] > r.compute_seconds[2]

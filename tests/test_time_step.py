@@ -7,7 +7,7 @@ import attrs
 import numpy as np
 import pytest
 
-from ndcost import timemodel as tm
+from ndcost.compose import time as ct
 from ndcost.plugins.estimators import flops as analytic
 from ndcost.layer import LayerKind
 from ndcost.values import Hardware, LayerGroup, ModelSpec, NetworkLevel, Strategy
@@ -23,7 +23,7 @@ def toy_hardware(per_node=8, peak=1e15, hbm=1e12, memory=1.0):
                     devices_per_node=per_node,
                     network=(NetworkLevel(name="within_node", bytes_per_second=WITHIN),
                              NetworkLevel(name="across_nodes", bytes_per_second=ACROSS)),
-                    efficiency={k: 1.0 for k in tm.EFFICIENCY_KEYS} | {"memory": memory, "memory_backward": memory})
+                    efficiency={k: 1.0 for k in ct.EFFICIENCY_KEYS} | {"memory": memory, "memory_backward": memory})
 
 
 def toy_spec(layers=2, hidden=1024, heads=8, vocab=1000):
@@ -93,8 +93,8 @@ def test_unpriced_time_is_said_not_zeroed(capsys):
 def _crosses(strategy, measure):
     """How much slower *measure* is on 8-device nodes than on one node holding every device: 1 within, 10 across."""
     work = analytic.model_work(toy_spec(), 1024)
-    nodes = tm.step_time(work, [Strategy.parse(strategy)], toy_hardware(per_node=8))
-    one = tm.step_time(work, [Strategy.parse(strategy)], toy_hardware(per_node=1 << 20))
+    nodes = ct.step_time(work, [Strategy.parse(strategy)], toy_hardware(per_node=8))
+    one = ct.step_time(work, [Strategy.parse(strategy)], toy_hardware(per_node=1 << 20))
     return measure(nodes) / measure(one)
 
 
@@ -144,7 +144,7 @@ def test_ulysses_volume():
     """CP 2 Ulysses: Q, K, V in and the output back (forward), their gradients the other way (backward): a rank
     holds 512 tokens of q (8 x 128) twice and K, V (2 x 8 x 128), bf16, and sends half of it a pass."""
     spec = toy_spec(layers=1)
-    r = tm.step_time(analytic.model_work(spec, 1024), [Strategy.parse("seq=1024,cp=2,cp_algo=ulysses")],
+    r = ct.step_time(analytic.model_work(spec, 1024), [Strategy.parse("seq=1024,cp=2,cp_algo=ulysses")],
                      toy_hardware(peak=1e12))  # slow compute: the gradient reduction hides behind the backward
     message = 512 * 2 * (2 * 1024 + 2 * 1024)
     a2a = (1 / 2) * message / WITHIN
@@ -169,7 +169,7 @@ def test_step_by_hand_under_ulysses():
     head = 2 * tokens * h * vocab
     compute = 3 * (layer + head) / peak
     all_to_alls = 2 * (1 / 2) * (tokens * 2 * (2 * h + 2 * h)) / WITHIN
-    r = tm.step_time(tm.model_work(spec, s), [Strategy.parse("seq=1024,cp=2,cp_algo=ulysses")],
+    r = ct.step_time(analytic.model_work(spec, s), [Strategy.parse("seq=1024,cp=2,cp_algo=ulysses")],
                      toy_hardware(peak=peak, hbm=1e30))
     assert r.step_seconds[0] == pytest.approx(compute + all_to_alls, rel=1e-12)
     # MFU: the model's FLOPs (twice one rank's: the pair splits the work evenly) over two devices' peak
@@ -184,7 +184,7 @@ def test_fsdp_and_zero1_volumes():
     work = analytic.model_work(spec, 512)
     P = toy_parameters(spec)
     one = (1 / 2) * P * 2 / WITHIN
-    r = tm.step_time(work, [Strategy.parse("seq=512,fsdp=2,num_micro_batches=3"),
+    r = ct.step_time(work, [Strategy.parse("seq=512,fsdp=2,num_micro_batches=3"),
                             Strategy.parse("seq=512,dp=2,zero=1,num_micro_batches=3")], toy_hardware())
     assert r.communication_seconds[0] == pytest.approx(3 * 3 * one, rel=1e-12)
     assert r.communication_seconds[1] == pytest.approx(2 * one, rel=1e-12)
@@ -202,7 +202,7 @@ def test_fsdp_and_zero1_volumes():
 ])
 def test_optimizer_seconds_are_the_bytes_it_moves(text, bytes_per_parameter, shard):
     spec = toy_spec()
-    r = tm.step_time(analytic.model_work(spec, 512), [Strategy.parse(text)], toy_hardware(hbm=2e12, memory=0.5))
+    r = ct.step_time(analytic.model_work(spec, 512), [Strategy.parse(text)], toy_hardware(hbm=2e12, memory=0.5))
     expected = toy_parameters(spec) / shard * bytes_per_parameter / (2e12 * 0.5)
     assert r.optimizer_seconds[0] == pytest.approx(expected, rel=1e-12)
 
@@ -215,7 +215,7 @@ def test_compute_is_three_forwards_and_full_recompute_a_fourth():
     layer = 2 * s * (4 * h * h + 3 * h * inter) + 4 * heads * d * s * (s + 1) / 2
     head = 2 * s * h * vocab
     peak = 1e15
-    r = tm.step_time(analytic.model_work(spec, s),
+    r = ct.step_time(analytic.model_work(spec, s),
                      [Strategy.parse(f"seq={s},num_micro_batches={m},recompute={x}") for x in ("none", "full")],
                      toy_hardware(peak=peak, hbm=1e30))
     assert r.compute_seconds[0] == pytest.approx(m * 3 * (3 * layer + head) / peak, rel=1e-9)
@@ -229,7 +229,7 @@ def test_bubble_one_f_one_b_interleaved_dualpipev():
     walks it)."""
     spec = attrs.evolve(toy_spec(layers=16), vocab_size=8)
     work = analytic.model_work(spec, 1024)
-    r = tm.step_time(work, [Strategy.parse("seq=1024,pp=4,num_micro_batches=8"),
+    r = ct.step_time(work, [Strategy.parse("seq=1024,pp=4,num_micro_batches=8"),
                             Strategy.parse("seq=1024,pp=4,vpp=2,schedule=interleaved,num_micro_batches=8"),
                             Strategy.parse("seq=1024,pp=4,vpp=2,schedule=dualpipev,num_micro_batches=8")],
                      toy_hardware(hbm=1e30))

@@ -1,0 +1,130 @@
+"""Where each layer runs: one placement of the stack onto pipeline ranks, read by memory and time.
+
+The stack is cut into ``pp * vpp`` virtual stages, as ``pp_layers`` states
+or as evenly as integers allow (``j * L // (pp * vpp)`` layers before stage
+``j``: earlier stages one layer fewer where the layers do not divide, a case
+the resolver refuses without ``pp_layers``). The registered
+``schedule/<name>``'s ``virtual_stage`` says which virtual stage each rank's
+chunk is (``plugins/schedules.py``). The first virtual stage holds the
+embedding; the last the final norm, the head and the MTP layers. A chunk
+recomputes its first ``recompute_layers`` layers (all where unset).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+import attrs
+import numpy as np
+
+from ndcost.values import RECOMPUTE
+
+__all__ = ["Placement", "place", "layer_prefix", "split_bounds"]
+
+
+def layer_prefix(kinds: Sequence[str], layer_order: Sequence[str]) -> np.ndarray:
+    """``(K, L + 1)`` int64: layers of kind ``k`` among the first ``n`` of the stack."""
+    index = {kind: i for i, kind in enumerate(kinds)}
+    order = np.array([index[kind] for kind in layer_order], dtype=np.int64)
+    prefix = np.zeros((len(kinds), len(order) + 1), dtype=np.int64)
+    for i in range(len(kinds)):  # a loop over kinds, once per model
+        prefix[i, 1:] = np.cumsum(order == i)
+    return prefix
+
+
+def split_bounds(splits: Sequence[Optional[Sequence[int]]]) -> Optional[np.ndarray]:
+    """Each row's ``pp_layers`` as cumulative stage bounds ``(N, W)``, ``-1`` past them and on rows without one.
+
+    None where no row states a split (the common case pays nothing).
+    """
+    if all(split is None for split in splits):
+        return None
+    width = max(len(split) for split in splits if split is not None) + 1
+    out = np.full((len(splits), width), -1, dtype=np.int64)
+    for i, split in enumerate(splits):  # the rows that state a split
+        if split is not None:
+            out[i, :len(split) + 1] = np.concatenate([[0], np.cumsum(split)])
+    return out
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Placement:
+    """Each (row, rank, chunk)'s virtual stage and layers; ``K`` leads the per-kind arrays."""
+
+    virtual_stage: np.ndarray  # (N, R, V) int64 (0 where the chunk does not exist)
+    exists: np.ndarray         # (N, R, V) bool: rank < pp and chunk < vpp
+    stack_layers: np.ndarray   # (K, N, R, V) int64: the stack's layers of each kind (no MTP)
+    layers: np.ndarray         # (K, N, R, V) int64: with the MTP layers on the head's chunk
+    recomputed: np.ndarray     # (K, N, R, V) int64: of the stack's layers, those the chunk recomputes
+    first: np.ndarray          # (N, R, V) bool: the chunk is the first virtual stage (the embedding)
+    last: np.ndarray           # (N, R, V) bool: the chunk is the last virtual stage (final norm, head, MTP)
+
+    @property
+    def has_embedding(self) -> np.ndarray:
+        """(N, R) bool: the rank holds the embedding."""
+        return self.first.any(axis=2)
+
+    @property
+    def has_head(self) -> np.ndarray:
+        """(N, R) bool: the rank holds the final norm and the head."""
+        return self.last.any(axis=2)
+
+    @property
+    def head_rank(self) -> np.ndarray:
+        """(N,) int64: the rank holding the head."""
+        return np.argmax(self.has_head, axis=1)
+
+    def rank_layers(self, with_mtp: bool = True) -> np.ndarray:
+        """(N, R, K) int64: each rank's layers of each kind over its chunks."""
+        return np.moveaxis((self.layers if with_mtp else self.stack_layers).sum(axis=3), 0, 2)
+
+
+def _virtual_stages(cols: Mapping[str, Any], schedules: Sequence[Any], ranks: int, chunks: int):
+    """(N, R, V) virtual stage of each rank's chunk, by each row's schedule (a loop over schedules)."""
+    pp, vpp = cols["pp"].astype(np.int64), cols["vpp"].astype(np.int64)
+    n = len(pp)
+    rank = np.arange(ranks)[None, :, None]
+    chunk = np.arange(chunks)[None, None, :]
+    pp3, vpp3 = pp[:, None, None], vpp[:, None, None]
+    exists = (rank < pp3) & (chunk < vpp3)
+    stage = np.zeros((n, ranks, chunks), dtype=np.int64)
+    for code, schedule in enumerate(schedules):
+        rows = cols["schedule"] == code
+        if rows.any():
+            found = np.asarray(schedule.virtual_stage(pp3, vpp3, rank, chunk), dtype=np.int64)
+            stage = np.where(rows[:, None, None], np.broadcast_to(found, (n, ranks, chunks)), stage)
+    stage = np.where(exists, np.clip(stage, 0, (pp * vpp - 1)[:, None, None]), 0)
+    return stage, exists
+
+
+def place(prefix: np.ndarray, cols: Mapping[str, Any], schedules: Sequence[Any],
+          mtp_counts: Optional[np.ndarray] = None, pp_bounds: Optional[np.ndarray] = None) -> Placement:
+    """Place a batch's stacks: *prefix* from :func:`layer_prefix`, *cols* the strategy columns.
+
+    *schedules* are the schedule plugins by code (``cols["schedule"]``);
+    *mtp_counts* ``(K,)`` the MTP layers of each kind placed with the head;
+    *pp_bounds* the rows' explicit splits (:func:`split_bounds`), or None.
+    """
+    pp, vpp = cols["pp"].astype(np.int64), cols["vpp"].astype(np.int64)
+    n, num_layers = len(pp), prefix.shape[1] - 1
+    stages = pp * vpp
+    vstage, exists = _virtual_stages(cols, schedules, int(pp.max()), int(vpp.max()))
+    bounds = np.minimum(np.arange(int(stages.max()) + 1)[None, :], stages[:, None]) * num_layers // stages[:, None]
+    if pp_bounds is not None:  # rows with an explicit split: cumulative bounds, -1 elsewhere
+        given = np.full(bounds.shape, -1, dtype=np.int64)
+        width = min(pp_bounds.shape[1], bounds.shape[1])
+        given[:, :width] = pp_bounds[:, :width]
+        bounds = np.where(given[:, :1] >= 0, np.where(given >= 0, given, num_layers), bounds)
+    start = np.take_along_axis(bounds, vstage.reshape(n, -1), axis=1).reshape(vstage.shape)
+    end = np.take_along_axis(bounds, (vstage + 1).reshape(n, -1), axis=1).reshape(vstage.shape)
+    start, end = np.where(exists, start, 0), np.where(exists, end, 0)
+    recompute_layers = np.where(cols["recompute"] == RECOMPUTE.index("none"), 0,
+                                np.where(cols["recompute_layers"] < 0, num_layers, cols["recompute_layers"]))
+    recompute_end = start + np.minimum(recompute_layers[:, None, None], end - start)
+    first = exists & (vstage == 0)
+    last = exists & (vstage == (stages - 1)[:, None, None])
+    stack = prefix[:, end] - prefix[:, start]
+    layers = stack
+    if mtp_counts is not None and np.any(mtp_counts):
+        layers = stack + np.where(last[None], np.asarray(mtp_counts, dtype=np.int64)[:, None, None, None], 0)
+    return Placement(virtual_stage=vstage, exists=exists, stack_layers=stack, layers=layers,
+                     recomputed=prefix[:, recompute_end] - prefix[:, start], first=first, last=last)

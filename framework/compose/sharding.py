@@ -1,0 +1,80 @@
+"""How many ways each category of a device's bytes is split: one rule, read by memory and time.
+
+Tensor parallelism splits the attention, feed-forward and shared-expert
+weights (``TP_PARTS``); norms, router and model-level tensors are replicated
+over it; expert parallelism splits the routed experts ``ep * etp`` ways.
+Over the data-parallel ranks, ZeRO (Rajbhandari et al., arXiv:1910.02054,
+section 5: stage 1 partitions the optimizer states, 2 adds the gradients,
+3 the parameters) shards over ``dp * cp`` (context-parallel ranks hold the
+same weights); FSDP2 (PyTorch ``torch/distributed/fsdp/_fully_shard``)
+shards all of them over ``fsdp * cp`` and replicates over ``dp`` (HSDP).
+The master copy is sharded with the optimizer states. Cf. Megatron-LM
+``megatron/training/theoretical_memory_usage.py``: 18 bytes a parameter, or
+``6 + 12 / dp`` under the distributed optimizer.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+import numpy as np
+
+__all__ = ["TP_PARTS", "REPLICATED_PARTS", "ROUTED_PARTS", "MATMUL_PARTS", "SHARDED_FROM_ZERO", "Sharding",
+           "sharding"]
+
+# Parts split by tensor parallelism, replicated over it, and split by ep * etp.
+TP_PARTS = ("attention", "ffn", "shared")
+REPLICATED_PARTS = ("norm", "router", "other", "mtp", "embedding", "head")
+ROUTED_PARTS = ("routed",)
+# Parts whose weights a matmul reads (autocast casts and saves a copy of these).
+MATMUL_PARTS = ("attention", "ffn", "shared", "router", "other", "mtp", "routed")
+
+# The ZeRO stage from which each category is sharded over the data-parallel ranks (FSDP shards every one):
+# optimizer-state bytes under ZeRO-2 are split over dp * cp; gradients too; parameters are whole.
+SHARDED_FROM_ZERO: Mapping[str, int] = {"optimizer_states": 1, "master": 1, "gradients": 2, "parameters": 3}
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Sharding:
+    """Per row of a batch: the groups a device's bytes are split over, and which categories are split."""
+
+    replicas: np.ndarray         # (N,) dp * fsdp * cp: ranks holding the same dense weights (whole or a shard)
+    dense_ways: np.ndarray       # (N,) a sharded dense category's split: fsdp * cp under FSDP, every replica else
+    routed_ways: np.ndarray      # (N,) the routed experts' split: the dense group times tp re-cut by ep * etp
+    expert_replicas: np.ndarray  # (N,) replicas * tp / (ep * etp): ranks holding the same routed experts
+    hsdp_replicas: np.ndarray    # (N,) under FSDP the dp replicas its shards reduce over (HSDP), else 1
+    sharded: Mapping[str, np.ndarray]  # category -> (N,) bool: the ZeRO stage or FSDP shards it
+
+    def ways(self, category: str) -> np.ndarray:
+        """The ways *category*'s dense bytes are split over the data-parallel ranks (1 where whole)."""
+        return np.where(self.sharded[category], self.dense_ways, 1)
+
+    def routed_ways_of(self, category: str) -> np.ndarray:
+        """The ways *category*'s routed-expert bytes are split over the expert-data-parallel ranks."""
+        return np.where(self.sharded[category], self.routed_ways, 1)
+
+    def expert_ways(self, category: str) -> np.ndarray:
+        """As :meth:`routed_ways_of`, over every expert replica (the time model's optimizer step)."""
+        return np.where(self.sharded[category], self.expert_replicas, 1.0)
+
+
+def sharding(cols: Mapping[str, Any]) -> Sharding:
+    """The :class:`Sharding` of a batch's columns (``dp``, ``fsdp``, ``cp``, ``tp``, ``ep``, ``etp``, ``zero``).
+
+    Known limitation: under HSDP (``dp > 1`` and ``fsdp > 1``) the memory
+    model splits the routed experts over the shard group (``routed_ways``)
+    while the time model's optimizer step and expert gathers run over every
+    expert replica (``expert_replicas``); elsewhere the two agree.
+    """
+    dp, fsdp, cp = (np.asarray(cols[k]).astype(np.int64) for k in ("dp", "fsdp", "cp"))
+    tp = np.asarray(cols["tp"]).astype(np.int64)
+    zero = np.asarray(cols["zero"]).astype(np.int64)
+    ep_etp = (np.asarray(cols["ep"]) * np.asarray(cols["etp"])).astype(np.int64)
+    replicas = dp * fsdp * cp
+    dense_ways = np.where(fsdp > 1, fsdp * cp, replicas)
+    group = dense_ways * tp
+    routed_ways = np.where(group % ep_etp == 0, np.maximum(group // ep_etp, 1), 1)
+    sharded = {category: (zero >= stage) | (fsdp > 1) for category, stage in SHARDED_FROM_ZERO.items()}
+    return Sharding(replicas=replicas, dense_ways=dense_ways, routed_ways=routed_ways,
+                    expert_replicas=replicas * tp / ep_etp, hsdp_replicas=np.where(fsdp > 1, dp, 1),
+                    sharded=sharded)

@@ -1,0 +1,660 @@
+"""A training step's seconds for a batch of strategies: numpy arrays in and out, no loop over layers or rows.
+
+A map of :func:`step_time` (each step's docstring says what it prices and why):
+
+- :func:`ndcost.compose.placement.place`: each rank's layers of each kind (the memory model's placement);
+- :func:`layer_seconds`: compute, a roofline per op class for one layer and micro-batch;
+- :func:`_layer_communication`: TP, CP and EP collectives of a layer, and what of them is exposed;
+- :func:`_embedding_and_head`: the embedding, head and loss;
+- :func:`_data_parallel`: FSDP / ZeRO-3 gathers and scatters, the step's gradient and parameter collectives,
+  over the groups :mod:`ndcost.compose.sharding` names;
+- :func:`_pipeline`: the sends and the schedule's bubble; :func:`_optimizer_seconds`: the optimizer step.
+
+``step = compute + exposed communication + bubble + optimizer``, each on the busiest pipeline rank;
+``mfu`` is the model FLOPs (three times the forward's, no recompute) over the step, the devices and the
+compute dtype's peak. Columns are the memory model's (``ndcost.compose.memory.INT_FIELDS`` ...), the
+schedules and optimizer states by code, as :func:`ndcost.compose.memory.compose` receives them.
+Collectives are the registered ``collective/<name>`` plugins; :data:`OVERLAP_RULES` say what each hides.
+
+Known limitations: kernel launch overheads, the CPU and the data loader are not priced; groups sharing
+a link do not contend; the expert TP collectives and the vocabulary-parallel loss's small all-reduces
+are not priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+import attrs
+import numpy as np
+
+from ndcost import manager
+from ndcost import resolver as resolver_module
+from ndcost.compose import placement as placement_rules
+from ndcost.compose import sharding as sharding_rules
+from ndcost.compose.memory import DTYPE_BYTES, DTYPE_NAMES
+from ndcost.compose.topology import group_link
+from ndcost.errors import InvalidValue, Unpriced
+from ndcost.work import NORM_ELEMENTS, ModelWork, window_pairs
+from ndcost.values import CP_ALGOS, RECOMPUTE, Hardware, TimeBreakdown, _frozen_mapping
+
+__all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS", "OVERLAP_RULES", "COLLECTIVES",
+           "TimeArrays", "efficiencies", "strategy_columns", "layer_seconds", "step_time", "attach"]
+
+CHUNK_ROWS = 1 << 16  # strategies priced at once (the per-rank arrays are rows x ranks x kinds)
+TIME_FIELDS = ("step_seconds", "tokens_per_second", "mfu", "compute_seconds", "communication_seconds",
+               "exposed_communication_seconds", "bubble_seconds", "optimizer_seconds")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+# Priors for a hardware whose YAML states no efficiency: round figures of what well-tuned kernels
+# reach on current GPUs, used only until `ndcost calibrate` fits the device's own.
+DEFAULT_EFFICIENCY: Mapping[str, float] = _frozen_mapping({
+    "matmul": 0.75, "matmul_backward": 0.70,
+    "attention": 0.60, "attention_backward": 0.45,
+    "linrec": 0.30, "linrec_backward": 0.25,
+    "memory": 0.70, "memory_backward": 0.70,
+    "collective_within_node": 0.80, "collective_across_nodes": 0.85,
+})
+EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
+
+# Each use of a collective and what the step counts of it as exposed (added to the step), in provenance:
+# - tp: TP all-reduces (all-gathers and reduce-scatters under SP), two a layer each pass; no TP overlap assumed.
+# - cp_ring: K/V blocks passed (and their gradients in the backward) hide behind the layer's attention kernel.
+# - cp_ulysses: the all-to-alls of queries, keys, values and the output (their gradients in the backward).
+# - ep: dispatch and combine all-to-alls; a schedule with overlaps_expert_communication (DualPipeV, DeepSeek-V3
+#   technical report arXiv:2412.19437 section 3.2.1) hides them behind the other micro-batch's compute.
+# - dp_grad: gradient all-reduce (reduce-scatter under ZeRO >= 1) over dp * fsdp * cp, once a step, bucketed
+#   behind the last micro-batch's backward (PyTorch DDP's reducer); HSDP's replicas reduce their shards.
+# - dp_param: ZeRO 1/2's all-gather of the updated parameters, behind the next step's first forward.
+# - fsdp: FSDP / ZeRO-3 gathers and reduce-scatters a micro-batch, prefetched behind its forward and backward.
+# - pp: activation and gradient sends, hidden in the steady state; 2 (p * v - 1) on the fill and drain path.
+OVERLAP_RULES: Mapping[str, str] = {
+    "tp": "exposed: none overlapped",
+    "cp_ring": "overlapped with the layer's attention kernel of the same pass; the excess is exposed",
+    "cp_ulysses": "exposed: none overlapped",
+    "ep": "exposed, except under dualpipev: overlapped with the layer's compute of the pass",
+    "dp_grad": "overlapped with the last micro-batch's backward; the excess is exposed",
+    "dp_param": "overlapped with the next step's first forward; the excess is exposed",
+    "fsdp": "prefetched: overlapped with the micro-batch's forward / backward; the excess is exposed",
+    "pp": "overlapped in the steady state; 2 (p * v - 1) sends on the fill and drain path are exposed",
+}
+
+
+def efficiencies(hardware: Hardware) -> Tuple[Dict[str, float], Dict[str, str]]:
+    """The hardware's efficiency per key, and where each came from (its YAML or the prior).
+
+    A ``<class>_backward`` the YAML leaves out takes the YAML's forward figure
+    for that class before the prior; a figure outside (0, 1] is refused.
+    """
+    stated = dict(hardware.efficiency or {})
+    unknown = sorted(set(stated) - set(EFFICIENCY_KEYS))
+    if unknown:
+        raise InvalidValue(f"hardware {hardware.name!r}: unknown efficiency key(s) {', '.join(unknown)}; "
+                           f"known: {', '.join(EFFICIENCY_KEYS)}")
+    values: Dict[str, float] = {}
+    sources: Dict[str, str] = {}
+    for key in EFFICIENCY_KEYS:
+        forward = key[:-len("_backward")] if key.endswith("_backward") else None
+        if key in stated:
+            values[key], sources[key] = float(stated[key]), f"hardware/{hardware.name}"
+        elif forward and forward in stated:
+            values[key], sources[key] = float(stated[forward]), f"hardware/{hardware.name} ({forward})"
+        else:
+            values[key], sources[key] = DEFAULT_EFFICIENCY[key], "prior (uncalibrated)"
+        if not 0.0 < values[key] <= 1.0:
+            raise InvalidValue(f"hardware {hardware.name!r}: efficiency {key} = {values[key]} is outside (0, 1]")
+    return values, sources
+
+
+@attrs.frozen(kw_only=True)
+class TimeArrays:
+    """The time model's results for a batch: one array a TimeBreakdown field, plus the provenance."""
+
+    step_seconds: np.ndarray
+    tokens_per_second: np.ndarray
+    mfu: np.ndarray
+    compute_seconds: np.ndarray
+    communication_seconds: np.ndarray
+    exposed_communication_seconds: np.ndarray
+    bubble_seconds: np.ndarray
+    optimizer_seconds: np.ndarray
+    provenance: Mapping[str, str] = attrs.field(converter=_frozen_mapping)
+    detail: Mapping[str, np.ndarray] = attrs.field(factory=dict, converter=_frozen_mapping, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.step_seconds)
+
+    def breakdown(self, i: int) -> TimeBreakdown:
+        """Strategy *i*'s :class:`TimeBreakdown`."""
+        return TimeBreakdown(provenance=self.provenance,
+                             **{name: float(getattr(self, name)[i]) for name in TIME_FIELDS})
+
+    def to_columns(self) -> Dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in TIME_FIELDS}
+
+
+# ---------------------------------------------------------------------------
+# strategies as the memory model's columns
+# ---------------------------------------------------------------------------
+def registry_names() -> Dict[str, Tuple[str, ...]]:
+    """The categorical fields' names (codes index them), as the resolver passes them."""
+    registry = manager.registry()
+    return {"cp_algo": CP_ALGOS, "schedule": tuple(registry.names("schedule")), "recompute": RECOMPUTE,
+            "optimizer": tuple(registry.names("optimizer")),
+            "param_dtype": DTYPE_NAMES, "compute_dtype": DTYPE_NAMES, "grad_dtype": DTYPE_NAMES,
+            "optimizer_dtype": DTYPE_NAMES, "master_dtype": DTYPE_NAMES + ("none",)}
+
+
+def registry_plugins(names: Mapping[str, Sequence[str]]) -> Tuple[list, np.ndarray]:
+    """The schedule plugins by code and the optimizer states a parameter by code."""
+    registry = manager.registry()
+    schedules = [registry.get(f"schedule/{name}") for name in names["schedule"]]
+    states = np.array([float(registry.get(f"optimizer/{name}").states_per_parameter) for name in names["optimizer"]])
+    return schedules, states
+
+
+def strategy_columns(strategies: Any, names: Optional[Mapping[str, Sequence[str]]] = None) -> Dict[str, np.ndarray]:
+    """Strategies (Strategy values, or a mapping of field -> values) as compose's columns, ``pp_bounds`` included.
+
+    Converted by the resolver's :func:`ndcost.resolver.columns` with the
+    registry's names; a strategy it refuses, or one without ``seq``, is an error.
+    """
+    batch = resolver_module.columns(strategies, names or registry_names())
+    bad = batch.invalid()
+    if bad.any():
+        raise InvalidValue(f"strategy {int(np.argmax(bad))}: {batch.reason_array()[int(np.argmax(bad))]}")
+    cols = dict(batch.cols)
+    if np.any(cols["seq"] < 1):
+        raise InvalidValue("the time model needs every strategy's seq; set seq=... in the strategy")
+    cols["pp_bounds"] = None if batch.pp_layers is None else placement_rules.split_bounds(batch.pp_layers)
+    return cols
+
+
+def _peak_flops(hardware: Hardware, compute_dtype: np.ndarray) -> np.ndarray:
+    """(N,) the hardware's peak FLOP/s in each row's compute dtype (a loop over the dtypes used)."""
+    codes = np.asarray(compute_dtype, dtype=np.int64)
+    table = np.full(len(DTYPE_NAMES), np.nan)
+    for code in np.unique(codes).tolist():
+        table[code] = hardware.peak_flops(DTYPE_NAMES[code])
+    return table[codes]
+
+
+def _collectives() -> Dict[str, Any]:
+    """The registered ``collective/<name>`` plugins' ``seconds`` functions."""
+    registry = manager.registry()
+    return {name: registry.get(f"collective/{name}").seconds for name in COLLECTIVES}
+
+
+def _kind_arrays(model: ModelWork) -> Dict[str, np.ndarray]:
+    fields = ("attention_mm_flops_per_token", "other_mm_flops_per_token", "routed_mm_flops_per_token",
+              "score_flops_per_pair", "window", "linrec_flops_per_token", "elementwise_elements_per_token",
+              "replicated_elements_per_token", "dense_parameters", "routed_parameters", "replicated_parameters",
+              "query_elements_per_token", "kv_elements_per_token", "experts_per_token")
+    out = {f: np.array([float(getattr(model.work[k], f)) for k in model.kinds]) for f in fields}
+    out["has_attention"] = np.array([model.work[k].has_attention for k in model.kinds])
+    for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share"):
+        out[name] = np.array([np.nan if getattr(model.work[k], name) is None else float(getattr(model.work[k], name))
+                              for k in model.kinds])
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the steps
+# ---------------------------------------------------------------------------
+@attrs.frozen(kw_only=True, eq=False)
+class _Rows:
+    """The per-row figures every step reads, ``(N,)`` float64 unless noted."""
+
+    dp: np.ndarray
+    fsdp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    vpp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    micro_batch: np.ndarray
+    micro_batches: np.ndarray
+    seq: np.ndarray
+    sp: np.ndarray              # bool
+    vocab_parallel: np.ndarray  # bool
+    imbalance: np.ndarray
+    compute_bytes: np.ndarray
+    param_bytes: np.ndarray
+    grad_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    master_bytes: np.ndarray
+    peak_flops: np.ndarray
+    tokens: np.ndarray          # a micro-batch's tokens on one CP rank
+
+
+def _rows(cols: Mapping[str, Any], hardware: Hardware) -> _Rows:
+    def f64(name):
+        return np.asarray(cols[name], dtype=np.float64)
+
+    widths = {f"{name}_bytes": DTYPE_BYTES[np.asarray(cols[f"{name}_dtype"])]
+              for name in ("compute", "param", "grad", "optimizer", "master")}
+    b, s, cp = f64("micro_batch"), f64("seq"), f64("cp")
+    return _Rows(dp=f64("dp"), fsdp=f64("fsdp"), tp=f64("tp"), pp=f64("pp"), vpp=f64("vpp"), cp=cp, ep=f64("ep"),
+                 etp=f64("etp"), micro_batch=b, micro_batches=f64("num_micro_batches"), seq=s,
+                 sp=np.asarray(cols["sp"]), vocab_parallel=np.asarray(cols["vocab_parallel"]),
+                 imbalance=f64("moe_imbalance"), peak_flops=_peak_flops(hardware, cols["compute_dtype"]),
+                 tokens=b * s / cp, **widths)
+
+
+def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
+                  eff: Optional[Mapping[str, float]] = None, rows: Optional[_Rows] = None) -> Dict[str, np.ndarray]:
+    """Each kind's compute seconds for one layer and one micro-batch on one device, ``(N, K)`` arrays.
+
+    A roofline per op class: matmuls against the compute dtype's peak (or,
+    where the weights are read slower than the math runs, HBM bandwidth),
+    the attention scores and the linear recurrence at their own efficiency,
+    elementwise bytes against HBM. The backward is twice the forward's work;
+    recompute adds the forward (``full``), the census's measured shares of
+    the matmuls (``selective``; without them the core attention, as
+    Megatron's selective recompute) or the scores (``core_attention``).
+    Keys: ``forward``, ``backward``, ``recompute``, ``scores_forward``,
+    ``scores_backward`` (the attention kernel's, for CP ring overlap),
+    ``selective_measured``.
+    """
+    eff = efficiencies(hardware)[0] if eff is None else eff
+    rows = _rows(cols, hardware) if rows is None else rows
+    k = _kind_arrays(model)
+    tp, cp, b, s = rows.tp[:, None], rows.cp[:, None], rows.micro_batch[:, None], rows.seq[:, None]
+    sp, peak = rows.sp[:, None], rows.peak_flops[:, None]
+    hbm = float(hardware.hbm_bytes_per_second)
+    tokens = rows.tokens[:, None]
+    split = tokens / tp
+    attention_mm = k["attention_mm_flops_per_token"] * split
+    mm = attention_mm + k["other_mm_flops_per_token"] * split + k["routed_mm_flops_per_token"] * split * \
+        rows.imbalance[:, None]
+    scores = k["score_flops_per_pair"] * window_pairs(s, k["window"]) * b / (tp * cp)
+    linrec = k["linrec_flops_per_token"] * split
+    weights = rows.param_bytes[:, None] * (k["dense_parameters"] / tp + k["routed_parameters"]
+                                           / (rows.ep * rows.etp)[:, None] + k["replicated_parameters"])
+    elementwise = rows.compute_bytes[:, None] * tokens * (k["elementwise_elements_per_token"] / tp
+                                                          + k["replicated_elements_per_token"] / np.where(sp, tp, 1.0))
+
+    def matmul(passes, key):
+        return np.maximum(passes * mm / (peak * eff[key]), passes * weights / (hbm * eff["memory"]))
+
+    fwd_mm = matmul(1.0, "matmul")
+    fwd_scores = scores / (peak * eff["attention"])
+    bwd_scores = 2.0 * scores / (peak * eff["attention_backward"])
+    forward = fwd_mm + fwd_scores + linrec / (peak * eff["linrec"]) + elementwise / (hbm * eff["memory"])
+    backward = (matmul(2.0, "matmul_backward") + bwd_scores + 2.0 * linrec / (peak * eff["linrec_backward"])
+                + 2.0 * elementwise / (hbm * eff["memory_backward"]))
+    att_share = np.divide(attention_mm, mm, out=np.zeros_like(mm), where=mm > 0)
+    share_att = k["recomputed_attention_mm_share"][None, :]
+    share_other = k["recomputed_other_mm_share"][None, :]
+    measured = ~np.isnan(share_att) & ~np.isnan(share_other)
+    selective = np.where(measured, np.nan_to_num(share_att) * fwd_mm * att_share
+                         + np.nan_to_num(share_other) * fwd_mm * (1.0 - att_share), fwd_scores)
+    mode = np.asarray(cols["recompute"])[:, None]
+    recompute = np.select([mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention")],
+                          [forward, selective, fwd_scores], 0.0)
+    return {"forward": forward, "backward": backward, "recompute": recompute,
+            "scores_forward": fwd_scores, "scores_backward": bwd_scores,
+            "selective_measured": np.broadcast_to(measured, forward.shape)}
+
+
+def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep: np.ndarray, hardware: Hardware,
+                         eff, coll) -> Dict[str, np.ndarray]:
+    """Each kind's per-layer collectives a micro-batch, ``(N, K)`` seconds: all of them and the exposed ones.
+
+    TP: two sync points a layer each pass (all-reduce, or all-gather and
+    reduce-scatter under SP: the same volume). CP ring: ``cp - 1`` K/V
+    passes, hidden behind the attention kernel; its backward passes K/V and
+    their gradients (twice the bytes). Ulysses: all-to-alls of queries, keys,
+    values and the output, the backward's the same bytes transposed. EP:
+    dispatch and combine all-to-alls. ``*_extra``: what recomputing a layer's
+    forward repeats (its forward collectives; full recompute only).
+    """
+    n, h, width = len(rows.tp), float(model.hidden_size), rows.compute_bytes
+    tp, cp, ep, etp, tokens = rows.tp, rows.cp, rows.ep, rows.etp, rows.tokens
+    k = _kind_arrays(model)
+    hidden_msg = tokens * h * width                                    # a TP rank's activations of a layer
+    bw_tp, lat_tp = group_link(hardware, np.ones(n), tp, eff)
+    tp_sp = coll["all_gather"](hidden_msg, tp, bw_tp, lat_tp) + coll["reduce_scatter"](hidden_msg, tp, bw_tp, lat_tp)
+    tp_pass = 2.0 * np.where(rows.sp, tp_sp, coll["all_reduce"](hidden_msg, tp, bw_tp, lat_tp))
+    tp_fwd = np.broadcast_to(tp_pass[:, None], (n, len(model.kinds)))
+    bw_cp, lat_cp = group_link(hardware, tp, cp, eff)
+    cp_ring = (cp > 1)[:, None] * (cp - 1.0)[:, None] * (
+        coll["send_recv"]((tokens * width / tp)[:, None] * k["kv_elements_per_token"][None, :], 2.0,
+                          bw_cp[:, None], lat_cp[:, None]))
+    cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
+                                                       + k["kv_elements_per_token"])[None, :]
+    cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None])
+    ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
+    cp_fwd = np.where(k["has_attention"][None, :], np.where(ulysses, cp_ulysses, cp_ring), 0.0)
+    cp_bwd = np.where(ulysses, 1.0, 2.0) * cp_fwd
+    cp_fwd_exposed = np.where(ulysses, cp_fwd, np.maximum(0.0, cp_fwd - layer["scores_forward"]))
+    cp_bwd_exposed = np.where(ulysses, cp_bwd, np.maximum(0.0, cp_bwd - layer["scores_backward"]))
+    bw_ep, lat_ep = group_link(hardware, etp, ep, eff)
+    ep_msg = (tokens * etp / tp * h * width * rows.imbalance)[:, None] * k["experts_per_token"][None, :]
+    ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None])  # dispatch, combine
+    overlapped = overlaps_ep[:, None]
+    exposed_fwd = tp_fwd + cp_fwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["forward"]), ep_pass)
+    exposed_bwd = tp_fwd + cp_bwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["backward"]),
+                                                     ep_pass)
+    full = (np.asarray(cols["recompute"]) == RECOMPUTE.index("full"))[:, None]
+    if full.any():
+        comm_extra = np.where(full, tp_fwd + cp_fwd + ep_pass, 0.0)
+        exposed_extra = np.where(full, exposed_fwd, 0.0)
+    else:
+        comm_extra = exposed_extra = np.zeros_like(tp_fwd)
+    return {"comm_fwd": tp_fwd + cp_fwd + ep_pass, "comm_bwd": tp_fwd + cp_bwd + ep_pass,
+            "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd, "comm_extra": comm_extra,
+            "exposed_extra": exposed_extra}
+
+
+def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) -> Dict[str, np.ndarray]:
+    """``(N,)`` seconds of the embedding and of the head and loss, forward and backward, a micro-batch.
+
+    The head, as the memory model counts it, is split over TP only when
+    vocabulary-parallel (otherwise every TP rank runs the whole head and
+    loss). The loss moves the census's output-layer bytes, else the logits
+    cast to fp32, log-softmax read and written, the gather and the final norm.
+    """
+    hbm, h, vocab = float(hardware.hbm_bytes_per_second), float(model.hidden_size), float(model.vocab_size)
+    width, peak, tokens = rows.compute_bytes, rows.peak_flops, rows.tokens
+    head_split = np.where(rows.vocab_parallel, rows.tp, 1.0)
+    head_flops = model.head_flops_per_token * tokens / head_split * (1 + len(model.mtp_kinds))
+    head_weights = rows.param_bytes * (model.head_parameters or model.embedding_parameters) / head_split
+    head_fwd = np.maximum(head_flops / (peak * eff["matmul"]), head_weights / (hbm * eff["memory"]))
+    head_bwd = np.maximum(2 * head_flops / (peak * eff["matmul_backward"]), 2 * head_weights / (hbm * eff["memory"]))
+    if model.loss_bytes_per_token is not None:
+        loss_per_token = model.loss_bytes_per_token / head_split
+    else:
+        loss_per_token = vocab / head_split * (width + 16.0) + NORM_ELEMENTS * h * 2.0
+    loss_bytes = tokens * loss_per_token * (1 + len(model.mtp_kinds))
+    return {"head_fwd": head_fwd + loss_bytes / (hbm * eff["memory"]),
+            "head_bwd": head_bwd + loss_bytes / (hbm * eff["memory_backward"]),
+            "embed_fwd": 2.0 * tokens * h * width / (hbm * eff["memory"]),
+            "embed_bwd": 2.0 * tokens * h * width / (hbm * eff["memory_backward"]), "head_split": head_split}
+
+
+def _rank_parameters(model: ModelWork, rows: _Rows, counts, where: placement_rules.Placement, head_split):
+    """``(N, R)`` parameters on each rank: dense (split by TP, norms replicated, embedding, head) and routed."""
+    k = _kind_arrays(model)
+    dense = np.einsum("srk,k->sr", counts, k["dense_parameters"]) / rows.tp[:, None]
+    dense = dense + np.einsum("srk,k->sr", counts, k["replicated_parameters"])
+    dense = dense + where.has_embedding * (model.embedding_parameters / head_split)[:, None]
+    dense = dense + where.has_head * ((model.head_parameters / head_split) + model.final_norm_parameters)[:, None]
+    routed = np.einsum("srk,k->sr", counts, k["routed_parameters"]) / (rows.ep * rows.etp)[:, None]
+    return dense, routed
+
+
+def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, routed_params, hardware: Hardware,
+                   eff, coll) -> Dict[str, np.ndarray]:
+    """``(N, R)`` seconds of the data-parallel collectives: a micro-batch's FSDP ones, and the step's.
+
+    Under FSDP or ZeRO-3 (parameters sharded) every micro-batch gathers the
+    parameters for the forward and the backward and reduce-scatters the
+    gradients (FSDP over ``fsdp * cp``, HSDP's replicas then all-reduce
+    their shards; ZeRO-3 over every replica). Otherwise once a step the
+    gradients are all-reduced, or reduce-scattered and the updated
+    parameters all-gathered under ZeRO 1/2; routed experts over their
+    expert-data-parallel group.
+    """
+    tp, cp, fsdp = rows.tp, rows.cp, rows.fsdp
+    gathers = shard.sharded["parameters"]
+    distributed_optimizer = ~gathers & shard.sharded["optimizer_states"]
+    group, replicas, experts = shard.ways("parameters"), shard.replicas, shard.expert_replicas
+    bw_sh, lat_sh = group_link(hardware, tp, group, eff)
+    bw_rest, lat_rest = group_link(hardware, tp * cp * fsdp, shard.hsdp_replicas, eff)
+    bw_dp, lat_dp = group_link(hardware, tp, replicas, eff)
+    bw_edp, lat_edp = group_link(hardware, rows.etp * rows.ep, experts, eff)
+    param_bytes, grad_bytes = dense_params * rows.param_bytes[:, None], dense_params * rows.grad_bytes[:, None]
+    eparam_bytes, egrad_bytes = routed_params * rows.param_bytes[:, None], routed_params * rows.grad_bytes[:, None]
+
+    def run(name, message, size, bandwidth, latency):
+        return coll[name](message, size[:, None], bandwidth[:, None], latency[:, None])
+
+    g = gathers[:, None]
+    z = distributed_optimizer[:, None]
+    fsdp_gather = np.where(g, run("all_gather", param_bytes, group, bw_sh, lat_sh)
+                           + run("all_gather", eparam_bytes, experts, bw_edp, lat_edp), 0.0)
+    fsdp_scatter = np.where(g, run("reduce_scatter", grad_bytes, group, bw_sh, lat_sh)
+                            + run("reduce_scatter", egrad_bytes, experts, bw_edp, lat_edp), 0.0)
+    dense_grad_step = np.where(
+        g, run("all_reduce", grad_bytes / group[:, None], shard.hsdp_replicas, bw_rest, lat_rest),
+        np.where(z, run("reduce_scatter", grad_bytes, replicas, bw_dp, lat_dp),
+                 run("all_reduce", grad_bytes, replicas, bw_dp, lat_dp)))
+    expert_grad_step = np.where(g, 0.0, np.where(z, run("reduce_scatter", egrad_bytes, experts, bw_edp, lat_edp),
+                                                 run("all_reduce", egrad_bytes, experts, bw_edp, lat_edp)))
+    param_step = np.where(z, run("all_gather", param_bytes, replicas, bw_dp, lat_dp)
+                          + run("all_gather", eparam_bytes, experts, bw_edp, lat_edp), 0.0)
+    return {"fsdp_gather": fsdp_gather, "fsdp_scatter": fsdp_scatter,
+            "grad_step": dense_grad_step + expert_grad_step, "param_step": param_step}
+
+
+def _pipeline(model: ModelWork, rows: _Rows, cols, schedules, stage, hardware: Hardware, eff, coll):
+    """The pipeline's sends and the schedule's bubble.
+
+    A send carries a micro-batch's activations (split by tp under SP);
+    ``2 vpp`` a rank a micro-batch, ``2 (p * v - 1)`` exposed on the fill and
+    drain path. The bubble is the schedule's idle stage steps
+    (``schedule/<name>.bubble_stage_steps``) at the mean stage time of the
+    ranks other than the busiest.
+    """
+    pp, vpp = rows.pp, rows.vpp
+    message = rows.tokens * float(model.hidden_size) * rows.compute_bytes / np.where(rows.sp, rows.tp, 1.0)
+    bw_pp, lat_pp = group_link(hardware, rows.tp * rows.cp * rows.dp * rows.fsdp, pp, eff)
+    send = np.where(pp > 1, coll["send_recv"](message, pp, bw_pp, lat_pp), 0.0)
+    busiest = np.argmax(stage, axis=1)
+    idle = stage.sum(axis=1) - stage[np.arange(len(pp)), busiest]
+    steps = np.zeros(len(pp))
+    codes = np.asarray(cols["schedule"])
+    for code, schedule in enumerate(schedules):  # a loop over the schedules a batch uses
+        mask = codes == code
+        if mask.any():
+            steps[mask] = schedule.bubble_stage_steps(pp[mask], vpp[mask], rows.micro_batches[mask])
+    return {"send": send, "pp_comm": 2.0 * vpp * send,
+            "pp_exposed": np.where(pp > 1, 2.0 * (pp * vpp - 1.0) * send, 0.0), "busiest": busiest,
+            "bubble": np.where(pp > 1, steps * idle / np.maximum(pp - 1.0, 1.0), 0.0)}
+
+
+def _optimizer_seconds(rows: _Rows, shard: sharding_rules.Sharding, dense_params, routed_params, states,
+                       real_rank, hardware: Hardware, eff) -> np.ndarray:
+    """``(N,)`` the optimizer step on the busiest rank: the bytes it reads and writes against HBM bandwidth.
+
+    Parameters (read, written), gradients, master weights and optimizer
+    states (read, written) of the rank's shard (:mod:`ndcost.compose.sharding`).
+    """
+    local = (dense_params / shard.ways("optimizer_states")[:, None]
+             + routed_params / shard.expert_ways("optimizer_states")[:, None])
+    per_param = 2 * rows.param_bytes + rows.grad_bytes + 2 * rows.master_bytes + 2 * states * rows.optimizer_bytes
+    hbm = float(hardware.hbm_bytes_per_second)
+    return np.where(real_rank, local * per_param[:, None] / (hbm * eff["memory"]), 0.0).max(axis=1)
+
+
+def _check_splits(model: ModelWork, cols) -> None:
+    """Refuse a ``pp_layers`` that does not sum to the model's layers (the resolver's own check)."""
+    bounds = cols.get("pp_bounds")
+    if bounds is None:
+        return
+    totals = bounds.max(axis=1)
+    bad = (bounds[:, 0] >= 0) & (totals != len(model.layer_order))
+    if bad.any():
+        i = int(np.argmax(bad))
+        split = np.diff(bounds[i][bounds[i] >= 0])
+        raise InvalidValue(f"pp_layers {'/'.join(map(str, split.tolist()))} sums to {totals[i]} but "
+                           f"{model.name!r} has {len(model.layer_order)} layers")
+
+
+def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Placement, counts, schedules,
+                  hardware: Hardware, eff, coll) -> Dict[str, np.ndarray]:
+    """``(N, R)`` seconds a micro-batch on each rank: compute forward and backward, layer collectives, exposed ones.
+
+    ``recompute_layers`` recomputes that share of a rank's layers (``vpp``
+    chunks of them), the rest keeping their activations.
+    """
+    def per_rank(per_layer):                                           # (N, K) -> (N, R)
+        return np.einsum("srk,sk->sr", counts, per_layer)
+
+    overlaps_ep = np.array([bool(getattr(s, "overlaps_expert_communication", False)) for s in schedules],
+                           dtype=bool)[np.asarray(cols["schedule"])]
+    layer = layer_seconds(model, cols, hardware, eff, rows)
+    comm = _layer_communication(model, rows, cols, layer, overlaps_ep, hardware, eff, coll)
+    ends = _embedding_and_head(model, rows, hardware, eff)
+    layers_on_rank = counts.sum(axis=2)
+    rl = np.asarray(cols["recompute_layers"], dtype=np.float64)[:, None]
+    fraction = np.where(rl < 0, 1.0, np.minimum(1.0, np.divide(rl * rows.vpp[:, None], layers_on_rank,
+                                                                 out=np.ones_like(layers_on_rank),
+                                                                 where=layers_on_rank > 0)))
+    is_first, is_head = where.has_embedding, where.has_head
+    return {
+        "compute_f": per_rank(layer["forward"]) + is_first * ends["embed_fwd"][:, None]
+        + is_head * ends["head_fwd"][:, None],
+        "compute_b": (per_rank(layer["backward"]) + fraction * per_rank(layer["recompute"])
+                      + is_first * ends["embed_bwd"][:, None] + is_head * ends["head_bwd"][:, None]),
+        "comm_layers": per_rank(comm["comm_fwd"] + comm["comm_bwd"]) + fraction * per_rank(comm["comm_extra"]),
+        "exposed_f": per_rank(comm["exposed_fwd"]),
+        "exposed_b": per_rank(comm["exposed_bwd"]) + fraction * per_rank(comm["exposed_extra"]),
+        "head_split": ends["head_split"],
+    }
+
+
+def _chunked(model: ModelWork, cols, hardware: Hardware, schedules, states_per_parameter) -> TimeArrays:
+    """:func:`step_time` over ``CHUNK_ROWS`` rows at a time (the per-rank arrays are rows x ranks x kinds)."""
+    n = len(cols["tp"])
+    parts = [step_time(model, {k: None if v is None else v[i:i + CHUNK_ROWS] for k, v in cols.items()},
+                       hardware, schedules=schedules, states_per_parameter=states_per_parameter)
+             for i in range(0, n, CHUNK_ROWS)]
+    return TimeArrays(**{name: np.concatenate([getattr(p, name) for p in parts]) for name in TIME_FIELDS},
+                      provenance=parts[0].provenance,
+                      detail={k: np.concatenate([p.detail[k] for p in parts]) for k in parts[0].detail
+                              if np.ndim(parts[0].detail[k]) == 1})
+
+
+def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedules: Optional[Sequence[Any]] = None,
+              states_per_parameter: Optional[np.ndarray] = None) -> TimeArrays:
+    """Price a batch of strategies: one entry a strategy in each returned array.
+
+    *strategies* is compose's columns (with *schedules* and
+    *states_per_parameter* by code, as the resolver passes them), or, without
+    *schedules*, Strategy values or a mapping of field -> values, converted by
+    :func:`strategy_columns` and priced with the registry's plugins.
+    """
+    if schedules is None:
+        names = registry_names()
+        cols = strategy_columns(strategies, names)
+        _check_splits(model, cols)
+        schedules, states_per_parameter = registry_plugins(names)
+    else:
+        cols = strategies
+    n = len(cols["tp"])
+    if n > CHUNK_ROWS:
+        return _chunked(model, cols, hardware, schedules, states_per_parameter)
+    eff, eff_sources = efficiencies(hardware)
+    coll = _collectives()
+    rows, shard = _rows(cols, hardware), sharding_rules.sharding(cols)
+    mtp = np.bincount([model.kinds.index(kind) for kind in model.mtp_kinds], minlength=len(model.kinds))
+    where = placement_rules.place(placement_rules.layer_prefix(model.kinds, model.layer_order), cols, schedules,
+                                  mtp_counts=mtp, pp_bounds=cols.get("pp_bounds"))
+    counts = where.rank_layers().astype(np.float64)                    # (N, R, K)
+    real_rank = np.arange(counts.shape[1])[None, :] < rows.pp[:, None]
+    rank = _rank_compute(model, rows, cols, where, counts, schedules, hardware, eff, coll)
+    dense_params, routed_params = _rank_parameters(model, rows, counts, where, rank["head_split"])
+    dp = _data_parallel(rows, shard, dense_params, routed_params, hardware, eff, coll)
+    fsdp_exposed_f = np.maximum(0.0, dp["fsdp_gather"] - rank["compute_f"])
+    fsdp_exposed_b = np.maximum(0.0, dp["fsdp_gather"] + dp["fsdp_scatter"] - rank["compute_b"])
+    forward = rank["compute_f"] + rank["exposed_f"] + fsdp_exposed_f
+    backward = rank["compute_b"] + rank["exposed_b"] + fsdp_exposed_b
+    stage = np.where(real_rank, forward + backward, 0.0)
+    pipe = _pipeline(model, rows, cols, schedules, stage, hardware, eff, coll)
+    grad_exposed = np.where(real_rank, np.maximum(0.0, dp["grad_step"] - backward), 0.0).max(axis=1)
+    param_exposed = np.where(real_rank, np.maximum(0.0, dp["param_step"] - forward), 0.0).max(axis=1)
+    states = np.asarray(states_per_parameter, dtype=np.float64)[np.asarray(cols["optimizer"])]
+    optimizer = _optimizer_seconds(rows, shard, dense_params, routed_params, states, real_rank, hardware, eff)
+    m = rows.micro_batches
+    pick = lambda a: a[np.arange(n), pipe["busiest"]]  # noqa: E731
+    compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
+    exposed = (m * (pick(rank["exposed_f"]) + pick(rank["exposed_b"]) + pick(fsdp_exposed_f) + pick(fsdp_exposed_b))
+               + grad_exposed + param_exposed + pipe["pp_exposed"])
+    communication = (m * (pick(rank["comm_layers"]) + pick(dp["fsdp_gather"]) * 2.0 + pick(dp["fsdp_scatter"])
+                          + pipe["pp_comm"]) + pick(dp["grad_step"]) + pick(dp["param_step"]))
+    seconds = {"compute_seconds": compute, "exposed_communication_seconds": exposed,
+               "communication_seconds": communication, "bubble_seconds": pipe["bubble"],
+               "optimizer_seconds": optimizer, "step_seconds": compute + exposed + pipe["bubble"] + optimizer}
+    detail = {"stage_seconds": stage, "busiest_rank": pipe["busiest"], "forward_seconds": pick(forward),
+              "backward_seconds": pick(backward), "grad_sync_seconds": pick(dp["grad_step"]),
+              "pp_send_seconds": pipe["send"]}
+    return _results(model, rows, seconds, detail, _provenance(model, eff, eff_sources, coll, hardware))
+
+
+def _provenance(model: ModelWork, eff, eff_sources, coll, hardware: Hardware) -> Dict[str, str]:
+    return {
+        "compute": f"roofline per op class; flops: {model.source}",
+        "efficiency": ", ".join(f"{key}={eff[key]:g} ({eff_sources[key]})" for key in EFFICIENCY_KEYS),
+        "communication": "collective/" + ", collective/".join(sorted(coll)),
+        "overlap": "; ".join(f"{use}: {rule}" for use, rule in OVERLAP_RULES.items()),
+        "hardware": f"hardware/{hardware.name}",
+        "model": "ndcost.compose.time",
+    }
+
+
+def _results(model: ModelWork, rows: _Rows, seconds: Mapping[str, np.ndarray], detail: Dict[str, Any],
+             provenance: Mapping[str, str]) -> TimeArrays:
+    """The step's arrays with its throughput and MFU (three times the forward's model FLOPs, no recompute)."""
+    step, s = seconds["step_seconds"], rows.seq
+    sequences = rows.dp * rows.fsdp * rows.micro_batches * rows.micro_batch
+    one_seq = len(s) > 0 and s.min() == s.max()  # the resolver prices one sequence length a call: one evaluation
+    model_flops = 3.0 * model.forward_flops_per_sequence(s[:1] if one_seq else s) * sequences
+    devices = rows.dp * rows.fsdp * rows.cp * rows.tp * rows.pp
+    detail["model_flops"] = model_flops
+    return TimeArrays(tokens_per_second=sequences * s / step, mfu=model_flops / (step * devices * rows.peak_flops),
+                      provenance=provenance, detail=detail, **seconds)
+
+
+# ---------------------------------------------------------------------------
+# the resolver's hook
+# ---------------------------------------------------------------------------
+def attach(cost_model: Any, result: Any, batch: Any, hardware: Hardware) -> Any:
+    """*result* (the resolver's BatchResult) with ``time`` filled for its valid rows.
+
+    Called by ``CostModel._attach_time`` with the batch's columns as compose
+    read them. Rows are grouped by sequence length (one :class:`ModelWork`
+    each: the census's FLOPs where it measured them, else analytic) and
+    pipeline depth, cut at ``CHUNK_ROWS``: one :func:`step_time` call a group.
+    Invalid rows hold NaN. A batch no FLOPs source covers keeps its memory
+    results and says why in the time provenance's ``unpriced``.
+    """
+    n = len(result.valid)
+    arrays = {name: np.full(n, np.nan) for name in TIME_FIELDS}
+    valid = np.asarray(result.valid, dtype=bool)
+    provenance: Dict[str, Any] = {}
+    if valid.any():
+        try:
+            names = cost_model.names()
+            rows = np.flatnonzero(valid)
+            cols = {k: np.asarray(v)[rows] for k, v in batch.cols.items()}
+            splits = None if batch.pp_layers is None else [batch.pp_layers[i] for i in rows.tolist()]
+            cols["pp_bounds"] = None if splits is None else placement_rules.split_bounds(splits)
+            schedules = [manager.registry().get(f"schedule/{name}") for name in names["schedule"]]
+            states = cost_model.optimizer_arrays(names["optimizer"])[0]
+            seqs, inverse = np.unique(cols["seq"], return_inverse=True)
+            works = {seq: cost_model.model_work(seq) for seq in seqs.tolist()}
+            # rows grouped by (sequence length, pp), each group a contiguous slice after one sort, so a
+            # group's per-rank arrays are only as wide as its pp; groups cut at CHUNK_ROWS rows
+            pp = cols["pp"]
+            key = inverse.reshape(-1) * (int(pp.max()) + 1) + pp
+            order = np.argsort(key, kind="stable")
+            edges = np.flatnonzero(np.diff(key[order])) + 1
+            cuts = sorted(set(edges.tolist()) | set(range(0, len(order), CHUNK_ROWS)) | {len(order)})
+            ordered = {k: None if v is None else v[order] for k, v in cols.items()}
+            for lo, hi in zip(cuts[:-1], cuts[1:]):  # a loop over the groups, not rows
+                seq = seqs[key[order[lo]] // (int(pp.max()) + 1)].item()
+                sub = {k: None if v is None else v[lo:hi] for k, v in ordered.items()}
+                priced = step_time(works[seq], sub, hardware, schedules=schedules, states_per_parameter=states)
+                for name in TIME_FIELDS:
+                    arrays[name][rows[order[lo:hi]]] = getattr(priced, name)
+                provenance = dict(priced.provenance)
+            provenance["flops"] = "; ".join(f"seq {int(seq)}: {works[seq].source}" for seq in seqs.tolist())
+        except Unpriced as exc:
+            provenance = {"unpriced": str(exc)}
+    if "unpriced" in provenance:
+        return attrs.evolve(result, time=None, provenance={**dict(result.provenance), "time": provenance})
+    time = dict(arrays)
+    time["provenance"] = provenance
+    return attrs.evolve(result, time=time, provenance={**dict(result.provenance), "time": provenance})
