@@ -6,17 +6,36 @@ import torch or transformers; only a census does.
 """
 from __future__ import annotations
 
-from ndcost.errors import (CensusUnavailable, InvalidStrategy, InvalidValue, NdcostError, RegistrationError,
-                           UnknownKey, Unpriced)
+from ndcost.errors import (
+    CensusUnavailable,
+    InvalidStrategy,
+    InvalidValue,
+    NdcostError,
+    RegistrationError,
+    UnknownKey,
+    Unpriced,
+)
 from ndcost.hookspecs import hookimpl
 from ndcost.layer import LayerKind
-from ndcost.values import (FLOP_PARTS, OPS, PARTS, Hardware, LayerGroup, ModelSpec, NetworkLevel, StageMemory,
-                           Strategy, StrategyCost, TimeBreakdown)
+from ndcost.values import (
+    FLOP_PARTS,
+    OPS,
+    PARTS,
+    Hardware,
+    LayerGroup,
+    ModelSpec,
+    NetworkLevel,
+    StageMemory,
+    Strategy,
+    StrategyCost,
+    TimeBreakdown,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "resolve", "Strategy", "Hardware", "ModelSpec", "LayerGroup", "LayerKind", "NetworkLevel", "StageMemory", "StrategyCost",
+    "resolve", "Strategy", "Hardware", "ModelSpec", "LayerGroup", "LayerKind", "NetworkLevel", "StageMemory",
+    "StrategyCost",
     "TimeBreakdown", "accounting", "hookimpl", "PARTS", "OPS", "FLOP_PARTS",
     "NdcostError", "InvalidValue", "InvalidStrategy", "UnknownKey", "RegistrationError", "Unpriced",
     "CensusUnavailable", "__version__",

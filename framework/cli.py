@@ -140,7 +140,8 @@ def table(rows: List[List[Any]], header: List[str], align: str = "") -> str:
         align = "".join("r" if rows and isinstance(rows[0][i], (int, float)) else "l" for i in range(len(header)))
     lines = []
     for n, row in enumerate(cells):
-        lines.append("  ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, align)).rstrip())
+        lines.append("  ".join(c.rjust(w) if a == "r" else c.ljust(w)
+                               for c, w, a in zip(row, widths, align, strict=False)).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -36,7 +36,7 @@ def ndcost_register(register: Register) -> None:
 
 
 @hookspec
-def ndcost_op_records() -> List[Mapping[str, Any]]:
+def ndcost_op_records() -> List[Mapping[str, Any]]:  # type: ignore[empty-body]  # a hookspec: plugins implement it
     """Contribute ops and slots to the op records (same schema as ``specs/op_records.yaml``).
 
     Runs when the op records are first loaded, after ``ndcost_register``, for

@@ -9,6 +9,7 @@ or transformers except in :func:`transformers_config`.
 """
 from __future__ import annotations
 
+import builtins
 import difflib
 import json
 import os
@@ -19,8 +20,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import attrs
 
-from ndcost.specio import load_yaml
 from ndcost.errors import InvalidValue, UnknownKey
+from ndcost.specio import load_yaml
 from ndcost.values import PARTS, LayerGroup, ModelSpec
 
 __all__ = [
@@ -147,7 +148,7 @@ class ConfigReader:
             raise InvalidValue(f"{self.family} config: {name} must be >= {minimum}, got {value}")
         return value
 
-    def optional_int(self, name: str) -> Optional[int]:
+    def optional_int(self, name: str) -> Optional[builtins.int]:  # the method int shadows the type here
         """An integer field where an explicit None (or 0) means "absent" (a query latent rank)."""
         if name in self.config or any(a in self.config for a in self.aliases.get(name, ())):
             value = self._value(name)
@@ -342,6 +343,7 @@ def _from_mapping(config: Mapping[str, Any], name: str, extra: Optional[Mapping[
     fallback = family is None
     if fallback:
         family = generic_family()
+    assert family is not None  # family_for found one, or the generic fallback
     spec = family.spec(config, name)
     if fallback:
         read = spec.extra.get("fields_read", ())
@@ -429,7 +431,7 @@ def _family_of(spec: ModelSpec) -> Family:
 
 
 def _check_parts(family: Family, kind: str, parts: Mapping[str, int]) -> Dict[str, int]:
-    out = {}
+    out: Dict[str, int] = {}
     for part, value in parts.items():
         if part not in PARTS:
             raise InvalidValue(f"family {family.name}: kind {kind!r} counts unknown part {part!r}; "

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import collections.abc
 import importlib
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple,
-                    runtime_checkable)
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import attrs
 
@@ -278,7 +277,7 @@ class Function(Protocol):
 
 
 def _contract(namespace: str, what: str, protocol: type, **kinds: str) -> NamespaceContract:
-    return NamespaceContract(namespace=namespace, what=what, protocol=protocol, requires=requirements(**kinds))
+    return NamespaceContract(namespace=namespace, what=what, protocol=protocol, requires=requirements(**kinds))  # type: ignore[arg-type]  # attrs plugin: converter typing
 
 
 def _function(namespace: str, what: str) -> NamespaceContract:

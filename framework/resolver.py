@@ -28,9 +28,18 @@ import numpy as np
 from ndcost import models
 from ndcost.compose import memory
 from ndcost.errors import CensusUnavailable, InvalidStrategy, InvalidValue, NdcostError, Unpriced
-from ndcost.values import (CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Hardware, ModelSpec, StageMemory, Strategy,
-                           StrategyCost, TimeBreakdown)
-from ndcost.values import unknown_plugin_name_message  # the one message for an unregistered plugin name
+from ndcost.values import (
+    CP_ALGOS,
+    MEMORY_CATEGORIES,
+    RECOMPUTE,
+    Hardware,
+    ModelSpec,
+    StageMemory,
+    Strategy,
+    StrategyCost,
+    TimeBreakdown,
+    unknown_plugin_name_message,  # the one message for an unregistered plugin name
+)
 
 __all__ = ["resolve", "CostModel", "BatchResult", "CENSUS_MODES"]
 
@@ -120,7 +129,7 @@ class BatchResult:
             if fields <= set(self.time):
                 time = TimeBreakdown(**{f: float(self.time[f][row]) for f in fields},
                                      provenance=dict(self.time.get("provenance", {}) or {}))
-        return StrategyCost(strategy=strategy, stages=tuple(stages), peak_bytes=int(self.peak_bytes[row]),
+        return StrategyCost(strategy=strategy, stages=tuple(stages), peak_bytes=int(self.peak_bytes[row]),  # type: ignore[arg-type]  # attrs plugin: converter typing
                             valid=bool(self.valid[row]), reason=str(self.reason[row]), time=time,
                             provenance=dict(self.provenance))
 
@@ -131,8 +140,8 @@ class BatchResult:
 def _unique(values: np.ndarray) -> Tuple[List[Any], np.ndarray]:
     """The distinct values of a column and each row's index into them (no sort of mixed types)."""
     if values.dtype.kind in "biufU":
-        uniq, inverse = np.unique(values, return_inverse=True)
-        return list(uniq.tolist()), inverse.reshape(-1)
+        distinct, codes = np.unique(values, return_inverse=True)
+        return list(distinct.tolist()), codes.reshape(-1)
     seen: Dict[Any, int] = {}
     inverse = np.empty(len(values), dtype=np.int64)
     uniq: List[Any] = []
@@ -197,7 +206,7 @@ def _column_values(name: str, raw: Any, n: int) -> np.ndarray:
 def _convert(name: str, values: np.ndarray, out: _Columns, names: Mapping[str, Sequence[str]]):
     """One field's column converted as Strategy converts it; rows it refuses are marked with its message."""
     attr = _FIELDS[name]
-    converter = attr.converter
+    converter: Any = attr.converter  # attrs types it Converter | None; Strategy's are plain callables
     if values.dtype.kind in "iu" and name in memory.INT_FIELDS:
         lo = {"zero": 0, "recompute_layers": 0}.get(name, 1)
         hi = 3 if name == "zero" else None
@@ -252,19 +261,19 @@ def _convert(name: str, values: np.ndarray, out: _Columns, names: Mapping[str, S
     if name == "pp_layers":
         return [converted[j] for j in inverse.tolist()]
     if name in names:  # a categorical: codes into names[name]
-        table = {v: i for i, v in enumerate(names[name])}
-        codes = []
+        lookup = {v: i for i, v in enumerate(names[name])}
+        code_list = []
         for j, value in enumerate(converted):
             if value is None:
-                codes.append(-1)
-            elif value in table:
-                codes.append(table[value])
+                code_list.append(-1)
+            elif value in lookup:
+                code_list.append(lookup[value])
             else:
-                codes.append(0)
+                code_list.append(0)
                 errors[j] = unknown_plugin_name_message(name, name, value, names[name])
                 mask = inverse == j
                 out.refuse(mask, errors[j])
-        return np.array(codes, dtype=np.int64)[inverse]
+        return np.array(code_list, dtype=np.int64)[inverse]
     if name in memory.INT_FIELDS:
         return np.array([-1 if v is None else v for v in converted], dtype=np.int64)[inverse]
     if name in memory.BOOL_FIELDS:
@@ -301,7 +310,8 @@ def columns(strategies: Any, names: Mapping[str, Sequence[str]]) -> _Columns:
         for name, attr in _FIELDS.items():
             raw = strategies.get(name, attr.default)
             per_row = (isinstance(raw, np.ndarray) and raw.ndim == 1) or \
-                (isinstance(raw, (list, tuple)) and name != "pp_layers") or (name == "pp_layers" and isinstance(raw, list))
+                (isinstance(raw, (list, tuple)) and name != "pp_layers") or \
+                (name == "pp_layers" and isinstance(raw, list))
             if per_row:
                 result = _convert(name, _column_values(name, raw, n), out, names)
             else:  # one value for every row: converted once
@@ -365,7 +375,7 @@ def _cross_checks(out: _Columns) -> None:
         lengths = np.array([-1 if s is None else len(s) for s in out.pp_layers], dtype=np.int64)
         bad = (lengths >= 0) & (lengths != nv)
         out.refuse(bad, lambda i: f"Strategy.pp_layers: {lengths[i]} stages given "
-                                  f"({'/'.join(map(str, out.pp_layers[i]))}) but pp * vpp = {nv[i]}")
+                                  f"({'/'.join(map(str, out.pp_layers[i]))}) but pp * vpp = {nv[i]}")  # type: ignore[arg-type]  # refused rows have a split
     ranks = c["dp"] * c["fsdp"] * c["cp"] * c["tp"]
     ep_etp = c["ep"] * c["etp"]
     bad = ranks % np.maximum(ep_etp, 1) != 0
@@ -436,7 +446,8 @@ class CostModel:
                      else "no MTP layers")),
             "hardware": _source_of(f"hardware/{self.hardware.name}"),
             "census": census,
-            "composition": "ndcost.compose.memory.compose (numpy over the batch; moments: " + ", ".join(memory.MOMENTS) + ")",
+            "composition": ("ndcost.compose.memory.compose (numpy over the batch; moments: "
+                            + ", ".join(memory.MOMENTS) + ")"),
             "buffers": f"{getattr(parameters, 'buffers', 0)} buffer elements (not priced as memory)",
             **dict(provenance or {}),
         }
@@ -497,7 +508,7 @@ class CostModel:
             full = np.zeros(len(self.tables.kinds))
             full[index] = getattr(records_all, f)
             arrays[f] = full
-        return attrs.evolve(records_all, **arrays)
+        return attrs.evolve(records_all, **arrays)  # type: ignore[arg-type]  # attrs plugin: **arrays holds only array fields
 
     def _choose_built_records(self, seq: int, kinds: Tuple[str, ...]) -> memory.RecordTables:
         prov: Dict[str, Any] = {}
@@ -661,7 +672,7 @@ class CostModel:
                     rows = np.zeros(n, dtype=bool)
                     rows[np.flatnonzero(valid)[inverse == j]] = True
                     batch.refuse(rows, f"seq={seq}: {exc}")
-                    tables.append(None)
+                    tables.append(None)  # type: ignore[arg-type]  # a placeholder, filtered out below
             seq_index[valid] = inverse.reshape(-1)
             if any(t is None for t in tables):
                 good = [t for t in tables if t is not None]
@@ -797,9 +808,10 @@ class CostModel:
                      lambda i: f"pp * vpp = {c['pp'][i]} * {c['vpp'][i]} = {nv[i]} does not divide the {L} layers; "
                                f"give pp_layers (for example {'/'.join(map(str, _even_split(L, int(nv[i]))))})")
         if explicit.any():
+            assert batch.pp_layers is not None  # explicit rows exist only with pp_layers
             sums = np.array([sum(s) if s is not None else L for s in batch.pp_layers], dtype=np.int64)
             batch.refuse(explicit & (sums != L),
-                         lambda i: f"pp_layers {'/'.join(map(str, batch.pp_layers[i]))} sums to {sums[i]} but "
+                         lambda i: f"pp_layers {'/'.join(map(str, batch.pp_layers[i]))} sums to {sums[i]} but "  # type: ignore[arg-type]  # explicit rows have a split
                                    f"{spec.name} has {L} layers")
         ep, etp = c["ep"], c["etp"]
         if m.num_experts:
@@ -875,5 +887,6 @@ def resolve(model: Any, runtime: str = "hf-cuda", hardware: Any = "h200", census
     from ndcost import models
     spec = model if isinstance(model, ModelSpec) else models.load_model(model)
     counts = models.parameters(spec)
-    prov = {"parameters": f"ndcost.models.parameters over the formula slots of {_source_of('family/' + spec.model_type)}"}
+    prov = {"parameters": "ndcost.models.parameters over the formula slots of "
+                          f"{_source_of('family/' + spec.model_type)}"}
     return CostModel(spec, counts, runtime=runtime, hardware=hardware, census=census, provenance=prov)

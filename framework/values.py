@@ -481,7 +481,7 @@ class Hardware:
             if level.name == name:
                 return level
         raise InvalidValue(f"hardware {self.name!r} has no network level {name!r}; it has "
-                           f"{', '.join(l.name for l in self.network) or 'none'}")
+                           f"{', '.join(lv.name for lv in self.network) or 'none'}")
 
 
 # ---------------------------------------------------------------------------

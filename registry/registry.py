@@ -97,6 +97,7 @@ class Registry:
         contract = protocols.contract_for(key, self.contracts)
         why = None if contract is None else contract.refusal(value)
         if why is not None:
+            assert contract is not None  # why is only set when there is a contract
             raise RegistrationError(f"{key} from {source.short}: {why}; every '{contract.namespace}/' value must "
                                     f"meet that contract: fix the value {source.module} registers")
         entry = Entry(key=key, value=value, source=source, override=bool(override))

@@ -12,7 +12,8 @@ FIELDS = ("saved_per_token", "saved_tp_per_token", "working_per_token", "working
 def add_arguments(parser) -> None:
     parser.add_argument("model", help="a model name from specs/models, a spec YAML, a config.json, "
                                       "or a folder holding config.json")
-    parser.add_argument("--seq", type=int, required=True, help="sequence length in tokens (the census runs one sequence per micro-batch)")
+    parser.add_argument("--seq", type=int, required=True,
+                        help="sequence length in tokens (the census runs one sequence per micro-batch)")
     parser.add_argument("--runtime", default="hf-cuda", help="runtime profile (runtime/<name>; default hf-cuda)")
     parser.add_argument("--no-cache", action="store_true", help="measure again instead of reading the cache")
 
@@ -43,7 +44,8 @@ def run(args):
 
     rows = []
     for kind, record in [*kinds.items(), ("output", output)]:
-        rows.append([kind, cell(record.saved_per_token), cell(record.saved_tp_per_token), cell(record.working_per_token),
+        rows.append([kind, cell(record.saved_per_token), cell(record.saved_tp_per_token),
+                     cell(record.working_per_token),
                      cell(record.working_tp_per_token), cell(record.selective_per_token),
                      cell(record.selective_tp_per_token), f"{sum(record.flops_by_part.values()):,.0f}"])
     text = (f"census of {spec.name} at {args.seq} tokens under {args.runtime} (bytes per token at TP 1; "

@@ -18,7 +18,8 @@ def run(args):
             for p in loaded.plugins]
     rows = []
     for p in loaded.plugins:
-        what = ", ".join(p.registered) if args.keys else f"{len(p.registered)} key{'' if len(p.registered) == 1 else 's'}"
+        what = (", ".join(p.registered) if args.keys
+                else f"{len(p.registered)} key{'' if len(p.registered) == 1 else 's'}")
         rows.append([p.name, p.distribution, p.version, p.module, f"FAILED: {p.error}" if p.error else what])
     text = table(rows, ["plugin", "distribution", "version", "module", "registered"], align="lllll")
     overrides = loaded.registry.overrides()

@@ -214,7 +214,7 @@ class RecordTables:
             cols["dropped"].append(float(sum(r.ops.get(op, 0.0) for op in core_ops)))
             cols["dropped_tp"].append(float(sum(r.ops_tp.get(op, 0.0) for op in core_ops)))
             share = routed_share.get(k, (0.0, 0.0, 0.0, 0.0))
-            for name, value in zip(("routed", "routed_tp", "routed_tokens", "routed_width"), share):
+            for name, value in zip(("routed", "routed_tp", "routed_tokens", "routed_width"), share, strict=False):
                 cols[name].append(float(value))
         arrays = {f: np.array(v, dtype=np.float64) for f, v in cols.items()}
         arrays["selective_tp"] = np.where(np.isnan(arrays["selective"]), np.nan,
@@ -348,7 +348,8 @@ class _StageParameters:
 
 def _stage_parameters(model: ModelTables, batch: _Batch, cols, where: placement_rules.Placement,
                       layers: np.ndarray) -> _StageParameters:
-    """Each stage's parameter elements: its layers, the embedding on the first virtual stage, final norm and head on the last.
+    """Each stage's parameter elements: its layers, the embedding on the first virtual stage, final norm and head on
+    the last.
 
     Attention, feed-forward and shared experts are split by ``tp`` (KV
     projections by ``min(tp, kv_heads)``: TP beyond the KV heads replicates
@@ -372,7 +373,8 @@ def _stage_parameters(model: ModelTables, batch: _Batch, cols, where: placement_
     head = ceil_div(np.int64(model.embedding if model.tied else model.head), vocab_split)
     has_embedding, has_head = where.has_embedding, where.has_head
     head_extra = np.where(has_head & ~(has_embedding & model.tied), head[:, None], 0)
-    dense = dense + np.where(has_embedding, embedding[:, None], 0) + head_extra + np.where(has_head, model.final_norm, 0)
+    dense = (dense + np.where(has_embedding, embedding[:, None], 0) + head_extra
+             + np.where(has_head, model.final_norm, 0))
     return _StageParameters(
         layer_dense=layer_dense, layer_routed=layer_routed, dense=dense, routed=routed,
         copies=copies + head_extra,  # the head's matmul reads its weight (the embedding's where tied)
@@ -393,7 +395,8 @@ def _persistent_bytes(params: _StageParameters, batch: _Batch, cols, states_per_
     shard = batch.sharding
 
     def per_device(dense, routed, category):
-        return ceil_div(dense, shard.ways(category)[:, None]) + ceil_div(routed, shard.routed_ways_of(category)[:, None])
+        return (ceil_div(dense, shard.ways(category)[:, None])
+                + ceil_div(routed, shard.routed_ways_of(category)[:, None]))
 
     no_routed = np.zeros_like(params.dense)
     states = per_device(params.dense, params.routed, "optimizer_states")
@@ -583,7 +586,8 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     n, ranks = params.dense.shape
     largest = np.zeros((n, ranks), dtype=np.int64)
     for k in range(K):
-        largest = np.maximum(largest, np.where(layers[k] > 0, (params.layer_dense[k] + params.layer_routed[k])[:, None], 0))
+        largest = np.maximum(largest, np.where(layers[k] > 0,
+                                               (params.layer_dense[k] + params.layer_routed[k])[:, None], 0))
     root = (np.where(where.has_embedding, params.embedding[:, None], 0) + params.head_extra
             + np.where(where.has_head, model.final_norm, 0))
     compute, grad = batch.compute_bytes[:, None], batch.grad_bytes[:, None]
@@ -735,7 +739,8 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     return Composed(stage_bytes=stage_bytes, stage_peak_bytes=stage_peak,
                     peak_bytes=stage_peak[np.arange(len(peak_stage)), peak_stage], peak_stage=peak_stage,
                     stage_layers=stage_layers, stage_moment=best_moment,
-                    layer_bytes=np.ceil(np.where(none, layer.keep_plain, layer.keep_recomputed) - 1e-3).astype(np.int64),
+                    layer_bytes=np.ceil(np.where(none, layer.keep_plain, layer.keep_recomputed)
+                                        - 1e-3).astype(np.int64),
                     unpriced={"working": layer.unpriced_working, "output working": unpriced_output,
                               "selective": layer.unpriced_selective},
                     stage_kind_layers=where.rank_layers(with_mtp=False), head_stage=where.head_rank)

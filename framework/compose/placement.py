@@ -61,12 +61,12 @@ class Placement:
     @property
     def has_embedding(self) -> np.ndarray:
         """(N, R) bool: the rank holds the embedding."""
-        return self.first.any(axis=2)
+        return self.first.any(axis=2)  # type: ignore[return-value]  # numpy stubs: any(axis=) of an array is an array
 
     @property
     def has_head(self) -> np.ndarray:
         """(N, R) bool: the rank holds the final norm and the head."""
-        return self.last.any(axis=2)
+        return self.last.any(axis=2)  # type: ignore[return-value]  # numpy stubs: any(axis=) of an array is an array
 
     @property
     def head_rank(self) -> np.ndarray:

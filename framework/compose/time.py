@@ -34,8 +34,8 @@ from ndcost.compose import sharding as sharding_rules
 from ndcost.compose.memory import DTYPE_BYTES, DTYPE_NAMES
 from ndcost.compose.topology import group_link
 from ndcost.errors import InvalidValue, Unpriced
-from ndcost.work import NORM_ELEMENTS, ModelWork, window_pairs
 from ndcost.values import CP_ALGOS, RECOMPUTE, Hardware, TimeBreakdown, _frozen_mapping
+from ndcost.work import NORM_ELEMENTS, ModelWork, window_pairs
 
 __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS", "OVERLAP_RULES", "COLLECTIVES",
            "TimeArrays", "efficiencies", "strategy_columns", "layer_seconds", "step_time", "attach"]
@@ -628,7 +628,7 @@ def attach(cost_model: Any, result: Any, batch: Any, hardware: Hardware) -> Any:
         try:
             names = cost_model.names()
             rows = np.flatnonzero(valid)
-            cols = {k: np.asarray(v)[rows] for k, v in batch.cols.items()}
+            cols: Dict[str, Any] = {k: np.asarray(v)[rows] for k, v in batch.cols.items()}
             splits = None if batch.pp_layers is None else [batch.pp_layers[i] for i in rows.tolist()]
             cols["pp_bounds"] = None if splits is None else placement_rules.split_bounds(splits)
             schedules = [manager.registry().get(f"schedule/{name}") for name in names["schedule"]]
@@ -643,7 +643,7 @@ def attach(cost_model: Any, result: Any, batch: Any, hardware: Hardware) -> Any:
             edges = np.flatnonzero(np.diff(key[order])) + 1
             cuts = sorted(set(edges.tolist()) | set(range(0, len(order), CHUNK_ROWS)) | {len(order)})
             ordered = {k: None if v is None else v[order] for k, v in cols.items()}
-            for lo, hi in zip(cuts[:-1], cuts[1:]):  # a loop over the groups, not rows
+            for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):  # a loop over the groups, not rows
                 seq = seqs[key[order[lo]] // (int(pp.max()) + 1)].item()
                 sub = {k: None if v is None else v[lo:hi] for k, v in ordered.items()}
                 priced = step_time(works[seq], sub, hardware, schedules=schedules, states_per_parameter=states)
@@ -655,6 +655,6 @@ def attach(cost_model: Any, result: Any, batch: Any, hardware: Hardware) -> Any:
             provenance = {"unpriced": str(exc)}
     if "unpriced" in provenance:
         return attrs.evolve(result, time=None, provenance={**dict(result.provenance), "time": provenance})
-    time = dict(arrays)
+    time: Dict[str, Any] = dict(arrays)
     time["provenance"] = provenance
     return attrs.evolve(result, time=time, provenance={**dict(result.provenance), "time": provenance})
