@@ -195,8 +195,10 @@ def speed(n: int, out: str) -> int:
     start = time.perf_counter()
     columns = time_model.strategy_columns(cols)
     middle = time.perf_counter()
-    schedules, states = time_model.registry_plugins(time_model.registry_names())
-    priced = time_model.step_time(work, columns, hardware, schedules=schedules, states_per_parameter=states)
+    from ndcost.columns import code_plugins
+    plugins = code_plugins(manager.registry(), time_model.registry_names())
+    priced = time_model.step_time(work, columns, hardware, schedules=plugins.schedules,
+                                  states_per_parameter=plugins.states_per_parameter)
     end = time.perf_counter()
     report = {"strategies": n, "columns_seconds": middle - start, "step_time_seconds": end - middle,
               "strategies_per_second": n / (end - start), "median_step_seconds": float(np.median(priced.step_seconds))}

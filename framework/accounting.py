@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+from ndcost import manager
+
 __all__ = [
     "training_bytes", "packed_w4_bytes", "kronecker_counts", "ouro_analytic_accounting", "tensor_tree_inventory",
     "pack_6bit", "unpack_6bit", "storage_format", "storage_formats", "storage_bytes", "matrix_storage_bytes",
@@ -25,7 +27,6 @@ __all__ = [
 
 
 def _registry():
-    from ndcost import manager
     return manager.registry()
 
 

@@ -16,13 +16,16 @@ import os
 import warnings
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import attrs
+import yaml
 
+from ndcost import manager
 from ndcost.errors import InvalidValue, UnknownKey
 from ndcost.specio import load_yaml
-from ndcost.values import PARTS, LayerGroup, ModelSpec
+from ndcost.values import PARTS, LayerGroup, ModelSpec, _frozen_mapping
 
 __all__ = [
     "load_model", "transformers_config", "parameters", "ParameterCount", "Family", "ConfigReader",
@@ -37,13 +40,7 @@ class FamilyFallbackWarning(UserWarning):
 # ---------------------------------------------------------------------------
 # the parameter count
 # ---------------------------------------------------------------------------
-def _frozen(value: Any) -> Mapping:
-    from types import MappingProxyType
-    return MappingProxyType(dict(value or {}))
-
-
 def _frozen_nested(value: Any) -> Mapping:
-    from types import MappingProxyType
     return MappingProxyType({k: MappingProxyType(dict(v)) for k, v in dict(value or {}).items()})
 
 
@@ -60,14 +57,14 @@ class ParameterCount:
     """
 
     by_kind: Mapping[str, Mapping[str, int]] = attrs.field(converter=_frozen_nested)
-    layer_counts: Mapping[str, int] = attrs.field(converter=_frozen)
+    layer_counts: Mapping[str, int] = attrs.field(converter=_frozen_mapping)
     embedding: int
     head: int
     final_norm: int
     mtp: int
     buffers: int
     total: int
-    by_part: Mapping[str, int] = attrs.field(converter=_frozen)
+    by_part: Mapping[str, int] = attrs.field(converter=_frozen_mapping)
     published_total: Optional[int] = None
     other: int = 0
 
@@ -201,7 +198,6 @@ def groups_of(kinds: Iterable[str], mtp_kind: Optional[str] = None, mtp_count: i
 # formulas and families
 # ---------------------------------------------------------------------------
 def _registry():
-    from ndcost import manager
     return manager.registry()
 
 
@@ -321,7 +317,6 @@ def model_path(name: str):
 
 
 def _read_yaml(path) -> Dict[str, Any]:
-    import yaml
     text = path.read_text()
     try:
         data = load_yaml(text)

@@ -19,38 +19,33 @@ raises :class:`InvalidStrategy` for a strategy that cannot run.
 """
 from __future__ import annotations
 
-import math
+import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np
 
-from ndcost import models
+from ndcost import columns, manager, models
 from ndcost.compose import memory
+from ndcost.compose import time as time_model
 from ndcost.errors import CensusUnavailable, InvalidStrategy, InvalidValue, NdcostError, Unpriced
+from ndcost.specio import load_hardware_yaml
 from ndcost.values import (
-    CP_ALGOS,
     MEMORY_CATEGORIES,
-    RECOMPUTE,
     Hardware,
     ModelSpec,
     StageMemory,
     Strategy,
     StrategyCost,
-    TimeBreakdown,
-    unknown_plugin_name_message,  # the one message for an unregistered plugin name
+    TimeBreakdown,  # the one message for an unregistered plugin name
 )
 
 __all__ = ["resolve", "CostModel", "BatchResult", "CENSUS_MODES"]
 
 CENSUS_MODES = ("auto", "on", "off")
-_FIELDS = {a.name: a for a in attrs.fields(Strategy)}
-_NONE_DTYPE = len(memory.DTYPE_NAMES)
-_DTYPE_CODE = {name: i for i, name in enumerate(memory.DTYPE_NAMES)}
 
 
 def _registry():
-    from ndcost import manager
     return manager.registry()
 
 
@@ -68,7 +63,6 @@ def _hardware(hardware: Any) -> Hardware:
         return hardware
     if isinstance(hardware, str):
         if hardware.endswith((".yaml", ".yml")):
-            from ndcost.plugins.hardware import load_hardware_yaml
             return load_hardware_yaml(hardware)
         return _registry().get(f"hardware/{hardware}")
     raise InvalidValue(f"hardware must be a name (h200), a spec YAML path or a Hardware, got {hardware!r}")
@@ -100,6 +94,7 @@ class BatchResult:
     layer_activation_bytes: np.ndarray  # (N, K): one layer of each kind, one micro-batch, per device
     stage_kind_layers: np.ndarray  # (N, R, K): the stack's layers of each kind on each stage (MTP aside)
     head_stage: np.ndarray         # (N,): the stage holding the head
+    embedding_stage: np.ndarray    # (N,): the stage holding the embedding
     kinds: Tuple[str, ...]
     valid: np.ndarray
     reason: np.ndarray
@@ -132,255 +127,6 @@ class BatchResult:
         return StrategyCost(strategy=strategy, stages=tuple(stages), peak_bytes=int(self.peak_bytes[row]),  # type: ignore[arg-type]  # attrs plugin: converter typing
                             valid=bool(self.valid[row]), reason=str(self.reason[row]), time=time,
                             provenance=dict(self.provenance))
-
-
-# ---------------------------------------------------------------------------
-# strategies as columns
-# ---------------------------------------------------------------------------
-def _unique(values: np.ndarray) -> Tuple[List[Any], np.ndarray]:
-    """The distinct values of a column and each row's index into them (no sort of mixed types)."""
-    if values.dtype.kind in "biufU":
-        distinct, codes = np.unique(values, return_inverse=True)
-        return list(distinct.tolist()), codes.reshape(-1)
-    seen: Dict[Any, int] = {}
-    inverse = np.empty(len(values), dtype=np.int64)
-    uniq: List[Any] = []
-    for i, value in enumerate(values.tolist()):
-        key = tuple(value) if isinstance(value, list) else value
-        try:
-            j = seen.get(key)
-        except TypeError:
-            key = repr(key)
-            j = seen.get(key)
-        if j is None:
-            j = seen[key] = len(uniq)
-            uniq.append(value)
-        inverse[i] = j
-    return uniq, inverse
-
-
-class _Columns:
-    """A batch's strategy fields as arrays (memory.compose's columns), with each row's refusals."""
-
-    def __init__(self, n: int):
-        self.n = n
-        self.cols: Dict[str, Any] = {}
-        self.reasons: List[Tuple[np.ndarray, Any]] = []  # (mask, message or row -> message)
-        self.pp_layers: Optional[List[Optional[Tuple[int, ...]]]] = None
-
-    def refuse(self, mask, message) -> None:
-        mask = np.asarray(mask, dtype=bool)
-        if mask.any():
-            self.reasons.append((mask, message))
-
-    def invalid(self) -> np.ndarray:
-        bad = np.zeros(self.n, dtype=bool)
-        for mask, _ in self.reasons:
-            bad |= mask
-        return bad
-
-    def reason_array(self) -> np.ndarray:
-        out = np.full(self.n, "", dtype=object)
-        for mask, message in self.reasons:
-            for i in np.flatnonzero(mask):
-                text = message(i) if callable(message) else message
-                out[i] = text if not out[i] else f"{out[i]}; {text}"
-        return out
-
-
-def _column_values(name: str, raw: Any, n: int) -> np.ndarray:
-    if isinstance(raw, np.ndarray) and raw.ndim == 1:
-        values = raw
-    elif isinstance(raw, (list, tuple)) and name != "pp_layers" or (name == "pp_layers" and isinstance(raw, list)):
-        values = np.empty(len(raw), dtype=object)
-        values[:] = list(raw)
-    else:
-        values = np.empty(n, dtype=object)
-        values[:] = [raw] * n
-    if len(values) != n:
-        raise InvalidValue(f"strategy column {name!r} has {len(values)} values, the others {n}; "
-                           f"give one value a strategy (or a scalar for all)")
-    return values
-
-
-def _convert(name: str, values: np.ndarray, out: _Columns, names: Mapping[str, Sequence[str]]):
-    """One field's column converted as Strategy converts it; rows it refuses are marked with its message."""
-    attr = _FIELDS[name]
-    converter: Any = attr.converter  # attrs types it Converter | None; Strategy's are plain callables
-    if values.dtype.kind in "iu" and name in memory.INT_FIELDS:
-        lo = {"zero": 0, "recompute_layers": 0}.get(name, 1)
-        hi = 3 if name == "zero" else None
-        bad = (values < lo) | ((values > hi) if hi is not None else False)
-        if bad.any():
-            messages = {}
-            for value in np.unique(values[bad]).tolist():
-                try:
-                    converter(value)
-                except InvalidValue as exc:
-                    messages[value] = str(exc)
-            out.refuse(bad, lambda i, v=values, m=messages: m.get(int(v[i]), f"Strategy.{name}: {v[i]} out of range"))
-        return np.where(bad, attr.default if attr.default is not None else -1, values).astype(np.int64)
-    if name in names and values.dtype.kind == "U":  # a categorical of strings: exact names by comparison
-        table = names[name]
-        codes = np.full(len(values), -1, dtype=np.int64)
-        for code, known in enumerate(table):  # a loop over the few names, not rows
-            codes[values == known] = code
-        rest = codes < 0
-        if rest.any():  # other spellings (case, aliases) or unknown names: as Strategy converts them
-            sub = _Columns(int(rest.sum()))
-            codes[rest] = _convert(name, values[rest].astype(object), sub, names)
-            index = np.flatnonzero(rest)
-            for mask, message in sub.reasons:
-                full = np.zeros(len(values), dtype=bool)
-                full[index[mask]] = True
-                out.refuse(full, (lambda i, m=message, ix=index: m(int(np.searchsorted(ix, i))))
-                           if callable(message) else message)
-        return codes
-    if name in memory.BOOL_FIELDS and values.dtype.kind == "b":
-        return values.astype(bool)
-    uniq, inverse = _unique(values)
-    converted: List[Any] = []
-    errors: Dict[int, str] = {}
-    for j, value in enumerate(uniq):
-        try:
-            if value is None and name in ("seq", "recompute_layers", "compute_dtype", "grad_dtype",
-                                          "optimizer_dtype", "pp_layers"):
-                converted.append(None)
-                continue
-            if isinstance(value, float) and math.isnan(value) and name in ("seq", "recompute_layers", "pp_layers"):
-                converted.append(None)
-                continue
-            converted.append(converter(value) if converter is not None else value)
-        except (InvalidValue, TypeError, ValueError) as exc:
-            errors[j] = str(exc)
-            converted.append(attr.default)
-    if errors:
-        bad_index = np.array(sorted(errors))
-        mask = np.isin(inverse, bad_index)
-        out.refuse(mask, lambda i, inv=inverse, e=errors: e[int(inv[i])])
-    if name == "pp_layers":
-        return [converted[j] for j in inverse.tolist()]
-    if name in names:  # a categorical: codes into names[name]
-        lookup = {v: i for i, v in enumerate(names[name])}
-        code_list = []
-        for j, value in enumerate(converted):
-            if value is None:
-                code_list.append(-1)
-            elif value in lookup:
-                code_list.append(lookup[value])
-            else:
-                code_list.append(0)
-                errors[j] = unknown_plugin_name_message(name, name, value, names[name])
-                mask = inverse == j
-                out.refuse(mask, errors[j])
-        return np.array(code_list, dtype=np.int64)[inverse]
-    if name in memory.INT_FIELDS:
-        return np.array([-1 if v is None else v for v in converted], dtype=np.int64)[inverse]
-    if name in memory.BOOL_FIELDS:
-        return np.array(converted, dtype=bool)[inverse]
-    return np.array(converted, dtype=np.float64)[inverse]
-
-
-def columns(strategies: Any, names: Mapping[str, Sequence[str]]) -> _Columns:
-    """A batch (Strategy sequence, or mapping of field -> values) as validated columns.
-
-    *names* gives each categorical field's names (codes are indices into
-    them): ``cp_algo``, ``schedule``, ``recompute``, ``optimizer`` and the
-    dtypes (with ``none`` last for ``master_dtype``).
-    """
-    if isinstance(strategies, Strategy):
-        strategies = [strategies]
-    if isinstance(strategies, Mapping):
-        unknown = sorted(set(strategies) - set(_FIELDS))
-        if unknown:
-            import difflib
-            hints = []
-            for key in unknown:
-                close = difflib.get_close_matches(str(key), list(_FIELDS), n=1)
-                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-            raise InvalidStrategy(f"unknown strategy field(s) {', '.join(hints)}; fields: {', '.join(_FIELDS)}")
-        lengths = {len(v) for k, v in strategies.items()
-                   if (isinstance(v, np.ndarray) and v.ndim == 1) or (isinstance(v, (list, tuple)) and k != "pp_layers")
-                   or (k == "pp_layers" and isinstance(v, list))}
-        if len(lengths) > 1:
-            raise InvalidValue(f"strategy columns have different lengths {sorted(lengths)}; give one value a "
-                               f"strategy (or a scalar for all)")
-        n = lengths.pop() if lengths else 1
-        out = _Columns(n)
-        for name, attr in _FIELDS.items():
-            raw = strategies.get(name, attr.default)
-            per_row = (isinstance(raw, np.ndarray) and raw.ndim == 1) or \
-                (isinstance(raw, (list, tuple)) and name != "pp_layers") or \
-                (name == "pp_layers" and isinstance(raw, list))
-            if per_row:
-                result = _convert(name, _column_values(name, raw, n), out, names)
-            else:  # one value for every row: converted once
-                one = np.empty(1, dtype=object)
-                one[0] = raw
-                probe = _Columns(1)
-                result = _convert(name, one, probe, names)
-                for _mask, message in probe.reasons:
-                    text = message(0) if callable(message) else message
-                    out.refuse(np.ones(n, dtype=bool), text)
-                result = [result[0]] * n if name == "pp_layers" else np.repeat(result, n)
-            if name == "pp_layers":  # None: no row gives a split (the common case pays no per-row work)
-                out.pp_layers = result if any(v is not None for v in (result if per_row else result[:1])) else None
-            else:
-                out.cols[name] = result
-        _cross_checks(out)
-    else:
-        items = list(strategies)
-        refused: Dict[int, str] = {}
-        for i, s in enumerate(items):
-            if not isinstance(s, Strategy):
-                try:
-                    items[i] = Strategy.parse(s) if isinstance(s, str) else Strategy.from_mapping(s)
-                except (InvalidValue, TypeError) as exc:  # this row is refused; the batch goes on
-                    refused[i] = str(exc)
-                    items[i] = Strategy(seq=1)
-        out = _Columns(len(items))
-        if refused:
-            mask = np.zeros(len(items), dtype=bool)
-            mask[list(refused)] = True
-            out.refuse(mask, lambda i: refused[int(i)])
-        for name in _FIELDS:
-            values = [getattr(s, name) for s in items]
-            if name == "pp_layers":
-                out.pp_layers = values if any(v is not None for v in values) else None
-                continue
-            if name in names:
-                table = {v: i for i, v in enumerate(names[name])}
-                codes = np.array([-1 if v is None else table.get(v, -2) for v in values], dtype=np.int64)
-                unknown = codes == -2
-                out.refuse(unknown, lambda i, v=values, nm=name: unknown_plugin_name_message(nm, nm, v[i], names[nm]))
-                out.cols[name] = np.where(unknown, 0, codes)
-            elif name in memory.INT_FIELDS:
-                out.cols[name] = np.array([-1 if v is None else v for v in values], dtype=np.int64)
-            elif name in memory.BOOL_FIELDS:
-                out.cols[name] = np.array(values, dtype=bool)
-            else:
-                out.cols[name] = np.array(values, dtype=np.float64)
-    c = out.cols
-    # dtypes left unset take the parameters'
-    for name in ("compute_dtype", "grad_dtype", "optimizer_dtype"):
-        c[name] = np.where(c[name] < 0, c["param_dtype"], c[name])
-    return out
-
-
-def _cross_checks(out: _Columns) -> None:
-    """Strategy's own checks between fields, on columns (its __attrs_post_init__)."""
-    c = out.cols
-    nv = c["pp"] * c["vpp"]
-    if out.pp_layers is not None:
-        lengths = np.array([-1 if s is None else len(s) for s in out.pp_layers], dtype=np.int64)
-        bad = (lengths >= 0) & (lengths != nv)
-        out.refuse(bad, lambda i: f"Strategy.pp_layers: {lengths[i]} stages given "
-                                  f"({'/'.join(map(str, out.pp_layers[i]))}) but pp * vpp = {nv[i]}")  # type: ignore[arg-type]  # refused rows have a split
-    ranks = c["dp"] * c["fsdp"] * c["cp"] * c["tp"]
-    ep_etp = c["ep"] * c["etp"]
-    bad = ranks % np.maximum(ep_etp, 1) != 0
-    out.refuse(bad, lambda i: f"Strategy: ep * etp = {c['ep'][i]} * {c['etp'][i]} = {ep_etp[i]} must divide "
-                              f"dp * fsdp * cp * tp = {ranks[i]}")
 
 
 # ---------------------------------------------------------------------------
@@ -633,12 +379,8 @@ class CostModel:
 
     # -- evaluation ------------------------------------------------------------------------------
     def names(self) -> Dict[str, Tuple[str, ...]]:
-        reg = _registry()
-        return {"cp_algo": CP_ALGOS, "schedule": tuple(reg.names("schedule")), "recompute": RECOMPUTE,
-                "optimizer": tuple(reg.names("optimizer")),
-                "param_dtype": memory.DTYPE_NAMES, "compute_dtype": memory.DTYPE_NAMES,
-                "grad_dtype": memory.DTYPE_NAMES, "optimizer_dtype": memory.DTYPE_NAMES,
-                "master_dtype": memory.DTYPE_NAMES + ("none",)}
+        """The names each categorical strategy field's codes index (:func:`ndcost.columns.category_names`)."""
+        return columns.category_names(_registry())
 
     def evaluate(self, strategy: Any, hardware: Any = None) -> StrategyCost:
         """The cost of one strategy (``evaluate_many`` of one row); InvalidStrategy where it cannot run."""
@@ -655,7 +397,7 @@ class CostModel:
         """Price a batch: a sequence of Strategy, or a mapping of field -> list/array (see module docstring)."""
         hw = self.hardware if hardware is None else _hardware(hardware)
         names = self.names()
-        batch = columns(strategies, names)
+        batch = columns.encode(strategies, names)
         self._model_checks(batch, names)
         n = batch.n
         valid = ~batch.invalid()
@@ -698,12 +440,12 @@ class CostModel:
         in_order = priced == n and bool(np.all(order[1:] > order[:-1]))  # every row valid, one layout
         shapes = {"stage_bytes": (R, C), "stage_peak_bytes": (R,), "stage_layers": (R,), "stage_moment": (R,),
                   "stage_kind_layers": (R, K), "peak_bytes": (), "peak_stage": (), "head_stage": (),
+                  "embedding_stage": (),
                   "layer_bytes": (K,)}
         out = {name: np.zeros((priced,) + shape, dtype=np.int64) for name, shape in shapes.items()}
         if priced:
             recs = memory.stack_records(tables)
-            schedules = [_registry().get(f"schedule/{s}") for s in names["schedule"]]
-            spp, temps = self.optimizer_arrays(names["optimizer"])
+            plugins = columns.code_plugins(_registry(), names)
             unpriced_selective = np.zeros(n, dtype=bool)
             cols_sorted = c if in_order else {k: v[order] for k, v in c.items()}
             seq_sorted = seq_index if in_order else seq_index[order]
@@ -713,12 +455,13 @@ class CostModel:
                 sub = {k: v[lo:hi] for k, v in cols_sorted.items()}
                 sub["pp_bounds"] = None if bounds_sorted is None else bounds_sorted[lo:hi]
                 r = int(sub["pp"][0])  # one layout: every row of the slice has pp stages
-                composed = memory.compose(self.tables, recs, seq_sorted[lo:hi], sub, schedules, spp, temps,
+                composed = memory.compose(self.tables, recs, seq_sorted[lo:hi], sub, plugins.schedules,
+                                          plugins.states_per_parameter, plugins.step_temporaries_per_parameter,
                                           out=out["stage_bytes"][lo:hi, :r],
                                           embedding_sort_scratch=getattr(self._profile, "device", "") == "cuda")
                 for name in ("stage_peak_bytes", "stage_layers", "stage_moment", "stage_kind_layers"):
                     out[name][lo:hi, :r] = getattr(composed, name)
-                for name in ("peak_bytes", "peak_stage", "head_stage", "layer_bytes"):
+                for name in ("peak_bytes", "peak_stage", "head_stage", "embedding_stage", "layer_bytes"):
                     out[name][lo:hi] = getattr(composed, name)
                 unpriced_selective[order[lo:hi]] = composed.unpriced["selective"]
                 lo = hi
@@ -749,23 +492,15 @@ class CostModel:
             stage_peak_bytes=full["stage_peak_bytes"], num_stages=num_stages, stage_layers=full["stage_layers"],
             stage_moment=full["stage_moment"], peak_stage=full["peak_stage"],
             layer_activation_bytes=full["layer_bytes"], stage_kind_layers=full["stage_kind_layers"],
-            head_stage=full["head_stage"], kinds=self.tables.kinds, valid=valid, reason=reason,
+            head_stage=full["head_stage"], embedding_stage=full["embedding_stage"], kinds=self.tables.kinds,
+            valid=valid, reason=reason,
             fits=valid & (peak <= hw.memory_bytes), memory_bytes=int(hw.memory_bytes), provenance=prov)
         return self._attach_time(result, batch, hw)
 
-    def _attach_time(self, result: BatchResult, batch: _Columns, hardware: Hardware) -> BatchResult:
-        """The time model's arrays for the batch (:func:`ndcost.compose.time.attach`)."""
-        from ndcost.compose import time as time_model  # imports the resolver (its columns): not at module level
-        return time_model.attach(self, result, batch, hardware)
-
-    def optimizer_arrays(self, names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
-        reg = _registry()
-        spp, temps = [], []
-        for name in names:
-            opt = reg.get(f"optimizer/{name}")
-            spp.append(float(opt.states_per_parameter))
-            temps.append(float(getattr(opt, "step_temporaries_per_parameter", 0) or 0))
-        return np.array(spp), np.array(temps)
+    def _attach_time(self, result: BatchResult, batch: columns.StrategyColumns, hardware: Hardware) -> BatchResult:
+        """The time model's arrays for the batch: its work at each sequence length, the plugins by code."""
+        return time_model.attach(result, batch, hardware, self.model_work,
+                                 columns.code_plugins(_registry(), self.names()))
 
     def _pp_bounds(self, pp_layers, rows) -> Optional[np.ndarray]:
         if pp_layers is None:
@@ -785,7 +520,7 @@ class CostModel:
             out[i, :len(edges)] = edges
         return out
 
-    def _model_checks(self, batch: _Columns, names) -> None:
+    def _model_checks(self, batch: columns.StrategyColumns, names) -> None:
         """Refuse what cannot run on this model, each with the constraint and the numbers."""
         c, m, spec = batch.cols, self.tables, self.spec
         t = c["tp"]
@@ -874,7 +609,6 @@ _NOTED: List[str] = []
 def _note_census_extra(why: str) -> None:
     """Say once on stderr that the census extra is missing and the formulas price instead."""
     if "pip install 'ndcost[census]'" in why and not _NOTED:
-        import sys
         _NOTED.append(why)
         print(f"ndcost: {why}; pricing activations with the op records' formulas", file=sys.stderr)
 
@@ -884,7 +618,6 @@ def _note_census_extra(why: str) -> None:
 # ---------------------------------------------------------------------------
 def resolve(model: Any, runtime: str = "hf-cuda", hardware: Any = "h200", census: str = "auto") -> CostModel:
     """A :class:`CostModel` for *model* (anything :func:`ndcost.models.load_model` reads, or a ModelSpec)."""
-    from ndcost import models
     spec = model if isinstance(model, ModelSpec) else models.load_model(model)
     counts = models.parameters(spec)
     prov = {"parameters": "ndcost.models.parameters over the formula slots of "

@@ -9,11 +9,12 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from types import MappingProxyType
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
-from ndcost.errors import InvalidValue
+from ndcost.errors import InvalidValue, UnknownKey
 from ndcost.layer import LayerKind
 
 # ---------------------------------------------------------------------------
@@ -27,7 +28,6 @@ MEMORY_CATEGORIES = ("parameters", "gradients", "master", "optimizer_states", "a
 
 
 def _frozen_mapping(value: Any) -> Mapping:
-    from types import MappingProxyType
     return MappingProxyType(dict(value or {}))
 
 
@@ -181,6 +181,15 @@ CP_ALGOS = ("ring", "ulysses", "colossal", "hybrid")
 RECOMPUTE = ("none", "full", "selective", "core_attention")
 
 
+def _column(convert: Any, kind: str, **facts: Any) -> Any:
+    """*convert* tagged with what the strategy codec reads of its field (``ndcost.columns``): its column kind
+    (``int``, ``bool``, ``float``, ``choice``, ``dtype``, ``plugin``, ``split``) and its range or names."""
+    convert.column_kind = kind
+    for key, value in facts.items():
+        setattr(convert, key, value)
+    return convert
+
+
 def _dtype(name: str) -> Any:
     def convert(value):
         if value is None:
@@ -191,7 +200,7 @@ def _dtype(name: str) -> Any:
             allowed = ", ".join(DTYPES) + (", none" if name == "master_dtype" else "")
             raise InvalidValue(f"Strategy.{name}: unknown dtype {value!r}; allowed: {allowed}")
         return text
-    return convert
+    return _column(convert, "dtype", allowed=tuple(DTYPES) + (("none",) if name == "master_dtype" else ()))
 
 
 def _choice(name: str, allowed: Tuple[str, ...]):
@@ -200,7 +209,7 @@ def _choice(name: str, allowed: Tuple[str, ...]):
         if text not in allowed:
             raise InvalidValue(f"Strategy.{name}: {value!r} is not allowed; allowed: {', '.join(allowed)}")
         return text
-    return convert
+    return _column(convert, "choice", allowed=allowed)
 
 
 def _int_field(name: str, minimum: int, maximum: Optional[int] = None):
@@ -217,13 +226,17 @@ def _int_field(name: str, minimum: int, maximum: Optional[int] = None):
             bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
             raise InvalidValue(f"Strategy.{name}: {value!r} is out of range; allowed: integers {bound}")
         return number
-    return convert
+    return _column(convert, "int", minimum=minimum, maximum=maximum, optional=False)
 
 
 def _optional_int_field(name: str, minimum: int):
     inner = _int_field(name, minimum)
-    return lambda value: None if value is None or (isinstance(value, str) and value.lower() in ("", "all", "none")) \
-        else inner(value)
+
+    def convert(value):
+        if value is None or (isinstance(value, str) and value.lower() in ("", "all", "none")):
+            return None
+        return inner(value)
+    return _column(convert, "int", minimum=minimum, maximum=None, optional=True)
 
 
 def _bool_field(name: str):
@@ -236,7 +249,7 @@ def _bool_field(name: str):
         if text in ("0", "false", "no", "off"):
             return False
         raise InvalidValue(f"Strategy.{name}: expected true or false, got {value!r}")
-    return convert
+    return _column(convert, "bool")
 
 
 def _float_field(name: str, minimum: float, maximum: Optional[float] = None):
@@ -249,7 +262,7 @@ def _float_field(name: str, minimum: float, maximum: Optional[float] = None):
             bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
             raise InvalidValue(f"Strategy.{name}: {value!r} is out of range; allowed: numbers {bound}")
         return number
-    return convert
+    return _column(convert, "float", minimum=minimum, maximum=maximum)
 
 
 def _pp_layers(value):
@@ -266,6 +279,9 @@ def _pp_layers(value):
     if any(n < 0 for n in layers) or not layers:
         raise InvalidValue(f"Strategy.pp_layers: layer counts must be >= 0, got {value!r}")
     return layers
+
+
+_column(_pp_layers, "split")
 
 
 # A plugin name as a registry key's last part takes it ("optimizer/<name>"), lower case.
@@ -292,7 +308,7 @@ def _plugin_name(field: str, namespace: str, example: str):
                                f"digits, '_', '.', '-' (a name registered as '{namespace}/<name>', "
                                f"for example {field}={example})")
         return text
-    return convert
+    return _column(convert, "plugin", namespace=namespace)
 
 
 @attrs.frozen(kw_only=True, init=False)
@@ -579,7 +595,6 @@ class StrategyCost:
         try:
             return sources[figure]
         except KeyError:
-            from ndcost.errors import UnknownKey
             raise UnknownKey(f"no figure {figure!r} in a strategy's cost; figures: {', '.join(sources)}") from None
 
     def to_dict(self) -> Dict[str, Any]:

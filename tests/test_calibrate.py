@@ -9,7 +9,7 @@ import pytest
 
 from ndcost.errors import InvalidValue
 from ndcost.plugins import calibration as cal
-from ndcost.plugins.hardware import load_hardware_yaml
+from ndcost.specio import load_hardware_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "calibration" / "h200_llama3_8b_layer.json"

@@ -263,7 +263,7 @@ def test_loaded_hook_sees_the_resolved_registry_and_may_not_register(fresh):
 ])
 def test_bad_hardware_yaml_is_refused_naming_the_file(tmp_path, text, fragment):
     from ndcost.errors import InvalidValue
-    from ndcost.plugins.hardware import load_hardware_yaml
+    from ndcost.specio import load_hardware_yaml
 
     path = tmp_path / "mine.yaml"
     if text is not None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ndcost.values import RECOMPUTE
 
-__all__ = ["Placement", "place", "layer_prefix", "split_bounds"]
+__all__ = ["Placement", "RankPlacement", "place", "layer_prefix", "split_bounds"]
 
 
 def layer_prefix(kinds: Sequence[str], layer_order: Sequence[str]) -> np.ndarray:
@@ -76,6 +76,30 @@ class Placement:
     def rank_layers(self, with_mtp: bool = True) -> np.ndarray:
         """(N, R, K) int64: each rank's layers of each kind over its chunks."""
         return np.moveaxis((self.layers if with_mtp else self.stack_layers).sum(axis=3), 0, 2)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class RankPlacement:
+    """What the time model reads of a placement: each rank's layers of each kind, and its embedding and head."""
+
+    layers: np.ndarray         # (N, R, K) int64, the MTP layers on the head's rank
+    has_embedding: np.ndarray  # (N, R) bool
+    has_head: np.ndarray       # (N, R) bool
+
+    @classmethod
+    def of(cls, placement: Placement) -> "RankPlacement":
+        return cls(layers=placement.rank_layers(), has_embedding=placement.has_embedding,
+                   has_head=placement.has_head)
+
+    @classmethod
+    def from_stages(cls, stack_layers: np.ndarray, embedding_stage: np.ndarray, head_stage: np.ndarray,
+                    mtp_counts: np.ndarray) -> "RankPlacement":
+        """From a placement already made (the memory composition's, as a BatchResult carries it):
+        *stack_layers* ``(N, R, K)`` without MTP, the ranks holding the embedding and the head."""
+        ranks = np.arange(stack_layers.shape[1])[None, :]
+        has_head = ranks == np.asarray(head_stage)[:, None]
+        layers = stack_layers + has_head[:, :, None] * np.asarray(mtp_counts, dtype=np.int64)[None, None, :]
+        return cls(layers=layers, has_embedding=ranks == np.asarray(embedding_stage)[:, None], has_head=has_head)
 
 
 def _virtual_stages(cols: Mapping[str, Any], schedules: Sequence[Any], ranks: int, chunks: int):

@@ -12,7 +12,7 @@ A map of :func:`step_time` (each step's docstring says what it prices and why):
 
 ``step = compute + exposed communication + bubble + optimizer``, each on the busiest pipeline rank;
 ``mfu`` is the model FLOPs (three times the forward's, no recompute) over the step, the devices and the
-compute dtype's peak. Columns are the memory model's (``ndcost.compose.memory.INT_FIELDS`` ...), the
+compute dtype's peak. Columns are the memory model's (:func:`ndcost.columns.encode`), the
 schedules and optimizer states by code, as :func:`ndcost.compose.memory.compose` receives them.
 Collectives are the registered ``collective/<name>`` plugins; :data:`OVERLAP_RULES` say what each hides.
 
@@ -22,16 +22,15 @@ are not priced; moe imbalance scales the busiest rank's routed work and all-to-a
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np
 
-from ndcost import manager
-from ndcost import resolver as resolver_module
+from ndcost import columns, manager
+from ndcost.columns import DTYPE_BYTES, DTYPE_NAMES
 from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
-from ndcost.compose.memory import DTYPE_BYTES, DTYPE_NAMES
 from ndcost.compose.topology import group_link
 from ndcost.errors import InvalidValue, Unpriced
 from ndcost.values import CP_ALGOS, RECOMPUTE, Hardware, TimeBreakdown, _frozen_mapping
@@ -137,28 +136,16 @@ class TimeArrays:
 # ---------------------------------------------------------------------------
 def registry_names() -> Dict[str, Tuple[str, ...]]:
     """The categorical fields' names (codes index them), as the resolver passes them."""
-    registry = manager.registry()
-    return {"cp_algo": CP_ALGOS, "schedule": tuple(registry.names("schedule")), "recompute": RECOMPUTE,
-            "optimizer": tuple(registry.names("optimizer")),
-            "param_dtype": DTYPE_NAMES, "compute_dtype": DTYPE_NAMES, "grad_dtype": DTYPE_NAMES,
-            "optimizer_dtype": DTYPE_NAMES, "master_dtype": DTYPE_NAMES + ("none",)}
-
-
-def registry_plugins(names: Mapping[str, Sequence[str]]) -> Tuple[list, np.ndarray]:
-    """The schedule plugins by code and the optimizer states a parameter by code."""
-    registry = manager.registry()
-    schedules = [registry.get(f"schedule/{name}") for name in names["schedule"]]
-    states = np.array([float(registry.get(f"optimizer/{name}").states_per_parameter) for name in names["optimizer"]])
-    return schedules, states
+    return columns.category_names(manager.registry())
 
 
 def strategy_columns(strategies: Any, names: Optional[Mapping[str, Sequence[str]]] = None) -> Dict[str, np.ndarray]:
     """Strategies (Strategy values, or a mapping of field -> values) as compose's columns, ``pp_bounds`` included.
 
-    Converted by the resolver's :func:`ndcost.resolver.columns` with the
+    Converted by :func:`ndcost.columns.encode` with the
     registry's names; a strategy it refuses, or one without ``seq``, is an error.
     """
-    batch = resolver_module.columns(strategies, names or registry_names())
+    batch = columns.encode(strategies, names or registry_names())
     bad = batch.invalid()
     if bad.any():
         raise InvalidValue(f"strategy {int(np.argmax(bad))}: {batch.reason_array()[int(np.argmax(bad))]}")
@@ -373,7 +360,7 @@ def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) 
             "embed_bwd": 2.0 * tokens * h * width / (hbm * eff["memory_backward"]), "head_split": head_split}
 
 
-def _rank_parameters(model: ModelWork, rows: _Rows, counts, where: placement_rules.Placement, head_split):
+def _rank_parameters(model: ModelWork, rows: _Rows, counts, where: placement_rules.RankPlacement, head_split):
     """``(N, R)`` parameters on each rank: dense (split by TP, norms replicated, embedding, head) and routed."""
     k = _kind_arrays(model)
     dense = np.einsum("srk,k->sr", counts, k["dense_parameters"]) / rows.tp[:, None]
@@ -482,7 +469,7 @@ def _check_splits(model: ModelWork, cols) -> None:
                            f"{model.name!r} has {len(model.layer_order)} layers")
 
 
-def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Placement, counts, schedules,
+def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.RankPlacement, counts, schedules,
                   hardware: Hardware, eff, coll) -> Dict[str, np.ndarray]:
     """``(N, R)`` seconds a micro-batch on each rank: compute forward and backward, layer collectives, exposed ones.
 
@@ -528,31 +515,35 @@ def _chunked(model: ModelWork, cols, hardware: Hardware, schedules, states_per_p
 
 
 def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedules: Optional[Sequence[Any]] = None,
-              states_per_parameter: Optional[np.ndarray] = None) -> TimeArrays:
+              states_per_parameter: Optional[np.ndarray] = None,
+              placed: Optional[placement_rules.RankPlacement] = None) -> TimeArrays:
     """Price a batch of strategies: one entry a strategy in each returned array.
 
     *strategies* is compose's columns (with *schedules* and
     *states_per_parameter* by code, as the resolver passes them), or, without
     *schedules*, Strategy values or a mapping of field -> values, converted by
-    :func:`strategy_columns` and priced with the registry's plugins.
+    :func:`strategy_columns` and priced with the registry's plugins. *placed*
+    is the batch's placement where the caller made it already (the resolver
+    hands over the memory composition's); else it is made here.
     """
     if schedules is None:
         names = registry_names()
         cols = strategy_columns(strategies, names)
         _check_splits(model, cols)
-        schedules, states_per_parameter = registry_plugins(names)
+        plugins = columns.code_plugins(manager.registry(), names)
+        schedules, states_per_parameter = plugins.schedules, plugins.states_per_parameter
     else:
         cols = strategies
     n = len(cols["tp"])
-    if n > CHUNK_ROWS:
+    if n > CHUNK_ROWS and placed is None:
         return _chunked(model, cols, hardware, schedules, states_per_parameter)
     eff, eff_sources = efficiencies(hardware)
     coll = _collectives()
     rows, shard = _rows(cols, hardware), sharding_rules.sharding(cols)
-    mtp = np.bincount([model.kinds.index(kind) for kind in model.mtp_kinds], minlength=len(model.kinds))
-    where = placement_rules.place(placement_rules.layer_prefix(model.kinds, model.layer_order), cols, schedules,
-                                  mtp_counts=mtp, pp_bounds=cols.get("pp_bounds"))
-    counts = where.rank_layers().astype(np.float64)                    # (N, R, K)
+    where = placed if placed is not None else placement_rules.RankPlacement.of(placement_rules.place(
+        placement_rules.layer_prefix(model.kinds, model.layer_order), cols, schedules,
+        mtp_counts=mtp_counts(model), pp_bounds=cols.get("pp_bounds")))
+    counts = where.layers.astype(np.float64)                           # (N, R, K)
     real_rank = np.arange(counts.shape[1])[None, :] < rows.pp[:, None]
     rank = _rank_compute(model, rows, cols, where, counts, schedules, hardware, eff, coll)
     dense_params, routed_params = _rank_parameters(model, rows, counts, where, rank["head_split"])
@@ -583,6 +574,11 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     return _results(model, rows, seconds, detail, _provenance(model, eff, eff_sources, coll, hardware))
 
 
+def mtp_counts(model: ModelWork) -> np.ndarray:
+    """(K,) the model's MTP layers of each kind (run with the head)."""
+    return np.bincount([model.kinds.index(kind) for kind in model.mtp_kinds], minlength=len(model.kinds))
+
+
 def _provenance(model: ModelWork, eff, eff_sources, coll, hardware: Hardware) -> Dict[str, str]:
     return {
         "compute": f"roofline per op class; flops: {model.source}",
@@ -610,11 +606,13 @@ def _results(model: ModelWork, rows: _Rows, seconds: Mapping[str, np.ndarray], d
 # ---------------------------------------------------------------------------
 # the resolver's hook
 # ---------------------------------------------------------------------------
-def attach(cost_model: Any, result: Any, batch: Any, hardware: Hardware) -> Any:
+def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[int], ModelWork],
+           plugins: columns.CodePlugins) -> Any:
     """*result* (the resolver's BatchResult) with ``time`` filled for its valid rows.
 
     Called by ``CostModel._attach_time`` with the batch's columns as compose
-    read them. Rows are grouped by sequence length (one :class:`ModelWork`
+    read them (*batch*), the model's work at a sequence length (*model_work*)
+    and the plugins behind the codes (*plugins*). Rows are grouped by sequence length (one :class:`ModelWork`
     each: the census's FLOPs where it measured them, else analytic) and
     pipeline depth, cut at ``CHUNK_ROWS``: one :func:`step_time` call a group.
     Invalid rows hold NaN. A batch no FLOPs source covers keeps its memory
@@ -626,15 +624,12 @@ def attach(cost_model: Any, result: Any, batch: Any, hardware: Hardware) -> Any:
     provenance: Dict[str, Any] = {}
     if valid.any():
         try:
-            names = cost_model.names()
             rows = np.flatnonzero(valid)
             cols: Dict[str, Any] = {k: np.asarray(v)[rows] for k, v in batch.cols.items()}
             splits = None if batch.pp_layers is None else [batch.pp_layers[i] for i in rows.tolist()]
             cols["pp_bounds"] = None if splits is None else placement_rules.split_bounds(splits)
-            schedules = [manager.registry().get(f"schedule/{name}") for name in names["schedule"]]
-            states = cost_model.optimizer_arrays(names["optimizer"])[0]
             seqs, inverse = np.unique(cols["seq"], return_inverse=True)
-            works = {seq: cost_model.model_work(seq) for seq in seqs.tolist()}
+            works = {seq: model_work(seq) for seq in seqs.tolist()}
             # rows grouped by (sequence length, pp), each group a contiguous slice after one sort, so a
             # group's per-rank arrays are only as wide as its pp; groups cut at CHUNK_ROWS rows
             pp = cols["pp"]
@@ -646,9 +641,15 @@ def attach(cost_model: Any, result: Any, batch: Any, hardware: Hardware) -> Any:
             for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):  # a loop over the groups, not rows
                 seq = seqs[key[order[lo]] // (int(pp.max()) + 1)].item()
                 sub = {k: None if v is None else v[lo:hi] for k, v in ordered.items()}
-                priced = step_time(works[seq], sub, hardware, schedules=schedules, states_per_parameter=states)
+                group, ranks = rows[order[lo:hi]], int(cols["pp"][order[lo]])
+                # the memory composition's placement of these rows (one pp a group: its ranks are the width)
+                placed = placement_rules.RankPlacement.from_stages(
+                    result.stage_kind_layers[group, :ranks], result.embedding_stage[group], result.head_stage[group],
+                    mtp_counts(works[seq]))
+                priced = step_time(works[seq], sub, hardware, schedules=plugins.schedules,
+                                   states_per_parameter=plugins.states_per_parameter, placed=placed)
                 for name in TIME_FIELDS:
-                    arrays[name][rows[order[lo:hi]]] = getattr(priced, name)
+                    arrays[name][group] = getattr(priced, name)
                 provenance = dict(priced.provenance)
             provenance["flops"] = "; ".join(f"seq {int(seq)}: {works[seq].source}" for seq in seqs.tolist())
         except Unpriced as exc:

@@ -15,20 +15,17 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import attrs
 
+from ndcost.compose.sharding import ROUTED_PARTS, TP_PARTS  # the parts TP splits, as memory counts them
 from ndcost.errors import InvalidValue, Unpriced
 from ndcost.hookspecs import hookimpl
 from ndcost.layer import LayerKind
-from ndcost.values import ModelSpec
+from ndcost.values import FLOP_PARTS, ModelSpec
 from ndcost.work import NORM_ELEMENTS, KindWork, ModelWork, window_pairs
 
 # The census's parts, by the op class the time model prices them as.
 _ATTENTION_MM_PARTS = ("attention",)
 _SCORE_PARTS = ("scores",)
 _LINREC_PARTS = ("linrec",)
-_ROUTED_PARTS = ("routed",)
-# Parameters tensor parallelism splits (the rest but the routed experts are replicated over it), as the
-# memory model counts them.
-TP_PARTS = ("attention", "ffn", "shared")
 
 # Analytic elementwise traffic, in 2-byte elements a token, as Transformers' eager modules (the default
 # runtime, hf-cuda) run them; the census measures the real figure where it runs. An RMSNorm upcasts to
@@ -202,18 +199,18 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         flops, at, source = dict(record.flops_by_part), int(record.seq), f"census flops ({record.source})"
     else:
         flops, at, source = analytic_flops(spec, kind, seq), int(seq), "analytic flops"
-    unknown = sorted(set(flops) - set(_ALL_FLOP_PARTS))
+    unknown = sorted(set(flops) - set(FLOP_PARTS))
     if unknown:
         raise Unpriced(f"layer kind {kind!r}: FLOPs of part(s) {', '.join(unknown)} have no op class; "
-                       f"known parts: {', '.join(_ALL_FLOP_PARTS)}")
+                       f"known parts: {', '.join(FLOP_PARTS)}")
     per_token = {part: float(v) / at for part, v in flops.items()}
     pairs = float(window_pairs(at, window))
     attention_mm = sum(per_token.get(p, 0.0) for p in _ATTENTION_MM_PARTS)
-    routed = sum(per_token.get(p, 0.0) for p in _ROUTED_PARTS)
+    routed = sum(per_token.get(p, 0.0) for p in ROUTED_PARTS)
     linrec = sum(per_token.get(p, 0.0) for p in _LINREC_PARTS)
     scores = sum(float(flops.get(p, 0.0)) for p in _SCORE_PARTS) / pairs
     other = sum(v for p, v in per_token.items()
-                if p not in _ATTENTION_MM_PARTS + _ROUTED_PARTS + _LINREC_PARTS + _SCORE_PARTS)
+                if p not in _ATTENTION_MM_PARTS + ROUTED_PARTS + _LINREC_PARTS + _SCORE_PARTS)
     params = dict(parameters) if parameters is not None else _analytic_parameters(spec, kind)
     elementwise = float(shapes["elementwise"])
     replicated_elements = float(shapes["replicated"])
@@ -224,7 +221,7 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
     else:
         source += "; analytic traffic"
     dense = sum(v for p, v in params.items() if p in TP_PARTS)
-    routed_params = sum(v for p, v in params.items() if p in _ROUTED_PARTS)
+    routed_params = sum(v for p, v in params.items() if p in ROUTED_PARTS)
     replicated = sum(params.values()) - dense - routed_params
     return KindWork(
         kind=kind, source=source,
@@ -288,8 +285,6 @@ def _generic_shapes(spec: ModelSpec) -> Dict[str, Any]:
             "elementwise": 0.0, "replicated": 0.0, "matmul_io": {}}
 
 
-_ALL_FLOP_PARTS = ("attention", "norm", "ffn", "routed", "shared", "router", "embedding", "head", "mtp", "other",
-                   "scores", "linrec")
 
 
 def model_work(spec: ModelSpec, seq: int, records: Optional[Mapping[str, Any]] = None,
