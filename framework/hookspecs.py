@@ -26,7 +26,7 @@ def ndcost_register(register: Register) -> None:
     Runs once per process, when the plugin manager loads the entry points, for
     every plugin (not first-result). Call ``register(key, value,
     override=False)`` for each contribution; keys are ``namespace/name``
-    (``optimizer/lion``, ``family/llama``, ``formula/attention.params.mla``,
+    (``optimizer/lion``, ``family/<model_type>``, ``formula/attention.params.mla``,
     ``hardware/h200``). A key another plugin holds is an error naming both
     unless this one passes ``override=True``. A value must meet its
     namespace's contract (:mod:`ndcost.protocols`: an optimizer has

@@ -16,12 +16,13 @@ import attrs
 from ndcost.errors import InvalidValue
 
 # Attention mechanisms by the class of computation they run. ``softmax``: multi-head attention over
-# keys and values of its own heads (MHA, GQA, MQA; GPT-OSS's with sinks); ``latent``: multi-head latent
-# attention (DeepSeek-V2 et al. 2024), ``dsa`` with DeepSeek-V3.2's indexer; ``linear``: a linear
-# recurrence (the gated delta net of Yang et al. 2025). A family may name a mechanism of its own
-# (DeepSeek-V4's compressed attentions): its class is ``other``, which only a census prices.
-ATTENTION_CLASSES = {"mha": "softmax", "gqa": "softmax", "mqa": "softmax", "gpt_oss": "softmax",
+# keys and values of its own heads (MHA, GQA, MQA); ``latent``: multi-head latent attention (DeepSeek-AI
+# 2024, "DeepSeek-V2"), ``dsa`` with the V3.2 indexer; ``linear``: a linear recurrence (the gated delta
+# net of Yang et al. 2025). A family may name a mechanism of its own and state its class
+# (``LayerKind.mechanism_class``); unstated, its class is ``other``, which only a census prices.
+ATTENTION_CLASSES = {"mha": "softmax", "gqa": "softmax", "mqa": "softmax",
                      "mla": "latent", "dsa": "latent", "gated_delta_net": "linear"}
+MECHANISM_CLASSES = ("softmax", "latent", "linear", "other")
 # MLPs: ``dense`` (one feed-forward), ``none``, or routed to experts (GPT-OSS's clamped SwiGLU experts,
 # DeepSeek-V4's hash-routed layers); a family's own name counts as routed.
 DENSE_MLPS = ("dense",)
@@ -45,6 +46,12 @@ def _dropout(instance, attribute, value):
         raise InvalidValue(f"LayerKind.{attribute.name} must be a probability in [0, 1), got {value!r}")
 
 
+def _mechanism_class(instance, attribute, value):
+    if value is not None and value not in MECHANISM_CLASSES:
+        raise InvalidValue(f"LayerKind.mechanism_class must be one of {', '.join(MECHANISM_CLASSES)} (or None for "
+                           f"a known mechanism), got {value!r}")
+
+
 def _optional_count(instance, attribute, value):
     if value is not None:
         _non_negative(instance, attribute, value)
@@ -58,6 +65,8 @@ class LayerKind:
     :class:`~ndcost.values.ModelSpec`; a kind says which of them it uses.
     ``sliding_window`` is the keys a query sees (0: every earlier token);
     ``layer_norms`` the norms of the layer where they differ from two.
+    ``mechanism_class`` states the class of a mechanism the family names
+    itself (GPT-OSS's attention with sinks is ``softmax``).
     """
 
     attention: str = attrs.field(validator=_NAME)
@@ -73,11 +82,12 @@ class LayerKind:
     attention_dropout: float = attrs.field(default=0.0, converter=float, validator=_dropout)
     hidden_dropout: float = attrs.field(default=0.0, converter=float, validator=_dropout)
     layer_norms: Optional[int] = attrs.field(default=None, validator=_optional_count)
+    mechanism_class: Optional[str] = attrs.field(default=None, validator=_mechanism_class)
 
     @property
     def attention_class(self) -> str:
         """``softmax``, ``latent``, ``linear`` or ``other`` (see ``ATTENTION_CLASSES``)."""
-        return ATTENTION_CLASSES.get(self.attention, "other")
+        return self.mechanism_class or ATTENTION_CLASSES.get(self.attention, "other")
 
     @property
     def linear(self) -> bool:

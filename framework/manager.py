@@ -18,20 +18,14 @@ import pluggy
 
 from ndcost import hookspecs
 from ndcost.errors import PluginLoadError, RegistrationError, StalePluginSet
+from ndcost.plugins import BUILTIN_ENTRY_POINTS
 from ndcost.registry import Registry, Source
 
 GROUP = "ndcost.plugins"
 
-# Every built-in entry point: an install whose metadata lacks one is stale.
-ESSENTIAL = frozenset({
-    "accounting", "calibration", "census_stack", "checkpoint_policies", "collectives", "contracts_cuda_sdpa",
-    "contracts_deepseek_v4", "contracts_delta_rule", "contracts_npu", "family_deepseek_v3",
-    "family_deepseek_v32", "family_deepseek_v4", "family_generic", "family_glm4_moe", "family_gpt2",
-    "family_gpt_oss", "family_llama", "family_mixtral", "family_qwen2", "family_qwen3", "family_qwen3_5",
-    "family_qwen3_5_moe", "family_qwen3_moe", "family_qwen3_next", "formulas_attention", "formulas_common",
-    "formulas_deepseek_v4", "formulas_gpt_oss", "formulas_linear_attention", "formulas_moe", "hardware",
-    "estimators_activations", "estimators_flops", "op_records", "optimizers", "runtimes", "schedules", "storage",
-})
+# Every built-in entry point (the built-in plugin package's manifest): an install whose metadata lacks one
+# is stale.
+ESSENTIAL = BUILTIN_ENTRY_POINTS
 
 
 class PluginLoadWarning(UserWarning):

@@ -50,7 +50,7 @@ class ParameterCount:
 
     ``total`` is what Transformers builds from the config: every non-MTP layer,
     the embedding, the head where untied, the final norm and ``other``
-    model-level tensors (DeepSeek-V4's hyper-connection head); it excludes the
+    model-level tensors (a hyper-connection head); it excludes the
     MTP layers (``mtp``) and buffers (``buffers``: the routers' score-correction
     biases a checkpoint carries). ``by_part`` sums to ``total``.
     ``published_total`` is the figure a model card quotes where it differs.
@@ -211,7 +211,7 @@ class Family:
 
     A family plugin registers an instance as ``family/<model_type>``.
     ``stack_census`` says whether a census must measure the whole stack (layers
-    that cannot run alone, such as DeepSeek-V4's hyper-connected streams).
+    that cannot run alone, such as hyper-connected residual streams).
     Subclasses implement :meth:`spec` and :meth:`layer_parameters`; the
     model-level tensors default to an embedding, an untied head and one norm.
     """
@@ -333,7 +333,7 @@ def _from_mapping(config: Mapping[str, Any], name: str, extra: Optional[Mapping[
     model_type = config.get("model_type")
     if not model_type:
         raise InvalidValue(f"model {name!r}: the config states no model_type; add model_type "
-                           f"(for example 'llama') so its family can read it")
+                           f"(the Transformers config's model type) so its family can read it")
     family = family_for(model_type)
     fallback = family is None
     if fallback:

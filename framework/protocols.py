@@ -146,6 +146,7 @@ class ScheduleLike(Protocol):
     """``schedule/<name>``: where chunks live and what each rank holds, vectorized over strategies."""
 
     name: str
+    overlaps_expert_communication: bool  # hides the EP all-to-all behind the other chunk's compute (DualPipeV)
 
     def refusals(self, pp: Any, vpp: Any, m: Any) -> Sequence[Tuple[Any, str]]: ...
     def virtual_stage(self, pp: Any, vpp: Any, rank: Any, chunk: Any) -> Any: ...
@@ -247,6 +248,8 @@ class ActivationsEstimator(Protocol):
     """``estimator/activations/<name>``: a layer kind's KindRecords (saved bytes, working peak) at a length."""
 
     name: str
+    needs_census: bool  # census='off' passes it over
+    description: str    # opens the provenance of what it priced ("census: ...", "formulas: ...")
 
     def available(self, spec: "ModelSpec", runtime: Any) -> Optional[str]:
         """None where it can price *spec* under *runtime*, else why not (one sentence)."""
@@ -261,9 +264,13 @@ class FlopsEstimator(Protocol):
     """``estimator/flops/<name>``: a layer kind's FLOPs and traffic at a length."""
 
     name: str
+    description: str
 
     def available(self, spec: "ModelSpec", runtime: Any) -> Optional[str]:
         """None where it can price *spec* under *runtime*, else why not."""
+
+    def measures(self, record: Any) -> bool:
+        """Whether it prices a kind whose activation record is *record* (the census: where it counted FLOPs)."""
 
     def kind_work(self, spec: "ModelSpec", kind: str, seq: int, record: Any, parameters: Any) -> Any:
         """The work of one layer of *kind* at *seq* tokens."""
@@ -287,8 +294,8 @@ def _function(namespace: str, what: str) -> NamespaceContract:
 CONTRACTS: Mapping[str, NamespaceContract] = {c.namespace: c for c in (
     _contract("optimizer", "an optimizer", OptimizerLike, states_per_parameter=NUMBER,
               step_temporaries_per_parameter=NUMBER, name=STR),
-    _contract("schedule", "a pipeline schedule", ScheduleLike, name=STR, refusals=METHOD, virtual_stage=METHOD,
-              in_flight=METHOD, bubble_stage_steps=METHOD),
+    _contract("schedule", "a pipeline schedule", ScheduleLike, name=STR, overlaps_expert_communication=BOOL,
+              refusals=METHOD, virtual_stage=METHOD, in_flight=METHOD, bubble_stage_steps=METHOD),
     _contract("family", "a model family", FamilyLike, name=STR, model_types=SEQUENCE, stack_census=BOOL,
               supports_sdpa=BOOL, spec=METHOD, layer_parameters=METHOD, embedding_parameters=METHOD,
               head_parameters=METHOD, final_norm_parameters=METHOD, other_parameters=METHOD, buffers=METHOD,
@@ -306,9 +313,9 @@ CONTRACTS: Mapping[str, NamespaceContract] = {c.namespace: c for c in (
     _contract("attention_kernel", "an attention kernel", AttentionKernelLike, name=STR,
               materializes_scores=BOOL, description=STR),
     _contract("estimator/activations", "an activations estimator", ActivationsEstimator, name=STR,
-              available=METHOD, records=METHOD),
-    _contract("estimator/flops", "a FLOPs estimator", FlopsEstimator, name=STR, available=METHOD,
-              kind_work=METHOD),
+              needs_census=BOOL, description=STR, available=METHOD, records=METHOD),
+    _contract("estimator/flops", "a FLOPs estimator", FlopsEstimator, name=STR, description=STR, available=METHOD,
+              measures=METHOD, kind_work=METHOD),
     NamespaceContract(namespace="hardware", what="a hardware spec", instance_of="ndcost.values:Hardware"),
     _function("formula", "a formula slot"),
     _function("accounting", "an accounting function"),

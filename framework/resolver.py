@@ -133,17 +133,25 @@ class BatchResult:
 # the cost model
 # ---------------------------------------------------------------------------
 @attrs.frozen(kw_only=True, eq=False)
-class ResolvedWork:
-    """What the resolver chose per sequence length and hands to the time model (filled on first use).
+class ResolvedModel:
+    """A model resolved against its estimators: what memory and time are handed, and nothing else.
 
-    ``kind_records[seq]`` is ``({kind: KindRecord}, output KindRecord)`` as the
-    activation estimators gave them; ``model_work[seq]`` the
-    :class:`~ndcost.work.ModelWork` the flops estimators made from them, with
-    ``flops_sources[seq]`` naming the estimator of each kind.
+    ``tables`` is the layer stack and parameters as arrays (built once);
+    ``record_tables[seq]`` the activation records' arrays, ``kind_records[seq]``
+    the records themselves (``({kind: KindRecord}, output KindRecord)``) and
+    ``model_work[seq]`` the :class:`~ndcost.work.ModelWork` the flops
+    estimators made of them, each filled on first use at a sequence length,
+    with ``activation_sources[seq]`` and ``flops_sources[seq]`` naming the
+    estimator of each kind.
     """
 
+    spec: ModelSpec
+    parameters: Any
+    tables: memory.ModelTables
+    record_tables: Dict[int, memory.RecordTables] = attrs.field(factory=dict)
     kind_records: Dict[int, Tuple[Dict[str, Any], Any]] = attrs.field(factory=dict)
     model_work: Dict[int, Any] = attrs.field(factory=dict)
+    activation_sources: Dict[int, Dict[str, str]] = attrs.field(factory=dict)
     flops_sources: Dict[int, Dict[str, str]] = attrs.field(factory=dict)
 
 
@@ -174,14 +182,12 @@ class CostModel:
                 runtime_note = f"runtime profiles unavailable ({exc})"
             if self._profile is None and not runtime_note:
                 runtime_note = f"runtime/{runtime} is not registered: no MTP layers built"
-            builds_mtp = bool(getattr(self._profile, "build_mtp", False))
-        self.tables = memory.ModelTables.build(spec, parameters, builds_mtp)
+            builds_mtp = self._profile is not None and bool(self._profile.build_mtp)
+        self.resolved = ResolvedModel(spec=spec, parameters=parameters,
+                                      tables=memory.ModelTables.build(spec, parameters, builds_mtp))
         self._family = models.family_for(spec.model_type) or models.generic_family()
         # the runtime the estimators price under: none where no profile is registered (the formulas' eager)
         self._estimator_runtime = runtime if self._profile is not None else None
-        self._records: Dict[int, memory.RecordTables] = {}
-        self._chosen_activations: Dict[int, Dict[str, str]] = {}
-        self.work = ResolvedWork()
         self.provenance: Dict[str, Any] = {
             "model": spec.name, "model_type": spec.model_type,
             "family": _source_of(f"family/{spec.model_type}"),
@@ -194,9 +200,14 @@ class CostModel:
             "census": census,
             "composition": ("ndcost.compose.memory.compose (numpy over the batch; moments: "
                             + ", ".join(memory.MOMENTS) + ")"),
-            "buffers": f"{getattr(parameters, 'buffers', 0)} buffer elements (not priced as memory)",
+            "buffers": f"{parameters.buffers} buffer elements (not priced as memory)",
             **dict(provenance or {}),
         }
+
+    @property
+    def tables(self) -> memory.ModelTables:
+        """The model's layer stack and parameters as arrays (:attr:`resolved`'s)."""
+        return self.resolved.tables
 
     # -- construction ----------------------------------------------------------------------------
     @classmethod
@@ -209,17 +220,17 @@ class CostModel:
     def record_tables(self, seq: int) -> memory.RecordTables:
         """The activation records at *seq* (chosen and cached on first use)."""
         seq = int(seq)
-        if seq not in self._records:
-            self._records[seq] = self._choose_records(seq)
-        return self._records[seq]
+        if seq not in self.resolved.record_tables:
+            self.resolved.record_tables[seq] = self._choose_records(seq)
+        return self.resolved.record_tables[seq]
 
     def model_work(self, seq: int) -> Any:
         """The :class:`~ndcost.work.ModelWork` at *seq*: each kind's work from the first flops estimator its
         family prefers that measures it (``Family.flops_estimators``; chosen and cached on first use)."""
         seq = int(seq)
-        if seq not in self.work.model_work:
+        if seq not in self.resolved.model_work:
             self.record_tables(seq)
-            records, output = self.work.kind_records.get(seq, ({}, None))
+            records, output = self.resolved.kind_records.get(seq, ({}, None))
             works, sources = {}, {}
             for kind in self.spec.kinds:
                 record = records.get(kind)
@@ -237,9 +248,9 @@ class CostModel:
                                    f"(tried {', '.join(self._family.flops_estimators(self.spec, kind))})")
             flops = _estimator("flops", "analytic")
             merged = {**records, "output": output} if output is not None else dict(records)
-            self.work.model_work[seq] = flops.model_work(self.spec, seq, merged, self.parameters, works)
-            self.work.flops_sources[seq] = sources
-        return self.work.model_work[seq]
+            self.resolved.model_work[seq] = flops.model_work(self.spec, seq, merged, self.parameters, works)
+            self.resolved.flops_sources[seq] = sources
+        return self.resolved.model_work[seq]
 
     def _choose_records(self, seq: int) -> memory.RecordTables:
         built = [k for i, k in enumerate(self.tables.kinds)
@@ -260,13 +271,13 @@ class CostModel:
         prov: Dict[str, Any] = {}
         if seq in self._given_records:
             records, output = self._given_records[seq]
-            source = {k: f"given ({getattr(records[k], 'source', '?')})" for k in records}
-            out_source = f"given ({getattr(output, 'source', '?')})"
+            source = {k: f"given ({records[k].source})" for k in records}
+            out_source = f"given ({output.source})"
             measured = False
         else:
             records, output, source, out_source = self._estimate_activations(seq, kinds)
-            measured = any(getattr(self._activation_estimator(name), "needs_census", False)
-                           for name in self._chosen_activations.get(seq, {}).values())
+            measured = any(self._needs_census(name)
+                           for name in self.resolved.activation_sources.get(seq, {}).values())
         prov["activations"] = source
         prov["output"] = out_source
         formulas = _estimator("activations", "op_records")
@@ -279,17 +290,17 @@ class CostModel:
             prov["attention"] = f"unpriced: {exc}"
         sel_fallback: Dict[str, Any] = {}
         for k in kinds:
-            if getattr(records[k], "selective_per_token", None) is None:
+            if records[k].selective_per_token is None:
                 try:
                     sel_fallback[k] = formulas.records(self.spec, [k], seq, self._estimator_runtime)[0][k]
                 except (NdcostError, KeyError) as exc:
                     prov.setdefault("selective", {})[k] = f"unpriced: {exc}"
                     continue
                 prov.setdefault("selective", {})[k] = "formulas (the record states no selective figure)"
-        if any(getattr(records[k], "working_per_token", None) is None for k in kinds):
+        if any(records[k].working_per_token is None for k in kinds):
             prov["working"] = {k: "unpriced: the record states no backward working peak (counted as what the "
                                   "layer keeps; the peak may be higher)"
-                               for k in kinds if getattr(records[k], "working_per_token", None) is None}
+                               for k in kinds if records[k].working_per_token is None}
         routed_share = self._routed_share(seq, kinds, formulas, "census" if measured else "saved")
         if routed_share:
             prov["routed"] = ("routed experts' token-proportional bytes from the op records (scaled by "
@@ -300,7 +311,7 @@ class CostModel:
         except (NdcostError, KeyError) as exc:  # the record's own ops stand in
             core_kept = {}
             prov["core_attention"] = f"the records' ops attBMM, softmax and dropout dropped (op records: {exc})"
-        self.work.kind_records[seq] = ({k: records[k] for k in kinds}, output)  # the time model reads FLOPs here
+        self.resolved.kind_records[seq] = ({k: records[k] for k in kinds}, output)  # the time model reads FLOPs here
         tables = memory.RecordTables.build(kinds, seq, records, output, selective_fallback=sel_fallback,
                                            routed_share=routed_share, provenance=prov)
         if core_kept:
@@ -311,6 +322,10 @@ class CostModel:
     def _activation_estimator(self, name: str) -> Any:
         return _registry().find(f"estimator/activations/{name}")
 
+    def _needs_census(self, name: str) -> bool:
+        estimator = self._activation_estimator(name)
+        return estimator is not None and bool(estimator.needs_census)
+
     def _estimate_activations(self, seq: int, kinds: Sequence[str]):
         """Each kind's record from the first estimator its family prefers that is available and delivers.
 
@@ -319,8 +334,7 @@ class CostModel:
         """
         family = self._family
         preference = {k: [name for name in family.activation_estimators(self.spec, k)
-                          if not (self.census == "off" and getattr(self._activation_estimator(name),
-                                                                   "needs_census", False))]
+                          if not (self.census == "off" and self._needs_census(name))]
                       for k in kinds}
         records: Dict[str, Any] = {}
         source: Dict[str, str] = {}
@@ -346,7 +360,7 @@ class CostModel:
                 for k in group:
                     passed_over[k].append(f"{name} unavailable: {why}")
                     preference[k] = preference[k][1:]
-                if getattr(estimator, "needs_census", False) and self.census == "on":
+                if estimator is not None and estimator.needs_census and self.census == "on":
                     raise CensusUnavailable(f"census='on' but {name} unavailable for kind(s) {', '.join(group)} "
                                             f"({key}): {why}; use census='auto' to fall back to the formulas")
                 _note_census_extra(why)
@@ -360,7 +374,7 @@ class CostModel:
             pending = [k for k in pending if k not in records]
         if output is None:
             raise Unpriced(f"no estimator priced the output layer at seq {seq}")
-        self._chosen_activations[seq] = chosen
+        self.resolved.activation_sources[seq] = chosen
         return records, output, source, out_source
 
     def _routed_share(self, seq: int, kinds, formulas: Any, where: str) -> Dict[str, Tuple[float, float, float, float]]:
@@ -458,7 +472,8 @@ class CostModel:
                 composed = memory.compose(self.tables, recs, seq_sorted[lo:hi], sub, plugins.schedules,
                                           plugins.states_per_parameter, plugins.step_temporaries_per_parameter,
                                           out=out["stage_bytes"][lo:hi, :r],
-                                          embedding_sort_scratch=getattr(self._profile, "device", "") == "cuda")
+                                          embedding_sort_scratch=self._profile is not None
+                                          and self._profile.device == "cuda")
                 for name in ("stage_peak_bytes", "stage_layers", "stage_moment", "stage_kind_layers"):
                     out[name][lo:hi, :r] = getattr(composed, name)
                 for name in ("peak_bytes", "peak_stage", "head_stage", "embedding_stage", "layer_bytes"):
@@ -594,8 +609,7 @@ def _estimator(kind: str, name: str) -> Any:
 
 def _chosen(key: str, record: Any, passed_over: Sequence[str], census: str) -> str:
     """Provenance of one record: the estimator that made it and why those before it did not."""
-    estimator = _registry().find(key)
-    text = f"{getattr(estimator, 'description', key)} ({_source_of(key)}; record: {getattr(record, 'source', '?')})"
+    text = f"{_registry().get(key).description} ({_source_of(key)}; record: {record.source})"
     if passed_over:
         text += " (chosen over " + "; ".join(passed_over) + ")"
     elif census == "off":

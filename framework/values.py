@@ -75,8 +75,8 @@ class ModelSpec:
     are ``True``/``False`` where the config states them and ``None`` where it
     leaves them unstated. ``kind_specs`` describes every kind in ``layers``
     (:class:`~ndcost.layer.LayerKind`): it is what the estimators read.
-    ``extra`` holds what only the family itself reads (DeepSeek-V4's
-    hyper-connections, a bias convention, ...); ``hf_config`` the config as a
+    ``extra`` holds what only the family itself reads (hyper-connection
+    widths, a bias convention, ...); ``hf_config`` the config as a
     dict, from which the census rebuilds the Transformers config.
     """
 

@@ -107,3 +107,28 @@ def test_an_estimator_that_cannot_run_is_passed_over_with_its_reason(fresh, monk
     batch = ndcost.resolve("llama-3.1-8b", census="off").evaluate_many([ndcost.Strategy(seq=SEQ)])
     source = batch.provenance["records"][SEQ]["activations"]["dense"]
     assert source.startswith("formulas") and "census unavailable: the toy needs a quantum computer" in source
+
+
+def test_without_the_census_extra_the_formulas_price_and_say_so_once(monkeypatch, capsys):
+    """torch and transformers absent (as after a plain `pip install ndcost`): a census that misses its cache
+    cannot run, the formulas price, stderr says so once, the provenance says why."""
+    import importlib.util
+
+    from ndcost import resolver
+    from ndcost.plugins import census
+
+    def no_torch(*args, **kwargs):
+        raise ImportError("No module named 'torch'")
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("torch", "transformers") else real_find_spec(name, *a))
+    monkeypatch.setattr(census, "kind_records", no_torch)
+    monkeypatch.setattr(resolver, "_NOTED", [])
+    model = ndcost.resolve("llama-3.1-8b", census="auto")
+    for seq in (1024, 2048):
+        cost = model.evaluate(ndcost.Strategy(seq=seq))
+        source = cost.provenance["records"][seq]["activations"]["dense"]
+        assert source.startswith("formulas") and "pip install 'ndcost[census]'" in source
+    err = capsys.readouterr().err
+    assert err.count("pip install 'ndcost[census]'") == 1 and "op records' formulas" in err

@@ -479,7 +479,7 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
     def per_rank(per_layer):                                           # (N, K) -> (N, R)
         return np.einsum("srk,sk->sr", counts, per_layer)
 
-    overlaps_ep = np.array([bool(getattr(s, "overlaps_expert_communication", False)) for s in schedules],
+    overlaps_ep = np.array([bool(s.overlaps_expert_communication) for s in schedules],
                            dtype=bool)[np.asarray(cols["schedule"])]
     layer = layer_seconds(model, cols, hardware, eff, rows)
     comm = _layer_communication(model, rows, cols, layer, overlaps_ep, hardware, eff, coll)

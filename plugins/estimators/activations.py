@@ -67,15 +67,16 @@ class CensusActivations:
 
     def records(self, spec: ModelSpec, kinds: Sequence[str], seq: int, runtime: str) -> Records:
         from ndcost.plugins import census
+        quiet = {"progress": None} if _census_missing() else {}  # a cache hit needs no torch; a miss fails quietly
         try:
-            measured = dict(census.kind_records(spec, seq, runtime=runtime))
+            measured = dict(census.kind_records(spec, seq, runtime=runtime, **quiet))
         except ImportError as exc:  # a cache miss without the census extra
             raise _unavailable(exc) from None
         missing = [k for k in kinds if k not in measured]
         if missing:
             from ndcost.errors import CensusUnavailable
             raise CensusUnavailable(f"the census measured no layer of kind(s) {', '.join(missing)}")
-        return {k: measured[k] for k in kinds}, census.output_record(spec, seq, runtime)
+        return {k: measured[k] for k in kinds}, census.output_record(spec, seq, runtime, **quiet)
 
 
 def _unavailable(exc: Exception) -> NdcostError:

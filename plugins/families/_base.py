@@ -2,7 +2,7 @@
 layer's parameters by part.
 
 A family's ``spec`` gives a table of its kinds, ``{kind: {"attention": mechanism, "mlp": "dense" | "moe"
-| ..., "mtp": bool, "sliding": bool}}``, and the choices every kind shares (QK-norm, an output gate,
+| ..., "mtp": bool, "sliding": bool, "mechanism_class": str}}``, and the choices every kind shares (QK-norm, an output gate,
 sinks, rotary positions, the MLP's matrices); :meth:`DecoderFamily.build` turns them into the
 :class:`~ndcost.layer.LayerKind` of each kind (``ModelSpec.kind_specs``), which is what the estimators
 read. The mechanisms are ``gqa`` (MHA/GQA/MQA with the spec's biases, QK-norm, output gate and sinks),
@@ -92,6 +92,7 @@ class DecoderFamily(Family):
         window = config.get("sliding_window") or config.get("window_size") or 0 if info.get("sliding") else 0
         return LayerKind(
             attention=info["attention"], mlp=info["mlp"], mtp=bool(info.get("mtp", False)),
+            mechanism_class=info.get("mechanism_class"),
             qk_norm=bool(extra.get("qk_norm", False)), output_gate=bool(extra.get("output_gate", False)),
             sinks=bool(extra.get("sinks", False)), rotary=self.rotary, sliding_window=int(window),
             mlp_matrices=int(extra.get("ffn_matrices", 3)),

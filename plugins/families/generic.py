@@ -4,8 +4,11 @@ It reads the common Transformers fields (``hidden_size``, ``num_hidden_layers``,
 ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
 ``intermediate_size``, ``vocab_size``, ``tie_word_embeddings``) and, where the
 config states them, the biases, the norm kind and routed experts. What the
-config leaves unstated follows the formulas' convention (seed 003): a bias of
-the hidden width on each projection, two vectors per norm.
+config leaves unstated follows the formulas' bias convention (HyperParallel's
+``_bias``, cited in ``plugins/formulas/common.py``): a bias of the hidden width
+on each projection, two vectors per norm. The model types below are known by
+their Transformers modules to differ from a Llama-shaped decoder: an ungated
+two-matrix MLP, learned absolute positions.
 """
 from __future__ import annotations
 

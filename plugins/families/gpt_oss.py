@@ -10,8 +10,10 @@ from ndcost.models import formula
 from ndcost.plugins.families._base import (DecoderFamily, check_experts, layer_types, read_attention,
                                            register_family)
 
-KINDS = {"sliding_attention": {"attention": "gpt_oss", "mlp": "gpt_oss", "sliding": True},
-         "full_attention": {"attention": "gpt_oss", "mlp": "gpt_oss"}}
+# GPT-OSS's attention is GQA with a learned sink a head (softmax attention, priced as such)
+KINDS = {"sliding_attention": {"attention": "gpt_oss", "mlp": "gpt_oss", "sliding": True,
+                               "mechanism_class": "softmax"},
+         "full_attention": {"attention": "gpt_oss", "mlp": "gpt_oss", "mechanism_class": "softmax"}}
 
 
 class GptOssFamily(DecoderFamily):
