@@ -25,7 +25,7 @@ import yaml
 from ndcost import manager
 from ndcost.errors import InvalidValue, UnknownKey
 from ndcost.specio import load_yaml
-from ndcost.values import PARTS, LayerGroup, ModelSpec, _frozen_mapping
+from ndcost.values import PARTS, LayerGroup, ModelSpec, frozen_mapping
 
 __all__ = [
     "load_model", "transformers_config", "parameters", "ParameterCount", "Family", "ConfigReader",
@@ -57,14 +57,14 @@ class ParameterCount:
     """
 
     by_kind: Mapping[str, Mapping[str, int]] = attrs.field(converter=_frozen_nested)
-    layer_counts: Mapping[str, int] = attrs.field(converter=_frozen_mapping)
+    layer_counts: Mapping[str, int] = attrs.field(converter=frozen_mapping)
     embedding: int
     head: int
     final_norm: int
     mtp: int
     buffers: int
     total: int
-    by_part: Mapping[str, int] = attrs.field(converter=_frozen_mapping)
+    by_part: Mapping[str, int] = attrs.field(converter=frozen_mapping)
     published_total: Optional[int] = None
     other: int = 0
 

@@ -11,7 +11,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import attrs
 
-from ndcost.values import _frozen_mapping
+from ndcost.values import frozen_mapping
 
 
 @attrs.frozen(kw_only=True)
@@ -35,11 +35,11 @@ class KindRecord:
     selective_tp_per_token: Optional[float] = None
     recomputed_attention_mm_share: Optional[float] = None
     recomputed_other_mm_share: Optional[float] = None
-    ops: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_mapping)
-    ops_tp: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_mapping)
-    flops_by_part: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_mapping)
-    flops_all_pairs_by_part: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_mapping)
-    traffic: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+    ops: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
+    ops_tp: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
+    flops_by_part: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
+    flops_all_pairs_by_part: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
+    traffic: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def to_dict(self) -> Dict[str, Any]:
         out = {}

@@ -27,23 +27,23 @@ MEMORY_CATEGORIES = ("parameters", "gradients", "master", "optimizer_states", "a
                      "working", "output", "communication", "allocator")
 
 
-def _frozen_mapping(value: Any) -> Mapping:
+def frozen_mapping(value: Any) -> Mapping:
     return MappingProxyType(dict(value or {}))
 
 
-def _positive_int(instance, attribute, value):
+def positive_int(instance, attribute, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidValue(f"{type(instance).__name__}.{attribute.name} must be a positive integer, got {value!r}")
 
 
-def _non_negative_int(instance, attribute, value):
+def non_negative_int(instance, attribute, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidValue(f"{type(instance).__name__}.{attribute.name} must be an integer >= 0, got {value!r}")
 
 
 def _optional_non_negative_int(instance, attribute, value):
     if value is not None:
-        _non_negative_int(instance, attribute, value)
+        non_negative_int(instance, attribute, value)
 
 
 def _optional_count():
@@ -59,7 +59,7 @@ class LayerGroup:
     """``count`` consecutive layers of one ``kind`` in model order; ``mtp`` flags a multi-token-prediction layer."""
 
     kind: str = attrs.field(validator=attrs.validators.matches_re(r"^[a-z][a-z0-9_]*$"))
-    count: int = attrs.field(validator=_positive_int)
+    count: int = attrs.field(validator=positive_int)
     mtp: bool = False
 
     def __attrs_post_init__(self):
@@ -83,11 +83,11 @@ class ModelSpec:
     name: str
     model_type: str
     family: str
-    hidden_size: int = attrs.field(validator=_positive_int)
-    vocab_size: int = attrs.field(validator=_positive_int)
+    hidden_size: int = attrs.field(validator=positive_int)
+    vocab_size: int = attrs.field(validator=positive_int)
     layers: Tuple[LayerGroup, ...] = attrs.field(converter=tuple)
-    kind_specs: Mapping[str, LayerKind] = attrs.field(converter=_frozen_mapping)
-    num_attention_heads: int = attrs.field(validator=_positive_int)
+    kind_specs: Mapping[str, LayerKind] = attrs.field(converter=frozen_mapping)
+    num_attention_heads: int = attrs.field(validator=positive_int)
     num_key_value_heads: Optional[int] = _optional_count()
     head_dim: Optional[int] = _optional_count()
     intermediate_size: Optional[int] = _optional_count()
@@ -116,8 +116,8 @@ class ModelSpec:
     attention_bias: Optional[bool] = None
     mlp_bias: Optional[bool] = None
     max_position_embeddings: Optional[int] = _optional_count()
-    extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
-    hf_config: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping, repr=False, eq=False)
+    extra: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
+    hf_config: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping, repr=False, eq=False)
 
     def __attrs_post_init__(self):
         if not self.layers:
@@ -473,12 +473,12 @@ class Hardware:
     """One accelerator and its network, as a hardware spec YAML states it."""
 
     name: str
-    memory_bytes: int = attrs.field(validator=_positive_int)
+    memory_bytes: int = attrs.field(validator=positive_int)
     hbm_bytes_per_second: float = attrs.field(converter=float)
-    peak_flops_per_second: Mapping[str, float] = attrs.field(converter=_frozen_mapping)
-    devices_per_node: int = attrs.field(default=8, validator=_positive_int)
+    peak_flops_per_second: Mapping[str, float] = attrs.field(converter=frozen_mapping)
+    devices_per_node: int = attrs.field(default=8, validator=positive_int)
     network: Tuple[NetworkLevel, ...] = attrs.field(default=(), converter=tuple)
-    efficiency: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_mapping)
+    efficiency: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
     description: str = ""
 
     def __attrs_post_init__(self):
@@ -508,10 +508,10 @@ class StageMemory:
     """What one pipeline stage's device holds at its worst moment, by category (bytes)."""
 
     stage: int
-    bytes_by_category: Mapping[str, int] = attrs.field(converter=_frozen_mapping)
+    bytes_by_category: Mapping[str, int] = attrs.field(converter=frozen_mapping)
     peak_bytes: int
     layers: int = 0
-    provenance: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_mapping)
+    provenance: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"stage": self.stage, "layers": self.layers, "bytes_by_category": dict(self.bytes_by_category),
@@ -530,7 +530,7 @@ class TimeBreakdown:
     exposed_communication_seconds: float
     bubble_seconds: float
     optimizer_seconds: float
-    provenance: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_mapping)
+    provenance: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def to_dict(self) -> Dict[str, Any]:
         out = attrs.asdict(self)
@@ -548,7 +548,7 @@ class StrategyCost:
     valid: bool = True
     reason: str = ""
     time: Optional[TimeBreakdown] = None
-    provenance: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+    provenance: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def sources(self) -> Dict[str, str]:
         """Which plugin produced each figure: every memory category, the peak and every time component.

@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 
 from ndcost.errors import InvalidValue
-from ndcost.values import _frozen_mapping
+from ndcost.values import frozen_mapping
 
 # An RMSNorm upcasts to fp32, squares, averages, scales, casts back and multiplies by its weight: 18
 # 2-byte elements moved an element (Transformers' eager LlamaRMSNorm); the analytic traffic of a norm.
@@ -88,7 +88,7 @@ class ModelWork:
     hidden_size: int
     vocab_size: int
     kinds: Tuple[str, ...]
-    work: Mapping[str, KindWork] = attrs.field(converter=_frozen_mapping)
+    work: Mapping[str, KindWork] = attrs.field(converter=frozen_mapping)
     layer_order: Tuple[str, ...]           # the kind of every non-MTP layer in model order
     mtp_kinds: Tuple[str, ...] = ()        # MTP layers, placed after the last layer
     embedding_parameters: int = 0

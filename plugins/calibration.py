@@ -124,8 +124,8 @@ def _spec_from_text(text: str, params: Optional[int]):
                          layers=(LayerGroup(kind="dense", count=1),),
                          kind_specs={"dense": LayerKind(attention="gqa", mlp="dense")}, **found)
     if params is not None:
-        from ndcost.plugins.estimators.flops import _analytic_parameters
-        counted = sum(_analytic_parameters(spec, spec.kinds[0]).values())
+        from ndcost.plugins.estimators.flops import analytic_parameters
+        counted = sum(analytic_parameters(spec, spec.kinds[0]).values())
         if counted != int(params):
             raise InvalidValue(f"the layer read from the measurement's description has {counted:,} parameters, "
                                f"the measurement states {int(params):,}; name its model with \"model\" or --model")
@@ -348,3 +348,5 @@ def validation_rows(measurements: Sequence[Measurement], hardware, efficiency: M
 @hookimpl
 def ndcost_register(register):
     register("calibration/min_norm_log", fit)
+    register("calibration/read_measurements", read_measurements)
+    register("calibration/validation_rows", validation_rows)

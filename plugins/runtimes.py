@@ -33,7 +33,7 @@ import attrs
 from ndcost.specio import load_yaml
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
-from ndcost.values import _frozen_mapping
+from ndcost.values import frozen_mapping
 
 
 def _names(value: Any) -> Tuple[str, ...]:
@@ -75,12 +75,12 @@ class RuntimeProfile:
     attention_fallback: str = "eager"
     contracts: Tuple[str, ...] = attrs.field(default=(), converter=_names)
     family_contracts: Mapping[str, Tuple[str, ...]] = attrs.field(
-        factory=dict, converter=lambda v: _frozen_mapping({str(k): _names(x) for k, x in dict(v or {}).items()}))
+        factory=dict, converter=lambda v: frozen_mapping({str(k): _names(x) for k, x in dict(v or {}).items()}))
     experts: str = "grouped_mm"
     replacements: Tuple[Replacement, ...] = attrs.field(default=(), converter=tuple)
     selective_policy: str = "torchtitan"
     build_mtp: bool = False
-    unsupported: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_mapping)
+    unsupported: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def contracts_for(self, model_type: str) -> Tuple[str, ...]:
         """The contracts a layer of *model_type* runs under: the profile's and its family's."""

@@ -27,7 +27,7 @@ import attrs
 
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
-from ndcost.values import _non_negative_int, _positive_int
+from ndcost.values import non_negative_int, positive_int
 
 
 def exact_int(what: str, value: Any, minimum: int = 0) -> int:
@@ -56,10 +56,10 @@ class StorageFormat:
     """
 
     name: str
-    bits_per_element: int = attrs.field(validator=_positive_int)
-    group_size: Optional[int] = attrs.field(default=None, validator=attrs.validators.optional(_positive_int))
-    scale_bytes: int = attrs.field(default=0, validator=_non_negative_int)
-    width_multiple: int = attrs.field(default=1, validator=_positive_int)
+    bits_per_element: int = attrs.field(validator=positive_int)
+    group_size: Optional[int] = attrs.field(default=None, validator=attrs.validators.optional(positive_int))
+    scale_bytes: int = attrs.field(default=0, validator=non_negative_int)
+    width_multiple: int = attrs.field(default=1, validator=positive_int)
     aliases: Tuple[str, ...] = attrs.field(default=(), converter=lambda v: tuple(str(a).lower() for a in v))
     description: str = ""
 

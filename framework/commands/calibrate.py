@@ -31,8 +31,9 @@ def run(args):
 
     from ndcost import manager
     from ndcost.cli import Output, table
-    from ndcost.plugins.calibration import read_measurements
 
+    registry = manager.registry()
+    read_measurements = registry.get("calibration/read_measurements")
     measurements, components, named = [], [], None
     for path in args.measurements:
         found, hardware_named, timed_alone = read_measurements(path, model=args.model, kind=args.kind,
@@ -41,7 +42,6 @@ def run(args):
         components += timed_alone
         named = named or hardware_named
     hardware_name = args.hardware or named or "h200"
-    registry = manager.registry()
     hardware = registry.get(f"hardware/{hardware_name}")
     method = registry.get("calibration/min_norm_log")
     classes = [c.strip() for c in args.classes.split(",") if c.strip()] if args.classes else None
@@ -56,7 +56,7 @@ def run(args):
                                f"({', '.join(m.label for m in shown)})")
     result = method(measurements, hardware, classes=classes, components=components)
     if len(shown) != len(measurements):
-        from ndcost.plugins.calibration import validation_rows
+        validation_rows = registry.get("calibration/validation_rows")
         result = attrs.evolve(result, rows=tuple(validation_rows(shown, hardware, result.efficiency)))
     data = result.to_dict()
     if args.output:

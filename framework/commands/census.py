@@ -24,10 +24,13 @@ def _fields(record) -> dict:
 
 
 def run(args):
+    from ndcost import manager
     from ndcost.cli import Output, table
     from ndcost.errors import InvalidValue
     from ndcost.models import load_model
-    from ndcost.plugins.census import kind_records, output_record
+
+    registry = manager.registry()
+    kind_records, output_record = registry.get("census/kind_records"), registry.get("census/output_record")
 
     if args.seq < 1:
         raise InvalidValue(f"--seq must be a positive number of tokens, got {args.seq}")

@@ -33,7 +33,7 @@ from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
 from ndcost.compose.topology import group_link
 from ndcost.errors import InvalidValue, Unpriced
-from ndcost.values import CP_ALGOS, RECOMPUTE, Hardware, TimeBreakdown, _frozen_mapping
+from ndcost.values import CP_ALGOS, RECOMPUTE, Hardware, TimeBreakdown, frozen_mapping
 from ndcost.work import NORM_ELEMENTS, ModelWork, window_pairs
 
 __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS", "OVERLAP_RULES", "COLLECTIVES",
@@ -46,7 +46,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send
 
 # Priors for a hardware whose YAML states no efficiency: round figures of what well-tuned kernels
 # reach on current GPUs, used only until `ndcost calibrate` fits the device's own.
-DEFAULT_EFFICIENCY: Mapping[str, float] = _frozen_mapping({
+DEFAULT_EFFICIENCY: Mapping[str, float] = frozen_mapping({
     "matmul": 0.75, "matmul_backward": 0.70,
     "attention": 0.60, "attention_backward": 0.45,
     "linrec": 0.30, "linrec_backward": 0.25,
@@ -116,8 +116,8 @@ class TimeArrays:
     exposed_communication_seconds: np.ndarray
     bubble_seconds: np.ndarray
     optimizer_seconds: np.ndarray
-    provenance: Mapping[str, str] = attrs.field(converter=_frozen_mapping)
-    detail: Mapping[str, np.ndarray] = attrs.field(factory=dict, converter=_frozen_mapping, repr=False)
+    provenance: Mapping[str, str] = attrs.field(converter=frozen_mapping)
+    detail: Mapping[str, np.ndarray] = attrs.field(factory=dict, converter=frozen_mapping, repr=False)
 
     def __len__(self) -> int:
         return len(self.step_seconds)

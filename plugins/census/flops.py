@@ -72,18 +72,18 @@ def _sdpa_formulas() -> Dict[str, Any]:
     causal kernel skips those above the diagonal (about half). Each formula
     reads ``is_causal`` at its place in the op's schema.
     """
-    from ndcost.plugins.contracts.cuda_sdpa import _backward_flops, _forward_flops
+    from ndcost.plugins.contracts.cuda_sdpa import backward_flops, forward_flops
 
     def forward(causal_at: int):
         def formula(q, k, v, *args, out_shape=None, **kwargs):
             causal = kwargs.get("is_causal", args[causal_at - 3] if len(args) > causal_at - 3 else False)
-            return _forward_flops(tuple(q), tuple(k), tuple(v), bool(causal))[0]
+            return forward_flops(tuple(q), tuple(k), tuple(v), bool(causal))[0]
         return formula
 
     def backward(causal_at: int):
         def formula(grad, q, k, v, *args, out_shape=None, **kwargs):
             causal = kwargs.get("is_causal", args[causal_at - 4] if len(args) > causal_at - 4 else False)
-            return _backward_flops(tuple(q), tuple(k), tuple(v), bool(causal))
+            return backward_flops(tuple(q), tuple(k), tuple(v), bool(causal))
         return formula
 
     # the index of is_causal in each schema
@@ -148,7 +148,7 @@ def aliases_only(func: Any, inputs: Any, outputs: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _counter_class():
+def counter_class():
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -228,7 +228,7 @@ def count_forward(fake, seq: int) -> ForwardCount:
     mask = L.attention_mask(fake, hidden, where[0])
     stack = ModuleStack(fake.layer)
     params = {p.untyped_storage()._cdata for p in fake.layer.parameters()}
-    counter = _counter_class()(stack, params, fake.contracts, flop_formulas(fake.contracts))
+    counter = counter_class()(stack, params, fake.contracts, flop_formulas(fake.contracts))
     try:
         with torch.no_grad(), delta_rule_followed(fake.modeling, fake.layer, stack), counter:
             L.run(fake, hidden, where, mask)

@@ -145,7 +145,7 @@ def measure_output(config: Any, seq: int, runtime: Any):
     """(Measured, ForwardCount) of the output layer of *config* at *seq* tokens."""
     import torch
 
-    from ndcost.plugins.census.flops import ForwardCount, _counter_class, flop_formulas
+    from ndcost.plugins.census.flops import ForwardCount, counter_class, flop_formulas
     from ndcost.plugins.census.measure import ModuleStack, measure
 
     loss_function = importlib.import_module("transformers.loss.loss_utils").ForCausalLMLoss
@@ -160,7 +160,7 @@ def measure_output(config: Any, seq: int, runtime: Any):
 
         measured = measure(params, (hidden,), forward, lambda loss: loss.backward())
         stack = ModuleStack(holder)
-        counter = _counter_class()(stack, {p.untyped_storage()._cdata for p in params}, (), flop_formulas())
+        counter = counter_class()(stack, {p.untyped_storage()._cdata for p in params}, (), flop_formulas())
         try:
             with torch.no_grad(), counter:
                 forward()

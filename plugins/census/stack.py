@@ -320,7 +320,7 @@ def count_stack(config: Any, seq: int, runtime: Any) -> List[Any]:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from ndcost.plugins.census.flops import ForwardCount, _counter_class, flop_formulas
+    from ndcost.plugins.census.flops import ForwardCount, counter_class, flop_formulas
     from ndcost.plugins.census.measure import delta_rule_followed
 
     with fake_stack(config, runtime, replacements=False) as (model, contracts, modeling):
@@ -328,7 +328,7 @@ def count_stack(config: Any, seq: int, runtime: Any) -> List[Any]:
         params = {p.untyped_storage()._cdata for p in model.parameters()}
         follow = _LayerPaths(layers, lambda: 0)
         formulas = flop_formulas(contracts)
-        counters = [_counter_class()(follow, params, contracts, formulas) for _ in layers]
+        counters = [counter_class()(follow, params, contracts, formulas) for _ in layers]
 
         class _PerLayer(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -88,7 +88,7 @@ def _pairs(queries: int, keys: int, causal: bool) -> int:
     return keys * (keys + 1) // 2 + (queries - keys) * keys
 
 
-def _forward_flops(q_shape, k_shape, v_shape, causal: bool) -> Tuple[int, int]:
+def forward_flops(q_shape, k_shape, v_shape, causal: bool) -> Tuple[int, int]:
     """(FLOPs as the kernel runs them, FLOPs at all pairs) of one SDPA forward: scores and values."""
     batch, heads, queries, width = q_shape
     keys, value_width = k_shape[-2], v_shape[-1]
@@ -96,7 +96,7 @@ def _forward_flops(q_shape, k_shape, v_shape, causal: bool) -> Tuple[int, int]:
     return per_pair * _pairs(queries, keys, causal), per_pair * queries * keys
 
 
-def _backward_flops(q_shape, k_shape, v_shape, causal: bool) -> int:
+def backward_flops(q_shape, k_shape, v_shape, causal: bool) -> int:
     """FLOPs of one SDPA backward: the scores recomputed, dP = dO v^T, dV, dQ and dK."""
     batch, heads, queries, width = q_shape
     keys, value_width = k_shape[-2], v_shape[-1]
@@ -192,7 +192,7 @@ class _CudaSdpa(OpContract):
             return None
         query, key, value = args[:3]
         causal = bool(args[5]) if len(args) > 5 else bool(kwargs.get("is_causal", False))
-        flops, all_pairs = _forward_flops(tuple(query.shape), tuple(key.shape), tuple(value.shape), causal)
+        flops, all_pairs = forward_flops(tuple(query.shape), tuple(key.shape), tuple(value.shape), causal)
         return FlopCount(part="scores", flops=flops, all_pairs_flops=all_pairs)
 
     def flop_formulas(self) -> Mapping[Any, Any]:
@@ -200,11 +200,11 @@ class _CudaSdpa(OpContract):
 
         def forward(query_shape, key_shape, value_shape, attn_mask_shape=None, dropout_p=0.0, is_causal=False,
                     *args, out_shape=None, **kwargs):
-            return _forward_flops(query_shape, key_shape, value_shape, bool(is_causal))[0]
+            return forward_flops(query_shape, key_shape, value_shape, bool(is_causal))[0]
 
         def backward(grad_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
             causal = bool(args[6]) if len(args) > 6 else False
-            return _backward_flops(query_shape, key_shape, value_shape, causal)
+            return backward_flops(query_shape, key_shape, value_shape, causal)
 
         return {torch.ops.ndcost.cuda_sdpa: forward, torch.ops.ndcost.cuda_sdpa_backward: backward}
 

@@ -167,6 +167,9 @@ class OpRecordsActivations:
 
 @hookimpl
 def ndcost_register(register):
+    from ndcost.plugins import census  # torch-free until a census runs
+    register("census/kind_records", census.kind_records)
+    register("census/output_record", census.output_record)
     for estimator in (CensusActivations(), CensusActivations(name="stack_census", stack=True,
                                                                description="census over the whole stack, for "
                                                                            "layers that cannot run alone"),

@@ -167,7 +167,7 @@ def analytic_flops(spec: ModelSpec, kind: str, seq: int, *, all_pairs: bool = Fa
     return flops
 
 
-def _analytic_parameters(spec: ModelSpec, kind: str) -> Dict[str, int]:
+def analytic_parameters(spec: ModelSpec, kind: str) -> Dict[str, int]:
     shapes = _kind_shapes(spec, kind)
     params = {part: sum(i * o for i, o, _ in matmuls) for part, matmuls in shapes["matmuls"].items()}
     if "routed" in params:
@@ -211,7 +211,7 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
     scores = sum(float(flops.get(p, 0.0)) for p in _SCORE_PARTS) / pairs
     other = sum(v for p, v in per_token.items()
                 if p not in _ATTENTION_MM_PARTS + ROUTED_PARTS + _LINREC_PARTS + _SCORE_PARTS)
-    params = dict(parameters) if parameters is not None else _analytic_parameters(spec, kind)
+    params = dict(parameters) if parameters is not None else analytic_parameters(spec, kind)
     elementwise = float(shapes["elementwise"])
     replicated_elements = float(shapes["replicated"])
     census_traffic = _census_elementwise(record, shapes) if record is not None else None
