@@ -1,14 +1,16 @@
-"""The resolver: pick each part's estimator for a model, then price strategies in vectorized batches.
+"""The resolver: pick each layer kind's estimators, then price strategies in vectorized batches.
 
 ``resolve(model, runtime="hf-cuda", hardware="h200", census="auto")`` reads
 the model (its family plugin, by ``model_type``), counts its parameters by
 kind and part (the family's formula slots), and returns a :class:`CostModel`.
-Activation records are chosen per sequence length on first use and cached:
-the census's measured records under the runtime profile where a census can
-run (``census="auto"``; ``"on"`` makes its absence an error), the op
-records' formulas otherwise (``census="off"``, or the census unavailable:
-provenance says why). Every choice is written into the provenance of each
-result.
+At each sequence length, on first use, every kind's activation records come
+from the first ``estimator/activations/<name>`` its family prefers that is
+registered and available (the census under the runtime profile, else the op
+records' formulas; ``census="off"`` passes the census over, ``"on"`` makes its
+absence an error), and its work for the time model from the first
+``estimator/flops/<name>`` that measures it. The choices, and why the
+estimators before them were passed over, are written into the provenance of
+each result; a :class:`ResolvedModel` holds what memory and time are handed.
 
 :meth:`CostModel.evaluate_many` takes a sequence of :class:`Strategy` or a
 columnar mapping (field -> list or array; categorical fields as strings;
@@ -237,7 +239,7 @@ class CostModel:
                 by_part = self.parameters.by_kind.get(kind)
                 for name in self._family.flops_estimators(self.spec, kind):
                     estimator = _registry().find(f"estimator/flops/{name}")
-                    if estimator is None or estimator.available(self.spec, self.runtime) is not None \
+                    if estimator is None or estimator.available(self.spec, self._estimator_runtime) is not None \
                             or not estimator.measures(record):
                         continue
                     works[kind] = estimator.kind_work(self.spec, kind, seq, record, by_part)
