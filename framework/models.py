@@ -219,6 +219,8 @@ class Family:
     name: str = "family"
     model_types: Tuple[str, ...] = ()
     stack_census: bool = False
+    # Why the layers cannot run alone, for the census's refusal of one layer (where stack_census).
+    stack_census_reason: str = ""
     # Whether Transformers runs the family's attention through SDPA (its PreTrainedModel's
     # ``_supports_sdpa``): where not, a runtime that asks for SDPA runs its fallback (eager, scores
     # materialized), and the op records' formulas must price that, without importing transformers.

@@ -161,6 +161,7 @@ class FamilyLike(Protocol):
     name: str
     model_types: Tuple[str, ...]
     stack_census: bool   # the census must measure the whole stack (layers that cannot run alone)
+    stack_census_reason: str  # why, for the census's refusal of one layer
     supports_sdpa: bool  # Transformers runs its attention through SDPA (else the runtime's fallback)
 
     def spec(self, config: Mapping[str, Any], name: str) -> "ModelSpec": ...
@@ -297,6 +298,7 @@ CONTRACTS: Mapping[str, NamespaceContract] = {c.namespace: c for c in (
     _contract("schedule", "a pipeline schedule", ScheduleLike, name=STR, overlaps_expert_communication=BOOL,
               refusals=METHOD, virtual_stage=METHOD, in_flight=METHOD, bubble_stage_steps=METHOD),
     _contract("family", "a model family", FamilyLike, name=STR, model_types=SEQUENCE, stack_census=BOOL,
+              stack_census_reason=STR,
               supports_sdpa=BOOL, spec=METHOD, layer_parameters=METHOD, embedding_parameters=METHOD,
               head_parameters=METHOD, final_norm_parameters=METHOD, other_parameters=METHOD, buffers=METHOD,
               published_total=METHOD),

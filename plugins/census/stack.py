@@ -51,29 +51,18 @@ from ndcost.plugins.census.measure import ModuleStack
 
 SOURCE = "census-stack"
 
-# Why each family's layers cannot run alone, for messages (a family plugin's stack_census decides).
-STACK_REASONS: Dict[str, str] = {
-    "deepseek_v4": (
-        "its layers exchange hc_mult hyper-connection streams ([b, s, hc, d]) and a mixing state, take the "
-        "model's pair of rotary flavours, and route their first MoE layers by a hash of the input ids"
-    ),
-}
-
-
-def _family_says_stack(model_type: str) -> bool:
+def _family(model_type: str) -> Any:
     try:
         from ndcost import manager
-        family = manager.registry().find(f"family/{model_type}")
+        return manager.registry().find(f"family/{model_type}")
     except Exception:  # pragma: no cover - a registry that fails to load says nothing
-        family = None
-    if family is not None:  # stack_census is declared by the family/ contract (ndcost.protocols)
-        return bool(family.stack_census)
-    return model_type in STACK_REASONS
+        return None
 
 
 def needs_stack(config_or_spec: Any) -> bool:
-    """Whether *config_or_spec*'s family must be measured over its whole stack."""
-    return _family_says_stack(str(getattr(config_or_spec, "model_type", "")))
+    """Whether *config_or_spec*'s family must be measured over its whole stack (the family's ``stack_census``)."""
+    family = _family(str(getattr(config_or_spec, "model_type", "")))
+    return family is not None and bool(family.stack_census)
 
 
 def refuse_single_layer(config: Any) -> None:
@@ -84,7 +73,7 @@ def refuse_single_layer(config: Any) -> None:
     """
     model_type = str(getattr(config, "model_type", ""))
     if needs_stack(config):
-        reason = STACK_REASONS.get(model_type, "its family says its layers cannot run alone (stack_census)")
+        reason = _family(model_type).stack_census_reason or "its family says its layers cannot run alone"
         raise CensusUnavailable(
             f"no census of one {model_type} layer: {reason}. Measure the whole stack instead "
             f"(ndcost.plugins.census.kind_records runs the stack census, census/stack, for this family), "

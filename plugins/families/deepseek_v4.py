@@ -26,6 +26,9 @@ class DeepseekV4Family(DecoderFamily):
     name = "deepseek_v4"
     model_types = ("deepseek_v4",)
     stack_census = True
+    stack_census_reason = ("its layers exchange hc_mult hyper-connection streams ([b, s, hc, d]) and a mixing "
+                           "state, take the model's pair of rotary flavours, and route their first MoE layers by a "
+                           "hash of the input ids")
     supports_sdpa = False  # DeepseekV4PreTrainedModel refuses SDPA: eager attention under hf-cuda
     defaults = dict(vocab_size=129280, hidden_size=4096, moe_intermediate_size=2048, num_hidden_layers=43,
                     num_attention_heads=64, num_key_value_heads=1, head_dim=512, q_lora_rank=1024,
