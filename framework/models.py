@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import difflib
 import json
+import math
 import os
 import warnings
 from importlib import resources
@@ -20,11 +21,10 @@ from types import MappingProxyType
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import attrs
-import yaml
 
 from ndcost import manager
 from ndcost.errors import InvalidValue, UnknownKey
-from ndcost.specio import load_yaml
+from ndcost.specio import load_yaml, read_text
 from ndcost.values import PARTS, LayerGroup, ModelSpec, frozen_mapping
 
 __all__ = [
@@ -138,9 +138,8 @@ class ConfigReader:
         value = self.get(name, default)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidValue(f"{self.family} config: {name} must be an integer, got {value!r}")
-        value = int(value)
         if value < minimum:
             raise InvalidValue(f"{self.family} config: {name} must be >= {minimum}, got {value}")
         return value
@@ -156,8 +155,127 @@ class ConfigReader:
         return None if value in (None, 0) else self.int(name)
 
     def bool(self, name: str, default: Any = _MISSING) -> Optional[bool]:
+        """A true/false field (a string such as "no" is refused, not read as true); None where the default."""
         value = self.get(name, default)
-        return None if value is None else bool(value)
+        if value is not None and not isinstance(value, builtins.bool):
+            raise InvalidValue(f"{self.family} config: {name} must be true or false, got {value!r}")
+        return value
+
+
+# ---------------------------------------------------------------------------
+# checking a config before any family or Transformers reads it
+# ---------------------------------------------------------------------------
+# More layers than any model has (the largest stack a few hundred): a count past it is a typo, and building
+# or walking that many layers would hang.
+MAX_LAYERS = 100_000
+_LAYER_COUNT_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "num_nextn_predict_layers",
+                       "mtp_num_hidden_layers", "num_mtp_layers")
+# Fields Transformers builds modules from that cannot be null (it derives no default from None).
+_NOT_NULL = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+# What each field must be where the config states it (not null): ("int", least value), ("bool",),
+# ("probability",) in [0, 1], ("positive",) a finite number > 0, ("rope",) a RoPE parameter mapping.
+_FIELD_RULES: Dict[str, Tuple[Any, ...]] = {
+    **{name: ("int", 1) for name in (
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "intermediate_size", "vocab_size", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_inner",
+        "n_positions", "moe_intermediate_size", "num_experts_per_tok", "kv_lora_rank", "v_head_dim",
+        "qk_rope_head_dim", "decoder_sparse_step", "linear_num_key_heads", "linear_num_value_heads",
+        "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval")},
+    **{name: ("int", 0) for name in (
+        "num_experts", "num_local_experts", "n_routed_experts", "n_shared_experts", "q_lora_rank",
+        "qk_nope_head_dim", "sliding_window", "first_k_dense_replace", "max_window_layers",
+        "shared_expert_intermediate_size", "num_nextn_predict_layers", "window_size")},
+    **{name: ("bool",) for name in (
+        "tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window", "use_qk_norm",
+        "norm_topk_prob", "qkv_bias")},
+    **{name: ("probability",) for name in (
+        "attention_dropout", "hidden_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop",
+        "attention_probs_dropout_prob", "hidden_dropout_prob")},
+    **{name: ("positive",) for name in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta")},
+    "rope_scaling": ("rope",), "rope_parameters": ("rope",),
+}
+
+
+def _check_rope(where: str, field: str, value: Any) -> None:
+    """A RoPE mapping (or one per layer type): its type a name, its factor a number >= 1.
+
+    The factor's bound is Transformers' (``modeling_rope_utils``'s ``_validate_linear_rope_parameters``);
+    whether Transformers knows the type is checked where it is imported (:func:`transformers_config`).
+    """
+    if not isinstance(value, Mapping):
+        raise InvalidValue(f"{where}: {field} must be a mapping ({{rope_type: linear, factor: 2.0}}) or null, "
+                           f"got {value!r}")
+    nested = [v for v in value.values() if isinstance(v, Mapping)]
+    for params in nested if nested and len(nested) == len(value) else [value]:
+        kind = params.get("rope_type", params.get("type"))
+        if kind is not None and not isinstance(kind, str):
+            raise InvalidValue(f"{where}: {field} rope_type must be a name (default, linear, yarn, ...), "
+                               f"got {kind!r}")
+        factor = params.get("factor")
+        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                                   or not math.isfinite(factor) or factor < 1):
+            raise InvalidValue(f"{where}: {field} factor must be a number >= 1, got {factor!r}")
+
+
+def _check_field(where: str, field: str, value: Any) -> None:
+    rule = _FIELD_RULES[field]
+    if rule[0] == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidValue(f"{where}: {field} must be an integer, got {value!r}; write it without a decimal "
+                               f"point or quotes")
+        if value < rule[1]:
+            raise InvalidValue(f"{where}: {field} must be >= {rule[1]}, got {value}")
+    elif rule[0] == "bool":
+        if not isinstance(value, bool):
+            raise InvalidValue(f"{where}: {field} must be true or false, got {value!r}")
+    elif rule[0] == "rope":
+        _check_rope(where, field, value)
+    else:
+        number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        if rule[0] == "probability" and not (number and 0 <= value <= 1):
+            raise InvalidValue(f"{where}: {field} must be a probability in [0, 1], got {value!r}")
+        if rule[0] == "positive" and not (number and value > 0):
+            raise InvalidValue(f"{where}: {field} must be a finite number > 0, got {value!r}")
+
+
+def check_config(config: Mapping[str, Any], where: str) -> None:
+    """Refuse a config Transformers could not build, or would build wrong, naming *where*, the field and the fix.
+
+    Checked: the fields of ``_FIELD_RULES`` (integers that are integers, true/false that are booleans,
+    probabilities, RoPE parameters), the fields that cannot be null, a layer count past MAX_LAYERS, and a
+    ``pad_token_id`` inside the vocabulary (its embedding's padding row). A multimodal config's
+    ``text_config`` is checked as the decoder it describes. Ranges a family needs (heads dividing the width)
+    are its own to check.
+    """
+    text = config.get("text_config")
+    views = [config] + ([text] if isinstance(text, Mapping) else [])
+    for view in views:
+        for field, value in view.items():
+            if value is None:
+                if field in _NOT_NULL:
+                    raise InvalidValue(f"{where}: {field} is null; state it as an integer (or remove the field "
+                                       f"for the family's default)")
+            elif field in _FIELD_RULES:
+                _check_field(where, field, value)
+        for field in _LAYER_COUNT_FIELDS:
+            count = view.get(field)
+            if isinstance(count, int) and count > MAX_LAYERS:
+                raise InvalidValue(f"{where}: {field} {count:,} is past {MAX_LAYERS:,}, more layers than any "
+                                   f"model has; fix the layer count")
+    decoder = {**config, **text} if isinstance(text, Mapping) else config
+    _check_pad(where, decoder.get("pad_token_id"), decoder.get("vocab_size"))
+
+
+def _check_pad(where: str, pad: Any, vocab: Any) -> None:
+    """The padding row must be one of the embedding's: ``torch.nn.Embedding``'s rule, a negative id counting
+    from the end."""
+    if pad is None:
+        return
+    if isinstance(pad, bool) or not isinstance(pad, int):
+        raise InvalidValue(f"{where}: pad_token_id must be an integer token id or null, got {pad!r}")
+    if isinstance(vocab, int) and not -vocab <= pad < vocab:
+        raise InvalidValue(f"{where}: pad_token_id {pad} is outside the vocabulary (vocab_size {vocab}, ids "
+                           f"0..{vocab - 1}); set pad_token_id below {vocab}, or to null")
 
 
 def check_heads(family: str, hidden: int, heads: int, kv_heads: Optional[int], head_dim_stated: bool) -> None:
@@ -319,23 +437,24 @@ def model_path(name: str):
 
 
 def _read_yaml(path) -> Dict[str, Any]:
-    text = path.read_text()
-    try:
-        data = load_yaml(text)
-    except yaml.YAMLError as exc:
-        raise InvalidValue(f"model spec {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    data = load_yaml(read_text(path, "model spec"), where=f"model spec {path}")
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise InvalidValue(f"model spec {path}: expected a mapping with a 'config' mapping "
                            f"(the Transformers config fields, with model_type)")
     return data
 
 
-def _from_mapping(config: Mapping[str, Any], name: str, extra: Optional[Mapping[str, Any]] = None) -> ModelSpec:
+def _from_mapping(config: Mapping[str, Any], name: str, extra: Optional[Mapping[str, Any]] = None,
+                  where: str = "") -> ModelSpec:
     config = dict(config)
+    where = where or f"model {name!r}"
     model_type = config.get("model_type")
     if not model_type:
-        raise InvalidValue(f"model {name!r}: the config states no model_type; add model_type "
+        raise InvalidValue(f"{where}: the config states no model_type; add model_type "
                            f"(the Transformers config's model type) so its family can read it")
+    if not isinstance(model_type, str):
+        raise InvalidValue(f"{where}: model_type must be a name (llama, qwen3, ...), got {model_type!r}")
+    check_config(config, where)
     family = family_for(model_type)
     fallback = family is None
     if fallback:
@@ -356,7 +475,8 @@ def _from_mapping(config: Mapping[str, Any], name: str, extra: Optional[Mapping[
 def load_model(model: Any) -> ModelSpec:
     """A ModelSpec from a Transformers config, a config.json path, a folder holding one, a spec YAML or a name.
 
-    A ModelSpec passes through unchanged.
+    A ModelSpec passes through unchanged. Every config is checked (:func:`check_config`) before its family
+    or Transformers reads it.
     """
     if isinstance(model, ModelSpec):
         return model
@@ -383,13 +503,15 @@ def load_model(model: Any) -> ModelSpec:
         if path.suffix in (".yaml", ".yml"):
             return _from_yaml(path)
         try:
-            config = json.loads(path.read_text())
+            config = json.loads(read_text(path, "model config"))
         except json.JSONDecodeError as exc:
             raise InvalidValue(f"{text!r} is not a JSON config: {exc}") from None
+        except RecursionError:
+            raise InvalidValue(f"{text!r}: JSON nested too deeply to read") from None
         if not isinstance(config, dict):
             raise InvalidValue(f"{text!r} is not a JSON object")
         name = path.parent.name if path.name == "config.json" else path.stem
-        return _from_mapping(config, name or config.get("model_type", "model"))
+        return _from_mapping(config, name or config.get("model_type", "model"), where=f"model config {path}")
     if text.endswith((".yaml", ".yml", ".json")) or os.sep in text:
         raise InvalidValue(f"no such file: {text!r}")
     return _from_yaml(model_path(text))
@@ -397,11 +519,18 @@ def load_model(model: Any) -> ModelSpec:
 
 def _from_yaml(path) -> ModelSpec:
     data = _read_yaml(path)
-    name = str(data.get("name") or Path(str(path)).stem)
+    where = f"model spec {path}"
+    name = data.get("name")
+    if name is not None and not isinstance(name, str):
+        raise InvalidValue(f"{where}: name must be a string, got {name!r}")
     extra = {}
-    if data.get("published_total") is not None:
-        extra["published_total"] = int(data["published_total"])
-    return _from_mapping(data["config"], name, extra)
+    published = data.get("published_total")
+    if published is not None:
+        if isinstance(published, bool) or not isinstance(published, int) or published < 1:
+            raise InvalidValue(f"{where}: published_total must be a positive integer (a parameter count), "
+                               f"got {published!r}")
+        extra["published_total"] = published
+    return _from_mapping(data["config"], name or Path(str(path)).stem, extra, where=f"{where} config")
 
 
 def transformers_config(spec: ModelSpec):
@@ -416,7 +545,34 @@ def transformers_config(spec: ModelSpec):
         raise UnknownKey(f"Transformers {__import__('transformers').__version__} has no config for "
                          f"model_type {model_type!r}") from None
     config.pop("model_type", None)
-    return cls.from_dict(config)
+    try:
+        built = cls.from_dict(config)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # its strict dataclass, its RoPE check
+        raise InvalidValue(f"model {spec.name!r}: Transformers refuses its config ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())}); fix the field it names") from None
+    _check_rope_type(spec, built)
+    for decoder in (built, getattr(built, "text_config", None)):  # a pad id Transformers defaults, too
+        if decoder is not None:
+            _check_pad(f"model {spec.name!r}", getattr(decoder, "pad_token_id", None),
+                       getattr(decoder, "vocab_size", None))
+    return built
+
+
+def _check_rope_type(spec: ModelSpec, built: Any) -> None:
+    """Every RoPE type the built config names is one Transformers computes (``ROPE_INIT_FUNCTIONS``)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    for config in (built, getattr(built, "text_config", None)):
+        params = getattr(config, "rope_parameters", None)
+        if not isinstance(params, Mapping):
+            continue
+        nested = [v for v in params.values() if isinstance(v, Mapping)]
+        for one in nested if nested and len(nested) == len(params) else [params]:
+            kind = one.get("rope_type", one.get("type", "default"))
+            if kind != "default" and kind not in ROPE_INIT_FUNCTIONS:
+                raise InvalidValue(f"model {spec.name!r}: rope_type {kind!r} is not one Transformers "
+                                   f"{__import__('transformers').__version__} computes; known: default, "
+                                   f"{', '.join(sorted(ROPE_INIT_FUNCTIONS))}")
 
 
 # ---------------------------------------------------------------------------

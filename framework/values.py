@@ -455,35 +455,110 @@ def _refuse_unknown_fields(fields: Mapping[Any, Any]) -> None:
 # ---------------------------------------------------------------------------
 # the hardware
 # ---------------------------------------------------------------------------
+# a number followed by letters or a slash: "80GB", "3.35 TB/s", "1e-6 s"
+_UNIT_SUFFIXED = re.compile(r"^\s*[-+]?(\d[\d_,]*\.?\d*|\.\d+)([eE][-+]?\d+)?\s*[A-Za-z/%]")
+
+
+def _to_float(value: Any) -> Any:
+    """A number as a float; anything else unchanged, for the field's validator to refuse by name."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+def _to_float_mapping(value: Any) -> Any:
+    return MappingProxyType({k: _to_float(v) for k, v in value.items()}) if isinstance(value, Mapping) else value
+
+
+def check_number(owner: str, field: str, value: Any, unit: str, *, zero_allowed: bool = False,
+                 at_most: Optional[float] = None) -> float:
+    """*value* as a finite number in *unit*, positive (or >= 0 where *zero_allowed*), else an InvalidValue.
+
+    A string is refused, a unit-suffixed one ("80GB") saying units are not parsed.
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        if _UNIT_SUFFIXED.match(text):
+            raise InvalidValue(f"{owner}: {field} is {value!r}; units are not parsed: state a plain number "
+                               f"in {unit}")
+        try:
+            float(text)
+        except ValueError:
+            raise InvalidValue(f"{owner}: {field} must be a number in {unit}, got the string {value!r}") from None
+        raise InvalidValue(f"{owner}: {field} is the string {value!r}, not a number; write a number in {unit} "
+                           f"(YAML reads 4.8e12 as a string: write 4.8e+12)")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidValue(f"{owner}: {field} must be a number in {unit}, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidValue(f"{owner}: {field} must be a finite number in {unit}, got {value!r}")
+    if number < 0 or (number == 0 and not zero_allowed):
+        raise InvalidValue(f"{owner}: {field} must be {'>= 0' if zero_allowed else '> 0'} ({unit}), got {value!r}")
+    if at_most is not None and number > at_most:
+        raise InvalidValue(f"{owner}: {field} must be at most {at_most:g} ({unit}), got {value!r}")
+    return number
+
+
+def _check_name(owner: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidValue(f"{owner}: name must be a non-empty string, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class NetworkLevel:
     """One level of the network: ``within_node`` or ``across_nodes``, its bandwidth per device and latency."""
 
     name: str
-    bytes_per_second: float = attrs.field(converter=float)
-    latency_seconds: float = attrs.field(default=0.0, converter=float)
+    bytes_per_second: float = attrs.field(converter=_to_float)
+    latency_seconds: float = attrs.field(default=0.0, converter=_to_float)
 
     def __attrs_post_init__(self):
-        if self.bytes_per_second <= 0:
-            raise InvalidValue(f"network level {self.name!r}: bandwidth must be > 0, got {self.bytes_per_second}")
+        _check_name("network level", self.name)
+        owner = f"network level {self.name!r}"
+        check_number(owner, "bytes_per_second", self.bytes_per_second, "bytes per second a device")
+        check_number(owner, "latency_seconds", self.latency_seconds, "seconds", zero_allowed=True)
+
+
+def _check_memory_bytes(instance, attribute, value):
+    if isinstance(value, str):
+        check_number(f"hardware {instance.name!r}", "memory_bytes", value, "bytes (an integer)")
+    positive_int(instance, attribute, value)
 
 
 @attrs.frozen(kw_only=True)
 class Hardware:
-    """One accelerator and its network, as a hardware spec YAML states it."""
+    """One accelerator and its network, as a hardware spec YAML states it.
+
+    Every figure is a finite number, positive (a latency may be 0); an efficiency is a fraction of the
+    peak in (0, 1]; units are the field's own (bytes, bytes per second, FLOP per second, seconds).
+    """
 
     name: str
-    memory_bytes: int = attrs.field(validator=positive_int)
-    hbm_bytes_per_second: float = attrs.field(converter=float)
-    peak_flops_per_second: Mapping[str, float] = attrs.field(converter=frozen_mapping)
+    memory_bytes: int = attrs.field(validator=_check_memory_bytes)
+    hbm_bytes_per_second: float = attrs.field(converter=_to_float)
+    peak_flops_per_second: Mapping[str, float] = attrs.field(converter=_to_float_mapping)
     devices_per_node: int = attrs.field(default=8, validator=positive_int)
     network: Tuple[NetworkLevel, ...] = attrs.field(default=(), converter=tuple)
-    efficiency: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
+    efficiency: Mapping[str, float] = attrs.field(factory=dict, converter=_to_float_mapping)
     description: str = ""
 
     def __attrs_post_init__(self):
+        _check_name("hardware", self.name)
+        owner = f"hardware {self.name!r}"
+        check_number(owner, "hbm_bytes_per_second", self.hbm_bytes_per_second, "bytes per second")
+        if not isinstance(self.peak_flops_per_second, Mapping):
+            raise InvalidValue(f"{owner}: peak_flops_per_second must map a dtype to its peak "
+                               f"({{bf16: 989.0e+12}}), got {self.peak_flops_per_second!r}")
         if not self.peak_flops_per_second:
             raise InvalidValue(f"hardware {self.name!r} states no peak FLOP/s (peak_flops_per_second: {{bf16: ...}})")
+        for dtype, peak in self.peak_flops_per_second.items():
+            check_number(owner, f"peak_flops_per_second.{dtype}", peak, "FLOP per second")
+        if not isinstance(self.efficiency, Mapping):
+            raise InvalidValue(f"{owner}: efficiency must map an op class to a fraction of the peak "
+                               f"({{matmul: 0.77}}), got {self.efficiency!r}")
+        for key, fraction in self.efficiency.items():
+            check_number(owner, f"efficiency.{key}", fraction, "a fraction of the peak, (0, 1]", at_most=1.0)
+        for level in self.network:
+            if not isinstance(level, NetworkLevel):
+                raise InvalidValue(f"{owner}: network must hold NetworkLevel values, got {level!r}")
 
     def peak_flops(self, dtype: str) -> float:
         try:

@@ -33,6 +33,7 @@ import numpy as np
 
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
+from ndcost.specio import read_text
 
 FORWARD_CLASSES = ("matmul", "attention", "linrec", "memory")
 BACKWARD_CLASSES = tuple(f"{c}_backward" for c in FORWARD_CLASSES)
@@ -186,10 +187,10 @@ def read_measurements(path: str, model: Any = None, kind: Optional[str] = None, 
     traffic under *runtime* where a census can run (the analytic figures
     otherwise); ``"off"`` prices it analytically.
     """
+    if not Path(path).exists():
+        raise InvalidValue(f"no measurements file {path!r}")
     try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InvalidValue(f"no measurements file {path!r}") from None
+        data = json.loads(read_text(path, "measurements file"))
     except json.JSONDecodeError as exc:
         raise InvalidValue(f"{path}: not JSON ({exc})") from None
     hardware = data.get("hardware") if isinstance(data, Mapping) else None

@@ -491,7 +491,7 @@ def builtin_records() -> Dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _builtin_mapping() -> Dict[str, Any]:
-    return load_yaml(_builtin_text())
+    return load_yaml(_builtin_text(), where="specs/op_records.yaml")
 
 
 @hookimpl

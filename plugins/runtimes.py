@@ -30,7 +30,7 @@ from typing import Any, Mapping, Tuple, Union
 
 import attrs
 
-from ndcost.specio import load_yaml
+from ndcost.specio import load_yaml, read_text
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
 from ndcost.values import frozen_mapping
@@ -113,8 +113,8 @@ def profile_from_mapping(data: Mapping[str, Any], where: str = "<mapping>") -> R
 
 def load_profile_yaml(path: Union[str, Path, Any]) -> RuntimeProfile:
     """The profile in one YAML file."""
-    text = Path(path).read_text() if isinstance(path, (str, Path)) else path.read_text()
-    return profile_from_mapping(load_yaml(text), where=str(path))
+    text = read_text(path, "runtime profile")
+    return profile_from_mapping(load_yaml(text, where=f"runtime profile {path}"), where=str(path))
 
 
 def register_profile_dir(register, directory) -> None:

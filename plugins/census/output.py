@@ -19,8 +19,11 @@ KIND = "output"
 
 
 def output_config(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
-    """What decides the output layer's census, for its cache key (a multimodal config's text part)."""
-    keep = ("model_type", "hidden_size", "vocab_size", "hidden_act", "n_embd", "layer_norm_epsilon")
+    """What decides the output layer's census, for its cache key (a multimodal config's text part).
+
+    ``pad_token_id`` is in it: the census builds the base model, whose embedding takes it as its padding row.
+    """
+    keep = ("model_type", "hidden_size", "vocab_size", "hidden_act", "n_embd", "layer_norm_epsilon", "pad_token_id")
     text = hf_config.get("text_config")
     source = {**hf_config, **text} if isinstance(text, Mapping) else hf_config
     return {k: v for k, v in sorted(source.items())
@@ -178,6 +181,11 @@ def census_output(config: Any, seq: int, runtime: Any) -> KindRecord:
     config = text_config(config)
     half = copy.deepcopy(config)
     half.vocab_size = max(1, config.vocab_size // 2)
+    pad = getattr(half, "pad_token_id", None)
+    if isinstance(pad, int) and not -half.vocab_size <= pad < half.vocab_size:
+        # the base model's embedding (built for the final norm) refuses a padding row past its vocabulary;
+        # the census measures only the norm, the head and the loss, which never read the padding row
+        half.pad_token_id = None
     (one, counted), (two, _) = measure_output(config, seq, runtime), measure_output(half, seq, runtime)
     saved, saved_tp = split(one.saved_bytes, two.saved_bytes, seq)
     working, working_tp = split(one.working_bytes, two.working_bytes, seq)

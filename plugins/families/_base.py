@@ -46,6 +46,9 @@ def layer_types(r: ConfigReader, n: int, field: str = "layer_types") -> Optional
     types = r.config.get(field)
     if types is None:
         return None
+    if not isinstance(types, (list, tuple)) or not all(isinstance(t, str) for t in types):
+        raise InvalidValue(f"{r.family} config: {field} must be a list of layer type names, one a layer, "
+                           f"got {types!r:.80}")
     types = list(types)
     if len(types) < n:
         raise InvalidValue(f"{r.family} config: {field} lists {len(types)} layers but num_hidden_layers is {n}")

@@ -35,7 +35,7 @@ class GenericDecoderFamily(DecoderFamily):
         att = read_attention(r)
         n = r.int("num_hidden_layers")
         vocab = r.int("vocab_size")
-        tie = bool(r.get("tie_word_embeddings", False))
+        tie = r.bool("tie_word_embeddings", False)
         attention_bias = r.bool("attention_bias", None)
         mlp_bias = r.bool("mlp_bias", None)
         if r.has("rms_norm_eps"):

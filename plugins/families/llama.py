@@ -1,4 +1,9 @@
-"""Llama and Mistral: GQA with optional biases, a SwiGLU FFN, two RMSNorms a layer; every layer ``dense``."""
+"""Llama, Mistral and Phi-3: GQA with optional biases, a SwiGLU FFN, two RMSNorms a layer; every layer ``dense``.
+
+Phi-3 fuses the query, key and value projections (``qkv_proj``) and the gate and up projections
+(``gate_up_proj``), none with a bias (Transformers' ``models/phi3/modeling_phi3.py``): the same parameters as
+a Llama layer without biases. Its ``sliding_window`` is left out of the kinds, as Mistral's is.
+"""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -9,7 +14,7 @@ DENSE = {"dense": {"attention": "gqa", "mlp": "dense"}}
 
 
 class LlamaFamily(DecoderFamily):
-    """Llama (``attention_bias`` and ``mlp_bias`` as stated, False by default) and Mistral (no biases)."""
+    """Llama (``attention_bias`` and ``mlp_bias`` as stated, False by default), Mistral and Phi-3 (no biases)."""
 
     def __init__(self, name: str, model_types, defaults: Mapping[str, Any], biases: bool):
         self.name = name
@@ -37,4 +42,8 @@ MISTRAL = LlamaFamily("mistral", ["mistral"], dict(
     vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
     num_key_value_heads=8, max_position_embeddings=4096 * 32, tie_word_embeddings=False), biases=False)
 
-ndcost_register = register_family(LLAMA, MISTRAL)
+PHI3 = LlamaFamily("phi3", ["phi3"], dict(  # Transformers 5.24's Phi3Config defaults
+    vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32,
+    max_position_embeddings=4096, tie_word_embeddings=False), biases=False)
+
+ndcost_register = register_family(LLAMA, MISTRAL, PHI3)
