@@ -1,9 +1,9 @@
 """Reading the spec files: UTF-8 text, YAML through one safe loader, and hardware specs.
 
 The YAML loader is libyaml's C safe loader where PyYAML has it, as plugin loading parses every spec. It
-builds only plain types, and refuses a document whose aliases would expand past a bound: PyYAML shares an
-aliased node, but whatever walks the result (a copy, a cache key, Transformers' config) expands it, so nine
-nested aliases of nine ("billion laughs") would hang the reader.
+builds only plain types, reads 1e12 as a number, and refuses a document whose aliases would expand past a
+bound: PyYAML shares an aliased node, but whatever walks the result (a copy, a cache key, Transformers'
+config) expands it, so nine nested aliases of nine ("billion laughs") would hang the reader.
 
 A hardware spec is read here, in the core, because a user names one by its path
 (``--hardware my_cluster.yaml``) as well as plugins registering theirs.
@@ -11,6 +11,7 @@ A hardware spec is read here, in the core, because a user names one by its path
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Union
 
@@ -19,7 +20,15 @@ import yaml
 from ndcost.errors import InvalidValue
 from ndcost.values import Hardware, NetworkLevel
 
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]  # a C or Python base
+    """The safe loader, reading a plain 1e12 or 200.0e9 as the number YAML 1.2 makes it (PyYAML's YAML 1.1
+    rules read a float only with a dot and a signed exponent, so 1e12 would be a string)."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                              re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+                              list("-+0123456789."))
 
 # No spec ndcost reads needs more: a document past either bound is refused, never expanded.
 MAX_YAML_ALIASES = 100
@@ -48,7 +57,7 @@ def _check_aliases(text: str, where: str) -> None:
     sizes: Dict[str, int] = {}
     open_nodes: List[list] = []  # [anchor, expanded size so far] of each collection being read
     aliases = 0
-    for event in yaml.parse(text, Loader=_LOADER):
+    for event in yaml.parse(text, Loader=_Loader):
         anchor = None
         if isinstance(event, yaml.AliasEvent):
             aliases += 1
@@ -80,7 +89,7 @@ def load_yaml(text: str, where: str = "YAML text") -> Any:
     try:
         if "&" in text and "*" in text:  # an alias needs an anchor: without both, there is none
             _check_aliases(text, where)
-        return yaml.load(text, Loader=_LOADER)
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise InvalidValue(f"{where} is not valid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:

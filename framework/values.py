@@ -475,16 +475,15 @@ def check_number(owner: str, field: str, value: Any, unit: str, *, zero_allowed:
     A string is refused, a unit-suffixed one ("80GB") saying units are not parsed.
     """
     if isinstance(value, str):
-        text = value.strip()
-        if _UNIT_SUFFIXED.match(text):
-            raise InvalidValue(f"{owner}: {field} is {value!r}; units are not parsed: state a plain number "
-                               f"in {unit}")
         try:
-            float(text)
+            float(value)
         except ValueError:
+            if _UNIT_SUFFIXED.match(value):
+                raise InvalidValue(f"{owner}: {field} is {value!r}; units are not parsed: state a plain number "
+                                   f"in {unit}") from None
             raise InvalidValue(f"{owner}: {field} must be a number in {unit}, got the string {value!r}") from None
-        raise InvalidValue(f"{owner}: {field} is the string {value!r}, not a number; write a number in {unit} "
-                           f"(YAML reads 4.8e12 as a string: write 4.8e+12)")
+        raise InvalidValue(f"{owner}: {field} is the string {value!r}, not a number; write the number in {unit} "
+                           f"without quotes")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidValue(f"{owner}: {field} must be a number in {unit}, got {value!r}")
     number = float(value)

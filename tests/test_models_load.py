@@ -111,7 +111,7 @@ def test_missing_or_malformed_field_in_known_families():
     from ndcost.models import ConfigReader
     with pytest.raises(InvalidValue, match=r"the llama family needs 'hidden_size' in the config"):
         ConfigReader({}, "llama").int("hidden_size")
-    with pytest.raises(InvalidValue, match=r"gpt2 config: n_embd must be an integer, got 'wide'"):
+    with pytest.raises(InvalidValue, match=r"'gpt2'.*n_embd must be an integer, got 'wide'"):
         load_model({"model_type": "gpt2", "n_embd": "wide"})
 
 
