@@ -30,9 +30,11 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float",
                               re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
                               list("-+0123456789."))
 
-# No spec ndcost reads needs more: a document past either bound is refused, never expanded.
+# No spec ndcost reads needs more: a document past a bound is refused, never built. The depth bound keeps
+# libyaml's composer, which recurses in C, far from the stack's end (it crashes past ~50,000 levels).
 MAX_YAML_ALIASES = 100
 MAX_YAML_EXPANDED_NODES = 1_000_000
+MAX_YAML_DEPTH = 10_000
 
 
 def read_text(path: Union[str, Path, Any], what: str) -> str:
@@ -48,8 +50,9 @@ def read_text(path: Union[str, Path, Any], what: str) -> str:
                            f"save it as UTF-8") from None
 
 
-def _check_aliases(text: str, where: str) -> None:
-    """Refuse *text* where its aliases number more than MAX_YAML_ALIASES or expand past MAX_YAML_EXPANDED_NODES.
+def _check_structure(text: str, where: str) -> None:
+    """Refuse *text* where it nests deeper than MAX_YAML_DEPTH, or its aliases number more than
+    MAX_YAML_ALIASES or expand past MAX_YAML_EXPANDED_NODES.
 
     Walks the parser's events (no objects built): a node's expanded size is one plus its children's, an
     alias counting as the size of the node it names.
@@ -69,6 +72,8 @@ def _check_aliases(text: str, where: str) -> None:
             anchor, size = event.anchor, 1
         elif isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
             open_nodes.append([event.anchor, 1])
+            if len(open_nodes) > MAX_YAML_DEPTH:
+                raise InvalidValue(f"{where}: YAML nested more than {MAX_YAML_DEPTH:,} levels deep; flatten it")
             continue
         elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
             anchor, size = open_nodes.pop()
@@ -87,8 +92,9 @@ def _check_aliases(text: str, where: str) -> None:
 def load_yaml(text: str, where: str = "YAML text") -> Any:
     """*text* parsed as safely as ``yaml.safe_load`` does, aliases bounded; an InvalidValue naming *where*."""
     try:
-        if "&" in text and "*" in text:  # an alias needs an anchor: without both, there is none
-            _check_aliases(text, where)
+        # an alias needs an anchor (&) and a level a character: a short text without both is safe unwalked
+        if len(text) > MAX_YAML_DEPTH or ("&" in text and "*" in text):
+            _check_structure(text, where)
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise InvalidValue(f"{where} is not valid YAML: {' '.join(str(exc).split())}") from None

@@ -191,8 +191,8 @@ def read_measurements(path: str, model: Any = None, kind: Optional[str] = None, 
         raise InvalidValue(f"no measurements file {path!r}")
     try:
         data = json.loads(read_text(path, "measurements file"))
-    except json.JSONDecodeError as exc:
-        raise InvalidValue(f"{path}: not JSON ({exc})") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InvalidValue(f"{path}: not JSON ({exc or 'nested too deeply'})") from None
     hardware = data.get("hardware") if isinstance(data, Mapping) else None
     if isinstance(data, Mapping) and "measurements" in data:
         entries = data["measurements"]
