@@ -173,7 +173,8 @@ _LAYER_COUNT_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "num_nextn_
 # Fields Transformers builds modules from that cannot be null (it derives no default from None).
 _NOT_NULL = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 # What each field must be where the config states it (not null): ("int", least value), ("bool",),
-# ("probability",) in [0, 1], ("positive",) a finite number > 0, ("rope",) a RoPE parameter mapping.
+# ("probability",) in [0, 1], ("positive",) a finite number > 0, ("rope",) a RoPE parameter mapping,
+# ("name",) a non-empty string.
 _FIELD_RULES: Dict[str, Tuple[Any, ...]] = {
     **{name: ("int", 1) for name in (
         "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -193,6 +194,7 @@ _FIELD_RULES: Dict[str, Tuple[Any, ...]] = {
         "attention_probs_dropout_prob", "hidden_dropout_prob")},
     **{name: ("positive",) for name in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta")},
     "rope_scaling": ("rope",), "rope_parameters": ("rope",),
+    "hidden_act": ("name",), "activation_function": ("name",),
 }
 
 
@@ -230,6 +232,9 @@ def _check_field(where: str, field: str, value: Any) -> None:
             raise InvalidValue(f"{where}: {field} must be true or false, got {value!r}")
     elif rule[0] == "rope":
         _check_rope(where, field, value)
+    elif rule[0] == "name":
+        if not isinstance(value, str) or not value:
+            raise InvalidValue(f"{where}: {field} must be a name (silu, gelu, ...), got {value!r}")
     else:
         number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
         if rule[0] == "probability" and not (number and 0 <= value <= 1):
@@ -551,11 +556,25 @@ def transformers_config(spec: ModelSpec):
         raise InvalidValue(f"model {spec.name!r}: Transformers refuses its config ({type(exc).__name__}: "
                            f"{' '.join(str(exc).split())}); fix the field it names") from None
     _check_rope_type(spec, built)
+    _check_activation(spec, built)
     for decoder in (built, getattr(built, "text_config", None)):  # a pad id Transformers defaults, too
         if decoder is not None:
             _check_pad(f"model {spec.name!r}", getattr(decoder, "pad_token_id", None),
                        getattr(decoder, "vocab_size", None))
     return built
+
+
+def _check_activation(spec: ModelSpec, built: Any) -> None:
+    """The activation the config names is one Transformers builds (``transformers.activations.ACT2FN``)."""
+    from transformers.activations import ACT2FN
+
+    for config in (built, getattr(built, "text_config", None)):
+        for field in ("hidden_act", "activation_function"):
+            name = getattr(config, field, None)
+            if isinstance(name, str) and name not in ACT2FN:
+                close = difflib.get_close_matches(name, list(ACT2FN), n=3)
+                raise InvalidValue(f"model {spec.name!r}: {field} {name!r} is not an activation Transformers "
+                                   f"builds; {'closest: ' + ', '.join(close) if close else 'e.g. silu, gelu'}")
 
 
 def _check_rope_type(spec: ModelSpec, built: Any) -> None:

@@ -194,6 +194,7 @@ LLAMA = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096, "inter
     (dict(pad_token_id="<pad>"), "pad_token_id must be an integer token id or null"),
     (dict(num_hidden_layers=10_000_000), f"num_hidden_layers 10,000,000 is past {MAX_LAYERS:,}"),
     (dict(model_type=["llama"]), "model_type must be a name"),
+    (dict(hidden_act=["silu"]), "hidden_act must be a name (silu, gelu, ...), got ['silu']"),
     (dict(model_type="qwen3", layer_types="full_attention"), "layer_types must be a list of layer type names"),
 ])
 def test_bad_config_field_is_refused_by_cause(change, fragment):
@@ -243,6 +244,9 @@ def test_transformers_refusal_of_a_config_is_a_refusal_not_an_internal_error():
     spec = load_model({**LLAMA, "rope_scaling": {"rope_type": "yarn"}})  # yarn needs its factor
     with pytest.raises(InvalidValue, match="Transformers refuses its config .*factor"):
         transformers_config(spec)
+    with pytest.raises(InvalidValue, match="hidden_act 'sigmoidal' is not an activation Transformers builds"):
+        transformers_config(load_model({**LLAMA, "hidden_act": "sigmoidal"}))
+    assert transformers_config(load_model({**LLAMA, "hidden_act": "silu"})).hidden_size == 4096
 
 
 def test_a_pad_token_transformers_defaults_past_the_vocabulary_is_refused():
@@ -373,8 +377,9 @@ def test_phi3_params_and_estimate_run_through_the_cli(tmp_path):
                     "--json", env_extra=cache)
     assert estimate.returncode == 0, estimate.stderr
     assert "Traceback" not in estimate.stderr and "internal error" not in estimate.stderr
-    document = json.loads(estimate.stdout)
-    assert "census" in json.dumps(document)  # the layers and the output priced by the census, not the fallback
+    records = json.loads(estimate.stdout)["provenance"]["records"]["256"]
+    # the layers and the output layer measured by the census, not priced by the formulas' fallback
+    assert records["activations"]["dense"].startswith("census:") and records["output"].startswith("census:")
 
 
 # ---------------------------------------------------------------------------
