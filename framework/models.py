@@ -29,7 +29,7 @@ from ndcost.values import PARTS, LayerGroup, ModelSpec, frozen_mapping
 
 __all__ = [
     "load_model", "transformers_config", "parameters", "ParameterCount", "Family", "ConfigReader",
-    "family_for", "formula", "known_models", "model_path", "FamilyFallbackWarning",
+    "family_for", "formula", "known_models", "model_path", "FamilyFallbackWarning", "check_config", "MAX_LAYERS",
 ]
 
 

@@ -469,8 +469,8 @@ def _to_float_mapping(value: Any) -> Any:
 
 
 def check_number(owner: str, field: str, value: Any, unit: str, *, zero_allowed: bool = False,
-                 at_most: Optional[float] = None) -> float:
-    """*value* as a finite number in *unit*, positive (or >= 0 where *zero_allowed*), else an InvalidValue.
+                 at_most: Optional[float] = None) -> None:
+    """Refuse *value* unless a finite number in *unit*, positive (or >= 0 where *zero_allowed*).
 
     A string is refused, a unit-suffixed one ("80GB") saying units are not parsed.
     """
@@ -493,7 +493,6 @@ def check_number(owner: str, field: str, value: Any, unit: str, *, zero_allowed:
         raise InvalidValue(f"{owner}: {field} must be {'>= 0' if zero_allowed else '> 0'} ({unit}), got {value!r}")
     if at_most is not None and number > at_most:
         raise InvalidValue(f"{owner}: {field} must be at most {at_most:g} ({unit}), got {value!r}")
-    return number
 
 
 def _check_name(owner: str, value: Any) -> None:

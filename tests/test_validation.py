@@ -235,6 +235,7 @@ def test_a_multimodal_configs_text_part_is_checked_too():
         load_model({"model_type": "qwen3_5", "pad_token_id": 1000, "text_config": {**text, "hidden_size": 64}})
 
 
+@pytest.mark.slow
 def test_transformers_refusal_of_a_config_is_a_refusal_not_an_internal_error():
     """The door where Transformers builds the config: its own exceptions and unknown RoPE types are InvalidValue."""
     pytest.importorskip("transformers")
@@ -249,6 +250,7 @@ def test_transformers_refusal_of_a_config_is_a_refusal_not_an_internal_error():
     assert transformers_config(load_model({**LLAMA, "hidden_act": "silu"})).hidden_size == 4096
 
 
+@pytest.mark.slow
 def test_a_pad_token_transformers_defaults_past_the_vocabulary_is_refused():
     """Phi-3's config class defaults pad_token_id to 32000: a 32,000-token vocabulary without a pad is refused
     where Transformers builds it, not by torch's assertion in the embedding."""
@@ -335,6 +337,7 @@ def test_every_yaml_read_goes_through_the_one_loader():
 # ---------------------------------------------------------------------------
 # Phi-3: a genuine config whose pad token sits past half its vocabulary
 # ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_phi3_parameters_equal_transformers_on_the_meta_device():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
