@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ndcost import Hardware
-from ndcost.errors import InvalidValue, NdcostError
+from ndcost.errors import InvalidValue
 from ndcost.models import MAX_LAYERS, load_model, parameters, transformers_config
 from ndcost.specio import MAX_YAML_ALIASES, load_hardware_yaml, load_yaml
 from ndcost.values import NetworkLevel
