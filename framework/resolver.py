@@ -256,7 +256,7 @@ class CostModel:
 
     def _choose_records(self, seq: int) -> memory.RecordTables:
         built = [k for i, k in enumerate(self.tables.kinds)
-                 if self.tables.prefix[i, -1] > 0 or (self.tables.builds_mtp and self.tables.mtp_counts[i] > 0)]
+                 if self.tables.stack.counts[i] > 0 or (self.tables.builds_mtp and self.tables.mtp_counts[i] > 0)]
         records_all = self._choose_built_records(seq, tuple(built))
         if len(built) == len(self.tables.kinds):
             return records_all

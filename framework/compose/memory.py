@@ -58,7 +58,7 @@ class ModelTables:
 
     kinds: Tuple[str, ...]
     num_layers: int
-    prefix: np.ndarray            # (K, L + 1): layers of kind k among the first n
+    stack: placement_rules.LayerStack  # the non-MTP layers as runs of one kind
     mtp_counts: np.ndarray        # (K,): MTP layers of each kind (placed with the head where built)
     builds_mtp: bool
     tp_params: np.ndarray         # (K,): one layer's parameters split by TP
@@ -87,8 +87,8 @@ class ModelTables:
         """From a ModelSpec and the family's ParameterCount (``by_kind``, ``embedding``, ``head``, ``final_norm``)."""
         kinds = tuple(dict.fromkeys(g.kind for g in spec.layers))
         index = {k: i for i, k in enumerate(kinds)}
-        prefix = placement_rules.layer_prefix(kinds, spec.layer_kinds(include_mtp=False))
-        L = prefix.shape[1] - 1
+        stack = placement_rules.LayerStack.from_runs(kinds, [(g.kind, g.count) for g in spec.layers if not g.mtp])
+        L = stack.num_layers
         mtp = np.zeros(len(kinds), dtype=np.int64)
         for g in spec.layers:
             if g.mtp:
@@ -128,7 +128,7 @@ class ModelTables:
                 kv_params.append(2 * (spec.hidden_size * width + (width if spec.attention_bias else 0)))
         linear = tuple(x for x in (spec.linear_num_key_heads, spec.linear_num_value_heads) if x)
         return cls(
-            kinds=kinds, num_layers=L, prefix=prefix, mtp_counts=mtp, builds_mtp=bool(builds_mtp),
+            kinds=kinds, num_layers=L, stack=stack, mtp_counts=mtp, builds_mtp=bool(builds_mtp),
             tp_params=parts(TP_PARTS), replicated_params=parts(REPLICATED_PARTS), routed_params=routed,
             matmul_tp_params=parts(tuple(p for p in MATMUL_PARTS if p in TP_PARTS)),
             matmul_replicated_params=parts(tuple(p for p in MATMUL_PARTS if p in REPLICATED_PARTS)),
@@ -701,7 +701,7 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     """
     batch = _batch(cols)
     mtp = model.mtp_counts if model.builds_mtp else None
-    where = placement_rules.place(model.prefix, cols, schedules, mtp_counts=mtp, pp_bounds=cols.get("pp_bounds"))
+    where = placement_rules.place(model.stack, cols, schedules, mtp_counts=mtp, pp_bounds=cols.get("pp_bounds"))
     held = _in_flight(cols, schedules, where)
     layers = where.layers.sum(axis=3)  # (K, N, R): each rank's layers, MTP ones with the head
     params = _stage_parameters(model, batch, cols, where, layers)
