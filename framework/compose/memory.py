@@ -245,6 +245,7 @@ class Composed:
     stage_layers: np.ndarray     # (N, R) int64
     stage_moment: np.ndarray     # (N, R) int64: index into MOMENTS
     unpriced: Dict[str, np.ndarray]  # what a row used that nobody priced -> (N,) bool
+    beyond_exact: np.ndarray     # (N,) bool: a figure not finite or past MAX_EXACT_BYTES (the row holds 0)
     layer_bytes: np.ndarray      # (N, K) int64: one layer of each kind keeps for one micro-batch
     stage_kind_layers: np.ndarray  # (N, R, K) int64: the stack's layers of each kind on each stage (no MTP)
     head_stage: np.ndarray       # (N,) int64: the stage holding the head
@@ -256,6 +257,10 @@ MOMENTS = ("output backward", "last layer backward", "end of backward", "embeddi
 # PyTorch's CUDA embedding backward (embedding_dense_backward_cuda) sorts the indices and sums each
 # row's gradient in fp32 partial buffers above this many indices; at or below it, it adds in place.
 EMBEDDING_SORT_MIN_TOKENS = 3072
+
+# The bytes are priced in float64 and handed out as int64: below 2**53 every whole figure is exact in both;
+# a row past it (or with a figure not finite) is flagged and holds 0, never cast (which would wrap).
+MAX_EXACT_BYTES = 2 ** 53
 
 
 def whole(x):
@@ -648,11 +653,14 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     ]
 
 
-def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Optional[np.ndarray]):
+def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Optional[np.ndarray],
+          beyond: np.ndarray):
     """Each stage's bytes by category at its largest moment (the first of equal ones), and that moment.
 
     ``allocator_overhead`` times the rest is added as ``allocator``; the output
     layer's moment exists on the head's stage only, the embedding's on its own.
+    Rows whose largest moment is not finite or passes ``MAX_EXACT_BYTES`` are
+    set in *beyond* ``(N,)`` and hold 0.
     """
     base = persistent["parameters"] + persistent["master"] + persistent["optimizer_states"]
     overhead = cols["allocator_overhead"].astype(np.float64)[:, None]
@@ -678,6 +686,12 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
         later = totals[i] > best_total
         best_index[later] = i
         best_total = np.maximum(best_total, totals[i])
+    beyond |= ~(best_total <= MAX_EXACT_BYTES).all(axis=1)  # NaN compares False: flagged too
+    if beyond.any():  # categories are non-negative: none of a row within bound passes it
+        kept_rows = ~beyond[:, None]
+        persistent = {name: np.where(kept_rows, value, 0.0) for name, value in persistent.items()}
+        moments = [{name: np.where(kept_rows, value, 0.0) for name, value in m.items()} for m in moments]
+        best_total = np.where(kept_rows, best_total, 0.0)
     # every category is whole and non-negative by construction: written once, straight into int64
     stage_bytes = np.empty(base.shape + (len(CATEGORIES),), dtype=np.int64) if out is None else out
     for c, name in enumerate(CATEGORIES):
@@ -713,7 +727,10 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     moments = _moments(model, persistent, params, stage, output_bytes, other_outputs, buffers, batch, cols,
                        embedding_sort_scratch)
     kept = {name: whole(persistent[name]) for name in ("parameters", "master", "optimizer_states")}
-    stage_bytes, stage_peak, best_moment = _peak(kept, moments, where, cols, out)
+    layer_keep = np.ceil(np.where((cols["recompute"] == RECOMPUTE.index("none"))[:, None], layer.keep_plain,
+                                  layer.keep_recomputed) - 1e-3)
+    beyond = ~(layer_keep <= MAX_EXACT_BYTES).all(axis=1)
+    stage_bytes, stage_peak, best_moment = _peak(kept, moments, where, cols, out, beyond)
     stage_layers = layers.sum(axis=0) if len(model.kinds) else np.zeros(stage_peak.shape, dtype=np.int64)
     stage_exists = np.arange(stage_peak.shape[1])[None, :] < cols["pp"].astype(np.int64)[:, None]
     if not stage_exists.all():  # rows of fewer stages than the batch's most: their extra stages hold nothing
@@ -721,13 +738,11 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
         stage_peak[~stage_exists] = 0
         stage_layers = np.where(stage_exists, stage_layers, 0)
     peak_stage = np.argmax(stage_peak, axis=1)
-    none = (cols["recompute"] == RECOMPUTE.index("none"))[:, None]
     return Composed(stage_bytes=stage_bytes, stage_peak_bytes=stage_peak,
                     peak_bytes=stage_peak[np.arange(len(peak_stage)), peak_stage], peak_stage=peak_stage,
                     stage_layers=stage_layers, stage_moment=best_moment,
-                    layer_bytes=np.ceil(np.where(none, layer.keep_plain, layer.keep_recomputed)
-                                        - 1e-3).astype(np.int64),
+                    layer_bytes=np.where(beyond[:, None], 0.0, np.nan_to_num(layer_keep)).astype(np.int64),
                     unpriced={"working": layer.unpriced_working, "output working": unpriced_output,
-                              "selective": layer.unpriced_selective},
+                              "selective": layer.unpriced_selective}, beyond_exact=beyond,
                     stage_kind_layers=where.rank_layers(with_mtp=False), head_stage=where.head_rank,
                     embedding_stage=np.argmax(where.has_embedding, axis=1))
