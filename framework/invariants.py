@@ -65,7 +65,7 @@ def _time_breaks(time: Any, rows: np.ndarray) -> Dict[int, str]:
         values = np.asarray(time[name])[rows]
         bad = ~(np.isfinite(values) & holds(values))
         for j in np.flatnonzero(bad).tolist():
-            out.setdefault(int(rows[j]), f"{name} = {values[j]!r}, where it must be finite and {wanted}")
+            out.setdefault(int(rows[j]), f"{name} = {float(values[j])!r}, where it must be finite and {wanted}")
     return out
 
 

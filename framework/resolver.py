@@ -498,8 +498,9 @@ class CostModel:
                          "nor the formulas state one); use recompute=full or core_attention")
             batch.refuse(beyond_exact, lambda i: (
                 f"its bytes a device pass {memory.MAX_EXACT_BYTES:,} (2**53), past which they are not exact "
-                f"integers (micro_batch * seq = {c['micro_batch'][i] * c['seq'][i]:,} tokens a micro-batch, "
-                f"moe_imbalance={float(c['moe_imbalance'][i])!r}); give smaller values"))
+                f"integers; spread the model over more devices (tp, pp, ep, zero, fsdp) or give fewer tokens a "
+                f"micro-batch (micro_batch * seq = {c['micro_batch'][i] * c['seq'][i]:,}) or a smaller "
+                f"moe_imbalance ({float(c['moe_imbalance'][i])!r})"))
             if unpriced_selective.any() or beyond_exact.any():
                 reason = batch.reason_array()
                 valid = ~batch.invalid()

@@ -36,7 +36,7 @@ from ndcost.columns import DTYPE_BYTES
 from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
 from ndcost.compose.sharding import MATMUL_PARTS, REPLICATED_PARTS, ROUTED_PARTS, TP_PARTS
-from ndcost.errors import Unpriced
+from ndcost.errors import InvalidValue, Unpriced
 from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, PARTS, RECOMPUTE
 
 CATEGORIES = MEMORY_CATEGORIES
@@ -93,6 +93,12 @@ class ModelTables:
         for g in spec.layers:
             if g.mtp:
                 mtp[index[g.kind]] += g.count
+
+        elements = int(counts.total) + int(counts.mtp)
+        if elements > MAX_EXACT_BYTES:  # every element count below is then exact in int64 and float64
+            raise InvalidValue(f"model {spec.name!r} has {elements:,} parameters, past {MAX_EXACT_BYTES:,} (2**53), "
+                               f"the most ndcost prices exactly; check its widths (hidden_size={spec.hidden_size}) "
+                               f"and layer counts")
 
         def parts(names):
             return np.array([sum(int(counts.by_kind.get(k, {}).get(p, 0)) for p in names) for k in kinds],
