@@ -1,6 +1,6 @@
 """The ``ndcost`` command line.
 
-Conventions for every subcommand: ``--json`` writes exactly one JSON document
+Conventions for every subcommand: ``--json`` writes exactly one strict JSON document (no NaN or Infinity)
 to stdout; progress, warnings and logs go to stderr; exit 0 on success, 2 for
 usage errors, 1 for refusals, each refusal one line saying what was wrong and
 how to fix it (a traceback only with ``--debug``).

@@ -47,7 +47,8 @@ def _memory_breaks(result: Any, rows: np.ndarray) -> Dict[int, str]:
             out[i] = f"peak {int(peak[j]):,} bytes is past {MAX_EXACT_BYTES:,} (2**53), where bytes stop being exact"
         elif mismatch[j]:
             s = int(np.argmax(sums[j] != stage_peak[j]))
-            out[i] = f"stage {s}'s categories sum to {int(sums[j, s]):,} bytes but its peak is {int(stage_peak[j, s]):,}"
+            out[i] = (f"stage {s}'s categories sum to {int(sums[j, s]):,} bytes but its peak is "
+                      f"{int(stage_peak[j, s]):,}")
         elif top[j]:
             out[i] = f"the peak {int(peak[j]):,} bytes is not the most a stage holds ({int(stage_peak[j].max()):,})"
         else:

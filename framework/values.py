@@ -10,7 +10,7 @@ import difflib
 import math
 import re
 from types import MappingProxyType
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
@@ -278,7 +278,7 @@ def _pp_layers(value):
     if value is None or value == "" or value == ():
         return None
     if isinstance(value, str):
-        parts: List[Any] = [p.strip() for p in value.replace(",", "/").split("/") if p.strip()]
+        parts = [p.strip() for p in value.replace(",", "/").split("/") if p.strip()]
     else:
         try:
             parts = list(value)

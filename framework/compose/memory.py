@@ -735,7 +735,7 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     kept = {name: whole(persistent[name]) for name in ("parameters", "master", "optimizer_states")}
     layer_keep = np.ceil(np.where((cols["recompute"] == RECOMPUTE.index("none"))[:, None], layer.keep_plain,
                                   layer.keep_recomputed) - 1e-3)
-    beyond = ~(layer_keep <= MAX_EXACT_BYTES).all(axis=1)
+    beyond = np.asarray(~(layer_keep <= MAX_EXACT_BYTES).all(axis=1))
     stage_bytes, stage_peak, best_moment = _peak(kept, moments, where, cols, out, beyond)
     stage_layers = layers.sum(axis=0) if len(model.kinds) else np.zeros(stage_peak.shape, dtype=np.int64)
     stage_exists = np.arange(stage_peak.shape[1])[None, :] < cols["pp"].astype(np.int64)[:, None]
