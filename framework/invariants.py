@@ -25,59 +25,64 @@ _NON_NEGATIVE_TIMES = ("communication_seconds", "exposed_communication_seconds",
                        "optimizer_seconds")
 
 
-def _memory_breaks(result: Any, rows: np.ndarray) -> Dict[int, str]:
-    """The broken memory invariant of each row of *rows* (valid rows) that breaks one."""
-    stage_bytes, stage_peak = result.stage_bytes[rows], result.stage_peak_bytes[rows]
-    peak, stages = result.peak_bytes[rows], result.num_stages[rows]
-    sums = stage_bytes.sum(axis=2)  # within int64: every category is checked non-negative and the sums bounded
-    negative = stage_bytes.min(axis=(1, 2), initial=0) < 0
-    beyond = (peak > MAX_EXACT_BYTES) | (stage_peak.max(axis=1, initial=0) > MAX_EXACT_BYTES)
-    mismatch = (sums != stage_peak).any(axis=1)
-    top = peak != stage_peak.max(axis=1, initial=0)
-    exists = np.arange(stage_peak.shape[1])[None, :] < stages[:, None]
-    moment = ((result.stage_moment[rows] < 0) | (result.stage_moment[rows] >= len(MOMENTS))) & exists
-    bad = negative | beyond | mismatch | top | moment.any(axis=1)
+def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:
+    """The broken memory invariant of each valid row that breaks one.
+
+    Read on the whole arrays (an invalid row holds 0, which keeps every identity), never a copy of them.
+    """
+    stage_bytes, stage_peak, peak = result.stage_bytes, result.stage_peak_bytes, result.peak_bytes
+    moments = result.stage_moment
+    none = np.zeros(len(peak), dtype=bool)
+    # each check one pass over the batch, finding its rows only where it fails somewhere
+    negative = (stage_bytes < 0).any(axis=(1, 2)) if stage_bytes.size and stage_bytes.min() < 0 else none
+    sums = np.einsum("nrc->nr", stage_bytes)  # within int64: non-negative categories of rows within bound
+    mismatch = none if np.array_equal(sums, stage_peak) else (sums != stage_peak).any(axis=1)
+    most = stage_peak.max(axis=1, initial=0)
+    beyond = (peak > MAX_EXACT_BYTES) | (most > MAX_EXACT_BYTES)
+    top = peak != most
+    moment = none  # a stage past a row's pp, or an invalid row, holds moment 0
+    if moments.size and (moments.min() < 0 or moments.max() >= len(MOMENTS)):
+        moment = ((moments < 0) | (moments >= len(MOMENTS))).any(axis=1)
+    bad = valid & (negative | beyond | mismatch | top | moment)
     out: Dict[int, str] = {}
-    for j in np.flatnonzero(bad).tolist():  # the breaking rows alone (none, unless the composition errs)
-        i = int(rows[j])
-        if negative[j]:
-            s, c = np.argwhere(stage_bytes[j] < 0)[0].tolist()
-            out[i] = f"stage {s} holds {int(stage_bytes[j, s, c]):,} bytes of {result.categories[c]} (negative)"
-        elif beyond[j]:
-            out[i] = f"peak {int(peak[j]):,} bytes is past {MAX_EXACT_BYTES:,} (2**53), where bytes stop being exact"
-        elif mismatch[j]:
-            s = int(np.argmax(sums[j] != stage_peak[j]))
-            out[i] = (f"stage {s}'s categories sum to {int(sums[j, s]):,} bytes but its peak is "
-                      f"{int(stage_peak[j, s]):,}")
-        elif top[j]:
-            out[i] = f"the peak {int(peak[j]):,} bytes is not the most a stage holds ({int(stage_peak[j].max()):,})"
+    for i in np.flatnonzero(bad).tolist():  # the breaking rows alone (none, unless the composition errs)
+        if negative[i]:
+            s, c = np.argwhere(stage_bytes[i] < 0)[0].tolist()
+            out[i] = f"stage {s} holds {int(stage_bytes[i, s, c]):,} bytes of {result.categories[c]} (negative)"
+        elif beyond[i]:
+            out[i] = f"peak {int(peak[i]):,} bytes is past {MAX_EXACT_BYTES:,} (2**53), where bytes stop being exact"
+        elif mismatch[i]:
+            s = int(np.argmax(sums[i] != stage_peak[i]))
+            out[i] = (f"stage {s}'s categories sum to {int(sums[i, s]):,} bytes but its peak is "
+                      f"{int(stage_peak[i, s]):,}")
+        elif top[i]:
+            out[i] = f"the peak {int(peak[i]):,} bytes is not the most a stage holds ({int(most[i]):,})"
         else:
             out[i] = f"a stage's moment is none of {', '.join(MOMENTS)}"
     return out
 
 
-def _time_breaks(time: Any, rows: np.ndarray) -> Dict[int, str]:
-    """The broken time invariant of each row of *rows* that breaks one."""
+def _time_breaks(time: Any, valid: np.ndarray) -> Dict[int, str]:
+    """The broken time invariant of each valid row that breaks one (an invalid row's time is NaN)."""
     out: Dict[int, str] = {}
     checks: List[Any] = [(name, lambda v: v > 0.0, "positive") for name in _POSITIVE_TIMES]
     checks += [(name, lambda v: v >= 0.0, "non-negative") for name in _NON_NEGATIVE_TIMES]
     checks.append(("mfu", lambda v: (v > 0.0) & (v <= 1.0), "in (0, 1]"))
     for name, holds, wanted in checks:
-        values = np.asarray(time[name])[rows]
-        bad = ~(np.isfinite(values) & holds(values))
-        for j in np.flatnonzero(bad).tolist():
-            out.setdefault(int(rows[j]), f"{name} = {float(values[j])!r}, where it must be finite and {wanted}")
+        values = np.asarray(time[name])
+        for i in np.flatnonzero(valid & ~(np.isfinite(values) & holds(values))).tolist():
+            out.setdefault(i, f"{name} = {float(values[i])!r}, where it must be finite and {wanted}")
     return out
 
 
 def enforce(result: Any) -> Any:
     """*result* (a ``BatchResult``) with every valid row that breaks an invariant made invalid, with its reason."""
-    rows = np.flatnonzero(result.valid)
-    if not len(rows):
+    valid = np.asarray(result.valid, dtype=bool)
+    if not valid.any():
         return result
-    broken = _memory_breaks(result, rows)
+    broken = _memory_breaks(result, valid)
     if result.time is not None:
-        for i, why in _time_breaks(result.time, rows).items():
+        for i, why in _time_breaks(result.time, valid).items():
             broken.setdefault(i, why)
     if not broken:
         return result
