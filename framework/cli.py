@@ -1,6 +1,6 @@
 """The ``ndcost`` command line.
 
-Conventions for every subcommand: ``--json`` writes exactly one JSON document
+Conventions for every subcommand: ``--json`` writes exactly one strict JSON document (no NaN or Infinity)
 to stdout; progress, warnings and logs go to stderr; exit 0 on success, 2 for
 usage errors, 1 for refusals, each refusal one line saying what was wrong and
 how to fix it (a traceback only with ``--debug``).
@@ -17,7 +17,7 @@ from typing import Any, List, Optional
 
 import attrs
 
-from ndcost.errors import NdcostError
+from ndcost.errors import InvalidValue, NdcostError
 
 # Subcommands in the order `ndcost --help` lists them; each is ndcost.commands.<name>.
 COMMANDS = ("params", "census", "estimate", "calibrate", "plugins")
@@ -83,6 +83,38 @@ def _json_default(value):
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
+def json_text(data: Any) -> str:
+    """*data* as strict JSON (RFC 8259: no ``NaN`` or ``Infinity``); a non-finite number is refused, naming where."""
+    try:
+        return json.dumps(data, indent=2, default=_json_default, allow_nan=False)
+    except ValueError:
+        raise InvalidValue(f"the result holds a non-finite number at {_non_finite_path(data) or '?'}, which JSON "
+                           f"cannot carry; please report the command") from None
+
+
+def _non_finite_path(value: Any, path: str = "") -> Optional[str]:
+    """The first key path to a non-finite number in *value* (the document :func:`json_text` refused)."""
+    import math
+
+    if isinstance(value, float) or type(value).__module__ == "numpy":
+        try:
+            values = [float(v) for v in getattr(value, "ravel", lambda: [value])()]
+        except (TypeError, ValueError):
+            return None
+        return None if all(math.isfinite(v) for v in values) else (path or "the top")
+    if hasattr(value, "items"):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(enumerate(value))
+    else:
+        return None
+    for key, item in items:
+        found = _non_finite_path(item, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -96,6 +128,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             warnings.showwarning = lambda message, category, *rest, **kw: print(
                 f"warning: {_one_line(message)}", file=sys.stderr)
             out = args._run(args)
+            text = json_text(out.data) if args.json else out.text.rstrip("\n")
     except NdcostError as exc:
         if args.debug:
             raise
@@ -117,7 +150,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"ndcost {args.command}: internal error, {type(exc).__name__}: {_one_line(exc)} "
               f"(rerun with --debug for a traceback and please report it)", file=sys.stderr)
         return 1
-    text = json.dumps(out.data, indent=2, default=_json_default) if args.json else out.text.rstrip("\n")
     try:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np
 
 from ndcost.errors import InvalidStrategy, InvalidValue
-from ndcost.values import DTYPES, Strategy, unknown_plugin_name_message
+from ndcost.values import DTYPES, MAX_STRATEGY_INTEGER, Strategy, devices_message, unknown_plugin_name_message
 
 __all__ = ["StrategyColumns", "encode", "category_names", "CodePlugins", "code_plugins", "INT_FIELDS", "BOOL_FIELDS",
            "FLOAT_FIELDS", "CODE_FIELDS", "DTYPE_NAMES", "DTYPE_BYTES"]
@@ -221,6 +221,7 @@ def encode(strategies: Any, names: Mapping[str, Sequence[str]]) -> StrategyColum
     """
     if isinstance(strategies, Strategy):
         strategies = [strategies]
+    _refuse_non_batch(strategies)
     if isinstance(strategies, Mapping):
         unknown = sorted(set(strategies) - set(_FIELDS))
         if unknown:
@@ -297,9 +298,29 @@ def encode(strategies: Any, names: Mapping[str, Sequence[str]]) -> StrategyColum
     return out
 
 
+def _refuse_non_batch(strategies: Any) -> None:
+    """A batch is a sequence of strategies or a mapping of columns; anything else is refused whole."""
+    if isinstance(strategies, (str, bytes)):
+        raise InvalidValue(f"a batch of strategies is a sequence or a mapping of columns, not the string "
+                           f"{strategies!r}; give Strategy.parse({strategies!r}) in a list, or a list of strings")
+    if isinstance(strategies, Mapping):
+        for name, raw in strategies.items():
+            if isinstance(raw, np.ndarray) and raw.ndim > 1:
+                raise InvalidValue(f"strategy column {name!r} has shape {raw.shape}; give one value a strategy "
+                                   f"(a 1-D column) or a scalar for all")
+        return
+    if not isinstance(strategies, Iterable):
+        raise InvalidValue(f"a batch of strategies is a sequence (of Strategy, strings or mappings) or a mapping "
+                           f"of field -> column, got {type(strategies).__name__} {strategies!r}")
+
+
 def _cross_checks(out: StrategyColumns) -> None:
     """Strategy's own checks between fields, on columns (its __attrs_post_init__)."""
     c = out.cols
+    # devices within bound, counted in float64 (exact at the bound; an int64 product of five fields could wrap)
+    devices = c["dp"].astype(np.float64) * c["fsdp"] * c["cp"] * c["tp"] * c["pp"]
+    out.refuse(devices > MAX_STRATEGY_INTEGER,
+               lambda i: devices_message(c["dp"][i], c["fsdp"][i], c["cp"][i], c["tp"][i], c["pp"][i]))
     nv = c["pp"] * c["vpp"]
     if out.pp_layers is not None:
         lengths = np.array([-1 if s is None else len(s) for s in out.pp_layers], dtype=np.int64)

@@ -27,12 +27,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import attrs
 import numpy as np
 
-from ndcost import columns, manager, models
+from ndcost import columns, invariants, manager, models
 from ndcost.compose import memory
 from ndcost.compose import time as time_model
 from ndcost.errors import CensusUnavailable, InvalidStrategy, InvalidValue, NdcostError, Unpriced
 from ndcost.specio import load_hardware_yaml
 from ndcost.values import (
+    CP_ALGOS,
     MEMORY_CATEGORIES,
     Hardware,
     ModelSpec,
@@ -256,7 +257,7 @@ class CostModel:
 
     def _choose_records(self, seq: int) -> memory.RecordTables:
         built = [k for i, k in enumerate(self.tables.kinds)
-                 if self.tables.prefix[i, -1] > 0 or (self.tables.builds_mtp and self.tables.mtp_counts[i] > 0)]
+                 if self.tables.stack.counts[i] > 0 or (self.tables.builds_mtp and self.tables.mtp_counts[i] > 0)]
         records_all = self._choose_built_records(seq, tuple(built))
         if len(built) == len(self.tables.kinds):
             return records_all
@@ -410,7 +411,15 @@ class CostModel:
         return result.cost(0, strategy)
 
     def evaluate_many(self, strategies: Any, hardware: Any = None) -> BatchResult:
-        """Price a batch: a sequence of Strategy, or a mapping of field -> list/array (see module docstring)."""
+        """Price a batch: a sequence of Strategy, or a mapping of field -> list/array (see module docstring).
+
+        Every valid row keeps :mod:`ndcost.invariants`; one that would not is returned invalid, with why.
+        """
+        with np.errstate(all="ignore"):  # a figure gone non-finite or past its bound is said in its row's reason
+            result = self._price(strategies, hardware)
+        return invariants.enforce(result)
+
+    def _price(self, strategies: Any, hardware: Any) -> BatchResult:
         hw = self.hardware if hardware is None else _hardware(hardware)
         names = self.names()
         batch = columns.encode(strategies, names)
@@ -463,6 +472,7 @@ class CostModel:
             recs = memory.stack_records(tables)
             plugins = columns.code_plugins(_registry(), names)
             unpriced_selective = np.zeros(n, dtype=bool)
+            beyond_exact = np.zeros(n, dtype=bool)
             cols_sorted = c if in_order else {k: v[order] for k, v in c.items()}
             seq_sorted = seq_index if in_order else seq_index[order]
             bounds_sorted = self._pp_bounds(batch.pp_layers, order)
@@ -481,11 +491,17 @@ class CostModel:
                 for name in ("peak_bytes", "peak_stage", "head_stage", "embedding_stage", "layer_bytes"):
                     out[name][lo:hi] = getattr(composed, name)
                 unpriced_selective[order[lo:hi]] = composed.unpriced["selective"]
+                beyond_exact[order[lo:hi]] = composed.beyond_exact
                 lo = hi
-            if unpriced_selective.any():
-                batch.refuse(unpriced_selective,
-                             "recompute=selective: no selective figure for some layer kind (neither the census "
-                             "nor the formulas state one); use recompute=full or core_attention")
+            batch.refuse(unpriced_selective,
+                         "recompute=selective: no selective figure for some layer kind (neither the census "
+                         "nor the formulas state one); use recompute=full or core_attention")
+            batch.refuse(beyond_exact, lambda i: (
+                f"its bytes a device pass {memory.MAX_EXACT_BYTES:,} (2**53), past which they are not exact "
+                f"integers; spread the model over more devices (tp, pp, ep, zero, fsdp) or give fewer tokens a "
+                f"micro-batch (micro_batch * seq = {c['micro_batch'][i] * c['seq'][i]:,}) or a smaller "
+                f"moe_imbalance ({float(c['moe_imbalance'][i])!r})"))
+            if unpriced_selective.any() or beyond_exact.any():
                 reason = batch.reason_array()
                 valid = ~batch.invalid()
         if in_order:
@@ -559,12 +575,21 @@ class CostModel:
         batch.refuse(~explicit & (L % nv != 0),
                      lambda i: f"pp * vpp = {c['pp'][i]} * {c['vpp'][i]} = {nv[i]} does not divide the {L} layers; "
                                f"give pp_layers (for example {'/'.join(map(str, _even_split(L, int(nv[i]))))})")
+        largest_stage = L // nv
         if explicit.any():
             assert batch.pp_layers is not None  # explicit rows exist only with pp_layers
             sums = np.array([sum(s) if s is not None else L for s in batch.pp_layers], dtype=np.int64)
             batch.refuse(explicit & (sums != L),
                          lambda i: f"pp_layers {'/'.join(map(str, batch.pp_layers[i]))} sums to {sums[i]} but "  # type: ignore[arg-type]  # explicit rows have a split
                                    f"{spec.name} has {L} layers")
+            largest_stage = np.array([max(s) if s is not None else 0 for s in batch.pp_layers], dtype=np.int64)
+            largest_stage = np.where(explicit, largest_stage, L // nv)
+        # a chunk recomputes its first recompute_layers layers (compose/placement.py): no more than it holds
+        rl = c["recompute_layers"]
+        batch.refuse(rl > largest_stage,
+                     lambda i: f"recompute_layers={rl[i]} exceeds the {largest_stage[i]} layers the largest of the "
+                               f"pp * vpp = {nv[i]} pipeline stages holds ({L} layers); give at most "
+                               f"{largest_stage[i]}, or leave it unset to recompute every layer")
         ep, etp = c["ep"], c["etp"]
         if m.num_experts:
             batch.refuse(m.num_experts % ep != 0,
@@ -579,6 +604,26 @@ class CostModel:
         cp = c["cp"]
         seq = c["seq"]
         batch.refuse((seq >= 1) & (seq % cp != 0), lambda i: f"cp={cp[i]} does not divide seq={seq[i]}")
+        # Ulysses' all-to-alls give each CP rank whole heads of every token (DeepSpeed-Ulysses, arXiv:2309.14509
+        # section 3.1): the composition splits a TP rank's query heads and its key/value heads by cp
+        ulysses = (c["cp_algo"] == CP_ALGOS.index("ulysses")) & (cp > 1)
+        if ulysses.any() and (m.kv_elements_per_token > 0).any():
+            query_heads = m.heads // t
+            batch.refuse(ulysses & (m.heads % t == 0) & (query_heads % cp != 0),
+                         lambda i: f"cp_algo=ulysses: cp={cp[i]} does not divide the {query_heads[i]} query heads a "
+                                   f"TP rank holds (num_attention_heads={m.heads} / tp={t[i]}); give a cp that "
+                                   f"divides them, or cp_algo=ring")
+            kv_heads = np.maximum(m.kv_heads // t, 1)  # TP beyond the KV heads replicates them: one a rank
+            batch.refuse(ulysses & (kv_heads % cp != 0),
+                         lambda i: f"cp_algo=ulysses: cp={cp[i]} does not divide the {kv_heads[i]} key/value "
+                                   f"heads a TP rank holds (num_key_value_heads={m.kv_heads}, tp={t[i]}); give a cp "
+                                   f"that divides them, or cp_algo=ring")
+        # ring attention balances the causal work by cutting a sequence into 2 * cp chunks, two a rank
+        # (Megatron-LM megatron/core/utils.py get_batch_on_this_cp_rank): the time model's even split of the scores
+        ring = (c["cp_algo"] == CP_ALGOS.index("ring")) & (cp > 1) & (seq >= 1) & (seq % cp == 0)
+        batch.refuse(ring & (seq % (2 * cp) != 0),
+                     lambda i: f"cp_algo=ring: seq={seq[i]} is not a multiple of 2 * cp = {2 * cp[i]} (ring "
+                               f"attention cuts a sequence into 2 * cp chunks); give a seq divisible by {2 * cp[i]}")
         sp_bad = (seq >= 1) & c["sp"] & (seq % np.maximum(cp, 1) == 0) & ((seq // np.maximum(cp, 1)) % t != 0)
         batch.refuse(sp_bad, lambda i: f"sp: tp={t[i]} does not divide the {seq[i] // cp[i]} tokens a CP rank holds")
         batch.refuse((c["zero"] > 0) & (c["fsdp"] > 1),

@@ -212,21 +212,30 @@ def _choice(name: str, allowed: Tuple[str, ...]):
     return _column(convert, "choice", allowed=allowed)
 
 
+# The most a strategy's integer field, and its devices ``dp * fsdp * cp * tp * pp``, may be: products of a few
+# such fields stay exact in int64 (and float64), where the composition multiplies them.
+MAX_STRATEGY_INTEGER = 2 ** 31 - 1
+
+
 def _int_field(name: str, minimum: int, maximum: Optional[int] = None):
     def convert(value):
         if isinstance(value, bool):
             raise InvalidValue(f"Strategy.{name}: expected an integer, got {value!r}")
         try:
             number = int(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise InvalidValue(f"Strategy.{name}: expected an integer, got {value!r}") from None
         if isinstance(value, float) and value != number:
             raise InvalidValue(f"Strategy.{name}: expected an integer, got {value!r}")
         if number < minimum or (maximum is not None and number > maximum):
             bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
             raise InvalidValue(f"Strategy.{name}: {value!r} is out of range; allowed: integers {bound}")
+        if number > MAX_STRATEGY_INTEGER:
+            raise InvalidValue(f"Strategy.{name}: {value!r} is beyond {MAX_STRATEGY_INTEGER:,} (2**31 - 1), the most "
+                               f"a strategy's integer may be; give a smaller {name}")
         return number
-    return _column(convert, "int", minimum=minimum, maximum=maximum, optional=False)
+    return _column(convert, "int", minimum=minimum,
+                   maximum=MAX_STRATEGY_INTEGER if maximum is None else maximum, optional=False)
 
 
 def _optional_int_field(name: str, minimum: int):
@@ -236,7 +245,7 @@ def _optional_int_field(name: str, minimum: int):
         if value is None or (isinstance(value, str) and value.lower() in ("", "all", "none")):
             return None
         return inner(value)
-    return _column(convert, "int", minimum=minimum, maximum=None, optional=True)
+    return _column(convert, "int", minimum=minimum, maximum=MAX_STRATEGY_INTEGER, optional=True)
 
 
 def _bool_field(name: str):
@@ -269,16 +278,31 @@ def _pp_layers(value):
     if value is None or value == "" or value == ():
         return None
     if isinstance(value, str):
-        parts = [p for p in value.replace(",", "/").split("/") if p.strip()]
+        parts = [p.strip() for p in value.replace(",", "/").split("/") if p.strip()]
     else:
-        parts = list(value)
-    try:
-        layers = tuple(int(p) for p in parts)
-    except (TypeError, ValueError):
-        raise InvalidValue(f"Strategy.pp_layers: expected a split such as '7/8/8/7', got {value!r}") from None
-    if any(n < 0 for n in layers) or not layers:
-        raise InvalidValue(f"Strategy.pp_layers: layer counts must be >= 0, got {value!r}")
-    return layers
+        try:
+            parts = list(value)
+        except TypeError:
+            raise InvalidValue(f"Strategy.pp_layers: expected a split such as '7/8/8/7', got {value!r}") from None
+    layers = []
+    for part in parts:
+        number = None
+        if not isinstance(part, bool) and not (isinstance(part, float) and not part.is_integer()):
+            try:
+                number = int(part)
+            except (TypeError, ValueError):
+                pass
+        if number is None:
+            raise InvalidValue(f"Strategy.pp_layers: {part!r} is not a layer count; give positive integers such "
+                               f"as '7/8/8/7', got {value!r}")
+        if not 1 <= number <= MAX_STRATEGY_INTEGER:
+            raise InvalidValue(f"Strategy.pp_layers: every stage holds at least one layer (and at most "
+                               f"{MAX_STRATEGY_INTEGER:,}), got {number} in {value!r}; give positive layer counts "
+                               f"such as '7/8/8/7'")
+        layers.append(number)
+    if not layers:
+        raise InvalidValue(f"Strategy.pp_layers: expected a split such as '7/8/8/7', got {value!r}")
+    return tuple(layers)
 
 
 _column(_pp_layers, "split")
@@ -359,6 +383,8 @@ class Strategy:
         self.__attrs_init__(**fields)
 
     def __attrs_post_init__(self):
+        if self.devices > MAX_STRATEGY_INTEGER:
+            raise InvalidValue(devices_message(self.dp, self.fsdp, self.cp, self.tp, self.pp))
         if self.pp_layers is not None and len(self.pp_layers) != self.pp * self.vpp:
             raise InvalidValue(f"Strategy.pp_layers: {len(self.pp_layers)} stages given "
                                f"({'/'.join(map(str, self.pp_layers))}) but pp * vpp = {self.pp * self.vpp}")
@@ -415,6 +441,10 @@ class Strategy:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "Strategy":
         """A strategy from a mapping of field names; unknown names are refused with the closest field."""
+        if not isinstance(values, Mapping):
+            hint = "; for a string use Strategy.parse" if isinstance(values, str) else ""
+            raise InvalidValue(f"Strategy.from_mapping expects a mapping of field names to values, such as "
+                               f"{{'tp': 2, 'seq': 4096}}, got {type(values).__name__} {values!r}{hint}")
         values = dict(values)
         if not _STRATEGY_FIELDS.issuperset(values):
             _refuse_unknown_fields(values)
@@ -441,6 +471,12 @@ class Strategy:
 
 
 _STRATEGY_FIELDS = frozenset(Strategy.field_names())
+
+
+def devices_message(dp, fsdp, cp, tp, pp) -> str:
+    """The refusal of a strategy over more devices than ``MAX_STRATEGY_INTEGER``."""
+    return (f"Strategy: dp * fsdp * cp * tp * pp = {dp} * {fsdp} * {cp} * {tp} * {pp} devices is beyond "
+            f"{MAX_STRATEGY_INTEGER:,} (2**31 - 1), the most a strategy may span; use smaller degrees")
 
 
 def _refuse_unknown_fields(fields: Mapping[Any, Any]) -> None:

@@ -7,7 +7,7 @@ kind into a :class:`KindWork`; the resolver gathers them into a
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 import attrs
 import numpy as np
@@ -89,7 +89,7 @@ class ModelWork:
     vocab_size: int
     kinds: Tuple[str, ...]
     work: Mapping[str, KindWork] = attrs.field(converter=frozen_mapping)
-    layer_order: Tuple[str, ...]           # the kind of every non-MTP layer in model order
+    layer_runs: Tuple[Tuple[str, int], ...]  # the non-MTP layers in model order, as (kind, count) runs
     mtp_kinds: Tuple[str, ...] = ()        # MTP layers, placed after the last layer
     embedding_parameters: int = 0
     head_parameters: int = 0               # 0 where tied (the head still runs its matmul)
@@ -98,13 +98,29 @@ class ModelWork:
     loss_bytes_per_token: Optional[float] = None  # the output layer's elementwise bytes (census); else analytic
     source: str = ""
 
+    @property
+    def num_layers(self) -> int:
+        """The non-MTP layers."""
+        return sum(count for _, count in self.layer_runs)
+
+    def layer_counts(self) -> Dict[str, int]:
+        """Each kind's layers, MTP ones included."""
+        counts = dict.fromkeys(self.kinds, 0)
+        for kind, count in self.layer_runs:
+            counts[kind] += count
+        for kind in self.mtp_kinds:
+            counts[kind] += 1
+        return counts
+
+    def _layers_forward_flops(self, seq, all_pairs: bool):
+        return sum(count * self.work[kind].forward_flops(seq, all_pairs=all_pairs)
+                   for kind, count in self.layer_counts().items() if count)
+
     def forward_flops_per_sequence(self, seq, *, all_pairs: bool = False):
         """The whole model's forward FLOPs on one sequence (every layer, MTP layers and their heads)."""
-        total = 0.0
-        for kind in self.layer_order + self.mtp_kinds:
-            total = total + self.work[kind].forward_flops(seq, all_pairs=all_pairs)
         heads = 1 + len(self.mtp_kinds)
-        return total + heads * self.head_flops_per_token * np.asarray(seq, dtype=np.float64)
+        return (self._layers_forward_flops(seq, all_pairs)
+                + heads * self.head_flops_per_token * np.asarray(seq, dtype=np.float64))
 
     def training_flops_per_sequence(self, seq, *, recompute: str = "none", all_pairs: bool = False):
         """FLOPs a training step runs on one sequence: forward, a backward of twice it, and recompute.
@@ -114,7 +130,7 @@ class ModelWork:
         every pair of tokens as Narayanan et al. do. Selective recompute
         depends on the census's shares and is priced by :func:`step_time`.
         """
-        layers = sum(self.work[k].forward_flops(seq, all_pairs=all_pairs) for k in self.layer_order + self.mtp_kinds)
+        layers = self._layers_forward_flops(seq, all_pairs)
         heads = (1 + len(self.mtp_kinds)) * self.head_flops_per_token * np.asarray(seq, dtype=np.float64)
         if recompute not in ("none", "full"):
             raise InvalidValue(f"training_flops_per_sequence prices recompute none or full, not {recompute!r}")

@@ -179,7 +179,7 @@ def strategies(draw):
     ep = draw(st.sampled_from(divisors))
     etp = draw(st.sampled_from([d for d in divisors if (ranks // ep) % d == 0]))
     pp, vpp = draw(st.integers(1, 4)), draw(st.integers(1, 3))
-    pp_layers = draw(st.none() | st.lists(st.integers(0, 40), min_size=pp * vpp, max_size=pp * vpp).map(tuple))
+    pp_layers = draw(st.none() | st.lists(st.integers(1, 40), min_size=pp * vpp, max_size=pp * vpp).map(tuple))
     return Strategy(
         dp=dp, fsdp=fsdp, tp=tp, cp=cp, ep=ep, etp=etp, pp=pp, vpp=vpp, pp_layers=pp_layers,
         zero=draw(st.integers(0, 3)), sp=draw(st.booleans()),

@@ -36,7 +36,7 @@ from ndcost.columns import DTYPE_BYTES
 from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
 from ndcost.compose.sharding import MATMUL_PARTS, REPLICATED_PARTS, ROUTED_PARTS, TP_PARTS
-from ndcost.errors import Unpriced
+from ndcost.errors import InvalidValue, Unpriced
 from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, PARTS, RECOMPUTE
 
 CATEGORIES = MEMORY_CATEGORIES
@@ -58,7 +58,7 @@ class ModelTables:
 
     kinds: Tuple[str, ...]
     num_layers: int
-    prefix: np.ndarray            # (K, L + 1): layers of kind k among the first n
+    stack: placement_rules.LayerStack  # the non-MTP layers as runs of one kind
     mtp_counts: np.ndarray        # (K,): MTP layers of each kind (placed with the head where built)
     builds_mtp: bool
     tp_params: np.ndarray         # (K,): one layer's parameters split by TP
@@ -87,12 +87,18 @@ class ModelTables:
         """From a ModelSpec and the family's ParameterCount (``by_kind``, ``embedding``, ``head``, ``final_norm``)."""
         kinds = tuple(dict.fromkeys(g.kind for g in spec.layers))
         index = {k: i for i, k in enumerate(kinds)}
-        prefix = placement_rules.layer_prefix(kinds, spec.layer_kinds(include_mtp=False))
-        L = prefix.shape[1] - 1
+        stack = placement_rules.LayerStack.from_runs(kinds, [(g.kind, g.count) for g in spec.layers if not g.mtp])
+        L = stack.num_layers
         mtp = np.zeros(len(kinds), dtype=np.int64)
         for g in spec.layers:
             if g.mtp:
                 mtp[index[g.kind]] += g.count
+
+        elements = int(counts.total) + int(counts.mtp)
+        if elements > MAX_EXACT_BYTES:  # every element count below is then exact in int64 and float64
+            raise InvalidValue(f"model {spec.name!r} has {elements:,} parameters, past {MAX_EXACT_BYTES:,} (2**53), "
+                               f"the most ndcost prices exactly; check its widths (hidden_size={spec.hidden_size}) "
+                               f"and layer counts")
 
         def parts(names):
             return np.array([sum(int(counts.by_kind.get(k, {}).get(p, 0)) for p in names) for k in kinds],
@@ -128,7 +134,7 @@ class ModelTables:
                 kv_params.append(2 * (spec.hidden_size * width + (width if spec.attention_bias else 0)))
         linear = tuple(x for x in (spec.linear_num_key_heads, spec.linear_num_value_heads) if x)
         return cls(
-            kinds=kinds, num_layers=L, prefix=prefix, mtp_counts=mtp, builds_mtp=bool(builds_mtp),
+            kinds=kinds, num_layers=L, stack=stack, mtp_counts=mtp, builds_mtp=bool(builds_mtp),
             tp_params=parts(TP_PARTS), replicated_params=parts(REPLICATED_PARTS), routed_params=routed,
             matmul_tp_params=parts(tuple(p for p in MATMUL_PARTS if p in TP_PARTS)),
             matmul_replicated_params=parts(tuple(p for p in MATMUL_PARTS if p in REPLICATED_PARTS)),
@@ -245,6 +251,7 @@ class Composed:
     stage_layers: np.ndarray     # (N, R) int64
     stage_moment: np.ndarray     # (N, R) int64: index into MOMENTS
     unpriced: Dict[str, np.ndarray]  # what a row used that nobody priced -> (N,) bool
+    beyond_exact: np.ndarray     # (N,) bool: a figure not finite or past MAX_EXACT_BYTES (the row holds 0)
     layer_bytes: np.ndarray      # (N, K) int64: one layer of each kind keeps for one micro-batch
     stage_kind_layers: np.ndarray  # (N, R, K) int64: the stack's layers of each kind on each stage (no MTP)
     head_stage: np.ndarray       # (N,) int64: the stage holding the head
@@ -256,6 +263,10 @@ MOMENTS = ("output backward", "last layer backward", "end of backward", "embeddi
 # PyTorch's CUDA embedding backward (embedding_dense_backward_cuda) sorts the indices and sums each
 # row's gradient in fp32 partial buffers above this many indices; at or below it, it adds in place.
 EMBEDDING_SORT_MIN_TOKENS = 3072
+
+# The bytes are priced in float64 and handed out as int64: below 2**53 every whole figure is exact in both;
+# a row past it (or with a figure not finite) is flagged and holds 0, never cast (which would wrap).
+MAX_EXACT_BYTES = 2 ** 53
 
 
 def whole(x):
@@ -648,11 +659,14 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     ]
 
 
-def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Optional[np.ndarray]):
+def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Optional[np.ndarray],
+          beyond: np.ndarray):
     """Each stage's bytes by category at its largest moment (the first of equal ones), and that moment.
 
     ``allocator_overhead`` times the rest is added as ``allocator``; the output
     layer's moment exists on the head's stage only, the embedding's on its own.
+    Rows whose largest moment is not finite or passes ``MAX_EXACT_BYTES`` are
+    set in *beyond* ``(N,)`` and hold 0.
     """
     base = persistent["parameters"] + persistent["master"] + persistent["optimizer_states"]
     overhead = cols["allocator_overhead"].astype(np.float64)[:, None]
@@ -678,6 +692,12 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
         later = totals[i] > best_total
         best_index[later] = i
         best_total = np.maximum(best_total, totals[i])
+    beyond |= ~(best_total <= MAX_EXACT_BYTES).all(axis=1)  # NaN compares False: flagged too
+    if beyond.any():  # categories are non-negative: none of a row within bound passes it
+        kept_rows = ~beyond[:, None]
+        persistent = {name: np.where(kept_rows, value, 0.0) for name, value in persistent.items()}
+        moments = [{name: np.where(kept_rows, value, 0.0) for name, value in m.items()} for m in moments]
+        best_total = np.where(kept_rows, best_total, 0.0)
     # every category is whole and non-negative by construction: written once, straight into int64
     stage_bytes = np.empty(base.shape + (len(CATEGORIES),), dtype=np.int64) if out is None else out
     for c, name in enumerate(CATEGORIES):
@@ -701,7 +721,7 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     """
     batch = _batch(cols)
     mtp = model.mtp_counts if model.builds_mtp else None
-    where = placement_rules.place(model.prefix, cols, schedules, mtp_counts=mtp, pp_bounds=cols.get("pp_bounds"))
+    where = placement_rules.place(model.stack, cols, schedules, mtp_counts=mtp, pp_bounds=cols.get("pp_bounds"))
     held = _in_flight(cols, schedules, where)
     layers = where.layers.sum(axis=3)  # (K, N, R): each rank's layers, MTP ones with the head
     params = _stage_parameters(model, batch, cols, where, layers)
@@ -713,7 +733,10 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     moments = _moments(model, persistent, params, stage, output_bytes, other_outputs, buffers, batch, cols,
                        embedding_sort_scratch)
     kept = {name: whole(persistent[name]) for name in ("parameters", "master", "optimizer_states")}
-    stage_bytes, stage_peak, best_moment = _peak(kept, moments, where, cols, out)
+    layer_keep = np.ceil(np.where((cols["recompute"] == RECOMPUTE.index("none"))[:, None], layer.keep_plain,
+                                  layer.keep_recomputed) - 1e-3)
+    beyond = np.asarray(~(layer_keep <= MAX_EXACT_BYTES).all(axis=1))
+    stage_bytes, stage_peak, best_moment = _peak(kept, moments, where, cols, out, beyond)
     stage_layers = layers.sum(axis=0) if len(model.kinds) else np.zeros(stage_peak.shape, dtype=np.int64)
     stage_exists = np.arange(stage_peak.shape[1])[None, :] < cols["pp"].astype(np.int64)[:, None]
     if not stage_exists.all():  # rows of fewer stages than the batch's most: their extra stages hold nothing
@@ -721,13 +744,11 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
         stage_peak[~stage_exists] = 0
         stage_layers = np.where(stage_exists, stage_layers, 0)
     peak_stage = np.argmax(stage_peak, axis=1)
-    none = (cols["recompute"] == RECOMPUTE.index("none"))[:, None]
     return Composed(stage_bytes=stage_bytes, stage_peak_bytes=stage_peak,
                     peak_bytes=stage_peak[np.arange(len(peak_stage)), peak_stage], peak_stage=peak_stage,
                     stage_layers=stage_layers, stage_moment=best_moment,
-                    layer_bytes=np.ceil(np.where(none, layer.keep_plain, layer.keep_recomputed)
-                                        - 1e-3).astype(np.int64),
+                    layer_bytes=np.where(beyond[:, None], 0.0, np.nan_to_num(layer_keep)).astype(np.int64),
                     unpriced={"working": layer.unpriced_working, "output working": unpriced_output,
-                              "selective": layer.unpriced_selective},
+                              "selective": layer.unpriced_selective}, beyond_exact=beyond,
                     stage_kind_layers=where.rank_layers(with_mtp=False), head_stage=where.head_rank,
                     embedding_stage=np.argmax(where.has_embedding, axis=1))

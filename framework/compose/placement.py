@@ -11,24 +11,60 @@ recomputes its first ``recompute_layers`` layers (all where unset).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np
 
 from ndcost.values import RECOMPUTE
 
-__all__ = ["Placement", "RankPlacement", "place", "layer_prefix", "split_bounds"]
+__all__ = ["LayerStack", "Placement", "RankPlacement", "place", "split_bounds"]
 
 
-def layer_prefix(kinds: Sequence[str], layer_order: Sequence[str]) -> np.ndarray:
-    """``(K, L + 1)`` int64: layers of kind ``k`` among the first ``n`` of the stack."""
-    index = {kind: i for i, kind in enumerate(kinds)}
-    order = np.array([index[kind] for kind in layer_order], dtype=np.int64)
-    prefix = np.zeros((len(kinds), len(order) + 1), dtype=np.int64)
-    for i in range(len(kinds)):  # a loop over kinds, once per model
-        prefix[i, 1:] = np.cumsum(order == i)
-    return prefix
+@attrs.frozen(kw_only=True, eq=False)
+class LayerStack:
+    """A stack of layers as runs of consecutive same-kind layers: how many of each kind lie before any layer.
+
+    Built from the runs (never one entry a layer), so a query costs a binary
+    search over the runs, whatever the number of layers.
+    """
+
+    kinds: Tuple[str, ...]
+    run_ends: np.ndarray     # (G + 1,) int64: layers before each run, then the total
+    run_kind: np.ndarray     # (G,) int64: each run's kind
+    run_prefix: np.ndarray   # (K, G + 1) int64: layers of each kind before each run
+
+    @classmethod
+    def from_runs(cls, kinds: Sequence[str], runs: Sequence[Tuple[str, int]]) -> "LayerStack":
+        """From ``(kind, count)`` runs in stack order (a kind may come back in later runs)."""
+        index = {kind: i for i, kind in enumerate(kinds)}
+        run_kind = np.array([index[kind] for kind, _ in runs], dtype=np.int64)
+        counts = np.array([count for _, count in runs], dtype=np.int64)
+        run_ends = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        prefix = np.zeros((len(kinds), len(runs) + 1), dtype=np.int64)
+        for i in range(len(kinds)):  # a loop over kinds, once per model
+            prefix[i, 1:] = np.cumsum(np.where(run_kind == i, counts, 0))
+        return cls(kinds=tuple(kinds), run_ends=run_ends, run_kind=run_kind, run_prefix=prefix)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.run_ends[-1])
+
+    @property
+    def counts(self) -> np.ndarray:
+        """(K,) int64: the stack's layers of each kind."""
+        return self.run_prefix[:, -1]
+
+    def before(self, n: np.ndarray) -> np.ndarray:
+        """``(K,) + n.shape`` int64: layers of each kind among the first *n* (0 <= n <= the stack's layers)."""
+        n = np.asarray(n, dtype=np.int64)
+        kind = np.arange(len(self.kinds)).reshape((-1,) + (1,) * n.ndim)
+        if len(self.run_kind) == 0:  # no layer outside the MTP ones
+            return np.zeros((len(self.kinds),) + n.shape, dtype=np.int64)
+        if len(self.run_kind) == 1:  # one run (a plain decoder stack): the layers of its kind, none of the others
+            return np.where(kind == self.run_kind[0], n[None], 0)
+        run = np.minimum(np.searchsorted(self.run_ends, n, side="right") - 1, len(self.run_kind) - 1)
+        return self.run_prefix[:, run] + np.where(kind == self.run_kind[run][None], (n - self.run_ends[run])[None], 0)
 
 
 def split_bounds(splits: Sequence[Optional[Sequence[int]]]) -> Optional[np.ndarray]:
@@ -120,16 +156,16 @@ def _virtual_stages(cols: Mapping[str, Any], schedules: Sequence[Any], ranks: in
     return stage, exists
 
 
-def place(prefix: np.ndarray, cols: Mapping[str, Any], schedules: Sequence[Any],
+def place(stack: LayerStack, cols: Mapping[str, Any], schedules: Sequence[Any],
           mtp_counts: Optional[np.ndarray] = None, pp_bounds: Optional[np.ndarray] = None) -> Placement:
-    """Place a batch's stacks: *prefix* from :func:`layer_prefix`, *cols* the strategy columns.
+    """Place a batch's stacks: *stack* the model's :class:`LayerStack`, *cols* the strategy columns.
 
     *schedules* are the schedule plugins by code (``cols["schedule"]``);
     *mtp_counts* ``(K,)`` the MTP layers of each kind placed with the head;
     *pp_bounds* the rows' explicit splits (:func:`split_bounds`), or None.
     """
     pp, vpp = cols["pp"].astype(np.int64), cols["vpp"].astype(np.int64)
-    n, num_layers = len(pp), prefix.shape[1] - 1
+    n, num_layers = len(pp), stack.num_layers
     stages = pp * vpp
     vstage, exists = _virtual_stages(cols, schedules, int(pp.max()), int(vpp.max()))
     bounds = np.minimum(np.arange(int(stages.max()) + 1)[None, :], stages[:, None]) * num_layers // stages[:, None]
@@ -146,9 +182,10 @@ def place(prefix: np.ndarray, cols: Mapping[str, Any], schedules: Sequence[Any],
     recompute_end = start + np.minimum(recompute_layers[:, None, None], end - start)
     first = exists & (vstage == 0)
     last = exists & (vstage == (stages - 1)[:, None, None])
-    stack = prefix[:, end] - prefix[:, start]
-    layers = stack
+    before_start = stack.before(start)
+    stack_layers = stack.before(end) - before_start
+    layers = stack_layers
     if mtp_counts is not None and np.any(mtp_counts):
-        layers = stack + np.where(last[None], np.asarray(mtp_counts, dtype=np.int64)[:, None, None, None], 0)
-    return Placement(virtual_stage=vstage, exists=exists, stack_layers=stack, layers=layers,
-                     recomputed=prefix[:, recompute_end] - prefix[:, start], first=first, last=last)
+        layers = stack_layers + np.where(last[None], np.asarray(mtp_counts, dtype=np.int64)[:, None, None, None], 0)
+    return Placement(virtual_stage=vstage, exists=exists, stack_layers=stack_layers, layers=layers,
+                     recomputed=stack.before(recompute_end) - before_start, first=first, last=last)

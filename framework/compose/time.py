@@ -461,12 +461,12 @@ def _check_splits(model: ModelWork, cols) -> None:
     if bounds is None:
         return
     totals = bounds.max(axis=1)
-    bad = (bounds[:, 0] >= 0) & (totals != len(model.layer_order))
+    bad = (bounds[:, 0] >= 0) & (totals != model.num_layers)
     if bad.any():
         i = int(np.argmax(bad))
         split = np.diff(bounds[i][bounds[i] >= 0])
         raise InvalidValue(f"pp_layers {'/'.join(map(str, split.tolist()))} sums to {totals[i]} but "
-                           f"{model.name!r} has {len(model.layer_order)} layers")
+                           f"{model.name!r} has {model.num_layers} layers")
 
 
 def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.RankPlacement, counts, schedules,
@@ -541,7 +541,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     coll = _collectives()
     rows, shard = _rows(cols, hardware), sharding_rules.sharding(cols)
     where = placed if placed is not None else placement_rules.RankPlacement.of(placement_rules.place(
-        placement_rules.layer_prefix(model.kinds, model.layer_order), cols, schedules,
+        placement_rules.LayerStack.from_runs(model.kinds, model.layer_runs), cols, schedules,
         mtp_counts=mtp_counts(model), pp_bounds=cols.get("pp_bounds")))
     counts = where.layers.astype(np.float64)                           # (N, R, K)
     real_rank = np.arange(counts.shape[1])[None, :] < rows.pp[:, None]

@@ -330,7 +330,7 @@ def model_work(spec: ModelSpec, seq: int, records: Optional[Mapping[str, Any]] =
     sources = sorted({w.source for w in work.values()})
     return ModelWork(
         name=spec.name, hidden_size=h, vocab_size=vocab, kinds=spec.kinds, work=work,
-        layer_order=spec.layer_kinds(include_mtp=False),
+        layer_runs=tuple((g.kind, g.count) for g in spec.layers if not g.mtp),
         mtp_kinds=tuple(g.kind for g in spec.layers if g.mtp for _ in range(g.count)),
         embedding_parameters=int(embedding), head_parameters=int(head), final_norm_parameters=int(final_norm),
         head_flops_per_token=head_flops, loss_bytes_per_token=loss_bytes, source="; ".join(sources),

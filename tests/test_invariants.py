@@ -1,0 +1,285 @@
+"""Never a wrong figure, never a traceback: strategies that cannot run, overflow, result invariants, strict JSON.
+
+Each hostile input is refused by its cause, with the value and the fix; every valid row of a grid keeps the
+identities a reader can check by hand (categories sum to a stage's peak, the peak is the largest stage, the
+step is its parts, the layers placed are the model's).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import ndcost
+from ndcost import Strategy, invariants
+from ndcost.cli import main
+from ndcost.compose.placement import LayerStack
+from ndcost.errors import InvalidStrategy, InvalidValue, NdcostError
+
+SEQ = 4096
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return ndcost.resolve("llama-3.1-8b", census="off")  # 32 layers, 32 query heads, 8 KV heads
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return ndcost.resolve("qwen3-30b-a3b", census="off")
+
+
+# ---------------------------------------------------------------------------
+# integers within bounds: refused with the bound, never wrapped in int64
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("text,field", [("micro_batch=2147483648,seq=4096", "micro_batch"),
+                                        ("dp=9223372036854775808,seq=4096", "dp"),
+                                        ("seq=100000000000000000000", "seq")])
+def test_an_integer_past_the_bound_is_refused_naming_it(llama, text, field):
+    with pytest.raises(InvalidValue) as err:
+        Strategy.parse(text)
+    assert f"Strategy.{field}" in str(err.value) and "2,147,483,647" in str(err.value)
+    value = int(text.split(",")[0].split("=")[1])
+    columns = [[value]] + ([np.array([value], dtype=np.uint64)] if value < 2 ** 64 else [])
+    for column in columns:  # the batch path: that row, with the same words
+        batch = llama.evaluate_many({field: column, "seq": SEQ} if field != "seq" else {"seq": column})
+        assert not batch.valid[0] and "2,147,483,647" in batch.reason[0] and batch.peak_bytes[0] == 0
+
+
+def test_devices_past_the_bound_are_refused(llama):
+    # 65536 * 65536 = 2**32 devices: each field within bound, their product not
+    with pytest.raises(InvalidValue, match=r"dp \* fsdp \* cp \* tp \* pp = 65536 \* 1 \* 1 \* 65536 \* 1"):
+        Strategy(dp=65536, tp=65536, seq=SEQ)
+    batch = llama.evaluate_many({"dp": [65536, 2], "tp": [65536, 2], "seq": SEQ})
+    assert list(batch.valid) == [False, True] and "2**31 - 1" in batch.reason[0]
+
+
+@pytest.mark.parametrize("model,text", [
+    ("llama-3.1-8b", "micro_batch=1000000000,seq=1000000000"),  # 10**18 tokens a micro-batch
+    ("qwen3-30b-a3b", "moe_imbalance=1e308,ep=2,dp=2,seq=4096"),  # routed bytes times 1e308: not finite
+])
+def test_bytes_past_2_53_are_refused_never_wrapped(model, text):
+    cost_model = ndcost.resolve(model, census="off")
+    with pytest.raises(InvalidStrategy, match=r"pass 9,007,199,254,740,992 \(2\*\*53\)"):
+        cost_model.evaluate(text)
+    batch = cost_model.evaluate_many([text, "seq=4096"])
+    assert list(batch.valid) == [False, True]
+    assert batch.peak_bytes[0] == 0 and (batch.stage_bytes >= 0).all() and batch.peak_bytes[1] > 0
+
+
+def test_a_model_past_2_53_parameters_is_refused():
+    config = dict(ndcost.models.load_model("llama-3.1-8b").hf_config, hidden_size=10 ** 30, head_dim=128,
+                  _name_or_path="wide")
+    with pytest.raises(InvalidValue, match=r"parameters, past 9,007,199,254,740,992 \(2\*\*53\)"):
+        ndcost.resolve(config, census="off")
+
+
+# ---------------------------------------------------------------------------
+# strategies the composition cannot run
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("text,words", [
+    # 32 query heads a TP rank at tp=1: cp=64 and cp=3 do not divide them
+    ("cp=64,cp_algo=ulysses,seq=4096", "cp=64 does not divide the 32 query heads a TP rank holds"),
+    ("cp=3,cp_algo=ulysses,seq=4095", "cp=3 does not divide the 32 query heads"),
+    # 8 KV heads: cp=16 divides the 32 query heads but not them
+    ("cp=16,cp_algo=ulysses,seq=4096", "cp=16 does not divide the 8 key/value heads"),
+    # tp=8: one KV head a TP rank (8 / 8), which cp=2 cannot split
+    ("tp=8,cp=2,cp_algo=ulysses,seq=4096", "cp=2 does not divide the 1 key/value heads"),
+    # ring: 4100 tokens divide by cp=4 but not into 2 * 4 = 8 chunks
+    ("cp=4,seq=4100", "seq=4100 is not a multiple of 2 * cp = 8"),
+    ("recompute=full,recompute_layers=1000,seq=4096", "recompute_layers=1000 exceeds the 32 layers"),
+    # pp=4 on 32 layers: 8 layers a stage
+    ("pp=4,num_micro_batches=4,recompute=full,recompute_layers=9,seq=4096", "recompute_layers=9 exceeds the 8"),
+    ("pp=4,pp_layers=4/12/8/8,num_micro_batches=4,recompute=full,recompute_layers=13,seq=4096",
+     "recompute_layers=13 exceeds the 12"),
+])
+def test_a_strategy_that_cannot_run_is_refused_with_its_numbers(llama, text, words):
+    with pytest.raises(InvalidStrategy, match=words.replace("*", r"\*")):
+        llama.evaluate(text)
+    batch = llama.evaluate_many([text])
+    assert not batch.valid[0] and words in batch.reason[0]
+
+
+@pytest.mark.parametrize("text", [
+    "cp=8,cp_algo=ulysses,seq=4096",           # 32 / 8 query heads, 8 / 8 KV heads
+    "tp=2,cp=4,cp_algo=ulysses,seq=4096",      # 16 / 4 query heads, 4 / 4 KV heads
+    "cp=4,seq=4104",                           # 4104 = 8 * 513
+    "recompute=full,recompute_layers=32,seq=4096",
+    "pp=4,num_micro_batches=4,recompute=full,recompute_layers=8,seq=4096",
+    "pp=4,pp_layers=4/12/8/8,num_micro_batches=4,recompute=full,recompute_layers=12,seq=4096",
+])
+def test_the_strategies_at_the_bounds_run(llama, text):
+    assert llama.evaluate(text).peak_bytes > 0
+
+
+@pytest.mark.parametrize("split,words", [("32/0", "at least one layer"), ([True, 31], "True is not a layer count"),
+                                         ((16.5, 15.5), "16.5 is not a layer count"), ("40/-8", "got -8")])
+def test_pp_layers_are_positive_integer_counts(llama, split, words):
+    with pytest.raises(InvalidValue, match=words):
+        Strategy(pp=2, pp_layers=split, seq=SEQ)
+    batch = llama.evaluate_many({"pp": 2, "pp_layers": [split, "16/16"], "seq": SEQ})
+    assert list(batch.valid) == [False, True] and words in batch.reason[0]
+
+
+# ---------------------------------------------------------------------------
+# what evaluate_many takes
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("given,words", [("tp=2,seq=4096", "Strategy.parse"), (None, "NoneType"), (5, "int 5"),
+                                         ({"tp": [1, 2], "seq": [SEQ]}, "different lengths"),
+                                         ({"tp": np.ones((2, 2), dtype=int), "seq": SEQ}, "shape (2, 2)")])
+def test_a_batch_that_is_not_one_is_refused_whole(llama, given, words):
+    with pytest.raises(NdcostError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        llama.evaluate_many(given)
+
+
+def test_from_mapping_of_a_non_mapping_says_what_it_takes():
+    with pytest.raises(InvalidValue, match="for a string use Strategy.parse"):
+        Strategy.from_mapping("tp=2")
+    with pytest.raises(InvalidValue, match="expects a mapping"):
+        Strategy.from_mapping([("tp", 2)])
+
+
+def test_non_numeric_entries_refuse_their_rows(llama):
+    batch = llama.evaluate_many({"tp": ["a", 2, None], "seq": SEQ})
+    assert list(batch.valid) == [False, True, False]
+    assert "Strategy.tp: expected an integer, got 'a'" in batch.reason[0]
+    rows = llama.evaluate_many([5, "tp=2,seq=4096"])
+    assert list(rows.valid) == [False, True] and "expects a mapping" in rows.reason[0]
+
+
+# ---------------------------------------------------------------------------
+# no loop over layers: runs of one kind, whatever the layer count
+# ---------------------------------------------------------------------------
+def test_layer_stack_counts_what_a_layer_by_layer_walk_counts():
+    runs = [("a", 3), ("b", 1), ("a", 2), ("c", 4), ("b", 2)]
+    order = [kind for kind, count in runs for _ in range(count)]
+    stack = LayerStack.from_runs(("a", "b", "c"), runs)
+    n = np.arange(len(order) + 1)
+    walked = np.array([[sum(1 for kind in order[:i] if kind == k) for i in n] for k in "abc"])
+    assert np.array_equal(stack.before(n), walked)
+    assert np.array_equal(stack.before(n[:12].reshape(3, 4)), walked[:, :12].reshape(3, 3, 4))
+    assert stack.num_layers == 12 and list(stack.counts) == [5, 3, 4]
+
+
+def test_ten_million_layers_are_priced_as_linearly_as_they_stack():
+    config = dict(ndcost.models.load_model("llama-3.1-8b").hf_config)
+    costs, models = {}, {}
+    for layers in (32, 10 ** 7):
+        models[layers] = ndcost.resolve(dict(config, num_hidden_layers=layers, _name_or_path=f"l{layers}"),
+                                        census="off")
+        costs[layers] = models[layers].evaluate(f"pp=16,num_micro_batches=16,recompute=full,seq={SEQ}")
+    deep, counts = costs[10 ** 7], models[10 ** 7].parameters
+    # stage 0: the embedding and a 16th of the layers in bf16, 2 bytes each (no sharding, no autocast copies)
+    per_layer = counts.kind_total("dense")
+    assert deep.stages[0].bytes_by_category["parameters"] == 2 * (counts.embedding + 10 ** 7 // 16 * per_layer)
+    assert sum(stage.layers for stage in deep.stages) == 10 ** 7
+    # the model FLOPs grow by the layers added: MFU * step at 10**7 layers over that at 32 layers
+    work = {n: models[n].model_work(SEQ) for n in models}
+    flops = {n: float(work[n].forward_flops_per_sequence(SEQ)) for n in work}
+    one_layer = float(work[32].work["dense"].forward_flops(SEQ))
+    assert flops[10 ** 7] - flops[32] == pytest.approx((10 ** 7 - 32) * one_layer, rel=1e-9)
+
+
+# ---------------------------------------------------------------------------
+# the invariants over a grid of strategies on shipped models
+# ---------------------------------------------------------------------------
+def _grid(n: int, moe: bool, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    pp = rng.choice([1, 2, 4], n)
+    interleaved = (pp > 1) & (rng.random(n) < 0.3)
+    cols = {"tp": rng.choice([1, 2, 4], n), "pp": pp, "vpp": np.where(interleaved, 2, 1),
+            "schedule": np.where(interleaved, "interleaved", "1f1b"), "dp": rng.choice([1, 2, 4], n),
+            "zero": rng.choice([0, 1, 2, 3], n), "cp": rng.choice([1, 2], n),
+            "cp_algo": rng.choice(["ring", "ulysses"], n), "sp": rng.random(n) < 0.5,
+            "seq": rng.choice([2048, 4096], n), "micro_batch": rng.choice([1, 2], n),
+            "num_micro_batches": rng.choice([1, 4, 8], n),
+            "recompute": rng.choice(["none", "full", "selective", "core_attention"], n),
+            "master_dtype": rng.choice(["none", "fp32"], n), "vocab_parallel": rng.random(n) < 0.5,
+            "allocator_overhead": np.where(rng.random(n) < 0.2, 0.05, 0.0)}
+    if moe:
+        cols["ep"] = rng.choice([1, 2, 4], n)
+        cols["moe_imbalance"] = rng.choice([1.0, 1.25], n)
+    return cols
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3", "qwen3-next-80b-a3b",
+                                  "gpt-oss-20b"])
+def test_every_valid_row_keeps_the_identities(name):
+    model = ndcost.resolve(name, census="off")
+    spec = model.spec
+    cols = _grid(200, bool(spec.num_experts))
+    batch = model.evaluate_many(cols)
+    valid = batch.valid
+    assert valid.sum() >= 20, batch.reason[~valid][:5]
+    sb, sp = batch.stage_bytes[valid], batch.stage_peak_bytes[valid]
+    assert (sb >= 0).all() and np.array_equal(sb.sum(axis=2), sp)
+    assert np.array_equal(batch.peak_bytes[valid], sp.max(axis=1))
+    stages = batch.num_stages[valid]
+    past = np.arange(sp.shape[1])[None, :] >= stages[:, None]
+    assert not sp[past].any() and not sb[past].any()
+    # the layers placed: every stack layer once, each kind as often as the model stacks it
+    kinds = batch.kinds
+    stacked = np.array([sum(g.count for g in spec.layers if g.kind == k and not g.mtp) for k in kinds])
+    assert (batch.stage_kind_layers[valid].sum(axis=1) == stacked).all()
+    # time: finite, the step its parts, tokens the global batch's
+    t = {k: np.asarray(v)[valid] for k, v in batch.time.items() if k != "provenance"}
+    assert all(np.isfinite(v).all() for v in t.values())
+    assert (t["step_seconds"] > 0).all() and ((t["mfu"] > 0) & (t["mfu"] <= 1)).all()
+    np.testing.assert_allclose(t["step_seconds"], t["compute_seconds"] + t["exposed_communication_seconds"]
+                               + t["bubble_seconds"] + t["optimizer_seconds"], rtol=1e-12)
+    c = {k: np.asarray(v)[valid] for k, v in cols.items()}
+    tokens = c["dp"] * c["num_micro_batches"] * c["micro_batch"] * c["seq"]
+    np.testing.assert_allclose(t["tokens_per_second"] * t["step_seconds"], tokens, rtol=1e-12)
+    # invalid rows hold nothing
+    assert not batch.peak_bytes[~valid].any() and np.isnan(batch.time["step_seconds"][~valid]).all()
+
+
+# ---------------------------------------------------------------------------
+# a row that would break an invariant is made invalid, never returned as valid
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("corrupt,words", [
+    (lambda r: r.stage_bytes.__setitem__((1, 0, 0), r.stage_bytes[1, 0, 0] + 1), "categories sum to"),
+    (lambda r: r.stage_bytes.__setitem__((1, 0, 4), -5), "(negative)"),
+    (lambda r: r.peak_bytes.__setitem__(1, r.peak_bytes[1] + 1), "is not the most a stage holds"),
+    (lambda r: r.time["mfu"].__setitem__(1, 1.5), "mfu = 1.5"),
+    (lambda r: r.time["bubble_seconds"].__setitem__(1, np.inf), "bubble_seconds = inf"),
+])
+def test_enforce_makes_a_breaking_row_invalid_with_its_reason(llama, corrupt, words):
+    result = llama.evaluate_many(["seq=4096", "tp=2,seq=4096", "pp=2,num_micro_batches=4,seq=4096"])
+    kept = result.peak_bytes[[0, 2]].copy()
+    corrupt(result)
+    checked = invariants.enforce(result)
+    assert list(checked.valid) == [True, False, True] and not checked.fits[1]
+    assert "internal invariant broken" in checked.reason[1] and words in checked.reason[1]
+    assert checked.peak_bytes[1] == 0 and not checked.stage_bytes[1].any()
+    assert np.isnan(checked.time["step_seconds"][1]) and np.array_equal(checked.peak_bytes[[0, 2]], kept)
+
+
+# ---------------------------------------------------------------------------
+# the command line: one line, exit 1; strict JSON
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy", ["micro_batch=2147483648,seq=4096", "micro_batch=1000000000,seq=1000000000",
+                                      "dp=9223372036854775808,seq=4096", "cp=64,cp_algo=ulysses,seq=4096",
+                                      "pp=2,pp_layers=32/0,seq=4096"])
+def test_hostile_strategies_exit_1_with_one_line(capsys, strategy):
+    assert main(["estimate", "llama-3.1-8b", "--census", "off", "--json", "--strategy", strategy]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def _refuse_constant(name):
+    raise AssertionError(f"non-standard JSON constant {name}")
+
+
+def test_json_is_strict(capsys, monkeypatch):
+    assert main(["estimate", "llama-3.1-8b", "--census", "off", "--json", "--strategy", "tp=2,seq=4096"]) == 0
+    data = json.loads(capsys.readouterr().out, parse_constant=_refuse_constant)
+    assert 0 < data["time"]["mfu"] <= 1
+    # a non-finite figure reaching the dump is refused in one line, never written as NaN
+    from ndcost.cli import Output
+    from ndcost.commands import params
+    monkeypatch.setattr(params, "run", lambda args: Output(data={"x": [1.0, float("nan")]}, text=""))
+    assert main(["params", "llama-3.1-8b", "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "non-finite number at x.1" in err and len(err.strip().splitlines()) == 1
