@@ -162,23 +162,24 @@ def test_layer_stack_counts_what_a_layer_by_layer_walk_counts():
     assert stack.num_layers == 12 and list(stack.counts) == [5, 3, 4]
 
 
-def test_ten_million_layers_are_priced_as_linearly_as_they_stack():
+def test_the_deepest_model_accepted_is_priced_as_linearly_as_it_stacks():
+    deepest = ndcost.models.MAX_LAYERS  # 100,000: deeper configs are refused when loaded (test_validation)
     config = dict(ndcost.models.load_model("llama-3.1-8b").hf_config)
     costs, models = {}, {}
-    for layers in (32, 10 ** 7):
+    for layers in (32, deepest):
         models[layers] = ndcost.resolve(dict(config, num_hidden_layers=layers, _name_or_path=f"l{layers}"),
                                         census="off")
         costs[layers] = models[layers].evaluate(f"pp=16,num_micro_batches=16,recompute=full,seq={SEQ}")
-    deep, counts = costs[10 ** 7], models[10 ** 7].parameters
+    deep, counts = costs[deepest], models[deepest].parameters
     # stage 0: the embedding and a 16th of the layers in bf16, 2 bytes each (no sharding, no autocast copies)
     per_layer = counts.kind_total("dense")
-    assert deep.stages[0].bytes_by_category["parameters"] == 2 * (counts.embedding + 10 ** 7 // 16 * per_layer)
-    assert sum(stage.layers for stage in deep.stages) == 10 ** 7
-    # the model FLOPs grow by the layers added: MFU * step at 10**7 layers over that at 32 layers
+    assert deep.stages[0].bytes_by_category["parameters"] == 2 * (counts.embedding + deepest // 16 * per_layer)
+    assert sum(stage.layers for stage in deep.stages) == deepest
+    # the model FLOPs grow by the layers added
     work = {n: models[n].model_work(SEQ) for n in models}
     flops = {n: float(work[n].forward_flops_per_sequence(SEQ)) for n in work}
     one_layer = float(work[32].work["dense"].forward_flops(SEQ))
-    assert flops[10 ** 7] - flops[32] == pytest.approx((10 ** 7 - 32) * one_layer, rel=1e-9)
+    assert flops[deepest] - flops[32] == pytest.approx((deepest - 32) * one_layer, rel=1e-9)
 
 
 # ---------------------------------------------------------------------------
