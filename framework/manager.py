@@ -180,17 +180,17 @@ def load(extra_modules: Optional[Dict[str, object]] = None, *, check_essential: 
     for impl in pm.hook.ndcost_loaded.get_hookimpls():  # one by one, to name a plugin that fails or registers late
         if pm.get_plugin(impl.plugin_name) is None:  # left out by a hook before this one
             continue
-        before = len(registry._pending)
+        earlier = {id(e) for e in registry._pending}  # by identity: a hook may withdraw another plugin's
         try:
             _returned("ndcost_loaded", _call(impl, registry=registry, plugins=plugin_set))
-            if len(registry._pending) != before:
-                late = ", ".join(e.key for e in registry._pending[before:])
-                raise RegistrationError(f"it registered {late} from ndcost_loaded, which runs after registration "
-                                        f"closed; register them in its ndcost_register hook")
+            late = [e.key for e in registry._pending if id(e) not in earlier]
+            if late:
+                raise RegistrationError(f"it registered {', '.join(late)} from ndcost_loaded, which runs after "
+                                        f"registration closed; register them in its ndcost_register hook")
         except (Exception, SystemExit) as exc:
             if isinstance(exc, PluginLoadError) and _strict():
                 raise  # a plugin this hook left out (PluginSet.exclude), under NDCOST_STRICT_PLUGINS
-            del registry._pending[before:]
+            registry._pending = [e for e in registry._pending if id(e) in earlier]  # exclude resolves again
             plugin_set.exclude(impl.plugin_name, f"its ndcost_loaded hook failed: {type(exc).__name__}: {exc}")
     if check_essential and plugin_set.revision:
         _check_essential(plugin_set.plugins)

@@ -178,6 +178,26 @@ def test_a_broken_op_records_hook_changes_no_figure_and_names_its_distribution(m
     assert [p.error for p in manager.plugins().plugins if p.distribution == DIST][0]
 
 
+def test_a_plugin_with_broken_op_records_is_left_out_with_what_it_registered(misbehaving):
+    """Withdrawing its registrations while the op records merge is no late registration of the merging plugin."""
+    misbehaving("""
+        import ndcost
+        from ndcost.plugins.optimizers import Optimizer
+
+        @ndcost.hookimpl
+        def ndcost_register(register):
+            register("optimizer/with_bad_ops", Optimizer(name="with_bad_ops", states_per_parameter=1))
+
+        @ndcost.hookimpl
+        def ndcost_op_records():
+            return 42
+    """)
+    message = only_warning_names_us(load_warning_messages())
+    assert "ndcost_op_records contribution is refused" in message
+    assert "optimizer/with_bad_ops" not in manager.registry() and "optimizer/adamw" in manager.registry()
+    assert all(p.error is None for p in manager.plugins().plugins if p.distribution == "ndcost")
+
+
 @pytest.mark.parametrize("case", ["raises", "returns a bad slot"])
 def test_under_strict_plugins_a_broken_op_records_hook_fails_naming_its_distribution(misbehaving, monkeypatch, case):
     misbehaving(OP_RECORDS.format(body=BROKEN_OP_RECORDS[case][0]))
