@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Mapping
 import pluggy
 
 if TYPE_CHECKING:  # the registry imports nothing of the hooks; keep it that way at run time
+    from ndcost.manager import PluginSet
     from ndcost.registry import Registry
 
 PROJECT = "ndcost"
@@ -39,17 +40,24 @@ def ndcost_register(register: Register) -> None:
 def ndcost_op_records() -> List[Mapping[str, Any]]:  # type: ignore[empty-body]  # a hookspec: plugins implement it
     """Contribute ops and slots to the op records (same schema as ``specs/op_records.yaml``).
 
-    Runs when the op records are first loaded, after ``ndcost_register``, for
-    every plugin (not first-result); each result is merged into the built-in
-    records, and an op or slot defined twice is an error naming both.
+    Runs when the op records are merged, as the plugins load (the built-in
+    op records' ``ndcost_loaded``), for every plugin (not first-result); each
+    result is merged into the built-in records. A hook that raises, or whose
+    result the merge refuses (malformed, or an op or slot another plugin
+    defines, without ``override: true``), leaves its plugin out like any
+    broken plugin, with a warning naming both where a name is defined twice.
     """
 
 
 @hookspec
-def ndcost_loaded(registry: "Registry") -> None:
+def ndcost_loaded(registry: "Registry", plugins: "PluginSet") -> None:
     """Inspect the resolved registry once loading is complete (for checks, or to build caches).
 
     Runs once per process after every plugin registered and duplicates were
-    resolved, for every plugin (not first-result). Registration is closed by
-    then: a key added from here is an error naming the plugin.
+    resolved, for every plugin (not first-result); an implementation takes
+    either argument or both. Registration is closed by then: a key added
+    from here leaves the plugin out, as does a hook that raises. *plugins*
+    is the plugin set being loaded: a consumer of a hook's contributions
+    that finds one unusable leaves its plugin out with
+    ``plugins.exclude(plugin_name, why)``.
     """

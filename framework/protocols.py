@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import collections.abc
 import importlib
+import math
+import numbers
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import attrs
@@ -33,21 +35,30 @@ if TYPE_CHECKING:  # annotations only: the records and values import nothing of 
     from ndcost.values import ModelSpec
 
 # A requirement's kind: what the check accepts for it.
-STR, NUMBER, INT, BOOL, SEQUENCE, MAPPING, METHOD = "str", "float", "int", "bool", "tuple", "mapping", "method"
-_KINDS = (STR, NUMBER, INT, BOOL, SEQUENCE, MAPPING, METHOD)
+STR, NUMBER, INT, BOOL, SEQUENCE, STRS, MAPPING, METHOD = (
+    "str", "float", "int", "bool", "tuple", "tuple of str", "mapping", "method")
+_KINDS = (STR, NUMBER, INT, BOOL, SEQUENCE, STRS, MAPPING, METHOD)
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(value)
+    except (OverflowError, TypeError, ValueError):  # an int too large for a float is no figure either
+        return False
 
 
 def _satisfies(kind: str, value: Any) -> bool:
     if kind == STR:
         return isinstance(value, str)
-    if kind == NUMBER:  # an int is a float here; a bool is neither (True states no count)
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == NUMBER:  # an int is a float here; a bool is neither (True states no count); NaN and inf price nothing
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and _finite(value)
     if kind == INT:
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == BOOL:
         return isinstance(value, bool)
-    if kind == SEQUENCE:
-        return isinstance(value, collections.abc.Sequence) and not isinstance(value, str)
+    if kind in (SEQUENCE, STRS):
+        return (isinstance(value, collections.abc.Sequence) and not isinstance(value, str)
+                and (kind == SEQUENCE or all(isinstance(item, str) for item in value)))
     if kind == MAPPING:
         return isinstance(value, collections.abc.Mapping)
     return callable(value)
@@ -55,13 +66,23 @@ def _satisfies(kind: str, value: Any) -> bool:
 
 @attrs.frozen(kw_only=True)
 class Requirement:
-    """One attribute (of a kind: ``str``, ``float``, ``int``, ``bool``, ``tuple``, ``mapping``) or method."""
+    """One attribute (of a kind: ``str``, ``float``, ``int``, ``bool``, ``tuple``, ``mapping``) or method.
+
+    A ``float`` is finite; ``minimum`` bounds a number from below (a count of
+    tensors or bytes is never negative).
+    """
 
     name: str
     kind: str = attrs.field(validator=attrs.validators.in_(_KINDS))
+    minimum: Optional[float] = None
 
     def __str__(self) -> str:
-        return f"{self.name}()" if self.kind == METHOD else f"{self.name} ({self.kind})"
+        if self.kind == METHOD:
+            return f"{self.name}()"
+        return f"{self.name} ({self.kind})" + ("" if self.minimum is None else f" >= {self.minimum:g}")
+
+    def met_by(self, value: Any) -> bool:
+        return _satisfies(self.kind, value) and (self.minimum is None or value >= self.minimum)
 
 
 @attrs.frozen(kw_only=True)
@@ -86,15 +107,19 @@ class NamespaceContract:
 
     def missing(self, value: Any) -> Tuple[Requirement, ...]:
         """The requirements *value* does not meet (absent, or present with the wrong kind)."""
+        return tuple(req for req, _ in self._unmet(value))
+
+    def _unmet(self, value: Any) -> Tuple[Tuple[Requirement, str], ...]:
+        """Each requirement *value* does not meet, with what it offers instead ("" where absent)."""
         out = []
         for req in self.requires:
             try:
                 present = getattr(value, req.name)
             except Exception:  # absent, or a property that cannot be read: either way not offered
-                out.append(req)
+                out.append((req, ""))
                 continue
-            if not _satisfies(req.kind, present):
-                out.append(req)
+            if not req.met_by(present):
+                out.append((req, f" (it is {_describe(present)})"))
         return tuple(out)
 
     def refusal(self, value: Any) -> Optional[str]:
@@ -106,10 +131,11 @@ class NamespaceContract:
                         f"got {_describe(value)}")
         if self.callable_value and not callable(value):
             return f"{self.what} must be callable (a function); got {_describe(value)}"
-        missing = self.missing(value)
-        if missing:
+        unmet = self._unmet(value)
+        if unmet:
             see = f" (see ndcost.protocols.{self.protocol.__name__})" if self.protocol is not None else ""
-            return f"{self.what} must have {', '.join(str(r) for r in missing)}{see}; got {_describe(value)}"
+            lacks = ", ".join(f"{req}{offered}" for req, offered in unmet)
+            return f"{self.what} must have {lacks}{see}; got {_describe(value)}"
         return None
 
 
@@ -125,8 +151,17 @@ def _import(path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def requirements(**kinds: str) -> Tuple[Requirement, ...]:
-    return tuple(Requirement(name=name, kind=kind) for name, kind in kinds.items())
+# A number a value states in tensors or bytes: finite and never negative.
+COUNT = (NUMBER, 0.0)
+
+
+def requirements(**kinds: Any) -> Tuple[Requirement, ...]:
+    """Requirements by name: a kind, or (kind, minimum)."""
+    out = []
+    for name, kind in kinds.items():
+        kind, minimum = kind if isinstance(kind, tuple) else (kind, None)
+        out.append(Requirement(name=name, kind=kind, minimum=minimum))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------
@@ -284,7 +319,7 @@ class Function(Protocol):
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
-def _contract(namespace: str, what: str, protocol: type, **kinds: str) -> NamespaceContract:
+def _contract(namespace: str, what: str, protocol: type, **kinds: Any) -> NamespaceContract:
     return NamespaceContract(namespace=namespace, what=what, protocol=protocol, requires=requirements(**kinds))  # type: ignore[arg-type]  # attrs plugin: converter typing
 
 
@@ -293,25 +328,25 @@ def _function(namespace: str, what: str) -> NamespaceContract:
 
 
 CONTRACTS: Mapping[str, NamespaceContract] = {c.namespace: c for c in (
-    _contract("optimizer", "an optimizer", OptimizerLike, states_per_parameter=NUMBER,
-              step_temporaries_per_parameter=NUMBER, name=STR),
+    _contract("optimizer", "an optimizer", OptimizerLike, states_per_parameter=COUNT,
+              step_temporaries_per_parameter=COUNT, name=STR),
     _contract("schedule", "a pipeline schedule", ScheduleLike, name=STR, overlaps_expert_communication=BOOL,
               refusals=METHOD, virtual_stage=METHOD, in_flight=METHOD, bubble_stage_steps=METHOD),
-    _contract("family", "a model family", FamilyLike, name=STR, model_types=SEQUENCE, stack_census=BOOL,
+    _contract("family", "a model family", FamilyLike, name=STR, model_types=STRS, stack_census=BOOL,
               stack_census_reason=STR,
               supports_sdpa=BOOL, spec=METHOD, layer_parameters=METHOD, embedding_parameters=METHOD,
               head_parameters=METHOD, final_norm_parameters=METHOD, other_parameters=METHOD, buffers=METHOD,
               published_total=METHOD),
     _contract("runtime", "a runtime profile", RuntimeLike, name=STR, device=STR, attention=STR,
-              attention_fallback=STR, experts=STR, selective_policy=STR, build_mtp=BOOL, contracts=SEQUENCE,
+              attention_fallback=STR, experts=STR, selective_policy=STR, build_mtp=BOOL, contracts=STRS,
               replacements=SEQUENCE, unsupported=MAPPING, contracts_for=METHOD, content=METHOD),
     _contract("collective", "a collective", CollectiveLike, name=STR, seconds=METHOD),
     _contract("checkpoint_policy", "a checkpoint policy", CheckpointPolicyLike, name=STR, scope=STR,
               op_policy=METHOD),
     _contract("contract", "a kernel contract", KernelContractLike, name=STR, summary=STR, implementation=STR,
               load=METHOD),
-    _contract("storage", "a storage format", StorageFormatLike, name=STR, bytes_per_element=NUMBER,
-              aliases=SEQUENCE, row_bytes=METHOD, matrix_bytes=METHOD, tensor_bytes=METHOD),
+    _contract("storage", "a storage format", StorageFormatLike, name=STR, bytes_per_element=COUNT,
+              aliases=STRS, row_bytes=METHOD, matrix_bytes=METHOD, tensor_bytes=METHOD),
     _contract("attention_kernel", "an attention kernel", AttentionKernelLike, name=STR,
               materializes_scores=BOOL, description=STR),
     _contract("estimator/activations", "an activations estimator", ActivationsEstimator, name=STR,

@@ -500,45 +500,78 @@ def ndcost_op_records():
     return [builtin_records()]
 
 
-_cache: "weakref.WeakKeyDictionary[Any, OpRecords]" = weakref.WeakKeyDictionary()
+@hookimpl
+def ndcost_loaded(plugins):
+    """Merge the op records as the plugins load: a broken contribution leaves its plugin out before any figure."""
+    load_op_records(plugins)
+
+
+# plugin set -> (its revision when merged, the records)
+_cache: "weakref.WeakKeyDictionary[Any, Tuple[int, OpRecords]]" = weakref.WeakKeyDictionary()
 
 
 def load_op_records(plugins: Any = None) -> OpRecords:
     """The op records every plugin of *plugins* (the process-wide set where omitted) contributes, merged.
 
-    Merged once per plugin set. Fails where ndcost's own records are not
-    among the contributions (a stale install), naming the fix.
+    Merged once per plugin set, ndcost's own records first. Fails where they
+    are not among the contributions (a stale install), naming the fix. A
+    third party's hook that raises, or whose contribution the merge refuses
+    (malformed, or redefining a name without ``override``), leaves its plugin
+    out (:meth:`ndcost.manager.PluginSet.exclude`: a warning naming its
+    distribution, an error under NDCOST_STRICT_PLUGINS=1), so the records are
+    never half of what the plugins meant.
     """
     if plugins is None:
         from ndcost import manager
         plugins = manager.plugins()
+    revision = getattr(plugins, "revision", 0)
     try:
         cached = _cache.get(plugins)
     except TypeError:  # an object without weak references is merged every time
         cached = None
-    if cached is not None:
-        return cached
+    if cached is not None and cached[0] == revision:
+        return cached[1]
     impls = sorted(plugins.pm.hook.ndcost_op_records.get_hookimpls(), key=lambda impl: impl.plugin_name)
     this = sys.modules[__name__]
-    if not any(impl.plugin is this or getattr(impl.plugin, "__name__", None) == __name__ for impl in impls):
+    builtin = [impl for impl in impls if impl.plugin is this or getattr(impl.plugin, "__name__", None) == __name__]
+    if not builtin:
         raise StalePluginSet(
             "ndcost's built-in op records (entry point 'op_records', module ndcost.plugins.op_records) are "
             "not loaded: the installed metadata is stale; reinstall with `pip install -e .` from the checkout")
-    contributions = []
-    for impl in impls:
+    accepted: List[Tuple[str, Any]] = []
+    records = None
+    for impl in builtin + [impl for impl in impls if impl not in builtin]:
         module = getattr(impl.plugin, "__name__", type(impl.plugin).__name__)
         source = f"{impl.plugin_name} ({module})"
         try:
             result = impl.function()
+        except (Exception, SystemExit) as exc:
+            if impl in builtin:
+                raise RegistrationError(f"op records of {source} failed: {type(exc).__name__}: {exc}") from exc
+            _leave_out(plugins, impl.plugin_name, f"its ndcost_op_records hook raised {type(exc).__name__}: {exc}")
+            continue
+        try:
+            records = merge(accepted + [(source, result)])
         except Exception as exc:
-            raise RegistrationError(f"op records of {source} failed: {type(exc).__name__}: {exc}") from exc
-        contributions.append((source, result))
-    records = merge(contributions)
+            if impl in builtin:
+                raise
+            _leave_out(plugins, impl.plugin_name, f"its ndcost_op_records contribution is refused "
+                                                  f"({type(exc).__name__}: {exc})")
+            continue
+        accepted.append((source, result))
+    assert records is not None  # the built-in records merged, or raised
     try:
-        _cache[plugins] = records
+        _cache[plugins] = (getattr(plugins, "revision", 0), records)
     except TypeError:
         pass
     return records
+
+
+def _leave_out(plugins: Any, plugin_name: str, why: str) -> None:
+    exclude = getattr(plugins, "exclude", None)
+    if exclude is None:  # not a manager's plugin set: nothing to leave the plugin out of
+        raise RegistrationError(f"plugin {plugin_name}: {why}")
+    exclude(plugin_name, why)
 
 
 # ---------------------------------------------------------------------------

@@ -109,6 +109,18 @@ class Registry:
                 self._pending.pop()
                 raise
 
+    def withdraw(self, source: Source) -> Tuple[str, ...]:
+        """Drop every registration of *source* (a plugin found broken after it registered); the keys it held.
+
+        Once frozen, the rest are resolved again, so that a key it overrode
+        falls back to the entry it replaced.
+        """
+        keys = tuple(e.key for e in self._pending if e.source == source)
+        self._pending = [e for e in self._pending if e.source != source]
+        if self._frozen:
+            self.freeze()
+        return keys
+
     def freeze(self) -> None:
         """Resolve every collected registration; raise on an undeclared duplicate."""
         self._entries = {}

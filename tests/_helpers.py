@@ -4,8 +4,22 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import textwrap
 import weakref
 from pathlib import Path
+
+
+def make_dist(root: Path, dist: str, modules: dict, entry_points: dict, version: str = "1.0") -> Path:
+    """Write a minimal installed distribution under *root*: modules (name -> source) and entry points."""
+    root.mkdir(parents=True, exist_ok=True)
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    lines = ["[ndcost.plugins]"] + [f"{name} = {module}" for name, module in entry_points.items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    for name, source in modules.items():
+        (root / f"{name}.py").write_text(textwrap.dedent(source))
+    return root
 
 
 def pip_install_into(source: Path, target: Path, timeout: int = 300) -> Path:

@@ -8,7 +8,8 @@ import types
 import pytest
 
 from ndcost import hookimpl, manager
-from ndcost.errors import InvalidValue, RegistrationError, StalePluginSet, UnknownKey
+from ndcost.errors import InvalidValue, PluginLoadError, RegistrationError, StalePluginSet, UnknownKey
+from ndcost.manager import PluginLoadWarning
 from ndcost.plugins import op_records as R
 from ndcost.plugins.expressions import ExpressionError
 from ndcost.records import KindRecord
@@ -155,12 +156,16 @@ def test_a_third_party_adds_an_op_and_a_slot():
     ("ops", "softmax", {"switch": "softmax"}),
     ("values", "tokens", {"default": 1}),
 ])
-def test_a_second_definition_is_an_error_naming_both(section, name, entry):
-    plugin_set = manager.load(extra_modules={"dup": plugin("dup_plugin", {section: {name: entry}})})
-    with pytest.raises(RegistrationError) as info:
-        R.load_op_records(plugin_set)
-    message = str(info.value)
+def test_a_second_definition_leaves_the_plugin_out_naming_both(section, name, entry, monkeypatch):
+    monkeypatch.delenv("NDCOST_STRICT_PLUGINS", raising=False)
+    with pytest.warns(PluginLoadWarning) as record:
+        plugin_set = manager.load(extra_modules={"dup": plugin("dup_plugin", {section: {name: entry}})})
+    message = " ".join(str(w.message) for w in record)
     assert repr(name) in message and "ndcost:op_records" in message and "<local>:dup" in message
+    assert R.load_op_records(plugin_set).sources == R.load_op_records(manager.load()).sources  # ndcost's alone
+    monkeypatch.setenv("NDCOST_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginLoadError, match="<local>:dup"):
+        manager.load(extra_modules={"dup": plugin("dup_plugin", {section: {name: entry}})})
 
 
 def test_an_override_replaces_and_two_overrides_are_an_error():

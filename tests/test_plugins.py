@@ -7,7 +7,6 @@ which is all ``importlib.metadata`` needs to find an entry point.
 from __future__ import annotations
 
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,22 +15,9 @@ from ndcost import manager
 from ndcost.errors import PluginLoadError, StalePluginSet
 from ndcost.manager import PluginLoadWarning
 
-from _helpers import pip_install
+from _helpers import make_dist, pip_install
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def make_dist(root: Path, dist: str, modules: dict, entry_points: dict, version: str = "1.0") -> Path:
-    """Write a minimal installed distribution under *root*: modules (name -> source) and entry points."""
-    root.mkdir(parents=True, exist_ok=True)
-    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-    lines = ["[ndcost.plugins]"] + [f"{name} = {module}" for name, module in entry_points.items()]
-    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
-    for name, source in modules.items():
-        (root / f"{name}.py").write_text(textwrap.dedent(source))
-    return root
 
 
 GOOD = """
@@ -237,7 +223,6 @@ def test_loaded_hook_sees_the_resolved_registry_and_may_not_register(fresh):
     import types
 
     import ndcost
-    from ndcost.errors import RegistrationError
 
     seen = []
     watcher = types.ModuleType("watcher")
@@ -248,8 +233,10 @@ def test_loaded_hook_sees_the_resolved_registry_and_may_not_register(fresh):
     late = types.ModuleType("late")
     late.ndcost_loaded = ndcost.hookimpl(lambda registry: registry.add(
         "optimizer/late", registry.get("optimizer/adamw"), source=registry.entry("optimizer/adamw").source))
-    with pytest.raises(RegistrationError, match="optimizer/late.*ndcost_register"):
-        manager.load(extra_modules={"late": late})
+    with pytest.warns(PluginLoadWarning, match="optimizer/late.*ndcost_register"):  # left out, the rest load
+        loaded = manager.load(extra_modules={"late": late})
+    assert "optimizer/late" not in loaded.registry and "optimizer/adamw" in loaded.registry
+    assert [p.error for p in loaded.plugins if p.name == "late"][0].startswith("its ndcost_loaded hook failed")
 
 
 # ---------------------------------------------------------------------------
