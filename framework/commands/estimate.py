@@ -11,8 +11,8 @@ The table: GiB one device of each pipeline stage holds at the moment its bytes p
   parameters, gradients, master, optimizer_states
                  the model states (master: a higher-precision copy of the parameters, master_dtype)
   activations    what the forward keeps for the backward, over the micro-batches in flight
-  working        a layer's backward's transient peak above what it keeps (recomputed tensors, gradients
-                 of activations, kernel workspaces)
+  working        a layer's backward's transient peak above what it keeps (recomputed tensors,
+                 gradients of activations, kernel workspaces)
   output         the final norm, head and loss: logits and their gradient
   communication  buffers of collectives: FSDP / ZeRO-3 parameter gathers, sequence-, expert- and
                  context-parallel exchanges
