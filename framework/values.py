@@ -460,7 +460,8 @@ class FieldDoc:
 # docs/strategy-fields.md is generated from it. Synonyms are the names Megatron-LM, DeepSpeed, PyTorch and
 # Transformers' TrainingArguments use, so an unknown field is answered by meaning as well as by spelling.
 STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
-    "dp": FieldDoc(meaning="data-parallel replicas: each holds whole (unsharded) model states", unit="ranks",
+    "dp": FieldDoc(meaning="data-parallel replicas (each holds the whole model states unless zero shards "
+                                   "them)", unit="ranks",
                    synonyms=("data_parallel", "data_parallel_size", "dp_size", "ddp")),
     "fsdp": FieldDoc(meaning="ranks the parameters, gradients and optimizer states are sharded over (FSDP / "
                              "ZeRO-3); with dp > 1 it is HSDP: dp replicas of fsdp shards", unit="ranks",
