@@ -13,7 +13,10 @@ solved by Gauss-Newton steps on ``log(model / measured)`` with the minimum-norm
 update (the Jacobian by finite differences of the time model itself, so the
 fit is exact for the model as it prices, rooflines included). With more
 independent measurements than classes no exact fit exists, and the update is
-the least-squares one. A class no measurement exercises keeps its prior.
+the least-squares one. A class no measurement exercises keeps its prior. The
+measurements fitted are the consensus (:func:`_consensus`): one the fit misses
+by more than a tolerance is left out and named, so a layer the time model does
+not price cannot move an efficiency the others share.
 
 The forward measurement involves only the forward classes (``matmul``,
 ``attention``, ``memory``, ``linrec``), the backward (forward plus backward
