@@ -28,9 +28,10 @@ install: $(filter $(VENV)/bin/python,$(PYTHON))
 demo: install
 	$(PYTHON) -m ndcost estimate llama-3.1-8b --strategy "fsdp=8,tp=1,seq=4096,micro_batch=1,recompute=full" --hardware h200
 
-# pytest's exit 5 (no tests collected) is a failure too.
+# pytest's exit 5 (no tests collected) is a failure too. The environment's scripts folder is put first on PATH,
+# so the tests that run the `ndcost` console script run the one just installed.
 test: install
-	@$(PYTHON) -m pytest -q; rc=$$?; \
+	@PATH="$(abspath $(dir $(PYTHON))):$$PATH" $(PYTHON) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # ruff on framework/ and registry/, then mypy whatever ruff found (its files in pyproject.toml). mypy names modules by their folders,

@@ -56,7 +56,7 @@ def test_make_uses_the_active_venv(tmp_path):
     lines = _make_dry_run("test", {"VIRTUAL_ENV": str(active)})
     assert not any("-m venv" in line for line in lines)
     assert lines[0] == f"{active}/bin/python -m pip install -q torch==2.13.0"
-    assert any(line.startswith(f"{active}/bin/python -m pytest") for line in lines)
+    assert any(line.startswith(f'PATH="{active}/bin:$PATH" {active}/bin/python -m pytest') for line in lines)
 
 
 def test_ci_runs_lint_then_test_and_venv_is_ignored():
