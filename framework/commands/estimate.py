@@ -1,6 +1,8 @@
 """`ndcost estimate MODEL --strategy "..."`: a strategy's memory per pipeline stage by category, and the peak."""
 from __future__ import annotations
 
+import argparse
+
 HELP = "estimate a training strategy's memory per device, per pipeline stage by category (and step time)"
 
 EPILOG = """\
@@ -33,7 +35,6 @@ _NARROW = (("params", ("parameters",)), ("grads", ("gradients",)), ("optim", ("m
 def add_arguments(parser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="a model name from specs/models, a spec YAML, a config.json or a folder holding one")
-    import argparse
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
     parser.add_argument("--strategy", required=True,

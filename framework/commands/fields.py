@@ -63,11 +63,13 @@ def _value(value) -> str:
 
 def _add_registered(fields) -> None:
     """A plugin field's allowed values: the names registered now (``ndcost list schedules``, ...)."""
+    import attrs
+
     from ndcost import manager
     from ndcost.values import Strategy
 
     registry = manager.registry()
-    converters = {a.name: a.converter for a in __import__("attrs").fields(Strategy)}
+    converters = {a.name: a.converter for a in attrs.fields(Strategy)}
     for f in fields:
         namespace = getattr(converters[f["name"]], "namespace", None)
         if namespace:
