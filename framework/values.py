@@ -460,8 +460,8 @@ class FieldDoc:
 # docs/strategy-fields.md is generated from it. Synonyms are the names Megatron-LM, DeepSpeed, PyTorch and
 # Transformers' TrainingArguments use, so an unknown field is answered by meaning as well as by spelling.
 STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
-    "dp": FieldDoc(meaning="data-parallel replicas (each holds the whole model states unless zero shards "
-                                   "them)", unit="ranks",
+    "dp": FieldDoc(meaning="data-parallel replicas (each holds the whole model states unless zero shards them)",
+                   unit="ranks",
                    synonyms=("data_parallel", "data_parallel_size", "dp_size", "ddp")),
     "fsdp": FieldDoc(meaning="ranks the parameters, gradients and optimizer states are sharded over (FSDP / "
                              "ZeRO-3); with dp > 1 it is HSDP: dp replicas of fsdp shards", unit="ranks",
@@ -533,8 +533,7 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                           synonyms=("layers_per_stage", "pipeline_split", "stage_layers",
                                     "pipeline_model_parallel_layout")),
     "moe_imbalance": FieldDoc(meaning="routed tokens the busiest expert rank gets over the balanced share",
-                              unit="ratio", synonyms=("expert_imbalance", "load_imbalance", "capacity_factor",
-                                                      "moe_capacity_factor")),
+                              unit="ratio", synonyms=("expert_imbalance", "load_imbalance", "moe_load_imbalance")),
     "allocator_overhead": FieldDoc(meaning="the caching allocator's fragmentation, as a fraction of the rest of a "
                                            "stage's bytes, added as the allocator category", unit="fraction",
                                    synonyms=("fragmentation", "allocator_fragmentation", "memory_overhead")),
