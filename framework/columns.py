@@ -11,7 +11,6 @@ reason and never fails the batch.
 """
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -19,7 +18,14 @@ import attrs
 import numpy as np
 
 from ndcost.errors import InvalidStrategy, InvalidValue
-from ndcost.values import DTYPES, MAX_STRATEGY_INTEGER, Strategy, devices_message, unknown_plugin_name_message
+from ndcost.values import (
+    DTYPES,
+    MAX_STRATEGY_INTEGER,
+    Strategy,
+    closest_strategy_fields,
+    devices_message,
+    unknown_plugin_name_message,
+)
 
 __all__ = ["StrategyColumns", "encode", "category_names", "CodePlugins", "code_plugins", "INT_FIELDS", "BOOL_FIELDS",
            "FLOAT_FIELDS", "CODE_FIELDS", "DTYPE_NAMES", "DTYPE_BYTES"]
@@ -227,7 +233,7 @@ def encode(strategies: Any, names: Mapping[str, Sequence[str]]) -> StrategyColum
         if unknown:
             hints = []
             for key in unknown:
-                close = difflib.get_close_matches(str(key), list(_FIELDS), n=1)
+                close = closest_strategy_fields(str(key), n=1)
                 hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
             raise InvalidStrategy(f"unknown strategy field(s) {', '.join(hints)}; fields: {', '.join(_FIELDS)}")
         lengths = {len(v) for k, v in strategies.items()

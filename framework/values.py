@@ -479,13 +479,155 @@ def devices_message(dp, fsdp, cp, tp, pp) -> str:
             f"{MAX_STRATEGY_INTEGER:,} (2**31 - 1), the most a strategy may span; use smaller degrees")
 
 
+@attrs.frozen(kw_only=True)
+class FieldDoc:
+    """What a ``Strategy`` field means, in its unit, and the names other tools give it (for suggestions).
+
+    Its default and allowed values are not restated here: :func:`strategy_fields` reads them off the field's
+    attrs default and converter, so the documentation cannot drift from what ``Strategy`` accepts.
+    """
+
+    meaning: str
+    unit: str = ""
+    synonyms: Tuple[str, ...] = ()
+
+
+# One entry a Strategy field (tests/test_cli_usability.py checks none is missing); `ndcost fields` prints it and
+# docs/strategy-fields.md is generated from it. Synonyms are the names Megatron-LM, DeepSpeed, PyTorch and
+# Transformers' TrainingArguments use, so an unknown field is answered by meaning as well as by spelling.
+STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
+    "dp": FieldDoc(meaning="data-parallel replicas (each holds the whole model states unless zero shards them)",
+                   unit="ranks",
+                   synonyms=("data_parallel", "data_parallel_size", "dp_size", "ddp")),
+    "fsdp": FieldDoc(meaning="ranks the parameters, gradients and optimizer states are sharded over (FSDP / "
+                             "ZeRO-3); with dp > 1 it is HSDP: dp replicas of fsdp shards", unit="ranks",
+                     synonyms=("fully_sharded", "fully_sharded_data_parallel", "fsdp_size", "hsdp",
+                               "sharded_data_parallel", "shard_size")),
+    "tp": FieldDoc(meaning="tensor-parallel ranks splitting the attention and MLP weights (Megatron-style)",
+                   unit="ranks", synonyms=("tensor_parallel", "tensor_parallel_size", "tensor_model_parallel_size",
+                                           "tp_size", "model_parallel", "mp")),
+    "pp": FieldDoc(meaning="pipeline stages, each a rank holding a contiguous run of layers", unit="stages",
+                   synonyms=("pipeline_parallel", "pipeline_parallel_size", "pipeline_model_parallel_size",
+                             "pp_size", "stages", "num_stages")),
+    "vpp": FieldDoc(meaning="model chunks per pipeline rank (interleaved schedules); 1 is not interleaved",
+                    unit="chunks", synonyms=("virtual_pipeline_parallel", "virtual_pipeline_model_parallel_size",
+                                             "virtual_stages", "interleave", "chunks")),
+    "cp": FieldDoc(meaning="context-parallel ranks splitting each sequence", unit="ranks",
+                   synonyms=("context_parallel", "context_parallel_size", "cp_size")),
+    "ep": FieldDoc(meaning="expert-parallel ranks splitting the routed experts (taken out of dp * fsdp * cp * tp)",
+                   unit="ranks", synonyms=("expert_parallel", "expert_model_parallel_size", "ep_size",
+                                           "moe_expert_parallel")),
+    "etp": FieldDoc(meaning="tensor-parallel ranks splitting each routed expert's width", unit="ranks",
+                    synonyms=("expert_tensor_parallel", "expert_tensor_parallel_size", "etp_size")),
+    "zero": FieldDoc(meaning="ZeRO stage without FSDP: 1 shards optimizer states and master copy over dp, 2 also "
+                             "gradients, 3 also parameters; 0 shards nothing", unit="stage",
+                     synonyms=("zero_stage", "deepspeed_zero", "zero_optimization", "distributed_optimizer")),
+    "sp": FieldDoc(meaning="sequence parallelism: the activations outside tensor-parallel regions split over tp",
+                   synonyms=("sequence_parallel", "sequence_parallelism")),
+    "cp_algo": FieldDoc(meaning="how context parallelism exchanges keys and values",
+                        synonyms=("cp_comm_type", "context_parallel_algorithm", "cp_algorithm", "cp_method")),
+    "schedule": FieldDoc(meaning="pipeline schedule (a schedule plugin; `ndcost list schedules`)",
+                         synonyms=("pipeline_schedule", "pp_schedule")),
+    "micro_batch": FieldDoc(meaning="sequences in one micro-batch on one rank", unit="sequences",
+                            synonyms=("micro_batch_size", "mbs", "batch_size", "per_device_train_batch_size",
+                                      "train_micro_batch_size_per_gpu")),
+    "num_micro_batches": FieldDoc(meaning="micro-batches a step accumulates (per data-parallel rank)",
+                                  unit="micro-batches",
+                                  synonyms=("gradient_accumulation_steps", "grad_accum", "accumulation_steps",
+                                            "num_microbatches", "micro_batches", "gradient_accumulation")),
+    "seq": FieldDoc(meaning="tokens in one sequence (required for a cost)", unit="tokens",
+                    synonyms=("seq_len", "seq_length", "sequence_length", "max_seq_len", "max_seq_length",
+                              "context_length", "max_length")),
+    "recompute": FieldDoc(meaning="activation recomputation: full (a layer keeps its input only), selective "
+                                  "(the runtime profile's op-level checkpoint policy, e.g. torchtitan's), "
+                                  "core_attention (the attention function only, as Megatron-LM's selective)",
+                          synonyms=("activation_checkpointing", "gradient_checkpointing", "checkpointing",
+                                    "recompute_granularity", "activation_recompute")),
+    "recompute_layers": FieldDoc(meaning="how many of a rank's first layers recompute (unset: all of them)",
+                                 unit="layers",
+                                 synonyms=("recompute_num_layers", "checkpoint_layers", "num_checkpointed_layers")),
+    "vocab_parallel": FieldDoc(meaning="the embedding and head split over tp (else replicated on every tp rank)",
+                               synonyms=("vocab_parallel_embedding", "parallel_vocab", "vocab_parallelism")),
+    "optimizer": FieldDoc(meaning="optimizer (a plugin; its states per parameter; `ndcost list optimizers`)",
+                          synonyms=("optim", "optimizer_name", "opt")),
+    "param_dtype": FieldDoc(meaning="dtype the parameters are stored in", unit="dtype",
+                            synonyms=("dtype", "params_dtype", "weight_dtype", "torch_dtype")),
+    "compute_dtype": FieldDoc(meaning="dtype the layers compute and keep activations in (unset: param_dtype)",
+                              unit="dtype", synonyms=("autocast_dtype", "amp_dtype", "activation_dtype",
+                                                      "mixed_precision")),
+    "grad_dtype": FieldDoc(meaning="dtype of the parameter gradients (unset: param_dtype)", unit="dtype",
+                           synonyms=("gradient_dtype", "main_grads_dtype", "grads_dtype", "grad_reduce_dtype")),
+    "optimizer_dtype": FieldDoc(meaning="dtype of the optimizer states (unset: param_dtype)", unit="dtype",
+                                synonyms=("optimizer_state_dtype", "optim_dtype", "state_dtype",
+                                          "exp_avg_dtype")),
+    "master_dtype": FieldDoc(meaning="dtype of a master copy of the parameters kept by the optimizer; none: no "
+                                     "copy (the optimizer steps the stored parameters)", unit="dtype",
+                             synonyms=("master_weights_dtype", "main_params_dtype", "master_weights",
+                                       "fp32_master")),
+    "pp_layers": FieldDoc(meaning="layers of each pipeline chunk in order, e.g. 7/8/8/7 (pp * vpp counts; "
+                                  "unset: as even as the schedule splits them)", unit="layers",
+                          synonyms=("layers_per_stage", "pipeline_split", "stage_layers",
+                                    "pipeline_model_parallel_layout")),
+    "moe_imbalance": FieldDoc(meaning="routed tokens the busiest expert rank gets over the balanced share",
+                              unit="ratio", synonyms=("expert_imbalance", "load_imbalance", "moe_load_imbalance")),
+    "allocator_overhead": FieldDoc(meaning="the caching allocator's fragmentation, as a fraction of the rest of a "
+                                           "stage's bytes, added as the allocator category", unit="fraction",
+                                   synonyms=("fragmentation", "allocator_fragmentation", "memory_overhead")),
+})
+
+
+def _allowed_text(converter: Any, default: Any) -> str:
+    kind = getattr(converter, "column_kind", "")
+    if kind in ("int", "float"):
+        bound = (f">= {converter.minimum}" if converter.maximum is None
+                 else f"{converter.minimum} to {converter.maximum}")
+        text = f"{'integers' if kind == 'int' else 'numbers'} {bound}"
+    elif kind == "bool":
+        text = "true, false"
+    elif kind in ("choice", "dtype"):
+        text = ", ".join(converter.allowed)
+    elif kind == "plugin":
+        text = f"a registered {converter.namespace}/<name>"
+    else:  # split
+        text = "layer counts joined by '/'"
+    return text + (", or unset" if default is None else "")
+
+
+def strategy_fields() -> Tuple[Dict[str, Any], ...]:
+    """Every ``Strategy`` field as ``{"name", "meaning", "unit", "default", "allowed", "synonyms"}``, in order.
+
+    ``default`` and ``allowed`` are read off the field itself (its attrs default, its converter's facts); the
+    words from :data:`STRATEGY_FIELD_DOCS`.
+    """
+    out = []
+    for a in attrs.fields(Strategy):
+        doc = STRATEGY_FIELD_DOCS[a.name]
+        out.append({"name": a.name, "meaning": doc.meaning, "unit": doc.unit, "default": a.default,
+                    "allowed": _allowed_text(a.converter, a.default), "synonyms": list(doc.synonyms)})
+    return tuple(out)
+
+
+def closest_strategy_fields(key: str, n: int = 3) -> Tuple[str, ...]:
+    """The fields an unknown name most likely means: one it is a synonym of, else the closest in spelling
+    among the fields and their synonyms (``tensor_parallel`` -> ``tp``, not ``vocab_parallel``)."""
+    text = str(key).strip().lower().replace("-", "_")
+    by_name = {name: name for name in Strategy.field_names()}
+    for name, doc in STRATEGY_FIELD_DOCS.items():
+        by_name.update({synonym: name for synonym in doc.synonyms})
+    if text in by_name:
+        return (by_name[text],)
+    close = difflib.get_close_matches(text, list(by_name), n=n * 3)
+    return tuple(dict.fromkeys(by_name[c] for c in close))[:n]
+
+
 def _refuse_unknown_fields(fields: Mapping[Any, Any]) -> None:
     names = Strategy.field_names()
     for key in fields:
         if key not in _STRATEGY_FIELDS:
-            close = difflib.get_close_matches(str(key), names, n=3)
+            close = closest_strategy_fields(str(key))
             hint = f"did you mean {', '.join(close)}? " if close else ""
-            raise InvalidValue(f"Strategy: unknown field {key!r}; {hint}fields: {', '.join(names)}")
+            raise InvalidValue(f"Strategy: unknown field {key!r}; {hint}fields: {', '.join(names)} "
+                               f"(`ndcost fields` says what each means)")
 
 
 # ---------------------------------------------------------------------------

@@ -13,7 +13,10 @@ solved by Gauss-Newton steps on ``log(model / measured)`` with the minimum-norm
 update (the Jacobian by finite differences of the time model itself, so the
 fit is exact for the model as it prices, rooflines included). With more
 independent measurements than classes no exact fit exists, and the update is
-the least-squares one. A class no measurement exercises keeps its prior.
+the least-squares one. A class no measurement exercises keeps its prior. The
+measurements fitted are the consensus (:func:`_consensus`): one the fit misses
+by more than a tolerance is left out and named, so a layer the time model does
+not price cannot move an efficiency the others share.
 
 The forward measurement involves only the forward classes (``matmul``,
 ``attention``, ``memory``, ``linrec``), the backward (forward plus backward
@@ -80,11 +83,23 @@ class Fit:
     rows: Tuple[Mapping[str, Any], ...]
     pinned: Tuple[str, ...] = ()
     method: str = "calibration/min_norm_log"
+    left_out: Tuple[str, ...] = ()       # labels of the measurements outside the consensus (not fitted on)
+    tolerance: float = 0.10              # |log(model / measured)| beyond which a measurement is left out
+    rms_log_error_prior: float = 0.0     # over the passes fitted on, under the hardware's stated efficiencies
+    rms_log_error_fitted: float = 0.0    # the same under the fitted ones
+
+    @property
+    def change(self) -> Dict[str, float]:
+        """How far each efficiency moved from the hardware's figure, as a fraction of it."""
+        return {k: v / self.prior[k] - 1.0 for k, v in self.efficiency.items() if k in self.prior}
 
     def to_dict(self) -> Dict[str, Any]:
         return {"hardware": self.hardware, "method": self.method, "fitted": list(self.fitted),
                 "pinned_by_components": list(self.pinned),
                 "efficiency": dict(self.efficiency), "prior": dict(self.prior),
+                "efficiency_change_fraction": self.change, "left_out": list(self.left_out),
+                "tolerance": self.tolerance, "rms_log_error_prior": self.rms_log_error_prior,
+                "rms_log_error_fitted": self.rms_log_error_fitted,
                 "measurements": [dict(r) for r in self.rows]}
 
     def yaml_block(self) -> str:
@@ -274,62 +289,149 @@ def layer_times(measurement: Measurement, hardware, efficiency: Mapping[str, flo
 
 
 def fit(measurements: Sequence[Measurement], hardware, classes: Optional[Sequence[str]] = None,
-        iterations: int = 50, components: Sequence[Mapping[str, Any]] = ()) -> Fit:
+        iterations: int = 50, components: Sequence[Mapping[str, Any]] = (), tolerance: float = 0.10) -> Fit:
     """Efficiencies that reproduce *measurements*, moved as little as possible (log space) from the hardware's.
 
     *components* pin the classes they time alone (:func:`pinned_efficiencies`)
-    before the layers fit the others.
+    before the layers fit the others. The layers fitted are the consensus
+    (:func:`_consensus`): a measurement the fit misses by more than
+    *tolerance* (in log time) is left out and reported, so layers the time
+    model does not price (launch-bound, MoE routing, ...) cannot decide an
+    efficiency the others share.
     """
     from ndcost.compose import time as time_model
 
+    if not (isinstance(tolerance, (int, float)) and 0 < tolerance < 1):
+        raise InvalidValue(f"tolerance must be a number between 0 and 1 (a share of the measured time), "
+                           f"got {tolerance!r}")
     stated, _ = time_model.efficiencies(hardware)
     pinned = pinned_efficiencies(components, hardware)
     prior = {**stated, **pinned}
-    targets: List[Tuple[Measurement, int, float]] = []   # (measurement, pass 0 fwd / 1 bwd, seconds)
-    for m in measurements:
-        targets.append((m, 0, m.forward_seconds))
-        if m.backward_seconds is not None:
-            targets.append((m, 1, m.backward_seconds))
     candidates = tuple(c for c in (classes or FORWARD_CLASSES + BACKWARD_CLASSES) if c not in pinned)
     unknown = sorted(set(candidates) - set(FORWARD_CLASSES + BACKWARD_CLASSES))
     if unknown:
         raise InvalidValue(f"cannot fit efficiency class(es) {', '.join(unknown)}; fittable: "
                            f"{', '.join(FORWARD_CLASSES + BACKWARD_CLASSES)}")
-
-    def model(log_scale: np.ndarray, names: Sequence[str]) -> np.ndarray:
-        eff = dict(prior)
-        for name, x in zip(names, log_scale):
-            eff[name] = prior[name] * math.exp(x)
-        return np.array([math.log(layer_times(m, hardware, eff)[p] / seconds) for m, p, seconds in targets])
-
-    # classes some measurement is sensitive to
-    step = 1e-3
+    problem = _Problem(hardware, prior, measurements)
     names: Tuple[str, ...] = ()
-    if targets and candidates:
-        base = model(np.zeros(len(candidates)), candidates)
-        jac = np.stack([(model(np.eye(len(candidates))[j] * step, candidates) - base) / step
-                        for j in range(len(candidates))], axis=1)
-        names = tuple(c for j, c in enumerate(candidates) if np.any(np.abs(jac[:, j]) > 1e-9))
+    if problem.targets and candidates:  # the classes some measurement is sensitive to
+        sensitive = np.abs(problem.jacobian(np.zeros(len(candidates)), candidates)) > 1e-9
+        names = tuple(c for j, c in enumerate(candidates) if sensitive[:, j].any())
     if not names and not pinned:
         raise InvalidValue("no efficiency class affects the measured times; check the measurements' layers")
-    x = np.zeros(len(names))
-    for _ in range(iterations if names else 0):
-        r = model(x, names)
-        if np.max(np.abs(r)) < 1e-12:
-            break
-        j = np.stack([(model(x + np.eye(len(names))[i] * step, names) - r) / step for i in range(len(names))], axis=1)
-        # Gauss-Newton for the min-norm solution: x_new = pinv(J) (J x - r)
-        x = np.linalg.pinv(j) @ (j @ x - r)
+    kept = _consensus(problem, names, iterations, tolerance) if names else list(range(len(measurements)))
+    x = problem.solve(names, kept, iterations)
     efficiency = dict(prior)
-    for name, value in zip(names, x):
+    for name, value in zip(names, x, strict=True):
         efficiency[name] = prior[name] * math.exp(value)
     too_high = {k: v for k, v in efficiency.items() if v > 1.0}
     if too_high:
         raise InvalidValue(f"the fit needs efficiencies above 1 ({', '.join(f'{k}={v:.3f}' for k, v in too_high.items())}): "
                            f"the measurements are faster than {hardware.name!r}'s peaks allow; check the hardware "
                            f"(--hardware) and that the measured layer is the one named")
+    fitted_on = [measurements[i] for i in kept]
     return Fit(hardware=hardware.name, efficiency=efficiency, prior=stated, fitted=tuple(pinned) + names,
-               rows=tuple(validation_rows(measurements, hardware, efficiency)), pinned=tuple(pinned))
+               rows=tuple(validation_rows(measurements, hardware, efficiency)), pinned=tuple(pinned),
+               left_out=tuple(m.label for i, m in enumerate(measurements) if i not in kept), tolerance=tolerance,
+               rms_log_error_prior=rms_log_error(fitted_on, hardware, stated),
+               rms_log_error_fitted=rms_log_error(fitted_on, hardware, efficiency))
+
+
+class _Problem:
+    """Each measured pass's ``log(model / measured)`` as a function of log-scaled efficiencies, and its solver."""
+
+    _STEP = 1e-3  # finite-difference step in log efficiency
+
+    def __init__(self, hardware, prior: Mapping[str, float], measurements: Sequence[Measurement]):
+        self.hardware, self.prior, self.count = hardware, dict(prior), len(measurements)
+        self.targets: List[Tuple[Measurement, int, float]] = []  # (measurement, pass 0 fwd / 1 bwd, seconds)
+        self.owner: List[int] = []                              # each target's measurement index
+        for i, m in enumerate(measurements):
+            for p, seconds in ((0, m.forward_seconds), (1, m.backward_seconds)):
+                if seconds is not None:
+                    self.targets.append((m, p, seconds))
+                    self.owner.append(i)
+
+    def rows(self, kept: Sequence[int]) -> List[int]:
+        return [t for t, i in enumerate(self.owner) if i in kept]
+
+    def residuals(self, x: np.ndarray, names: Sequence[str], rows: Optional[Sequence[int]] = None) -> np.ndarray:
+        eff = dict(self.prior)
+        for name, value in zip(names, x, strict=True):
+            eff[name] = self.prior[name] * math.exp(value)
+        chosen = range(len(self.targets)) if rows is None else rows
+        return np.array([math.log(layer_times(m, self.hardware, eff)[p] / seconds)
+                         for m, p, seconds in (self.targets[t] for t in chosen)])
+
+    def jacobian(self, x: np.ndarray, names: Sequence[str], rows: Optional[Sequence[int]] = None,
+                 base: Optional[np.ndarray] = None) -> np.ndarray:
+        r = self.residuals(x, names, rows) if base is None else base
+        return np.stack([(self.residuals(x + np.eye(len(names))[j] * self._STEP, names, rows) - r) / self._STEP
+                         for j in range(len(names))], axis=1)
+
+    def solve(self, names: Sequence[str], kept: Sequence[int], iterations: int) -> np.ndarray:
+        """Gauss-Newton for the minimum-norm solution on the measurements *kept*: x_new = pinv(J) (J x - r),
+        the least-squares step where no exact fit exists."""
+        rows = self.rows(kept)
+        x = np.zeros(len(names))
+        for _ in range(iterations if names and rows else 0):
+            r = self.residuals(x, names, rows)
+            if np.max(np.abs(r)) < 1e-12:
+                break
+            j = self.jacobian(x, names, rows, base=r)
+            x = np.linalg.pinv(j) @ (j @ x - r)
+        return x
+
+    def misses(self, x: np.ndarray, names: Sequence[str]) -> np.ndarray:
+        """Each measurement's largest ``|log(model / measured)|`` over its passes."""
+        worst = np.zeros(self.count)
+        for i, r in zip(self.owner, np.abs(self.residuals(x, names)), strict=True):
+            worst[i] = max(worst[i], r)
+        return worst
+
+
+def _consensus(problem: _Problem, names: Sequence[str], iterations: int, tolerance: float) -> List[int]:
+    """The measurements an efficiency fit can price together within *tolerance*: those it fits on.
+
+    A least-squares fit on every measurement lets the few the time model cannot price (a launch-bound
+    short layer, an MoE layer's routing, an eager GELU: docs/calibration.md) pull a shared efficiency
+    until the layers it does price miss by 25%. So the start is robust, the median over measurements
+    of the efficiencies each implies alone (classes it does not exercise aside); the measurements that
+    start misses by more than *tolerance* are left out, the rest fitted, and the kept set recomputed at
+    the fit until it settles. With fewer than three measurements, or no majority within *tolerance*,
+    every measurement is kept (there is no consensus to tell an outlier by).
+    """
+    n = problem.count
+    everyone = list(range(n))
+    if n < 3:
+        return everyone
+    alone = np.full((n, len(names)), np.nan)
+    for i in everyone:
+        rows = problem.rows([i])
+        sensitive = np.abs(problem.jacobian(np.zeros(len(names)), names, rows)).max(axis=0) > 1e-9
+        alone[i, sensitive] = problem.solve(names, [i], iterations)[sensitive]
+    x = np.nan_to_num(np.nanmedian(alone, axis=0)) if np.isfinite(alone).any() else np.zeros(len(names))
+    kept: List[int] = []
+    for _ in range(n):
+        now = [i for i, miss in enumerate(problem.misses(x, names)) if miss <= tolerance]
+        if now == kept:
+            break
+        kept = now
+        if 2 * len(kept) <= n:
+            return everyone
+        x = problem.solve(names, kept, iterations)
+    return kept
+
+
+def rms_log_error(measurements: Sequence[Measurement], hardware, efficiency: Mapping[str, float]) -> float:
+    """The root mean square of ``log(model / measured)`` over the measurements' passes (forward, backward)."""
+    errors = []
+    for m in measurements:
+        fwd, bwd = layer_times(m, hardware, efficiency)
+        errors.append(math.log(fwd / m.forward_seconds))
+        if m.backward_seconds is not None:
+            errors.append(math.log(bwd / m.backward_seconds))
+    return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else 0.0
 
 
 def validation_rows(measurements: Sequence[Measurement], hardware, efficiency: Mapping[str, float]

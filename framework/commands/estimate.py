@@ -1,20 +1,51 @@
 """`ndcost estimate MODEL --strategy "..."`: a strategy's memory per pipeline stage by category, and the peak."""
 from __future__ import annotations
 
+import argparse
+
 HELP = "estimate a training strategy's memory per device, per pipeline stage by category (and step time)"
 
+EPILOG = """\
+The table: GiB one device of each pipeline stage holds at the moment its bytes peak.
+  at             that moment: output backward (the loss and head's backward), last layer backward
+                 (the stage's last layer's backward), end of backward, embedding backward,
+                 optimizer step
+  parameters, gradients, master, optimizer_states
+                 the model states (master: a higher-precision copy of the parameters, master_dtype)
+  activations    what the forward keeps for the backward, over the micro-batches in flight
+  working        a layer's backward's transient peak above what it keeps (recomputed tensors,
+                 gradients of activations, kernel workspaces)
+  output         the final norm, head and loss: logits and their gradient
+  communication  buffers of collectives: FSDP / ZeRO-3 parameter gathers, sequence-, expert- and
+                 context-parallel exchanges
+  allocator      the caching allocator's fragmentation: allocator_overhead times the rest
+By default (100 columns) optim is master + optimizer_states, other is communication + allocator;
+--wide shows every category. The header names the dtypes and the optimizer priced. `ndcost fields`
+lists every strategy field; `ndcost list models|hardware|runtimes|schedules|optimizers` the names.
+"""
+
 _GIB = 2 ** 30
+_WIDTH = 100
+# the default table's columns: (header, categories summed); --wide shows each category alone
+_NARROW = (("params", ("parameters",)), ("grads", ("gradients",)), ("optim", ("master", "optimizer_states")),
+           ("acts", ("activations",)), ("working", ("working",)), ("output", ("output",)),
+           ("other", ("communication", "allocator")))
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="a model name from specs/models, a spec YAML, a config.json or a folder holding one")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
     parser.add_argument("--strategy", required=True,
-                        help='the strategy, e.g. "fsdp=4,tp=2,seq=4096,micro_batch=1" (seq is required)')
+                        help='the strategy, e.g. "fsdp=4,tp=2,seq=4096,micro_batch=1" (seq is required; '
+                             '`ndcost fields` lists every field)')
     parser.add_argument("--hardware", default="h200", help="a registered hardware name or a spec YAML (default h200)")
     parser.add_argument("--runtime", default="hf-cuda", help="the runtime profile (default hf-cuda)")
     parser.add_argument("--census", default="auto", choices=("auto", "on", "off"),
                         help="auto: measure where a census can run, else the formulas; off: the formulas alone")
+    parser.add_argument("--wide", action="store_true",
+                        help="a column for every memory category (wider than 100 columns)")
 
 
 def run(args):
@@ -28,26 +59,39 @@ def run(args):
     hardware = model.hardware
     data = cost.to_dict()
     data.update(model=model.spec.name, hardware=hardware.name, runtime=args.runtime, census=args.census,
+                dtypes={"parameters": strategy.param_dtype, "compute": strategy.compute, "gradients": strategy.grad,
+                        "master": strategy.master_dtype, "optimizer_states": strategy.optimizer_state_dtype},
+                optimizer=strategy.optimizer,
                 memory_bytes=int(hardware.memory_bytes), fits=cost.peak_bytes <= hardware.memory_bytes)
 
     categories = list(cost.stages[0].bytes_by_category) if cost.stages else []
+    if args.wide:
+        columns = [(c, (c,)) for c in categories]
+    else:  # the groups, and a column of its own for any category they do not name
+        grouped = {c for _, summed in _NARROW for c in summed}
+        columns = [(name, tuple(c for c in summed if c in categories)) for name, summed in _NARROW]
+        columns = [col for col in columns if col[1]] + [(c, (c,)) for c in categories if c not in grouped]
     rows = []
     for stage in cost.stages:
         rows.append([stage.stage, stage.layers]
-                    + [f"{stage.bytes_by_category[c] / _GIB:.2f}" for c in categories]
-                    + [f"{stage.peak_bytes / _GIB:.2f}", stage.provenance.get("moment", "")])
-    header = ["stage", "layers"] + categories + ["peak", "at"]
-    lines = [f"{model.spec.name} on {hardware.name} ({args.runtime}, census={args.census}): {strategy}",
-             "GiB per device, each stage at its worst moment",
-             table(rows, header, align="rr" + "r" * len(categories) + "rl")]
+                    + [_gib(sum(stage.bytes_by_category[c] for c in summed)) for _, summed in columns]
+                    + [_gib(stage.peak_bytes), stage.provenance.get("moment", "")])
+    header = ["stage", "layers"] + [name for name, _ in columns] + ["peak", "at"]
+    hardware_named = hardware.name + (f" (from {args.hardware})" if args.hardware != hardware.name else "")
+    lines = [f"{model.spec.name} on {hardware_named} ({args.runtime}, census={args.census}): {strategy}",
+             _recipe(strategy),
+             "GiB per device, each stage at its worst moment (`at`; see --help)",
+             table(rows, header, align="rr" + "r" * len(columns) + "rl")]
+    if not args.wide:
+        lines.append("optim = master + optimizer_states, other = communication + allocator (--wide: each)")
     peak_stage = max(cost.stages, key=lambda s: s.peak_bytes).stage if cost.stages else 0
     verdict = "fits" if data["fits"] else "does NOT fit"
     lines.append(f"peak: {cost.peak_bytes / _GIB:.2f} GiB ({cost.peak_bytes:,} bytes) on stage {peak_stage}; "
                  f"{verdict} in {hardware.memory_bytes / _GIB:.1f} GiB")
     if cost.time is not None:
         t = cost.time
-        lines.append(f"step: {t.step_seconds:.4g} s, {t.tokens_per_second:,.0f} tokens/s, MFU {t.mfu:.1%} "
-                     f"(compute {t.compute_seconds:.4g} s, exposed communication "
+        lines.append(f"step: {t.step_seconds:.4g} s, {t.tokens_per_second:,.0f} tokens/s, MFU {t.mfu:.1%}\n"
+                     f"  (compute {t.compute_seconds:.4g} s, exposed communication "
                      f"{t.exposed_communication_seconds:.4g} s, bubble {t.bubble_seconds:.4g} s, "
                      f"optimizer {t.optimizer_seconds:.4g} s)")
     elif (cost.provenance.get("time") or {}).get("unpriced"):
@@ -61,4 +105,28 @@ def run(args):
         if prov.get("working"):
             lines.append("note: backward working peak unpriced for " + ", ".join(prov["working"])
                          + " (counted as what the layers keep)")
+    if not args.wide:  # every line within 100 columns, as the table
+        lines = [wrapped for line in lines for part in line.split("\n")
+                 for wrapped in (_wrap(part) if len(part) > _WIDTH else [part])]
     return Output(data=data, text="\n".join(lines))
+
+
+def _wrap(line: str):
+    import textwrap
+    return textwrap.wrap(line, _WIDTH, subsequent_indent="  ", break_on_hyphens=False) or [line]
+
+
+def _gib(n: int) -> str:
+    return f"{n / _GIB:.2f}" if n < 1000 * _GIB else f"{n / _GIB:.0f}"
+
+
+def _recipe(strategy) -> str:
+    """The dtypes and the optimizer the estimate priced, as the strategy resolves them."""
+    from ndcost import manager
+
+    optimizer = manager.registry().get(f"optimizer/{strategy.optimizer}")
+    states = optimizer.states_per_parameter
+    return (f"dtypes: parameters {strategy.param_dtype}, compute {strategy.compute}, gradients {strategy.grad}, "
+            f"master {strategy.master_dtype}, optimizer states {strategy.optimizer_state_dtype}\n"
+            f"optimizer: {strategy.optimizer} ({states} state{'' if states == 1 else 's'} a parameter, "
+            f"{optimizer.description or 'no description'})")
