@@ -134,9 +134,11 @@ def test_fields_json_states_what_strategy_accepts():
     Strategy(zero=3)
     with pytest.raises(Exception, match="zero"):
         Strategy(zero=4)
-    assert by_name["tp"]["allowed"] == "integers >= 1"
-    with pytest.raises(Exception, match="tp"):
-        Strategy(tp=0)
+    assert by_name["tp"]["allowed"] == "integers 1 to 2147483647"   # 2**31 - 1, the bound on any degree
+    Strategy(tp=2 ** 31 - 1)
+    for beyond in (0, 2 ** 31):
+        with pytest.raises(Exception, match="tp"):
+            Strategy(tp=beyond)
     assert by_name["recompute"]["allowed"] == "none, full, selective, core_attention"
     assert "1f1b" in by_name["schedule"]["registered"] and "adamw" in by_name["optimizer"]["registered"]
     assert by_name["seq"]["unit"] == "tokens" and by_name["seq"]["default"] is None
