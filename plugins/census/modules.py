@@ -1,0 +1,129 @@
+"""Transformers' own parameters of a config, read off its modules on the meta device, by part.
+
+What the generic decoder family counts a model type by where no family plugin
+knows it but Transformers does: which projections carry biases, which norms a
+layer holds (OLMo-2's QK-norms over the whole projection width, Gemma-2's pre-
+and post-feedforward norms) and which tensors are fused (Phi-3's qkv and
+gate_up) are not stated in a config, only in the modeling code. The model is
+built once on the meta device (no memory, no initialisation) and the result
+is cached on disk (:mod:`ndcost.plugins.census.cache`), so loading the config
+again imports neither torch nor Transformers.
+
+A parameter is a norm where the module holding it is one (its class name says
+``Norm``); else it belongs to the part of the layer's child holding it: an
+attention (a child named ``*attn*`` or ``*attention*``), an MLP (routed
+experts under ``experts``, shared ones under ``shared``, the router a child
+named ``gate`` or ``router``, else ``ffn``); anything else is ``other``.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+# Bumped whenever the reading below changes what it returns.
+PROBE_VERSION = 1
+
+
+def unavailable(model_type: str) -> Optional[str]:
+    """Why the modules of *model_type* cannot be read here, or None (looks at the installed files only)."""
+    missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed (pip install 'ndcost[census]')"
+    spec = importlib.util.find_spec("transformers")
+    roots = list(spec.submodule_search_locations or ()) if spec is not None else []
+    folder = model_type.replace("-", "_")
+    if not any((Path(root) / "models" / folder).is_dir() for root in roots):
+        return f"the installed Transformers has no modeling code for model_type {model_type!r}"
+    return None
+
+
+def parameters_by_part(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """``{"layer": {part: n}, "embedding", "head", "final_norm", "other", "layers_differ"}`` of *config*.
+
+    ``layer`` is one decoder layer's parameters (the first; ``layers_differ``
+    lists the layers whose parts differ from it, which one layer kind cannot
+    stand for). Cached on disk by the config's content and the versions.
+    """
+    from ndcost.plugins.census import cache
+
+    content = cache.entry_content(what="module_parameters", config=dict(config), probe_version=PROBE_VERSION)
+    return cache.cached_json(content, lambda: _read(dict(config)), folder="parameters")
+
+
+def _read(config: Dict[str, Any]) -> Dict[str, Any]:
+    import torch
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    model_type = config.pop("model_type")
+    hf = CONFIG_MAPPING[model_type].from_dict(config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    layers = _layers(model, int(hf.num_hidden_layers))
+    seen = set()
+
+    def take(module: Any) -> int:
+        total = 0
+        for p in module.parameters() if module is not None else ():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+        return total
+
+    embedding = take(model.get_input_embeddings())
+    head = take(model.get_output_embeddings())
+    by_layer = []
+    for layer in layers:
+        parts: Dict[str, int] = {}
+        for name, p in layer.named_parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            part = _part(layer, name)
+            parts[part] = parts.get(part, 0) + p.numel()
+        by_layer.append(parts)
+    final_norm = other = 0
+    for name, p in model.named_parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if _is_norm(model.get_submodule(name.rpartition(".")[0])):
+            final_norm += p.numel()
+        else:
+            other += p.numel()
+    return {"layer": by_layer[0], "embedding": embedding, "head": head, "final_norm": final_norm, "other": other,
+            "layers_differ": [i for i, parts in enumerate(by_layer) if parts != by_layer[0]]}
+
+
+def _layers(model: Any, count: int) -> Tuple[Any, ...]:
+    """The decoder layers: the first module list of *count* modules."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return tuple(module)
+    raise ValueError(f"{type(model).__name__} holds no list of {count} decoder layers")
+
+
+def _is_norm(module: Any) -> bool:
+    return "norm" in type(module).__name__.lower()
+
+
+def _part(layer: Any, name: str) -> str:
+    """The part of *layer*'s parameter *name* (see the module docstring)."""
+    path = name.split(".")
+    if _is_norm(layer.get_submodule(".".join(path[:-1]))):
+        return "norm"
+    child = path[0].lower()
+    if "attn" in child or "attention" in child:
+        return "attention"
+    if child in ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe"):
+        inner = [segment.lower() for segment in path[1:-1]]
+        if any("expert" in s and "shared" not in s for s in inner[:1]):
+            return "routed"
+        if any("shared" in s for s in inner[:1]):
+            return "shared"
+        if inner[:1] in (["gate"], ["router"]):
+            return "router"
+        return "ffn"
+    return "other"
