@@ -9,11 +9,15 @@ built once on the meta device (no memory, no initialisation) and the result
 is cached on disk (:mod:`ndcost.plugins.census.cache`), so loading the config
 again imports neither torch nor Transformers.
 
-A parameter is a norm where the module holding it is one (its class name says
-``Norm``); else it belongs to the part of the layer's child holding it: an
-attention (a child named ``*attn*`` or ``*attention*``), an MLP (routed
-experts under ``experts``, shared ones under ``shared``, the router a child
-named ``gate`` or ``router``, else ``ffn``); anything else is ``other``.
+The model is split structurally, as ndcost's families split it: the
+embedding modules, the output embeddings (the head, where not tied), the
+decoder layers (the module list of ``num_hidden_layers`` modules) and the rest
+(a final norm, else ``other``). In a layer, a parameter belongs to the part of
+the layer's child holding it: an attention (a child named ``*attn`` or
+``*attention``; its ``q_norm`` and ``k_norm`` are norms), an MLP (routed experts
+under ``experts``, shared ones under ``shared*``, the router a child named
+``gate`` or ``router``, else ``ffn``), a norm (a module whose class name says
+``Norm``), else ``other`` (DeepSeek-V4's hyper-connections).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 # Bumped whenever the reading below changes what it returns.
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 
 
 def unavailable(model_type: str) -> Optional[str]:
@@ -38,12 +42,11 @@ def unavailable(model_type: str) -> Optional[str]:
     return None
 
 
-def parameters_by_part(config: Mapping[str, Any]) -> Dict[str, Any]:
-    """``{"layer": {part: n}, "embedding", "head", "final_norm", "other", "layers_differ"}`` of *config*.
+def module_parameters(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """``{"layers": [{part: n}, ...], "embedding", "head", "final_norm", "other"}`` of *config* (a mapping).
 
-    ``layer`` is one decoder layer's parameters (the first; ``layers_differ``
-    lists the layers whose parts differ from it, which one layer kind cannot
-    stand for). Cached on disk by the config's content and the versions.
+    One entry of ``layers`` a decoder layer, in model order; cached on disk by
+    the config's content and the torch and Transformers versions.
     """
     from ndcost.plugins.census import cache
 
@@ -59,19 +62,21 @@ def _read(config: Dict[str, Any]) -> Dict[str, Any]:
     hf = CONFIG_MAPPING[model_type].from_dict(config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf)
-    layers = _layers(model, int(hf.num_hidden_layers))
+    text = getattr(hf, "get_text_config", lambda: hf)()
+    layers = _layers(model, int(text.num_hidden_layers))
     seen = set()
 
-    def take(module: Any) -> int:
+    def take(modules: Any) -> int:
         total = 0
-        for p in module.parameters() if module is not None else ():
-            if id(p) not in seen:
-                seen.add(id(p))
-                total += p.numel()
+        for module in modules:
+            for p in module.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    total += p.numel()
         return total
 
-    embedding = take(model.get_input_embeddings())
-    head = take(model.get_output_embeddings())
+    embedding = take(m for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    head = take([model.get_output_embeddings()] if model.get_output_embeddings() is not None else [])
     by_layer = []
     for layer in layers:
         parts: Dict[str, int] = {}
@@ -91,18 +96,18 @@ def _read(config: Dict[str, Any]) -> Dict[str, Any]:
             final_norm += p.numel()
         else:
             other += p.numel()
-    return {"layer": by_layer[0], "embedding": embedding, "head": head, "final_norm": final_norm, "other": other,
-            "layers_differ": [i for i, parts in enumerate(by_layer) if parts != by_layer[0]]}
+    return {"layers": by_layer, "embedding": embedding, "head": head, "final_norm": final_norm, "other": other}
 
 
 def _layers(model: Any, count: int) -> Tuple[Any, ...]:
-    """The decoder layers: the first module list of *count* modules."""
+    """The decoder layers: the module list of *count* modules named ``*layers`` (else the first of *count*)."""
     import torch
 
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
-            return tuple(module)
-    raise ValueError(f"{type(model).__name__} holds no list of {count} decoder layers")
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == count]
+    if not lists:
+        raise ValueError(f"{type(model).__name__} holds no list of {count} decoder layers")
+    named = [m for name, m in lists if name.endswith("layers")]
+    return tuple(named[0] if named else lists[0][1])
 
 
 def _is_norm(module: Any) -> bool:
@@ -112,18 +117,18 @@ def _is_norm(module: Any) -> bool:
 def _part(layer: Any, name: str) -> str:
     """The part of *layer*'s parameter *name* (see the module docstring)."""
     path = name.split(".")
+    child = path[0].lower()
+    if child.endswith(("attn", "attention")):
+        return "norm" if path[-2] in ("q_norm", "k_norm") else "attention"
     if _is_norm(layer.get_submodule(".".join(path[:-1]))):
         return "norm"
-    child = path[0].lower()
-    if "attn" in child or "attention" in child:
-        return "attention"
     if child in ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe"):
-        inner = [segment.lower() for segment in path[1:-1]]
-        if any("expert" in s and "shared" not in s for s in inner[:1]):
-            return "routed"
-        if any("shared" in s for s in inner[:1]):
+        inner = path[1].lower() if len(path) > 2 else ""
+        if "shared" in inner:
             return "shared"
-        if inner[:1] in (["gate"], ["router"]):
+        if "expert" in inner:
+            return "routed"
+        if inner in ("gate", "router"):
             return "router"
         return "ffn"
     return "other"

@@ -115,14 +115,16 @@ def _module_count(config, model_type, attention_bias, mlp_bias, norm_bias):
     why = modules.unavailable(model_type)
     if why is None:
         try:
-            counted = modules.parameters_by_part(config)
+            counted = modules.module_parameters(config)
         except Exception as exc:  # a config Transformers refuses to build: counted by convention, said so
             why = f"Transformers could not build it on the meta device ({type(exc).__name__}: {exc})"
         else:
-            if not counted["layers_differ"]:
-                return {"module_parameters": counted}
-            why = (f"its layers {', '.join(map(str, counted['layers_differ']))} differ from layer 0, which one "
-                   f"generic layer kind cannot stand for")
+            layers = counted.pop("layers")
+            differ = [i for i, parts in enumerate(layers) if parts != layers[0]]
+            if not differ:
+                return {"module_parameters": {**counted, "layer": layers[0]}}
+            why = (f"its layers {', '.join(map(str, differ))} differ from layer 0, which one generic layer kind "
+                   f"cannot stand for")
     guesses = ["norms (two of the hidden width a layer and a final one assumed; QK-norms or extra norms not "
                "counted)"]
     for part, stated, field in (("attention biases", attention_bias, "attention_bias"),
