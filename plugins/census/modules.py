@@ -25,6 +25,8 @@ import importlib.util
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from ndcost.errors import CensusUnavailable
+
 # Bumped whenever the reading below changes what it returns.
 PROBE_VERSION = 2
 
@@ -47,8 +49,13 @@ def module_parameters(config: Mapping[str, Any]) -> Dict[str, Any]:
 
     One entry of ``layers`` a decoder layer, in model order; cached on disk by
     the config's content and the torch and Transformers versions.
+    CensusUnavailable where the modules cannot be read here (:func:`unavailable`).
     """
     from ndcost.plugins.census import cache
+
+    why = unavailable(str(config.get("model_type")))
+    if why is not None:
+        raise CensusUnavailable(f"Transformers' modules cannot be read: {why}")
 
     content = cache.entry_content(what="module_parameters", config=dict(config), probe_version=PROBE_VERSION)
     return cache.cached_json(content, lambda: _read(dict(config)), folder="parameters")

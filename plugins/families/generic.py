@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import attrs
 
+from ndcost.errors import CensusUnavailable
 from ndcost.plugins.census import modules
 from ndcost.plugins.families._base import DecoderFamily, check_experts, read_attention, register_family
 
@@ -112,30 +113,30 @@ def _module_count(config, model_type, attention_bias, mlp_bias, norm_bias):
     projections); where Transformers' modules cannot be read, the parts the
     formulas' convention stands in for are listed, with why.
     """
-    why = modules.unavailable(model_type)
-    if why is None:
-        try:
-            counted = modules.module_parameters(config)
-        except Exception as exc:  # a config Transformers refuses to build: counted by convention, said so
-            why = f"Transformers could not build it on the meta device ({type(exc).__name__}: {exc})"
-        else:
-            layers = counted.pop("layers")
-            differ = [i for i, parts in enumerate(layers) if parts != layers[0]]
-            if not differ:
-                return {"module_parameters": {**counted, "layer": layers[0]}}
-            why = (f"its layers {', '.join(map(str, differ))} differ from layer 0, which one generic layer kind "
-                   f"cannot stand for")
+    try:
+        counted = modules.module_parameters(config)
+    except CensusUnavailable as exc:
+        why = str(exc)
+    except Exception as exc:  # a config Transformers refuses to build: counted by convention, said so
+        why = f"Transformers could not build it on the meta device ({type(exc).__name__}: {exc})"
+    else:
+        layers = counted.pop("layers")
+        differ = [i for i, parts in enumerate(layers) if parts != layers[0]]
+        if not differ:
+            return {"module_parameters": {**counted, "layer": layers[0]}}
+        why = (f"its layers {', '.join(map(str, differ))} differ from layer 0, which one generic layer kind "
+               f"cannot stand for")
     guesses = ["norms (two of the hidden width a layer and a final one assumed; QK-norms or extra norms not "
                "counted)"]
     for part, stated, field in (("attention biases", attention_bias, "attention_bias"),
                                 ("MLP biases", mlp_bias, "mlp_bias")):
         if stated is None:
-            guesses.append(f"{part} (the config states no {field}; a bias of the hidden width on each "
-                           f"projection assumed)")
+            guesses.append(f"{part} (the config states no {field}; the formulas' convention assumed, a bias "
+                           f"on each projection)")
     if norm_bias is None:
         guesses.append("norm biases (the config states no rms_norm_eps or layer_norm_eps; a bias on each norm "
                        "assumed)")
-    return {"uncounted": tuple(f"{guess}: Transformers' modules not read, {why}" for guess in guesses)}
+    return {"uncounted": tuple(f"{guess}: {why}" for guess in guesses)}
 
 
 ndcost_register = register_family(GenericDecoderFamily())
