@@ -70,7 +70,7 @@ class ParameterCount:
     by_part: Mapping[str, int] = attrs.field(converter=frozen_mapping)
     published_total: Optional[int] = None
     other: int = 0
-    uncounted: Tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    uncounted: Tuple[str, ...] = ()
 
     def __attrs_post_init__(self):
         if sum(self.by_part.values()) != self.total:

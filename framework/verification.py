@@ -17,6 +17,7 @@ Both sides are reached through the registry (``census/kind_records``,
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
@@ -77,7 +78,7 @@ class Verification:
     seq: int
     runtime: str
     threshold: float
-    rows: Tuple[VerifyRow, ...] = attrs.field(converter=tuple)
+    rows: Tuple[VerifyRow, ...]
 
     @property
     def flagged(self) -> Tuple[VerifyRow, ...]:
@@ -123,8 +124,8 @@ def _parameter_rows(spec: ModelSpec, count: Any, registry: Any) -> List[VerifyRo
     read, why = _attempt(lambda: registry.get("census/module_parameters")(config))
     order = spec.layer_kinds(include_mtp=False)
     if read is not None and len(read["layers"]) != len(order):
-        read, why = None, (f"Transformers' model has {len(read['layers'])} decoder layers, the spec "
-                           f"{len(order)}")
+        why = f"Transformers' model has {len(read['layers'])} decoder layers, the spec {len(order)}"
+        read = None
     rows = []
     mtp_kinds = {g.kind for g in spec.layers if g.mtp}
     for kind in spec.kinds:
@@ -218,15 +219,15 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
 
     formulas = registry.get("estimator/activations/op_records")
     analytic, measured = registry.get("estimator/flops/analytic"), registry.get("estimator/flops/census")
-    census_kinds, census_why = _attempt(lambda: dict(registry.get("census/kind_records")(
-        spec, seq, runtime=runtime, use_cache=use_cache)))
-    census_output, output_why = _attempt(lambda: registry.get("census/output_record")(
-        spec, seq, runtime=runtime, use_cache=use_cache))
+    census_kinds, census_why = _attempt(functools.partial(registry.get("census/kind_records"), spec, seq,
+                                                          runtime=runtime, use_cache=use_cache))
+    census_output, output_why = _attempt(functools.partial(registry.get("census/output_record"), spec, seq,
+                                                           runtime=runtime, use_cache=use_cache))
     ours_works: Dict[str, Any] = {}
     theirs_works: Dict[str, Any] = {}
     formula_output = None
     for kind in spec.kinds:
-        got, ours_why = _attempt(lambda kind=kind: formulas.records(spec, [kind], seq, runtime))
+        got, ours_why = _attempt(functools.partial(formulas.records, spec, [kind], seq, runtime))
         ours = got[0][kind] if got is not None else None
         if got is not None:
             formula_output = got[1]
@@ -237,10 +238,9 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
                 theirs_why = f"the census measured no layer of this kind (runtime {runtime} builds none)"
         rows += _record_rows(kind, ours, theirs, threshold, ours_why, theirs_why)
         by_part = count.by_kind.get(kind)
-        work_ours, work_ours_why = _attempt(lambda kind=kind, ours=ours: analytic.kind_work(
-            spec, kind, seq, ours, by_part))
+        work_ours, work_ours_why = _attempt(functools.partial(analytic.kind_work, spec, kind, seq, ours, by_part))
         work_theirs, work_theirs_why = (None, theirs_why) if theirs is None else _attempt(
-            lambda kind=kind, theirs=theirs: measured.kind_work(spec, kind, seq, theirs, by_part))
+            functools.partial(measured.kind_work, spec, kind, seq, theirs, by_part))
         if work_ours is not None:
             ours_works[kind] = work_ours
         if work_theirs is not None:
@@ -250,7 +250,7 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
                          "" if formula_output is not None else "the formulas priced no kind", output_why)
     rows += _output_work_rows(spec, seq, count, analytic, formula_output, census_output, ours_works,
                               theirs_works, threshold, output_why)
-    return Verification(model=spec.name, seq=seq, runtime=runtime, threshold=float(threshold), rows=rows)
+    return Verification(model=spec.name, seq=seq, runtime=runtime, threshold=float(threshold), rows=tuple(rows))
 
 
 def _output_work_rows(spec: ModelSpec, seq: int, count: Any, analytic: Any, formula_output: Any,
