@@ -126,7 +126,7 @@ def test_without_transformers_modules_the_guessed_parts_are_listed(monkeypatch, 
     from ndcost.plugins.census import modules
     monkeypatch.setattr(modules, "unavailable", lambda model_type: "torch and transformers not installed (test)")
     config = small(PHI3_MINI)
-    with pytest.warns(FamilyFallbackWarning, match="parts it could not count: norms .*attention biases"):
+    with pytest.warns(FamilyFallbackWarning, match="parts it could not count: norms.*attention biases"):
         count = parameters(load_model(config))
     assert any("attention biases" in part and "not installed (test)" in part for part in count.uncounted)
     assert any("MLP biases" in part for part in count.uncounted)

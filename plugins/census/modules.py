@@ -55,7 +55,7 @@ def module_parameters(config: Mapping[str, Any]) -> Dict[str, Any]:
 
     why = unavailable(str(config.get("model_type")))
     if why is not None:
-        raise CensusUnavailable(f"Transformers' modules cannot be read: {why}")
+        raise CensusUnavailable(f"Transformers' modules not read: {why}")
 
     content = cache.entry_content(what="module_parameters", config=dict(config), probe_version=PROBE_VERSION)
     return cache.cached_json(content, lambda: _read(dict(config)), folder="parameters")

@@ -126,17 +126,14 @@ def _module_count(config, model_type, attention_bias, mlp_bias, norm_bias):
             return {"module_parameters": {**counted, "layer": layers[0]}}
         why = (f"its layers {', '.join(map(str, differ))} differ from layer 0, which one generic layer kind "
                f"cannot stand for")
-    guesses = ["norms (two of the hidden width a layer and a final one assumed; QK-norms or extra norms not "
-               "counted)"]
+    guesses = ["norms: two of the hidden width a layer and a final one assumed (no QK-norm or extra norm)"]
     for part, stated, field in (("attention biases", attention_bias, "attention_bias"),
                                 ("MLP biases", mlp_bias, "mlp_bias")):
         if stated is None:
-            guesses.append(f"{part} (the config states no {field}; the formulas' convention assumed, a bias "
-                           f"on each projection)")
+            guesses.append(f"{part}: the config states no {field}; one on each projection assumed")
     if norm_bias is None:
-        guesses.append("norm biases (the config states no rms_norm_eps or layer_norm_eps; a bias on each norm "
-                       "assumed)")
-    return {"uncounted": tuple(f"{guess}: {why}" for guess in guesses)}
+        guesses.append("norm biases: the config states no rms_norm_eps or layer_norm_eps; one on each norm assumed")
+    return {"uncounted": tuple(f"{guess} [{why}]" for guess in guesses)}
 
 
 ndcost_register = register_family(GenericDecoderFamily())
