@@ -10,7 +10,7 @@ import pytest
 import ndcost
 from ndcost.cli import main
 from ndcost.errors import InvalidValue
-from ndcost.models import FamilyFallbackWarning
+from ndcost.models import FamilyFallbackWarning, known_models
 
 # Llama-3.1-8B's config (specs/models/llama-3.1-8b.yaml) at small widths: every tensor kind is still there.
 LLAMA_SMALL = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 8,
@@ -158,3 +158,22 @@ def test_the_library_refuses_bad_arguments():
         ndcost.verify("llama-3.1-8b", seq=-1)
     with pytest.raises(InvalidValue, match="threshold must be a fraction"):
         ndcost.verify("llama-3.1-8b", threshold=-0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", known_models())
+def test_no_shipped_model_s_parameters_are_flagged(name):
+    """Transformers' modules, split by verify's structural reading, against each shipped family's count.
+
+    tests/test_params.py holds the same counts against a split by parameter names; this holds the
+    reading verify (and the generic family) uses to the same figures.
+    """
+    pytest.importorskip("transformers")
+    from ndcost import manager
+    from ndcost.models import load_model, parameters
+    from ndcost.verification import _parameter_rows
+
+    spec = load_model(name)
+    rows = _parameter_rows(spec, parameters(spec), manager.registry())
+    assert [r for r in rows if r.flagged] == []
+    assert all(r.census is not None for r in rows if r.kind == "model")

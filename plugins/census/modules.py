@@ -14,7 +14,8 @@ embedding modules, the output embeddings (the head, where not tied), the
 decoder layers (the module list of ``num_hidden_layers`` modules) and the rest
 (a final norm, else ``other``). In a layer, a parameter belongs to the part of
 the layer's child holding it: an attention (a child named ``*attn`` or
-``*attention``; its ``q_norm`` and ``k_norm`` are norms), an MLP (routed experts
+``*attention``; its own ``q_norm`` and ``k_norm`` are norms, those of an
+indexer or a latent inside it are the attention's), an MLP (routed experts
 under ``experts``, shared ones under ``shared*``, the router a child named
 ``gate`` or ``router``, else ``ffn``), a norm (a module whose class name says
 ``Norm``), else ``other`` (DeepSeek-V4's hyper-connections).
@@ -28,7 +29,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from ndcost.errors import CensusUnavailable
 
 # Bumped whenever the reading below changes what it returns.
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 
 
 def unavailable(model_type: str) -> Optional[str]:
@@ -126,7 +127,7 @@ def _part(layer: Any, name: str) -> str:
     path = name.split(".")
     child = path[0].lower()
     if child.endswith(("attn", "attention")):
-        return "norm" if path[-2] in ("q_norm", "k_norm") else "attention"
+        return "norm" if len(path) == 3 and path[1] in ("q_norm", "k_norm") else "attention"
     if _is_norm(layer.get_submodule(".".join(path[:-1]))):
         return "norm"
     if child in ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe"):
