@@ -18,7 +18,7 @@ Both sides are reached through the registry (``census/kind_records``,
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import attrs
 
@@ -31,7 +31,7 @@ __all__ = ["verify", "Verification", "VerifyRow", "DEFAULT_THRESHOLD"]
 # Bytes and FLOPs within 2% of the census are taken to agree; parameters must match exactly.
 DEFAULT_THRESHOLD = 0.02
 
-# KindRecord fields compared, with their unit.
+# KindRecord fields compared (bytes a token at TP 1).
 _RECORD_FIELDS = ("saved_per_token", "saved_tp_per_token", "working_per_token", "working_tp_per_token",
                   "selective_per_token", "selective_tp_per_token")
 # KindWork fields compared: (quantity, field, unit).
@@ -140,8 +140,8 @@ def _parameter_rows(spec: ModelSpec, count: Any, registry: Any) -> List[VerifyRo
                 theirs = {p: int(v) for p, v in read["layers"][at[0]].items()}
                 differ = [i for i in at if read["layers"][i] != read["layers"][at[0]]]
                 if differ:
-                    note = (f"Transformers' layers {', '.join(map(str, differ))} of this kind differ from layer "
-                            f"{at[0]}, compared here")
+                    note = (f"Transformers' layers {', '.join(map(str, differ))} of this kind differ from its "
+                            f"first, layer {at[0]}, the one compared here (parameters.total counts them all)")
         for part in [p for p in PARTS if p in ours or (theirs and p in theirs)]:
             rows.append(_row(kind, f"parameters.{part}", "parameters", ours.get(part, 0),
                              None if theirs is None else theirs.get(part, 0), 0, note))
@@ -161,10 +161,10 @@ def _parameter_rows(spec: ModelSpec, count: Any, registry: Any) -> List[VerifyRo
 # ---------------------------------------------------------------------------
 # activations, FLOPs and traffic
 # ---------------------------------------------------------------------------
-def _record_rows(kind: str, ours: Any, theirs: Any, threshold: float, ours_why: str, theirs_why: str,
-                 fields: Sequence[str] = _RECORD_FIELDS) -> List[VerifyRow]:
+def _record_rows(kind: str, ours: Any, theirs: Any, threshold: float, ours_why: str,
+                 theirs_why: str) -> List[VerifyRow]:
     rows = []
-    for name in fields:
+    for name in _RECORD_FIELDS:
         f = None if ours is None else getattr(ours, name)
         c = None if theirs is None else getattr(theirs, name)
         note = ours_why if ours is None else (theirs_why if theirs is None else "")
@@ -257,11 +257,12 @@ def _output_work_rows(spec: ModelSpec, seq: int, count: Any, analytic: Any, form
                       census_output: Any, ours_works: Mapping[str, Any], theirs_works: Mapping[str, Any],
                       threshold: float, output_why: str) -> List[VerifyRow]:
     """The head's FLOPs and the loss's elementwise bytes, analytic beside the census's output layer."""
-    if len(ours_works) != len(spec.kinds):
-        return []  # the model's work needs every kind's; the kinds' rows say why one is missing
-    ours, _ = _attempt(lambda: analytic.model_work(spec, seq, {}, count, ours_works))
+    works = {**theirs_works, **ours_works}  # the head's figures do not depend on them, but a ModelWork needs each
+    if len(works) != len(spec.kinds):
+        return []  # a kind neither side priced: its rows say why
+    ours, _ = _attempt(lambda: analytic.model_work(spec, seq, {}, count, works))
     theirs, why = (None, output_why) if census_output is None else _attempt(lambda: analytic.model_work(
-        spec, seq, {"output": census_output}, count, {**ours_works, **theirs_works}))
+        spec, seq, {"output": census_output}, count, works))
     if ours is None:
         return []
     rows = [_row("output", "flops.head_per_token", "FLOPs/token", float(ours.head_flops_per_token),
