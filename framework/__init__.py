@@ -1,6 +1,6 @@
 """ndcost: per-device memory and step time of LLM training under a parallel strategy.
 
-The public API: :func:`resolve`, :class:`Strategy`, :class:`Hardware`,
+The public API: :func:`resolve`, :func:`verify`, :class:`Strategy`, :class:`Hardware`,
 :class:`ModelSpec` and :mod:`ndcost.accounting`. Importing ndcost does not
 import torch or transformers; only a census does.
 """
@@ -34,7 +34,7 @@ from ndcost.values import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "resolve", "Strategy", "Hardware", "ModelSpec", "LayerGroup", "LayerKind", "NetworkLevel", "StageMemory",
+    "resolve", "verify", "Strategy", "Hardware", "ModelSpec", "LayerGroup", "LayerKind", "NetworkLevel", "StageMemory",
     "StrategyCost",
     "TimeBreakdown", "accounting", "hookimpl", "PARTS", "OPS", "FLOP_PARTS",
     "NdcostError", "InvalidValue", "InvalidStrategy", "UnknownKey", "RegistrationError", "Unpriced",
@@ -46,6 +46,12 @@ def resolve(model, runtime: str = "hf-cuda", hardware="h200", census: str = "aut
     """A :class:`~ndcost.resolver.CostModel` for *model* (see :mod:`ndcost.resolver`)."""
     from ndcost.resolver import resolve as _resolve
     return _resolve(model, runtime=runtime, hardware=hardware, census=census)
+
+
+def verify(model, seq: int = 4096, runtime: str = "hf-cuda", threshold: float = 0.02, use_cache: bool = True):
+    """The formulas beside the census, kind by kind (see :mod:`ndcost.verification`)."""
+    from ndcost.verification import verify as _verify
+    return _verify(model, seq=seq, runtime=runtime, threshold=threshold, use_cache=use_cache)
 
 
 def __getattr__(name):

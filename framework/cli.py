@@ -20,15 +20,21 @@ import attrs
 from ndcost.errors import InvalidValue, NdcostError
 
 # Subcommands in the order `ndcost --help` lists them; each is ndcost.commands.<name>.
-COMMANDS = ("params", "census", "estimate", "calibrate", "plugins", "list", "fields")
+COMMANDS = ("params", "census", "estimate", "calibrate", "verify", "plugins", "list", "fields")
 
 
 @attrs.frozen(kw_only=True)
 class Output:
-    """What a subcommand produced: a JSON-able document and its human rendering."""
+    """What a subcommand produced: a JSON-able document and its human rendering.
+
+    ``exit_code`` 1 with a one-line ``failure`` (on stderr, after the output)
+    where the command ran but its check failed (``ndcost verify --strict``).
+    """
 
     data: Any
     text: str
+    exit_code: int = 0
+    failure: str = ""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -156,7 +162,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:  # the reader left (`ndcost plugins | head`): no traceback at exit either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    return 0
+    if out.failure:
+        print(f"ndcost {args.command}: {_one_line(Exception(out.failure))}", file=sys.stderr)
+    return out.exit_code
 
 
 def _one_line(exc: BaseException) -> str:

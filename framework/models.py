@@ -54,6 +54,9 @@ class ParameterCount:
     MTP layers (``mtp``) and buffers (``buffers``: the routers' score-correction
     biases a checkpoint carries). ``by_part`` sums to ``total``.
     ``published_total`` is the figure a model card quotes where it differs.
+    ``uncounted`` names the parts the family could not count from what it
+    read (each with what was assumed in their place): where it is not empty,
+    ``total`` may differ from Transformers' model.
     """
 
     by_kind: Mapping[str, Mapping[str, int]] = attrs.field(converter=_frozen_nested)
@@ -67,6 +70,7 @@ class ParameterCount:
     by_part: Mapping[str, int] = attrs.field(converter=frozen_mapping)
     published_total: Optional[int] = None
     other: int = 0
+    uncounted: Tuple[str, ...] = ()
 
     def __attrs_post_init__(self):
         if sum(self.by_part.values()) != self.total:
@@ -82,7 +86,7 @@ class ParameterCount:
                 "by_kind": {k: dict(v) for k, v in self.by_kind.items()},
                 "layer_counts": dict(self.layer_counts), "embedding": self.embedding, "head": self.head,
                 "final_norm": self.final_norm, "other": self.other, "mtp": self.mtp, "buffers": self.buffers,
-                "published_total": self.published_total}
+                "published_total": self.published_total, "uncounted": list(self.uncounted)}
 
 
 # ---------------------------------------------------------------------------
@@ -391,6 +395,10 @@ class Family:
         """Buffers a checkpoint carries beside the parameters (router score-correction biases)."""
         return 0
 
+    def uncounted_parts(self, spec: ModelSpec) -> Tuple[str, ...]:
+        """Parts this family could not count from the config, each with what it assumed (a guess, said so)."""
+        return ()
+
     def published_total(self, spec: ModelSpec, total: int, buffers: int) -> Optional[int]:
         """The total a model card quotes where it differs from Transformers' parameters."""
         stated = spec.extra.get("published_total")
@@ -468,9 +476,12 @@ def _from_mapping(config: Mapping[str, Any], name: str, extra: Optional[Mapping[
     spec = family.spec(config, name)
     if fallback:
         read = spec.extra.get("fields_read", ())
+        uncounted = _uncounted(family, spec)
+        how = ("parts it could not count: " + "; ".join(uncounted) if uncounted
+               else "its parameters as Transformers' modules hold them")
         warnings.warn(f"no family plugin for model_type {model_type!r} (model {name!r}); counting it as a "
-                      f"generic decoder from the fields {', '.join(read)}; layer biases and norms it does not "
-                      f"state follow the formulas' convention", FamilyFallbackWarning, stacklevel=3)
+                      f"generic decoder from the fields {', '.join(read)}; {how}", FamilyFallbackWarning,
+                      stacklevel=3)
     updates: Dict[str, Any] = {"hf_config": config}
     if extra:
         updates["extra"] = {**spec.extra, **extra}
@@ -602,6 +613,12 @@ def _family_of(spec: ModelSpec) -> Family:
     return family if family is not None else generic_family()
 
 
+def _uncounted(family: Any, spec: ModelSpec) -> Tuple[str, ...]:
+    """The family's :meth:`Family.uncounted_parts` (a family not built on Family states none)."""
+    method = getattr(family, "uncounted_parts", None)
+    return tuple(method(spec)) if method is not None else ()
+
+
 def _check_parts(family: Family, kind: str, parts: Mapping[str, int]) -> Dict[str, int]:
     out: Dict[str, int] = {}
     for part, value in parts.items():
@@ -651,4 +668,5 @@ def parameters(spec: ModelSpec) -> ParameterCount:
     buffers = family.buffers(spec)
     return ParameterCount(by_kind=by_kind, layer_counts=layer_counts, embedding=embedding, head=head,
                           final_norm=final_norm, other=other, mtp=mtp, buffers=buffers, total=total,
-                          by_part=by_part, published_total=family.published_total(spec, total, buffers))
+                          by_part=by_part, published_total=family.published_total(spec, total, buffers),
+                          uncounted=_uncounted(family, spec))

@@ -22,6 +22,7 @@ raises :class:`InvalidStrategy` for a strategy that cannot run.
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
@@ -43,9 +44,13 @@ from ndcost.values import (
     TimeBreakdown,  # the one message for an unregistered plugin name
 )
 
-__all__ = ["resolve", "CostModel", "BatchResult", "CENSUS_MODES"]
+__all__ = ["resolve", "CostModel", "BatchResult", "CENSUS_MODES", "CensusFallbackWarning"]
 
 CENSUS_MODES = ("auto", "on", "off")
+
+
+class CensusFallbackWarning(UserWarning):
+    """census='auto' and the census could not measure a model (Transformers lacks its type, ...): formulas price."""
 
 
 def _registry():
@@ -176,6 +181,7 @@ class CostModel:
         self.census = census
         self.hardware = _hardware(hardware)
         self._given_records = dict(records or {})
+        self._census_warned = False
         self._profile = None
         runtime_note = ""
         if builds_mtp is None:
@@ -358,6 +364,9 @@ class CostModel:
                     got, out = estimator.records(self.spec, group, seq, self._estimator_runtime)
             except (CensusUnavailable, ImportError) as exc:
                 why = str(exc)
+                refused = True
+            else:
+                refused = False
             if why is not None:
                 key = f"estimator/activations/{name}"
                 for k in group:
@@ -366,7 +375,8 @@ class CostModel:
                 if estimator is not None and estimator.needs_census and self.census == "on":
                     raise CensusUnavailable(f"census='on' but {name} unavailable for kind(s) {', '.join(group)} "
                                             f"({key}): {why}; use census='auto' to fall back to the formulas")
-                _note_census_extra(why)
+                if refused and estimator is not None and estimator.needs_census:
+                    self._warn_census_fallback(name, group, why)
                 continue
             for k in group:
                 records[k], chosen[k] = got[k], name
@@ -379,6 +389,16 @@ class CostModel:
             raise Unpriced(f"no estimator priced the output layer at seq {seq}")
         self.resolved.activation_sources[seq] = chosen
         return records, output, source, out_source
+
+    def _warn_census_fallback(self, name: str, kinds: Sequence[str], why: str) -> None:
+        """Say once a cost model that the census could not run and what prices in its place."""
+        if "pip install 'ndcost[census]'" in why:
+            _note_census_extra(why)
+        elif not self._census_warned:
+            self._census_warned = True
+            warnings.warn(f"census='auto': {name} could not measure {self.spec.name!r} (kind(s) {', '.join(kinds)}): "
+                          f"{why}; pricing its activations with the next estimator its family names (the op "
+                          f"records' formulas)", CensusFallbackWarning, stacklevel=4)
 
     def _routed_share(self, seq: int, kinds, formulas: Any, where: str) -> Dict[str, Tuple[float, float, float, float]]:
         """Per MoE kind: (in saved, in saved_tp, token part, width part) of the routed bytes, per token, TP 1."""

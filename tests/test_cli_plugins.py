@@ -122,6 +122,7 @@ USAGE_ERRORS = {
     "census": [["census", "llama-3.1-8b"], ["census", "llama-3.1-8b", "--seq", "abc"]],
     "estimate": [["estimate", "llama-3.1-8b"], ["estimate", "llama-3.1-8b", "--strategy", "seq=8", "--census", "x"]],
     "calibrate": [["calibrate"], ["calibrate", "m.json", "--census", "on"]],
+    "verify": [["verify"], ["verify", "llama-3.1-8b", "--seq", "abc"]],
     "plugins": [["plugins", "extra"]],
     "list": [["list"], ["list", "widgets"]],
     "fields": [["fields", "extra"]],
@@ -131,6 +132,7 @@ REFUSALS = {  # argv, and what the one line must name
     "census": (["census", "llama-3.1-8b", "--seq", "0"], "--seq must be a positive"),
     "estimate": (["estimate", "llama-3.1-8b", "--strategy", "tp=0,seq=4096", "--census", "off"], "Strategy.tp"),
     "calibrate": (["calibrate", "/nonexistent/measurements.json"], "/nonexistent/measurements.json"),
+    "verify": (["verify", "no-such-model"], "unknown model 'no-such-model'"),
 }
 
 

@@ -33,4 +33,7 @@ def run(args):
         lines.append(f"\nMTP layers (not in the total): {count.mtp:,}")
     if count.buffers:
         lines.append(f"buffers (not in the total): {count.buffers:,}")
+    if count.uncounted:
+        lines.append("\nnot counted from the model (assumed; the total may differ from Transformers'):")
+        lines += [f"  {part}" for part in count.uncounted]
     return Output(data=data, text="\n".join(lines))

@@ -116,8 +116,8 @@ def entry_content(**parts: Any) -> Dict[str, Any]:
     return _plain({**parts, "versions": versions(), "census_version": CENSUS_VERSION})
 
 
-def _path(key: str) -> Path:
-    return cache_dir() / "census" / key[:2] / f"{key}.json"
+def _path(key: str, folder: str = "census") -> Path:
+    return cache_dir() / folder / key[:2] / f"{key}.json"
 
 
 # An entry is a few kilobytes; anything far larger is not one of ours and is not read.
@@ -244,10 +244,11 @@ def load(content: Mapping[str, Any]) -> Optional[KindRecord]:
 
 def store(content: Mapping[str, Any], record: KindRecord) -> Path:
     """Write *record* under *content* atomically (a reader never sees half a file)."""
-    key = key_of(content)
-    path = _path(key)
+    return _write(_path(key_of(content)), {"key": _plain(content), "record": _plain(record.to_dict())})
+
+
+def _write(path: Path, data: Mapping[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"key": _plain(content), "record": _plain(record.to_dict())}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as handle:
@@ -281,3 +282,21 @@ def cached(content: Mapping[str, Any], compute: Callable[[], KindRecord]) -> Kin
                           f"measured figures without caching them (set NDCOST_CACHE_DIR to a writable directory)",
                           CacheWarning, stacklevel=2)
     return record
+
+
+def cached_json(content: Mapping[str, Any], compute: Callable[[], Mapping[str, Any]],
+                folder: str) -> Dict[str, Any]:
+    """A JSON mapping under *content* in *folder* of the cache (not a census record), computed where missing."""
+    path = _path(key_of(content), folder)
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("key") != _plain(content):
+                raise ValueError("its key does not match what it is filed under")
+            return dict(data["value"])
+        except Exception as exc:  # anything unreadable is recomputed, never trusted
+            warnings.warn(f"cache entry {path} is corrupt or stale ({type(exc).__name__}: {exc}); recomputing it",
+                          CacheWarning, stacklevel=3)
+    value = _plain(compute())
+    _write(path, {"key": _plain(content), "value": value})
+    return dict(value)

@@ -130,16 +130,24 @@ def runtime_profile(runtime: Any) -> Any:
 
 
 def config_of(spec: Any) -> Any:
-    """The Transformers config of *spec* (a ModelSpec or a Transformers config)."""
+    """The Transformers config of *spec* (a ModelSpec or a Transformers config).
+
+    CensusUnavailable where Transformers has no config for the model type:
+    the census builds Transformers' layers, so it cannot measure one it lacks.
+    """
     if hasattr(spec, "to_dict") and hasattr(spec, "model_type") and not hasattr(spec, "layers"):
         return spec
+    from ndcost.errors import UnknownKey
     try:
         from ndcost.models import transformers_config
     except ImportError:
         transformers_config = None
     from ndcost.plugins.census.output import text_config
     if transformers_config is not None:
-        return text_config(transformers_config(spec))
+        try:
+            return text_config(transformers_config(spec))
+        except UnknownKey as exc:
+            raise CensusUnavailable(f"{exc}, so the census cannot build its layers") from None
     import transformers
     data = dict(spec.hf_config)
     model_type = data.pop("model_type", spec.model_type)
@@ -196,10 +204,11 @@ def census_groups(config: Any, groups: Sequence[Any], seq: int, runtime: Any = "
                                       runtime=profile.content())
 
         def compute(kind=kind, index=index, number=number):
+            built_config = the_config()  # refused before the progress line where Transformers lacks the model
             if progress:
                 progress(f"census {model_name or hf.get('model_type', '')}: kind {kind} ({number}/{len(firsts)}) "
                          f"at {seq} tokens under {profile.name}")
-            return census_kind(the_config(), index, seq, profile, kind, progress)
+            return census_kind(built_config, index, seq, profile, kind, progress)
 
         out[kind] = cache.cached(content, compute) if use_cache else compute()
     return out

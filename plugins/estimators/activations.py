@@ -170,6 +170,8 @@ def ndcost_register(register):
     from ndcost.plugins import census  # torch-free until a census runs
     register("census/kind_records", census.kind_records)
     register("census/output_record", census.output_record)
+    from ndcost.plugins.census import modules  # torch-free until a model is built
+    register("census/module_parameters", modules.module_parameters)
     for estimator in (CensusActivations(), CensusActivations(name="stack_census", stack=True,
                                                                description="census over the whole stack, for "
                                                                            "layers that cannot run alone"),

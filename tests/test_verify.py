@@ -1,0 +1,179 @@
+"""`ndcost verify`: the formulas beside the census, the parameters beside Transformers' model on the meta device."""
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+
+import ndcost
+from ndcost.cli import main
+from ndcost.errors import InvalidValue
+from ndcost.models import FamilyFallbackWarning, known_models
+
+# Llama-3.1-8B's config (specs/models/llama-3.1-8b.yaml) at small widths: every tensor kind is still there.
+LLAMA_SMALL = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 8,
+               "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1000, "rms_norm_eps": 1e-5,
+               "rope_theta": 500000.0, "max_position_embeddings": 4096, "hidden_act": "silu",
+               "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False}
+SEQ = 128
+
+
+@pytest.fixture
+def llama_config(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA_SMALL))
+    return path
+
+
+def rows_of(result, prefix):
+    return {(r.kind, r.quantity): r for r in result.rows if r.quantity.startswith(prefix)}
+
+
+# ---------------------------------------------------------------------------
+# the census side runs
+# ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_llama_parameters_match_transformers_exactly(llama_config):
+    pytest.importorskip("transformers")
+    from _hf_parts import build
+    from transformers import LlamaConfig
+
+    result = ndcost.verify(llama_config, seq=SEQ)
+    params = rows_of(result, "parameters.")
+    assert params and not any(r.flagged for r in params.values())
+    # by hand: h = 256, f = 688, 8 heads of 32, 2 KV heads; q and o h x h, k and v h x 64
+    h, f, kv = 256, 688, 2 * 32
+    assert params[("dense", "parameters.attention")].census == 2 * h * h + 2 * h * kv
+    assert params[("dense", "parameters.ffn")].census == 3 * h * f
+    assert params[("dense", "parameters.norm")].census == 2 * h
+    fields = {k: v for k, v in LLAMA_SMALL.items() if k != "model_type"}
+    meta = sum(p.numel() for p in build(LlamaConfig(**fields)).parameters())
+    total = params[("model", "parameters.total")]
+    assert total.formula == total.census == meta and total.relative_difference == 0
+    # the census measured every kind and the output layer: no row lacks its census figure for want of it
+    assert all(r.census is not None for r in result.rows if r.quantity.startswith(("saved", "flops.")))
+    assert rows_of(result, "flops.forward")[("dense", "flops.forward")].flagged is False
+
+
+@pytest.mark.slow
+def test_a_wrong_formula_is_flagged_with_both_figures_and_strict_exits_1(llama_config, monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    from ndcost.models import family_for
+
+    family = family_for("llama")
+    right = family.layer_parameters
+
+    def wrong(spec, kind):  # a plugin that forgets nothing but counts a bias of the hidden width too many
+        parts = dict(right(spec, kind))
+        parts["attention"] += spec.hidden_size
+        return parts
+
+    monkeypatch.setattr(family, "layer_parameters", wrong)
+    result = ndcost.verify(llama_config, seq=SEQ)
+    row = rows_of(result, "parameters.")[("dense", "parameters.attention")]
+    assert row.flagged and row.formula - row.census == 256
+    assert math.isclose(row.relative_difference, 256 / row.census)
+    total = rows_of(result, "parameters.")[("model", "parameters.total")]
+    assert total.flagged and total.formula - total.census == 2 * 256  # two layers
+
+    assert main(["verify", str(llama_config), "--seq", str(SEQ), "--strict"]) == 1
+    captured = capsys.readouterr()
+    assert "parameters.attention" in captured.out and "FLAG" in captured.out
+    failure = [line for line in captured.err.splitlines() if line.startswith("ndcost verify:")]
+    assert len(failure) == 1 and "--strict" in failure[0] and "flagged" in failure[0]
+    assert max(len(line) for line in captured.out.splitlines()) <= 100
+
+
+@pytest.mark.slow
+def test_json_is_one_document_and_the_threshold_decides_the_flags(llama_config, capsys):
+    pytest.importorskip("transformers")
+    assert main(["verify", str(llama_config), "--seq", str(SEQ), "--json", "--threshold", "0.5"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["seq"] == SEQ and data["threshold"] == 0.5 and data["parameter_threshold"] == 0
+    rows = data["rows"]
+    assert {"kind", "quantity", "unit", "formula", "census", "relative_difference", "flagged", "note"} <= set(rows[0])
+    for row in rows:
+        rel = row["relative_difference"]
+        if row["formula"] is None or row["census"] is None:
+            assert not row["flagged"] and row["note"]
+        elif rel is not None and not row["quantity"].startswith("parameters."):
+            assert row["flagged"] == (abs(rel) > 0.5)
+    assert data["flagged"] == sum(r["flagged"] for r in rows)
+    # without --strict a flagged row does not fail the command
+    assert main(["verify", str(llama_config), "--seq", str(SEQ)]) == 0
+
+
+@pytest.mark.slow
+def test_where_the_census_cannot_run_each_row_says_so():
+    pytest.importorskip("transformers")
+    config = dict(LLAMA_SMALL, model_type="zorblax_lm")  # no Transformers release has it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FamilyFallbackWarning)
+        result = ndcost.verify(config, seq=SEQ)
+    missing = [r for r in result.rows if r.census is None]
+    assert missing and all(not r.flagged and r.note for r in missing)
+    assert any("no config for model_type 'zorblax_lm'" in r.note for r in missing if r.kind == "dense")
+    assert all("no modeling code for model_type 'zorblax_lm'" in r.note for r in missing
+               if r.quantity.startswith("parameters."))
+    # the formulas' side is still there
+    assert all(r.formula is not None for r in result.rows if r.quantity in ("saved_per_token", "flops.forward"))
+
+
+# ---------------------------------------------------------------------------
+# the flags by hand, and bad input (no census)
+# ---------------------------------------------------------------------------
+def test_the_flag_rules_by_hand():
+    from ndcost.verification import _row
+
+    # parameters are exact: one parameter off is flagged
+    assert _row("dense", "parameters.ffn", "parameters", 1001, 1000, 0).flagged
+    assert not _row("dense", "parameters.ffn", "parameters", 1000, 1000, 0).flagged
+    # bytes: 1.9% passes at 2%, 2.1% does not, in either direction
+    assert not _row("dense", "saved_per_token", "bytes/token", 101.9, 100.0, 0.02).flagged
+    assert _row("dense", "saved_per_token", "bytes/token", 97.9, 100.0, 0.02).flagged
+    assert math.isclose(_row("d", "q", "u", 97.9, 100.0, 0.02).relative_difference, -0.021)
+    # a census of 0: flagged where the formula is not 0, with no relative figure
+    zero = _row("dense", "ops_tp.attMM", "bytes/token", 512.0, 0.0, 0.02)
+    assert zero.flagged and zero.relative_difference is None and "0" in zero.note
+    # a missing side is said, never flagged
+    missing = _row("dense", "working_per_token", "bytes/token", None, 4672.0, 0.02, "the formulas state no figure")
+    assert not missing.flagged and missing.relative_difference is None
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--seq", "0"], "--seq must be a positive number of tokens, got 0"),
+    (["--threshold", "2"], "--threshold must be a fraction in [0, 1)"),
+    (["--runtime", "hf-cudda"], "hf-cudda"),
+])
+def test_bad_input_is_one_line_exit_1(argv, message, capsys):
+    assert main(["verify", "llama-3.1-8b", *argv]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ndcost verify:") and message in err[0]
+
+
+def test_the_library_refuses_bad_arguments():
+    with pytest.raises(InvalidValue, match="seq must be a positive number of tokens, got -1"):
+        ndcost.verify("llama-3.1-8b", seq=-1)
+    with pytest.raises(InvalidValue, match="threshold must be a fraction"):
+        ndcost.verify("llama-3.1-8b", threshold=-0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", known_models())
+def test_no_shipped_model_s_parameters_are_flagged(name):
+    """Transformers' modules, split by verify's structural reading, against each shipped family's count.
+
+    tests/test_params.py holds the same counts against a split by parameter names; this holds the
+    reading verify (and the generic family) uses to the same figures.
+    """
+    pytest.importorskip("transformers")
+    from ndcost import manager
+    from ndcost.models import load_model, parameters
+    from ndcost.verification import _parameter_rows
+
+    spec = load_model(name)
+    rows = _parameter_rows(spec, parameters(spec), manager.registry())
+    assert [r for r in rows if r.flagged] == []
+    assert all(r.census is not None for r in rows if r.kind == "model")
