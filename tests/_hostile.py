@@ -114,7 +114,8 @@ def check_batch(result: Any, rows: int) -> None:
     for name in ("peak_bytes", "stage_bytes", "stage_peak_bytes"):
         array = np.asarray(getattr(result, name))
         assert array.dtype.kind == "i", f"{name} holds {array.dtype}, not exact integers"
-        assert (array >= 0).all(), f"{name} holds a negative figure at rows {np.flatnonzero((array < 0).any(axis=tuple(range(1, array.ndim))))}"
+        negative = (array < 0).any(axis=tuple(range(1, array.ndim))) if array.ndim > 1 else array < 0
+        assert not negative.any(), f"{name} holds a negative figure at rows {np.flatnonzero(negative)}"
     sums = result.stage_bytes.sum(axis=-1)
     bad = (sums != result.stage_peak_bytes).any(axis=-1) & valid
     assert not bad.any(), f"rows {np.flatnonzero(bad)}: a stage's peak is not what its categories sum to"

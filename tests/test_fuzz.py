@@ -24,6 +24,14 @@ from typing import Any, Callable, Dict, List, Tuple
 import numpy as np
 import pytest
 import yaml
+from _hostile import (
+    assert_refusal,
+    check_batch,
+    check_cli_answer,
+    check_cost_dict,
+    hang_guard,
+    run_cli,
+)
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -33,21 +41,13 @@ from ndcost.errors import NdcostError
 from ndcost.specio import hardware_from_mapping, load_hardware_yaml, load_yaml
 from ndcost.values import Strategy
 
-from _hostile import (
-    assert_refusal,
-    check_batch,
-    check_cli_answer,
-    check_cost_dict,
-    hang_guard,
-    run_cli,
-)
-
 # Properties that fail today, with the exception they end in and who fixes the cause (issue 12: r1 strategies,
 # evaluation, overflow and JSON; r2 hardware, model configs and spec YAML; r3 plugins and the census cache).
 # Each is marked xfail(strict=True): once its cause is fixed it passes, strict fails it, and its entry goes.
 KNOWN_FAILURES: Dict[str, str] = {
-    "test_strategy_string_huge": "r1: int64 overflow (seq=2**62: negative activations; dp=2**64: OverflowError in "
-                                 "ndcost.columns); pp=2**62 hangs in the refusal's example split (resolver._even_split)",
+    "test_strategy_string_huge": "r1: int64 overflow (seq=2**62: negative activations; dp=2**64: OverflowError "
+                                 "in ndcost.columns); pp=2**62 hangs in the refusal's example split "
+                                 "(resolver._even_split)",
     "test_strategy_columns_huge": "r1: int64 overflow (negative peak_bytes); tp=inf: OverflowError in Strategy's "
                                   "int converter (values._int_field)",
     "test_model_config_hostile": "r2: flags read with bool() ('no', 'false', nan, 2 priced as True); model_type 5 or "
@@ -69,8 +69,8 @@ KNOWN_FAILURES: Dict[str, str] = {
 EXAMPLES = {
     "strategy_string": 150,
     "strategy_string_huge": 60,
-    "strategy_string_cli": 40,
-    "strategy_columns": 120,
+    "strategy_string_cli": 80,
+    "strategy_columns": 150,
     "strategy_columns_huge": 60,
     "model_config_hostile": 120,
     "model_config_range": 80,
@@ -283,7 +283,9 @@ def columns_of(draw, hostile: st.SearchStrategy = hostile_cell) -> Tuple[Dict[st
             columns[field] = cells
     if draw(st.integers(0, 9)) == 0:
         columns[draw(st.sampled_from(["tpp", "", "Seq", "x" * 40]))] = [1] * n
-    return columns, n if any(_per_row(f, c) for f, c in columns.items()) else 1
+    lengths = {len(c) for f, c in columns.items() if _per_row(f, c)}
+    # the rows: the per-row columns' one length, one where all are scalars (ragged columns must be refused)
+    return columns, (lengths.pop() if len(lengths) == 1 else n) if lengths else 1
 
 
 def _per_row(field: str, column: Any) -> bool:
@@ -617,3 +619,14 @@ def test_spec_yaml(text):
         assert answer["total"] == sum(answer["by_part"].values()) > 0
         published = answer["published_total"]
         assert published is None or (isinstance(published, int) and published > 0), published
+
+
+def test_readme_states_the_counts():
+    """README.md's Reliability section states each property's max_examples, and the corpus' file count."""
+    import re
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Reliability"):]
+    stated = {name: int(count) for name, count in re.findall(r"^\| `test_(\w+)` \| (\d+) \|", section, flags=re.M)}
+    assert stated == EXAMPLES
+    corpus = [p for p in (Path(__file__).parent / "data" / "hostile").iterdir() if p.name != "README.md"]
+    assert f"the {len(corpus)} files of `tests/data/hostile/`" in " ".join(section.split())

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
-
 from _hostile import HANG_GUARD_SECONDS
 
 HERE = Path(__file__).parent
