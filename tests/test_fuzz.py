@@ -128,8 +128,7 @@ def outcome(call: Callable[[], Any]) -> Tuple[Any, BaseException | None]:
         event(f"refused: {type(exc).__name__}")
         return None, exc
     except Exception as exc:  # a foreign exception fails the case, naming it
-        assert_refusal(exc)
-        raise
+        raise AssertionError(f"foreign exception {type(exc).__module__}.{type(exc).__qualname__}: {exc}") from exc
     event("answered")
     return result, None
 
@@ -162,9 +161,9 @@ SIZES = ("seq", "micro_batch", "num_micro_batches", "dp", "fsdp", "tp", "pp", "v
 # HUGE_INTS and huge_text)
 hostile_text = st.one_of(
     st.integers(-(2 ** 16), 2 ** 16).map(str), st.sampled_from(FLOAT_TEXT + BOOL_TEXT + UNICODE),
-    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.floats(-(2.0 ** 16), 2.0 ** 16).map(repr),
     st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters=",="), max_size=6))
-huge_text = st.one_of(st.sampled_from(HUGE_INTS), st.integers(2 ** 16, 2 ** 80)).map(str)
+huge_text = st.one_of(st.sampled_from(HUGE_INTS), st.integers(2 ** 16, 2 ** 80), st.floats(2.0 ** 16, 1e300)).map(str)
 
 
 @st.composite
