@@ -98,7 +98,7 @@ def _cases():
 def test_hostile_file_is_refused(name, tmp_path):
     escaped = tmp_path / "escaped"
     timeout = HANG_GUARD_SECONDS + (CENSUS_IMPORT_SECONDS if name in CENSUS else 0)
-    env = {**os.environ, "NDCOST_PROBE_ESCAPED": str(escaped), "PYTHONPATH": str(HERE)}
+    env = {**os.environ, "NDCOST_PROBE_ESCAPED": str(escaped)}  # the probe imports _hostile from its folder
     try:
         run = subprocess.run([sys.executable, str(PROBE), *_argv(name)], capture_output=True, text=True,
                              errors="replace", timeout=timeout, env=env, preexec_fn=_cap_memory, cwd=tmp_path)
