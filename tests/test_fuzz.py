@@ -44,26 +44,7 @@ from ndcost.values import Strategy
 # Properties that fail today, with the exception they end in and who fixes the cause (issue 12: r1 strategies,
 # evaluation, overflow and JSON; r2 hardware, model configs and spec YAML; r3 plugins and the census cache).
 # Each is marked xfail(strict=True): once its cause is fixed it passes, strict fails it, and its entry goes.
-KNOWN_FAILURES: Dict[str, str] = {
-    "test_strategy_string_huge": "r1: int64 overflow (seq=2**62: negative activations; dp=2**64: OverflowError "
-                                 "in ndcost.columns); pp=2**62 hangs in the refusal's example split "
-                                 "(resolver._even_split)",
-    "test_strategy_columns_huge": "r1: int64 overflow (negative peak_bytes); tp=inf: OverflowError in Strategy's "
-                                  "int converter (values._int_field)",
-    "test_model_config_hostile": "r2: flags read with bool() ('no', 'false', nan, 2 priced as True); model_type 5 or "
-                                 "a list priced by the generic family; NaN/inf counts: ValueError/OverflowError in "
-                                 "ConfigReader.int; attention_dropout 'high': ValueError in families._base",
-    "test_model_config_range": "r1/r2: huge counts overflow int64 (OverflowError in compose.memory) or build a "
-                               "2**62-long layer list (OverflowError/MemoryError in the families)",
-    "test_model_config_cli": "r2: as test_model_config_hostile, through `ndcost params` (generic handler reached)",
-    "test_model_config_census": "r2: pad_token_id past vocab_size: torch's AssertionError from the census",
-    "test_hardware_mapping": "r2: hardware specs read with 0, NaN, 1.5, a list name, NaN latency, efficiency 0; "
-                             "'80GB', 'high': ValueError in specio; r1: inf step_seconds, MFU outside (0, 1]",
-    "test_hardware_yaml_cli": "r1/r2: MFU 0 or > 1 and Infinity/NaN in --json from edge hardware; ValueError "
-                              "through the CLI's generic handler",
-    "test_spec_yaml": "r2: published_total -1 counted; 'lots', a list: ValueError/TypeError in models._from_yaml; "
-                      "NaN/inf/huge config counts as test_model_config_*",
-}
+KNOWN_FAILURES: Dict[str, str] = {}
 
 # max_examples per property: the counts README.md's Reliability section states
 EXAMPLES = {

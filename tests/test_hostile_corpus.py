@@ -24,25 +24,7 @@ PROBE = HERE / "_cli_probe.py"
 # Files the CLI does not refuse cleanly today, with what happens and who fixes the cause (issue 12: r1
 # strategies, evaluation and overflow; r2 hardware, model configs and spec YAML; r3 plugins and the census
 # cache). Each is marked xfail(strict=True): once fixed it passes, strict fails it, and its entry goes.
-KNOWN_FAILURES: Dict[str, str] = {
-    "fuzz_config_dropout_high.json": "r2: ValueError from float('high') in families._base._probability",
-    "fuzz_config_huge_layers.json": "r1/r2: 10,000,000 layers: a per-layer list and loop run past 10 s",
-    "fuzz_config_huge_vocab.json": "r1: OverflowError (int64) in compose.memory",
-    "fuzz_config_model_type_list.json": "r2: a list model_type priced by the generic family (exit 0)",
-    "fuzz_config_nan_heads.json": "r2: ValueError from int(nan) in ConfigReader.int",
-    "fuzz_config_non_utf8.json": "r2: UnicodeDecodeError from models.load_model's read_text",
-    "fuzz_config_null_hidden.json": "r2: null hidden_size read as the family default 4096 (exit 0)",
-    "fuzz_config_pad_past_vocab.json": "r2: torch's AssertionError (padding_idx) from the census",
-    "fuzz_config_rope_garbage.json": "r2: Transformers' StrictDataclassFieldValidationError from the census",
-    "fuzz_config_tie_no.json": "r2: tie_word_embeddings 'no' read as True by ConfigReader.bool (exit 0)",
-    "fuzz_hw_memory_80GB.yaml": "r2: ValueError from int('80GB') in specio.hardware_from_mapping",
-    "fuzz_hw_nan_peak.yaml": "r2: a NaN bf16 peak read (exit 0)",
-    "fuzz_hw_negative_bandwidth.yaml": "r2: a negative HBM bandwidth read (exit 0)",
-    "fuzz_hw_network_high.yaml": "r2: ValueError from float('high') in NetworkLevel",
-    "fuzz_spec_published_lots.yaml": "r2: ValueError from int('lots') in models._from_yaml",
-    "fuzz_spec_published_negative.yaml": "r2: published_total -1 read (exit 0)",
-    "fuzz_yaml_alias_bomb.yaml": "r2: a YAML alias bomb read (exit 0)",
-}
+KNOWN_FAILURES: Dict[str, str] = {}
 
 ESTIMATE = ["--strategy", "seq=128"]
 # What each kind of file is given to, by its name's prefix (after an optional "fuzz_"): a model config or spec
