@@ -20,7 +20,7 @@ import attrs
 from ndcost.errors import NdcostError
 
 # Subcommands in the order `ndcost --help` lists them; each is ndcost.commands.<name>.
-COMMANDS = ("params", "census", "estimate", "calibrate", "plugins")
+COMMANDS = ("params", "census", "estimate", "search", "calibrate", "plugins")
 
 
 @attrs.frozen(kw_only=True)
