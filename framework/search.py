@@ -41,7 +41,7 @@ from ndcost.errors import InvalidValue, MissingExtra, NoValidStrategy, UnknownKe
 from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Strategy
 
 __all__ = ["search", "search_grid", "Candidate", "Pruning", "SearchResult", "SearchPoints", "ProgressBar",
-           "pareto_front", "plot_search", "RECOMPUTE_LAYER_FRACTIONS", "CHUNK_ROWS", "DEFAULT_TOP"]
+           "SearchSettings", "pareto_front", "plot_search", "RECOMPUTE_LAYER_FRACTIONS", "CHUNK_ROWS", "DEFAULT_TOP"]
 
 GIB = 2 ** 30
 DEFAULT_TOP = 10
@@ -336,7 +336,7 @@ def _with_inner(layouts: Dict[str, np.ndarray], inner: _Inner, seq: int) -> Dict
     cols = _cross(cols, {"cp_algo": np.array(inner.cp_algos), "_algo": np.arange(len(inner.cp_algos))})
     cols = _keep(cols, (cols["cp"] > 1) | (cols["cp_algo"] == "ring"))
     # the rows that differ only in micro_batch (and so num_micro_batches): one group, for the micro-batch bound
-    cols["_group"] = ((cols.pop("_layout") * len(options_mode) + cols.pop("_option")) * 2
+    cols["_group"] = ((cols["_layout"] * len(options_mode) + cols.pop("_option")) * 2
                       + cols["sp"]) * len(inner.cp_algos) + cols.pop("_algo")
     cols["seq"] = np.full(len(cols["dp"]), seq, dtype=np.int64)
     return cols
@@ -458,10 +458,10 @@ def _expansion(layouts: Dict[str, np.ndarray], inner: _Inner) -> np.ndarray:
     return micro_batches * recompute * sp * algos
 
 
-def _chunks(layouts: Dict[str, np.ndarray], inner: _Inner) -> Tuple[List[Dict[str, np.ndarray]], int]:
-    """Layouts cut so each chunk expands to about CHUNK_ROWS strategies; and the strategies in all."""
+def _chunks(layouts: Dict[str, np.ndarray], inner: _Inner, rows: int) -> Tuple[List[Dict[str, np.ndarray]], int]:
+    """Layouts cut so each chunk expands to about *rows* strategies; and the strategies in all."""
     ends = np.cumsum(_expansion(layouts, inner))
-    cuts = np.searchsorted(ends, np.arange(CHUNK_ROWS, ends[-1], CHUNK_ROWS), side="right").tolist()
+    cuts = np.searchsorted(ends, np.arange(rows, ends[-1], rows), side="right").tolist()
     edges = sorted(set([0] + cuts + [len(ends)]))
     return [{k: v[lo:hi] for k, v in layouts.items()} for lo, hi in zip(edges[:-1], edges[1:], strict=True)], \
         int(ends[-1])
@@ -528,33 +528,67 @@ class ProgressBar:
 # ---------------------------------------------------------------------------
 # the search
 # ---------------------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class SearchSettings:
+    """How a search runs (the same for each (devices, hardware) it searches); see :func:`search`."""
+
+    memory_cap_bytes: Optional[int] = None
+    top: int = DEFAULT_TOP
+    runtime: str = "hf-cuda"
+    census: str = "auto"
+    workers: int = 1
+    scheduler: Optional[str] = None
+    tokens: Optional[int] = None
+    price_per_gpu_hour: Optional[float] = None
+    keep_points: bool = False
+    recompute_layer_fractions: Tuple[float, ...] = attrs.field(default=RECOMPUTE_LAYER_FRACTIONS, converter=tuple)
+    progress: bool = True
+    exhaustive: bool = False
+    within_node: bool = True
+    chunk_rows: int = CHUNK_ROWS
+
+    def __attrs_post_init__(self):
+        for name, example in (("top", "10"), ("workers", "4"), ("chunk_rows", "131072")):
+            _positive_int(name, getattr(self, name), example)
+        if self.tokens is not None:
+            _positive_int("tokens", self.tokens, "1000000000000")
+        if self.memory_cap_bytes is not None:
+            _positive_int("memory_cap_bytes", self.memory_cap_bytes, str(80 * GIB))
+        if self.price_per_gpu_hour is not None:
+            if self.tokens is None:
+                raise InvalidValue(f"a price a GPU-hour ({self.price_per_gpu_hour}) prices the tokens to train: "
+                                   f"give tokens too (--tokens T)")
+            if not self.price_per_gpu_hour >= 0:
+                raise InvalidValue(f"price a GPU-hour {self.price_per_gpu_hour!r}: must be 0 or more US dollars")
+        if any(not 0.0 < f < 1.0 for f in self.recompute_layer_fractions):
+            raise InvalidValue(f"recompute_layer_fractions {self.recompute_layer_fractions}: each must lie "
+                               f"strictly between 0 and 1")
+
+
 def search(model: Any, *, devices: int, hardware: Any = "h200", global_batch: int, seq: int,
-           memory_cap_bytes: Optional[int] = None, top: int = DEFAULT_TOP, runtime: str = "hf-cuda",
-           census: str = "auto", workers: int = 1, scheduler: Optional[str] = None, tokens: Optional[int] = None,
-           price_per_gpu_hour: Optional[float] = None, keep_points: bool = False,
-           recompute_layer_fractions: Sequence[float] = RECOMPUTE_LAYER_FRACTIONS,
-           progress: bool = True, exhaustive: bool = False, within_node: bool = True) -> SearchResult:
+           **settings: Any) -> SearchResult:
     """The strategies for exactly *devices* devices of *hardware* that run and fit, fastest first.
 
-    *model* is a name, path or ModelSpec (``resolve`` reads it) or a resolved CostModel (with *workers*
-    or *scheduler*: a name or path, which each worker resolves). *global_batch* is in sequences of
-    *seq* tokens; *memory_cap_bytes* defaults to the hardware's usable memory. NoValidStrategy where
-    nothing runs and fits, naming what removed the last candidates.
+    *model* is a name, path or ModelSpec (``resolve`` reads it) or a resolved CostModel (with
+    ``workers`` or ``scheduler``: a name or path, which each worker resolves). *global_batch* is in
+    sequences of *seq* tokens. *settings* are :class:`SearchSettings`' fields: ``memory_cap_bytes``
+    (default the hardware's usable memory), ``top``, ``workers``, ``scheduler`` (a Dask address),
+    ``tokens`` and ``price_per_gpu_hour``, ``keep_points`` (for :func:`plot_search`), ``exhaustive``
+    (no micro-batch bound), ``within_node`` (tp and etp within a node), ... Raises NoValidStrategy
+    where nothing runs and fits, naming what removed the last candidates.
     """
     return search_grid(model, devices=[devices], hardware=[hardware], global_batch=global_batch, seq=seq,
-                       memory_cap_bytes=memory_cap_bytes, top=top, runtime=runtime, census=census, workers=workers,
-                       scheduler=scheduler, tokens=tokens, price_per_gpu_hour=price_per_gpu_hour,
-                       keep_points=keep_points, recompute_layer_fractions=recompute_layer_fractions,
-                       progress=progress, exhaustive=exhaustive, within_node=within_node)[0]
+                       **settings)[0]
 
 
 def search_grid(model: Any, *, devices: Iterable[int], hardware: Iterable[Any], global_batch: int, seq: int,
-                memory_cap_bytes: Optional[int] = None, top: int = DEFAULT_TOP, runtime: str = "hf-cuda",
-                census: str = "auto", workers: int = 1, scheduler: Optional[str] = None,
-                tokens: Optional[int] = None, price_per_gpu_hour: Optional[float] = None,
-                keep_points: bool = False, recompute_layer_fractions: Sequence[float] = RECOMPUTE_LAYER_FRACTIONS,
-                progress: bool = True, exhaustive: bool = False, within_node: bool = True) -> Tuple[SearchResult, ...]:
+                **settings: Any) -> Tuple[SearchResult, ...]:
     """:func:`search` over every (devices, hardware) combination, in the order given (devices outer)."""
+    unknown = sorted(set(settings) - {a.name for a in attrs.fields(SearchSettings)})
+    if unknown:
+        raise InvalidValue(f"search: unknown setting(s) {', '.join(unknown)}; settings: "
+                           f"{', '.join(a.name for a in attrs.fields(SearchSettings))}")
+    options = SearchSettings(**settings)
     devices = [_positive_int("devices", d, "8") for d in devices]
     hardware = list(hardware)
     if not devices or not hardware:
@@ -562,47 +596,28 @@ def search_grid(model: Any, *, devices: Iterable[int], hardware: Iterable[Any], 
                            "hardware=['h200']")
     global_batch = _positive_int("global_batch", global_batch, "1024")
     seq = _positive_int("seq", seq, "4096")
-    top = _positive_int("top", top, "10")
-    workers = _positive_int("workers", workers, "4")
-    if tokens is not None:
-        tokens = _positive_int("tokens", tokens, "1000000000000")
-    if price_per_gpu_hour is not None:
-        if tokens is None:
-            raise InvalidValue(f"a price a GPU-hour ({price_per_gpu_hour}) prices the tokens to train: give tokens "
-                               f"too (--tokens T)")
-        if not price_per_gpu_hour >= 0:
-            raise InvalidValue(f"price a GPU-hour {price_per_gpu_hour!r}: must be 0 or more US dollars")
-    if memory_cap_bytes is not None:
-        memory_cap_bytes = _positive_int("memory_cap_bytes", memory_cap_bytes, str(80 * GIB))
-    fractions = tuple(float(f) for f in recompute_layer_fractions)
-    if any(not 0.0 < f < 1.0 for f in fractions):
-        raise InvalidValue(f"recompute_layer_fractions {fractions}: each must lie strictly between 0 and 1")
     hardware_specs = [_hardware_of(h) for h in hardware]
 
     from ndcost.resolver import CostModel, resolve
     if isinstance(model, CostModel):
         cost_model, reference = model, None
     else:
-        cost_model = resolve(model, runtime=runtime, hardware=hardware_specs[0], census=census)
+        cost_model = resolve(model, runtime=options.runtime, hardware=hardware_specs[0], census=options.census)
         reference = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
-    if (workers > 1 or scheduler) and reference is None:
+    if (options.workers > 1 or options.scheduler) and reference is None:
         raise InvalidValue("workers and a Dask scheduler resolve the model themselves: give it by name or path "
                            f"(for example 'llama-3.1-8b'), not a {type(model).__name__}")
-    results = []
-    for n in devices:
-        for hw_name, hw in zip(hardware, hardware_specs, strict=True):
-            results.append(_search_one(cost_model, reference, n, hw_name, hw, global_batch, seq,
-                                       memory_cap_bytes or int(hw.memory_bytes), top, runtime, census, workers,
-                                       scheduler, tokens, price_per_gpu_hour, keep_points, fractions, progress,
-                                       exhaustive, within_node))
-    return tuple(results)
+    return tuple(_search_one(cost_model, reference, n, hw_name, hw, global_batch, seq, options)
+                 for n in devices for hw_name, hw in zip(hardware, hardware_specs, strict=True))
 
 
-def _search_one(model, reference, devices, hw_name, hw, global_batch, seq, cap, top, runtime, census, workers,
-                scheduler, tokens, price, keep_points, fractions, progress, exhaustive, within_node) -> SearchResult:
+def _search_one(model, reference, devices: int, hw_name: Any, hw, global_batch: int, seq: int,
+                options: SearchSettings) -> SearchResult:
+    cap = options.memory_cap_bytes or int(hw.memory_bytes)
     pruning: List[Pruning] = []
     where = f"{model.spec.name} on {devices} {hw.name}"
-    layouts, inner = _space(model, hw, devices, global_batch, seq, fractions, pruning, within_node)
+    layouts, inner = _space(model, hw, devices, global_batch, seq, options.recompute_layer_fractions, pruning,
+                            options.within_node)
     min_bound = -1
     if layouts:
         ok, reason, bound = _layout_bounds(model, hw, layouts, inner, seq)
@@ -619,14 +634,15 @@ def _search_one(model, reference, devices, hw_name, hw, global_batch, seq, cap, 
         layouts = _keep(layouts, ok & ~over)
     summaries: List[_Summary] = []
     if layouts and len(layouts["dp"]):
-        chunks, total = _chunks(layouts, inner)
-        jobs = [_Job(chunk=i, model=reference, runtime=runtime, census=census,
+        chunks, total = _chunks(layouts, inner, options.chunk_rows)
+        jobs = [_Job(chunk=i, model=reference, runtime=options.runtime, census=options.census,
                      hardware=hw_name if isinstance(hw_name, str) else hw.name, layouts=c, inner=inner, seq=seq,
-                     cap_bytes=cap, top=top, keep_points=keep_points, exhaustive=exhaustive)
-                for i, c in enumerate(chunks)]
-        bar = ProgressBar(total, f"search {where}") if progress else None
+                     cap_bytes=cap, top=options.top, keep_points=options.keep_points,
+                     exhaustive=options.exhaustive) for i, c in enumerate(chunks)]
+        bar = ProgressBar(total, f"search {where}") if options.progress else None
         try:
-            summaries = _run_jobs(jobs, model, workers, scheduler, bar.update if bar else (lambda rows: None))
+            summaries = _run_jobs(jobs, model, options.workers, options.scheduler,
+                                  bar.update if bar else (lambda rows: None))
         finally:
             if bar:
                 bar.close()
@@ -651,25 +667,26 @@ def _search_one(model, reference, devices, hw_name, hw, global_batch, seq, cap, 
                                reason=f"peak above the cap of {cap / GIB:.1f} GiB"))
     if not fitting:
         raise NoValidStrategy(_nothing_message(where, global_batch, seq, cap, pruning, peaks, min_bound))
-    candidates = _merge(summaries, top, devices, hw.name, tokens, price)
+    candidates = _merge(summaries, options.top, devices, hw.name, options.tokens, options.price_per_gpu_hour)
     points = None
-    if keep_points:
+    if options.keep_points:
         parts = [s.points for s in summaries if s.points is not None]
         points = SearchPoints(peak_gib=np.concatenate([p[0] for p in parts]),
                               step_seconds=np.concatenate([p[1] for p in parts]),
                               fits=np.concatenate([p[2] for p in parts]))
     return SearchResult(model=model.spec.name, devices=devices, hardware=hw.name, global_batch=global_batch,
                         seq=seq, memory_cap_bytes=cap, candidates=candidates, priced=priced, valid=valid,
-                        fitting=fitting, pruning=tuple(pruning), points=points, tokens=tokens)
+                        fitting=fitting, pruning=tuple(pruning), points=points, tokens=options.tokens)
 
 
 def _nothing_message(where, global_batch, seq, cap, pruning: List[Pruning], peaks, min_bound) -> str:
-    parts = [f"{p.step}: {p.reason} ({p.removed:,} {p.of})" for p in pruning if p.step != "memory"]
+    parts = [f"{p.step}: {p.reason} ({p.removed:,} {p.of})" for p in pruning if p.step not in ("memory bound",
+                                                                                                "memory")]
     if peaks:
-        parts.append(f"nothing fits in {cap / GIB:.1f} GiB: the smallest needs {min(peaks) / GIB:.1f} GiB")
+        parts.append(f"nothing fits in {cap / GIB:.1f} GiB: the smallest priced needs {min(peaks) / GIB:.1f} GiB")
     elif min_bound >= 0:
-        parts.append(f"nothing fits in {cap / GIB:.1f} GiB: the least parameters, master copy and optimizer states "
-                     f"need {min_bound / GIB:.1f} GiB")
+        parts.append(f"nothing fits in {cap / GIB:.1f} GiB: the smallest needs at least {min_bound / GIB:.1f} GiB "
+                     f"for its parameters, master copy and optimizer states")
     return (f"no strategy for {where} with a global batch of {global_batch} sequences of {seq} tokens runs and "
             f"fits: " + "; ".join(parts) + "; change the devices, the batch or the memory cap")
 
@@ -745,7 +762,10 @@ def plot_search(results: Sequence[SearchResult], path: Any) -> None:
         ax.set_ylabel("step time (s)")
         ax.set_title(f"{result.model}, {result.devices} x {result.hardware}, batch {result.global_batch} x "
                      f"{result.seq}", fontsize=9)
-        ax.legend(fontsize=7, loc="upper right", markerscale=3)
+        legend = ax.legend(fontsize=7, loc="upper right")
+        for handle in legend.legend_handles:  # the scatter's 2-point dots and the star at one legible size
+            if hasattr(handle, "set_sizes"):
+                handle.set_sizes([24])
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     fig.tight_layout()
