@@ -7,7 +7,7 @@ PIP ?= $(PYTHON) -m pip
 # torch pulls a CUDA build of several GB.
 install:
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[census,test,lint]'
+	$(PIP) install -q -e '.[census,test,lint,plot,dask]'
 
 demo: install
 	$(PYTHON) -m ndcost estimate llama-3.1-8b --strategy "fsdp=8,tp=1,seq=4096,micro_batch=1,recompute=full" --hardware h200
