@@ -223,22 +223,17 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
     tp_ok, tp_why = _allowed(model, hardware, "tp", divs, seq)
     cp_ok, cp_why = _allowed(model, hardware, "cp", divs, seq)
     # pipeline layouts: (pp, schedule, vpp) the model and its schedules accept (num_micro_batches ample)
-    pipe_rows: Dict[str, List[Any]] = {"pp": [], "schedule": [], "vpp": []}
-    for pp in divs:
-        if pp == 1:
-            pipe_rows["pp"].append(1), pipe_rows["schedule"].append("1f1b"), pipe_rows["vpp"].append(1)
-            continue
+    triples: List[Tuple[int, str, int]] = [(1, "1f1b", 1)]
+    for pp in divs[1:]:
         vpps = _divisors(L // pp) if L % pp == 0 else [1]
-        for schedule in names["schedule"]:
-            for vpp in vpps:
-                pipe_rows["pp"].append(pp), pipe_rows["schedule"].append(schedule), pipe_rows["vpp"].append(vpp)
-    probe = dict(pipe_rows, num_micro_batches=[2 * p * v for p, v in zip(pipe_rows["pp"], pipe_rows["vpp"],
-                                                                           strict=True)], seq=seq)
-    valid, reason = _probe(model, hardware, probe)
+        triples += [(pp, schedule, vpp) for schedule in names["schedule"] for vpp in vpps]
+    pipe_pp = [t[0] for t in triples]
+    pipe_rows = {"pp": pipe_pp, "schedule": [t[1] for t in triples], "vpp": [t[2] for t in triples]}
+    valid, reason = _probe(model, hardware, dict(pipe_rows, seq=seq,
+                                                 num_micro_batches=[2 * pp * vpp for pp, _, vpp in triples]))
     pipes = {k: np.array(v)[valid] for k, v in pipe_rows.items()}
     pp_ok = sorted(set(pipes["pp"].tolist()))
-    pp_refused = [str(r) for r, ok, p in zip(reason, valid, pipe_rows["pp"], strict=True)
-                  if not ok and p not in pp_ok]
+    pp_refused = [str(reason[i]) for i, p in enumerate(pipe_pp) if not valid[i] and p not in pp_ok]
     pp_why = pp_refused[0] if pp_refused else ""
 
     # the device splits dp * fsdp * cp * tp * pp == devices; each removed by the first constraint it breaks
@@ -656,8 +651,8 @@ def _search_one(model, reference, devices: int, hw_name: Any, hw, global_batch: 
     fitting = sum(s.fitting for s in summaries)
     reasons: Dict[str, int] = {}
     for s in summaries:
-        for text, count in s.reasons:
-            reasons[text] = reasons.get(text, 0) + count
+        for message, count in s.reasons:
+            reasons[message] = reasons.get(message, 0) + count
     if reasons:
         worst = max(reasons, key=lambda k: reasons[k])
         pruning.append(Pruning(step="evaluation", removed=priced - valid, of="strategies", reason=worst))
