@@ -12,9 +12,15 @@ columns and priced by :meth:`ndcost.resolver.CostModel.evaluate_many` (the searc
   recompute mode over all of a chunk's layers and over :data:`RECOMPUTE_LAYER_FRACTIONS` of them;
   ``vocab_parallel`` where ``tp > 1``;
 - pruned before pricing: each field's values the model refuses (probed through ``evaluate_many`` itself,
-  so the reasons are the model's own), splits whose ``dp * fsdp`` does not divide the batch, and layouts
-  whose parameters, master copy and optimizer states alone exceed the memory cap (those three are held at
-  every moment, :func:`ndcost.compose.memory._peak`'s base, so this bound never drops a strategy that fits);
+  so the reasons are the model's own), splits whose ``dp * fsdp`` does not divide the batch, ``tp`` and
+  ``etp`` groups larger than a node unless ``within_node=False`` (the time model does not price the expert-TP
+  collectives, so a wide ``etp`` would rank as free), and layouts whose parameters, master copy and optimizer
+  states alone exceed the memory cap (those three are held at every moment, the base of
+  ``ndcost.compose.memory._peak``, so this bound never drops a strategy that fits);
+- the micro-batch bound: within a layout, micro-batch sizes are priced in rising order and the larger
+  sizes of a strategy that does not fit are skipped (a larger ``micro_batch`` keeps ``micro_batch`` times
+  the in-flight micro-batches, ``min(in_flight * micro_batch, local batch)`` under every built-in schedule,
+  so the peak does not fall); ``exhaustive=True`` prices them all (``tests/test_search.py`` checks the two agree);
 - dropped after pricing: rows ``evaluate_many`` refuses, and peaks above the cap.
 
 Left out (documented, never guessed): uneven ``pp_layers`` splits (a ``pp * vpp`` that does not divide the
@@ -24,8 +30,8 @@ strategy's defaults). ``reserved_bytes`` is ``None``: ndcost does not model the 
 reserved memory yet, only allocated bytes (``peak_bytes``).
 
 ``workers=N`` prices the chunks in N local processes; ``scheduler="tcp://..."`` on a Dask distributed
-cluster (the ``dask`` extra). Either gives the single-process answer: chunks are cut the same way and
-ties in step time are broken by peak bytes, then by enumeration order.
+cluster (the ``dask`` extra). Either gives the single-process answer, whatever the chunks: ties in step
+time are broken by peak bytes, then by enumeration order.
 """
 from __future__ import annotations
 
@@ -384,7 +390,7 @@ _MODELS: Dict[Tuple[Any, str, str], Any] = {}
 
 
 def _model_for(job: _Job):
-    key = (os.fspath(job.model) if isinstance(job.model, os.PathLike) else job.model, job.runtime, job.census)
+    key = (job.model, job.runtime, job.census)
     if key not in _MODELS:
         from ndcost.resolver import resolve
         _MODELS[key] = resolve(job.model, runtime=job.runtime, census=job.census)
@@ -599,6 +605,8 @@ def search_grid(model: Any, *, devices: Iterable[int], hardware: Iterable[Any], 
     else:
         cost_model = resolve(model, runtime=options.runtime, hardware=hardware_specs[0], census=options.census)
         reference = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+        if reference is not None:  # this process's jobs (and forked workers') reuse it rather than resolve again
+            _MODELS[(reference, options.runtime, options.census)] = cost_model
     if (options.workers > 1 or options.scheduler) and reference is None:
         raise InvalidValue("workers and a Dask scheduler resolve the model themselves: give it by name or path "
                            f"(for example 'llama-3.1-8b'), not a {type(model).__name__}")
