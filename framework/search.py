@@ -309,38 +309,46 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
 
 
 def _with_inner(layouts: Dict[str, np.ndarray], inner: _Inner, seq: int) -> Dict[str, np.ndarray]:
-    """Every strategy of *layouts*: micro-batches, recompute, sp and cp_algo (vectorized, in layout order)."""
+    """Every strategy of *layouts*: micro-batches, recompute, sp and cp_algo (vectorized, in layout order).
+
+    Expanded as indices (layout, micro-batch, option, sp, algorithm); the layout's columns are gathered once.
+    """
     n = len(layouts["dp"])
-    cols = dict(layouts, _layout=np.arange(n))
     local = inner.global_batch // (layouts["dp"] * layouts["fsdp"])
-    distinct = np.unique(local)
-    table_key = np.concatenate([np.full(len(_divisors(int(v))), v) for v in distinct.tolist()])
-    table_mb = np.concatenate([_divisors(int(v)) for v in distinct.tolist()]).astype(np.int64)
-    table_rank = np.concatenate([np.arange(len(_divisors(int(v)))) for v in distinct.tolist()])
-    cols = _join(cols, local, {"micro_batch": table_mb, "_mb_rank": table_rank}, table_key)
-    cols["num_micro_batches"] = inner.global_batch // (cols["dp"] * cols["fsdp"] * cols["micro_batch"])
+    distinct = [int(v) for v in np.unique(local).tolist()]
+    table_key = np.concatenate([np.full(len(_divisors(v)), v) for v in distinct])
+    table_mb = np.concatenate([_divisors(v) for v in distinct]).astype(np.int64)
+    table_rank = np.concatenate([np.arange(len(_divisors(v))) for v in distinct])
+    cols = _join({"_layout": np.arange(n)}, local, {"micro_batch": table_mb, "_mb_rank": table_rank}, table_key)
+
+    def at(field: str) -> np.ndarray:
+        return layouts[field][cols["_layout"]]
+
     # recompute: none; each mode over every layer (NaN: recompute_layers unset) and over each fraction of a chunk's
     options_mode, options_fraction = ["none"], [np.nan]
     for mode in inner.recompute_modes[1:]:
         options_mode += [mode] * (1 + len(inner.fractions))
         options_fraction += [np.nan, *inner.fractions]
-    cols = _cross(cols, {"recompute": np.array(options_mode), "_fraction": np.array(options_fraction),
-                         "_option": np.arange(len(options_mode))})
-    chunk_layers = inner.num_layers // (cols["pp"] * cols["vpp"])
+    cols = _cross(cols, {"_option": np.arange(len(options_mode))})
+    chunk_layers = inner.num_layers // (at("pp") * at("vpp"))
     with np.errstate(invalid="ignore"):
-        layers = np.floor(cols.pop("_fraction") * chunk_layers)
+        layers = np.floor(np.array(options_fraction)[cols["_option"]] * chunk_layers)
     cols["recompute_layers"] = layers  # float: NaN is unset
     cols = _keep(cols, np.isnan(layers) | ((layers > 0) & (layers < chunk_layers)))
     cols = _cross(cols, {"sp": np.array([False, True])})
-    pair = cols["tp"] * (inner.devices + 1) + cols["cp"]
+    pair = at("tp") * (inner.devices + 1) + at("cp")
     cols = _keep(cols, ~cols["sp"] | np.isin(pair, np.array(inner.sp_pairs, dtype=np.int64)))
-    cols = _cross(cols, {"cp_algo": np.array(inner.cp_algos), "_algo": np.arange(len(inner.cp_algos))})
-    cols = _keep(cols, (cols["cp"] > 1) | (cols["cp_algo"] == "ring"))
+    cols = _cross(cols, {"_algo": np.arange(len(inner.cp_algos))})
+    cols = _keep(cols, (at("cp") > 1) | (np.array(inner.cp_algos)[cols["_algo"]] == "ring"))
+    out = {k: at(k) for k in layouts}
+    out.update(micro_batch=cols["micro_batch"], recompute_layers=cols["recompute_layers"], sp=cols["sp"],
+               recompute=np.array(options_mode)[cols["_option"]], cp_algo=np.array(inner.cp_algos)[cols["_algo"]],
+               seq=np.full(len(cols["sp"]), seq, dtype=np.int64), _layout=cols["_layout"], _mb_rank=cols["_mb_rank"])
+    out["num_micro_batches"] = inner.global_batch // (out["dp"] * out["fsdp"] * out["micro_batch"])
     # the rows that differ only in micro_batch (and so num_micro_batches): one group, for the micro-batch bound
-    cols["_group"] = ((cols["_layout"] * len(options_mode) + cols.pop("_option")) * 2
-                      + cols["sp"]) * len(inner.cp_algos) + cols.pop("_algo")
-    cols["seq"] = np.full(len(cols["dp"]), seq, dtype=np.int64)
-    return cols
+    out["_group"] = ((cols["_layout"] * len(options_mode) + cols["_option"]) * 2
+                     + cols["sp"]) * len(inner.cp_algos) + cols["_algo"]
+    return out
 
 
 def _layout_bounds(model, hardware, layouts: Dict[str, np.ndarray], inner: _Inner, seq: int):
