@@ -101,9 +101,9 @@ class Candidate:
 class Pruning:
     """One step of the search that removed candidates: how many (of what) and one of its reasons."""
 
-    step: str      # "tp", "pp", "cp", "batch", "layout", "memory bound", "evaluation", "memory"
+    step: str      # a field ("tp", "ep", "recompute", ...), "batch", "layout", "memory bound", "evaluation", ...
     removed: int
-    of: str        # what was counted: "device splits", "layouts" or "strategies"
+    of: str        # what was counted: "device splits", "layouts", "strategies" or a field's values
     reason: str
 
 
@@ -179,6 +179,11 @@ def _allowed(model, hardware, field: str, values: Sequence[Any], seq: int, **ext
     valid, reason = _probe(model, hardware, cols)
     refused = [str(r) for r, ok in zip(reason, valid, strict=True) if not ok]
     return [v for v, ok in zip(values, valid, strict=True) if ok], (refused[0] if refused else "")
+
+
+def _note_values(pruning: List[Pruning], field: str, removed: int, reason: str) -> None:
+    if removed:
+        pruning.append(Pruning(step=field, removed=removed, of=f"{field} values", reason=reason))
 
 
 def _join(left: Dict[str, np.ndarray], key: np.ndarray, right: Dict[str, np.ndarray], right_key: np.ndarray):
@@ -273,8 +278,10 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
     layouts = _join(split, split["pp"], {"schedule": pipes["schedule"], "vpp": pipes["vpp"]}, pipes["pp"])
     # experts: ep and etp the model accepts (dp set to make the ranks divisible), their product dividing the ranks
     if model.tables.num_experts:
-        ep_ok, _ = _allowed(model, hardware, "ep", divs, seq, dp=divs)
-        etp_ok, _ = _allowed(model, hardware, "etp", divs, seq, dp=divs)
+        ep_ok, why = _allowed(model, hardware, "ep", divs, seq, dp=divs)
+        _note_values(pruning, "ep", len(divs) - len(ep_ok), why)
+        etp_ok, why = _allowed(model, hardware, "etp", divs, seq, dp=divs)
+        _note_values(pruning, "etp", len(divs) - len(etp_ok), why)
     else:
         ep_ok, etp_ok = [1], [1]
     pairs = np.array([(e, t) for e in ep_ok for t in etp_ok], dtype=np.int64).reshape(-1, 2)
@@ -295,8 +302,10 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
 
     # the options inside a layout
     modes = tuple(r for r in RECOMPUTE if r != "none")
-    modes_ok, _ = _allowed(model, hardware, "recompute", modes, seq)
-    algos_ok, _ = _allowed(model, hardware, "cp_algo", CP_ALGOS, seq, cp=[min(cp_ok[1:] or [1])] * len(CP_ALGOS))
+    modes_ok, why = _allowed(model, hardware, "recompute", modes, seq)
+    _note_values(pruning, "recompute", len(modes) - len(modes_ok), why)
+    algos_ok, why = _allowed(model, hardware, "cp_algo", CP_ALGOS, seq, cp=[min(cp_ok[1:] or [1])] * len(CP_ALGOS))
+    _note_values(pruning, "cp_algo", len(CP_ALGOS) - len(algos_ok), why)
     tp_cp = [(t, c) for t in tp_ok for c in cp_ok if t > 1]
     sp_pairs: Tuple[int, ...] = ()
     if tp_cp:
