@@ -23,7 +23,7 @@ $(VENV)/bin/python:
 # `make install` again.
 install: $(filter $(VENV)/bin/python,$(PYTHON))
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[census,test,lint]' --config-settings editable_mode=strict
+	$(PIP) install -q -e '.[census,test,lint,plot,dask]' --config-settings editable_mode=strict
 
 demo: install
 	$(PYTHON) -m ndcost estimate llama-3.1-8b --strategy "fsdp=8,tp=1,seq=4096,micro_batch=1,recompute=full" --hardware h200

@@ -39,3 +39,11 @@ class InvalidStrategy(InvalidValue):
 
 class CensusUnavailable(NdcostError, RuntimeError):
     """A census cannot run here: no kernel contract states what the run's kernels save."""
+
+
+class NoValidStrategy(InvalidStrategy):
+    """A search whose space holds no strategy that runs and fits: the message names what removed the last."""
+
+
+class MissingExtra(NdcostError, ImportError):
+    """An optional feature whose extra is not installed; the message names the extra to install."""

@@ -121,6 +121,8 @@ USAGE_ERRORS = {
     "params": [["params"], ["params", "llama-3.1-8b", "--bogus"]],
     "census": [["census", "llama-3.1-8b"], ["census", "llama-3.1-8b", "--seq", "abc"]],
     "estimate": [["estimate", "llama-3.1-8b"], ["estimate", "llama-3.1-8b", "--strategy", "seq=8", "--census", "x"]],
+    "search": [["search", "llama-3.1-8b"], ["search", "llama-3.1-8b", "--devices", "8", "--global-batch", "x",
+                                            "--seq", "4096"]],
     "calibrate": [["calibrate"], ["calibrate", "m.json", "--census", "on"]],
     "verify": [["verify"], ["verify", "llama-3.1-8b", "--seq", "abc"]],
     "plugins": [["plugins", "extra"]],
@@ -131,6 +133,8 @@ REFUSALS = {  # argv, and what the one line must name
     "params": (["params", "no-such-model"], "unknown model 'no-such-model'"),
     "census": (["census", "llama-3.1-8b", "--seq", "0"], "--seq must be a positive"),
     "estimate": (["estimate", "llama-3.1-8b", "--strategy", "tp=0,seq=4096", "--census", "off"], "Strategy.tp"),
+    "search": (["search", "llama-3.1-8b", "--devices", "0", "--global-batch", "8", "--seq", "4096", "--census", "off"],
+               "--devices 0"),
     "calibrate": (["calibrate", "/nonexistent/measurements.json"], "/nonexistent/measurements.json"),
     "verify": (["verify", "no-such-model"], "unknown model 'no-such-model'"),
 }

@@ -1,0 +1,157 @@
+"""`ndcost search MODEL --devices N --hardware H --global-batch B --seq S`: the fastest strategies that fit."""
+from __future__ import annotations
+
+import textwrap
+from typing import Any, List
+
+HELP = ("search every parallel strategy for exactly N devices and rank those that fit by step time "
+        "(reserved_bytes is null: the caching allocator is not modelled yet, peak_bytes is allocated bytes)")
+
+_GIB = 2 ** 30
+_WIDTH = 100
+_FIGURES = ("peak_bytes", "reserved_bytes", "step_seconds", "tokens_per_second", "mfu")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", metavar="MODEL",
+                        help="a model name from specs/models, a spec YAML, a config.json or a folder holding one")
+    parser.add_argument("--devices", required=True, metavar="N[,N...]",
+                        help="the devices, exactly (every strategy uses all of them); a list searches each")
+    parser.add_argument("--hardware", default="h200", metavar="H[,H...]",
+                        help="registered hardware names or spec YAMLs (default h200); a list searches each")
+    parser.add_argument("--global-batch", required=True, type=int, metavar="B",
+                        help="sequences a step (dp * fsdp * micro_batch * num_micro_batches)")
+    parser.add_argument("--seq", required=True, type=int, metavar="S", help="tokens a sequence")
+    parser.add_argument("--memory-cap", type=float, metavar="GiB",
+                        help="peak memory a device may hold (default: the hardware's usable memory)")
+    parser.add_argument("--top", type=int, default=10, metavar="K", help="how many to show (default 10)")
+    parser.add_argument("--csv", action="store_true", help="write CSV (the --json columns) to stdout")
+    parser.add_argument("--plot", metavar="OUT.png",
+                        help="a PNG of step time against memory a device, Pareto front marked (the plot extra)")
+    parser.add_argument("--tokens", type=float, metavar="T", help="add the time and GPU-hours to train T tokens")
+    parser.add_argument("--price", type=float, metavar="USD_PER_GPU_HOUR", help="with --tokens: add their cost")
+    parser.add_argument("--workers", type=int, default=1, metavar="N", help="price chunks in N local processes")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="price chunks on the Dask distributed cluster at ADDRESS (the dask extra)")
+    parser.add_argument("--runtime", default="hf-cuda", help="the runtime profile (default hf-cuda)")
+    parser.add_argument("--census", default="auto", choices=("auto", "on", "off"),
+                        help="auto: measure where a census can run, else the formulas; off: the formulas alone")
+    parser.add_argument("--across-nodes", action="store_true",
+                        help="also search tp and etp groups larger than a node")
+    parser.add_argument("--exhaustive", action="store_true",
+                        help="price every micro_batch, even above one that does not fit")
+
+
+def _int_list(flag: str, text: str, example: str) -> List[int]:
+    from ndcost.errors import InvalidValue
+    out = []
+    for item in (p.strip() for p in text.split(",")):
+        if not item.isdigit() or int(item) < 1:
+            raise InvalidValue(f"{flag} {text}: {item!r} is not a positive whole number; for example {flag} {example}")
+        out.append(int(item))
+    return out
+
+
+def _check(args) -> None:
+    from ndcost.errors import InvalidValue
+    for flag, value, example in (("--global-batch", args.global_batch, "1024"), ("--seq", args.seq, "4096"),
+                                 ("--top", args.top, "10"), ("--workers", args.workers, "4")):
+        if value < 1:
+            raise InvalidValue(f"{flag} {value}: must be a positive whole number; for example {flag} {example}")
+    if args.memory_cap is not None and not args.memory_cap > 0:
+        raise InvalidValue(f"--memory-cap {args.memory_cap:g}: must be a positive number of GiB; for example "
+                           f"--memory-cap 80")
+    if args.tokens is not None and (not args.tokens >= 1 or args.tokens != int(args.tokens)):
+        raise InvalidValue(f"--tokens {args.tokens:g}: must be a positive whole number of tokens; for example "
+                           f"--tokens 15e12")
+    if args.price is not None and args.tokens is None:
+        raise InvalidValue(f"--price {args.price:g} prices the tokens to train: give --tokens T too")
+    if args.price is not None and not args.price >= 0:
+        raise InvalidValue(f"--price {args.price:g}: must be 0 or more US dollars a GPU-hour")
+    if args.csv and args.json:
+        raise InvalidValue("--csv and --json both given: choose one")
+
+
+def run(args):
+    from ndcost.cli import Output
+    from ndcost.search import plot_search, search_grid
+
+    _check(args)
+    devices = _int_list("--devices", args.devices, "64,128")
+    hardware = [h.strip() for h in args.hardware.split(",") if h.strip()]
+    results = search_grid(
+        args.model, devices=devices, hardware=hardware, global_batch=args.global_batch, seq=args.seq,
+        memory_cap_bytes=None if args.memory_cap is None else int(args.memory_cap * _GIB), top=args.top,
+        runtime=args.runtime, census=args.census, workers=args.workers, scheduler=args.scheduler,
+        tokens=None if args.tokens is None else int(args.tokens), price_per_gpu_hour=args.price,
+        keep_points=bool(args.plot), within_node=not args.across_nodes, exhaustive=args.exhaustive)
+    if args.plot:
+        plot_search(results, args.plot)
+    data = [c.to_dict() for r in results for c in r.candidates]
+    if args.csv:
+        return Output(data=data, text=_csv(data))
+    text = "\n\n".join(_render(r) for r in results)
+    if args.plot:
+        text += f"\n\nplot: {args.plot}"
+    return Output(data=data, text=text)
+
+
+def _csv(rows: List[dict]) -> str:
+    import csv
+    import io
+    columns: List[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
+    return out.getvalue()
+
+
+def _render(result: Any) -> str:
+    """A header, the best strategies (fit in 100 columns, the strategy wrapped at commas) and what was pruned."""
+    lines = textwrap.wrap(
+        f"{result.model} on {result.devices} x {result.hardware}, global batch {result.global_batch:,} x "
+        f"{result.seq:,} tokens, cap {result.memory_cap_bytes / _GIB:.1f} GiB: {result.priced:,} strategies "
+        f"priced, {result.valid:,} run, {result.fitting:,} fit; best {len(result.candidates)} by step time. "
+        f"Peak is allocated bytes (reserved memory is not modelled yet).", _WIDTH)
+    head = ["#", "peak GiB", "step s", "tokens/s", "MFU"]
+    extra = result.tokens is not None
+    if extra:
+        head += ["days", "GPU-h"] + (["USD"] if result.candidates[0].cost_usd is not None else [])
+    rows = []
+    for i, c in enumerate(result.candidates, 1):
+        row = [str(i), f"{c.peak_bytes / _GIB:.1f}", f"{c.step_seconds:.3f}", f"{c.tokens_per_second:,.0f}",
+               f"{c.mfu:.1%}"]
+        if extra:
+            row += [f"{c.train_seconds / 86400:,.1f}", f"{c.gpu_hours:,.0f}"]
+            if c.cost_usd is not None:
+                row.append(f"{c.cost_usd:,.0f}")
+        strategy = ",".join(p for p in str(c.strategy).split(",") if p != f"seq={result.seq}")
+        rows.append((row, strategy or "(defaults)"))
+    widths = [max(len(h), *(len(r[0][j]) for r in rows)) for j, h in enumerate(head)]
+    left = sum(widths) + 2 * len(widths)
+    room = max(_WIDTH - left, 30)
+    lines.append("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)) + "  strategy")
+    lines.append("  ".join("-" * w for w in widths) + "  " + "-" * min(room, 40))
+    for row, strategy in rows:
+        wrapped = _wrap(strategy, room)
+        lines.append("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) + "  " + wrapped[0])
+        lines += [" " * left + more for more in wrapped[1:]]
+    for p in result.pruning:
+        lines += textwrap.wrap(f"pruned {p.removed:,} {p.of} ({p.step}): {p.reason}", _WIDTH,
+                               subsequent_indent="    ")
+    return "\n".join(lines)
+
+
+def _wrap(text: str, width: int) -> List[str]:
+    lines, line = [], ""
+    for item in text.split(","):
+        if line and len(line) + len(item) + 1 > width:
+            lines.append(line + ",")
+            line = item
+        else:
+            line = f"{line},{item}" if line else item
+    return lines + [line]

@@ -1,0 +1,268 @@
+"""`ndcost search` and ndcost.search: the space counted by hand, every answer re-priced, the errors, the sweeps."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ndcost
+from ndcost.errors import InvalidValue, MissingExtra, NdcostError, NoValidStrategy, UnknownKey
+from ndcost.search import (
+    GIB,
+    ProgressBar,
+    _layout_bounds,
+    _space,
+    _with_inner,
+    pareto_front,
+    plot_search,
+    search,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA = "llama-3.1-8b"  # 32 heads, 8 KV heads, 32 layers, intermediate 14336 (specs/models/llama-3.1-8b.yaml)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return ndcost.resolve(LLAMA, hardware="h200", census="off")
+
+
+def test_the_space_of_two_devices_counted_by_hand(llama):
+    # Two devices: exactly one of dp, fsdp, cp, tp, pp is 2. Global batch 2 sequences, so the local batch
+    # (2 / (dp * fsdp)) is 1 under dp or fsdp, else 2 (micro_batch 1 or 2). Recompute: none, full, selective,
+    # core_attention (no partial recompute_layers here). ZeRO 0-3 over dp * cp where fsdp is 1; sp and
+    # vocab_parallel only with tp = 2; four cp_algos with cp = 2.
+    #   dp=2:   4 zero x 4 recompute                          =  16
+    #   fsdp=2: 4 recompute                                   =   4
+    #   cp=2:   2 micro_batch x 4 zero x 4 cp_algo x 4 rec    = 128
+    #   tp=2:   2 micro_batch x 2 sp x 2 vocab_parallel x 4   =  32
+    #   pp=2:   2 micro_batch x 4 recompute x schedules: 1f1b, gpipe (vpp 1), interleaved with vpp 2, 4, 8, 16
+    #           (pp * vpp divides the 32 layers) = 6 -> 48; dualpipev (vpp 2) needs num_micro_batches >= 2 * pp = 4
+    #           and has at most 2: that layout is refused before pricing
+    # 228 strategies in all.
+    r = search(llama, devices=2, global_batch=2, seq=4096, recompute_layer_fractions=(), exhaustive=True, top=1000)
+    assert r.priced == 228 == r.valid == r.fitting == len(r.candidates)
+    layout = [p for p in r.pruning if p.step == "layout"]
+    assert [p.removed for p in layout] == [1] and "dualpipev" in layout[0].reason
+    # with recompute_layers at half a chunk's layers: each of the 3 modes gains one option where a chunk has
+    # 2 or more layers, i.e. everywhere but interleaved pp=2, vpp=16 (one layer a chunk):
+    #   dp 4 x 7 = 28; fsdp 7; cp 2 x 4 x 4 x 7 = 224; tp 2 x 2 x 2 x 7 = 56; pp 2 x (5 x 7 + 1 x 4) = 78 -> 393
+    r = search(llama, devices=2, global_batch=2, seq=4096, recompute_layer_fractions=(0.5,), exhaustive=True,
+               top=1000)
+    assert r.priced == 393
+    halves = {c.strategy.recompute_layers for c in r.candidates if c.strategy.pp == 1} - {None}
+    assert halves == {16}
+
+
+@pytest.fixture(scope="module")
+def eight(llama):
+    return search(llama, devices=8, global_batch=16, seq=4096, memory_cap_bytes=40 * GIB, top=60)
+
+
+def test_every_answer_runs_fits_uses_the_devices_and_makes_up_the_batch(llama, eight):
+    assert len(eight.candidates) == 60
+    for c in eight.candidates:
+        s = c.strategy
+        assert s.dp * s.fsdp * s.cp * s.tp * s.pp == 8
+        assert s.dp * s.fsdp * s.micro_batch * s.num_micro_batches == 16
+        assert s.seq == 4096
+        cost = llama.evaluate(s)  # raises for a strategy that cannot run
+        assert cost.peak_bytes == c.peak_bytes <= 40 * GIB
+        assert cost.time.step_seconds == c.step_seconds
+        assert cost.time.tokens_per_second == c.tokens_per_second
+        assert c.reserved_bytes is None
+    steps = [(c.step_seconds, c.peak_bytes) for c in eight.candidates]
+    assert steps == sorted(steps)
+
+
+def test_the_memory_cap_and_the_pruning_are_reported(eight):
+    memory = [p for p in eight.pruning if p.step == "memory"]
+    assert memory and "40.0 GiB" in memory[0].reason
+    assert eight.fitting < eight.valid <= eight.priced
+
+
+def test_the_persistent_bound_never_exceeds_a_peak(llama):
+    hw = llama.hardware
+    layouts, inner = _space(llama, hw, 4, 8, 4096, (0.5,), [])
+    ok, _, bound = _layout_bounds(llama, hw, layouts, inner, 4096)
+    cols = _with_inner(layouts, inner, 4096)
+    result = llama.evaluate_many({k: v for k, v in cols.items() if not k.startswith("_")})
+    rows = result.valid
+    assert rows.sum() > 1000
+    assert np.all(result.peak_bytes[rows] >= bound[cols["_layout"][rows]])
+    assert np.all(ok[cols["_layout"][rows]])  # a layout refused at its most micro-batches has no valid strategy
+
+
+@pytest.mark.slow
+def test_the_micro_batch_bound_drops_nothing_that_fits(llama):
+    kw = dict(devices=8, global_batch=32, seq=4096, memory_cap_bytes=30 * GIB, top=200)
+    bounded, exhaustive = search(llama, **kw), search(llama, exhaustive=True, **kw)
+    assert bounded.fitting == exhaustive.fitting
+    assert bounded.priced < exhaustive.priced
+    assert [c.to_dict() for c in bounded.candidates] == [c.to_dict() for c in exhaustive.candidates]
+
+
+def test_tokens_and_price(llama):
+    r = search(llama, devices=2, global_batch=2, seq=4096, top=3, tokens=10 ** 12, price_per_gpu_hour=2.0)
+    for c in r.candidates:
+        assert c.train_seconds == pytest.approx(1e12 / c.tokens_per_second, rel=1e-12)
+        assert c.gpu_hours == pytest.approx(c.train_seconds * 2 / 3600, rel=1e-12)
+        assert c.cost_usd == pytest.approx(2.0 * c.gpu_hours, rel=1e-12)
+        assert {"train_seconds", "gpu_hours", "cost_usd"} <= set(c.to_dict())
+
+
+def test_no_valid_strategy_names_each_constraint(llama):
+    # 96 = 3 x 32: the factor 3 fits nowhere (32 heads, 32 layers, 4096 tokens, a batch of 4096)
+    with pytest.raises(NoValidStrategy) as exc:
+        search(llama, devices=96, global_batch=4096, seq=4096)
+    text = str(exc.value)
+    for part in ("tp=3 does not divide num_attention_heads=32", "pp * vpp = 3 * 1 = 3 does not divide the 32 layers",
+                 "cp=3 does not divide seq=4096", "dp * fsdp = 3 does not divide the global batch of 4096"):
+        assert part in text
+
+
+def test_nothing_fits_says_the_smallest():
+    # DeepSeek-V3: 671B parameters without the MTP layer (the DeepSeek-V3 report, table 1), bf16 weights and
+    # AdamW's two bf16 states: 6 bytes a parameter, at best sharded over the 8 devices
+    least_gib = 671e9 * 6 / 8 / GIB
+    with pytest.raises(NoValidStrategy) as exc:
+        search("deepseek-v3", devices=8, global_batch=64, seq=4096, census="off")
+    text = str(exc.value)
+    assert "nothing fits in 140.4 GiB" in text
+    needed = float(re.search(r"needs at least ([\d.]+) GiB", text).group(1))
+    assert needed == pytest.approx(least_gib, rel=2e-3)
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"devices": 0}, "devices=0"),
+    ({"global_batch": -4}, "global_batch=-4"),
+    ({"hardware": "h900"}, "'h900' is not registered"),
+    ({"price_per_gpu_hour": 2.0}, "give tokens too"),
+    ({"memory_cap_bytes": 0}, "memory_cap_bytes=0"),
+    ({"colour": 1}, "unknown setting(s) colour"),
+])
+def test_bad_input_is_refused_by_name(llama, kw, words):
+    args = dict(devices=8, global_batch=16, seq=4096)
+    args.update(kw)
+    with pytest.raises(NdcostError) as exc:
+        search(llama, **args)
+    assert words in str(exc.value)
+    assert isinstance(exc.value, (InvalidValue, UnknownKey))
+
+
+def test_pareto_front():
+    peak = np.array([1.0, 2.0, 3.0, 2.0, 4.0])
+    step = np.array([5.0, 3.0, 4.0, 6.0, 1.0])
+    assert pareto_front(peak, step).tolist() == [0, 1, 4]
+
+
+def test_progress_bar_draws_and_clears():
+    out = io.StringIO()
+    bar = ProgressBar(200, "search x", stream=out, force=True)
+    bar.update(100)
+    bar.update(100)
+    bar.close()
+    text = out.getvalue()
+    assert "50%" in text and "100%" in text and "200 strategies" in text and text.endswith("\r\033[K")
+    quiet = io.StringIO()
+    ProgressBar(10, "x", stream=quiet).update(5)  # not a terminal: nothing drawn
+    assert quiet.getvalue() == ""
+
+
+@pytest.mark.slow
+def test_plot_is_a_png(llama, tmp_path):
+    pytest.importorskip("matplotlib")
+    r = search(llama, devices=4, global_batch=8, seq=4096, keep_points=True, top=3)
+    assert r.points is not None and len(r.points.peak_gib) == r.valid
+    path = tmp_path / "search.png"
+    plot_search([r], path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_names_the_extra(llama, tmp_path, monkeypatch):
+    r = search(llama, devices=2, global_batch=2, seq=4096, keep_points=True, top=1)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(MissingExtra, match=r"ndcost\[plot\]"):
+        plot_search([r], tmp_path / "x.png")
+
+
+@pytest.mark.slow
+def test_workers_equal_one_process():
+    kw = dict(devices=8, global_batch=16, seq=4096, census="off", top=25)
+    one = search(LLAMA, **kw)
+    many = search(LLAMA, workers=2, chunk_rows=3000, **kw)
+    assert (many.priced, many.valid, many.fitting) == (one.priced, one.valid, one.fitting)
+    assert [c.to_dict() for c in many.candidates] == [c.to_dict() for c in one.candidates]
+
+
+@pytest.mark.slow
+def test_dask_equals_one_process():
+    distributed = pytest.importorskip("distributed")
+    kw = dict(devices=8, global_batch=16, seq=4096, census="off", top=25)
+    one = search(LLAMA, **kw)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster:
+        many = search(LLAMA, scheduler=cluster.scheduler_address, chunk_rows=3000, **kw)
+    assert (many.priced, many.valid, many.fitting) == (one.priced, one.valid, one.fitting)
+    assert [c.to_dict() for c in many.candidates] == [c.to_dict() for c in one.candidates]
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "ndcost", "search", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+def test_cli_json_csv_and_table():
+    base = [LLAMA, "--devices", "4,8", "--hardware", "h200,h100", "--global-batch", "16", "--seq", "4096",
+            "--top", "3", "--census", "off"]
+    out = _cli(*base, "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert len(rows) == 12 and [(r["devices"], r["hardware"]) for r in rows[::3]] == [
+        (4, "h200"), (4, "h100"), (8, "h200"), (8, "h100")]
+    for r in rows:
+        assert {"strategy", "peak_bytes", "reserved_bytes", "step_seconds", "tokens_per_second", "mfu"} <= set(r)
+        assert r["reserved_bytes"] is None and isinstance(r["peak_bytes"], int)
+        ndcost.Strategy.parse(r["strategy"])
+    out = _cli(*base, "--csv")
+    assert out.returncode == 0, out.stderr
+    table = list(csv.DictReader(io.StringIO(out.stdout)))
+    assert [t["strategy"] for t in table] == [r["strategy"] for r in rows]
+    assert {"strategy", "peak_bytes", "reserved_bytes", "step_seconds", "tokens_per_second", "mfu"} <= set(table[0])
+    out = _cli(*base)
+    assert out.returncode == 0, out.stderr
+    assert max(len(line) for line in out.stdout.splitlines()) <= 100
+    assert "reserved memory is not modelled" in out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, words", [
+    (["--devices", "0"], "--devices 0"),
+    (["--global-batch", "-4"], "--global-batch -4"),
+    (["--hardware", "h900"], "'h900' is not registered"),
+    (["--devices", "96", "--global-batch", "4096"], "dp * fsdp = 3 does not divide the global batch of 4096"),
+])
+def test_cli_refusals_are_one_line(args, words):
+    base = {"--devices": "8", "--global-batch": "16", "--seq": "4096", "--census": "off"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    out = _cli(LLAMA, *[x for kv in base.items() for x in kv])
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_the_searchers_guide_example_runs():
+    out = subprocess.run([sys.executable, str(ROOT / "docs" / "examples" / "search_example.py")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "best:" in out.stdout and "refused:" in out.stdout
