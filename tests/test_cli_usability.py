@@ -46,7 +46,7 @@ def test_make_creates_and_uses_a_venv_when_none_is_active(tmp_path):
     lines = _make_dry_run("install", {}, f"VENV={venv}")
     assert lines[0] == f"python3 -m venv {venv}"
     assert lines[1] == f"{venv}/bin/python -m pip install -q torch==2.13.0"       # torch pinned first
-    assert lines[2].startswith(f"{venv}/bin/python -m pip install -q -e '.[census,test,lint]'")
+    assert lines[2].startswith(f"{venv}/bin/python -m pip install -q -e '.[census,test,lint,plot,dask]'")
     demo = _make_dry_run("demo", {}, f"VENV={venv}")
     assert demo[-1].startswith(f"{venv}/bin/python -m ndcost estimate llama-3.1-8b")
 
