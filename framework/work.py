@@ -98,13 +98,25 @@ class ModelWork:
     loss_bytes_per_token: Optional[float] = None  # the output layer's elementwise bytes (census); else analytic
     source: str = ""
 
+    def layer_counts(self) -> Mapping[str, int]:
+        """Layers of each kind, MTP layers included, in order of first appearance."""
+        counts: dict = {}
+        for kind in self.layer_order + self.mtp_kinds:
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
+    def _layers_forward_flops(self, seq, all_pairs: bool):
+        """Every layer's forward FLOPs on one sequence: a kind's count times its FLOPs (a loop over kinds)."""
+        total = 0.0
+        for kind, count in self.layer_counts().items():
+            total = total + count * self.work[kind].forward_flops(seq, all_pairs=all_pairs)
+        return total
+
     def forward_flops_per_sequence(self, seq, *, all_pairs: bool = False):
         """The whole model's forward FLOPs on one sequence (every layer, MTP layers and their heads)."""
-        total = 0.0
-        for kind in self.layer_order + self.mtp_kinds:
-            total = total + self.work[kind].forward_flops(seq, all_pairs=all_pairs)
         heads = 1 + len(self.mtp_kinds)
-        return total + heads * self.head_flops_per_token * np.asarray(seq, dtype=np.float64)
+        return (self._layers_forward_flops(seq, all_pairs)
+                + heads * self.head_flops_per_token * np.asarray(seq, dtype=np.float64))
 
     def training_flops_per_sequence(self, seq, *, recompute: str = "none", all_pairs: bool = False):
         """FLOPs a training step runs on one sequence: forward, a backward of twice it, and recompute.
@@ -114,7 +126,7 @@ class ModelWork:
         every pair of tokens as Narayanan et al. do. Selective recompute
         depends on the census's shares and is priced by :func:`step_time`.
         """
-        layers = sum(self.work[k].forward_flops(seq, all_pairs=all_pairs) for k in self.layer_order + self.mtp_kinds)
+        layers = self._layers_forward_flops(seq, all_pairs)
         heads = (1 + len(self.mtp_kinds)) * self.head_flops_per_token * np.asarray(seq, dtype=np.float64)
         if recompute not in ("none", "full"):
             raise InvalidValue(f"training_flops_per_sequence prices recompute none or full, not {recompute!r}")

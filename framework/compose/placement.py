@@ -11,6 +11,7 @@ recomputes its first ``recompute_layers`` layers (all where unset).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping, Optional, Sequence
 
 import attrs
@@ -58,15 +59,15 @@ class Placement:
     first: np.ndarray          # (N, R, V) bool: the chunk is the first virtual stage (the embedding)
     last: np.ndarray           # (N, R, V) bool: the chunk is the last virtual stage (final norm, head, MTP)
 
-    @property
+    @functools.cached_property
     def has_embedding(self) -> np.ndarray:
-        """(N, R) bool: the rank holds the embedding."""
-        return self.first.any(axis=2)  # type: ignore[return-value]  # numpy stubs: any(axis=) of an array is an array
+        """(N, R) bool: the rank holds the embedding (made once, read-only: memory and time read it often)."""
+        return _read_only(self.first.any(axis=2))
 
-    @property
+    @functools.cached_property
     def has_head(self) -> np.ndarray:
-        """(N, R) bool: the rank holds the final norm and the head."""
-        return self.last.any(axis=2)  # type: ignore[return-value]  # numpy stubs: any(axis=) of an array is an array
+        """(N, R) bool: the rank holds the final norm and the head (made once, read-only)."""
+        return _read_only(self.last.any(axis=2))
 
     @property
     def head_rank(self) -> np.ndarray:
@@ -75,7 +76,7 @@ class Placement:
 
     def rank_layers(self, with_mtp: bool = True) -> np.ndarray:
         """(N, R, K) int64: each rank's layers of each kind over its chunks."""
-        return np.moveaxis((self.layers if with_mtp else self.stack_layers).sum(axis=3), 0, 2)
+        return (self.layers if with_mtp else self.stack_layers).sum(axis=3).transpose(1, 2, 0)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -100,6 +101,12 @@ class RankPlacement:
         has_head = ranks == np.asarray(head_stage)[:, None]
         layers = stack_layers + has_head[:, :, None] * np.asarray(mtp_counts, dtype=np.int64)[None, None, :]
         return cls(layers=layers, has_embedding=ranks == np.asarray(embedding_stage)[:, None], has_head=has_head)
+
+
+def _read_only(array: Any) -> np.ndarray:
+    out = np.asarray(array)
+    out.setflags(write=False)
+    return out
 
 
 def _virtual_stages(cols: Mapping[str, Any], schedules: Sequence[Any], ranks: int, chunks: int):
