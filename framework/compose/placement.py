@@ -122,7 +122,7 @@ def _virtual_stages(cols: Mapping[str, Any], schedules: Sequence[Any], ranks: in
         rows = cols["schedule"] == code
         if rows.any():
             found = np.asarray(schedule.virtual_stage(pp3, vpp3, rank, chunk), dtype=np.int64)
-            stage = np.where(rows[:, None, None], np.broadcast_to(found, (n, ranks, chunks)), stage)
+            stage = np.where(rows[:, None, None], found, stage)
     stage = np.where(exists, np.clip(stage, 0, (pp * vpp - 1)[:, None, None]), 0)
     return stage, exists
 

@@ -32,6 +32,7 @@ from ndcost import columns, manager
 from ndcost.columns import DTYPE_BYTES, DTYPE_NAMES
 from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
+from ndcost.compose.memory import nan_to_zero, select
 from ndcost.compose.topology import group_link
 from ndcost.errors import InvalidValue, Unpriced
 from ndcost.values import CP_ALGOS, RECOMPUTE, Hardware, TimeBreakdown, frozen_mapping
@@ -302,11 +303,11 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     share_att = k["recomputed_attention_mm_share"][None, :]
     share_other = k["recomputed_other_mm_share"][None, :]
     measured = ~np.isnan(share_att) & ~np.isnan(share_other)
-    selective = np.where(measured, np.nan_to_num(share_att) * fwd_mm * att_share
-                         + np.nan_to_num(share_other) * fwd_mm * (1.0 - att_share), fwd_scores)
+    selective = np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
+                         + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_scores)
     mode = np.asarray(cols["recompute"])[:, None]
-    recompute = np.select([mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention")],
-                          [forward, selective, fwd_scores], 0.0)
+    recompute = select([mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention")],
+                       [forward, selective, fwd_scores], 0.0)
     return {"forward": forward, "backward": backward, "recompute": recompute,
             "scores_forward": fwd_scores, "scores_backward": bwd_scores,
             "selective_measured": np.broadcast_to(measured, forward.shape)}
