@@ -23,7 +23,7 @@ are not priced; moe imbalance scales the busiest rank's routed work and all-to-a
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np
@@ -173,10 +173,10 @@ def _collectives() -> Dict[str, Any]:
     return {name: registry.get(f"collective/{name}").seconds for name in COLLECTIVES}
 
 
-_DERIVED: Dict[Tuple[str, int], Tuple[Any, Any]] = {}
+_DERIVED: Dict[Tuple[Hashable, int], Tuple[Any, Any]] = {}
 
 
-def _derived(tag: str, obj: Any, make: Callable[[Any], Any]) -> Any:
+def _derived(tag: Hashable, obj: Any, make: Callable[[Any], Any]) -> Any:
     """``make(obj)``, made once per object and kept while it lives (by identity, *tag* naming what it is):
     what the time model derives from a frozen :class:`ModelWork` or :class:`Hardware`, which no strategy changes."""
     key = (tag, id(obj))
