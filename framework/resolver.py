@@ -134,6 +134,9 @@ class BatchResult:
 # ---------------------------------------------------------------------------
 # the cost model
 # ---------------------------------------------------------------------------
+_STACKED_KEPT = 64  # sets of sequence lengths whose stacked records a CostModel keeps
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class _Codebook:
     """What the registered plugin names decide for every batch: the names the categorical codes index, the
@@ -430,11 +433,17 @@ class CostModel:
         return book
 
     def _stack_records(self, tables: Sequence[memory.RecordTables]) -> Dict[str, np.ndarray]:
-        """:func:`ndcost.compose.memory.stack_records` of *tables*, stacked once per set of sequence lengths."""
+        """:func:`ndcost.compose.memory.stack_records` of *tables* (read-only), stacked once per set of sequence
+        lengths; the last ``_STACKED_KEPT`` sets are kept."""
         key = tuple(t.seq for t in tables)
         hit = self._stacked_records.get(key)
         if hit is None or any(a is not b for a, b in zip(hit[0], tables, strict=True)):
-            hit = self._stacked_records[key] = (tuple(tables), memory.stack_records(tables))
+            stacked = memory.stack_records(tables)
+            for array in stacked.values():
+                array.setflags(write=False)
+            if len(self._stacked_records) >= _STACKED_KEPT:
+                self._stacked_records.clear()
+            hit = self._stacked_records[key] = (tuple(tables), stacked)
         return hit[1]
 
     def evaluate(self, strategy: Any, hardware: Any = None) -> StrategyCost:

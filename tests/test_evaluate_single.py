@@ -190,3 +190,23 @@ def test_evaluate_takes_strings_and_mappings_as_the_batch_does():
     expected = model.evaluate_many([strategy]).cost(0, strategy)
     assert_same_cost(model.evaluate(text), expected, exact_provenance=True)
     assert_same_cost(model.evaluate(strategy.to_dict()), expected, exact_provenance=True)
+
+
+def test_a_plugin_registered_after_a_first_evaluation_is_priced(fresh):
+    """The names and plugins behind the codes are kept between calls, but a late registration is seen."""
+    from ndcost import manager
+    from ndcost.plugins.optimizers import Optimizer
+    from ndcost.registry import Source
+
+    model = ndcost.resolve("llama-3.1-8b", census="off")
+    base = model.evaluate("dp=2,seq=1024,zero=1")
+    with pytest.raises(InvalidStrategy, match="four_states"):
+        model.evaluate("dp=2,seq=1024,zero=1,optimizer=four_states")
+    manager.registry().add("optimizer/four_states", Optimizer(name="four_states", states_per_parameter=4),
+                           source=Source(distribution="test", module="test_evaluate_single"))
+    assert "four_states" in model.names()["optimizer"]
+    late = model.evaluate("dp=2,seq=1024,zero=1,optimizer=four_states")
+    # bf16 states sharded over dp=2 by ZeRO-1: twice AdamW's two states a parameter, to the byte per stage
+    for a, b in zip(base.stages, late.stages, strict=True):
+        assert b.bytes_by_category["optimizer_states"] == 2 * a.bytes_by_category["optimizer_states"]
+    assert "test_evaluate_single" in late.source("optimizer_states")
