@@ -162,7 +162,7 @@ def test_evaluate_is_the_batch_row(name, data, position):
 def _drawn(generator, count):
     seen = []
 
-    @settings(max_examples=count, deadline=None, database=None)
+    @settings(max_examples=count, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(value=generator)
     def collect(value):
         seen.append(value)
