@@ -9,8 +9,8 @@ modes, micro-batches, two sequence lengths) are drawn from a random grid (kept w
 ``evaluate_many`` finds them valid) and priced one ``evaluate(strategy)`` call at a time, after one
 pass that fills the record and work caches; the best of R passes is reported, by wall time and by this
 process's CPU time (the steadier figure on a shared machine). ``--census auto``
-prices each model with the census where its records are in the disk cache; a model whose census
-would have to run (torch imported on the warm-up) is reported as such and timed all the same.
+prices with the census (read from its disk cache after a first run); a model whose census had to
+run in this process (torch imported while drawing the strategies) is flagged, its timing unaffected.
 ``--profile NAME`` prints cProfile's top functions for that model instead. Single-threaded BLAS is
 forced so "one core" means one core. Exits 1 where a model's rate misses ``--target``.
 """
