@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-BENCHMARKS = ("bench_census.py", "bench_resolver.py", "bench_time.py", "bench_search.py")
+BENCHMARKS = ("bench_census.py", "bench_resolver.py", "bench_evaluate.py", "bench_time.py", "bench_search.py")
 # Arguments a benchmark needs to run on a CPU-only machine; {out} is a scratch file.
 ARGUMENTS = {"bench_time.py": ("--speed", "100000", "--out", "{out}")}
 

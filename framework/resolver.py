@@ -131,15 +131,39 @@ class BatchResult:
             fields = {f.name for f in attrs.fields(TimeBreakdown)} - {"provenance"}
             if fields <= set(self.time):
                 time = TimeBreakdown(**{f: float(self.time[f][row]) for f in fields},
-                                     provenance=dict(self.time.get("provenance", {}) or {}))
+                                     provenance=self.time.get("provenance", {}) or {})
         return StrategyCost(strategy=strategy, stages=tuple(stages), peak_bytes=int(self.peak_bytes[row]),  # type: ignore[arg-type]  # attrs plugin: converter typing
                             valid=bool(self.valid[row]), reason=str(self.reason[row]), time=time,
-                            provenance=dict(self.provenance))
+                            provenance=self.provenance)
 
 
 # ---------------------------------------------------------------------------
 # the cost model
 # ---------------------------------------------------------------------------
+_STACKED_KEPT = 64  # sets of sequence lengths whose stacked records a CostModel keeps
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class _Codebook:
+    """What the registered plugin names decide for every batch: the names the categorical codes index, the
+    plugins behind the codes and their provenance; made again once the registry resolves another entry."""
+
+    registry: Any
+    generation: int
+    names: Mapping[str, Tuple[str, ...]]
+    plugins: columns.CodePlugins
+    schedules: Mapping[str, str]   # schedule name -> its registry source, for provenance
+    optimizers: Mapping[str, str]
+
+    @classmethod
+    def of(cls, registry: Any) -> "_Codebook":
+        names = columns.category_names(registry)
+        return cls(registry=registry, generation=registry.generation, names=names,
+                   plugins=columns.code_plugins(registry, names),
+                   schedules={s: _source_of(f"schedule/{s}") for s in names["schedule"]},
+                   optimizers={o: _source_of(f"optimizer/{o}") for o in names["optimizer"]})
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class ResolvedModel:
     """A model resolved against its estimators: what memory and time are handed, and nothing else.
@@ -182,6 +206,8 @@ class CostModel:
         self.hardware = _hardware(hardware)
         self._given_records = dict(records or {})
         self._census_warned = False
+        self._codebook_made: Optional[_Codebook] = None
+        self._stacked_records: Dict[Tuple[int, ...], Tuple[Tuple[memory.RecordTables, ...], Dict[str, np.ndarray]]] = {}
         self._profile = None
         runtime_note = ""
         if builds_mtp is None:
@@ -417,7 +443,29 @@ class CostModel:
     # -- evaluation ------------------------------------------------------------------------------
     def names(self) -> Dict[str, Tuple[str, ...]]:
         """The names each categorical strategy field's codes index (:func:`ndcost.columns.category_names`)."""
-        return columns.category_names(_registry())
+        return dict(self._codebook().names)
+
+    def _codebook(self) -> _Codebook:
+        """The registry's names and the plugins behind the codes, made again only when the registry changes."""
+        registry = _registry()
+        book = self._codebook_made
+        if book is None or book.registry is not registry or book.generation != registry.generation:
+            book = self._codebook_made = _Codebook.of(registry)
+        return book
+
+    def _stack_records(self, tables: Sequence[memory.RecordTables]) -> Dict[str, np.ndarray]:
+        """:func:`ndcost.compose.memory.stack_records` of *tables* (read-only), stacked once per set of sequence
+        lengths; the last ``_STACKED_KEPT`` sets are kept."""
+        key = tuple(t.seq for t in tables)
+        hit = self._stacked_records.get(key)
+        if hit is None or any(a is not b for a, b in zip(hit[0], tables, strict=True)):
+            stacked = memory.stack_records(tables)
+            for array in stacked.values():
+                array.setflags(write=False)
+            if len(self._stacked_records) >= _STACKED_KEPT:
+                self._stacked_records.clear()
+            hit = self._stacked_records[key] = (tuple(tables), stacked)
+        return hit[1]
 
     def evaluate(self, strategy: Any, hardware: Any = None) -> StrategyCost:
         """The cost of one strategy (``evaluate_many`` of one row); InvalidStrategy where it cannot run."""
@@ -441,7 +489,8 @@ class CostModel:
 
     def _price(self, strategies: Any, hardware: Any) -> BatchResult:
         hw = self.hardware if hardware is None else _hardware(hardware)
-        names = self.names()
+        book = self._codebook()
+        names = book.names
         batch = columns.encode(strategies, names)
         self._model_checks(batch, names)
         n = batch.n
@@ -451,7 +500,7 @@ class CostModel:
         seq_index = np.zeros(n, dtype=np.int64)
         tables: List[memory.RecordTables] = []
         if valid.any():
-            seqs, inverse = np.unique(c["seq"][valid], return_inverse=True)
+            seqs, inverse = time_model.distinct(c["seq"][valid])
             for j, seq in enumerate(seqs.tolist()):
                 try:
                     tables.append(self.record_tables(seq))
@@ -489,8 +538,8 @@ class CostModel:
                   "layer_bytes": (K,)}
         out = {name: np.zeros((priced,) + shape, dtype=np.int64) for name, shape in shapes.items()}
         if priced:
-            recs = memory.stack_records(tables)
-            plugins = columns.code_plugins(_registry(), names)
+            recs = self._stack_records(tables)
+            plugins = book.plugins
             unpriced_selective = np.zeros(n, dtype=bool)
             beyond_exact = np.zeros(n, dtype=bool)
             cols_sorted = c if in_order else {k: v[order] for k, v in c.items()}
@@ -498,7 +547,7 @@ class CostModel:
             bounds_sorted = self._pp_bounds(batch.pp_layers, order)
             lo = 0
             for hi in ends.tolist():  # a loop over pipeline layouts, not rows: no row pays for another's stages
-                sub = {k: v[lo:hi] for k, v in cols_sorted.items()}
+                sub = dict(cols_sorted) if hi - lo == n else {k: v[lo:hi] for k, v in cols_sorted.items()}
                 sub["pp_bounds"] = None if bounds_sorted is None else bounds_sorted[lo:hi]
                 r = int(sub["pp"][0])  # one layout: every row of the slice has pp stages
                 composed = memory.compose(self.tables, recs, seq_sorted[lo:hi], sub, plugins.schedules,
@@ -537,8 +586,8 @@ class CostModel:
         num_stages = np.where(valid, c["pp"], 0)
         prov = dict(self.provenance)
         prov["records"] = {t.seq: dict(t.provenance) for t in tables}
-        prov["schedules"] = {s: _source_of(f"schedule/{s}") for s in names["schedule"]}
-        prov["optimizers"] = {o: _source_of(f"optimizer/{o}") for o in names["optimizer"]}
+        prov["schedules"] = dict(book.schedules)
+        prov["optimizers"] = dict(book.optimizers)
         peak = full["peak_bytes"]
         result = BatchResult(
             categories=tuple(MEMORY_CATEGORIES), peak_bytes=peak, stage_bytes=full["stage_bytes"],
@@ -553,7 +602,7 @@ class CostModel:
     def _attach_time(self, result: BatchResult, batch: columns.StrategyColumns, hardware: Hardware) -> BatchResult:
         """The time model's arrays for the batch: its work at each sequence length, the plugins by code."""
         return time_model.attach(result, batch, hardware, self.model_work,
-                                 columns.code_plugins(_registry(), self.names()))
+                                 self._codebook().plugins)
 
     def _pp_bounds(self, pp_layers, rows) -> Optional[np.ndarray]:
         if pp_layers is None:

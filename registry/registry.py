@@ -79,6 +79,7 @@ class Registry:
         self._pending: List[Entry] = []
         self._entries: Dict[str, Entry] = {}
         self._frozen = False
+        self.generation = 0  # counts resolutions: what a caller derived from the entries is stale once it moves
 
     # -- registration -------------------------------------------------------
     def callback(self, source: Source) -> Callable[..., None]:
@@ -128,6 +129,7 @@ class Registry:
         self._frozen = True
 
     def _resolve(self, entries: Iterable[Entry]) -> None:
+        self.generation += 1
         by_key: Dict[str, List[Entry]] = {}
         for entry in self._pending:
             by_key.setdefault(entry.key, []).append(entry)

@@ -49,6 +49,24 @@ def ceil_div(x, d):
     return -((-x) // d)
 
 
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+
+
+def nan_to_zero(x):
+    """``np.nan_to_num`` of a float64 array (NaN to 0, an infinity to the largest finite float) in two ufuncs,
+    without ``nan_to_num``'s per-call Python work (it weighs on a batch of one strategy)."""
+    return np.clip(np.where(np.isnan(x), 0.0, x), -_FLOAT_MAX, _FLOAT_MAX)
+
+
+def select(conditions, choices, default):
+    """``np.select``: each entry from the first condition that holds, else *default*; as nested ``np.where``
+    (``np.select`` broadcasts every argument first, which weighs on a batch of one strategy)."""
+    out = default
+    for condition, choice in zip(reversed(conditions), reversed(choices), strict=True):
+        out = np.where(condition, choice, out)
+    return out
+
+
 # ---------------------------------------------------------------------------
 # strategy-independent tables
 # ---------------------------------------------------------------------------
@@ -323,7 +341,7 @@ def _in_flight(cols: Mapping[str, Any], schedules: Sequence[Any], where: placeme
         rows = cols["schedule"] == code
         if rows.any():
             found = np.asarray(schedule.in_flight(pp, vpp, m, rank, chunk), dtype=np.int64)
-            held = np.where(rows[:, None, None], np.broadcast_to(found, held.shape), held)
+            held = np.where(rows[:, None, None], found, held)
     return np.where(where.exists, np.maximum(held, 0), 0)
 
 
@@ -465,18 +483,18 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
     full = (mode == RECOMPUTE.index("full"))[:, None]
     full_input = (model.hidden_size * batch.residual_bytes / np.where(sp, t, 1.0))[:, None] * np.ones((1, K))
     core = plain_per_token - at_tp(row("dropped"), row("dropped_tp"))
-    per_token = np.select([full, (mode == RECOMPUTE.index("selective"))[:, None],
-                           (mode == RECOMPUTE.index("core_attention"))[:, None]],
-                          [full_input, at_tp(row("selective"), row("selective_tp")) + gathered, core + gathered],
-                          default=plain_per_token + gathered)
+    per_token = select([full, (mode == RECOMPUTE.index("selective"))[:, None],
+                        (mode == RECOMPUTE.index("core_attention"))[:, None]],
+                       [full_input, at_tp(row("selective"), row("selective_tp")) + gathered, core + gathered],
+                       default=plain_per_token + gathered)
     keep_recomputed = tokens * per_token
     working = row("working")
-    working_plain = tokens * (np.nan_to_num(at_tp(working, row("working_tp"))) + (imbalance - 1.0) * routed_one
+    working_plain = tokens * (nan_to_zero(at_tp(working, row("working_tp"))) + (imbalance - 1.0) * routed_one
                               + gathered)
     working_plain = np.where(np.isnan(working), np.maximum(keep_plain, keep_recomputed), working_plain)
     working_recomputed = working_plain + np.where(full, tokens * full_input * row("working_input"), 0.0)
     return _LayerActivations(
-        keep_plain=keep_plain, keep_recomputed=np.nan_to_num(keep_recomputed), working_plain=working_plain,
+        keep_plain=keep_plain, keep_recomputed=nan_to_zero(keep_recomputed), working_plain=working_plain,
         working_recomputed=working_recomputed, excess_plain=np.maximum(working_plain - keep_plain, 0.0),
         excess_recomputed=np.maximum(working_recomputed - keep_recomputed, 0.0),
         unpriced_working=np.isnan(working).any(axis=1),
@@ -558,7 +576,7 @@ def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.P
     out_working = recs["out_working"][seq_index]
     keep = tokens * at_tp(recs["out_saved"][seq_index], recs["out_saved_tp"][seq_index])
     unpriced = np.isnan(out_working)
-    peak = np.where(unpriced, keep, tokens * at_tp(np.nan_to_num(out_working), recs["out_working_tp"][seq_index]))
+    peak = np.where(unpriced, keep, tokens * at_tp(nan_to_zero(out_working), recs["out_working_tp"][seq_index]))
     has_head = where.has_head
     head_held = np.where(where.last, held, 0).sum(axis=2)
     others = np.where(has_head, np.maximum(head_held - 1, 0) * keep[:, None], 0.0)

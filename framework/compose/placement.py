@@ -11,6 +11,7 @@ recomputes its first ``recompute_layers`` layers (all where unset).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import attrs
@@ -94,15 +95,15 @@ class Placement:
     first: np.ndarray          # (N, R, V) bool: the chunk is the first virtual stage (the embedding)
     last: np.ndarray           # (N, R, V) bool: the chunk is the last virtual stage (final norm, head, MTP)
 
-    @property
+    @functools.cached_property
     def has_embedding(self) -> np.ndarray:
-        """(N, R) bool: the rank holds the embedding."""
-        return self.first.any(axis=2)  # type: ignore[return-value]  # numpy stubs: any(axis=) of an array is an array
+        """(N, R) bool: the rank holds the embedding (made once, read-only: memory and time read it often)."""
+        return _read_only(self.first.any(axis=2))
 
-    @property
+    @functools.cached_property
     def has_head(self) -> np.ndarray:
-        """(N, R) bool: the rank holds the final norm and the head."""
-        return self.last.any(axis=2)  # type: ignore[return-value]  # numpy stubs: any(axis=) of an array is an array
+        """(N, R) bool: the rank holds the final norm and the head (made once, read-only)."""
+        return _read_only(self.last.any(axis=2))
 
     @property
     def head_rank(self) -> np.ndarray:
@@ -111,7 +112,7 @@ class Placement:
 
     def rank_layers(self, with_mtp: bool = True) -> np.ndarray:
         """(N, R, K) int64: each rank's layers of each kind over its chunks."""
-        return np.moveaxis((self.layers if with_mtp else self.stack_layers).sum(axis=3), 0, 2)
+        return (self.layers if with_mtp else self.stack_layers).sum(axis=3).transpose(1, 2, 0)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -138,6 +139,12 @@ class RankPlacement:
         return cls(layers=layers, has_embedding=ranks == np.asarray(embedding_stage)[:, None], has_head=has_head)
 
 
+def _read_only(array: Any) -> np.ndarray:
+    out = np.asarray(array)
+    out.setflags(write=False)
+    return out
+
+
 def _virtual_stages(cols: Mapping[str, Any], schedules: Sequence[Any], ranks: int, chunks: int):
     """(N, R, V) virtual stage of each rank's chunk, by each row's schedule (a loop over schedules)."""
     pp, vpp = cols["pp"].astype(np.int64), cols["vpp"].astype(np.int64)
@@ -151,7 +158,7 @@ def _virtual_stages(cols: Mapping[str, Any], schedules: Sequence[Any], ranks: in
         rows = cols["schedule"] == code
         if rows.any():
             found = np.asarray(schedule.virtual_stage(pp3, vpp3, rank, chunk), dtype=np.int64)
-            stage = np.where(rows[:, None, None], np.broadcast_to(found, (n, ranks, chunks)), stage)
+            stage = np.where(rows[:, None, None], found, stage)
     stage = np.where(exists, np.clip(stage, 0, (pp * vpp - 1)[:, None, None]), 0)
     return stage, exists
 

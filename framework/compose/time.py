@@ -22,7 +22,8 @@ are not priced; moe imbalance scales the busiest rank's routed work and all-to-a
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+import weakref
+from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np
@@ -31,6 +32,7 @@ from ndcost import columns, manager
 from ndcost.columns import DTYPE_BYTES, DTYPE_NAMES
 from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
+from ndcost.compose.memory import nan_to_zero, select
 from ndcost.compose.topology import group_link
 from ndcost.errors import InvalidValue, Unpriced
 from ndcost.values import CP_ALGOS, RECOMPUTE, Hardware, TimeBreakdown, frozen_mapping
@@ -171,7 +173,32 @@ def _collectives() -> Dict[str, Any]:
     return {name: registry.get(f"collective/{name}").seconds for name in COLLECTIVES}
 
 
-def _kind_arrays(model: ModelWork) -> Dict[str, np.ndarray]:
+_DERIVED: Dict[Tuple[Hashable, int], Tuple[Any, Any]] = {}
+
+
+def _derived(tag: Hashable, obj: Any, make: Callable[[Any], Any]) -> Any:
+    """``make(obj)``, made once per object and kept while it lives (by identity, *tag* naming what it is):
+    what the time model derives from a frozen :class:`ModelWork` or :class:`Hardware`, which no strategy changes."""
+    key = (tag, id(obj))
+    hit = _DERIVED.get(key)
+    if hit is not None and hit[0]() is obj:
+        return hit[1]
+    value = make(obj)
+
+    def forget(ref, key=key, cache=_DERIVED):  # the cache bound now: at interpreter exit globals are gone
+        if cache.get(key, (None,))[0] is ref:
+            del cache[key]
+
+    _DERIVED[key] = (weakref.ref(obj, forget), value)
+    return value
+
+
+def _kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
+    """The kinds' work as ``(K,)`` arrays (read-only, made once a ModelWork)."""
+    return _derived("kind_arrays", model, _make_kind_arrays)
+
+
+def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
     fields = ("attention_mm_flops_per_token", "other_mm_flops_per_token", "routed_mm_flops_per_token",
               "score_flops_per_pair", "window", "linrec_flops_per_token", "elementwise_elements_per_token",
               "replicated_elements_per_token", "dense_parameters", "routed_parameters", "replicated_parameters",
@@ -181,7 +208,9 @@ def _kind_arrays(model: ModelWork) -> Dict[str, np.ndarray]:
     for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share"):
         out[name] = np.array([np.nan if getattr(model.work[k], name) is None else float(getattr(model.work[k], name))
                               for k in model.kinds])
-    return out
+    for array in out.values():
+        array.setflags(write=False)
+    return frozen_mapping(out)
 
 
 # ---------------------------------------------------------------------------
@@ -274,11 +303,11 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     share_att = k["recomputed_attention_mm_share"][None, :]
     share_other = k["recomputed_other_mm_share"][None, :]
     measured = ~np.isnan(share_att) & ~np.isnan(share_other)
-    selective = np.where(measured, np.nan_to_num(share_att) * fwd_mm * att_share
-                         + np.nan_to_num(share_other) * fwd_mm * (1.0 - att_share), fwd_scores)
+    selective = np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
+                         + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_scores)
     mode = np.asarray(cols["recompute"])[:, None]
-    recompute = np.select([mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention")],
-                          [forward, selective, fwd_scores], 0.0)
+    recompute = select([mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention")],
+                       [forward, selective, fwd_scores], 0.0)
     return {"forward": forward, "backward": backward, "recompute": recompute,
             "scores_forward": fwd_scores, "scores_backward": bwd_scores,
             "selective_measured": np.broadcast_to(measured, forward.shape)}
@@ -537,7 +566,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     n = len(cols["tp"])
     if n > CHUNK_ROWS and placed is None:
         return _chunked(model, cols, hardware, schedules, states_per_parameter)
-    eff, eff_sources = efficiencies(hardware)
+    eff, eff_sources = _derived("efficiencies", hardware, efficiencies)
     coll = _collectives()
     rows, shard = _rows(cols, hardware), sharding_rules.sharding(cols)
     where = placed if placed is not None else placement_rules.RankPlacement.of(placement_rules.place(
@@ -571,7 +600,19 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     detail = {"stage_seconds": stage, "busiest_rank": pipe["busiest"], "forward_seconds": pick(forward),
               "backward_seconds": pick(backward), "grad_sync_seconds": pick(dp["grad_step"]),
               "pp_send_seconds": pipe["send"]}
-    return _results(model, rows, seconds, detail, _provenance(model, eff, eff_sources, coll, hardware))
+    provenance = _derived(("provenance", model.source, tuple(coll.values())), hardware,
+                          lambda hw: _provenance(model, eff, eff_sources, coll, hw))
+    return _results(model, rows, seconds, detail, provenance)
+
+
+def distinct(values) -> Tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` (the inverse flat), without its sort where every value is the
+    same (a batch of one strategy, or of one sequence length)."""
+    values = np.asarray(values)
+    if len(values) and bool((values == values[0]).all()):
+        return values[:1], np.zeros(len(values), dtype=np.int64)
+    found, inverse = np.unique(values, return_inverse=True)
+    return found, inverse.reshape(-1)
 
 
 def mtp_counts(model: ModelWork) -> np.ndarray:
@@ -625,22 +666,28 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
     if valid.any():
         try:
             rows = np.flatnonzero(valid)
-            cols: Dict[str, Any] = {k: np.asarray(v)[rows] for k, v in batch.cols.items()}
+            every = len(rows) == n  # every row valid (one strategy's): the columns as they are
+            cols: Dict[str, Any] = (dict(batch.cols) if every else
+                                    {k: np.asarray(v)[rows] for k, v in batch.cols.items()})
             splits = None if batch.pp_layers is None else [batch.pp_layers[i] for i in rows.tolist()]
             cols["pp_bounds"] = None if splits is None else placement_rules.split_bounds(splits)
-            seqs, inverse = np.unique(cols["seq"], return_inverse=True)
+            seqs, inverse = distinct(cols["seq"])
             works = {seq: model_work(seq) for seq in seqs.tolist()}
             # rows grouped by (sequence length, pp), each group a contiguous slice after one sort, so a
             # group's per-rank arrays are only as wide as its pp; groups cut at CHUNK_ROWS rows
             pp = cols["pp"]
-            key = inverse.reshape(-1) * (int(pp.max()) + 1) + pp
-            order = np.argsort(key, kind="stable")
-            edges = np.flatnonzero(np.diff(key[order])) + 1
-            cuts = sorted(set(edges.tolist()) | set(range(0, len(order), CHUNK_ROWS)) | {len(order)})
-            ordered = {k: None if v is None else v[order] for k, v in cols.items()}
+            key = inverse * (int(pp.max()) + 1) + pp
+            if len(key) <= CHUNK_ROWS and bool((key == key[0]).all()):  # one group (one strategy): no sort
+                order, cuts, ordered = np.arange(len(key)), [0, len(key)], cols
+            else:
+                order = np.argsort(key, kind="stable")
+                edges = np.flatnonzero(np.diff(key[order])) + 1
+                cuts = sorted(set(edges.tolist()) | set(range(0, len(order), CHUNK_ROWS)) | {len(order)})
+                ordered = {k: None if v is None else v[order] for k, v in cols.items()}
             for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):  # a loop over the groups, not rows
                 seq = seqs[key[order[lo]] // (int(pp.max()) + 1)].item()
-                sub = {k: None if v is None else v[lo:hi] for k, v in ordered.items()}
+                sub = ordered if hi - lo == len(order) else {k: None if v is None else v[lo:hi]
+                                                             for k, v in ordered.items()}
                 group, ranks = rows[order[lo:hi]], int(cols["pp"][order[lo]])
                 # the memory composition's placement of these rows (one pp a group: its ranks are the width)
                 placed = placement_rules.RankPlacement.from_stages(
