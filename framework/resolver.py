@@ -493,6 +493,7 @@ class CostModel:
         names = book.names
         batch = columns.encode(strategies, names)
         self._model_checks(batch, names)
+        _hardware_checks(batch, hw)
         n = batch.n
         valid = ~batch.invalid()
         c = batch.cols
@@ -708,6 +709,17 @@ class CostModel:
                 mask = rows & np.asarray(mask, dtype=bool)
                 batch.refuse(mask, lambda i, tpl=template: tpl.format(
                     pp=c["pp"][i], vpp=c["vpp"][i], m=c["num_micro_batches"][i]))
+
+
+def _hardware_checks(batch: columns.StrategyColumns, hardware: Hardware) -> None:
+    """Rows computing in a dtype *hardware* states no peak for are refused (a loop over the dtypes used)."""
+    codes = batch.cols["compute_dtype"]
+    for code in np.unique(codes).tolist():
+        dtype = columns.DTYPE_NAMES[code]
+        if dtype not in hardware.peak_flops_per_second:
+            batch.refuse(codes == code, f"compute_dtype={dtype}: hardware {hardware.name!r} states no peak for it "
+                                        f"(it states {', '.join(hardware.peak_flops_per_second)}); use one of "
+                                        f"those or a hardware file that states a peak for {dtype}")
 
 
 def _even_split(layers: int, stages: int) -> List[int]:

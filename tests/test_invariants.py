@@ -284,3 +284,13 @@ def test_json_is_strict(capsys, monkeypatch):
     assert main(["params", "llama-3.1-8b", "--json"]) == 1
     out, err = capsys.readouterr()
     assert out == "" and "non-finite number at x.1" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_compute_dtype_the_hardware_has_no_peak_for_refuses_its_row_only():
+    model = ndcost.resolve("llama-3.1-8b", census="off")
+    result = model.evaluate_many({"seq": [SEQ, SEQ], "compute_dtype": ["bf16", "int8"]})
+    assert result.valid.tolist() == [True, False]
+    assert "compute_dtype=int8" in result.reason[1] and "states no peak" in result.reason[1]
+    assert np.isfinite(result.time["step_seconds"][0]) and np.isnan(result.time["step_seconds"][1])
+    with pytest.raises(ndcost.errors.InvalidStrategy, match="int8"):
+        model.evaluate(f"seq={SEQ},compute_dtype=int8")
