@@ -775,7 +775,7 @@ def plot_search(results: Sequence[SearchResult], path: Any) -> None:
         ax.scatter([best.peak_bytes / GIB], [best.step_seconds], marker="*", s=120, c="gold", edgecolors="k",
                    zorder=5, label="chosen")
         label = str(best.strategy).replace(f",seq={result.seq}", "").replace(f"seq={result.seq},", "")
-        ax.annotate(_wrap(label, 40), (best.peak_bytes / GIB, best.step_seconds), xytext=(10, 10),
+        ax.annotate("\n".join(wrap_strategy(label, 40)), (best.peak_bytes / GIB, best.step_seconds), xytext=(10, 10),
                     textcoords="offset points", fontsize=7, bbox={"boxstyle": "round", "fc": "w", "alpha": 0.8})
         ax.set_yscale("log")
         ax.set_xlabel("peak memory per device (GiB, allocated)")
@@ -793,7 +793,8 @@ def plot_search(results: Sequence[SearchResult], path: Any) -> None:
     plt.close(fig)
 
 
-def _wrap(text: str, width: int) -> str:
+def wrap_strategy(text: str, width: int) -> List[str]:
+    """A ``k=v,...`` strategy cut into lines of at most *width* characters, at its commas."""
     lines, line = [], ""
     for item in text.split(","):
         if line and len(line) + len(item) + 1 > width:
@@ -801,4 +802,4 @@ def _wrap(text: str, width: int) -> str:
             line = item
         else:
             line = f"{line},{item}" if line else item
-    return "\n".join(lines + [line])
+    return lines + [line]

@@ -112,6 +112,8 @@ def _csv(rows: List[dict]) -> str:
 
 def _render(result: Any) -> str:
     """A header, the best strategies (fit in 100 columns, the strategy wrapped at commas) and what was pruned."""
+    from ndcost.search import wrap_strategy
+
     lines = textwrap.wrap(
         f"{result.model} on {result.devices} x {result.hardware}, global batch {result.global_batch:,} x "
         f"{result.seq:,} tokens, cap {result.memory_cap_bytes / _GIB:.1f} GiB: {result.priced:,} strategies "
@@ -137,21 +139,10 @@ def _render(result: Any) -> str:
     lines.append("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)) + "  strategy")
     lines.append("  ".join("-" * w for w in widths) + "  " + "-" * min(room, 40))
     for row, strategy in rows:
-        wrapped = _wrap(strategy, room)
+        wrapped = wrap_strategy(strategy, room)
         lines.append("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) + "  " + wrapped[0])
         lines += [" " * left + more for more in wrapped[1:]]
     for p in result.pruning:
         lines += textwrap.wrap(f"pruned {p.removed:,} {p.of} ({p.step}): {p.reason}", _WIDTH,
                                subsequent_indent="    ")
     return "\n".join(lines)
-
-
-def _wrap(text: str, width: int) -> List[str]:
-    lines, line = [], ""
-    for item in text.split(","):
-        if line and len(line) + len(item) + 1 > width:
-            lines.append(line + ",")
-            line = item
-        else:
-            line = f"{line},{item}" if line else item
-    return lines + [line]
