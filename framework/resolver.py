@@ -434,8 +434,11 @@ class CostModel:
                 continue
             try:
                 routed_all, width = formulas.routed_bytes(self.spec, kind, seq)
-            except (NdcostError, KeyError, TypeError, ValueError):
-                continue
+            except (NdcostError, KeyError, TypeError, ValueError) as exc:  # never priced as if not routed
+                raise Unpriced(f"the routed experts' bytes of MoE kind {kind!r} at seq {seq}: the op records "
+                               f"({_source_of('estimator/activations/op_records')}) could not state them "
+                               f"({type(exc).__name__}: {exc}); expert parallelism and moe_imbalance cannot "
+                               f"be priced without them") from exc
             rest = routed_all - width
             out[kind] = (rest, width, rest, width) if where == "census" else (routed_all, 0.0, rest, width)
         return out

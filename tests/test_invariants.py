@@ -294,3 +294,17 @@ def test_a_compute_dtype_the_hardware_has_no_peak_for_refuses_its_row_only():
     assert np.isfinite(result.time["step_seconds"][0]) and np.isnan(result.time["step_seconds"][1])
     with pytest.raises(ndcost.errors.InvalidStrategy, match="int8"):
         model.evaluate(f"seq={SEQ},compute_dtype=int8")
+
+
+def test_routed_bytes_the_op_records_cannot_state_refuse_the_rows_never_price_them_as_dense(monkeypatch):
+    from ndcost.resolver import _estimator
+
+    formulas = _estimator("activations", "op_records")
+
+    def broken(self, spec, kind, seq):
+        raise KeyError("routed")   # e.g. a third-party op record that merged but cannot be evaluated
+
+    monkeypatch.setattr(type(formulas), "routed_bytes", broken)  # a frozen estimator: patch its class
+    result = ndcost.resolve("mixtral-8x7b", census="off").evaluate_many({"seq": [SEQ], "ep": [8], "dp": [8]})
+    assert not result.valid[0]
+    assert "routed experts' bytes of MoE kind" in result.reason[0] and "KeyError" in result.reason[0]
