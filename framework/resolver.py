@@ -36,6 +36,7 @@ from ndcost.specio import load_hardware_yaml
 from ndcost.values import (
     CP_ALGOS,
     MEMORY_CATEGORIES,
+    SHARD_MESHES,
     Hardware,
     ModelSpec,
     StageMemory,
@@ -702,6 +703,13 @@ class CostModel:
         batch.refuse((c["zero"] > 0) & (c["fsdp"] > 1),
                      lambda i: f"zero={c['zero'][i]} with fsdp={c['fsdp'][i]}: both shard over the data-parallel "
                                f"ranks; use zero over dp or fsdp, not both")
+        # fields the composition does not price yet are refused by name, never priced as their defaults
+        batch.refuse(c["shard_mesh"] != SHARD_MESHES.index("dp_cp"),
+                     "shard_mesh=dp is not priced yet; use shard_mesh=dp_cp")
+        batch.refuse(~c["reshard_after_forward"],
+                     "reshard_after_forward=false is not priced yet; use reshard_after_forward=true")
+        for name in ("offload_optimizer", "offload_params", "offload_activations"):
+            batch.refuse(c[name], f"{name}=true is not priced yet; use {name}=false")
         # the schedules' own refusals, by name
         for code, name in enumerate(names["schedule"]):
             rows = c["schedule"] == code

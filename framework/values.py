@@ -179,6 +179,7 @@ _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float
                   "float8": "fp8", "e4m3": "fp8", "e5m2": "fp8"}
 CP_ALGOS = ("ring", "ulysses", "colossal", "hybrid")
 RECOMPUTE = ("none", "full", "selective", "core_attention")
+SHARD_MESHES = ("dp_cp", "dp")
 
 
 def _column(convert: Any, kind: str, **facts: Any) -> Any:
@@ -371,6 +372,11 @@ class Strategy:
     pp_layers: Optional[Tuple[int, ...]] = attrs.field(default=None, converter=_pp_layers)
     moe_imbalance: float = attrs.field(default=1.0, converter=_float_field("moe_imbalance", 1.0))
     allocator_overhead: float = attrs.field(default=0.0, converter=_float_field("allocator_overhead", 0.0, 1.0))
+    shard_mesh: str = attrs.field(default="dp_cp", converter=_choice("shard_mesh", SHARD_MESHES))
+    reshard_after_forward: bool = attrs.field(default=True, converter=_bool_field("reshard_after_forward"))
+    offload_optimizer: bool = attrs.field(default=False, converter=_bool_field("offload_optimizer"))
+    offload_params: bool = attrs.field(default=False, converter=_bool_field("offload_params"))
+    offload_activations: bool = attrs.field(default=False, converter=_bool_field("offload_activations"))
 
     def __init__(self, *args: Any, **fields: Any) -> None:
         # attrs' own __init__ would answer an unknown or positional field with a bare TypeError;
@@ -573,6 +579,24 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
     "allocator_overhead": FieldDoc(meaning="the caching allocator's fragmentation, as a fraction of the rest of a "
                                            "stage's bytes, added as the allocator category", unit="fraction",
                                    synonyms=("fragmentation", "allocator_fragmentation", "memory_overhead")),
+    "shard_mesh": FieldDoc(meaning="the ranks FSDP and ZeRO shard over: dp_cp also over the context-parallel ranks "
+                                   "(torchtitan's dp_shard_cp mesh, Megatron-LM's distributed optimizer), dp over "
+                                   "the data-parallel ranks only (cp ranks replicate)",
+                           synonyms=("fsdp_mesh", "shard_group", "dp_shard_cp", "data_parallel_with_cp")),
+    "reshard_after_forward": FieldDoc(meaning="FSDP frees a layer's gathered parameters after its forward and "
+                                              "gathers them again for its backward (false: keeps them to the "
+                                              "backward)",
+                                      synonyms=("fsdp_reshard_after_forward", "reshard", "stage3_param_persistence")),
+    "offload_optimizer": FieldDoc(meaning="optimizer states and master copy live in host memory and the "
+                                          "optimizer steps on the CPU (ZeRO-Offload, Megatron-LM's "
+                                          "--optimizer-cpu-offload)",
+                                  synonyms=("optimizer_cpu_offload", "cpu_offload_optimizer", "offload_optim")),
+    "offload_params": FieldDoc(meaning="parameters (and their gradients) live in host memory, copied to the device "
+                                       "as layers need them (ZeRO-Infinity offload_param, FSDP2 CPUOffloadPolicy)",
+                               synonyms=("offload_param", "cpu_offload", "param_offload", "cpu_offload_params")),
+    "offload_activations": FieldDoc(meaning="saved activations are copied to host memory after the forward and back "
+                                            "for the backward (torch.autograd.graph.save_on_cpu)",
+                                    synonyms=("activation_offload", "cpu_offload_activations", "offload_activation")),
 })
 
 
