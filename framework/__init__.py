@@ -34,7 +34,8 @@ from ndcost.values import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "resolve", "verify", "from_config", "Strategy", "Hardware", "ModelSpec", "LayerGroup", "LayerKind", "NetworkLevel", "StageMemory",
+    "resolve", "verify", "from_config", "Strategy", "Hardware", "ModelSpec", "LayerGroup", "LayerKind", "NetworkLevel",
+    "StageMemory",
     "StrategyCost",
     "TimeBreakdown", "accounting", "hookimpl", "PARTS", "OPS", "FLOP_PARTS",
     "NdcostError", "InvalidValue", "InvalidStrategy", "UnknownKey", "RegistrationError", "Unpriced",

@@ -29,6 +29,8 @@ def test_an_unknown_kind_is_refused_naming_the_namespace(tmp_path):
 
 def test_estimate_needs_a_strategy_or_a_configuration():
     result = ndcost("estimate", "llama-3.1-8b", check=False)
-    assert result.returncode == 1 and "give --strategy" in result.stderr
+    assert result.returncode == 2 and "give --strategy" in result.stderr and not result.stdout
     result = ndcost("estimate", "llama-3.1-8b", "--strategy", "seq=4096", "--devices", "8", check=False)
-    assert result.returncode == 1 and "--devices goes with --from" in result.stderr
+    assert result.returncode == 2 and "--devices goes with --from" in result.stderr
+    result = ndcost("estimate", check=False)
+    assert result.returncode == 2 and "give a MODEL and --strategy, or --from KIND:PATH" in result.stderr

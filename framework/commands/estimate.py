@@ -57,18 +57,25 @@ def add_arguments(parser) -> None:
                         help="a column for every memory category (wider than 100 columns)")
 
 
+def usage_error(args):
+    """The arguments that must go together: a MODEL and --strategy, or --from (and --devices only with it)."""
+    if args.from_config is None:
+        if args.model is None:
+            return "give a MODEL and --strategy, or --from KIND:PATH"
+        if args.strategy is None:
+            return "give --strategy (e.g. \"fsdp=8,seq=4096\"), or --from KIND:PATH"
+        if args.devices is not None:
+            return "--devices goes with --from KIND:PATH (a strategy states its devices itself)"
+    return None
+
+
 def run(args):
     from ndcost.cli import Output, table
-    from ndcost.errors import InvalidValue
     from ndcost.resolver import resolve
     from ndcost.values import Strategy
 
     trainer = _trainer_config(args)
     if trainer is None:
-        if args.model is None:
-            raise InvalidValue("give a MODEL (and --strategy), or --from KIND:PATH")
-        if not args.strategy:
-            raise InvalidValue("give --strategy (e.g. \"fsdp=8,seq=4096\"), or --from KIND:PATH")
         strategy = Strategy.parse(args.strategy)
         runtime = args.runtime
     else:
@@ -139,15 +146,12 @@ def _trainer_config(args):
     """The trainer configuration --from names (its report on stderr), or None without --from."""
     import sys
 
-    from ndcost.errors import InvalidValue
     from ndcost.trainers import from_config, parse_source
 
     args.runtime_given = args.runtime is not None
     if args.runtime is None:
         args.runtime = "hf-cuda"
     if args.from_config is None:
-        if args.devices is not None:
-            raise InvalidValue("--devices goes with --from KIND:PATH (a strategy states its devices itself)")
         return None
     kind, path = parse_source(args.from_config)
     config = from_config(kind, path, devices=args.devices, model=args.model, strategy=args.strategy)
