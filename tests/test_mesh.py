@@ -236,3 +236,29 @@ def test_vocab_parallel_needs_tp_to_divide_the_vocabulary():
     plain = cm.evaluate(Strategy.parse("seq=2048"))
     split = cm.evaluate(Strategy.parse("seq=2048,vocab_parallel=true"))
     assert split.peak_bytes == plain.peak_bytes and split.time.step_seconds == plain.time.step_seconds
+
+
+# ---------------------------------------------------------------------------
+# the search
+# ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_search_tries_reshard_after_forward_false_under_fsdp_and_a_pipeline():
+    """On 4 devices the only layouts with fsdp > 1 and pp > 1 are fsdp 2 x pp 2: there, and only there, each
+    strategy is priced twice, resharding or keeping the layers gathered (more bytes: 16 layers a stage, no
+    backward gathers: never slower)."""
+    import attrs
+
+    import ndcost
+    from ndcost.search import search
+    model = ndcost.resolve("llama-3.1-8b", hardware="h200", census="off")
+    r = search(model, devices=4, global_batch=4, seq=S, recompute_layer_fractions=(), exhaustive=True, top=100_000,
+               memory_cap_bytes=10 ** 15)
+    by_text = {str(c.strategy): c for c in r.candidates}
+    kept = [c for c in r.candidates if not c.strategy.reshard_after_forward]
+    assert kept and {(c.strategy.fsdp, c.strategy.pp) for c in kept} == {(2, 2)}
+    resharding = [c for c in r.candidates if (c.strategy.fsdp, c.strategy.pp) == (2, 2)
+                  and c.strategy.reshard_after_forward]
+    assert len(resharding) == len(kept)
+    for c in kept:
+        twin = by_text[str(attrs.evolve(c.strategy, reshard_after_forward=True))]
+        assert c.peak_bytes > twin.peak_bytes and c.step_seconds <= twin.step_seconds
