@@ -23,7 +23,10 @@ kind of its first or last layer; TP splits parameters evenly (row-parallel biase
 down-projections too); activation records are used at the dtype they were taken in; the share of a
 layer's gradients made by its working moment is the census's at TP 1; under sharded gradients and
 accumulation a layer's transient gradients before they are added in are not counted (the
-embedding's aside); the embedding's sort scratch is an upper bound (one row a token).
+embedding's aside); the embedding's sort scratch is an upper bound (one row a token); under a pipeline
+PyTorch's schedules (``torch/distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``) keep FSDP's
+gradients whole and its parameters gathered after each backward until the last micro-batch's: counted as
+outside a pipeline (gradients sharded, a layer resharded after its backward).
 """
 from __future__ import annotations
 
