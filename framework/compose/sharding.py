@@ -54,8 +54,8 @@ class Sharding:
     expert_replicas: np.ndarray  # (N,) replicas * tp / (ep * etp): ranks holding the same routed experts
     shard_replicas: np.ndarray   # (N,) replicas / dense_ways: ranks holding the same shard (HSDP's dp, cp under
     #                              shard_mesh=dp), over which a sharded gradient is all-reduced; 1: no such ranks
-    shard_stride: np.ndarray     # (N,) ranks apart the shard group's members are (the rank order of
-    replica_stride: np.ndarray   # (N,) ndcost.compose.topology), and the shard replicas'
+    shard_stride: np.ndarray     # (N,) ranks apart the shard group's members are (ndcost.compose.topology's order)
+    replica_stride: np.ndarray   # (N,) ranks apart a shard's replicas are
     fsdp: np.ndarray             # (N,) bool: FSDP2 shards (fsdp > 1, or shard_mesh=fsdp_cp with cp > 1)
     keeps_gathered: np.ndarray   # (N,) bool: FSDP with reshard_after_forward=false (a layer's gathered
     #                              parameters held from its forward to its backward)
@@ -95,12 +95,12 @@ def sharding(cols: Mapping[str, Any]) -> Sharding:
     replicas = dp * fsdp * cp
     fsdp_on = (fsdp > 1) | ((mesh == _FSDP_CP) & (cp > 1))
     cp_ways = np.where(mesh == _DP_ONLY, 1, cp)  # the cp ranks in the shard group, or replicating
-    # ranks: tp innermost, then cp, fsdp, dp (ndcost.compose.topology); a group of cp and dp ranks, as the
-    # replicas of an FSDP shard under shard_mesh=dp, is given the stride that spans the same ranks
     dense_ways = np.where(fsdp_on, fsdp, dp) * cp_ways
     group = dense_ways * tp
     routed_ways = np.where(group % ep_etp == 0, np.maximum(group // ep_etp, 1), 1)
     sharded = {category: (zero >= stage) | fsdp_on for category, stage in SHARDED_FROM_ZERO.items()}
+    # ranks: tp innermost, then cp, fsdp, dp (ndcost.compose.topology); the replicas of an FSDP shard under
+    # shard_mesh=dp, cp and dp ranks, get the stride spanning the same ranks (tp * fsdp, cp * dp of them)
     replica_stride = np.where(fsdp_on, tp * fsdp * cp_ways, np.where(mesh == _DP_ONLY, tp, tp * cp * fsdp))
     return Sharding(replicas=replicas, dense_ways=dense_ways, routed_ways=routed_ways,
                     expert_replicas=replicas * tp / ep_etp, shard_replicas=replicas // dense_ways,

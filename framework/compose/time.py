@@ -599,8 +599,9 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
     exposed = (m * (pick(rank["exposed_f"]) + pick(rank["exposed_b"]) + pick(fsdp_exposed_f) + pick(fsdp_exposed_b))
                + grad_exposed + param_exposed + pipe["pp_exposed"])
-    gathers = np.where(shard.keeps_gathered, 1.0, 2.0)  # a micro-batch's: the forward's, and the backward's
-    communication = (m * (pick(rank["comm_layers"]) + pick(dp["fsdp_gather"]) * gathers + pick(dp["fsdp_scatter"])
+    gathers_a_micro_batch = np.where(shard.keeps_gathered, 1.0, 2.0)  # the forward's, and the backward's
+    communication = (m * (pick(rank["comm_layers"]) + pick(dp["fsdp_gather"]) * gathers_a_micro_batch
+                          + pick(dp["fsdp_scatter"])
                           + pipe["pp_comm"]) + pick(dp["grad_step"]) + pick(dp["param_step"]))
     seconds = {"compute_seconds": compute, "exposed_communication_seconds": exposed,
                "communication_seconds": communication, "bubble_seconds": pipe["bubble"],
