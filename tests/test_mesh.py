@@ -62,9 +62,9 @@ def _stage(cm, text, stage=0):
     return cost.stages[stage]
 
 
-def _persistent(cm, text):
+def _persistent(cm, text, master_dtype="fp32"):
     # two micro-batches: the second backward finds every gradient made, so each category is whole at any moment
-    held = _stage(cm, f"{text},num_micro_batches=2,seq={S},master_dtype=fp32").bytes_by_category
+    held = _stage(cm, f"{text},num_micro_batches=2,seq={S},master_dtype={master_dtype}").bytes_by_category
     return {name: held[name] for name in PERSISTENT}
 
 
@@ -110,18 +110,24 @@ def test_shard_mesh_changes_nothing_without_cp(llama8b):
 # torchtitan's meshes: (dp_replicate, dp_shard, cp)
 # ---------------------------------------------------------------------------
 def test_torchtitan_fsdp_1_cp_8_shards_over_the_cp_ranks(llama8b):
-    """torchtitan's "FSDP 1, CP 8" (dp_shard 1, cp 8) applies FSDP over its dp_shard_cp mesh of 8 ranks:
-    fsdp=1,cp=8,shard_mesh=fsdp_cp. Plain fsdp=1,cp=8 shards nothing (each device held all 8.03B parameters'
-    states: the issue's over-count); zero=3,cp=8 shards as many ways."""
-    whole = _persistent(llama8b, "cp=8")
-    assert whole == _split(1)
-    assert sum(whole.values()) == P * (2 + 2 + 4 + 4)       # 12 bytes a parameter: 96,363,134,976 bytes, 89.7 GiB
-    sharded = _persistent(llama8b, "cp=8,shard_mesh=fsdp_cp")
-    assert sharded == _split(8)
-    assert sum(sharded.values()) == math.ceil(P / 8) * 12   # 1/8 of it: 11.2 GiB
-    assert _persistent(llama8b, "cp=8,zero=3") == sharded
-    # the rest of the peak: FSDP2 keeps the root (embedding, final norm, head) gathered for the step
-    held = _stage(llama8b, f"cp=8,shard_mesh=fsdp_cp,seq={S}").bytes_by_category
+    """torchtitan's "FSDP 1, CP 8" (docs/performance.md, Table 2: Llama 3.1 8B, 8 GPUs) applies FSDP over its
+    dp_shard_cp mesh of 8 ranks: fsdp=1,cp=8,shard_mesh=fsdp_cp. Plain fsdp=1,cp=8 shards nothing: the issue's
+    168 GiB. In torchtitan's precision (fp32 parameters, gradients and AdamW moments, bf16 compute) a device
+    held 16 bytes a parameter, and autocast's bf16 copies of the matmul weights (the layers' attention and MLP,
+    the head); sharded, 16 bytes of an eighth of them (FSDP's mixed precision gathers bf16: no autocast)."""
+    torchtitan = "param_dtype=fp32,compute_dtype=bf16,optimizer_dtype=fp32"
+    whole = _persistent(llama8b, f"cp=8,{torchtitan}", master_dtype="none")
+    copies = L * (ATTN + FFN) + HEAD
+    assert whole == {"parameters": 4 * P + 2 * copies, "gradients": 4 * P, "master": 0, "optimizer_states": 8 * P}
+    assert sum(whole.values()) == 143_493_496_832                     # 133.6 GiB
+    sharded = _persistent(llama8b, f"cp=8,shard_mesh=fsdp_cp,{torchtitan}", master_dtype="none")
+    share = math.ceil(P / 8)
+    assert sharded == {"parameters": 4 * share, "gradients": 4 * share, "master": 0, "optimizer_states": 8 * share}
+    assert sum(sharded.values()) == 16_060_522_496                    # 15.0 GiB
+    # ZeRO-3 over dp * cp shards as many ways
+    assert _persistent(llama8b, f"cp=8,zero=3,{torchtitan}", master_dtype="none") == sharded
+    # the rest of the peak: FSDP2 keeps the root (embedding, final norm, head) gathered in bf16 for the step
+    held = _stage(llama8b, f"cp=8,shard_mesh=fsdp_cp,{torchtitan},seq={S}").bytes_by_category
     assert held["communication"] >= (EMB + HEAD + FINAL) * 2
 
 
