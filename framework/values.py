@@ -595,8 +595,8 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                    "R, data_parallel_shard_degree S and context_parallel_degree C are dp=R, fsdp=S, "
                                    "cp=C, shard_mesh=fsdp_cp (FSDP 1 CP 8: fsdp=1,cp=8,shard_mesh=fsdp_cp, "
                                    "parameters sharded 8 ways; R=2, S=1, C=2: dp=2,cp=2,shard_mesh=fsdp_cp, HSDP "
-                                   "over the cp ranks; zero=3,cp=8 shards as many ways, with ZeRO-3's one-module "
-                                   "gathers for FSDP2's buffers)",
+                                   "over the cp ranks; zero=3,cp=8 shards as many ways, priced with ZeRO-3's "
+                                   "one-module-at-a-time buffers instead of FSDP2's)",
                            synonyms=("fsdp_mesh", "shard_group", "dp_shard_cp", "data_parallel_with_cp")),
     "reshard_after_forward": FieldDoc(meaning="FSDP frees a layer's gathered parameters after its forward and "
                                               "gathers them again for its backward; false (FSDP2's fully_shard("

@@ -406,9 +406,9 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
     """``(N, R)`` seconds of the data-parallel collectives: a micro-batch's FSDP ones, and the step's.
 
     Under FSDP or ZeRO-3 (parameters sharded) every micro-batch gathers the
-    parameters for the forward and the backward (the forward only where
-    FSDP keeps them gathered: ``reshard_after_forward=false``; the caller
-    reads ``keeps_gathered``) and reduce-scatters the gradients over the
+    parameters for the forward and again for the backward (:func:`step_time`
+    drops the backward's where FSDP keeps them gathered,
+    ``reshard_after_forward=false``) and reduce-scatters the gradients over the
     shard group (:mod:`ndcost.compose.sharding`), whose replicas then
     all-reduce their shards (HSDP's dp; the cp ranks under
     ``shard_mesh=dp``). Otherwise once a step the gradients are
