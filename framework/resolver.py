@@ -675,6 +675,16 @@ class CostModel:
         else:
             batch.refuse((ep > 1) | (etp > 1),
                          lambda i: f"ep={ep[i]}, etp={etp[i]}: {spec.name} has no routed experts; set ep=1, etp=1")
+        # the embedding and head split evenly by vocabulary rows over tp; Megatron-LM pads the vocabulary first
+        # (megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding: to a multiple of
+        # make_vocab_size_divisible_by * tp), which changes the model's parameters: the model states the padded size
+        vocab = spec.vocab_size
+        padded = -(-vocab // (128 * t)) * (128 * t)
+        batch.refuse(c["vocab_parallel"] & (vocab % t != 0),
+                     lambda i: f"vocab_parallel: tp={t[i]} does not divide vocab_size={vocab} (the embedding and "
+                               f"head are split by rows over tp); give a tp that divides it, vocab_parallel=false, "
+                               f"or a model whose vocab_size is the trainer's padded one (Megatron-LM pads it to a "
+                               f"multiple of make_vocab_size_divisible_by * tp: {padded[i]} at 128)")
         cp = c["cp"]
         seq = c["seq"]
         batch.refuse((seq >= 1) & (seq % cp != 0), lambda i: f"cp={cp[i]} does not divide seq={seq[i]}")
@@ -703,11 +713,14 @@ class CostModel:
         batch.refuse((c["zero"] > 0) & (c["fsdp"] > 1),
                      lambda i: f"zero={c['zero'][i]} with fsdp={c['fsdp'][i]}: both shard over the data-parallel "
                                f"ranks; use zero over dp or fsdp, not both")
+        batch.refuse((c["zero"] > 0) & (c["shard_mesh"] == SHARD_MESHES.index("fsdp_cp")),
+                     lambda i: f"zero={c['zero'][i]} with shard_mesh=fsdp_cp: fsdp_cp is FSDP's mesh (fsdp * cp); "
+                               f"ZeRO shards over dp * cp (shard_mesh=dp_cp) or dp (shard_mesh=dp)")
+        batch.refuse((c["zero"] == 3) & ~c["reshard_after_forward"],
+                     "reshard_after_forward=false is FSDP's (fully_shard); ZeRO-3 regathers a module for its "
+                     "backward as ndcost prices it: use reshard_after_forward=true with zero=3, or FSDP (fsdp=N) "
+                     "with reshard_after_forward=false")
         # fields the composition does not price yet are refused by name, never priced as their defaults
-        batch.refuse(c["shard_mesh"] != SHARD_MESHES.index("dp_cp"),
-                     "shard_mesh=dp is not priced yet; use shard_mesh=dp_cp")
-        batch.refuse(~c["reshard_after_forward"],
-                     "reshard_after_forward=false is not priced yet; use reshard_after_forward=true")
         for name in ("offload_optimizer", "offload_params", "offload_activations"):
             batch.refuse(c[name], f"{name}=true is not priced yet; use {name}=false")
         # the schedules' own refusals, by name

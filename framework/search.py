@@ -10,7 +10,8 @@ columns and priced by :meth:`ndcost.resolver.CostModel.evaluate_many` (the searc
   that divides the layers; every ``cp_algo`` where ``cp > 1``; ``ep`` and ``etp`` that divide the experts
   and their width (MoE models); ``micro_batch * num_micro_batches * dp * fsdp == global_batch``; every
   recompute mode over all of a chunk's layers and over :data:`RECOMPUTE_LAYER_FRACTIONS` of them;
-  ``vocab_parallel`` where ``tp > 1``;
+  ``vocab_parallel`` where ``tp > 1``; ``reshard_after_forward=false`` where FSDP shards and ``pp > 1``
+  (torchtitan's default there);
 - pruned before pricing: each field's values the model refuses (probed through ``evaluate_many`` itself,
   so the reasons are the model's own), splits whose ``dp * fsdp`` does not divide the batch, ``tp`` and
   ``etp`` groups larger than a node unless ``within_node=False`` (the time model does not price the expert-TP
@@ -56,7 +57,8 @@ CHUNK_ROWS = 1 << 17  # strategies priced in one evaluate_many call (and sent to
 RECOMPUTE_LAYER_FRACTIONS: Tuple[float, ...] = (0.5,)
 # Held at every moment a stage can peak at (compose/memory.py, _peak's base): a lower bound of the peak.
 _PERSISTENT = tuple(MEMORY_CATEGORIES.index(c) for c in ("parameters", "master", "optimizer_states"))
-_LAYOUT_FIELDS = ("dp", "fsdp", "cp", "tp", "pp", "vpp", "schedule", "ep", "etp", "zero", "vocab_parallel")
+_LAYOUT_FIELDS = ("dp", "fsdp", "cp", "tp", "pp", "vpp", "schedule", "ep", "etp", "zero", "vocab_parallel",
+                  "reshard_after_forward")
 _STRATEGY_COLUMNS = _LAYOUT_FIELDS + ("sp", "cp_algo", "micro_batch", "num_micro_batches", "recompute",
                                       "recompute_layers")
 
@@ -299,6 +301,9 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
     layouts = _keep(layouts, (layouts["zero"] == 0) | ((layouts["fsdp"] == 1) & (layouts["dp"] * layouts["cp"] > 1)))
     layouts = _cross(layouts, {"vocab_parallel": np.array([False, True])})
     layouts = _keep(layouts, ~layouts["vocab_parallel"] | (layouts["tp"] > 1))
+    # FSDP keeping each layer gathered from its forward to its backward where a pipeline runs (torchtitan's default)
+    layouts = _cross(layouts, {"reshard_after_forward": np.array([True, False])})
+    layouts = _keep(layouts, layouts["reshard_after_forward"] | ((layouts["fsdp"] > 1) & (layouts["pp"] > 1)))
 
     # the options inside a layout
     modes = tuple(r for r in RECOMPUTE if r != "none")

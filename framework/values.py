@@ -179,7 +179,7 @@ _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float
                   "float8": "fp8", "e4m3": "fp8", "e5m2": "fp8"}
 CP_ALGOS = ("ring", "ulysses", "colossal", "hybrid")
 RECOMPUTE = ("none", "full", "selective", "core_attention")
-SHARD_MESHES = ("dp_cp", "dp")
+SHARD_MESHES = ("dp_cp", "dp", "fsdp_cp")
 
 
 def _column(convert: Any, kind: str, **facts: Any) -> Any:
@@ -506,7 +506,8 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                    unit="ranks",
                    synonyms=("data_parallel", "data_parallel_size", "dp_size", "ddp")),
     "fsdp": FieldDoc(meaning="ranks the parameters, gradients and optimizer states are sharded over (FSDP / "
-                             "ZeRO-3); with dp > 1 it is HSDP: dp replicas of fsdp shards", unit="ranks",
+                             "ZeRO-3), with the cp ranks as shard_mesh says; with dp > 1 it is HSDP: dp replicas "
+                             "of fsdp shards", unit="ranks",
                      synonyms=("fully_sharded", "fully_sharded_data_parallel", "fsdp_size", "hsdp",
                                "sharded_data_parallel", "shard_size")),
     "tp": FieldDoc(meaning="tensor-parallel ranks splitting the attention and MLP weights (Megatron-style)",
@@ -525,8 +526,9 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                            "moe_expert_parallel")),
     "etp": FieldDoc(meaning="tensor-parallel ranks splitting each routed expert's width", unit="ranks",
                     synonyms=("expert_tensor_parallel", "expert_tensor_parallel_size", "etp_size")),
-    "zero": FieldDoc(meaning="ZeRO stage without FSDP: 1 shards optimizer states and master copy over dp, 2 also "
-                             "gradients, 3 also parameters; 0 shards nothing", unit="stage",
+    "zero": FieldDoc(meaning="ZeRO stage without FSDP: 1 shards optimizer states and master copy over dp (and cp, "
+                             "as shard_mesh says), 2 also gradients, 3 also parameters; 0 shards nothing",
+                     unit="stage",
                      synonyms=("zero_stage", "deepspeed_zero", "zero_optimization", "distributed_optimizer")),
     "sp": FieldDoc(meaning="sequence parallelism: the activations outside tensor-parallel regions split over tp",
                    synonyms=("sequence_parallel", "sequence_parallelism")),
@@ -552,7 +554,12 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
     "recompute_layers": FieldDoc(meaning="how many of a rank's first layers recompute (unset: all of them)",
                                  unit="layers",
                                  synonyms=("recompute_num_layers", "checkpoint_layers", "num_checkpointed_layers")),
-    "vocab_parallel": FieldDoc(meaning="the embedding and head split over tp (else replicated on every tp rank)",
+    "vocab_parallel": FieldDoc(meaning="the embedding, head and loss split over tp by vocabulary rows (else "
+                                       "replicated on every tp rank); tp must divide vocab_size (Megatron-LM pads "
+                                       "it to a multiple of make_vocab_size_divisible_by * tp: a model stating the "
+                                       "padded size prices that); nothing changes at tp=1. Off unless set: a "
+                                       "trainer's reader applies its default (torchtitan's loss parallelism is on "
+                                       "with tp > 1 unless disable_loss_parallel; Megatron-LM always splits it)",
                                synonyms=("vocab_parallel_embedding", "parallel_vocab", "vocab_parallelism")),
     "optimizer": FieldDoc(meaning="optimizer (a plugin; its states per parameter; `ndcost list optimizers`)",
                           synonyms=("optim", "optimizer_name", "opt")),
@@ -579,14 +586,27 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
     "allocator_overhead": FieldDoc(meaning="the caching allocator's fragmentation, as a fraction of the rest of a "
                                            "stage's bytes, added as the allocator category", unit="fraction",
                                    synonyms=("fragmentation", "allocator_fragmentation", "memory_overhead")),
-    "shard_mesh": FieldDoc(meaning="the ranks FSDP and ZeRO shard over: dp_cp also over the context-parallel ranks "
-                                   "(torchtitan's dp_shard_cp mesh, Megatron-LM's distributed optimizer), dp over "
-                                   "the data-parallel ranks only (cp ranks replicate)",
+    "shard_mesh": FieldDoc(meaning="the ranks FSDP and ZeRO shard over. dp_cp: also over the context-parallel ranks "
+                                   "(ZeRO over dp * cp, FSDP over fsdp * cp; Megatron-LM's distributed optimizer); "
+                                   "dp: ZeRO over dp, FSDP over fsdp, the cp ranks replicating the weights "
+                                   "(gradients still reduced over every replica); fsdp_cp: FSDP over fsdp * cp "
+                                   "whenever that is more than one rank, fsdp=1 included, dp replicating (HSDP), "
+                                   "with no zero: torchtitan's dp_shard_cp mesh, so its data_parallel_replicate_degree "
+                                   "R, data_parallel_shard_degree S and context_parallel_degree C are dp=R, fsdp=S, "
+                                   "cp=C, shard_mesh=fsdp_cp (FSDP 1 CP 8: fsdp=1,cp=8,shard_mesh=fsdp_cp, "
+                                   "parameters sharded 8 ways; R=2, S=1, C=2: dp=2,cp=2,shard_mesh=fsdp_cp, HSDP "
+                                   "over the cp ranks; zero=3,cp=8 shards as many ways, priced with ZeRO-3's "
+                                   "one-module-at-a-time buffers instead of FSDP2's)",
                            synonyms=("fsdp_mesh", "shard_group", "dp_shard_cp", "data_parallel_with_cp")),
     "reshard_after_forward": FieldDoc(meaning="FSDP frees a layer's gathered parameters after its forward and "
-                                              "gathers them again for its backward (false: keeps them to the "
-                                              "backward)",
-                                      synonyms=("fsdp_reshard_after_forward", "reshard", "stage3_param_persistence")),
+                                              "gathers them again for its backward; false (FSDP2's fully_shard("
+                                              "reshard_after_forward=False), torchtitan's default with pp > 1) keeps "
+                                              "them from the forward to the backward: the stage holds all its "
+                                              "layers gathered at the backward's start and the backward gathers "
+                                              "nothing. No effect where nothing gathers parameters (no FSDP, zero "
+                                              "0-2); refused with zero=3 (DeepSpeed's stage3_param_persistence_"
+                                              "threshold keeps small parameters whole instead, another rule)",
+                                      synonyms=("fsdp_reshard_after_forward", "reshard")),
     "offload_optimizer": FieldDoc(meaning="optimizer states and master copy live in host memory and the "
                                           "optimizer steps on the CPU (ZeRO-Offload, Megatron-LM's "
                                           "--optimizer-cpu-offload)",

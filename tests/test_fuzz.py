@@ -133,7 +133,7 @@ PLAUSIBLE: Dict[str, List[str]] = {
     "param_dtype": ["bf16", "fp32"], "compute_dtype": ["bf16", "fp8"], "grad_dtype": ["fp32", "bf16"],
     "optimizer_dtype": ["fp32"], "master_dtype": ["fp32", "none"], "pp_layers": ["12/12", "6/6/6/6", "8/8"],
     "moe_imbalance": ["1.0", "1.5"], "allocator_overhead": ["0.0", "0.05"],
-    "shard_mesh": ["dp_cp", "dp"], "reshard_after_forward": ["true", "false"], "offload_optimizer": ["false", "true"],
+    "shard_mesh": ["dp_cp", "dp", "fsdp_cp"], "reshard_after_forward": ["true", "false"], "offload_optimizer": ["false", "true"],
     "offload_params": ["false", "true"], "offload_activations": ["false", "true"],
 }
 FIELDS = Strategy.field_names()

@@ -23,7 +23,10 @@ kind of its first or last layer; TP splits parameters evenly (row-parallel biase
 down-projections too); activation records are used at the dtype they were taken in; the share of a
 layer's gradients made by its working moment is the census's at TP 1; under sharded gradients and
 accumulation a layer's transient gradients before they are added in are not counted (the
-embedding's aside); the embedding's sort scratch is an upper bound (one row a token).
+embedding's aside); the embedding's sort scratch is an upper bound (one row a token); under a pipeline
+PyTorch's schedules (``torch/distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``) keep FSDP's
+gradients whole and its parameters gathered after each backward until the last micro-batch's: counted as
+outside a pipeline (gradients sharded, a layer resharded after its backward).
 """
 from __future__ import annotations
 
@@ -593,7 +596,12 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     False); the head's gradient stays whole until the root's reduce-scatter,
     the embedding's is made last; a layer's backward holds it and the next
     layer (prefetched) gathered, and its gradient before the reduce-scatter.
-    ZeRO-3 gathers one module at a time, root or layer. Plus the largest of
+    ZeRO-3 gathers one module at a time, root or layer. Under FSDP with
+    ``reshard_after_forward=false`` a layer keeps its gathered parameters
+    from its forward to its backward, where FSDP2's post-backward reshards
+    it: at the loss and the last layer's backward the stage holds all its
+    layers gathered (the prefetched one among them), at the first layer's
+    one layer, as with resharding. Plus the largest of
     SP's gathered layer input, EP's dispatch and combine buffers and CP's KV
     blocks in flight (TP without SP all-reduces in place: no buffer).
     """
@@ -609,10 +617,15 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     gathered_root = root * compute
     head_grad_whole = params.head_gradient * grad
     zero3_buffer = np.maximum(largest, root) * (compute + grad)
-    fsdp2 = (cols["fsdp"] > 1)[:, None]
+    fsdp2, keeps = batch.sharding.fsdp[:, None], batch.sharding.keeps_gathered[:, None]
     two_layers = np.minimum(sum(layers) if K else np.zeros((n, ranks), dtype=np.int64), 2)
-    at_loss = np.where(fsdp2, gathered_root, zero3_buffer)
-    at_last = np.where(fsdp2, gathered_root + head_grad_whole + largest * (two_layers * compute + grad), zero3_buffer)
+    gathered_layers = largest * two_layers
+    if keeps.any():  # every layer of the stage gathered, kept since its forward
+        stage_layers = sum(layers[k] * (params.layer_dense[k] + params.layer_routed[k])[:, None] for k in range(K))
+        gathered_layers = np.where(keeps, stage_layers, gathered_layers)
+    at_loss = np.where(fsdp2, gathered_root + np.where(keeps, gathered_layers * compute, 0), zero3_buffer)
+    at_last = np.where(fsdp2, gathered_root + head_grad_whole + gathered_layers * compute + largest * grad,
+                       zero3_buffer)
     at_end = np.where(fsdp2, gathered_root + head_grad_whole
                       + np.maximum(largest * (compute + grad), params.embedding_gradient * grad), zero3_buffer)
     t, sp, tokens = batch.tp, batch.sp, batch.tokens
@@ -644,7 +657,7 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     """
     accumulating, hidden = stage.accumulating, model.hidden_size
     zeros = np.zeros(accumulating.shape)
-    fsdp2 = (cols["fsdp"] > 1)[:, None]
+    fsdp2 = batch.sharding.fsdp[:, None]
     grads_all = whole(persistent["gradients"])
     root_late = np.where(fsdp2, whole(persistent["head_gradients"]), 0.0)
     grads_first = np.where(accumulating, grads_all, whole(persistent["head_gradients"]) - root_late)

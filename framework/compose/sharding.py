@@ -8,6 +8,14 @@ section 5: stage 1 partitions the optimizer states, 2 adds the gradients,
 3 the parameters) shards over ``dp * cp`` (context-parallel ranks hold the
 same weights); FSDP2 (PyTorch ``torch/distributed/fsdp/_fully_shard``)
 shards all of them over ``fsdp * cp`` and replicates over ``dp`` (HSDP).
+``shard_mesh`` says whether the context-parallel ranks are in the shard
+group: ``dp_cp`` (the default, above), ``dp`` (ZeRO over ``dp``, FSDP over
+``fsdp``: the cp ranks replicate), or ``fsdp_cp``: FSDP over ``fsdp * cp``
+whenever that is more than one rank, ``fsdp = 1`` included (torchtitan's
+``dp_shard_cp`` mesh: ``torchtitan/distributed/parallel_dims.py`` applies
+FSDP when ``dp_shard > 1`` or ``cp > 1``). A sharded gradient is
+reduce-scattered over the shard group, then all-reduced over the ranks
+holding the same shard (``shard_replicas``): every replica takes part.
 The master copy is sharded with the optimizer states. Cf. Megatron-LM
 ``megatron/training/theoretical_memory_usage.py``: 18 bytes a parameter, or
 ``6 + 12 / dp`` under the distributed optimizer.
@@ -18,6 +26,8 @@ from typing import Any, Mapping
 
 import attrs
 import numpy as np
+
+from ndcost.values import SHARD_MESHES
 
 __all__ = ["TP_PARTS", "REPLICATED_PARTS", "ROUTED_PARTS", "MATMUL_PARTS", "SHARDED_FROM_ZERO", "Sharding",
            "sharding"]
@@ -39,10 +49,16 @@ class Sharding:
     """Per row of a batch: the groups a device's bytes are split over, and which categories are split."""
 
     replicas: np.ndarray         # (N,) dp * fsdp * cp: ranks holding the same dense weights (whole or a shard)
-    dense_ways: np.ndarray       # (N,) a sharded dense category's split: fsdp * cp under FSDP, every replica else
+    dense_ways: np.ndarray       # (N,) a sharded dense category's split: the shard group (module docstring)
     routed_ways: np.ndarray      # (N,) the routed experts' split: the dense group times tp re-cut by ep * etp
     expert_replicas: np.ndarray  # (N,) replicas * tp / (ep * etp): ranks holding the same routed experts
-    hsdp_replicas: np.ndarray    # (N,) under FSDP the dp replicas its shards reduce over (HSDP), else 1
+    shard_replicas: np.ndarray   # (N,) replicas / dense_ways: ranks holding the same shard (HSDP's dp, cp under
+    #                              shard_mesh=dp), over which a sharded gradient is all-reduced; 1: no such ranks
+    shard_stride: np.ndarray     # (N,) ranks apart the shard group's members are (ndcost.compose.topology's order)
+    replica_stride: np.ndarray   # (N,) ranks apart a shard's replicas are
+    fsdp: np.ndarray             # (N,) bool: FSDP2 shards (fsdp > 1, or shard_mesh=fsdp_cp with cp > 1)
+    keeps_gathered: np.ndarray   # (N,) bool: FSDP with reshard_after_forward=false (a layer's gathered
+    #                              parameters held from its forward to its backward)
     sharded: Mapping[str, np.ndarray]  # category -> (N,) bool: the ZeRO stage or FSDP shards it
 
     def ways(self, category: str) -> np.ndarray:
@@ -58,23 +74,36 @@ class Sharding:
         return np.where(self.sharded[category], self.expert_replicas, 1.0)
 
 
-def sharding(cols: Mapping[str, Any]) -> Sharding:
-    """The :class:`Sharding` of a batch's columns (``dp``, ``fsdp``, ``cp``, ``tp``, ``ep``, ``etp``, ``zero``).
+_DP_ONLY, _FSDP_CP = SHARD_MESHES.index("dp"), SHARD_MESHES.index("fsdp_cp")
 
-    Known limitation: under HSDP (``dp > 1`` and ``fsdp > 1``) the memory
-    model splits the routed experts over the shard group (``routed_ways``)
-    while the time model's optimizer step and expert gathers run over every
-    expert replica (``expert_replicas``); elsewhere the two agree.
+
+def sharding(cols: Mapping[str, Any]) -> Sharding:
+    """The :class:`Sharding` of a batch's columns (``dp``, ``fsdp``, ``cp``, ``tp``, ``ep``, ``etp``, ``zero``,
+    ``shard_mesh``, ``reshard_after_forward``).
+
+    Known limitation: where the shard group is not every replica (HSDP,
+    ``shard_mesh=dp`` with ``cp > 1``) the memory model splits the routed
+    experts over the shard group (``routed_ways``) while the time model's
+    optimizer step and expert gathers run over every expert replica
+    (``expert_replicas``); elsewhere the two agree.
     """
     dp, fsdp, cp = (np.asarray(cols[k]).astype(np.int64) for k in ("dp", "fsdp", "cp"))
     tp = np.asarray(cols["tp"]).astype(np.int64)
     zero = np.asarray(cols["zero"]).astype(np.int64)
+    mesh = np.asarray(cols["shard_mesh"])
     ep_etp = (np.asarray(cols["ep"]) * np.asarray(cols["etp"])).astype(np.int64)
     replicas = dp * fsdp * cp
-    dense_ways = np.where(fsdp > 1, fsdp * cp, replicas)
+    fsdp_on = (fsdp > 1) | ((mesh == _FSDP_CP) & (cp > 1))
+    cp_ways = np.where(mesh == _DP_ONLY, 1, cp)  # the cp ranks in the shard group, or replicating
+    dense_ways = np.where(fsdp_on, fsdp, dp) * cp_ways
     group = dense_ways * tp
     routed_ways = np.where(group % ep_etp == 0, np.maximum(group // ep_etp, 1), 1)
-    sharded = {category: (zero >= stage) | (fsdp > 1) for category, stage in SHARDED_FROM_ZERO.items()}
+    sharded = {category: (zero >= stage) | fsdp_on for category, stage in SHARDED_FROM_ZERO.items()}
+    # ranks: tp innermost, then cp, fsdp, dp (ndcost.compose.topology); the replicas of an FSDP shard under
+    # shard_mesh=dp, cp and dp ranks, get the stride spanning the same ranks (tp * fsdp, cp * dp of them)
+    replica_stride = np.where(fsdp_on, tp * fsdp * cp_ways, np.where(mesh == _DP_ONLY, tp, tp * cp * fsdp))
     return Sharding(replicas=replicas, dense_ways=dense_ways, routed_ways=routed_ways,
-                    expert_replicas=replicas * tp / ep_etp, hsdp_replicas=np.where(fsdp > 1, dp, 1),
+                    expert_replicas=replicas * tp / ep_etp, shard_replicas=replicas // dense_ways,
+                    shard_stride=tp * cp // cp_ways, replica_stride=replica_stride, fsdp=fsdp_on,
+                    keeps_gathered=fsdp_on & ~np.asarray(cols["reshard_after_forward"]).astype(bool),
                     sharded=sharded)

@@ -64,9 +64,10 @@ EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 # - ep: dispatch and combine all-to-alls; a schedule with overlaps_expert_communication (DualPipeV, DeepSeek-V3
 #   technical report arXiv:2412.19437 section 3.2.1) hides them behind the other micro-batch's compute.
 # - dp_grad: gradient all-reduce (reduce-scatter under ZeRO >= 1) over dp * fsdp * cp, once a step, bucketed
-#   behind the last micro-batch's backward (PyTorch DDP's reducer); HSDP's replicas reduce their shards.
+#   behind the last micro-batch's backward (PyTorch DDP's reducer); a shard's replicas (HSDP's) reduce it.
 # - dp_param: ZeRO 1/2's all-gather of the updated parameters, behind the next step's first forward.
-# - fsdp: FSDP / ZeRO-3 gathers and reduce-scatters a micro-batch, prefetched behind its forward and backward.
+# - fsdp: FSDP / ZeRO-3 gathers and reduce-scatters a micro-batch, prefetched behind its forward and backward
+#   (no backward gather under reshard_after_forward=false).
 # - pp: activation and gradient sends, hidden in the steady state; 2 (p * v - 1) on the fill and drain path.
 OVERLAP_RULES: Mapping[str, str] = {
     "tp": "exposed: none overlapped",
@@ -405,19 +406,22 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
     """``(N, R)`` seconds of the data-parallel collectives: a micro-batch's FSDP ones, and the step's.
 
     Under FSDP or ZeRO-3 (parameters sharded) every micro-batch gathers the
-    parameters for the forward and the backward and reduce-scatters the
-    gradients (FSDP over ``fsdp * cp``, HSDP's replicas then all-reduce
-    their shards; ZeRO-3 over every replica). Otherwise once a step the
-    gradients are all-reduced, or reduce-scattered and the updated
-    parameters all-gathered under ZeRO 1/2; routed experts over their
-    expert-data-parallel group.
+    parameters for the forward and again for the backward (:func:`step_time`
+    drops the backward's where FSDP keeps them gathered,
+    ``reshard_after_forward=false``) and reduce-scatters the gradients over the
+    shard group (:mod:`ndcost.compose.sharding`), whose replicas then
+    all-reduce their shards (HSDP's dp; the cp ranks under
+    ``shard_mesh=dp``). Otherwise once a step the gradients are
+    all-reduced, or under ZeRO 1/2 reduce-scattered over the shard group
+    (the shards all-reduced over its replicas) and the updated parameters
+    all-gathered; routed experts over their expert-data-parallel group.
     """
-    tp, cp, fsdp = rows.tp, rows.cp, rows.fsdp
+    tp = rows.tp
     gathers = shard.sharded["parameters"]
     distributed_optimizer = ~gathers & shard.sharded["optimizer_states"]
-    group, replicas, experts = shard.ways("parameters"), shard.replicas, shard.expert_replicas
-    bw_sh, lat_sh = group_link(hardware, tp, group, eff)
-    bw_rest, lat_rest = group_link(hardware, tp * cp * fsdp, shard.hsdp_replicas, eff)
+    group, replicas, experts = shard.dense_ways, shard.replicas, shard.expert_replicas
+    bw_sh, lat_sh = group_link(hardware, shard.shard_stride, group, eff)
+    bw_rest, lat_rest = group_link(hardware, shard.replica_stride, shard.shard_replicas, eff)
     bw_dp, lat_dp = group_link(hardware, tp, replicas, eff)
     bw_edp, lat_edp = group_link(hardware, rows.etp * rows.ep, experts, eff)
     param_bytes, grad_bytes = dense_params * rows.param_bytes[:, None], dense_params * rows.grad_bytes[:, None]
@@ -432,13 +436,14 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
                            + run("all_gather", eparam_bytes, experts, bw_edp, lat_edp), 0.0)
     fsdp_scatter = np.where(g, run("reduce_scatter", grad_bytes, group, bw_sh, lat_sh)
                             + run("reduce_scatter", egrad_bytes, experts, bw_edp, lat_edp), 0.0)
+    shard_sum = run("all_reduce", grad_bytes / group[:, None], shard.shard_replicas, bw_rest, lat_rest)
     dense_grad_step = np.where(
-        g, run("all_reduce", grad_bytes / group[:, None], shard.hsdp_replicas, bw_rest, lat_rest),
-        np.where(z, run("reduce_scatter", grad_bytes, replicas, bw_dp, lat_dp),
+        g, shard_sum,
+        np.where(z, run("reduce_scatter", grad_bytes, group, bw_sh, lat_sh) + shard_sum,
                  run("all_reduce", grad_bytes, replicas, bw_dp, lat_dp)))
     expert_grad_step = np.where(g, 0.0, np.where(z, run("reduce_scatter", egrad_bytes, experts, bw_edp, lat_edp),
                                                  run("all_reduce", egrad_bytes, experts, bw_edp, lat_edp)))
-    param_step = np.where(z, run("all_gather", param_bytes, replicas, bw_dp, lat_dp)
+    param_step = np.where(z, run("all_gather", param_bytes, group, bw_sh, lat_sh)
                           + run("all_gather", eparam_bytes, experts, bw_edp, lat_edp), 0.0)
     return {"fsdp_gather": fsdp_gather, "fsdp_scatter": fsdp_scatter,
             "grad_step": dense_grad_step + expert_grad_step, "param_step": param_step}
@@ -577,8 +582,10 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     rank = _rank_compute(model, rows, cols, where, counts, schedules, hardware, eff, coll)
     dense_params, routed_params = _rank_parameters(model, rows, counts, where, rank["head_split"])
     dp = _data_parallel(rows, shard, dense_params, routed_params, hardware, eff, coll)
+    # the backward's gathers: none where FSDP keeps each layer's parameters gathered since its forward
+    gather_b = np.where(shard.keeps_gathered[:, None], 0.0, dp["fsdp_gather"])
     fsdp_exposed_f = np.maximum(0.0, dp["fsdp_gather"] - rank["compute_f"])
-    fsdp_exposed_b = np.maximum(0.0, dp["fsdp_gather"] + dp["fsdp_scatter"] - rank["compute_b"])
+    fsdp_exposed_b = np.maximum(0.0, gather_b + dp["fsdp_scatter"] - rank["compute_b"])
     forward = rank["compute_f"] + rank["exposed_f"] + fsdp_exposed_f
     backward = rank["compute_b"] + rank["exposed_b"] + fsdp_exposed_b
     stage = np.where(real_rank, forward + backward, 0.0)
@@ -592,7 +599,9 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
     exposed = (m * (pick(rank["exposed_f"]) + pick(rank["exposed_b"]) + pick(fsdp_exposed_f) + pick(fsdp_exposed_b))
                + grad_exposed + param_exposed + pipe["pp_exposed"])
-    communication = (m * (pick(rank["comm_layers"]) + pick(dp["fsdp_gather"]) * 2.0 + pick(dp["fsdp_scatter"])
+    gathers_a_micro_batch = np.where(shard.keeps_gathered, 1.0, 2.0)  # the forward's, and the backward's
+    communication = (m * (pick(rank["comm_layers"]) + pick(dp["fsdp_gather"]) * gathers_a_micro_batch
+                          + pick(dp["fsdp_scatter"])
                           + pipe["pp_comm"]) + pick(dp["grad_step"]) + pick(dp["param_step"]))
     seconds = {"compute_seconds": compute, "exposed_communication_seconds": exposed,
                "communication_seconds": communication, "bubble_seconds": pipe["bubble"],
