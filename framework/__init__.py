@@ -1,6 +1,6 @@
 """ndcost: per-device memory and step time of LLM training under a parallel strategy.
 
-The public API: :func:`resolve`, :func:`verify`, :class:`Strategy`, :class:`Hardware`,
+The public API: :func:`resolve`, :func:`verify`, :func:`from_config`, :class:`Strategy`, :class:`Hardware`,
 :class:`ModelSpec` and :mod:`ndcost.accounting`. Importing ndcost does not
 import torch or transformers; only a census does.
 """
@@ -34,7 +34,8 @@ from ndcost.values import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "resolve", "verify", "Strategy", "Hardware", "ModelSpec", "LayerGroup", "LayerKind", "NetworkLevel", "StageMemory",
+    "resolve", "verify", "from_config", "Strategy", "Hardware", "ModelSpec", "LayerGroup", "LayerKind", "NetworkLevel",
+    "StageMemory",
     "StrategyCost",
     "TimeBreakdown", "accounting", "hookimpl", "PARTS", "OPS", "FLOP_PARTS",
     "NdcostError", "InvalidValue", "InvalidStrategy", "UnknownKey", "RegistrationError", "Unpriced",
@@ -52,6 +53,12 @@ def verify(model, seq: int = 4096, runtime: str = "hf-cuda", threshold: float = 
     """The formulas beside the census, kind by kind (see :mod:`ndcost.verification`)."""
     from ndcost.verification import verify as _verify
     return _verify(model, seq=seq, runtime=runtime, threshold=threshold, use_cache=use_cache)
+
+
+def from_config(kind, path, *, devices=None, model=None, strategy=None):
+    """A trainer's configuration file as a model and a strategy (see :mod:`ndcost.trainers`)."""
+    from ndcost.trainers import from_config as _from_config
+    return _from_config(kind, path, devices=devices, model=model, strategy=strategy)
 
 
 def __getattr__(name):

@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         _add_common(p)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _usage=getattr(module, "usage_error", None), _parser=p)
     return parser
 
 
@@ -128,6 +128,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     args.json, args.debug = getattr(args, "json", False), getattr(args, "debug", False)
+    if args._usage is not None and args._usage(args):  # arguments that go together, checked as argparse does
+        args._parser.error(args._usage(args))
     try:
         with warnings.catch_warnings():  # warnings go to stderr, one line each; restored on return
             warnings.simplefilter("default")

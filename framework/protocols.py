@@ -313,6 +313,21 @@ class FlopsEstimator(Protocol):
 
 
 @runtime_checkable
+class TrainerFormatLike(Protocol):
+    """``trainer/<kind>``: a trainer's configuration format, read into a strategy and written from one."""
+
+    name: str
+    description: str
+    writes: bool  # whether write() can put a strategy in this trainer's form
+
+    def read(self, path: str, *, devices: Optional[int]) -> Any:
+        """The :class:`ndcost.trainers.TrainerConfig` the file at *path* says (*devices*: the world size given)."""
+
+    def write(self, strategy: Any, *, model: Any, global_batch: Optional[int]) -> str:
+        """*strategy* as this trainer's configuration text (the model and global batch where it names them)."""
+
+
+@runtime_checkable
 class Function(Protocol):
     """``formula/``, ``accounting/``, ``calibration/``, ``census/``: a function the core calls by key."""
 
@@ -328,6 +343,8 @@ def _function(namespace: str, what: str) -> NamespaceContract:
 
 
 CONTRACTS: Mapping[str, NamespaceContract] = {c.namespace: c for c in (
+    _contract("trainer", "a trainer configuration format", TrainerFormatLike, name=STR, description=STR,
+              writes=BOOL, read=METHOD, write=METHOD),
     _contract("optimizer", "an optimizer", OptimizerLike, states_per_parameter=COUNT,
               step_temporaries_per_parameter=COUNT, name=STR),
     _contract("schedule", "a pipeline schedule", ScheduleLike, name=STR, overlaps_expert_communication=BOOL,

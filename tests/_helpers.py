@@ -1,6 +1,7 @@
 """Helpers several test files share (plain functions; the fixtures are in conftest.py)."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -74,3 +75,12 @@ def eager_delta_rule_kept_bytes(seq: int, key_heads: int, value_heads: int, key_
         kept = sum(size for alive, size in saved.values() if alive() is not None)
         del out
         return kept
+
+
+def ndcost(*argv, cwd=None, check=True):
+    """`python -m ndcost ARGV` in a subprocess, from a folder that holds no checkout."""
+    done = subprocess.run([sys.executable, "-m", "ndcost", *argv], capture_output=True, text=True,
+                          cwd=cwd or Path(os.environ.get("TMPDIR", "/tmp")), timeout=300)
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done

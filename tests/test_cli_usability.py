@@ -11,21 +11,13 @@ from pathlib import Path
 
 import attrs
 import pytest
+from _helpers import ndcost
 
 from ndcost.values import MEMORY_CATEGORIES, STRATEGY_FIELD_DOCS, Strategy
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks" / "bench_time_h200.json"
 GIB = 2 ** 30
-
-
-def ndcost(*argv, cwd=None, check=True):
-    """`python -m ndcost ARGV` in a subprocess, from a folder that holds no checkout."""
-    done = subprocess.run([sys.executable, "-m", "ndcost", *argv], capture_output=True, text=True,
-                          cwd=cwd or Path(os.environ.get("TMPDIR", "/tmp")), timeout=300)
-    if check:
-        assert done.returncode == 0, done.stderr
-    return done
 
 
 # ---------------------------------------------------------------------------

@@ -194,8 +194,10 @@ def test_host_figures_read_and_default():
     with pytest.raises(InvalidValue, match="cpu_optimizer_parameters_per_second"):
         _h200(cpu_optimizer_parameters_per_second=None)
     registry = ndcost.manager.registry()
-    for name, link in (("h200", 64e9), ("h100", 64e9), ("b200", 64e9), ("a100", 32e9)):
-        assert registry.get(f"hardware/{name}").host_to_device_bytes_per_second == link
+    for name, link in (("h200", 64e9), ("h100", 64e9), ("h800", 64e9), ("h20", 64e9), ("b200", 64e9),
+                       ("a100", 32e9), ("mi300x", 64e9), ("mi325x", 64e9), ("mi355x", 64e9),
+                       ("gb200", None), ("ascend-910b", None), ("ascend-910c", None)):
+        assert registry.get(f"hardware/{name}").host_to_device_bytes_per_second == link, name
 
 
 def test_estimate_json_reports_host_bytes_as_integers(capsys):

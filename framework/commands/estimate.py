@@ -35,19 +35,40 @@ _NARROW = (("params", ("parameters",)), ("grads", ("gradients",)), ("optim", ("m
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("model", metavar="MODEL",
-                        help="a model name from specs/models, a spec YAML, a config.json or a folder holding one")
+    parser.add_argument("model", metavar="MODEL", nargs="?",
+                        help="a model name from specs/models, a spec YAML, a config.json or a folder holding one "
+                             "(with --from: only where the file names no model, or to replace it)")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
-    parser.add_argument("--strategy", required=True,
+    parser.add_argument("--strategy",
                         help='the strategy, e.g. "fsdp=4,tp=2,seq=4096,micro_batch=1" (seq is required; '
-                             '`ndcost fields` lists every field)')
+                             '`ndcost fields` lists every field); with --from, fields added to or overriding '
+                             "the file's")
+    parser.add_argument("--from", dest="from_config", metavar="KIND:PATH",
+                        help="read the model and strategy from a trainer's configuration: torchtitan:JOB.toml, "
+                             "megatron:ARGS, deepspeed:CONFIG.json, hyperparallel:TRAIN.yaml (`ndcost list "
+                             "trainers`)")
+    parser.add_argument("--devices", type=int, metavar="N",
+                        help="with --from: the world size, where the file does not imply it (Megatron-LM's and "
+                             "DeepSpeed's come from the launcher) or has a -1 degree")
     parser.add_argument("--hardware", default="h200", help="a registered hardware name or a spec YAML (default h200)")
-    parser.add_argument("--runtime", default="hf-cuda", help="the runtime profile (default hf-cuda)")
+    parser.add_argument("--runtime", help="the runtime profile (default hf-cuda, or the one --from's trainer runs)")
     parser.add_argument("--census", default="auto", choices=("auto", "on", "off"),
                         help="auto: measure where a census can run, else the formulas; off: the formulas alone")
     parser.add_argument("--wide", action="store_true",
                         help="a column for every memory category (wider than 100 columns)")
+
+
+def usage_error(args):
+    """The arguments that must go together: a MODEL and --strategy, or --from (and --devices only with it)."""
+    if args.from_config is None:
+        if args.model is None:
+            return "give a MODEL and --strategy, or --from KIND:PATH"
+        if args.strategy is None:
+            return "give --strategy (e.g. \"fsdp=8,seq=4096\"), or --from KIND:PATH"
+        if args.devices is not None:
+            return "--devices goes with --from KIND:PATH (a strategy states its devices itself)"
+    return None
 
 
 def run(args):
@@ -55,11 +76,21 @@ def run(args):
     from ndcost.resolver import resolve
     from ndcost.values import Strategy
 
-    strategy = Strategy.parse(args.strategy)
-    model = resolve(args.model, runtime=args.runtime, hardware=args.hardware, census=args.census)
+    trainer = _trainer_config(args)
+    if trainer is None:
+        strategy = Strategy.parse(args.strategy)
+        runtime = args.runtime
+    else:
+        strategy = trainer.strategy
+        runtime = args.runtime if args.runtime_given else (trainer.runtime or args.runtime)
+    args.runtime = runtime
+    model = resolve(trainer.model if trainer is not None else args.model, runtime=runtime,
+                    hardware=args.hardware, census=args.census)
     cost = model.evaluate(strategy)
     hardware = model.hardware
     data = cost.to_dict()
+    if trainer is not None:
+        data["trainer"] = trainer.to_dict()
     data.update(model=model.spec.name, hardware=hardware.name, runtime=args.runtime, census=args.census,
                 dtypes={"parameters": strategy.param_dtype, "compute": strategy.compute, "gradients": strategy.grad,
                         "master": strategy.master_dtype, "optimizer_states": strategy.optimizer_state_dtype},
@@ -117,6 +148,23 @@ def run(args):
         lines = [wrapped for line in lines for part in line.split("\n")
                  for wrapped in (_wrap(part) if len(part) > _WIDTH else [part])]
     return Output(data=data, text="\n".join(lines))
+
+
+def _trainer_config(args):
+    """The trainer configuration --from names (its report on stderr), or None without --from."""
+    import sys
+
+    from ndcost.trainers import from_config, parse_source
+
+    args.runtime_given = args.runtime is not None
+    if args.runtime is None:
+        args.runtime = "hf-cuda"
+    if args.from_config is None:
+        return None
+    kind, path = parse_source(args.from_config)
+    config = from_config(kind, path, devices=args.devices, model=args.model, strategy=args.strategy)
+    print(config.report(), file=sys.stderr)
+    return config
 
 
 def _wrap(line: str):

@@ -1,11 +1,12 @@
-"""`ndcost list models|hardware|runtimes|schedules|optimizers`: the names a command or a strategy accepts."""
+"""`ndcost list models|hardware|runtimes|schedules|optimizers|trainers`: the names a command or a strategy
+accepts."""
 from __future__ import annotations
 
-HELP = "list the shipped models, or the registered hardware, runtimes, schedules or optimizers"
+HELP = "list the shipped models, or the registered hardware, runtimes, schedules, optimizers or trainer formats"
 
 # what to list -> the registry namespace holding it (models are the spec YAMLs in specs/models/)
 KINDS = {"models": None, "hardware": "hardware", "runtimes": "runtime", "schedules": "schedule",
-         "optimizers": "optimizer"}
+         "optimizers": "optimizer", "trainers": "trainer"}
 _WIDTH = 100  # the text table's columns; --json has the whole description
 
 
