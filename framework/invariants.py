@@ -65,9 +65,9 @@ def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:
         elif top[i]:
             out[i] = f"the peak {int(peak[i]):,} bytes is not the most a stage holds ({int(most[i]):,})"
         elif host_broken[i]:
-            out[i] = (f"host bytes {int(host[i]):,} a device, {int(node_host[i]):,} a node, stages "
-                      f"{', '.join(f'{int(b):,}' for b in stage_host[i])}: not non-negative with the device's "
-                      f"the most a stage holds and the node's at least that")
+            out[i] = (f"host bytes {int(host[i]):,} a device and {int(node_host[i]):,} a node, stages "
+                      f"{', '.join(f'{int(b):,}' for b in stage_host[i])}: a device's must be the most a stage "
+                      f"holds, a node's at least that and at most {MAX_EXACT_BYTES:,}, none negative")
         else:
             out[i] = f"a stage's moment is none of {', '.join(MOMENTS)}"
     return out

@@ -643,8 +643,9 @@ def _offload_states(persistent, batch: _Batch, cols) -> Tuple[Dict[str, np.ndarr
     ZeRO-Infinity ``offload_param``, arXiv:2104.07857): the device's parameter and gradient shards move to
     the host; the device keeps the gathered working copies the communication category counts (the
     resolver refuses it unless FSDP or ZeRO-3 gathers them). Left out: the pinned staging buffers of the
-    copies, and the device's gradient buckets ZeRO-Offload frees after each copy (its gradients are counted
-    as the device keeps them, as Megatron-LM's main-grad buffer: an upper bound for DeepSpeed). Returns the
+    copies, a layer's shard copied in before its gather, and that ZeRO-Offload frees the device's gradients
+    once copied (they are counted as the device keeps them, as Megatron-LM's main-grad buffer does: an upper
+    bound for DeepSpeed, which also keeps its host copy in fp32 whatever ``grad_dtype``). Returns the
     device's persistent dict and the host's ``{"persistent", "step"}`` ``(N, R)`` bytes.
     """
     optimizer, params = cols["offload_optimizer"].astype(bool), cols["offload_params"].astype(bool)

@@ -17,9 +17,9 @@ compute dtype's peak. Columns are the memory model's (:func:`ndcost.columns.enco
 schedules and optimizer states by code, as :func:`ndcost.compose.memory.compose` receives them.
 Collectives are the registered ``collective/<name>`` plugins; :data:`OVERLAP_RULES` say what each hides.
 
-Known limitations: kernel launch overheads, the CPU and the data loader are not priced; groups sharing
-a link do not contend; the expert TP collectives and the vocabulary-parallel loss's small all-reduces
-are not priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
+Known limitations: kernel launch overheads, the CPU (but a CPU optimizer's step) and the data loader are not
+priced; groups sharing a link do not contend; the expert TP collectives and the vocabulary-parallel loss's
+small all-reduces are not priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
 """
 from __future__ import annotations
 
