@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ndcost
-from ndcost import Strategy
+from ndcost import Strategy, invariants
 from ndcost.cli import main
 from ndcost.compose.topology import worst_node_total
 from ndcost.errors import InvalidStrategy, InvalidValue
@@ -106,6 +106,25 @@ def test_offload_activations_moves_the_saved_activations(llama):
     # each of the two micro-batches copies its 32 layers' bytes out and back
     assert cost.time.offload_seconds == pytest.approx(2 * 2 * LAYERS * one_layer / LINK, rel=1e-12)
     assert cost.time.optimizer_seconds == base.time.optimizer_seconds  # the optimizer stays on the device
+
+
+def test_offload_activations_host_follows_the_micro_batches_each_stage_keeps(llama):
+    # 1F1B (Narayanan et al. 2021, section 2.2): stage s of p keeps p - s micro-batches' activations in flight
+    text = f"seq={SEQ},pp=2,num_micro_batches=4"
+    one_layer = int(llama.evaluate_many([Strategy.parse(text)]).layer_activation_bytes[0, 0])
+    cost = llama.evaluate(text + ",offload_activations=true")
+    assert [s.host_bytes for s in cost.stages] == [2 * 16 * one_layer, 1 * 16 * one_layer]
+    assert cost.host_bytes_per_node == 2 * 16 * one_layer + 16 * one_layer  # both stages' devices on one node
+
+
+def test_a_host_figure_breaking_an_invariant_makes_the_row_invalid(llama):
+    result = llama.evaluate_many([Strategy.parse(f"fsdp=8,seq={SEQ},offload_optimizer=true")] * 2)
+    assert result.valid.all()
+    node = result.host_bytes_per_node.copy()
+    node[1] = result.host_bytes[1] - 1  # a node holding less than one of its devices
+    broken = invariants.enforce(attrs.evolve(result, host_bytes_per_node=node))
+    assert broken.valid.tolist() == [True, False] and "host bytes" in broken.reason[1]
+    assert broken.host_bytes[1] == broken.stage_host_bytes[1].sum() == 0
 
 
 def test_a_slow_link_exposes_the_activation_copies_beyond_compute(llama):
