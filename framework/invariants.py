@@ -3,7 +3,9 @@
 Memory: every byte figure a non-negative integer at most ``MAX_EXACT_BYTES``
 (exact in float64, where it is priced); each stage's categories sum to its
 peak (at its moment, one of ``MOMENTS``); the top-level peak is the most any
-stage holds; stages past the row's ``pp`` hold nothing. Time, where priced:
+stage holds; stages past the row's ``pp`` hold nothing. Host memory: the
+top-level ``host_bytes`` is the most any stage's device holds there, and a
+node holds at least that (``host_bytes_per_node``). Time, where priced:
 every figure finite, the step, its compute and the throughput positive,
 the other components non-negative, MFU in (0, 1]. A row that breaks one is
 made invalid with the invariant and its numbers as its reason, its figures
@@ -22,7 +24,7 @@ __all__ = ["enforce"]
 
 _POSITIVE_TIMES = ("step_seconds", "compute_seconds", "tokens_per_second")
 _NON_NEGATIVE_TIMES = ("communication_seconds", "exposed_communication_seconds", "bubble_seconds",
-                       "optimizer_seconds")
+                       "optimizer_seconds", "offload_seconds", "exposed_offload_seconds")
 
 
 def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:
@@ -43,7 +45,12 @@ def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:
     moment = none  # a stage past a row's pp, or an invalid row, holds moment 0
     if moments.size and (moments.min() < 0 or moments.max() >= len(MOMENTS)):
         moment = ((moments < 0) | (moments >= len(MOMENTS))).any(axis=1)
-    bad = valid & (negative | beyond | mismatch | top | moment)
+    host, stage_host, node_host = result.host_bytes, result.stage_host_bytes, result.host_bytes_per_node
+    host_broken = none
+    if host.any() or stage_host.any() or node_host.any():  # offloading rows only
+        host_broken = ((stage_host < 0).any(axis=1) | (host != stage_host.max(axis=1, initial=0))
+                       | (node_host < host) | (node_host > MAX_EXACT_BYTES))
+    bad = valid & (negative | beyond | mismatch | top | moment | host_broken)
     out: Dict[int, str] = {}
     for i in np.flatnonzero(bad).tolist():  # the breaking rows alone (none, unless the composition errs)
         if negative[i]:
@@ -57,6 +64,10 @@ def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:
                       f"{int(stage_peak[i, s]):,}")
         elif top[i]:
             out[i] = f"the peak {int(peak[i]):,} bytes is not the most a stage holds ({int(most[i]):,})"
+        elif host_broken[i]:
+            out[i] = (f"host bytes {int(host[i]):,} a device and {int(node_host[i]):,} a node, stages "
+                      f"{', '.join(f'{int(b):,}' for b in stage_host[i])}: a device's must be the most a stage "
+                      f"holds, a node's at least that and at most {MAX_EXACT_BYTES:,}, none negative")
         else:
             out[i] = f"a stage's moment is none of {', '.join(MOMENTS)}"
     return out
@@ -93,7 +104,8 @@ def enforce(result: Any) -> Any:
         reason[i] = (f"internal invariant broken: {broken[i]}; the row is not priced "
                      f"(please report the strategy and model)")
     for name in ("peak_bytes", "stage_bytes", "stage_peak_bytes", "stage_layers", "stage_moment", "peak_stage",
-                 "layer_activation_bytes", "stage_kind_layers", "head_stage", "embedding_stage", "num_stages"):
+                 "layer_activation_bytes", "stage_kind_layers", "head_stage", "embedding_stage", "num_stages",
+                 "stage_host_bytes", "host_bytes", "host_bytes_per_node", "stage_offloaded_activation_bytes"):
         getattr(result, name)[index] = 0
     time = result.time
     if time is not None:

@@ -31,6 +31,7 @@ import numpy as np
 from ndcost import columns, invariants, manager, models
 from ndcost.compose import memory
 from ndcost.compose import time as time_model
+from ndcost.compose.sharding import sharding as sharding_of
 from ndcost.errors import CensusUnavailable, InvalidStrategy, InvalidValue, NdcostError, Unpriced
 from ndcost.specio import load_hardware_yaml
 from ndcost.values import (
@@ -89,7 +90,8 @@ class BatchResult:
     strategy's ``pp``); ``peak_bytes[i]`` is the most any stage holds.
     Invalid rows hold 0 everywhere, ``valid[i]`` False and ``reason[i]`` the
     constraint with its numbers. ``time`` holds the time model's arrays once
-    it prices the batch.
+    it prices the batch. ``host_bytes`` and ``host_bytes_per_node`` are what
+    offloading puts in host memory (:func:`ndcost.compose.memory.compose`).
     """
 
     categories: Tuple[str, ...]
@@ -104,6 +106,10 @@ class BatchResult:
     stage_kind_layers: np.ndarray  # (N, R, K): the stack's layers of each kind on each stage (MTP aside)
     head_stage: np.ndarray         # (N,): the stage holding the head
     embedding_stage: np.ndarray    # (N,): the stage holding the embedding
+    stage_host_bytes: np.ndarray   # (N, R): host memory a device of each stage holds (offloading; 0 elsewhere)
+    host_bytes: np.ndarray         # (N,): the most a device of any stage holds on the host
+    host_bytes_per_node: np.ndarray  # (N,): the most the devices of one node hold on the host together
+    stage_offloaded_activation_bytes: np.ndarray  # (N, R): a micro-batch's activations copied each way
     kinds: Tuple[str, ...]
     valid: np.ndarray
     reason: np.ndarray
@@ -126,6 +132,7 @@ class BatchResult:
                 stages.append(StageMemory(
                     stage=s, bytes_by_category=self.bytes_by_category(row, s),
                     peak_bytes=int(self.stage_peak_bytes[row, s]), layers=int(self.stage_layers[row, s]),
+                    host_bytes=int(self.stage_host_bytes[row, s]),
                     provenance={"moment": memory.MOMENTS[int(self.stage_moment[row, s])]}))
         time = None
         if self.time is not None and self.valid[row]:
@@ -135,7 +142,8 @@ class BatchResult:
                                      provenance=self.time.get("provenance", {}) or {})
         return StrategyCost(strategy=strategy, stages=tuple(stages), peak_bytes=int(self.peak_bytes[row]),  # type: ignore[arg-type]  # attrs plugin: converter typing
                             valid=bool(self.valid[row]), reason=str(self.reason[row]), time=time,
-                            provenance=self.provenance)
+                            host_bytes=int(self.host_bytes[row]),
+                            host_bytes_per_node=int(self.host_bytes_per_node[row]), provenance=self.provenance)
 
 
 # ---------------------------------------------------------------------------
@@ -540,7 +548,8 @@ class CostModel:
         shapes = {"stage_bytes": (R, C), "stage_peak_bytes": (R,), "stage_layers": (R,), "stage_moment": (R,),
                   "stage_kind_layers": (R, K), "peak_bytes": (), "peak_stage": (), "head_stage": (),
                   "embedding_stage": (),
-                  "layer_bytes": (K,)}
+                  "layer_bytes": (K,), "stage_host_bytes": (R,), "host_bytes_per_node": (),
+                  "stage_offloaded_activation_bytes": (R,)}
         out = {name: np.zeros((priced,) + shape, dtype=np.int64) for name, shape in shapes.items()}
         if priced:
             recs = self._stack_records(tables)
@@ -559,10 +568,13 @@ class CostModel:
                                           plugins.states_per_parameter, plugins.step_temporaries_per_parameter,
                                           out=out["stage_bytes"][lo:hi, :r],
                                           embedding_sort_scratch=self._profile is not None
-                                          and self._profile.device == "cuda")
-                for name in ("stage_peak_bytes", "stage_layers", "stage_moment", "stage_kind_layers"):
+                                          and self._profile.device == "cuda",
+                                          devices_per_node=int(hw.devices_per_node))
+                for name in ("stage_peak_bytes", "stage_layers", "stage_moment", "stage_kind_layers",
+                             "stage_host_bytes", "stage_offloaded_activation_bytes"):
                     out[name][lo:hi, :r] = getattr(composed, name)
-                for name in ("peak_bytes", "peak_stage", "head_stage", "embedding_stage", "layer_bytes"):
+                for name in ("peak_bytes", "peak_stage", "head_stage", "embedding_stage", "layer_bytes",
+                             "host_bytes_per_node"):
                     out[name][lo:hi] = getattr(composed, name)
                 unpriced_selective[order[lo:hi]] = composed.unpriced["selective"]
                 beyond_exact[order[lo:hi]] = composed.beyond_exact
@@ -599,7 +611,10 @@ class CostModel:
             stage_peak_bytes=full["stage_peak_bytes"], num_stages=num_stages, stage_layers=full["stage_layers"],
             stage_moment=full["stage_moment"], peak_stage=full["peak_stage"],
             layer_activation_bytes=full["layer_bytes"], stage_kind_layers=full["stage_kind_layers"],
-            head_stage=full["head_stage"], embedding_stage=full["embedding_stage"], kinds=self.tables.kinds,
+            head_stage=full["head_stage"], embedding_stage=full["embedding_stage"],
+            stage_host_bytes=full["stage_host_bytes"], host_bytes=full["stage_host_bytes"].max(axis=1, initial=0),
+            host_bytes_per_node=full["host_bytes_per_node"],
+            stage_offloaded_activation_bytes=full["stage_offloaded_activation_bytes"], kinds=self.tables.kinds,
             valid=valid, reason=reason,
             fits=valid & (peak <= hw.memory_bytes), memory_bytes=int(hw.memory_bytes), provenance=prov)
         return self._attach_time(result, batch, hw)
@@ -720,9 +735,15 @@ class CostModel:
                      "reshard_after_forward=false is FSDP's (fully_shard); ZeRO-3 regathers a module for its "
                      "backward as ndcost prices it: use reshard_after_forward=true with zero=3, or FSDP (fsdp=N) "
                      "with reshard_after_forward=false")
-        # fields the composition does not price yet are refused by name, never priced as their defaults
-        for name in ("offload_optimizer", "offload_params", "offload_activations"):
-            batch.refuse(c[name], f"{name}=true is not priced yet; use {name}=false")
+        # FSDP2's CPUOffloadPolicy and ZeRO-Infinity's offload_param copy the sharded parameters to the device
+        # to gather them, and the optimizer steps them where they live: on the host
+        gathered = sharding_of(c).fsdp | (c["zero"] >= 3)
+        batch.refuse(c["offload_params"] & ~gathered,
+                     lambda i: f"offload_params=true with fsdp={c['fsdp'][i]}, zero={c['zero'][i]}: the parameters "
+                               f"are copied to the device as FSDP or ZeRO-3 gathers them; set fsdp > 1 or zero=3")
+        batch.refuse(c["offload_params"] & ~c["offload_optimizer"],
+                     "offload_params=true with offload_optimizer=false: the optimizer steps the parameters on the "
+                     "host, where they live (FSDP2 CPUOffloadPolicy); set offload_optimizer=true too")
         # the schedules' own refusals, by name
         for code, name in enumerate(names["schedule"]):
             rows = c["schedule"] == code
@@ -736,7 +757,13 @@ class CostModel:
 
 
 def _hardware_checks(batch: columns.StrategyColumns, hardware: Hardware) -> None:
-    """Rows computing in a dtype *hardware* states no peak for are refused (a loop over the dtypes used)."""
+    """Rows computing in a dtype *hardware* states no peak for are refused (a loop over the dtypes used), and
+    rows offloading to a host whose link *hardware* does not state."""
+    if hardware.host_to_device_bytes_per_second is None:
+        for name in ("offload_optimizer", "offload_params", "offload_activations"):
+            batch.refuse(batch.cols[name], f"{name}=true: hardware {hardware.name!r} states no "
+                                           f"host_to_device_bytes_per_second, which prices the copies; add it "
+                                           f"to its hardware file (its host link's datasheet figure, one direction)")
     codes = batch.cols["compute_dtype"]
     for code in np.unique(codes).tolist():
         dtype = columns.DTYPE_NAMES[code]

@@ -743,12 +743,21 @@ def _check_memory_bytes(instance, attribute, value):
     positive_int(instance, attribute, value)
 
 
+# Ren et al. 2021, ZeRO-Offload (arXiv:2101.06840), Table 3: DeepSpeed's CPU-Adam steps 10 billion parameters in
+# 2.57 s on the paper's test node's host CPUs; a hardware file states its own host's figure where it knows it.
+CPU_ADAM_PARAMETERS_PER_SECOND = 10e9 / 2.57
+
+
 @attrs.frozen(kw_only=True)
 class Hardware:
     """One accelerator and its network, as a hardware spec YAML states it.
 
     Every figure is a finite number, positive (a latency may be 0); an efficiency is a fraction of the
     peak in (0, 1]; units are the field's own (bytes, bytes per second, FLOP per second, seconds).
+    ``host_to_device_bytes_per_second`` is one device's host link (PCIe) in one direction, None where
+    unstated (offloading is then refused); ``cpu_optimizer_parameters_per_second`` the parameters a node's
+    host CPUs step a second with a CPU optimizer (every device of the node shares them), by default the
+    ZeRO-Offload paper's CPU-Adam figure (:data:`CPU_ADAM_PARAMETERS_PER_SECOND`).
     """
 
     name: str
@@ -758,12 +767,20 @@ class Hardware:
     devices_per_node: int = attrs.field(default=8, validator=positive_int)
     network: Tuple[NetworkLevel, ...] = attrs.field(default=(), converter=tuple)
     efficiency: Mapping[str, float] = attrs.field(factory=dict, converter=_to_float_mapping)
+    host_to_device_bytes_per_second: Optional[float] = attrs.field(default=None, converter=_to_float)
+    cpu_optimizer_parameters_per_second: float = attrs.field(default=CPU_ADAM_PARAMETERS_PER_SECOND,
+                                                             converter=_to_float)
     description: str = ""
 
     def __attrs_post_init__(self):
         _check_name("hardware", self.name)
         owner = f"hardware {self.name!r}"
         check_number(owner, "hbm_bytes_per_second", self.hbm_bytes_per_second, "bytes per second")
+        if self.host_to_device_bytes_per_second is not None:
+            check_number(owner, "host_to_device_bytes_per_second", self.host_to_device_bytes_per_second,
+                         "bytes per second a device, one direction")
+        check_number(owner, "cpu_optimizer_parameters_per_second", self.cpu_optimizer_parameters_per_second,
+                     "parameters per second a node")
         if not isinstance(self.peak_flops_per_second, Mapping):
             raise InvalidValue(f"{owner}: peak_flops_per_second must map a dtype to its peak "
                                f"({{bf16: 989.0e+12}}), got {self.peak_flops_per_second!r}")
@@ -800,17 +817,19 @@ class Hardware:
 # ---------------------------------------------------------------------------
 @attrs.frozen(kw_only=True)
 class StageMemory:
-    """What one pipeline stage's device holds at its worst moment, by category (bytes)."""
+    """What one pipeline stage's device holds at its worst moment, by category (bytes), and the host memory
+    its offloading fills (``host_bytes``, at the host's own worst moment; 0 without offloading)."""
 
     stage: int
     bytes_by_category: Mapping[str, int] = attrs.field(converter=frozen_mapping)
     peak_bytes: int
     layers: int = 0
+    host_bytes: int = 0
     provenance: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"stage": self.stage, "layers": self.layers, "bytes_by_category": dict(self.bytes_by_category),
-                "peak_bytes": self.peak_bytes, "provenance": dict(self.provenance)}
+                "peak_bytes": self.peak_bytes, "host_bytes": self.host_bytes, "provenance": dict(self.provenance)}
 
 
 @attrs.frozen(kw_only=True)
@@ -825,6 +844,8 @@ class TimeBreakdown:
     exposed_communication_seconds: float
     bubble_seconds: float
     optimizer_seconds: float
+    offload_seconds: float = 0.0          # host-device copies (PCIe) on the busiest rank, overlapped or not
+    exposed_offload_seconds: float = 0.0  # of them, what the step waits for
     provenance: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -835,7 +856,11 @@ class TimeBreakdown:
 
 @attrs.frozen(kw_only=True)
 class StrategyCost:
-    """A strategy's cost on one model and device: memory per stage, the peak, and (once priced) time."""
+    """A strategy's cost on one model and device: memory per stage, the peak, and (once priced) time.
+
+    ``host_bytes`` is the most a device of any stage puts in host memory by offloading, ``host_bytes_per_node``
+    the most the devices of one node put there together (``Hardware.devices_per_node`` a node).
+    """
 
     strategy: Strategy
     stages: Tuple[StageMemory, ...] = attrs.field(converter=tuple)
@@ -843,6 +868,8 @@ class StrategyCost:
     valid: bool = True
     reason: str = ""
     time: Optional[TimeBreakdown] = None
+    host_bytes: int = 0
+    host_bytes_per_node: int = 0
     provenance: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def sources(self) -> Dict[str, str]:
@@ -868,7 +895,7 @@ class StrategyCost:
             "output": str(records.get("output", composition)),
             "communication": composition,
             "allocator": f"Strategy.allocator_overhead={self.strategy.allocator_overhead!r} of the rest",
-            "peak_bytes": composition,
+            "peak_bytes": composition, "host_bytes": composition, "host_bytes_per_node": composition,
         }
         time = dict(self.time.provenance) if self.time is not None else {}
         unpriced = (prov.get("time") or {}).get("unpriced") if self.time is None else None
@@ -881,6 +908,7 @@ class StrategyCost:
             "communication_seconds": str(time.get("communication", model)),
             "exposed_communication_seconds": str(time.get("communication", model)),
             "bubble_seconds": schedule if self.time is not None else model,
+            "offload_seconds": model, "exposed_offload_seconds": model,
         })
         return out
 
@@ -894,7 +922,8 @@ class StrategyCost:
 
     def to_dict(self) -> Dict[str, Any]:
         out = {"strategy": str(self.strategy), "valid": self.valid, "reason": self.reason,
-               "peak_bytes": self.peak_bytes, "stages": [s.to_dict() for s in self.stages],
+               "peak_bytes": self.peak_bytes, "host_bytes": self.host_bytes,
+               "host_bytes_per_node": self.host_bytes_per_node, "stages": [s.to_dict() for s in self.stages],
                "provenance": dict(self.provenance), "sources": self.sources()}
         if self.time is not None:
             out["time"] = self.time.to_dict()

@@ -79,7 +79,7 @@ def check_time(time: Mapping[str, Any], what: str) -> None:
         value = float(time[name])
         assert math.isfinite(value) and value > 0, f"{what}: {name} = {value}, not positive and finite"
     for name in ("compute_seconds", "communication_seconds", "exposed_communication_seconds", "bubble_seconds",
-                 "optimizer_seconds"):
+                 "optimizer_seconds", "offload_seconds", "exposed_offload_seconds"):
         value = float(time[name])
         assert math.isfinite(value) and value >= 0, f"{what}: {name} = {value}, not finite and >= 0"
     mfu = float(time["mfu"])
@@ -100,6 +100,11 @@ def check_cost_dict(data: Mapping[str, Any]) -> None:
         peaks.append(peak)
     top = _exact_bytes(data["peak_bytes"], "peak_bytes")
     assert top == max(peaks), f"peak_bytes {top} but the stages' most is {max(peaks)}"
+    host = _exact_bytes(data["host_bytes"], "host_bytes")
+    most = max(_exact_bytes(s["host_bytes"], f"stage {s['stage']} host_bytes") for s in stages)
+    assert host == most, f"host_bytes {host} but the stages' most is {most}"
+    node = _exact_bytes(data["host_bytes_per_node"], "host_bytes_per_node")
+    assert node >= host, f"host_bytes_per_node {node} is below a device's host_bytes {host}"
     if data.get("time") is not None:
         check_time(data["time"], "time")
     strict_json(data)
@@ -122,6 +127,12 @@ def check_batch(result: Any, rows: int) -> None:
     most = result.stage_peak_bytes.max(axis=-1) if result.stage_peak_bytes.shape[-1] else np.zeros(rows, np.int64)
     bad = (most != result.peak_bytes) & valid
     assert not bad.any(), f"rows {np.flatnonzero(bad)}: peak_bytes is not the most a stage holds"
+    for name in ("host_bytes", "stage_host_bytes", "host_bytes_per_node"):
+        array = np.asarray(getattr(result, name))
+        assert array.dtype.kind == "i" and not (array < 0).any(), f"{name}: not non-negative integers"
+    bad = (result.stage_host_bytes.max(axis=-1, initial=0) != result.host_bytes) | \
+        (result.host_bytes_per_node < result.host_bytes)
+    assert not bad.any(), f"rows {np.flatnonzero(bad)}: host bytes are not the most a stage holds, or a node less"
     for i in np.flatnonzero(valid):
         assert reason[i] == "", f"row {i} is valid with a reason: {reason[i]!r}"
         assert result.num_stages[i] >= 1

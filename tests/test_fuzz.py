@@ -470,6 +470,8 @@ HARDWARE_HOSTILE: Dict[str, List[Any]] = {
     "efficiency": [{"matmul": 0}, {"matmul": -0.5}, {"matmul": 1.5}, {"matmul": math.nan}, {"matmul": "x"},
                    {"matmul": math.inf}, "high", [0.5], {"matmul": None}],
     "name": [5, None, "", ["h200"]],
+    "host_to_device_bytes_per_second": [v for v in NOT_POSITIVE if v is not None],  # None: unstated
+    "cpu_optimizer_parameters_per_second": NOT_POSITIVE,
     "bogus_field": [1],
 }
 # values a field may hold, or be refused as; any figure from them keeps the invariants
@@ -480,6 +482,8 @@ HARDWARE_EDGE: Dict[str, List[Any]] = {
     "network": [{}, {"within_node": {"bytes_per_second": 1e-300}}, {"across_nodes": {"bytes_per_second": 1e300}}],
     "efficiency": [{}, {"matmul": 1e-300}, {"matmul": 1.0}],
     "devices_per_node": [1, 2 ** 40],
+    "host_to_device_bytes_per_second": [1e300, 1e-300, None],
+    "cpu_optimizer_parameters_per_second": [1e300, 1e-300],
 }
 
 
@@ -516,11 +520,12 @@ def test_hardware_mapping(family, drawn, edge):
     hardware, _ = outcome(lambda: hardware_from_mapping(data))
     if hardware is None:
         return
-    strategies = {"tp": [1, 2, 8], "pp": [1, 2, 1], "dp": [8, 2, 1], "seq": [4096, 1024, 512],
-                  "num_micro_batches": [1, 8, 4]}
+    strategies = {"tp": [1, 2, 8, 1], "pp": [1, 2, 1, 1], "dp": [8, 2, 1, 1], "fsdp": [1, 1, 1, 8],
+                  "seq": [4096, 1024, 512, 1024], "num_micro_batches": [1, 8, 4, 2],
+                  **{f"offload_{what}": [False, False, False, True] for what in ("optimizer", "params", "activations")}}
     result, _ = outcome(lambda: cost_model(family).evaluate_many(strategies, hardware=hardware))
     if result is not None:
-        check_batch(result, 3)
+        check_batch(result, 4)
 
 
 @given(drawn=st.one_of(hardware_mappings(HARDWARE_HOSTILE), hardware_mappings(HARDWARE_EDGE)))

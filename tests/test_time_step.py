@@ -13,7 +13,8 @@ from ndcost.layer import LayerKind
 from ndcost.values import Hardware, LayerGroup, ModelSpec, NetworkLevel, Strategy
 
 TIME_KEYS = {"step_seconds", "tokens_per_second", "mfu", "compute_seconds", "communication_seconds",
-             "exposed_communication_seconds", "bubble_seconds", "optimizer_seconds"}
+             "exposed_communication_seconds", "bubble_seconds", "optimizer_seconds", "offload_seconds",
+             "exposed_offload_seconds"}
 WITHIN, ACROSS = 100e9, 10e9
 
 

@@ -114,7 +114,10 @@ def _write_hardware(hardware, efficiency, path) -> None:
            "devices_per_node": hardware.devices_per_node,
            "network": {level.name: {"bytes_per_second": level.bytes_per_second,
                                     "latency_seconds": level.latency_seconds} for level in hardware.network},
-           "efficiency": {k: round(float(v), 4) for k, v in efficiency.items()}}
+           "efficiency": {k: round(float(v), 4) for k, v in efficiency.items()},
+           "cpu_optimizer_parameters_per_second": hardware.cpu_optimizer_parameters_per_second}
+    if hardware.host_to_device_bytes_per_second is not None:
+        doc["host_to_device_bytes_per_second"] = hardware.host_to_device_bytes_per_second
     with open(path, "w") as handle:
         handle.write("# written by `ndcost calibrate`; efficiencies fitted from measured layer times\n")
         yaml.safe_dump(doc, handle, sort_keys=False)

@@ -19,6 +19,8 @@ The table: GiB one device of each pipeline stage holds at the moment its bytes p
   communication  buffers of collectives: FSDP / ZeRO-3 parameter gathers, sequence-, expert- and
                  context-parallel exchanges
   allocator      the caching allocator's fragmentation: allocator_overhead times the rest
+Under offload_optimizer, offload_params or offload_activations a `host:` line gives the host memory
+a device fills (its worst stage's) and a node's devices together; the step line the offload copies.
 By default (100 columns) optim is master + optimizer_states, other is communication + allocator;
 --wide shows every category. The header names the dtypes and the optimizer priced. `ndcost fields`
 lists every strategy field; `ndcost list models|hardware|runtimes|schedules|optimizers` the names.
@@ -119,12 +121,18 @@ def run(args):
     verdict = "fits" if data["fits"] else "does NOT fit"
     lines.append(f"peak: {cost.peak_bytes / _GIB:.2f} GiB ({cost.peak_bytes:,} bytes) on stage {peak_stage}; "
                  f"{verdict} in {hardware.memory_bytes / _GIB:.1f} GiB")
+    if cost.host_bytes:
+        lines.append(f"host: {cost.host_bytes / _GIB:.2f} GiB a device ({cost.host_bytes:,} bytes; stages "
+                     + ", ".join(_gib(s.host_bytes) for s in cost.stages) + f" GiB), "
+                     f"{cost.host_bytes_per_node / _GIB:.2f} GiB a node of {hardware.devices_per_node} devices")
     if cost.time is not None:
         t = cost.time
         lines.append(f"step: {t.step_seconds:.4g} s, {t.tokens_per_second:,.0f} tokens/s, MFU {t.mfu:.1%}\n"
                      f"  (compute {t.compute_seconds:.4g} s, exposed communication "
                      f"{t.exposed_communication_seconds:.4g} s, bubble {t.bubble_seconds:.4g} s, "
-                     f"optimizer {t.optimizer_seconds:.4g} s)")
+                     f"optimizer {t.optimizer_seconds:.4g} s"
+                     + (f", exposed offload {t.exposed_offload_seconds:.4g} s of {t.offload_seconds:.4g} s copying"
+                        if t.offload_seconds else "") + ")")
     elif (cost.provenance.get("time") or {}).get("unpriced"):
         lines.append(f"step time: unpriced ({cost.provenance['time']['unpriced']})")
     sources = cost.provenance.get("records", {})

@@ -38,6 +38,7 @@ import numpy as np
 from ndcost.columns import DTYPE_BYTES
 from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
+from ndcost.compose import topology
 from ndcost.compose.sharding import MATMUL_PARTS, REPLICATED_PARTS, ROUTED_PARTS, TP_PARTS
 from ndcost.errors import InvalidValue, Unpriced
 from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, PARTS, RECOMPUTE
@@ -277,6 +278,9 @@ class Composed:
     stage_kind_layers: np.ndarray  # (N, R, K) int64: the stack's layers of each kind on each stage (no MTP)
     head_stage: np.ndarray       # (N,) int64: the stage holding the head
     embedding_stage: np.ndarray  # (N,) int64: the stage holding the embedding
+    stage_host_bytes: np.ndarray  # (N, R) int64: host memory a device of each stage holds (offloading)
+    host_bytes_per_node: np.ndarray  # (N,) int64: the most one node's devices hold on the host together
+    stage_offloaded_activation_bytes: np.ndarray  # (N, R) int64: a micro-batch's activations copied each way
 
 
 MOMENTS = ("output backward", "last layer backward", "end of backward", "embedding backward", "optimizer step")
@@ -429,6 +433,7 @@ def _persistent_bytes(params: _StageParameters, batch: _Batch, cols, states_per_
         "head_gradients": per_device(params.head_gradient, no_routed, "gradients") * batch.grad_bytes[:, None],
         "embedding_gradients": per_device(params.embedding_gradient, no_routed, "gradients")
         * batch.grad_bytes[:, None],
+        "optimizer_shard_elements": states,  # the parameters this device's optimizer steps
     }
 
 
@@ -641,6 +646,72 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     return tuple(np.where(gathers, buffer, 0.0) + activation_buffers for buffer in (at_loss, at_last, at_end))
 
 
+def _offload_states(persistent, batch: _Batch, cols) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
+    """The persistent bytes left on the device under ``offload_optimizer`` / ``offload_params``, and the host's.
+
+    ``offload_optimizer`` (ZeRO-Offload, arXiv:2101.06840 section 4; Megatron-LM ``--optimizer-cpu-offload``):
+    the master copy, the optimizer states and the step's temporaries leave the device; the host holds them
+    and a copy of the gradients of the device's optimizer shard, which the CPU step reads (in ``grad_dtype``).
+    ``offload_params`` (FSDP2 ``CPUOffloadPolicy``, torch/distributed/fsdp/_fully_shard/_fsdp_api.py;
+    ZeRO-Infinity ``offload_param``, arXiv:2104.07857): the device's parameter and gradient shards move to
+    the host; the device keeps the gathered working copies the communication category counts (the
+    resolver refuses it unless FSDP or ZeRO-3 gathers them). Left out: the pinned staging buffers of the
+    copies, a layer's shard copied in before its gather, and that ZeRO-Offload frees the device's gradients
+    once copied (they are counted as the device keeps them, as Megatron-LM's main-grad buffer does: an upper
+    bound for DeepSpeed, which also keeps its host copy in fp32 whatever ``grad_dtype``). Returns the
+    device's persistent dict and the host's ``{"persistent", "step"}`` ``(N, R)`` bytes.
+    """
+    optimizer, params = cols["offload_optimizer"].astype(bool), cols["offload_params"].astype(bool)
+    zeros = np.zeros_like(persistent["parameters"], dtype=np.float64)
+    if not (optimizer.any() or params.any()):
+        return persistent, {"persistent": zeros, "step": zeros}
+    optimizer, params = optimizer[:, None], params[:, None]
+    moved = dict(persistent)
+    for name in ("master", "optimizer_states", "step_temporaries"):
+        moved[name] = np.where(optimizer, 0, persistent[name])
+    for name in ("parameters", "gradients", "head_gradients", "embedding_gradients"):
+        moved[name] = np.where(params, 0, persistent[name])
+    gradient_copy = persistent["optimizer_shard_elements"] * batch.grad_bytes[:, None]
+    host = (np.where(params, persistent["parameters"] + persistent["gradients"], 0)
+            + np.where(optimizer, persistent["master"] + persistent["optimizer_states"], 0)
+            + np.where(optimizer & ~params, gradient_copy, 0))
+    return moved, {"persistent": whole(host), "step": whole(np.where(optimizer, persistent["step_temporaries"], 0))}
+
+
+def _offload_activations(moments, stage: _StageActivations, layer: _LayerActivations,
+                         where: placement_rules.Placement, cols, host_states):
+    """The moments with ``offload_activations``' saved activations moved to the host; the host's bytes.
+
+    ``torch.autograd.graph.save_on_cpu`` around the layers copies every tensor they save to the host as it
+    is saved and back when the backward reads it: the device keeps the layer in flight's (the largest of
+    one micro-batch's layer keeps on the stage) at the last layer's backward, none at the other moments
+    (a layer's backward working figure holds its own), while the host holds every micro-batch's. The
+    output layer's (head and loss) saved tensors stay on the device. Returns the moments, each stage's host
+    bytes ``(N, R)`` (the persistent ones, then the larger of the step's temporaries and the activations:
+    the step runs once the backward has freed them) and a micro-batch's activation bytes a stage copies
+    each way (the time model's traffic). Left out: the pinned staging and the copy stream's events.
+    """
+    rows = cols["offload_activations"].astype(bool)
+    zeros = np.zeros(stage.activations.shape)
+    if not rows.any():
+        return moments, host_states["persistent"] + host_states["step"], zeros
+    plain = (where.layers - where.recomputed).sum(axis=3)  # (K, N, R): each rank's layers of each kind
+    recomputed = where.recomputed.sum(axis=3)
+    in_flight, per_micro_batch = zeros, zeros
+    for k in range(plain.shape[0]):  # a loop over kinds, never layers
+        keep_plain, keep_recomputed = layer.keep_plain[:, k][:, None], layer.keep_recomputed[:, k][:, None]
+        in_flight = np.maximum(in_flight, np.maximum(np.where(plain[k] > 0, keep_plain, 0.0),
+                                                     np.where(recomputed[k] > 0, keep_recomputed, 0.0)))
+        per_micro_batch = per_micro_batch + plain[k] * keep_plain + recomputed[k] * keep_recomputed
+    offloaded = rows[:, None]
+    on_device = [zeros, whole(np.minimum(stage.activations, in_flight))] + [zeros] * (len(moments) - 2)
+    moments = [dict(m, activations=np.where(offloaded, kept, m["activations"]))
+               for m, kept in zip(moments, on_device, strict=True)]
+    host_activations = np.where(offloaded, whole(stage.activations), 0.0)
+    return (moments, host_states["persistent"] + np.maximum(host_states["step"], host_activations),
+            np.where(offloaded, whole(per_micro_batch), 0.0))
+
+
 def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _StageActivations, output_bytes,
              other_outputs, buffers, batch: _Batch, cols, embedding_sort_scratch: bool) -> List[Dict[str, np.ndarray]]:
     """The non-persistent categories at each of ``MOMENTS``, whole bytes ``(N, R)``.
@@ -740,7 +811,7 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
 def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.ndarray, cols: Mapping[str, Any],
             schedules: Sequence[Any], states_per_parameter: np.ndarray,
             step_temporaries_per_parameter: np.ndarray, out: Optional[np.ndarray] = None,
-            embedding_sort_scratch: bool = False) -> Composed:
+            embedding_sort_scratch: bool = False, devices_per_node: int = 8) -> Composed:
     """Price every row of *cols* (all rows valid): the module docstring maps the steps.
 
     *schedules* and *states_per_parameter* / *step_temporaries_per_parameter*
@@ -748,7 +819,8 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     *embedding_sort_scratch*: the runtime's embedding backward is PyTorch's
     CUDA kernel (fp32 ``[rows, h]`` sums above ``EMBEDDING_SORT_MIN_TOKENS``
     indices); *out*, where given, is the ``(N, R, C)`` int64 array
-    ``stage_bytes`` is written into (a view of the caller's: no copy).
+    ``stage_bytes`` is written into (a view of the caller's: no copy);
+    *devices_per_node* (the hardware's) groups the devices for ``host_bytes_per_node``.
     """
     batch = _batch(cols)
     mtp = model.mtp_counts if model.builds_mtp else None
@@ -757,23 +829,36 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     layers = where.layers.sum(axis=3)  # (K, N, R): each rank's layers, MTP ones with the head
     params = _stage_parameters(model, batch, cols, where, layers)
     persistent = _persistent_bytes(params, batch, cols, states_per_parameter, step_temporaries_per_parameter)
+    persistent, host_states = _offload_states(persistent, batch, cols)
     layer = _layer_activations(model, recs, seq_index, cols, batch)
     stage = _stage_activations(layer, where, held, params, batch, cols, recs["grad_share"][seq_index])
     output_bytes, other_outputs, unpriced_output = _output_layer(recs, seq_index, cols, batch, where, held)
     buffers = _communication_buffers(model, params, batch, cols, where, layers)
     moments = _moments(model, persistent, params, stage, output_bytes, other_outputs, buffers, batch, cols,
                        embedding_sort_scratch)
+    moments, host_bytes, offloaded_activations = _offload_activations(moments, stage, layer, where, cols,
+                                                                      host_states)
     kept = {name: whole(persistent[name]) for name in ("parameters", "master", "optimizer_states")}
     layer_keep = np.ceil(np.where((cols["recompute"] == RECOMPUTE.index("none"))[:, None], layer.keep_plain,
                                   layer.keep_recomputed) - 1e-3)
     beyond = np.asarray(~(layer_keep <= MAX_EXACT_BYTES).all(axis=1))
+    host_per_node = np.zeros(len(beyond))
+    if host_bytes.any():  # NaN or past 2**53 flags the row below
+        host_per_node = topology.worst_node_total(
+            np.where(np.isfinite(host_bytes), host_bytes, MAX_EXACT_BYTES), batch.sharding.replicas * batch.tp_int,
+            cols["pp"], devices_per_node)
+        beyond |= ~(host_bytes <= MAX_EXACT_BYTES).all(axis=1) | ~(host_per_node < MAX_EXACT_BYTES)
     stage_bytes, stage_peak, best_moment = _peak(kept, moments, where, cols, out, beyond)
+    host_bytes, offloaded_activations = (np.where(beyond[:, None], 0.0, x).astype(np.int64)
+                                         for x in (host_bytes, offloaded_activations))
     stage_layers = layers.sum(axis=0) if len(model.kinds) else np.zeros(stage_peak.shape, dtype=np.int64)
     stage_exists = np.arange(stage_peak.shape[1])[None, :] < cols["pp"].astype(np.int64)[:, None]
     if not stage_exists.all():  # rows of fewer stages than the batch's most: their extra stages hold nothing
         stage_bytes[~stage_exists] = 0
         stage_peak[~stage_exists] = 0
         stage_layers = np.where(stage_exists, stage_layers, 0)
+        host_bytes[~stage_exists] = 0
+        offloaded_activations[~stage_exists] = 0
     peak_stage = np.argmax(stage_peak, axis=1)
     return Composed(stage_bytes=stage_bytes, stage_peak_bytes=stage_peak,
                     peak_bytes=stage_peak[np.arange(len(peak_stage)), peak_stage], peak_stage=peak_stage,
@@ -782,4 +867,6 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
                     unpriced={"working": layer.unpriced_working, "output working": unpriced_output,
                               "selective": layer.unpriced_selective}, beyond_exact=beyond,
                     stage_kind_layers=where.rank_layers(with_mtp=False), head_stage=where.head_rank,
-                    embedding_stage=np.argmax(where.has_embedding, axis=1))
+                    embedding_stage=np.argmax(where.has_embedding, axis=1), stage_host_bytes=host_bytes,
+                    host_bytes_per_node=np.where(beyond, 0.0, host_per_node).astype(np.int64),
+                    stage_offloaded_activation_bytes=offloaded_activations)

@@ -8,17 +8,18 @@ A map of :func:`step_time` (each step's docstring says what it prices and why):
 - :func:`_embedding_and_head`: the embedding, head and loss;
 - :func:`_data_parallel`: FSDP / ZeRO-3 gathers and scatters, the step's gradient and parameter collectives,
   over the groups :mod:`ndcost.compose.sharding` names;
-- :func:`_pipeline`: the sends and the schedule's bubble; :func:`_optimizer_seconds`: the optimizer step.
+- :func:`_pipeline`: the sends and the schedule's bubble; :func:`_optimizer_seconds`: the optimizer step;
+- :func:`_offload_seconds`: offloading's host-device copies and the CPU optimizer step.
 
-``step = compute + exposed communication + bubble + optimizer``, each on the busiest pipeline rank;
+``step = compute + exposed communication + bubble + optimizer + exposed offload``, each on the busiest pipeline rank;
 ``mfu`` is the model FLOPs (three times the forward's, no recompute) over the step, the devices and the
 compute dtype's peak. Columns are the memory model's (:func:`ndcost.columns.encode`), the
 schedules and optimizer states by code, as :func:`ndcost.compose.memory.compose` receives them.
 Collectives are the registered ``collective/<name>`` plugins; :data:`OVERLAP_RULES` say what each hides.
 
-Known limitations: kernel launch overheads, the CPU and the data loader are not priced; groups sharing
-a link do not contend; the expert TP collectives and the vocabulary-parallel loss's small all-reduces
-are not priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
+Known limitations: kernel launch overheads, the CPU (but a CPU optimizer's step) and the data loader are not
+priced; groups sharing a link do not contend; the expert TP collectives and the vocabulary-parallel loss's
+small all-reduces are not priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from ndcost.compose import sharding as sharding_rules
 from ndcost.compose.memory import nan_to_zero, select
 from ndcost.compose.topology import group_link
 from ndcost.errors import InvalidValue, Unpriced
-from ndcost.values import CP_ALGOS, RECOMPUTE, Hardware, TimeBreakdown, frozen_mapping
+from ndcost.values import CP_ALGOS, CPU_ADAM_PARAMETERS_PER_SECOND, RECOMPUTE, Hardware, TimeBreakdown, frozen_mapping
 from ndcost.work import NORM_ELEMENTS, ModelWork, window_pairs
 
 __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS", "OVERLAP_RULES", "COLLECTIVES",
@@ -43,7 +44,8 @@ __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS",
 
 CHUNK_ROWS = 1 << 16  # strategies priced at once (the per-rank arrays are rows x ranks x kinds)
 TIME_FIELDS = ("step_seconds", "tokens_per_second", "mfu", "compute_seconds", "communication_seconds",
-               "exposed_communication_seconds", "bubble_seconds", "optimizer_seconds")
+               "exposed_communication_seconds", "bubble_seconds", "optimizer_seconds", "offload_seconds",
+               "exposed_offload_seconds")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 # Priors for a hardware whose YAML states no efficiency: round figures of what well-tuned kernels
@@ -69,6 +71,11 @@ EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 # - fsdp: FSDP / ZeRO-3 gathers and reduce-scatters a micro-batch, prefetched behind its forward and backward
 #   (no backward gather under reshard_after_forward=false).
 # - pp: activation and gradient sends, hidden in the steady state; 2 (p * v - 1) on the fill and drain path.
+# - offload_*: host-device copies over the device's host link (Hardware.host_to_device_bytes_per_second), each
+#   direction its own: save_on_cpu's copies hide behind the pass's compute; FSDP2's CPUOffloadPolicy copies a
+#   shard in before its all-gather and out after its reduce-scatter, prefetched as the gathers; ZeRO-Offload
+#   (arXiv:2101.06840 section 4.1) overlaps the gradients' copy out with the backward, while the CPU step and
+#   the updated parameters' copy in wait for each other (its optional one-step delayed update is not priced).
 OVERLAP_RULES: Mapping[str, str] = {
     "tp": "exposed: none overlapped",
     "cp_ring": "overlapped with the layer's attention kernel of the same pass; the excess is exposed",
@@ -78,6 +85,12 @@ OVERLAP_RULES: Mapping[str, str] = {
     "dp_param": "overlapped with the next step's first forward; the excess is exposed",
     "fsdp": "prefetched: overlapped with the micro-batch's forward / backward; the excess is exposed",
     "pp": "overlapped in the steady state; 2 (p * v - 1) sends on the fill and drain path are exposed",
+    "offload_activations": "copies out in the forward, back in the backward, overlapped with that pass's compute; "
+                           "the excess is exposed",
+    "offload_params": "parameter shards in before each pass's gathers, gradient shards out after the backward's "
+                      "reduce-scatters, overlapped with the pass's compute; the excess is exposed",
+    "offload_optimizer": "gradients out overlapped with the last micro-batch's backward (the excess exposed); "
+                         "the CPU step and the updated parameters' copy in are exposed",
 }
 
 
@@ -119,6 +132,8 @@ class TimeArrays:
     exposed_communication_seconds: np.ndarray
     bubble_seconds: np.ndarray
     optimizer_seconds: np.ndarray
+    offload_seconds: np.ndarray
+    exposed_offload_seconds: np.ndarray
     provenance: Mapping[str, str] = attrs.field(converter=frozen_mapping)
     detail: Mapping[str, np.ndarray] = attrs.field(factory=dict, converter=frozen_mapping, repr=False)
 
@@ -489,6 +504,64 @@ def _optimizer_seconds(rows: _Rows, shard: sharding_rules.Sharding, dense_params
     return np.where(real_rank, local * per_param[:, None] / (hbm * eff["memory"]), 0.0).max(axis=1)
 
 
+def _offload_seconds(rows: _Rows, cols, shard: sharding_rules.Sharding, dense_params, routed_params, rank,
+                     offloaded_activations, real_rank, hardware: Hardware) -> Dict[str, np.ndarray]:
+    """Offloading's seconds on each rank ``(N, R)``: a micro-batch's exposed copies (``exposed_f``, ``exposed_b``)
+    and all of them (``copies``), the step's copies out and in; and the CPU step on the busiest rank ``(N,)``.
+
+    Each direction of the host link runs at ``host_to_device_bytes_per_second`` and hides behind the pass's
+    compute (:data:`OVERLAP_RULES`). A micro-batch: ``offload_activations`` copies its saved activations out
+    in the forward and in for the backward (*offloaded_activations*, the memory model's bytes);
+    ``offload_params`` copies the parameter shard in for the forward's gathers and again for the
+    backward's under ``reshard_after_forward``, and the gradient shard out. The step, ``offload_optimizer``:
+    without ``offload_params`` the optimizer shard's gradients out (hidden behind the last backward) and
+    its updated parameters in (exposed), and the CPU step, the node's ``cpu_optimizer_parameters_per_second``
+    shared by its devices (exposed; it replaces the device's optimizer seconds). Left out: pinned staging,
+    the host links' sharing of PCIe switches and host memory bandwidth, the copies' latency.
+    """
+    n, ranks = dense_params.shape
+    zeros = np.zeros((n, ranks))
+    flags = {name: np.asarray(cols[name], dtype=bool) for name in ("offload_optimizer", "offload_params",
+                                                                    "offload_activations")}
+    if not any(flag.any() for flag in flags.values()):
+        return {"exposed_f": zeros, "exposed_b": zeros, "copies": zeros, "step_out": zeros, "step_in": zeros,
+                "cpu_step": np.zeros(n)}
+    link = hardware.host_to_device_bytes_per_second
+    if link is None:
+        raise Unpriced(f"hardware {hardware.name!r} states no host_to_device_bytes_per_second, which prices "
+                       f"offloading's copies; add it to its hardware file")
+    if flags["offload_activations"].any() and offloaded_activations is None:
+        raise Unpriced("offload_activations: the time model copies the memory model's activation bytes; price "
+                       "the strategies with CostModel.evaluate_many")
+
+    def local(category):  # (N, R) elements of the rank's shard of *category*
+        return (dense_params / shard.ways(category)[:, None]
+                + routed_params / shard.expert_ways(category)[:, None])
+
+    def seconds(elements, width, flag):
+        return np.where(flag[:, None], elements * width[:, None] / link, 0.0)
+
+    activations = (np.zeros((n, ranks)) if offloaded_activations is None
+                   else np.where(flags["offload_activations"][:, None], offloaded_activations / link, 0.0))
+    params_in = seconds(local("parameters"), rows.param_bytes, flags["offload_params"])
+    params_again = np.where(shard.keeps_gathered[:, None], 0.0, params_in)  # the backward's gather copies again
+    grads_out = seconds(local("gradients"), rows.grad_bytes, flags["offload_params"])
+    # each direction its own: out then in over a forward, in then out over a backward
+    exposed_f = np.maximum(0.0, np.maximum(params_in, activations) - rank["compute_f"])
+    exposed_b = np.maximum(0.0, np.maximum(activations + params_again, grads_out) - rank["compute_b"])
+    optimizer = flags["offload_optimizer"] & ~flags["offload_params"]
+    shard_elements = local("optimizer_states")
+    step_out = seconds(shard_elements, rows.grad_bytes, optimizer)
+    step_in = seconds(shard_elements, rows.param_bytes, optimizer)
+    devices = rows.dp * rows.fsdp * rows.cp * rows.tp * rows.pp
+    sharing = np.minimum(devices, float(hardware.devices_per_node))  # devices whose steps a node's CPUs run
+    cpu = np.where(flags["offload_optimizer"][:, None], shard_elements * sharing[:, None]
+                   / float(hardware.cpu_optimizer_parameters_per_second), 0.0)
+    return {"exposed_f": exposed_f, "exposed_b": exposed_b,
+            "copies": 2.0 * activations + params_in + params_again + grads_out, "step_out": step_out,
+            "step_in": step_in, "cpu_step": np.where(real_rank, cpu, 0.0).max(axis=1)}
+
+
 def _check_splits(model: ModelWork, cols) -> None:
     """Refuse a ``pp_layers`` that does not sum to the model's layers (the resolver's own check)."""
     bounds = cols.get("pp_bounds")
@@ -550,7 +623,8 @@ def _chunked(model: ModelWork, cols, hardware: Hardware, schedules, states_per_p
 
 def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedules: Optional[Sequence[Any]] = None,
               states_per_parameter: Optional[np.ndarray] = None,
-              placed: Optional[placement_rules.RankPlacement] = None) -> TimeArrays:
+              placed: Optional[placement_rules.RankPlacement] = None,
+              offloaded_activations: Optional[np.ndarray] = None) -> TimeArrays:
     """Price a batch of strategies: one entry a strategy in each returned array.
 
     *strategies* is compose's columns (with *schedules* and
@@ -559,6 +633,8 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     :func:`strategy_columns` and priced with the registry's plugins. *placed*
     is the batch's placement where the caller made it already (the resolver
     hands over the memory composition's); else it is made here.
+    *offloaded_activations* ``(N, R)`` is the memory model's bytes a
+    micro-batch's activations copy each way under ``offload_activations``.
     """
     if schedules is None:
         names = registry_names()
@@ -586,14 +662,18 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     gather_b = np.where(shard.keeps_gathered[:, None], 0.0, dp["fsdp_gather"])
     fsdp_exposed_f = np.maximum(0.0, dp["fsdp_gather"] - rank["compute_f"])
     fsdp_exposed_b = np.maximum(0.0, gather_b + dp["fsdp_scatter"] - rank["compute_b"])
-    forward = rank["compute_f"] + rank["exposed_f"] + fsdp_exposed_f
-    backward = rank["compute_b"] + rank["exposed_b"] + fsdp_exposed_b
+    off = _offload_seconds(rows, cols, shard, dense_params, routed_params, rank, offloaded_activations, real_rank,
+                           hardware)
+    forward = rank["compute_f"] + rank["exposed_f"] + fsdp_exposed_f + off["exposed_f"]
+    backward = rank["compute_b"] + rank["exposed_b"] + fsdp_exposed_b + off["exposed_b"]
     stage = np.where(real_rank, forward + backward, 0.0)
     pipe = _pipeline(model, rows, cols, schedules, stage, hardware, eff, coll)
     grad_exposed = np.where(real_rank, np.maximum(0.0, dp["grad_step"] - backward), 0.0).max(axis=1)
     param_exposed = np.where(real_rank, np.maximum(0.0, dp["param_step"] - forward), 0.0).max(axis=1)
     states = np.asarray(states_per_parameter, dtype=np.float64)[np.asarray(cols["optimizer"])]
     optimizer = _optimizer_seconds(rows, shard, dense_params, routed_params, states, real_rank, hardware, eff)
+    optimizer = np.where(np.asarray(cols["offload_optimizer"], dtype=bool), off["cpu_step"], optimizer)
+    offload_step = np.where(real_rank, np.maximum(0.0, off["step_out"] - backward) + off["step_in"], 0.0).max(axis=1)
     m = rows.micro_batches
     pick = lambda a: a[np.arange(n), pipe["busiest"]]  # noqa: E731
     compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
@@ -603,9 +683,13 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     communication = (m * (pick(rank["comm_layers"]) + pick(dp["fsdp_gather"]) * gathers_a_micro_batch
                           + pick(dp["fsdp_scatter"])
                           + pipe["pp_comm"]) + pick(dp["grad_step"]) + pick(dp["param_step"]))
+    exposed_offload = m * (pick(off["exposed_f"]) + pick(off["exposed_b"])) + offload_step
     seconds = {"compute_seconds": compute, "exposed_communication_seconds": exposed,
                "communication_seconds": communication, "bubble_seconds": pipe["bubble"],
-               "optimizer_seconds": optimizer, "step_seconds": compute + exposed + pipe["bubble"] + optimizer}
+               "optimizer_seconds": optimizer,
+               "offload_seconds": m * pick(off["copies"]) + pick(off["step_out"] + off["step_in"]),
+               "exposed_offload_seconds": exposed_offload,
+               "step_seconds": compute + exposed + pipe["bubble"] + optimizer + exposed_offload}
     detail = {"stage_seconds": stage, "busiest_rank": pipe["busiest"], "forward_seconds": pick(forward),
               "backward_seconds": pick(backward), "grad_sync_seconds": pick(dp["grad_step"]),
               "pp_send_seconds": pipe["send"]}
@@ -636,8 +720,18 @@ def _provenance(model: ModelWork, eff, eff_sources, coll, hardware: Hardware) ->
         "communication": "collective/" + ", collective/".join(sorted(coll)),
         "overlap": "; ".join(f"{use}: {rule}" for use, rule in OVERLAP_RULES.items()),
         "hardware": f"hardware/{hardware.name}",
+        "offload": _offload_provenance(hardware),
         "model": "ndcost.compose.time",
     }
+
+
+def _offload_provenance(hardware: Hardware) -> str:
+    link = hardware.host_to_device_bytes_per_second
+    cpu = hardware.cpu_optimizer_parameters_per_second
+    default = " (ZeRO-Offload's CPU-Adam, arXiv:2101.06840 Table 3: the default)" \
+        if cpu == CPU_ADAM_PARAMETERS_PER_SECOND else ""
+    return (f"host link {'unstated' if link is None else f'{link:g} bytes/s'} a device and direction; CPU "
+            f"optimizer {cpu:g} parameters/s a node{default}")
 
 
 def _results(model: ModelWork, rows: _Rows, seconds: Mapping[str, np.ndarray], detail: Dict[str, Any],
@@ -703,7 +797,8 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
                     result.stage_kind_layers[group, :ranks], result.embedding_stage[group], result.head_stage[group],
                     mtp_counts(works[seq]))
                 priced = step_time(works[seq], sub, hardware, schedules=plugins.schedules,
-                                   states_per_parameter=plugins.states_per_parameter, placed=placed)
+                                   states_per_parameter=plugins.states_per_parameter, placed=placed,
+                                   offloaded_activations=result.stage_offloaded_activation_bytes[group, :ranks])
                 for name in TIME_FIELDS:
                     arrays[name][group] = getattr(priced, name)
                 provenance = dict(priced.provenance)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ndcost.errors import Unpriced
 
-__all__ = ["spans_nodes", "group_link"]
+__all__ = ["spans_nodes", "group_link", "worst_node_total"]
 
 
 def spans_nodes(stride, size, devices_per_node):
@@ -47,3 +47,27 @@ def group_link(hardware, stride, size, efficiency: Mapping[str, float]):
                          inner.bytes_per_second * efficiency["collective_within_node"])
     latency = np.where(across, outer.latency_seconds, inner.latency_seconds)
     return bandwidth, latency
+
+
+def worst_node_total(per_stage, stage_devices, stages, devices_per_node):
+    """``(N,)`` float64: the most the devices of one node hold together of a figure each device of a pipeline
+    stage holds alike (``per_stage``, ``(N, R)``, 0 past a row's ``stages``).
+
+    Stage ``s`` holds ranks ``[s S, (s + 1) S)`` (``S = stage_devices``: pipeline parallelism is outermost),
+    node ``n`` ranks ``[n D, (n + 1) D)``. A node holds a stage's first or last rank, or lies within one stage
+    (``D`` times its figure): those are the candidates, each summed over its overlap with every stage. Exact
+    below ``2 ** 53``; a total at or past it is at least ``2 ** 53`` (the caller refuses it).
+    """
+    per_stage = np.asarray(per_stage, dtype=np.float64)
+    ranks = per_stage.shape[1]
+    size = np.asarray(stage_devices, dtype=np.int64)[:, None]                      # (N, 1)
+    total = size * np.asarray(stages, dtype=np.int64)[:, None]
+    node = int(devices_per_node)
+    lo = np.arange(ranks, dtype=np.int64)[None, :] * size                          # (N, R): each stage's first rank
+    hi = lo + size
+    start = np.concatenate([lo // node, (hi - 1) // node], axis=1) * node         # (N, 2R): candidate nodes
+    end = np.minimum(start + node, total)
+    overlap = np.minimum(end[:, :, None], hi[:, None, :]) - np.maximum(start[:, :, None], lo[:, None, :])
+    sums = np.einsum("ncr,nr->nc", np.maximum(overlap, 0).astype(np.float64), per_stage)
+    inside = ((-(-lo // node) + 1) * node <= hi) & (lo < total)                    # a whole node within the stage
+    return np.maximum(sums.max(axis=1, initial=0.0), np.where(inside, node * per_stage, 0.0).max(axis=1, initial=0.0))
