@@ -1,4 +1,4 @@
-"""A model family shipped as a third-party distribution: docs/examples/ndcost-toyfamily (OLMo-2).
+"""A model family shipped as a third-party distribution: docs/examples/ndcost-olmo2 (OLMo-2).
 
 The example is installed with pip into a temporary folder, found through its
 ``ndcost.plugins`` entry point, and its counts are checked against
@@ -27,9 +27,9 @@ from ndcost.models import FamilyFallbackWarning, family_for, load_model, paramet
 from _helpers import pip_install
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "docs" / "examples" / "ndcost-toyfamily"
-DIST = "ndcost-toyfamily"
-MODULE = "ndcost_toyfamily"
+EXAMPLE = REPO / "docs" / "examples" / "ndcost-olmo2"
+DIST = "ndcost-olmo2"
+MODULE = "ndcost_olmo2"
 
 
 def forget(*modules: str) -> None:
@@ -39,16 +39,16 @@ def forget(*modules: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def toy_site(tmp_path_factory):
-    return pip_install(EXAMPLE, tmp_path_factory.mktemp("toyfamily"))
+def olmo2_site(tmp_path_factory):
+    return pip_install(EXAMPLE, tmp_path_factory.mktemp("olmo2"))
 
 
 @pytest.fixture
-def toyfamily(toy_site, monkeypatch, fresh):
+def olmo2(olmo2_site, monkeypatch, fresh):
     """The installed example on sys.path, and the plugins reloaded to find it."""
-    monkeypatch.syspath_prepend(str(toy_site))
+    monkeypatch.syspath_prepend(str(olmo2_site))
     manager.reset()
-    yield toy_site
+    yield olmo2_site
     forget(MODULE)
     manager.reset()
 
@@ -134,11 +134,11 @@ def test_without_the_distribution_olmo2_is_unknown_and_falls_back(fresh):
 # with it
 # ---------------------------------------------------------------------------
 @pytest.mark.slow
-def test_the_distribution_registers_its_family_and_slot(toyfamily):
+def test_the_distribution_registers_its_family_and_slot(olmo2):
     loaded = manager.plugins()
     ours = [p for p in loaded.plugins if p.distribution == DIST]
     assert len(ours) == 1 and ours[0].error is None
-    assert ours[0].name == "toyfamily" and ours[0].version == "0.1.0" and ours[0].module == MODULE
+    assert ours[0].name == "olmo2" and ours[0].version == "0.1.0" and ours[0].module == MODULE
     assert set(ours[0].registered) == {"family/olmo2", "formula/olmo2.params.qk_norm"}
     entry = loaded.registry.entry("family/olmo2")
     assert entry.source.distribution == DIST and not entry.override
@@ -150,7 +150,7 @@ def test_the_distribution_registers_its_family_and_slot(toyfamily):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SMALL))
-def test_counts_equal_transformers_on_the_meta_device(toyfamily, name):
+def test_counts_equal_transformers_on_the_meta_device(olmo2, name):
     config = olmo2_config(**SMALL[name])
     with warnings.catch_warnings():
         warnings.simplefilter("error", FamilyFallbackWarning)  # found by model_type: no fallback
@@ -166,13 +166,13 @@ def test_counts_equal_transformers_on_the_meta_device(toyfamily, name):
 
 
 @pytest.mark.slow
-def test_the_shipped_spec_of_olmo_2_7b(toyfamily, capsys):
+def test_the_shipped_spec_of_olmo_2_7b(olmo2, capsys):
     import yaml
 
-    import ndcost_toyfamily
+    import ndcost_olmo2
     from ndcost.cli import main
 
-    path = ndcost_toyfamily.spec_path("olmo-2-1124-7b")
+    path = ndcost_olmo2.spec_path("olmo-2-1124-7b")
     with warnings.catch_warnings():
         warnings.simplefilter("error", FamilyFallbackWarning)
         spec = load_model(path)
