@@ -10,12 +10,14 @@ to show that an explicit override wins and is reported as one.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
 import textwrap
 import warnings
 from collections import Counter
-from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from ndcost import manager
 from ndcost.errors import RegistrationError
 from ndcost.models import FamilyFallbackWarning, family_for, load_model, parameters
 
-from _helpers import pip_install
+from _helpers import pip_install, throwaway_venv
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "docs" / "examples" / "ndcost-olmo2"
@@ -114,20 +116,44 @@ assert OLMO2_7B_TOTAL == 7_298_617_344
 
 
 # ---------------------------------------------------------------------------
-# without the plugin
+# without the plugin: a real pip uninstall in a throwaway environment
 # ---------------------------------------------------------------------------
-def test_without_the_distribution_olmo2_is_unknown_and_falls_back(fresh):
-    try:
-        metadata.distribution(DIST)
-        pytest.skip(f"{DIST} is installed in this environment")
-    except metadata.PackageNotFoundError:
-        pass
-    assert family_for("olmo2") is None
-    config = {"model_type": "olmo2", "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 688,
-              "num_hidden_layers": 2, "num_attention_heads": 8}
-    with pytest.warns(FamilyFallbackWarning, match="olmo2"):
-        spec = load_model(config)
-    assert spec.family == "generic_decoder"
+def _ndcost(bin_dir: Path, *args: str, cwd: Path):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    return subprocess.run([str(bin_dir / "ndcost"), *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=600)
+
+
+@pytest.mark.slow
+def test_after_pip_uninstall_ndcost_falls_back_to_the_generic_family_with_its_warning(tmp_path):
+    bin_dir = throwaway_venv(tmp_path, REPO)
+    copy = tmp_path / "ndcost-olmo2"
+    shutil.copytree(EXAMPLE, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    pip = [str(bin_dir / "python"), "-m", "pip"]
+    installed = subprocess.run(pip + ["install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+                                      str(copy)], capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stderr
+    fields = dict(SMALL["gqa-bias-tied"])
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "olmo2", "eos_token_id": None, **fields}))
+    *_, total = meta_parts(olmo2_config(**fields))
+
+    with_it = _ndcost(bin_dir, "params", "config.json", cwd=tmp_path)
+    assert with_it.returncode == 0, with_it.stderr
+    assert "(olmo2, family olmo2)" in with_it.stdout.splitlines()[0]
+    assert "no family plugin" not in with_it.stderr
+
+    removed = subprocess.run(pip + ["uninstall", "--yes", DIST], capture_output=True, text=True, timeout=300)
+    assert removed.returncode == 0, removed.stderr
+    without = _ndcost(bin_dir, "params", "config.json", cwd=tmp_path)
+    assert without.returncode == 0, without.stderr
+    assert "(olmo2, family generic_decoder)" in without.stdout.splitlines()[0]
+    # the CLI's one line for a FamilyFallbackWarning
+    assert without.stderr.startswith("warning: no family plugin for model_type 'olmo2'")
+    assert "counting it as a generic decoder" in without.stderr
+    # the generic family reads Transformers' modules on the meta device: still exact
+    assert f"{total:,} parameters" in with_it.stdout.splitlines()[0]
+    assert f"{total:,} parameters" in without.stdout.splitlines()[0]
 
 
 # ---------------------------------------------------------------------------
