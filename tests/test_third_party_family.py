@@ -175,6 +175,96 @@ def test_the_distribution_registers_its_family_and_slot(olmo2):
 
 
 @pytest.mark.slow
+def test_ndcost_plugins_json_lists_it_with_its_distribution_and_version(olmo2, capsys):
+    from ndcost.cli import main
+
+    assert main(["plugins", "--json"]) == 0
+    ours = [p for p in json.loads(capsys.readouterr().out) if p["distribution"] == DIST]
+    assert ours == [{"name": "olmo2", "distribution": DIST, "version": "0.1.0",
+                     "registered": ["formula/olmo2.params.qk_norm", "family/olmo2"]}]
+
+
+@pytest.mark.slow
+def test_its_layer_kinds_and_census_settings(olmo2):
+    from transformers.models.olmo2 import modeling_olmo2
+
+    from ndcost.layer import LayerKind
+
+    spec = load_model(olmo2_config(**SMALL["gqa-bias-tied"], hidden_act="gelu", attention_dropout=0.1))
+    assert dict(spec.kind_specs) == {"dense": LayerKind(attention="gqa", mlp="dense", qk_norm=True,
+                                                        activation="gelu", attention_dropout=0.1)}
+    # a config.json stating only what differs reads Olmo2Config's defaults (SiLU, no dropout)
+    bare = load_model({"model_type": "olmo2", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+                       "num_hidden_layers": 2, "num_attention_heads": 4})
+    assert bare.kind_specs["dense"].activation == "silu" and bare.kind_specs["dense"].attention_dropout == 0
+    family = family_for("olmo2")
+    assert family.stack_census is False  # one Olmo2DecoderLayer runs alone
+    assert family.supports_sdpa is modeling_olmo2.Olmo2PreTrainedModel._supports_sdpa is True
+
+
+# The census of one Olmo2DecoderLayer under hf-cuda (SDPA), worked out by hand from Transformers'
+# models/olmo2/modeling_olmo2.py for CENSUS_CONFIG: h = 256, 8 query heads and 2 KV heads of d = 32, FFN f = 688,
+# bf16 (2 bytes), at S = 512 tokens, bytes a token at TP 1. TP splits the heads' and the FFN's widths:
+#   q_norm over q = 8 * 32 = 256: Olmo2RMSNorm keeps its input upcast to fp32 (4 * 256) and the fp32 normalized
+#     tensor the weight multiplies ((weight * x).to(dtype): 4 * 256), k_norm the same over 64: 2,560 in all;
+#   SDPA keeps the rotated queries (2 * 256), keys and values (2 * 64 each) and its output (2 * 256), 1,280, and
+#     its fp32 log-sum-exp, one a head (4 * 8 = 32);
+#   the MLP keeps the gate projection's output, its SiLU, the up projection's output and their product
+#     (the down projection's input): 4 * 2 * 688 = 5,504.
+# Not split: the layer's input (the q, k and v projections' input, 2 * 256) and the rotary cos and sin, in fp32
+# (Olmo2RotaryEmbedding returns them unconverted; q * cos keeps cos: 2 * 4 * 32 = 256); the two post-norms' fp32
+# input and normalized tensor (2 * 8 * 256) and every norm's fp32 rsqrt (4 norms * 4 bytes); the MLP's input
+# (2 * 256); SDPA's philox seed and offset (16 bytes a layer).
+CENSUS_CONFIG = dict(vocab_size=1024, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                     num_attention_heads=8, num_key_value_heads=2)
+CENSUS_SEQ = 512
+CENSUS_SAVED_TP = 2 * 4 * 256 + 2 * 4 * 64 + 2 * (256 + 64 + 64 + 256) + 4 * 8 + 4 * 2 * 688
+CENSUS_SAVED = 2 * 256 + 2 * 4 * 32 + 2 * 8 * 256 + 4 * 4 + 2 * 256 + 16 / CENSUS_SEQ
+# forward FLOPs: 2 S per weight of the matmuls (q, o 256 x 256; k, v 256 x 64; three 256 x 688), and the
+# causal scores and values, 2 * 2 * heads * d a query-key pair over S (S + 1) / 2 pairs
+CENSUS_FLOPS = (2 * CENSUS_SEQ * (2 * 256 * 256 + 2 * 256 * 64 + 3 * 256 * 688)
+                + 4 * 8 * 32 * CENSUS_SEQ * (CENSUS_SEQ + 1) // 2)
+assert (CENSUS_SAVED_TP, CENSUS_FLOPS) == (9_376, 843_317_248)
+
+
+@pytest.fixture
+def census_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("NDCOST_CACHE_DIR", str(tmp_path / "cache"))  # measured here, not read from a cache
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "olmo2", "eos_token_id": None, **CENSUS_CONFIG}))
+    return path
+
+
+@pytest.mark.slow
+def test_ndcost_census_measures_an_olmo2_layer_as_derived_by_hand(olmo2, census_config, capsys):
+    from ndcost.cli import main
+
+    assert main(["census", str(census_config), "--seq", str(CENSUS_SEQ), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["runtime"] == "hf-cuda" and set(data["kinds"]) == {"dense"} and data["output"]
+    dense = data["kinds"]["dense"]
+    assert dense["saved_tp_per_token"] == CENSUS_SAVED_TP
+    assert dense["saved_per_token"] == pytest.approx(CENSUS_SAVED, abs=1e-9)
+    assert sum(dense["flops_by_part"].values()) == CENSUS_FLOPS
+
+
+@pytest.mark.slow
+def test_ndcost_verify_runs_on_it_and_its_parameters_agree_with_transformers(olmo2, census_config, capsys):
+    from ndcost.cli import main
+
+    assert main(["verify", str(census_config), "--seq", str(CENSUS_SEQ), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    parameters_rows = [r for r in rows if r["quantity"].startswith("parameters.")]
+    assert parameters_rows and not any(r["flagged"] for r in parameters_rows)
+    *_, total = meta_parts(olmo2_config(**CENSUS_CONFIG))
+    assert next(r for r in parameters_rows if r["quantity"] == "parameters.total")["census"] == total
+    # the census side of the activation rows is the measurement derived by hand above
+    saved = {r["quantity"]: r for r in rows if r["kind"] == "dense"}
+    assert saved["saved_tp_per_token"]["census"] == CENSUS_SAVED_TP
+    assert saved["flops.forward"]["census"] == saved["flops.forward"]["formula"] == CENSUS_FLOPS
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_counts_equal_transformers_on_the_meta_device(olmo2, name):
     config = olmo2_config(**SMALL[name])
