@@ -26,7 +26,7 @@ from ndcost import manager
 from ndcost.errors import RegistrationError
 from ndcost.models import FamilyFallbackWarning, family_for, load_model, parameters
 
-from _helpers import pip_install, throwaway_venv
+from _helpers import pip_install, pip_install_into, throwaway_venv
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "docs" / "examples" / "ndcost-olmo2"
@@ -418,3 +418,63 @@ def test_a_second_family_for_a_builtin_model_type_without_override_is_refused(ll
     message = str(err.value)
     assert "family/llama" in message and "ndcost_llama_stacked" in message
     assert "ndcost.plugins.families.llama" in message and "override=True" in message
+
+
+# ---------------------------------------------------------------------------
+# two installed distributions registering the same family
+# ---------------------------------------------------------------------------
+DISTS = REPO / "tests" / "data" / "dists"
+
+
+@pytest.fixture(scope="module")
+def second_olmo2_sites(tmp_path_factory):
+    """ndcost-olmo2 installed with pip beside each of tests/data/dists' second family/olmo2, one folder each."""
+    sites = {}
+    for variant in ("fork", "override"):
+        work = tmp_path_factory.mktemp(f"olmo2-{variant}")
+        site = pip_install(EXAMPLE, work)
+        copy = work / variant
+        shutil.copytree(DISTS / f"ndcost-olmo2-{variant}", copy, ignore=shutil.ignore_patterns("*.egg-info"))
+        sites[variant] = pip_install_into(copy, site)
+    return sites
+
+
+@pytest.fixture
+def beside_olmo2(second_olmo2_sites, monkeypatch, fresh):
+    def install(variant: str) -> None:
+        monkeypatch.syspath_prepend(str(second_olmo2_sites[variant]))
+        manager.reset()
+
+    yield install
+    forget(MODULE, "ndcost_olmo2_fork", "ndcost_olmo2_override")
+    manager.reset()
+
+
+@pytest.mark.slow
+def test_two_distributions_registering_family_olmo2_fail_with_one_message_naming_both(beside_olmo2, capsys):
+    from ndcost.cli import main
+
+    beside_olmo2("fork")
+    with pytest.raises(RegistrationError) as err:
+        manager.load()
+    message = str(err.value)
+    assert "'family/olmo2'" in message
+    assert "(distribution ndcost-olmo2)" in message and "(distribution ndcost-olmo2-fork)" in message
+    assert "override=True" in message
+    # through the CLI: exit 1 and that message as one line on stderr, no traceback
+    manager.reset()
+    assert main(["params", "llama-3.1-8b"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and message in captured.err and "Traceback" not in captured.err
+
+
+@pytest.mark.slow
+def test_override_true_in_one_of_them_settles_it(beside_olmo2):
+    beside_olmo2("override")
+    loaded = manager.plugins()
+    entry = loaded.registry.entry("family/olmo2")
+    assert entry.override and entry.source.distribution == "ndcost-olmo2-override"
+    assert entry.overrides is not None and entry.overrides.distribution == DIST
+    config = olmo2_config(**SMALL["gqa-bias-tied"])
+    assert load_model(config).family == "olmo2_override"
