@@ -273,8 +273,8 @@ def _core_attention_census(registry: Any, spec: ModelSpec, seq: int, runtime: st
     runtime's own policy is that scope (the plain census is the comparison).
     """
     profile = registry.get(f"runtime/{runtime}")
-    own = registry.get(f"checkpoint_policy/{profile.selective_policy}")
-    if own.scope == "core_attention":
+    own = registry.find(f"checkpoint_policy/{profile.selective_policy}")
+    if own is None or own.scope == "core_attention":  # unregistered: the census's own refusal is on its rows
         return None, ""
     core = next((policy for _key, policy in registry.items("checkpoint_policy")
                  if policy.scope == "core_attention"), None)

@@ -4,8 +4,13 @@ The example is installed with pip into a temporary folder, found through its
 ``ndcost.plugins`` entry point, and its counts are checked against
 Transformers' own Olmo2ForCausalLM built on the meta device, with the
 parameters sorted into parts by their names here (independently of ndcost's
-families). A second, fake distribution overrides the built-in ``family/llama``
-to show that an explicit override wins and is reported as one.
+families); its census against a derivation by hand from Transformers'
+modeling_olmo2.py; ``ndcost verify`` on it. Uninstalled with pip from a
+throwaway venv, ndcost falls back to the generic family. Two distributions
+registering ``family/olmo2`` (tests/data/dists) are refused with one message
+naming both, unless one says ``override=True``; a fake distribution overrides
+the built-in ``family/llama`` to show that an explicit override wins and is
+reported as one.
 """
 from __future__ import annotations
 
