@@ -10,7 +10,7 @@ PYTHON ?= $(VENV)/bin/python
 endif
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install demo test bench lint
+.PHONY: install install-examples demo test bench lint
 
 $(VENV)/bin/python:
 	$(BOOTSTRAP_PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ $(VENV)/bin/python:
 install: $(filter $(VENV)/bin/python,$(PYTHON))
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[census,test,lint,plot,dask]' --config-settings editable_mode=strict
+
+# The example third-party family (docs/examples/ndcost-olmo2), installed as an outsider would: .ci/run runs the
+# suite with it installed (tests/test_third_party_family.py checks it; a real uninstall happens in a throwaway venv).
+install-examples: install
+	$(PIP) install -q -e docs/examples/ndcost-olmo2
 
 demo: install
 	$(PYTHON) -m ndcost estimate llama-3.1-8b --strategy "fsdp=8,tp=1,seq=4096,micro_batch=1,recompute=full" --hardware h200

@@ -84,3 +84,49 @@ def ndcost(*argv, cwd=None, check=True):
     if check:
         assert done.returncode == 0, done.stderr
     return done
+
+
+# The folders and files a plain install of ndcost is built from (pyproject's package-dir).
+NDCOST_SOURCES = ("pyproject.toml", "README.md", "framework", "registry", "plugins", "specs")
+
+
+def throwaway_venv(work: Path, repo: Path) -> Path:
+    """A new virtual environment under *work* holding a plain install of ndcost from *repo*; its bin folder.
+
+    Made with ``--system-site-packages`` so torch, Transformers and ndcost's own dependencies come from the
+    base interpreter, while whatever the test's own environment installed (ndcost-olmo2 in CI) is not there:
+    what a test installs or uninstalls here never touches it. Skips the test where the base interpreter
+    lacks ndcost's dependencies (a CI environment holding them only in its own venv).
+    """
+    import pytest
+
+    venv = work / "venv"
+    # without pip: Python 3.11's ensurepip would put its own old setuptools first; the base's pip and
+    # setuptools install into the venv (pip installs into sys.prefix), and a `pip` script here runs them
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=300)
+    pip = venv / "bin" / "pip"
+    pip.write_text('#!/bin/sh\nexec "$(dirname "$0")/python" -m pip "$@"\n')
+    pip.chmod(0o755)
+    source = work / "ndcost-src"
+    source.mkdir()
+    for name in NDCOST_SOURCES:
+        if (repo / name).is_dir():
+            shutil.copytree(repo / name, source / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        else:
+            shutil.copy(repo / name, source / name)
+    python = venv / "bin" / "python"
+    result = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                             "--no-index", str(source)], capture_output=True, text=True, timeout=600)
+    if result.returncode != 0 and "No module named" in result.stderr:
+        pytest.skip(f"the base interpreter has no pip or setuptools to install ndcost in a throwaway venv: "
+                    f"{result.stderr.strip().splitlines()[-1]}")
+    assert result.returncode == 0, result.stderr
+    check = subprocess.run([str(python), "-c", "from ndcost import manager; manager.plugins()"],
+                           capture_output=True, text=True, timeout=300, cwd=work)
+    if check.returncode != 0 and "ModuleNotFoundError" in check.stderr:
+        pytest.skip(f"the base interpreter lacks ndcost's dependencies for a throwaway venv: "
+                    f"{check.stderr.strip().splitlines()[-1]}")
+    assert check.returncode == 0, check.stderr
+    return venv / "bin"

@@ -54,7 +54,9 @@ def test_make_uses_the_active_venv(tmp_path):
 def test_ci_runs_lint_then_test_and_venv_is_ignored():
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
           if line.strip() and not line.startswith("#")]
-    assert ci[-2:] == ["make lint", "make test"]
+    assert ci[-3:] == ["make lint", "make install-examples", "make test"]
+    # the example family plugin, installed as its guide says (docs/guides/family-plugin.md)
+    assert "install -q -e docs/examples/ndcost-olmo2" in (ROOT / "Makefile").read_text()
     assert ".venv/" in (ROOT / ".gitignore").read_text().splitlines()
 
 

@@ -121,6 +121,26 @@ def test_where_the_census_cannot_run_each_row_says_so():
     assert all(r.formula is not None for r in result.rows if r.quantity in ("saved_per_token", "flops.forward"))
 
 
+@pytest.mark.slow
+def test_the_selective_rows_put_the_formulas_beside_the_census_of_the_same_recompute(llama_config):
+    """hf-cuda's census prices torchtitan's op-level policy; the formulas recompute the attention core.
+
+    So the selective rows read the census under megatron-core-attention. By hand, recomputing SDPA alone
+    keeps its inputs (q, k, v: what SDPA keeps anyway) and loses nothing of its output (o_proj keeps it as
+    its input): it drops SDPA's fp32 log-sum-exp, 4 bytes a head a token (8 heads), and its philox seed
+    and offset, 16 bytes a layer. The formulas drop their fp32 statistics, the same 4 bytes a head.
+    """
+    pytest.importorskip("transformers")
+    result = ndcost.verify(llama_config, seq=SEQ)
+    rows = rows_of(result, "s")
+    saved, saved_tp = rows[("dense", "saved_per_token")], rows[("dense", "saved_tp_per_token")]
+    selective, selective_tp = rows[("dense", "selective_per_token")], rows[("dense", "selective_tp_per_token")]
+    assert selective_tp.census == saved_tp.census - 4 * 8
+    assert selective.census == pytest.approx(saved.census - 16 / SEQ, abs=1e-9)
+    assert selective_tp.formula == saved_tp.formula - 4 * 8 and selective.formula == saved.formula
+    assert "megatron-core-attention" in selective_tp.note and "torchtitan" in selective_tp.note
+
+
 # ---------------------------------------------------------------------------
 # the flags by hand, and bad input (no census)
 # ---------------------------------------------------------------------------

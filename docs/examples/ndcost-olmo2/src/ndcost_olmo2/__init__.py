@@ -1,7 +1,7 @@
-"""An example third-party ndcost plugin: the OLMo-2 family (Transformers ``model_type`` "olmo2").
+"""A third-party ndcost plugin: the OLMo-2 family (Transformers ``model_type`` "olmo2").
 
-OLMo-2 is a Llama-shaped decoder with two differences that change its
-parameter count, so ndcost's generic fallback would miss them:
+OLMo-2 (Transformers' ``models/olmo2/modeling_olmo2.py``) is a Llama-shaped
+decoder with three differences:
 
 - its QK-norm is an RMSNorm over the *whole* query and key projections
   (``heads * head_dim`` and ``kv_heads * head_dim`` wide), not one per head
@@ -10,11 +10,16 @@ parameter count, so ndcost's generic fallback would miss them:
 - its two layer norms sit after the attention and after the MLP
   (``post_attention_layernorm``, ``post_feedforward_layernorm``) instead of
   before them: the same two hidden-wide weights, so the shared
-  ``norm.params.layer`` slot counts them.
+  ``norm.params.layer`` slot counts them;
+- its MLP has no biases, whatever the config says.
 
-The module is the distribution's one entry point (group ``ndcost.plugins``,
-see pyproject.toml); ndcost calls its ``ndcost_register`` hook once when it
-loads the plugins. Nothing here imports torch or transformers.
+Every layer is one kind, ``dense``: full GQA attention with that QK-norm,
+rotary positions and a gated MLP. The census builds Transformers' own
+``Olmo2DecoderLayer`` (SDPA is supported, and one layer runs alone, so no
+stack census). The module is the distribution's one entry point (group
+``ndcost.plugins``, see pyproject.toml); ndcost calls its ``ndcost_register``
+hook once when it loads the plugins. Nothing here imports torch or
+transformers.
 """
 from __future__ import annotations
 
@@ -24,16 +29,16 @@ from typing import Any, Dict, Mapping
 import ndcost
 from ndcost.errors import InvalidValue
 from ndcost.layer import LayerKind
-from ndcost.models import Family, check_heads, formula, groups_of
+from ndcost.models import formula
+from ndcost.plugins.families._base import DecoderFamily, read_attention
 from ndcost.values import ModelSpec
 
 __version__ = "0.1.0"
 __all__ = ["Olmo2Family", "qk_norm", "spec_path", "ndcost_register"]
 
-# How each layer kind is built, in the vocabulary ndcost's estimators read
-# (``ModelSpec.kind_specs``): every OLMo-2 layer is full GQA attention with a
-# QK-norm and a dense SwiGLU MLP, two RMSNorms a layer.
-KINDS = {"dense": LayerKind(attention="gqa", mlp="dense", qk_norm=True, layer_norms=2)}
+# The layer kinds, in the table DecoderFamily.build turns into the LayerKinds every estimator reads
+# (ModelSpec.kind_specs): one kind, full GQA attention and a dense MLP.
+KINDS = {"dense": {"attention": "gqa", "mlp": "dense"}}
 
 
 # ---------------------------------------------------------------------------
@@ -50,41 +55,36 @@ def qk_norm(*, heads: int, kv_heads: int, head_dim: int) -> int:
 # ---------------------------------------------------------------------------
 # the family
 # ---------------------------------------------------------------------------
-class Olmo2Family(Family):
+class Olmo2Family(DecoderFamily):
     """Reads an OLMo-2 config into a ModelSpec, and counts one layer by part from formula slots."""
 
     name = "olmo2"
     model_types = ("olmo2",)
-    stack_census = False  # every layer can be measured alone
+    stack_census = False  # one Olmo2DecoderLayer runs alone
+    supports_sdpa = True  # Olmo2PreTrainedModel._supports_sdpa: hf-cuda runs SDPA
     # Olmo2Config's defaults (transformers/models/olmo2/configuration_olmo2.py), so a
     # config.json that states only what differs reads the same as Transformers reads it.
     defaults: Mapping[str, Any] = dict(
         vocab_size=50304, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-        num_attention_heads=32, max_position_embeddings=2048, tie_word_embeddings=False, attention_bias=False)
+        num_attention_heads=32, max_position_embeddings=2048, tie_word_embeddings=False, attention_bias=False,
+        hidden_act="silu", attention_dropout=0.0)
 
     def spec(self, config: Mapping[str, Any], name: str) -> ModelSpec:
         r = self.reader(config)
-        hidden = r.int("hidden_size")
-        heads = r.int("num_attention_heads")
-        kv_heads = r.int("num_key_value_heads", heads)  # Olmo2Config: None means one KV head per head
-        head_dim_stated = r.has("head_dim")
-        head_dim = r.int("head_dim") if head_dim_stated else None
-        check_heads(self.name, hidden, heads, kv_heads, head_dim_stated)
-        layers = r.int("num_hidden_layers")
-        return ModelSpec(
-            name=name, model_type="olmo2", family=self.name,
-            layers=groups_of(["dense"] * layers), kind_specs=KINDS,
-            hidden_size=hidden, vocab_size=r.int("vocab_size"), num_attention_heads=heads,
-            num_key_value_heads=kv_heads, head_dim=head_dim, intermediate_size=r.int("intermediate_size"),
+        att = read_attention(r)  # num_key_value_heads unstated: one KV head a head, as Olmo2Config reads it
+        return self.build(
+            r, name, "olmo2", ["dense"] * r.int("num_hidden_layers"), KINDS,
+            extra={"qk_norm": True, "qk_norm_scope": "projection", "norm_bias": False},  # RMSNorm: no bias
+            vocab_size=r.int("vocab_size"), intermediate_size=r.int("intermediate_size"),
             tie_word_embeddings=r.bool("tie_word_embeddings"),
             attention_bias=r.bool("attention_bias"),  # q, k, v and o alike
             mlp_bias=False,  # Olmo2MLP has no biases
-            max_position_embeddings=r.int("max_position_embeddings"),
-            extra={
-                "qk_norm_scope": "projection",
-                "norm_bias": False,  # RMSNorm: a weight, no bias
-                "fields_read": tuple(r.read),
-            })
+            max_position_embeddings=r.int("max_position_embeddings"), **att)
+
+    def layer_kind(self, config: Mapping[str, Any], extra: Mapping[str, Any], info: Mapping[str, Any]) -> LayerKind:
+        """DecoderFamily's LayerKind, with Olmo2Config's defaults where the config leaves a field unstated."""
+        stated = {key: value for key, value in config.items() if value is not None}
+        return super().layer_kind({**self.defaults, **stated}, extra, info)
 
     def layer_parameters(self, spec: ModelSpec, kind: str) -> Dict[str, int]:
         if kind not in KINDS:
@@ -113,7 +113,7 @@ def spec_path(name: str = "olmo-2-1124-7b"):
     if not path.is_file():
         known = sorted(p.name[:-5] for p in (resources.files(__name__) / "specs").iterdir()
                        if p.name.endswith(".yaml"))
-        raise InvalidValue(f"ndcost-toyfamily ships no spec {name!r}; it ships: {', '.join(known)}")
+        raise InvalidValue(f"ndcost-olmo2 ships no spec {name!r}; it ships: {', '.join(known)}")
     return path
 
 
