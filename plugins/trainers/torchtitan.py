@@ -72,6 +72,8 @@ MODELS = {
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved", "DualPipeV": "dualpipev"}
 _SINGLE_STAGE = ("1F1B", "GPipe")
 OPTIMIZERS = {"AdamW": "adamw", "Adam": "adam"}
+_SCHEDULE_NAMES = {v: k for k, v in SCHEDULES.items()}
+_OPTIMIZER_NAMES = {v: k for k, v in OPTIMIZERS.items()}
 
 # The fields read, by section; everything else a file holds is reported as ignored (logging, paths, lr, ...).
 _READ = {
@@ -485,9 +487,9 @@ def write(strategy: Strategy, *, model: Any, global_batch: Optional[int]) -> str
     stored = {"fp32": "float32", "bf16": "bfloat16"}
     dp_degree = s.dp * s.fsdp
     lines = ["# written by ndcost (search --emit torchtitan): the parallel layout, batch, checkpointing and",
-             "# precision of one strategy; the rest of a job (dataset, optimizer settings, checkpoints) is torchtitan's",
-             "", "[model]", f'name = "{name}"', f'flavor = "{flavor}"', "",
-             "[optimizer]", f'name = "{ {v: k for k, v in OPTIMIZERS.items()}[s.optimizer] }"', "", "[training]"]
+             "# precision of one strategy; the rest of a job (dataset, optimizer settings, checkpoints) is",
+             "# torchtitan's defaults", "", "[model]", f'name = "{name}"', f'flavor = "{flavor}"', "",
+             "[optimizer]", f'name = "{_OPTIMIZER_NAMES[s.optimizer]}"', "", "[training]"]
     parallel = [f"data_parallel_replicate_degree = {s.dp}", f"data_parallel_shard_degree = {s.fsdp}",
                 f"tensor_parallel_degree = {s.tp}", f"context_parallel_degree = {s.cp}",
                 f"pipeline_parallel_degree = {s.pp}", f"expert_parallel_degree = {s.ep}",
@@ -503,7 +505,7 @@ def write(strategy: Strategy, *, model: Any, global_batch: Optional[int]) -> str
             first += count
             parts.append((["tok_embeddings"] if index == 0 else []) + names
                          + (["norm", "output"] if index == len(split) - 1 else []))
-        parallel += [f'pipeline_parallel_schedule = "{ {v: k for k, v in SCHEDULES.items()}[s.schedule] }"',
+        parallel += [f'pipeline_parallel_schedule = "{_SCHEDULE_NAMES[s.schedule]}"',
                      f"pipeline_parallel_microbatch_size = {s.micro_batch}",
                      "module_fqns_per_model_part = [\n" + "".join(
                          "    [" + ", ".join(f'"{n}"' for n in part) + "],\n" for part in parts) + "]"]
