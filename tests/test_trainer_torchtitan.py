@@ -303,3 +303,42 @@ def test_search_emit_refusals():
     result = ndcost("search", "mixtral-8x7b", "--devices", "8", "--hardware", "h200", "--global-batch", "32",
                     "--seq", "4096", "--census", "off", "--emit", "torchtitan", check=False)
     assert result.returncode == 1 and "has a torchtitan form" in result.stderr and "mixtral-8x7b" in result.stderr
+
+
+def _llama_ffn(dim, multiplier, multiple_of):
+    """torchtitan's FeedForward width (torchtitan/models/llama3/model/model.py): 2/3 of 4 * dim, scaled, rounded up."""
+    hidden = int(multiplier * int(2 * 4 * dim / 3))
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+# torchtitan's flavors' arguments at 238fa99 (torchtitan/models/{llama3,deepseek_v3,qwen3}/__init__.py), by hand
+FLAVOR_SHAPES = {
+    "llama-3.1-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         intermediate_size=_llama_ffn(4096, 1.3, 1024)),
+    "llama-3.1-70b": dict(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                          intermediate_size=_llama_ffn(8192, 1.3, 4096)),
+    "llama-3.1-405b": dict(hidden_size=16384, num_hidden_layers=126, num_attention_heads=128, num_key_value_heads=8,
+                           intermediate_size=_llama_ffn(16384, 1.2, 4096)),
+    "deepseek-v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                        num_hidden_layers=61, first_k_dense_replace=3, num_attention_heads=128, n_routed_experts=256,
+                        n_shared_experts=1, num_experts_per_tok=8, q_lora_rank=1536, kv_lora_rank=512,
+                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    "qwen3-8b": dict(vocab_size=151936, head_dim=128, hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, intermediate_size=12288),
+    "qwen3-30b-a3b": dict(vocab_size=151936, head_dim=128, hidden_size=2048, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, moe_intermediate_size=768, num_experts=128,
+                          num_experts_per_tok=8),
+    "qwen3-235b-a22b": dict(vocab_size=151936, head_dim=128, hidden_size=4096, num_hidden_layers=94,
+                            num_attention_heads=64, num_key_value_heads=4, moe_intermediate_size=1536,
+                            num_experts=128, num_experts_per_tok=8),
+}
+
+
+@pytest.mark.parametrize("model", sorted(FLAVOR_SHAPES))
+def test_each_flavor_maps_to_a_spec_of_its_shape(model):
+    from ndcost.models import load_model
+    from ndcost.plugins.trainers.torchtitan import MODELS
+
+    assert model in MODELS.values()
+    config = load_model(model).hf_config
+    assert {k: config[k] for k in FLAVOR_SHAPES[model]} == FLAVOR_SHAPES[model]
