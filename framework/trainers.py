@@ -100,8 +100,9 @@ def from_config(kind: str, path: Any, *, devices: Optional[int] = None, model: A
 
     *devices* gives the world size where the file does not imply it (Megatron's and DeepSpeed's come from the
     launcher) and resolves torchtitan's ``-1`` degree; *model* names the model where the file does not (or
-    replaces the one it names; a reader whose ``read`` takes ``model`` derives from it); *strategy* (``"seq=8192"`` or a mapping) adds or overrides strategy fields, each
-    override listed in ``overrides``. ``ndcost.resolve(config.model).evaluate(config.strategy)`` prices it.
+    replaces the one it names; a reader whose ``read`` takes ``model`` derives from it); *strategy*
+    (``"seq=8192"`` or a mapping) adds or overrides strategy fields, each override listed in ``overrides``.
+    ``ndcost.resolve(config.model).evaluate(config.strategy)`` prices it.
     """
     reader = trainer_format(kind)
     path = os.fspath(path)
