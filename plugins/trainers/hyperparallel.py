@@ -36,7 +36,7 @@ than a norm, an attention or the experts.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import attrs
 
@@ -58,7 +58,8 @@ OPTIMIZERS = {"AdamW": "adamw", "Adam": "adam", "SGD": "sgd", "Adagrad": "adagra
 
 class _File:
     def __init__(self, path: str, data: Dict[str, Any]):
-        self.path, self.data, self.read = path, data, set()  # type: ignore[var-annotated]
+        self.path, self.data = path, data
+        self.read: Set[str] = set()
 
     def get(self, dotted: str, default: Any = None) -> Any:
         node: Any = self.data
@@ -177,8 +178,10 @@ def _replacements(f: _File) -> Tuple[List[str], Optional[str]]:
     return list(dict.fromkeys(installed)), algo
 
 
-def _data_parallel(f: _File, devices: Optional[int], tp: int, cp: int, pp: int) -> Tuple[Dict[str, Any], List[str]]:
-    """dp, fsdp (and shard_mesh) from the world size and the FSDP shard group (runtime/distributed.py)."""
+def _data_parallel(f: _File, devices: Optional[int], tp: int, cp: int,
+                   pp: int) -> Tuple[Dict[str, Any], List[str], int]:
+    """dp, fsdp (and shard_mesh) from the world size and the FSDP shard group (runtime/distributed.py), with
+    HyperParallel's data-parallel degree."""
     if devices is None:
         raise f.error("accelerator", "the world size comes from the launcher", "give --devices N "
                       "(from_config(..., devices=N))")
@@ -192,13 +195,13 @@ def _data_parallel(f: _File, devices: Optional[int], tp: int, cp: int, pp: int) 
         raise f.error("fsdp_config.dp_shard_size", f"{shard} does not divide dp * cp = {dp} * {cp} = {pool}",
                       "give a divisor of it")
     if shard == 1:
-        return {"dp": dp}, []
+        return {"dp": dp}, [], dp
     if shard % cp == 0 and shard > cp:
-        return {"dp": pool // shard, "fsdp": shard // cp}, []
+        return {"dp": pool // shard, "fsdp": shard // cp}, [], dp
     if dp % shard == 0:
         return {"dp": dp // shard, "fsdp": shard, "shard_mesh": "dp"}, [
             f"FSDP over {shard} of the dp * cp = {pool} ranks: priced as shard_mesh=dp, fsdp={shard} (the bytes a "
-            "device holds; its gathers span other ranks)"]
+            "device holds; its gathers span other ranks)"], dp
     raise f.error("fsdp_config.dp_shard_size", f"{shard} with cp {cp} and {dp} data-parallel ranks has no ndcost "
                   "form", f"give a multiple of cp {cp} or a divisor of {dp}")
 
@@ -213,7 +216,7 @@ def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConf
     if pp > 1:
         raise f.error("accelerator.pp_size", f"{pp}: HyperParallel's pipeline schedule is not read yet",
                       "price it with --strategy beside --from, or set pp_size: 1 in a copy")
-    fields, defaults = _data_parallel(f, devices, tp, cp, pp)
+    fields, defaults, data_ranks = _data_parallel(f, devices, tp, cp, pp)
     fields.update(tp=tp, cp=cp, ep=ep)
     if ep > 1:
         defaults.append("no expert tensor parallelism (etp=1: the accelerator names none)")
@@ -246,7 +249,6 @@ def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConf
                         f"{RUNTIME}" + (f", which also fuses the {', '.join(beyond)}" if beyond else ""))
     micro = integer(KIND, f.path, "training.micro_batch_size", f.get("training.micro_batch_size", 1))
     global_batch = integer(KIND, f.path, "training.global_batch_size", f.get("training.global_batch_size", 8))
-    data_ranks = devices // (tp * cp * pp)  # type: ignore[operator]  # _data_parallel refused devices=None
     if global_batch % (micro * data_ranks):
         raise f.error("training.global_batch_size", f"{global_batch} is not a multiple of micro_batch_size {micro} "
                       f"* {data_ranks} data-parallel ranks", "give a multiple")

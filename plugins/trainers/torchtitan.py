@@ -101,7 +101,8 @@ class _File:
     """The parsed TOML and the trainer's names of the fields read."""
 
     def __init__(self, path: str, data: Dict[str, Any]):
-        self.path, self.data, self.read = path, data, []  # type: ignore[var-annotated]
+        self.path, self.data = path, data
+        self.read: List[str] = []
 
     def section(self, name: str) -> Dict[str, Any]:
         value = self.data.get(name, {})
@@ -124,7 +125,8 @@ class _File:
     def ignored(self) -> Tuple[str, ...]:
         out = []
         for section, table in self.data.items():
-            if not isinstance(table, dict):
+            if not isinstance(table, dict):  # a key outside any table: torchtitan reads none
+                out.append(section)
                 continue
             out += [f"[{section}] {key}" for key in _leaves(table) if f"[{section}] {key}" not in self.read]
         return tuple(out)
