@@ -11,7 +11,7 @@ from typing import Any, Optional
 from ndcost.trainers import field_error
 from ndcost.values import _DTYPE_ALIASES, DTYPES
 
-__all__ = ["integer", "boolean", "text", "dtype"]
+__all__ = ["integer", "boolean", "dtype"]
 
 
 def integer(kind: str, path: str, field: str, value: Any, *, minimum: int = 1, fix: str = "") -> int:
@@ -27,12 +27,6 @@ def boolean(kind: str, path: str, field: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise field_error(kind, path, field, f"{value!r} is not a boolean", "give true or false")
     return value
-
-
-def text(kind: str, path: str, field: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise field_error(kind, path, field, f"{value!r} is not a name", "give a non-empty string")
-    return value.strip()
 
 
 def dtype(kind: str, path: str, field: str, value: Any, allowed: Optional[tuple] = None,

@@ -47,7 +47,7 @@ import attrs
 
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
-from ndcost.plugins.trainers import boolean, dtype, integer, text
+from ndcost.plugins.trainers import boolean, dtype, integer
 from ndcost.trainers import TrainerConfig, field_error
 from ndcost.values import Strategy
 
@@ -132,6 +132,12 @@ class _File:
         return tuple(out)
 
 
+def _name(kind: str, path: str, field: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise field_error(kind, path, field, f"{value!r} is not a name", "give a non-empty string")
+    return value.strip()
+
+
 def _leaves(table: Dict[str, Any], prefix: str = "") -> List[str]:
     out = []
     for key, value in table.items():
@@ -160,8 +166,8 @@ def _model(f: _File, model: Any) -> Tuple[Any, int]:
     """The model (the one given beside the file, else the file's flavor) and its decoder layers."""
     from ndcost.models import load_model
 
-    name = text(KIND, f.path, "[model] name", f.get("model", "name", "llama3"))
-    flavor = text(KIND, f.path, "[model] flavor", f.get("model", "flavor", "debugmodel"))
+    name = _name(KIND, f.path, "[model] name", f.get("model", "name", "llama3"))
+    flavor = _name(KIND, f.path, "[model] flavor", f.get("model", "flavor", "debugmodel"))
     if model is None:
         model = MODELS.get((name, flavor))
         if model is None:
@@ -236,7 +242,7 @@ def _pipeline(f: _File, p: Dict[str, int], layers: int) -> Dict[str, Any]:
     """schedule, vpp and pp_layers: torchtitan's own split of the stack over pp * stages-per-rank stages."""
     if p["pp"] == 1:
         return {}
-    name = text(KIND, f.path, "[parallelism] pipeline_parallel_schedule",
+    name = _name(KIND, f.path, "[parallelism] pipeline_parallel_schedule",
                 f.get("parallelism", "pipeline_parallel_schedule", "1F1B"))
     csv = f.get("parallelism", "pipeline_parallel_schedule_csv", "")
     if csv:
@@ -351,7 +357,7 @@ def _recompute(f: _File, p: Dict[str, int], layers: int) -> Tuple[Dict[str, Any]
         mode, option = "selective", "2"
     else:
         notes = []
-        mode = text(KIND, f.path, "[activation_checkpoint] mode", f.get("activation_checkpoint", "mode", "selective"))
+        mode = _name(KIND, f.path, "[activation_checkpoint] mode", f.get("activation_checkpoint", "mode", "selective"))
         option = f.get("activation_checkpoint", "selective_ac_option", "2")
     if mode == "none":
         return {"recompute": "none"}, notes
@@ -450,7 +456,7 @@ def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConf
             defaults.append('fsdp_reshard_after_forward = "default" with PP: no resharding after the forward')
     if boolean(KIND, f.path, "[training] enable_cpu_offload", f.get("training", "enable_cpu_offload", False)):
         fields["offload_params"] = fields["offload_optimizer"] = True  # FSDP2 CPUOffloadPolicy
-    optimizer = text(KIND, f.path, "[optimizer] name", f.get("optimizer", "name", "AdamW"))
+    optimizer = _name(KIND, f.path, "[optimizer] name", f.get("optimizer", "name", "AdamW"))
     fields["optimizer"] = OPTIMIZERS.get(optimizer, optimizer.lower())
     seq = f.get("training", "seq_len", 2048)
     fields["seq"] = integer(KIND, f.path, "[training] seq_len", seq)
