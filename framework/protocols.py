@@ -321,7 +321,10 @@ class TrainerFormatLike(Protocol):
     writes: bool  # whether write() can put a strategy in this trainer's form
 
     def read(self, path: str, *, devices: Optional[int]) -> Any:
-        """The :class:`ndcost.trainers.TrainerConfig` the file at *path* says (*devices*: the world size given)."""
+        """The :class:`ndcost.trainers.TrainerConfig` the file at *path* says (*devices*: the world size given).
+
+        A reader may take ``model`` too: the model given beside the file, which it then derives from.
+        """
 
     def write(self, strategy: Any, *, model: Any, global_batch: Optional[int]) -> str:
         """*strategy* as this trainer's configuration text (the model and global batch where it names them)."""

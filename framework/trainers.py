@@ -11,6 +11,7 @@ that back gives the same strategy.
 """
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Mapping, Optional, Tuple
 
@@ -99,8 +100,9 @@ def from_config(kind: str, path: Any, *, devices: Optional[int] = None, model: A
 
     *devices* gives the world size where the file does not imply it (Megatron's and DeepSpeed's come from the
     launcher) and resolves torchtitan's ``-1`` degree; *model* names the model where the file does not (or
-    replaces the one it names); *strategy* (``"seq=8192"`` or a mapping) adds or overrides strategy fields, each
-    override listed in ``overrides``. ``ndcost.resolve(config.model).evaluate(config.strategy)`` prices it.
+    replaces the one it names; a reader whose ``read`` takes ``model`` derives from it); *strategy*
+    (``"seq=8192"`` or a mapping) adds or overrides strategy fields, each override listed in ``overrides``.
+    ``ndcost.resolve(config.model).evaluate(config.strategy)`` prices it.
     """
     reader = trainer_format(kind)
     path = os.fspath(path)
@@ -109,7 +111,10 @@ def from_config(kind: str, path: Any, *, devices: Optional[int] = None, model: A
     if devices is not None:
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
             raise InvalidValue(f"devices={devices!r}: expected a positive integer (the world size)")
-    config = reader.read(path, devices=devices)
+    # a reader whose read() takes ``model`` counts the layers of the model given beside the file (torchtitan's
+    # pipeline split and every-N-th-layer checkpointing depend on them)
+    takes_model = "model" in inspect.signature(reader.read).parameters
+    config = reader.read(path, devices=devices, **({"model": model} if takes_model else {}))
     if model is not None:
         config = attrs.evolve(config, model=model)
     if config.model is None:

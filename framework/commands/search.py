@@ -40,6 +40,10 @@ def add_arguments(parser) -> None:
                         help="also search tp and etp groups larger than a node")
     parser.add_argument("--exhaustive", action="store_true",
                         help="price every micro_batch, even above one that does not fit")
+    parser.add_argument("--emit", metavar="KIND[:PATH]",
+                        help="write the fastest strategy a trainer can run as its configuration (torchtitan, "
+                             "megatron, deepspeed; `ndcost list trainers`): on stdout in place of the table, or to "
+                             "PATH beside it")
 
 
 def _int_list(flag: str, text: str, example: str) -> List[int]:
@@ -70,6 +74,15 @@ def _check(args) -> None:
         raise InvalidValue(f"--price {args.price:g}: must be 0 or more US dollars a GPU-hour")
     if args.csv and args.json:
         raise InvalidValue("--csv and --json both given: choose one")
+    if args.emit is not None:
+        kind, _, path = args.emit.partition(":")
+        if not kind.strip():
+            raise InvalidValue(f"--emit {args.emit!r}: expected KIND or KIND:PATH, e.g. --emit torchtitan:job.toml")
+        if not path and (args.json or args.csv):
+            raise InvalidValue(f"--emit {kind} writes the configuration on stdout, as --json/--csv would: give "
+                               f"--emit {kind}:PATH to write it to a file")
+        if "," in args.devices or "," in args.hardware:
+            raise InvalidValue("--emit writes one strategy: give one --devices and one --hardware")
 
 
 def run(args):
@@ -88,12 +101,55 @@ def run(args):
     if args.plot:
         plot_search(results, args.plot)
     data = [c.to_dict() for r in results for c in r.candidates]
+    emitted = None
+    if args.emit is not None:
+        kind, _, path = args.emit.partition(":")
+        emitted = _emit(results[0], kind.strip().lower(), path)
+        if not path:
+            return Output(data=data, text=emitted)
     if args.csv:
         return Output(data=data, text=_csv(data))
     text = "\n\n".join(_render(r) for r in results)
     if args.plot:
         text += f"\n\nplot: {args.plot}"
+    if emitted is not None:
+        text += f"\n\n{args.emit.partition(':')[0]} configuration: {args.emit.partition(':')[2]}"
     return Output(data=data, text=text)
+
+
+def _emit(result: Any, kind: str, path: str) -> str:
+    """The fastest candidate *kind*'s writer can express (``ndcost.to_config``), written to *path* if given.
+
+    A faster candidate the trainer cannot run (a field it has no form for) is passed over, said on stderr.
+    """
+    import sys
+
+    from ndcost.errors import InvalidValue
+    from ndcost.trainers import to_config, trainer_format
+
+    if not trainer_format(kind).writes:  # an unknown kind is refused here, naming the known ones
+        raise InvalidValue(f"--emit {kind}: trainer kind {kind!r} reads configurations but does not write them")
+    if not result.candidates:
+        raise InvalidValue(f"--emit {kind}: no strategy fits, so there is none to write")
+    passed = []
+    for rank, candidate in enumerate(result.candidates, 1):
+        try:
+            text = to_config(kind, candidate.strategy, model=result.model, global_batch=result.global_batch)
+        except InvalidValue as exc:
+            passed.append(f"#{rank} ({exc})")
+            continue
+        for note in passed:
+            print(f"--emit {kind}: passed over {note}", file=sys.stderr)
+        print(f"--emit {kind}: #{rank} {candidate.strategy}", file=sys.stderr)
+        if path:
+            try:
+                with open(path, "w", encoding="utf-8") as out:
+                    out.write(text)
+            except OSError as exc:
+                raise InvalidValue(f"--emit {kind}:{path}: cannot write it ({exc.strerror or exc})") from None
+        return text
+    raise InvalidValue(f"--emit {kind}: none of the {len(passed)} best strategies has a {kind} form; the first: "
+                       f"{passed[0]}")
 
 
 def _csv(rows: List[dict]) -> str:

@@ -1,0 +1,623 @@
+"""torchtitan's job TOML (``trainer/torchtitan``): read into a strategy, and written from one.
+
+The schema is torchtitan's ``torchtitan/config/job_config.py`` and its meshes
+``torchtitan/distributed/parallel_dims.py`` (pytorch/torchtitan at 238fa99,
+the last commit with TOML job files; older files' ``[training] compile`` and
+``batch_size`` are read too). What the reader keeps of torchtitan's semantics:
+
+- FSDP shards over ``dp_shard * cp`` whenever either is above 1 (the mesh
+  ``fsdp`` / ``dp_shard_cp``), replicated over ``data_parallel_replicate_degree``
+  (HSDP): ``dp`` = replicate, ``fsdp`` = shard. With ``data_parallel_shard_degree``
+  1 and ``context_parallel_degree`` C > 1 FSDP still shards over the C ranks:
+  ``zero=3`` (ZeRO-3 over ``dp * cp``) says that where there is no replica;
+  with replicas it has no ndcost form yet and is refused.
+- ``-1`` shard degree: the devices left over, from ``--devices``.
+- Loss parallelism is on whenever TP is (``disable_loss_parallel`` false):
+  ``vocab_parallel``; TP always runs sequence parallel on the norms: ``sp``.
+  With ``disable_loss_parallel`` true torchtitan still splits the embedding
+  and head weights over TP while ndcost's ``vocab_parallel=false`` replicates
+  them: those weights are over-counted by ``(tp - 1) / tp``.
+- Batches: ``local_batch_size`` sequences per data-parallel rank, gradient
+  accumulation ``global / (local * replicate * shard)``; under PP the local
+  batch is cut into ``pipeline_parallel_microbatch_size`` micro-batches. Each
+  accumulation step runs the pipeline schedule again (a bubble each), while
+  ndcost prices one flush of all the micro-batches: stated in ``defaults``.
+- The pipeline split is torchtitan's own (``generate_llm_fqn_per_model_part``,
+  the embedding and the head each weighing ``..._stage_less_layers`` layers) or
+  ``module_fqns_per_model_part``, as ``pp_layers``.
+- ``selective_ac_option`` N (every N-th layer checkpointed whole) is
+  ``recompute=full`` with ``recompute_layers`` = layers // N, priced as the
+  first layers of the rank (the same count; which layers differs for a model
+  mixing layer kinds), and only without PP.
+- Mixed precision (FSDP2 ``MixedPrecisionPolicy``, or autocast without FSDP):
+  parameters, gradients and optimizer states in ``training.dtype`` (fp32
+  by default), computed in ``mixed_precision_param``; no master copy.
+
+Refused by name (not priced yet): torch.compile, float8/MX converters, async
+TP, the memory-budget checkpointing mode, the all-to-all CP rotation, the
+zero-bubble and looped-BFS schedules, TorchFT.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import attrs
+
+from ndcost.errors import InvalidValue
+from ndcost.hookspecs import hookimpl
+from ndcost.plugins.trainers import boolean, dtype, integer
+from ndcost.trainers import TrainerConfig, field_error
+from ndcost.values import Strategy
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10
+    import tomli as tomllib
+
+KIND = "torchtitan"
+
+# (model name, flavor) -> specs/models name; torchtitan/models/*/__init__.py at 238fa99 defines the flavors
+MODELS = {
+    ("llama3", "8B"): "llama-3.1-8b",
+    ("llama3", "70B"): "llama-3.1-70b",
+    ("llama3", "405B"): "llama-3.1-405b",
+    ("deepseek_v3", "671B"): "deepseek-v3",
+    ("qwen3", "8B"): "qwen3-8b",
+    ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
+    ("qwen3", "235B-A22B"): "qwen3-235b-a22b",
+}
+# torchtitan's schedule names (torch.distributed.pipelining) -> ndcost's schedule plugins; single-stage ones first
+SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved", "DualPipeV": "dualpipev"}
+_SINGLE_STAGE = ("1F1B", "GPipe")
+OPTIMIZERS = {"AdamW": "adamw", "Adam": "adam"}
+_SCHEDULE_NAMES = {v: k for k, v in SCHEDULES.items()}
+_OPTIMIZER_NAMES = {v: k for k, v in OPTIMIZERS.items()}
+
+# The fields read, by section; everything else a file holds is reported as ignored (logging, paths, lr, ...).
+_READ = {
+    "model": ("name", "flavor", "converters"),
+    "optimizer": ("name",),
+    "training": ("local_batch_size", "batch_size", "global_batch_size", "seq_len", "dtype", "mixed_precision_param",
+                 "mixed_precision_reduce", "enable_cpu_offload", "compile"),
+    "parallelism": ("data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
+                    "disable_loss_parallel", "enable_async_tensor_parallel", "pipeline_parallel_degree",
+                    "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
+                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_microbatch_size",
+                    "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
+                    "module_fqns_per_model_part", "context_parallel_degree", "context_parallel_rotate_method",
+                    "expert_parallel_degree", "expert_tensor_parallel_degree", "fsdp_reshard_after_forward"),
+    "activation_checkpoint": ("mode", "selective_ac_option"),
+    "compile": ("enable",),
+    "fault_tolerance": ("enable",),
+}
+# older files keep pipeline and context parallelism under [experimental]
+_EXPERIMENTAL = ("pipeline_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
+                 "context_parallel_degree")
+
+
+class _File:
+    """The parsed TOML and the trainer's names of the fields read."""
+
+    def __init__(self, path: str, data: Dict[str, Any]):
+        self.path, self.data = path, data
+        self.read: List[str] = []
+
+    def section(self, name: str) -> Dict[str, Any]:
+        value = self.data.get(name, {})
+        if not isinstance(value, dict):
+            raise self.error(f"[{name}]", f"{value!r} is not a table", f"write it as a [{name}] section")
+        return value
+
+    def get(self, section: str, key: str, default: Any = None) -> Any:
+        table = self.section(section)
+        if key not in table and section == "parallelism" and key in _EXPERIMENTAL:
+            section, table = "experimental", self.section("experimental")
+        if key in table:
+            self.read.append(f"[{section}] {key}")
+            return table[key]
+        return default
+
+    def error(self, field: str, problem: str, fix: str):
+        return field_error(KIND, self.path, field, problem, fix)
+
+    def ignored(self) -> Tuple[str, ...]:
+        out = []
+        for section, table in self.data.items():
+            if not isinstance(table, dict):  # a key outside any table: torchtitan reads none
+                out.append(section)
+                continue
+            out += [f"[{section}] {key}" for key in _leaves(table) if f"[{section}] {key}" not in self.read]
+        return tuple(out)
+
+
+def _name(kind: str, path: str, field: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise field_error(kind, path, field, f"{value!r} is not a name", "give a non-empty string")
+    return value.strip()
+
+
+def _leaves(table: Dict[str, Any], prefix: str = "") -> List[str]:
+    out = []
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out += _leaves(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def _load(path: str) -> _File:
+    from ndcost.specio import read_text
+
+    try:
+        data = tomllib.loads(read_text(path, f"{KIND} config"))
+    except tomllib.TOMLDecodeError as exc:
+        raise field_error(KIND, path, "file", f"not TOML ({exc})", "give a torchtitan job TOML") from None
+    known = {"model", "training", "parallelism", "job", "activation_checkpoint", "optimizer"}
+    if not known & set(data):
+        raise field_error(KIND, path, "file", "no [model], [training] or [parallelism] section: not a torchtitan "
+                          "job TOML", "give a torchtitan job TOML (torchtitan/models/*/train_configs/*.toml)")
+    return _File(path, data)
+
+
+def _model(f: _File, model: Any) -> Tuple[Any, int]:
+    """The model (the one given beside the file, else the file's flavor) and its decoder layers."""
+    from ndcost.models import load_model
+
+    name = _name(KIND, f.path, "[model] name", f.get("model", "name", "llama3"))
+    flavor = _name(KIND, f.path, "[model] flavor", f.get("model", "flavor", "debugmodel"))
+    if model is None:
+        model = MODELS.get((name, flavor))
+        if model is None:
+            known = ", ".join(f"{n} {fl}" for n, fl in MODELS)
+            raise f.error("[model] flavor", f"no ndcost model for {name} {flavor!r} (known: {known})",
+                          f"give the model: ndcost estimate MODEL --from {KIND}:{f.path}")
+    return model, load_model(model).num_layers
+
+
+def _refusals(f: _File) -> None:
+    """Refuse, in one line, every setting the file turns on that ndcost does not price yet."""
+    found = []
+    converters = f.get("model", "converters", [])
+    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
+        raise f.error("[model] converters", f"{converters!r} is not a list of names", 'give e.g. ["float8"]')
+    if converters:
+        found.append((f"[model] converters = {converters}", "float8/MX training",
+                      "remove the converters"))
+    compile_on = f.get("compile", "enable", False)
+    if boolean(KIND, f.path, "[compile] enable", compile_on):
+        found.append(("[compile] enable = true", "torch.compile", "set [compile] enable = false"))
+    if boolean(KIND, f.path, "[training] compile", f.get("training", "compile", False)):
+        found.append(("[training] compile = true", "torch.compile", "set [training] compile = false"))
+    if boolean(KIND, f.path, "[parallelism] enable_async_tensor_parallel",
+               f.get("parallelism", "enable_async_tensor_parallel", False)):
+        found.append(("[parallelism] enable_async_tensor_parallel = true", "async TP",
+                      "set enable_async_tensor_parallel = false"))
+    if boolean(KIND, f.path, "[fault_tolerance] enable", f.get("fault_tolerance", "enable", False)):
+        found.append(("[fault_tolerance] enable = true", "TorchFT", "set [fault_tolerance] enable = false"))
+    if found:
+        fields = ", ".join(field for field, _, _ in found)
+        what = ", ".join(dict.fromkeys(what for _, what, _ in found))
+        fixes = " and ".join(fix for _, _, fix in found)
+        raise f.error(fields, f"{what} not priced yet", f"{fixes} in a copy to price it eagerly in bf16/fp32")
+
+
+def _degrees(f: _File, devices: Optional[int]) -> Dict[str, int]:
+    p = {}
+    for key, name, default in (("data_parallel_replicate_degree", "replicate", 1),
+                               ("tensor_parallel_degree", "tp", 1), ("pipeline_parallel_degree", "pp", 1),
+                               ("context_parallel_degree", "cp", 1), ("expert_parallel_degree", "ep", 1),
+                               ("expert_tensor_parallel_degree", "etp", 1)):
+        p[name] = integer(KIND, f.path, f"[parallelism] {key}", f.get("parallelism", key, default))
+    shard = f.get("parallelism", "data_parallel_shard_degree", -1)
+    others = p["replicate"] * p["cp"] * p["tp"] * p["pp"]
+    if shard == -1:
+        if devices is None:
+            raise f.error("[parallelism] data_parallel_shard_degree", "-1 takes the devices left over, and no world "
+                          "size was given", "give --devices N (from_config(..., devices=N))")
+        if devices % others:
+            raise f.error("[parallelism] data_parallel_shard_degree",
+                          f"-1 with {devices} devices: replicate * cp * tp * pp = {others} does not divide them",
+                          "give --devices a multiple of it, or set the degrees")
+        shard = devices // others
+    shard = integer(KIND, f.path, "[parallelism] data_parallel_shard_degree", shard,
+                    fix="give -1 (the devices left over) or a whole number >= 1")
+    world = others * shard
+    if devices is not None and world != devices:
+        raise f.error("[parallelism]", f"replicate {p['replicate']} * shard {shard} * cp {p['cp']} * tp {p['tp']} * "
+                      f"pp {p['pp']} = {world}, not the {devices} devices given",
+                      "set data_parallel_shard_degree = -1 or give --devices to match")
+    if p["ep"] == 1 and p["etp"] > 1:  # "No effect for non-MoE models, or when ep = 1" (job_config.py)
+        p["etp"] = 1
+    if p["ep"] > 1 and p["etp"] not in (1, p["tp"]):
+        raise f.error("[parallelism] expert_tensor_parallel_degree", f"{p['etp']} with tp {p['tp']}: torchtitan "
+                      "takes 1 or the tp degree", "set it to 1 or to tensor_parallel_degree")
+    p["shard"], p["world"] = shard, world
+    return p
+
+
+def _pipeline(f: _File, p: Dict[str, int], layers: int) -> Dict[str, Any]:
+    """schedule, vpp and pp_layers: torchtitan's own split of the stack over pp * stages-per-rank stages."""
+    if p["pp"] == 1:
+        return {}
+    name = _name(KIND, f.path, "[parallelism] pipeline_parallel_schedule",
+                f.get("parallelism", "pipeline_parallel_schedule", "1F1B"))
+    csv = f.get("parallelism", "pipeline_parallel_schedule_csv", "")
+    if csv:
+        raise f.error("[parallelism] pipeline_parallel_schedule_csv", f"{csv!r}: a custom schedule is not priced",
+                      "remove it in a copy and name a pipeline_parallel_schedule")
+    if name not in SCHEDULES:
+        raise f.error("[parallelism] pipeline_parallel_schedule", f"{name!r} is not priced yet (ndcost prices "
+                      f"{', '.join(SCHEDULES)})", "choose one of those in a copy")
+    fqns = f.get("parallelism", "module_fqns_per_model_part")
+    per_stage = f.get("parallelism", "pipeline_parallel_layers_per_stage")
+    if fqns is not None:
+        split = _split_from_fqns(f, fqns, layers)
+    else:
+        first = integer(KIND, f.path, "[parallelism] pipeline_parallel_first_stage_less_layers",
+                        f.get("parallelism", "pipeline_parallel_first_stage_less_layers", 1), minimum=0)
+        last = integer(KIND, f.path, "[parallelism] pipeline_parallel_last_stage_less_layers",
+                       f.get("parallelism", "pipeline_parallel_last_stage_less_layers", 1), minimum=0)
+        if per_stage is not None:
+            per_stage = integer(KIND, f.path, "[parallelism] pipeline_parallel_layers_per_stage", per_stage)
+            stages = math.ceil((layers + first + last) / per_stage)
+        else:
+            stages = p["pp"] * (1 if name in _SINGLE_STAGE else 2)
+        split = _torchtitan_split(f, stages, layers, first, last)
+    if len(split) % p["pp"]:
+        raise f.error("[parallelism] pipeline_parallel_degree", f"{len(split)} stages do not divide over "
+                      f"{p['pp']} ranks", "give a stage count that is a multiple of the pp degree")
+    vpp = len(split) // p["pp"]
+    if (name in _SINGLE_STAGE) != (vpp == 1) or (name == "DualPipeV" and vpp != 2):
+        raise f.error("[parallelism] pipeline_parallel_schedule", f"{name} with {vpp} stages a rank: torchtitan "
+                      "runs 1F1B and GPipe with one, Interleaved1F1B with two or more, DualPipeV with two",
+                      "match the schedule to the stages per rank")
+    return {"schedule": SCHEDULES[name], "vpp": vpp, "pp_layers": tuple(split)}
+
+
+def _torchtitan_split(f: _File, stages: int, layers: int, first: int, last: int) -> List[int]:
+    """Decoder layers of each stage as torchtitan's ``generate_llm_fqn_per_model_part`` assigns them
+    (torchtitan/distributed/pipeline_parallel.py): the embedding counts as *first* layers, the head as *last*."""
+    effective = layers + first + last
+    each, extra = divmod(effective, stages)
+    if each == 0 or first > each or last > each:
+        raise f.error("[parallelism] pipeline_parallel_degree", f"{stages} stages over {layers} layers (with "
+                      f"{first} and {last} for the embedding and head) leave a stage empty or lighter than them",
+                      "use fewer stages")
+    split, placed = [], 0
+    for stage in range(stages):
+        share = each + (1 if stage < extra else 0) - (first if stage == 0 else last if stage == stages - 1 else 0)
+        take = max(0, min(share, layers - placed))
+        split.append(take)
+        placed += take
+    if placed != layers or 0 in split:
+        raise f.error("[parallelism] pipeline_parallel_degree", f"torchtitan's split of {layers} layers over "
+                      f"{stages} stages is {split}", "give module_fqns_per_model_part or fewer stages")
+    return split
+
+
+def _split_from_fqns(f: _File, fqns: Any, layers: int) -> List[int]:
+    field = "[parallelism] module_fqns_per_model_part"
+    if not isinstance(fqns, list) or not all(isinstance(part, list) for part in fqns):
+        raise f.error(field, "not a list of lists of module names", 'give e.g. [["tok_embeddings", "layers.0"], ...]')
+    split, expected = [], 0
+    for part in fqns:
+        count = 0
+        for name in part:
+            if isinstance(name, str) and name.startswith("layers."):
+                if name != f"layers.{expected}":
+                    raise f.error(field, f"{name!r} out of order (expected layers.{expected})",
+                                  "list the layers in model order")
+                expected += 1
+                count += 1
+        split.append(count)
+    if expected != layers or 0 in split:
+        raise f.error(field, f"places {expected} layers ({split}) where the model has {layers}, every stage "
+                      "holding one or more", "list every layer once")
+    return split
+
+
+def _batches(f: _File, p: Dict[str, int], pp: Dict[str, Any]) -> Tuple[Dict[str, int], int, List[str]]:
+    local = f.get("training", "local_batch_size")
+    field = "[training] local_batch_size"
+    if local is None:
+        local, field = f.get("training", "batch_size", 8), "[training] batch_size"
+    local = integer(KIND, f.path, field, local)
+    batch_degree = p["replicate"] * p["shard"]
+    global_batch = f.get("training", "global_batch_size", -1)
+    if global_batch == -1:
+        global_batch = local * batch_degree
+    global_batch = integer(KIND, f.path, "[training] global_batch_size", global_batch,
+                           fix="give -1 (local_batch_size times the data-parallel degree) or a positive multiple")
+    if global_batch % (local * batch_degree):
+        raise f.error("[training] global_batch_size", f"{global_batch} is not a multiple of local_batch_size "
+                      f"{local} * data-parallel degree {batch_degree}", "give a multiple, or -1")
+    accumulation = global_batch // (local * batch_degree)
+    notes = []
+    if not pp:
+        return {"micro_batch": local, "num_micro_batches": accumulation}, global_batch, notes
+    micro = integer(KIND, f.path, "[parallelism] pipeline_parallel_microbatch_size",
+                    f.get("parallelism", "pipeline_parallel_microbatch_size", 1))
+    if local % micro:
+        raise f.error("[parallelism] pipeline_parallel_microbatch_size", f"{micro} does not divide local_batch_size "
+                      f"{local}", "give a divisor of it")
+    if accumulation > 1:
+        notes.append(f"gradient accumulation {accumulation} under PP: torchtitan runs the schedule {accumulation} "
+                     f"times a step (a bubble each); priced as one flush of {accumulation * local // micro} "
+                     "micro-batches")
+    return {"micro_batch": micro, "num_micro_batches": accumulation * local // micro}, global_batch, notes
+
+
+def _recompute(f: _File, p: Dict[str, int], layers: int) -> Tuple[Dict[str, Any], List[str]]:
+    if "activation_checkpoint" not in f.data:
+        notes = ['no [activation_checkpoint]: torchtitan\'s default mode = "selective", selective_ac_option = "2" '
+                 '(every 2nd layer checkpointed whole)']
+        mode, option = "selective", "2"
+    else:
+        notes = []
+        mode = _name(KIND, f.path, "[activation_checkpoint] mode", f.get("activation_checkpoint", "mode", "selective"))
+        option = f.get("activation_checkpoint", "selective_ac_option", "2")
+    if mode == "none":
+        return {"recompute": "none"}, notes
+    if mode == "full":
+        return {"recompute": "full"}, notes
+    if mode != "selective":
+        raise f.error("[activation_checkpoint] mode", f"{mode!r} is not priced yet (ndcost prices none, full and "
+                      "selective)", 'set mode = "full" or "selective" in a copy')
+    option = str(option).strip()
+    if option == "op":
+        return {"recompute": "selective"}, notes
+    if not option.isdigit() or int(option) < 1:
+        raise f.error("[activation_checkpoint] selective_ac_option", f"{option!r} is neither 'op' nor a period",
+                      "give 'op' or a whole number N >= 1 (every N-th layer)")
+    period = int(option)
+    if period == 1:
+        return {"recompute": "full"}, notes
+    if p["pp"] > 1:
+        raise f.error("[activation_checkpoint] selective_ac_option", f"every {period}-th layer under PP: the count "
+                      "differs by stage, which ndcost's one recompute_layers cannot say",
+                      "set mode = \"full\" or selective_ac_option = \"op\" in a copy")
+    notes.append(f"selective_ac_option = \"{period}\": {layers // period} of the {layers} layers checkpointed whole, "
+                 "priced as the rank's first ones")
+    return {"recompute": "full", "recompute_layers": layers // period}, notes
+
+
+def _precision(f: _File) -> Dict[str, Any]:
+    fix = 'give "float32" or "bfloat16"'
+    stored = dtype(KIND, f.path, "[training] dtype", f.get("training", "dtype", "float32"), ("fp32", "bf16"), fix)
+    compute = dtype(KIND, f.path, "[training] mixed_precision_param",
+                    f.get("training", "mixed_precision_param", "bfloat16"), ("fp32", "bf16"), fix)
+    dtype(KIND, f.path, "[training] mixed_precision_reduce", f.get("training", "mixed_precision_reduce", "float32"),
+          ("fp32",), 'give "float32" (the only reduce dtype torchtitan takes)')
+    # training.dtype bfloat16 holds everything in bf16 (no mixed precision); else FSDP2 / autocast computes in
+    # mixed_precision_param over fp32 parameters, gradients and optimizer states
+    out: Dict[str, Any] = {"param_dtype": stored}
+    if stored == "fp32" and compute != "fp32":
+        out["compute_dtype"] = compute
+    return out
+
+
+def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConfig:
+    """The strategy a torchtitan job TOML runs (see the module docstring for what is kept and refused)."""
+    f = _load(path)
+    _refusals(f)
+    model, layers = _model(f, model)
+    p = _degrees(f, devices)
+    defaults: List[str] = []
+    fields: Dict[str, Any] = {"dp": p["replicate"], "tp": p["tp"], "pp": p["pp"], "cp": p["cp"], "ep": p["ep"],
+                              "etp": p["etp"]}
+    shards = p["shard"] > 1 or p["cp"] > 1  # torchtitan's fsdp_enabled
+    if p["shard"] > 1:
+        fields["fsdp"] = p["shard"]
+    elif p["cp"] > 1:
+        if p["replicate"] > 1:
+            raise f.error("[parallelism] data_parallel_shard_degree", f"1 with context_parallel_degree {p['cp']} and "
+                          f"data_parallel_replicate_degree {p['replicate']}: FSDP over the cp ranks, replicated, "
+                          "has no ndcost form yet", "set data_parallel_shard_degree > 1 in a copy")
+        fields["zero"] = 3
+        defaults.append(f"FSDP over the {p['cp']} cp ranks with data_parallel_shard_degree 1 (torchtitan's "
+                        "dp_shard_cp mesh): zero=3, sharding over dp * cp")
+    if p["tp"] > 1:
+        fields["sp"] = True
+        defaults.append("sequence parallel with tp > 1 (torchtitan's TP plan shards the norms over the sequence)")
+        disabled = f.get("parallelism", "disable_loss_parallel")
+        if disabled is None:
+            defaults.append("loss parallel on with tp > 1 (disable_loss_parallel = false): vocab_parallel=true")
+            disabled = False
+        fields["vocab_parallel"] = not boolean(KIND, f.path, "[parallelism] disable_loss_parallel", disabled)
+    if p["cp"] > 1:
+        rotate = f.get("parallelism", "context_parallel_rotate_method", "allgather")
+        if rotate != "allgather":
+            raise f.error("[parallelism] context_parallel_rotate_method", f"{rotate!r} is not priced yet (ndcost's "
+                          "cp_algo=ring holds the gathered keys and values, as allgather does)",
+                          'set it to "allgather" in a copy')
+        fields["cp_algo"] = "ring"
+    pipeline = _pipeline(f, p, layers)
+    fields.update(pipeline)
+    batches, global_batch, notes = _batches(f, p, pipeline)
+    fields.update(batches)
+    defaults += notes
+    recompute, notes = _recompute(f, p, layers)
+    fields.update(recompute)
+    defaults += notes
+    fields.update(_precision(f))
+    policy = f.get("parallelism", "fsdp_reshard_after_forward", "default")
+    if policy not in ("default", "always", "never"):
+        raise f.error("[parallelism] fsdp_reshard_after_forward", f"{policy!r} is not a policy",
+                      'give "default", "always" or "never"')
+    if shards and (policy == "never" or (policy == "default" and p["pp"] > 1)):
+        if "zero" in fields:
+            raise f.error("[parallelism] fsdp_reshard_after_forward", f"{policy!r} keeps gathered parameters, which "
+                          "ndcost's zero=3 (FSDP over cp alone) cannot say yet", 'set it to "always" in a copy')
+        fields["reshard_after_forward"] = False
+        if policy == "default":
+            defaults.append('fsdp_reshard_after_forward = "default" with PP: no resharding after the forward')
+    if boolean(KIND, f.path, "[training] enable_cpu_offload", f.get("training", "enable_cpu_offload", False)):
+        fields["offload_params"] = fields["offload_optimizer"] = True  # FSDP2 CPUOffloadPolicy
+    optimizer = _name(KIND, f.path, "[optimizer] name", f.get("optimizer", "name", "AdamW"))
+    fields["optimizer"] = OPTIMIZERS.get(optimizer, optimizer.lower())
+    seq = f.get("training", "seq_len", 2048)
+    fields["seq"] = integer(KIND, f.path, "[training] seq_len", seq)
+    if "seq_len" not in f.section("training"):
+        defaults.append("no [training] seq_len: torchtitan's default 2048")
+    try:
+        strategy = Strategy.from_mapping(fields)
+    except InvalidValue as exc:  # a combination Strategy refuses (ep not dividing the ranks, ...)
+        raise f.error("[parallelism]", str(exc), "fix the degrees in a copy") from None
+    return TrainerConfig(kind=KIND, path=path, strategy=strategy, model=model, devices=p["world"],
+                         global_batch=global_batch, read_fields=tuple(f.read), ignored_fields=f.ignored(),
+                         defaults=tuple(defaults))
+
+
+# --------------------------------------------------------------------------- writer
+
+
+def _refuse(field: str, problem: str) -> Exception:
+    return InvalidValue(f"torchtitan cannot express {field}: {problem}")
+
+
+def write(strategy: Strategy, *, model: Any, global_batch: Optional[int]) -> str:
+    """*strategy* as a torchtitan job TOML; :func:`read` gives it back (with ``pp_layers`` always stated under PP)."""
+    from ndcost.models import load_model
+
+    s = strategy
+    flavors = {v: k for k, v in MODELS.items()}
+    if model not in flavors:
+        known = ", ".join(flavors)
+        raise _refuse(f"model {model!r}", f"torchtitan ships a flavor of {known} only")
+    layers = load_model(model).num_layers
+    if s.seq is None:
+        raise _refuse("seq unset", "a job states [training] seq_len; give seq")
+    _check_writable(s)
+    name, flavor = flavors[model]
+    stored = {"fp32": "float32", "bf16": "bfloat16"}
+    dp_degree = s.dp * s.fsdp
+    lines = ["# written by ndcost (search --emit torchtitan): the parallel layout, batch, checkpointing and",
+             "# precision of one strategy; the rest of a job (dataset, optimizer settings, checkpoints) is",
+             "# torchtitan's defaults", "", "[model]", f'name = "{name}"', f'flavor = "{flavor}"', "",
+             "[optimizer]", f'name = "{_OPTIMIZER_NAMES[s.optimizer]}"', "", "[training]"]
+    parallel = [f"data_parallel_replicate_degree = {s.dp}", f"data_parallel_shard_degree = {s.fsdp}",
+                f"tensor_parallel_degree = {s.tp}", f"context_parallel_degree = {s.cp}",
+                f"pipeline_parallel_degree = {s.pp}", f"expert_parallel_degree = {s.ep}",
+                f"expert_tensor_parallel_degree = {s.etp}"]
+    if s.tp > 1:
+        parallel.append(f"disable_loss_parallel = {'false' if s.vocab_parallel else 'true'}")
+    if s.pp > 1:
+        local = s.micro_batch * s.num_micro_batches  # one schedule a step: no gradient accumulation
+        split = s.pp_layers or _even(layers, s.pp * s.vpp)
+        parts, first = [], 0
+        for index, count in enumerate(split):
+            names = [f"layers.{i}" for i in range(first, first + count)]
+            first += count
+            parts.append((["tok_embeddings"] if index == 0 else []) + names
+                         + (["norm", "output"] if index == len(split) - 1 else []))
+        parallel += [f'pipeline_parallel_schedule = "{_SCHEDULE_NAMES[s.schedule]}"',
+                     f"pipeline_parallel_microbatch_size = {s.micro_batch}",
+                     "module_fqns_per_model_part = [\n" + "".join(
+                         "    [" + ", ".join(f'"{n}"' for n in part) + "],\n" for part in parts) + "]"]
+        policy = "default" if s.reshard_after_forward is False else "always"
+    else:
+        local = s.micro_batch
+        policy = "default" if s.reshard_after_forward else "never"
+    total = local * dp_degree * (1 if s.pp > 1 else s.num_micro_batches)
+    if global_batch is not None and global_batch != total:
+        raise _refuse(f"global batch {global_batch}", f"the strategy runs {total} sequences a step "
+                      f"(micro_batch * num_micro_batches * dp * fsdp)")
+    parallel.append(f'fsdp_reshard_after_forward = "{policy}"')
+    lines += [f"local_batch_size = {local}", f"global_batch_size = {total}", f"seq_len = {s.seq}",
+              f'dtype = "{stored[s.param_dtype]}"', f'mixed_precision_param = "{stored[s.compute]}"',
+              'mixed_precision_reduce = "float32"']
+    if s.offload_params:
+        lines.append("enable_cpu_offload = true")
+    lines += ["", "[parallelism]"] + parallel + ["", "[activation_checkpoint]"]
+    if s.recompute == "selective":
+        lines += ['mode = "selective"', 'selective_ac_option = "op"']
+    elif s.recompute == "full" and s.recompute_layers is not None:
+        lines += ['mode = "selective"', f'selective_ac_option = "{_period(layers, s.recompute_layers)}"']
+    else:
+        lines.append(f'mode = "{s.recompute}"')
+    lines += ["", "[compile]", "enable = false", ""]
+    return "\n".join(lines)
+
+
+def _even(layers: int, stages: int) -> Tuple[int, ...]:
+    """ndcost's own even split (compose/placement.py: ``j * L // stages`` layers before stage ``j``)."""
+    return tuple((j + 1) * layers // stages - j * layers // stages for j in range(stages))
+
+
+def _period(layers: int, count: int) -> int:
+    for period in range(2, layers + 1):
+        if layers // period == count:
+            return period
+    raise _refuse(f"recompute_layers={count}", f"no period N gives {layers} // N = {count} layers (torchtitan "
+                  "checkpoints every N-th layer)")
+
+
+def _check_writable(s: Strategy) -> None:
+    """Refuse, by field, what a torchtitan job cannot say, so that reading the file back gives *s*."""
+    default = Strategy()
+    checks = [
+        (s.shard_mesh != "dp_cp", f"shard_mesh={s.shard_mesh}", "torchtitan's FSDP shards over dp_shard * cp"),
+        (s.zero not in (0, 3) or (s.zero == 3 and not (s.dp == 1 and s.fsdp == 1 and s.cp > 1)), f"zero={s.zero}",
+         "torchtitan has FSDP, not ZeRO (zero=3 stands for FSDP over the cp ranks alone, with dp=1 and fsdp=1)"),
+        (s.cp > 1 and s.fsdp == 1 and s.zero != 3, f"cp={s.cp} with fsdp=1 and zero=0",
+         "torchtitan shards the parameters over the cp ranks whenever cp > 1: give zero=3 (dp=1)"),
+        (s.sp != (s.tp > 1), f"sp={str(s.sp).lower()} with tp={s.tp}", "torchtitan's TP always runs sequence "
+         "parallel"),
+        (s.vocab_parallel and s.tp == 1, "vocab_parallel=true with tp=1", "nothing splits at tp=1"),
+        (s.cp_algo != "ring", f"cp_algo={s.cp_algo}", "torchtitan's CP is the ring of all-gathered keys and values"),
+        (s.etp > 1 and s.etp != s.tp or (s.ep == 1 and s.etp > 1), f"etp={s.etp}",
+         "torchtitan takes etp 1, or the tp degree with ep > 1"),
+        (s.pp == 1 and (s.schedule != "1f1b" or s.vpp > 1 or s.pp_layers is not None),
+         f"schedule={s.schedule},vpp={s.vpp} with pp=1", "no pipeline"),
+        (s.pp > 1 and s.schedule not in SCHEDULES.values(), f"schedule={s.schedule}",
+         f"torchtitan runs {', '.join(SCHEDULES)}"),
+        (s.recompute == "core_attention", "recompute=core_attention", "torchtitan checkpoints whole layers or by op"),
+        (s.recompute == "full" and s.recompute_layers is not None and s.pp > 1, "recompute_layers with pp > 1",
+         "the every-N-th-layer count differs by stage"),
+        (s.recompute != "full" and s.recompute_layers is not None, f"recompute_layers with recompute={s.recompute}",
+         "only full checkpointing counts layers"),
+        (s.optimizer not in OPTIMIZERS.values(), f"optimizer={s.optimizer}", "torchtitan builds Adam or AdamW"),
+        (s.param_dtype not in ("fp32", "bf16") or s.compute not in ("fp32", "bf16"),
+         f"param_dtype={s.param_dtype},compute_dtype={s.compute}", "torchtitan stores and computes in fp32 or bf16"),
+        (s.param_dtype == "bf16" and s.compute != "bf16", "compute_dtype above bf16 parameters",
+         "torchtitan's training.dtype bfloat16 computes in bf16"),
+        (s.grad != s.param_dtype, f"grad_dtype={s.grad} beside param_dtype={s.param_dtype}",
+         "torchtitan keeps gradients in the parameters' dtype"),
+        (s.optimizer_state_dtype != s.param_dtype, f"optimizer_dtype={s.optimizer_state_dtype} beside "
+         f"param_dtype={s.param_dtype}", "torchtitan keeps optimizer states in the parameters' dtype"),
+        (s.master_dtype != "none", f"master_dtype={s.master_dtype}", "torchtitan keeps no master copy (its "
+         "mixed precision stores fp32 parameters: param_dtype=fp32,compute_dtype=bf16)"),
+        (not s.reshard_after_forward and not (s.fsdp > 1 or s.cp > 1), "reshard_after_forward=false without FSDP",
+         "nothing is gathered"),
+        (not s.reshard_after_forward and s.zero == 3, "reshard_after_forward=false with zero=3",
+         "the reader refuses it"),
+        (s.offload_params != s.offload_optimizer, "offload_params without offload_optimizer (or the reverse)",
+         "FSDP2's CPUOffloadPolicy offloads both"),
+        (s.offload_activations, "offload_activations=true", "torchtitan's job has no activation offload"),
+        (s.moe_imbalance != default.moe_imbalance or s.allocator_overhead != default.allocator_overhead,
+         "moe_imbalance or allocator_overhead", "they are ndcost's assumptions, not torchtitan settings"),
+    ]
+    for bad, field, why in checks:
+        if bad:
+            raise _refuse(field, why)
+
+
+@attrs.frozen
+class TorchtitanFormat:
+    name: str = KIND
+    description: str = "torchtitan job TOML ([parallelism], [training], [activation_checkpoint], ...): read, written"
+    writes: bool = True
+
+    def read(self, path: str, *, devices: Optional[int], model: Any = None) -> TrainerConfig:
+        return read(path, devices=devices, model=model)
+
+    def write(self, strategy: Any, *, model: Any, global_batch: Optional[int]) -> str:
+        return write(strategy, model=model, global_batch=global_batch)
+
+
+@hookimpl
+def ndcost_register(register):
+    register(f"trainer/{KIND}", TorchtitanFormat())

@@ -1,0 +1,344 @@
+"""torchtitan's job TOML read into a strategy (real files from pytorch/torchtitan, tests/data/configs/SOURCES.md),
+written back from one, and refused by name where ndcost cannot price it.
+
+Every expected strategy is a hand translation of the file, each value with its reason, against torchtitan's own
+schema and meshes (torchtitan/config/job_config.py, torchtitan/distributed/parallel_dims.py at 238fa99).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _helpers import ndcost
+
+from ndcost.errors import InvalidValue
+from ndcost.trainers import from_config, to_config
+from ndcost.values import Strategy
+
+CONFIGS = Path(__file__).parent / "data" / "configs" / "torchtitan"
+
+# torchtitan's defaults the real files rely on: training.dtype "float32" and mixed_precision_param "bfloat16"
+# (FSDP2 MixedPrecisionPolicy: fp32 parameters, gradients and optimizer states, bf16 compute, fp32 reduction)
+MIXED = {"param_dtype": "fp32", "compute_dtype": "bf16"}
+
+
+def read(name, devices=None, **kw):
+    return from_config("torchtitan", CONFIGS / name, devices=devices, **kw)
+
+
+def test_llama3_8b_on_64_devices():
+    config = read("llama3_8b.toml", devices=64)
+    assert config.model == "llama-3.1-8b"  # [model] llama3 8B
+    assert config.strategy == Strategy(
+        fsdp=64,               # data_parallel_shard_degree -1: 64 / (replicate 1 * cp 1 * tp 1 * pp 1)
+        micro_batch=1,         # local_batch_size 1, no PP: one micro-batch of the local batch
+        num_micro_batches=1,   # global_batch_size default -1: local * dp degree, no accumulation
+        seq=8192,              # seq_len
+        recompute="selective",  # mode "selective", selective_ac_option "op": torchtitan's op-level policy
+        **MIXED)
+    assert config.devices == 64 and config.global_batch == 64
+    assert "[parallelism] data_parallel_shard_degree" in config.read_fields
+    assert "[optimizer] lr" in config.ignored_fields and "[job] dump_folder" in config.ignored_fields
+    # float8 is not on: [quantize.linear.float8] holds settings, the converters line is commented out
+    assert "[quantize] linear.float8.filter_fqns" in config.ignored_fields
+
+
+def test_llama3_70b_tp8_turns_on_loss_parallel():
+    config = read("llama3_70b.toml", devices=64)
+    assert config.model == "llama-3.1-70b"
+    assert config.strategy == Strategy(
+        fsdp=8,                # -1: 64 / tp 8
+        tp=8,
+        sp=True,               # torchtitan's TP plan always runs sequence parallel on the norms
+        vocab_parallel=True,   # disable_loss_parallel absent (false): loss parallel whenever tp > 1
+        micro_batch=8,         # local_batch_size 8
+        seq=8192, recompute="full", **MIXED)
+    assert any("loss parallel on with tp > 1" in d for d in config.defaults)
+    assert config.global_batch == 64  # 8 local * 8 data-parallel ranks
+
+
+def test_deepseek_v3_older_schema_reads():
+    config = read("deepseek_v3_671b_aeb3a4b.toml", devices=64)
+    assert config.model == "deepseek-v3"  # deepseek_v3 671B
+    assert config.strategy == Strategy(
+        fsdp=8, tp=8, sp=True, vocab_parallel=True,  # -1: 64 / tp 8; TP's sequence and loss parallel
+        ep=1, etp=1,                                 # expert_parallel_degree 1, expert_tensor_parallel_degree 1
+        micro_batch=4, seq=4096, recompute="full", **MIXED)
+    # the older names: [training] compile = false is read (and off); [float8] holds settings only
+    assert "[training] compile" in config.read_fields
+    assert "[float8] moe_fqns" in config.ignored_fields
+    # pp 1: the schedule has no bearing
+    assert "[parallelism] pipeline_parallel_schedule" in config.ignored_fields
+
+
+def test_hsdp_with_gradient_accumulation():
+    config = read("llama3_8b_hsdp.toml")
+    assert config.strategy == Strategy(
+        dp=2, fsdp=4,            # replicate 2 x shard 4 (HSDP); the world is their product, 8
+        micro_batch=2,           # local_batch_size 2
+        num_micro_batches=2,     # global 32 / (local 2 * replicate 2 * shard 4) = 2 accumulation steps
+        seq=8192, recompute="selective", **MIXED)
+    assert config.devices == 8 and config.global_batch == 32
+
+
+def test_fsdp_1_cp_8_still_shards_over_the_cp_ranks():
+    """The issue's case: torchtitan's FSDP runs over dp_shard * cp whenever cp > 1."""
+    config = read("llama3_8b_cp8.toml")
+    assert config.strategy == Strategy(
+        cp=8, zero=3,             # FSDP over the 8 cp ranks: ZeRO-3 over dp * cp = 8 ways
+        seq=131072,
+        recompute="full", recompute_layers=8,  # selective_ac_option "4": 32 layers // 4 checkpointed whole
+        **MIXED)
+    assert config.devices == 8
+
+
+def test_cp_beside_a_resolved_shard_degree_and_torchtitans_default_checkpointing():
+    config = read("llama3_8b_cp2.toml", devices=16)
+    assert config.strategy == Strategy(
+        fsdp=4,                  # -1: 16 / (cp 2 * tp 2); FSDP over shard 4 * cp 2
+        cp=2, cp_algo="ring",    # context_parallel_rotate_method default "allgather": K/V gathered, as ring
+        tp=2, sp=True,
+        vocab_parallel=False,    # disable_loss_parallel = true
+        recompute="full", recompute_layers=16,  # no [activation_checkpoint]: default selective, option "2"
+        seq=8192, **MIXED)
+    assert any('default mode = "selective", selective_ac_option = "2"' in d for d in config.defaults)
+
+
+def test_pipeline_split_is_torchtitans():
+    config = read("llama3_70b_pp.toml", devices=64)
+    # 80 layers + 1 (embedding) + 1 (head) = 82 over 4 ranks * 2 stages (Interleaved1F1B's default) = 8 stages:
+    # 10 each, the first 2 stages one more; the first gives one to the embedding, the last one to the head
+    assert config.strategy == Strategy(
+        fsdp=2, tp=8, sp=True, vocab_parallel=True,  # -1: 64 / (tp 8 * pp 4)
+        pp=4, vpp=2, schedule="interleaved", pp_layers=(10, 11, 10, 10, 10, 10, 10, 9),
+        micro_batch=1,            # pipeline_parallel_microbatch_size 1
+        num_micro_batches=8,      # local_batch_size 8 / 1
+        reshard_after_forward=False,  # fsdp_reshard_after_forward "default" with PP: not resharded
+        seq=8192, recompute="full", **MIXED)
+
+
+def test_a_model_given_beside_the_file_replaces_the_flavor():
+    config = read("qwen3_32b.toml", devices=8, model="qwen3-8b")
+    assert config.model == "qwen3-8b" and config.strategy.fsdp == 8 and config.strategy.micro_batch == 2
+
+
+@pytest.mark.parametrize("name, devices, message", [
+    ("llama3_405b.toml", 64, "[model] converters = ['float8'], [compile] enable = true, [parallelism] "
+                             "enable_async_tensor_parallel = true: float8/MX training, torch.compile, async TP not "
+                             "priced yet"),
+    ("deepseek_v3_671b.toml", 64, "[compile] enable = true: torch.compile not priced yet; set [compile] enable = "
+                                  "false in a copy"),
+    ("qwen3_32b.toml", 8, "[model] flavor: no ndcost model for qwen3 '32B'"),
+    ("llama3_8b.toml", None, "-1 takes the devices left over, and no world size was given; give --devices N"),
+    ("llama3_8b_hsdp.toml", 16, "replicate 2 * shard 4 * cp 1 * tp 1 * pp 1 = 8, not the 16 devices given"),
+    ("llama3_70b.toml", 12, "-1 with 12 devices: replicate * cp * tp * pp = 8 does not divide them"),
+])
+def test_real_files_refused_by_name(name, devices, message):
+    with pytest.raises(InvalidValue) as info:
+        read(name, devices=devices)
+    assert message in str(info.value) and str(CONFIGS / name) in str(info.value)
+
+
+def _variant(tmp_path, old, new, base="llama3_8b.toml"):
+    text = (CONFIGS / base).read_text()
+    assert old in text
+    path = tmp_path / "job.toml"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("tensor_parallel_degree = 1", 'tensor_parallel_degree = "8"', "[parallelism] tensor_parallel_degree: '8' is "
+                                                                    "not a whole number"),
+    ("context_parallel_degree = 1", "context_parallel_degree = 2\ncontext_parallel_rotate_method = \"alltoall\"",
+     "context_parallel_rotate_method: 'alltoall' is not priced yet"),
+    ("pipeline_parallel_degree = 1", 'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "ZBVZeroBubble"',
+     "'ZBVZeroBubble' is not priced yet"),
+    ("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 1\ncontext_parallel_degree = 2",
+     "not TOML"),  # context_parallel_degree now twice: TOML refuses a duplicate key
+    ('mode = "selective"', 'mode = "memory_budget"', "'memory_budget' is not priced yet"),
+    ("[compile]\nenable=false", "[compile]\nenable=1", "[compile] enable: 1 is not a boolean"),
+])
+def test_bad_fields_are_refused_by_name(tmp_path, old, new, message):
+    path = _variant(tmp_path, old, new)
+    with pytest.raises(InvalidValue) as info:
+        from_config("torchtitan", path, devices=8)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_replicas_of_fsdp_over_cp_alone_have_no_form_yet(tmp_path):
+    path = _variant(tmp_path, "data_parallel_replicate_degree = 1\ndata_parallel_shard_degree = -1",
+                    "data_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 1")
+    path.write_text(path.read_text().replace("context_parallel_degree = 1", "context_parallel_degree = 4"))
+    with pytest.raises(InvalidValue, match="FSDP over the cp ranks, replicated, has no ndcost form yet"):
+        from_config("torchtitan", path)
+
+
+def test_a_file_that_is_not_a_torchtitan_job(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text('{"zero_optimization": {"stage": 3}}')
+    with pytest.raises(InvalidValue, match="not TOML"):
+        from_config("torchtitan", path, devices=8)
+    path.write_text("[zero]\nstage = 3\n")
+    with pytest.raises(InvalidValue, match="not a torchtitan job TOML"):
+        from_config("torchtitan", path, devices=8)
+
+
+@pytest.mark.slow
+def test_cli_refusal_is_one_line_and_exit_1():
+    result = ndcost("estimate", "--from", f"torchtitan:{CONFIGS / 'llama3_405b.toml'}", "--devices", "64",
+                    check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "torch.compile" in result.stderr
+
+
+@pytest.mark.slow
+def test_cli_estimate_from_the_70b_file():
+    result = ndcost("--json", "estimate", "--from", f"torchtitan:{CONFIGS / 'llama3_70b.toml'}", "--devices", "64",
+                    "--hardware", "h200", "--census", "off")
+    import json
+    data = json.loads(result.stdout)
+    assert data["strategy"] == str(read("llama3_70b.toml", devices=64).strategy)
+    assert data["trainer"]["kind"] == "torchtitan" and data["trainer"]["devices"] == 64
+    assert "loss parallel on with tp > 1" in result.stderr  # the report: defaults applied
+
+
+# --------------------------------------------------------------------------- writer
+
+# (model, strategy) in the form the reader gives (dtypes equal to param_dtype left unset, pp_layers stated under PP)
+ROUND_TRIPS = [
+    ("llama-3.1-8b", "fsdp=8,seq=8192,recompute=selective,param_dtype=fp32,compute_dtype=bf16"),
+    ("llama-3.1-8b", "dp=2,fsdp=4,micro_batch=2,num_micro_batches=4,seq=4096,recompute=full"),
+    ("llama-3.1-8b", "tp=2,sp=true,fsdp=4,seq=4096,recompute=full,recompute_layers=16"),
+    ("llama-3.1-8b", "cp=8,zero=3,seq=131072,recompute=full,param_dtype=fp32"),
+    ("llama-3.1-8b", "fsdp=8,offload_params=true,offload_optimizer=true,seq=2048"),
+    ("llama-3.1-8b", "fsdp=4,cp=2,tp=2,sp=true,vocab_parallel=false,seq=8192,reshard_after_forward=false"),
+    ("llama-3.1-8b", "pp=2,schedule=gpipe,pp_layers=15/17,micro_batch=2,num_micro_batches=4,seq=4096,fsdp=2"),
+    ("llama-3.1-70b", "fsdp=2,tp=8,sp=true,vocab_parallel=true,pp=4,vpp=2,schedule=interleaved,"
+                      "pp_layers=10/11/10/10/10/10/10/9,num_micro_batches=8,seq=8192,recompute=full,"
+                      "reshard_after_forward=false,param_dtype=fp32,compute_dtype=bf16"),
+    ("llama-3.1-70b", "tp=8,sp=true,vocab_parallel=true,pp=8,vpp=2,schedule=dualpipev,"
+                      "pp_layers=" + "/".join(["5"] * 16) + ",num_micro_batches=16,seq=4096"),
+    ("deepseek-v3", "fsdp=8,tp=8,sp=true,vocab_parallel=true,ep=8,seq=4096,recompute=full"),
+    ("qwen3-30b-a3b", "fsdp=16,ep=8,etp=1,seq=4096,optimizer=adam"),
+]
+
+
+@pytest.mark.parametrize("model, text", ROUND_TRIPS)
+def test_write_then_read_gives_the_strategy_back(tmp_path, model, text):
+    strategy = Strategy.parse(text)
+    path = tmp_path / "job.toml"
+    path.write_text(to_config("torchtitan", strategy, model=model))
+    config = from_config("torchtitan", path)  # the file states every degree: no --devices needed
+    assert config.strategy == strategy and config.model == model and config.devices == strategy.devices
+    assert config.global_batch == strategy.micro_batch * strategy.num_micro_batches * strategy.dp * strategy.fsdp
+
+
+def test_an_unstated_pipeline_split_is_written_as_ndcosts_even_one(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text(to_config("torchtitan", "pp=4,num_micro_batches=4,seq=4096", model="llama-3.1-8b"))
+    assert from_config("torchtitan", path).strategy.pp_layers == (8, 8, 8, 8)  # 32 layers, j * 32 // 4 before j
+
+
+def test_equal_dtypes_stated_or_not_write_the_same_file():
+    plain = to_config("torchtitan", "fsdp=8,seq=4096,param_dtype=fp32", model="llama-3.1-8b")
+    stated = to_config("torchtitan", "fsdp=8,seq=4096,param_dtype=fp32,compute_dtype=fp32,grad_dtype=fp32,"
+                                     "optimizer_dtype=fp32", model="llama-3.1-8b")
+    assert plain == stated and 'dtype = "float32"' in plain and 'mixed_precision_param = "float32"' in plain
+
+
+@pytest.mark.parametrize("model, text, message", [
+    ("llama-3.1-8b", "dp=8,zero=1,seq=4096", "zero=1"),
+    ("llama-3.1-8b", "fsdp=4,cp=2,shard_mesh=dp,seq=4096", "shard_mesh=dp"),
+    ("llama-3.1-8b", "fsdp=8,seq=4096,param_dtype=bf16,master_dtype=fp32", "master_dtype=fp32"),
+    ("llama-3.1-8b", "fsdp=2,cp=4,cp_algo=ulysses,seq=4096", "cp_algo=ulysses"),
+    ("llama-3.1-8b", "fsdp=8,seq=4096,recompute=core_attention", "recompute=core_attention"),
+    ("llama-3.1-8b", "tp=2,fsdp=4,seq=4096", "sp=false with tp=2"),
+    ("llama-3.1-8b", "cp=2,fsdp=1,seq=4096", "cp=2 with fsdp=1 and zero=0"),
+    ("llama-3.1-8b", "fsdp=8,seq=4096,optimizer=sgd", "optimizer=sgd"),
+    ("llama-3.1-8b", "fsdp=8,seq=4096,recompute=full,recompute_layers=31", "recompute_layers=31"),
+    ("llama-3.1-8b", "fsdp=8", "seq unset"),
+    ("mixtral-8x7b", "fsdp=8,seq=4096", "model 'mixtral-8x7b'"),
+])
+def test_write_refuses_what_torchtitan_cannot_say(model, text, message):
+    with pytest.raises(InvalidValue) as info:
+        to_config("torchtitan", text, model=model)
+    assert f"torchtitan cannot express {message}" in str(info.value)
+
+
+def test_write_refuses_a_global_batch_the_strategy_does_not_run():
+    with pytest.raises(InvalidValue, match="global batch 64"):
+        to_config("torchtitan", "fsdp=8,num_micro_batches=2,seq=4096", model="llama-3.1-8b", global_batch=64)
+    assert "global_batch_size = 16" in to_config("torchtitan", "fsdp=8,num_micro_batches=2,seq=4096",
+                                                 model="llama-3.1-8b", global_batch=16)
+
+
+@pytest.mark.slow
+def test_search_emit_torchtitan(tmp_path):
+    args = ("search", "llama-3.1-8b", "--devices", "8", "--hardware", "h200", "--global-batch", "32", "--seq",
+            "8192", "--census", "off", "--top", "3")
+    table = ndcost(*args)
+    best = table.stdout  # the table's first row is the strategy --emit writes where torchtitan can say it
+    emitted = ndcost(*args, "--emit", "torchtitan")
+    assert emitted.stdout.startswith("# written by ndcost") and "#  peak GiB" not in emitted.stdout
+    path = tmp_path / "stdout.toml"
+    path.write_text(emitted.stdout)
+    config = from_config("torchtitan", path)
+    chosen = emitted.stderr.strip().splitlines()[-1].split(" ", 3)[-1]  # "--emit torchtitan: #N STRATEGY"
+    assert config.strategy == Strategy.parse(chosen) and config.devices == 8 and config.global_batch == 32
+    assert ",".join(p for p in chosen.split(",") if p != "seq=8192") in best.replace("\n", "").replace(" ", "")
+    written = ndcost(*args, "--emit", f"torchtitan:{tmp_path / 'job.toml'}")
+    assert f"torchtitan configuration: {tmp_path / 'job.toml'}" in written.stdout and "peak GiB" in written.stdout
+    assert (tmp_path / "job.toml").read_text() == emitted.stdout
+
+
+@pytest.mark.slow
+def test_search_emit_refusals():
+    args = ("search", "llama-3.1-8b", "--devices", "8", "--hardware", "h200", "--global-batch", "32", "--seq",
+            "8192", "--census", "off")
+    result = ndcost(*args, "--emit", "torchtitan", "--json", check=False)
+    assert result.returncode == 1 and "give --emit torchtitan:PATH" in result.stderr
+    result = ndcost(*args, "--emit", "nosuch", check=False)
+    assert result.returncode == 1 and "unknown trainer kind 'nosuch'" in result.stderr
+    result = ndcost("search", "mixtral-8x7b", "--devices", "8", "--hardware", "h200", "--global-batch", "32",
+                    "--seq", "4096", "--census", "off", "--emit", "torchtitan", check=False)
+    assert result.returncode == 1 and "has a torchtitan form" in result.stderr and "mixtral-8x7b" in result.stderr
+
+
+def _llama_ffn(dim, multiplier, multiple_of):
+    """torchtitan's FeedForward width (torchtitan/models/llama3/model/model.py): 2/3 of 4 * dim, scaled, rounded up."""
+    hidden = int(multiplier * int(2 * 4 * dim / 3))
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+# torchtitan's flavors' arguments at 238fa99 (torchtitan/models/{llama3,deepseek_v3,qwen3}/__init__.py), by hand
+FLAVOR_SHAPES = {
+    "llama-3.1-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         intermediate_size=_llama_ffn(4096, 1.3, 1024)),
+    "llama-3.1-70b": dict(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                          intermediate_size=_llama_ffn(8192, 1.3, 4096)),
+    "llama-3.1-405b": dict(hidden_size=16384, num_hidden_layers=126, num_attention_heads=128, num_key_value_heads=8,
+                           intermediate_size=_llama_ffn(16384, 1.2, 4096)),
+    "deepseek-v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                        num_hidden_layers=61, first_k_dense_replace=3, num_attention_heads=128, n_routed_experts=256,
+                        n_shared_experts=1, num_experts_per_tok=8, q_lora_rank=1536, kv_lora_rank=512,
+                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    "qwen3-8b": dict(vocab_size=151936, head_dim=128, hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, intermediate_size=12288),
+    "qwen3-30b-a3b": dict(vocab_size=151936, head_dim=128, hidden_size=2048, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, moe_intermediate_size=768, num_experts=128,
+                          num_experts_per_tok=8),
+    "qwen3-235b-a22b": dict(vocab_size=151936, head_dim=128, hidden_size=4096, num_hidden_layers=94,
+                            num_attention_heads=64, num_key_value_heads=4, moe_intermediate_size=1536,
+                            num_experts=128, num_experts_per_tok=8),
+}
+
+
+@pytest.mark.parametrize("model", sorted(FLAVOR_SHAPES))
+def test_each_flavor_maps_to_a_spec_of_its_shape(model):
+    from ndcost.models import load_model
+    from ndcost.plugins.trainers.torchtitan import MODELS
+
+    assert model in MODELS.values()
+    config = load_model(model).hf_config
+    assert {k: config[k] for k in FLAVOR_SHAPES[model]} == FLAVOR_SHAPES[model]
