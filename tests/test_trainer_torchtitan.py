@@ -85,7 +85,7 @@ def test_fsdp_1_cp_8_still_shards_over_the_cp_ranks():
     """The issue's case: torchtitan's FSDP runs over dp_shard * cp whenever cp > 1."""
     config = read("llama3_8b_cp8.toml")
     assert config.strategy == Strategy(
-        cp=8, zero=3,             # FSDP over the 8 cp ranks: ZeRO-3 over dp * cp = 8 ways
+        cp=8, shard_mesh="fsdp_cp",  # FSDP over the 8 cp ranks (dp_shard_cp), data_parallel_shard_degree 1
         seq=131072,
         recompute="full", recompute_layers=8,  # selective_ac_option "4": 32 layers // 4 checkpointed whole
         **MIXED)
@@ -166,12 +166,13 @@ def test_bad_fields_are_refused_by_name(tmp_path, old, new, message):
     assert message in str(info.value) and str(path) in str(info.value)
 
 
-def test_replicas_of_fsdp_over_cp_alone_have_no_form_yet(tmp_path):
+def test_replicas_of_fsdp_over_cp_alone_are_hsdp_over_the_cp_ranks(tmp_path):
     path = _variant(tmp_path, "data_parallel_replicate_degree = 1\ndata_parallel_shard_degree = -1",
                     "data_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 1")
     path.write_text(path.read_text().replace("context_parallel_degree = 1", "context_parallel_degree = 4"))
-    with pytest.raises(InvalidValue, match="FSDP over the cp ranks, replicated, has no ndcost form yet"):
-        from_config("torchtitan", path)
+    strategy = from_config("torchtitan", path).strategy
+    # replicate 2 of FSDP over the 4 cp ranks: fsdp stays 1, the shard group is fsdp * cp = 4
+    assert (strategy.dp, strategy.fsdp, strategy.cp, strategy.shard_mesh) == (2, 1, 4, "fsdp_cp")
 
 
 def test_a_file_that_is_not_a_torchtitan_job(tmp_path):
@@ -210,7 +211,8 @@ ROUND_TRIPS = [
     ("llama-3.1-8b", "fsdp=8,seq=8192,recompute=selective,param_dtype=fp32,compute_dtype=bf16"),
     ("llama-3.1-8b", "dp=2,fsdp=4,micro_batch=2,num_micro_batches=4,seq=4096,recompute=full"),
     ("llama-3.1-8b", "tp=2,sp=true,fsdp=4,seq=4096,recompute=full,recompute_layers=16"),
-    ("llama-3.1-8b", "cp=8,zero=3,seq=131072,recompute=full,param_dtype=fp32"),
+    ("llama-3.1-8b", "cp=8,shard_mesh=fsdp_cp,seq=131072,recompute=full,param_dtype=fp32"),
+    ("llama-3.1-8b", "dp=2,cp=4,shard_mesh=fsdp_cp,seq=8192,reshard_after_forward=false"),
     ("llama-3.1-8b", "fsdp=8,offload_params=true,offload_optimizer=true,seq=2048"),
     ("llama-3.1-8b", "fsdp=4,cp=2,tp=2,sp=true,vocab_parallel=false,seq=8192,reshard_after_forward=false"),
     ("llama-3.1-8b", "pp=2,schedule=gpipe,pp_layers=15/17,micro_batch=2,num_micro_batches=4,seq=4096,fsdp=2"),
@@ -254,7 +256,9 @@ def test_equal_dtypes_stated_or_not_write_the_same_file():
     ("llama-3.1-8b", "fsdp=2,cp=4,cp_algo=ulysses,seq=4096", "cp_algo=ulysses"),
     ("llama-3.1-8b", "fsdp=8,seq=4096,recompute=core_attention", "recompute=core_attention"),
     ("llama-3.1-8b", "tp=2,fsdp=4,seq=4096", "sp=false with tp=2"),
-    ("llama-3.1-8b", "cp=2,fsdp=1,seq=4096", "cp=2 with fsdp=1 and zero=0"),
+    ("llama-3.1-8b", "cp=2,fsdp=1,seq=4096", "cp=2 with fsdp=1"),
+    ("llama-3.1-8b", "cp=2,fsdp=2,shard_mesh=fsdp_cp,seq=4096", "shard_mesh=fsdp_cp with fsdp > 1"),
+    ("llama-3.1-8b", "cp=8,zero=3,seq=4096", "zero=3"),
     ("llama-3.1-8b", "fsdp=8,seq=4096,optimizer=sgd", "optimizer=sgd"),
     ("llama-3.1-8b", "fsdp=8,seq=4096,recompute=full,recompute_layers=31", "recompute_layers=31"),
     ("llama-3.1-8b", "fsdp=8", "seq unset"),

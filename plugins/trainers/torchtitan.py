@@ -9,8 +9,8 @@ the last commit with TOML job files; older files' ``[training] compile`` and
   ``fsdp`` / ``dp_shard_cp``), replicated over ``data_parallel_replicate_degree``
   (HSDP): ``dp`` = replicate, ``fsdp`` = shard. With ``data_parallel_shard_degree``
   1 and ``context_parallel_degree`` C > 1 FSDP still shards over the C ranks:
-  ``zero=3`` (ZeRO-3 over ``dp * cp``) says that where there is no replica;
-  with replicas it has no ndcost form yet and is refused.
+  ``shard_mesh=fsdp_cp`` (FSDP over ``fsdp * cp`` with ``fsdp`` 1, replicated
+  over ``dp``) says it.
 - ``-1`` shard degree: the devices left over, from ``--devices``.
 - Loss parallelism is on whenever TP is (``disable_loss_parallel`` false):
   ``vocab_parallel``; TP always runs sequence parallel on the norms: ``sp``.
@@ -412,13 +412,9 @@ def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConf
     if p["shard"] > 1:
         fields["fsdp"] = p["shard"]
     elif p["cp"] > 1:
-        if p["replicate"] > 1:
-            raise f.error("[parallelism] data_parallel_shard_degree", f"1 with context_parallel_degree {p['cp']} and "
-                          f"data_parallel_replicate_degree {p['replicate']}: FSDP over the cp ranks, replicated, "
-                          "has no ndcost form yet", "set data_parallel_shard_degree > 1 in a copy")
-        fields["zero"] = 3
+        fields["shard_mesh"] = "fsdp_cp"
         defaults.append(f"FSDP over the {p['cp']} cp ranks with data_parallel_shard_degree 1 (torchtitan's "
-                        "dp_shard_cp mesh): zero=3, sharding over dp * cp")
+                        "dp_shard_cp mesh): shard_mesh=fsdp_cp")
     if p["tp"] > 1:
         fields["sp"] = True
         defaults.append("sequence parallel with tp > 1 (torchtitan's TP plan shards the norms over the sequence)")
@@ -448,9 +444,6 @@ def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConf
         raise f.error("[parallelism] fsdp_reshard_after_forward", f"{policy!r} is not a policy",
                       'give "default", "always" or "never"')
     if shards and (policy == "never" or (policy == "default" and p["pp"] > 1)):
-        if "zero" in fields:
-            raise f.error("[parallelism] fsdp_reshard_after_forward", f"{policy!r} keeps gathered parameters, which "
-                          "ndcost's zero=3 (FSDP over cp alone) cannot say yet", 'set it to "always" in a copy')
         fields["reshard_after_forward"] = False
         if policy == "default":
             defaults.append('fsdp_reshard_after_forward = "default" with PP: no resharding after the forward')
@@ -559,11 +552,13 @@ def _check_writable(s: Strategy) -> None:
     """Refuse, by field, what a torchtitan job cannot say, so that reading the file back gives *s*."""
     default = Strategy()
     checks = [
-        (s.shard_mesh != "dp_cp", f"shard_mesh={s.shard_mesh}", "torchtitan's FSDP shards over dp_shard * cp"),
-        (s.zero not in (0, 3) or (s.zero == 3 and not (s.dp == 1 and s.fsdp == 1 and s.cp > 1)), f"zero={s.zero}",
-         "torchtitan has FSDP, not ZeRO (zero=3 stands for FSDP over the cp ranks alone, with dp=1 and fsdp=1)"),
-        (s.cp > 1 and s.fsdp == 1 and s.zero != 3, f"cp={s.cp} with fsdp=1 and zero=0",
-         "torchtitan shards the parameters over the cp ranks whenever cp > 1: give zero=3 (dp=1)"),
+        (s.shard_mesh == "dp", "shard_mesh=dp", "torchtitan's FSDP shards over dp_shard * cp"),
+        (s.shard_mesh == "fsdp_cp" and not (s.fsdp == 1 and s.cp > 1), "shard_mesh=fsdp_cp with fsdp > 1 or cp=1",
+         "torchtitan's FSDP over dp_shard * cp is shard_mesh=dp_cp where dp_shard > 1"),
+        (s.zero != 0, f"zero={s.zero}", "torchtitan has FSDP, not ZeRO (fsdp=N, or shard_mesh=fsdp_cp over the cp "
+         "ranks alone)"),
+        (s.cp > 1 and s.fsdp == 1 and s.shard_mesh != "fsdp_cp", f"cp={s.cp} with fsdp=1",
+         "torchtitan shards the parameters over the cp ranks whenever cp > 1: give shard_mesh=fsdp_cp"),
         (s.sp != (s.tp > 1), f"sp={str(s.sp).lower()} with tp={s.tp}", "torchtitan's TP always runs sequence "
          "parallel"),
         (s.vocab_parallel and s.tp == 1, "vocab_parallel=true with tp=1", "nothing splits at tp=1"),
@@ -592,8 +587,6 @@ def _check_writable(s: Strategy) -> None:
          "mixed precision stores fp32 parameters: param_dtype=fp32,compute_dtype=bf16)"),
         (not s.reshard_after_forward and not (s.fsdp > 1 or s.cp > 1), "reshard_after_forward=false without FSDP",
          "nothing is gathered"),
-        (not s.reshard_after_forward and s.zero == 3, "reshard_after_forward=false with zero=3",
-         "the reader refuses it"),
         (s.offload_params != s.offload_optimizer, "offload_params without offload_optimizer (or the reverse)",
          "FSDP2's CPUOffloadPolicy offloads both"),
         (s.offload_activations, "offload_activations=true", "torchtitan's job has no activation offload"),
