@@ -311,7 +311,8 @@ def _saved_ops_class():
             self.func = None
             self.weighted = False
             self.aliased = False
-            # saved tensors waiting for the op that saves them: (handle, tensor, part, module, in delta rule)
+            # saved tensors waiting for the op that saves them, each an input its caller holds until that op
+            # runs: (handle, tensor, part, module, in delta rule)
             self.waiting: List[Tuple[SavedBy, Any, str, Any, bool]] = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -329,8 +330,7 @@ def _saved_ops_class():
         def attribute(self, tensor: Any) -> SavedBy:
             """The op *tensor*, saved now, belongs to: found now, or once the op saving it runs."""
             found = SavedBy()
-            path = self.stack.path
-            context = (self.stack.part(), self.stack.modules.get(path), bool(self.stack.delta_rule))
+            context = (self.stack.part(), self.stack.modules.get(self.stack.path), bool(self.stack.delta_rule))
             if self.aliased:
                 self.waiting.append((found, tensor, *context))
             else:

@@ -239,7 +239,7 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
     """What each decoder layer of *config* keeps and holds, from one forward and backward of the stack."""
     import torch
 
-    from ndcost.plugins.census.measure import LiveBytes, SavedOps, delta_rule_followed
+    from ndcost.plugins.census.measure import LiveBytes, SavedBy, SavedOps, delta_rule_followed
 
     with fake_stack(config, runtime) as (model, contracts, modeling):
         layers = _decoder_layers(model)
@@ -249,7 +249,7 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
         follow = _LayerPaths(layers, lambda: len(live.events))
         ops = SavedOps(follow, stored, contracts)
         saved_by: Dict[Any, int] = {}
-        saved_op: Dict[Any, Any] = {}
+        saved_op: Dict[Any, SavedBy] = {}
 
         def pack(tensor):
             found = ops.attribute(tensor)
