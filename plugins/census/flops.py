@@ -26,7 +26,7 @@ from typing import Any, Dict, Mapping
 
 import attrs
 
-from ndcost.plugins.census.measure import ModuleStack
+from ndcost.plugins.census.measure import ModuleStack, aliases_only
 from ndcost.plugins.census.selective import grouped_mm_flops
 
 
@@ -123,28 +123,6 @@ def custom_mapping(contracts=()) -> Dict[Any, Any]:
     for contract in contracts:
         out.update(contract.flop_formulas())
     return out
-
-
-def aliases_only(func: Any, inputs: Any, outputs: Any) -> bool:
-    """Whether *func*, having returned *outputs* from *inputs*, only aliased (no kernel, no bytes moved).
-
-    A view by its schema (``Tensor(a)`` returns: ``view``, ``t``,
-    ``transpose``, ``detach``), or an op that writes none of its arguments
-    and returns only tensors whose storage is one of its inputs' (the schema
-    of ``aten._unsafe_view`` states no alias, yet it returns its input's
-    storage). An in-place or ``out=`` op returns a storage it wrote, so it
-    counts.
-    """
-    import torch
-    if func.is_view:
-        return True
-    if any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments):
-        return False
-    returned = [t for t in outputs if isinstance(t, torch.Tensor)]
-    if not returned:
-        return False
-    given = {t.untyped_storage()._cdata for t in inputs if isinstance(t, torch.Tensor)}
-    return all(t.untyped_storage()._cdata in given for t in returned)
 
 
 @functools.lru_cache(maxsize=None)

@@ -131,10 +131,51 @@ def _live_bytes_class():
 
 
 class SavedOps:
-    """A dispatch mode telling which op of ``ndcost.OPS`` each tensor the forward saves belongs to."""
+    """A dispatch mode telling which op of ``ndcost.OPS`` each tensor the forward saves belongs to.
+
+    Autograd saves an op's outputs once the op has run, but its inputs
+    before the op reaches a dispatch mode. A view saves no tensor, so a
+    tensor saved just after one (eager attention's batched matmuls save
+    their operands right after ``matmul`` has viewed them as 3-D) is an
+    input of the op about to run: :meth:`attribute` then waits for the next
+    op that does more than alias (:func:`aliases_only`) and gives the tensor
+    to it; any other saved tensor is the last op's. :meth:`settle` gives
+    what still waits when the forward ends to the last op.
+    """
 
     def __new__(cls, *args, **kwargs):
         return _saved_ops_class()(*args, **kwargs)
+
+
+class SavedBy:
+    """The op of ``ndcost.OPS`` one saved tensor belongs to, filled in when the op saving it is known."""
+
+    __slots__ = ("op",)
+
+    def __init__(self) -> None:
+        self.op = ""
+
+
+def aliases_only(func: Any, inputs: Any, outputs: Any) -> bool:
+    """Whether *func*, having returned *outputs* from *inputs*, only aliased (no kernel, no bytes moved).
+
+    A view by its schema (``Tensor(a)`` returns: ``view``, ``t``,
+    ``transpose``, ``detach``), or an op that writes none of its arguments
+    and returns only tensors whose storage is one of its inputs' (the schema
+    of ``aten._unsafe_view`` states no alias, yet it returns its input's
+    storage). An in-place or ``out=`` op returns a storage it wrote, so it
+    counts.
+    """
+    import torch
+    if func.is_view:
+        return True
+    if any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments):
+        return False
+    returned = [t for t in outputs if isinstance(t, torch.Tensor)]
+    if not returned:
+        return False
+    given = {t.untyped_storage()._cdata for t in inputs if isinstance(t, torch.Tensor)}
+    return all(t.untyped_storage()._cdata in given for t in returned)
 
 
 def module_part(path: str, module: Any = None) -> str:
@@ -251,12 +292,16 @@ def delta_rule_followed(modeling: Any, layer: Any, stack: ModuleStack):
 def _saved_ops_class():
     torch = _torch()
     from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
 
     dropout = {torch.ops.aten.native_dropout.default, torch.ops.aten.dropout.default}
     detach = torch.ops.aten.detach.default
 
+    def tensors(tree: Any) -> List[Any]:
+        return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
     class _SavedOps(TorchDispatchMode):
-        """Remembers the last op dispatched, the module running it and whether a weight took part."""
+        """Remembers the last op dispatched, whether a weight took part and whether it only aliased."""
 
         def __init__(self, stack: ModuleStack, params: Set[int], contracts: Sequence[Any]) -> None:
             super().__init__()
@@ -265,27 +310,49 @@ def _saved_ops_class():
             self.contracts = list(contracts)
             self.func = None
             self.weighted = False
+            self.aliased = False
+            # saved tensors waiting for the op that saves them, each an input its caller holds until that op
+            # runs: (handle, tensor, part, module, in delta rule)
+            self.waiting: List[Tuple[SavedBy, Any, str, Any, bool]] = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
             # metadata reads run as prims, and the pack hook detaches each save: neither is the saver
             if func.namespace != "prim" and func is not detach:
+                inputs = tensors((args, kwargs))
                 self.func = func
-                self.weighted = any(isinstance(a, torch.Tensor) and a.untyped_storage()._cdata in self.params
-                                    for a in args)
-            return func(*args, **(kwargs or {}))
+                self.weighted = any(t.untyped_storage()._cdata in self.params for t in inputs)
+                self.aliased = aliases_only(func, inputs, tensors(out))
+                if not self.aliased:
+                    self.settle()
+            return out
 
-        def op(self, tensor: Any) -> str:
-            """The op of OPS that *tensor*, saved now, belongs to."""
+        def attribute(self, tensor: Any) -> SavedBy:
+            """The op *tensor*, saved now, belongs to: found now, or once the op saving it runs."""
+            found = SavedBy()
+            context = (self.stack.part(), self.stack.modules.get(self.stack.path), bool(self.stack.delta_rule))
+            if self.aliased:
+                self.waiting.append((found, tensor, *context))
+            else:
+                found.op = self._op(tensor, *context)
+            return found
+
+        def settle(self) -> None:
+            """The tensors waiting for their saver given to the last op dispatched."""
+            waiting, self.waiting = self.waiting, []
+            for found, tensor, *context in waiting:
+                found.op = self._op(tensor, *context)
+
+        def _op(self, tensor: Any, part: str, module: Any, delta_rule: bool) -> str:
             func = self.func
             for contract in self.contracts:
                 found = contract.saved_op(func, tensor)
                 if found is not None:
                     return found
-            if self.stack.delta_rule:
+            if delta_rule:
                 return "linrec"
             if func in dropout:
                 return "dropout"
-            part = self.stack.part()
             name = func._opname if func is not None else ""
             if part == "norm":
                 return "normOp"
@@ -297,7 +364,6 @@ def _saved_ops_class():
                 return "attMM"
             if part == "other":
                 return "other"
-            module = self.stack.modules.get(self.stack.path)
             if module is not None and type(module).__module__ in ("transformers.activations",
                                                                   "torch.nn.modules.activation"):
                 return "ffAct"
@@ -351,19 +417,19 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
     stored = {p.untyped_storage()._cdata for p in params}
     live = LiveBytes()
     saved: Dict[Key, int] = {}
-    saved_op: Dict[Key, str] = {}
-    shapes: Dict[Key, Tuple[Tuple[int, ...], str, str]] = {}
+    saved_op: Dict[Key, SavedBy] = {}
+    shapes: Dict[Key, Tuple[Tuple[int, ...], str]] = {}
 
     def pack(tensor):
-        op = None if ops is None else ops.op(tensor)  # ask first: reading the storage dispatches
+        found = None if ops is None else ops.attribute(tensor)  # ask first: reading the storage dispatches
         address = tensor.untyped_storage()._cdata
         if address not in stored:
             key = live.key(tensor)
             if key not in saved:
                 saved[key] = tensor.untyped_storage().nbytes()
-                shapes[key] = (tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""), op or "")
-                if op is not None:
-                    saved_op[key] = op
+                shapes[key] = (tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""))
+                if found is not None:
+                    saved_op[key] = found
         return tensor.detach()
 
     grads: List[Key] = []
@@ -380,6 +446,8 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
             for tensor in inputs:
                 live.track(tensor)
             out = forward()
+            if ops is not None:
+                ops.settle()
             start = len(live.events)
             left_out = {live.key(out), *(live.key(p) for p in params)}
             not_kept = left_out | {live.key(t) for t in shared}
@@ -401,10 +469,11 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
             handle.remove()
     grads.extend(live.key(param.grad) for param in params if param.grad is not None)
     by_op: Dict[str, int] = {}
+    ops_of = {key: found.op for key, found in saved_op.items()}
     for key, size in held.items():
-        if key in saved_op:
-            by_op[saved_op[key]] = by_op.get(saved_op[key], 0) + size
-    tensors = tuple(sorted(((shapes[k][0], shapes[k][1], size, shapes[k][2]) for k, size in held.items()),
+        if key in ops_of:
+            by_op[ops_of[key]] = by_op.get(ops_of[key], 0) + size
+    tensors = tuple(sorted(((shapes[k][0], shapes[k][1], size, ops_of.get(k, "")) for k, size in held.items()),
                            key=lambda t: (-t[2], t[0], t[1])))
     working, working_grads = live.peak_parts(start, left_out, grads)
     grad_bytes = sum({live.key(p.grad): p.grad.untyped_storage().nbytes()

@@ -239,7 +239,7 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
     """What each decoder layer of *config* keeps and holds, from one forward and backward of the stack."""
     import torch
 
-    from ndcost.plugins.census.measure import LiveBytes, SavedOps, delta_rule_followed
+    from ndcost.plugins.census.measure import LiveBytes, SavedBy, SavedOps, delta_rule_followed
 
     with fake_stack(config, runtime) as (model, contracts, modeling):
         layers = _decoder_layers(model)
@@ -249,14 +249,14 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
         follow = _LayerPaths(layers, lambda: len(live.events))
         ops = SavedOps(follow, stored, contracts)
         saved_by: Dict[Any, int] = {}
-        saved_op: Dict[Any, str] = {}
+        saved_op: Dict[Any, SavedBy] = {}
 
         def pack(tensor):
-            op = ops.op(tensor)
+            found = ops.attribute(tensor)
             owner = follow.layer
             if owner is not None and tensor.untyped_storage()._cdata not in stored:
                 key = live.key(tensor)
-                saved_op.setdefault(key, op)
+                saved_op.setdefault(key, found)
                 saved_by.setdefault(key, owner)
             return tensor.detach()  # a graph the forward drops is freed, not held by its own output
 
@@ -273,12 +273,14 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
                 stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor))
                 input_ids = torch.zeros(1, seq, dtype=torch.long)
                 out = model(input_ids=input_ids, use_cache=False).last_hidden_state
+                ops.settle()
                 forward_end = len(live.events)
                 for key, index in saved_by.items():
                     size = live.sizes.get(key, 0)
                     kept[index] += size
                     if size:
-                        by_op[index][saved_op[key]] = by_op[index].get(saved_op[key], 0) + size
+                        op = saved_op[key].op
+                        by_op[index][op] = by_op[index].get(op, 0) + size
                 out.float().sum().backward()
         finally:
             follow.close()
