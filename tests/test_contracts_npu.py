@@ -171,3 +171,28 @@ def test_contracts_are_registered_without_importing_torch(registry):
         assert isinstance(contract, Contract) and contract.device == "npu"
     profile = registry.get("runtime/hf-npu")
     assert set(profile.contracts) == {"npu-fusion-attention", "npu-rms-norm", "npu-swiglu", "npu-native"}
+
+
+@pytest.mark.slow
+def test_hf_npu_selective_runs_hyperparallels_policy_which_saves_the_fused_attentions_outputs():
+    # Both policies keep the layer's input and every other matmul's output in the order the layer runs
+    # them (q, k, v, o, the fused gate-and-up, down): q_proj's [s, n d], v_proj's [s, kv d] and the
+    # gate-and-up projection's [s, 2 I], bf16. HyperParallel's (hyper_parallel.distributed.
+    # activation_checkpoint's _SELECTIVE_AC_COMPUTE_OP_NAMES) also saves what npu.npu_fusion_attention
+    # returns, which torchtitan's recomputes: the output [s, n, d] bf16 and softmax_max and softmax_sum,
+    # fp32 [n, s, 8] each.
+    import attrs
+
+    from ndcost.plugins.census import records as R
+    npu = R.runtime_profile("hf-npu")
+    assert npu.selective_policy == "hyperparallel"
+    kept = {}
+    for profile in (npu, attrs.evolve(npu, selective_policy="torchtitan")):
+        measured, _ = R._measure_selective(_config(), 0, S, profile, R.policy_for(profile), False)
+        kept[profile.selective_policy] = measured.saved_bytes
+    layer_input = 2 * S * H
+    matmul_outputs = 2 * S * N * D + 2 * S * KV * D + 2 * S * 2 * I
+    attention_outputs = 2 * S * N * D + 2 * N * S * 8 * 4
+    assert kept["torchtitan"] == layer_input + matmul_outputs
+    assert kept["hyperparallel"] == kept["torchtitan"] + attention_outputs
+    assert attention_outputs / kept["torchtitan"] == pytest.approx(0.32, abs=0.01)  # about a quarter more
