@@ -196,3 +196,39 @@ def test_hf_npu_selective_runs_hyperparallels_policy_which_saves_the_fused_atten
     assert kept["torchtitan"] == layer_input + matmul_outputs
     assert kept["hyperparallel"] == kept["torchtitan"] + attention_outputs
     assert attention_outputs / kept["torchtitan"] == pytest.approx(0.32, abs=0.01)  # about a quarter more
+
+
+def test_a_census_checkpoints_as_the_cpu_and_puts_the_default_device_type_back():
+    # importing torch_npu sets checkpointing's default device type to "npu"; a checkpoint over CPU
+    # tensors takes it, and its recompute would enter the NPU's autocast (torch.utils.checkpoint)
+    import torch
+    from torch.utils.checkpoint import DefaultDeviceType, checkpoint
+
+    from ndcost.plugins.census.measure import measure
+
+    seen = []
+
+    def layer(t):
+        seen.append(DefaultDeviceType.get_device_type())  # in the forward, then in the recompute
+        return (t * 2).sin()
+
+    x = torch.ones(8, requires_grad=True)
+    previous = DefaultDeviceType.get_device_type()
+    DefaultDeviceType.set_device_type("npu")
+    try:
+        with pytest.raises(AttributeError, match="npu"):  # outside a census: this torch has no torch.npu
+            checkpoint(layer, x, use_reentrant=False).sum().backward()
+        seen.clear()
+        measure([], (x,), lambda: checkpoint(layer, x, use_reentrant=False), lambda out: out.sum().backward(),
+                checkpointed=True)
+        assert seen == ["cpu", "cpu"]
+        assert DefaultDeviceType.get_device_type() == "npu"
+
+        def fails():
+            raise ZeroDivisionError("a forward that raises")
+
+        with pytest.raises(ZeroDivisionError):
+            measure([], (x,), fails, lambda out: None)
+        assert DefaultDeviceType.get_device_type() == "npu"
+    finally:
+        DefaultDeviceType.set_device_type(previous)

@@ -306,6 +306,26 @@ def _saved_ops_class():
     return _SavedOps
 
 
+@contextlib.contextmanager
+def checkpoints_on_cpu() -> Iterator[None]:
+    """Activation checkpointing's default device type set to the CPU while the context lasts, then put back.
+
+    A checkpoint over CPU tensors (a census's are fake and on the CPU) takes
+    ``torch.utils.checkpoint.DefaultDeviceType``, which ``torch_npu`` sets to
+    ``npu`` when it is imported: the recompute would then enter the NPU's
+    autocast and start a device the census never uses (and fail on a host
+    whose NPU cannot start).
+    """
+    from torch.utils.checkpoint import DefaultDeviceType
+
+    previous = DefaultDeviceType.get_device_type()
+    DefaultDeviceType.set_device_type("cpu")
+    try:
+        yield
+    finally:
+        DefaultDeviceType.set_device_type(previous)
+
+
 @attrs.frozen(kw_only=True)
 class Measured:
     """One forward and backward of a layer: bytes it keeps, the most its backward holds, and by op."""
@@ -370,6 +390,7 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
     handles = [p.register_hook(lambda grad: grads.append(live.key(grad))) for p in params if p.requires_grad]
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(checkpoints_on_cpu())
             stack.enter_context(live)
             for mode in extra_modes:
                 stack.enter_context(mode)
