@@ -232,3 +232,27 @@ def test_a_census_checkpoints_as_the_cpu_and_puts_the_default_device_type_back()
         assert DefaultDeviceType.get_device_type() == "npu"
     finally:
         DefaultDeviceType.set_device_type(previous)
+
+
+@pytest.mark.slow
+def test_a_replacement_factory_that_fails_is_a_census_unavailable_naming_it_and_the_missing_library(
+        tmp_path, monkeypatch):
+    import importlib.util
+
+    from ndcost.plugins.census import records as R
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed here")
+    (tmp_path / "npu_factory_probe.py").write_text(
+        "def fused_mlp(module, config):\n"
+        "    import torch_npu  # a fused module built on Ascend's kernels\n"
+        "    return module\n\n"
+        "def broken_mlp(module, config):\n"
+        "    raise ValueError('no gate_proj to fuse')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for factory, said in (("fused_mlp", r"needs torch_npu, absent on this host"),
+                          ("broken_mlp", r"failed \(ValueError: no gate_proj to fuse\)")):
+        profile = profile_from_mapping(dict(name="t-npu-factory", contracts=["cuda-sdpa"], replacements=[
+            dict(match=["mlp"], module_type="*MLP", factory=f"npu_factory_probe:{factory}")]))
+        with pytest.raises(CensusUnavailable, match=rf"replaces mlp \(LlamaMLP\) with npu_factory_probe:{factory}, "
+                                                    rf"which {said}"):
+            R._measure_plain(_config(), 0, S, profile)

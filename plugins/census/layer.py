@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, T
 
 import attrs
 
-from ndcost.errors import CensusUnavailable, InvalidValue
+from ndcost.errors import CensusUnavailable, InvalidValue, NdcostError
 
 # Config fields that tensor parallelism divides among ranks (head counts and feed-forward widths).
 TP_FIELDS = (
@@ -154,7 +154,14 @@ def load_contracts(names: Sequence[str], model_type: str, runtime_name: str) -> 
 
 
 def _replaced(root: Any, config: Any, replacements: Sequence[Any]) -> None:
-    """Install *replacements* on *root*'s modules whose path and class name match."""
+    """Install *replacements* on *root*'s modules whose path and class name match.
+
+    A factory that fails leaves a layer the run does not build: Transformers'
+    module in its place keeps other bytes (DeepSeek-V3.2's eager indexer, under
+    HyperParallel's selective policy, far more than the layer keeps plain), so
+    the census refuses (CensusUnavailable naming the factory and, for an import,
+    the library missing) rather than measure it.
+    """
     from ndcost.plugins.contracts import import_target
 
     for rule in replacements:
@@ -171,7 +178,26 @@ def _replaced(root: Any, config: Any, replacements: Sequence[Any]) -> None:
                 continue
             parent_path, _, leaf = path.rpartition(".")
             parent = root.get_submodule(parent_path) if parent_path else root
-            setattr(parent, leaf, factory(module, config))
+            setattr(parent, leaf, _built(rule, factory, path, module, config))
+
+
+def _built(rule: Any, factory: Callable[..., Any], path: str, module: Any, config: Any) -> Any:
+    """``factory(module, config)``, any failure but a refusal of ndcost's own a CensusUnavailable naming it."""
+    try:
+        return factory(module, config)
+    except NdcostError:
+        raise
+    except ImportError as exc:
+        library = exc.name or str(exc)
+        raise CensusUnavailable(
+            f"the runtime replaces {path} ({type(module).__name__}) with {rule.factory}, which needs {library}, "
+            f"absent on this host ({exc}); the layer the run builds cannot be measured here: run the census "
+            f"where {library} imports, or price the model from the formulas (census='off')") from exc
+    except Exception as exc:
+        raise CensusUnavailable(
+            f"the runtime replaces {path} ({type(module).__name__}) with {rule.factory}, which failed "
+            f"({type(exc).__name__}: {exc}); the layer the run builds cannot be measured here: fix the "
+            f"factory, or price the model from the formulas (census='off')") from exc
 
 
 def refuse_unsupported(runtime: Any, config: Any, what: str) -> str:
