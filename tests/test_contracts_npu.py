@@ -256,3 +256,40 @@ def test_a_replacement_factory_that_fails_is_a_census_unavailable_naming_it_and_
         with pytest.raises(CensusUnavailable, match=rf"replaces mlp \(LlamaMLP\) with npu_factory_probe:{factory}, "
                                                     rf"which {said}"):
             R._measure_plain(_config(), 0, S, profile)
+
+
+# DeepSeek-V3.2's dense layer at widths a test runs quickly, its indexer's 4 heads scoring every key.
+DSV32 = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_attention_heads=4,
+             num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+             v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+             first_k_dense_replace=1, vocab_size=100, num_hidden_layers=2, index_n_heads=4, index_head_dim=32,
+             index_topk=8)
+
+
+@pytest.mark.slow
+def test_deepseek_v32_with_an_eager_indexer_under_hyperparallels_policy_is_refused_not_priced():
+    # Transformers' DeepseekV32Indexer runs under no_grad: scores = q.float() @ k.float()^T, fp32
+    # [s, heads, s], then weights @ scores, fp32 [s, 1, s], and a top-k no gradient takes. Without
+    # checkpointing nothing of it is saved; HyperParallel's policy saves every batched matmul's output,
+    # torchtitan's only mm's, so the two policies differ by exactly those two outputs.
+    import attrs
+    from transformers import AutoConfig
+
+    from ndcost.plugins.census import records as R
+    config = AutoConfig.for_model("deepseek_v32", **DSV32)
+    cuda = R.runtime_profile("hf-cuda")
+    eager_indexer = attrs.evolve(cuda, name="t-cuda-hyperparallel", selective_policy="hyperparallel")
+    plain = R._measure_plain(config, 0, S, eager_indexer).saved_bytes
+    kept = {p.selective_policy: R._measure_selective(config, 0, S, p, R.policy_for(p), False)[0].saved_bytes
+            for p in (cuda, eager_indexer)}
+    heads = DSV32["index_n_heads"]
+    assert kept["hyperparallel"] - kept["torchtitan"] == 4 * S * heads * S + 4 * S * S
+    assert kept["hyperparallel"] > 1.5 * plain > kept["torchtitan"]
+    with pytest.raises(CensusUnavailable, match=rf"checkpoint_policy/hyperparallel a deepseek_v32 dense layer "
+                                                rf"keeps {kept['hyperparallel'] / S:,.0f} bytes a token, "
+                                                rf"{kept['hyperparallel'] / plain:.2f} times the {plain / S:,.0f}"):
+        R.census_kind(config, 0, S, eager_indexer, "dense")
+    # hf-npu states why before building it: HyperParallel's DSA module is no contract here
+    with pytest.raises(CensusUnavailable, match="runtime 'hf-npu' cannot price a deepseek_v32 layer: .*eager "
+                                                "indexer .* far more than the layer keeps plain"):
+        R.census_kind(config, 0, S, R.runtime_profile("hf-npu"), "dense")

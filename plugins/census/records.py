@@ -81,6 +81,29 @@ def policy_for(runtime: Any) -> Any:
     return manager.registry().get(f"checkpoint_policy/{runtime.selective_policy}")
 
 
+def refuse_selective_above_plain(config: Any, kind: str, runtime: Any, policy: Any, selective_bytes: int,
+                                 plain_bytes: int, seq: int) -> None:
+    """Refuse (CensusUnavailable) a layer that keeps more under *policy* than without checkpointing.
+
+    A selective policy keeps the layer's input and the outputs of the ops it
+    saves; more than the layer saves for its backward means it holds outputs
+    no backward reads, as an eager module does where the run installs a fused
+    kernel: DeepSeek-V3.2's indexer, whose fp32 scores of every query-key pair
+    and indexer head HyperParallel's policy saves (it saves every batched
+    matmul's output), though the top-k it feeds takes no gradient. That layer
+    is not the one the run checkpoints, and is not priced.
+    """
+    if selective_bytes <= plain_bytes:
+        return
+    raise CensusUnavailable(
+        f"runtime {runtime.name!r}: under checkpoint_policy/{policy.name} a {getattr(config, 'model_type', '')} "
+        f"{kind} layer keeps {selective_bytes / seq:,.0f} bytes a token, {selective_bytes / plain_bytes:.2f} "
+        f"times the {plain_bytes / seq:,.0f} it keeps without checkpointing: the policy holds outputs no "
+        f"backward reads, as an eager module's where the run installs a fused kernel (DeepSeek-V3.2's indexer "
+        f"scores); state that kernel's contract in the runtime, or price the model from the formulas "
+        f"(census='off')")
+
+
 def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str,
                 progress: Optional[Callable[[str], None]] = None) -> KindRecord:
     """The KindRecord of the layer at *layer_index* of *config* (a Transformers config) under *runtime*."""
@@ -92,8 +115,9 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
     plain_1 = _measure_plain(one, layer_index, seq, runtime)
     plain_2 = _measure_plain(two, layer_index, seq, runtime)
     policy = policy_for(runtime)
-    (sel_1, ledger), (sel_2, _) = (_measure_selective(one, layer_index, seq, runtime, policy, True),
-                                   _measure_selective(two, layer_index, seq, runtime, policy, False))
+    sel_1, ledger = _measure_selective(one, layer_index, seq, runtime, policy, True)
+    refuse_selective_above_plain(config, kind, runtime, policy, sel_1.saved_bytes, plain_1.saved_bytes, seq)
+    sel_2, _ = _measure_selective(two, layer_index, seq, runtime, policy, False)
     counted = _count(one, layer_index, seq, runtime)
     saved, saved_tp = split(plain_1.saved_bytes, plain_2.saved_bytes, seq)
     working, working_tp = split(plain_1.working_bytes, plain_2.working_bytes, seq)
