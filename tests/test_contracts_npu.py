@@ -166,11 +166,12 @@ def test_npu_native_dropout_keeps_a_bit_mask():
 
 def test_contracts_are_registered_without_importing_torch(registry):
     from ndcost.plugins.contracts import Contract
-    for name in ("npu-fusion-attention", "npu-rms-norm", "npu-swiglu", "npu-native"):
+    names = {"npu-fusion-attention", "npu-rms-norm", "npu-swiglu", "npu-native", "npu-grouped-experts"}
+    for name in names:
         contract = registry.get(f"contract/{name}")
         assert isinstance(contract, Contract) and contract.device == "npu"
     profile = registry.get("runtime/hf-npu")
-    assert set(profile.contracts) == {"npu-fusion-attention", "npu-rms-norm", "npu-swiglu", "npu-native"}
+    assert set(profile.contracts) == names
 
 
 @pytest.mark.slow
@@ -293,3 +294,56 @@ def test_deepseek_v32_with_an_eager_indexer_under_hyperparallels_policy_is_refus
     with pytest.raises(CensusUnavailable, match="runtime 'hf-npu' cannot price a deepseek_v32 layer: .*eager "
                                                 "indexer .* far more than the layer keeps plain"):
         R.census_kind(config, 0, S, R.runtime_profile("hf-npu"), "dense")
+
+
+@pytest.mark.slow
+def test_hyperparallels_grouped_experts_keep_what_their_npu_kernels_save():
+    # A Qwen3-MoE layer of T = S tokens, k of E experts of width I, hidden h, under hf-npu with and
+    # without the grouped-experts replacement (the other runs Transformers' grouped_mm experts).
+    # HyperParallel's GroupedExperts (hyper_parallel/components/modules/grouped_experts.py) keeps, beside
+    # the tokens and their top-k experts (the router keeps both already: its F.linear the norm's output,
+    # its topk the indices): npu_moe_token_permute's int32 route order [T k] and the permuted tokens
+    # [T k, h] (the first grouped matmul's input), the int64 group list [E] (both GMMFunctions'), the
+    # gate-and-up output [T k, 2I] (npu_swiglu's input), the gated [T k, I] (the second grouped
+    # matmul's input), the expert outputs [T k, h] and the bf16 routing weights [T, k] (unpermute's).
+    # Transformers' grouped_mm experts keep three int64 index tensors [T k], the gathered tokens
+    # [T k, h], int32 offsets [E], the gate-and-up output [T k, 2I] (kept first as its gate half),
+    # the activation's output and the product [T k, I], the down output [T k, h] and the routing
+    # weights gathered [T k, 1].
+    from collections import Counter
+
+    import attrs
+    from transformers import AutoConfig
+
+    from ndcost.plugins.census import layer as L
+    from ndcost.plugins.census import records as R
+    E, K, MOE_I = 8, 2, 32
+    config = AutoConfig.for_model("qwen3_moe", hidden_size=H, intermediate_size=I, moe_intermediate_size=MOE_I,
+                                  num_attention_heads=N, num_key_value_heads=KV, head_dim=D, num_experts=E,
+                                  num_experts_per_tok=K, vocab_size=1000, num_hidden_layers=1)
+    npu = R.runtime_profile("hf-npu")
+    grouped_mm = attrs.evolve(npu, replacements=[r for r in npu.replacements if r.match != ("mlp.experts",)])
+    fused, plain = (R._measure_plain(config, 0, S, p) for p in (npu, grouped_mm))
+    routes = S * K
+    bf, i32, i64 = "bfloat16", "int32", "int64"
+    hyperparallel = Counter({((routes,), i32, 4 * routes): 1, ((routes, H), bf, 2 * routes * H): 2,
+                             ((E,), i64, 8 * E): 1, ((routes, 2 * MOE_I), bf, 4 * routes * MOE_I): 1,
+                             ((routes, MOE_I), bf, 2 * routes * MOE_I): 1, ((S, K), bf, 2 * routes): 1})
+    transformers_ = Counter({((routes,), i64, 8 * routes): 3, ((routes, H), bf, 2 * routes * H): 2,
+                             ((E,), i32, 4 * E): 1, ((routes, MOE_I), bf, 4 * routes * MOE_I): 1,
+                             ((routes, MOE_I), bf, 2 * routes * MOE_I): 2, ((routes, 1), bf, 2 * routes): 1})
+    found = Counter(t[:3] for t in fused.saved_tensors)
+    assert found - Counter(t[:3] for t in plain.saved_tensors) == hyperparallel - transformers_
+    assert Counter(t[:3] for t in plain.saved_tensors) - found == transformers_ - hyperparallel
+    assert fused.saved_bytes - plain.saved_bytes == (4 * routes + 8 * E + 6 * routes * MOE_I) - (
+        24 * routes + 4 * E + 8 * routes * MOE_I)
+    # neither policy names npu_grouped_matmul: HyperParallel's alternates on q, k, v, o and the router's
+    # mm (saving q, v and the router's), and recomputes both grouped matmuls
+    record = R.census_kind(config, 0, S, npu, "moe")
+    router, experts = 2 * S * H * E, 2 * routes * H * 2 * MOE_I + 2 * routes * MOE_I * H
+    assert record.recomputed_other_mm_share == experts / (router + experts)
+    with L.fake_layer(config, 0, npu) as fake:
+        experts_module = fake.layer.mlp.experts
+        assert type(experts_module).__name__ == "NpuGroupedExperts"
+        assert tuple(experts_module.gate_up_proj.shape) == (E, H, 2 * MOE_I)
+        assert tuple(experts_module.down_proj.shape) == (E, MOE_I, H)

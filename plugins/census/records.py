@@ -62,7 +62,7 @@ def _measure_selective(config: Any, layer_index: int, seq: int, runtime: Any, po
     from ndcost.plugins.census.selective import RecomputeLedger, attention_storages, measure_selective
 
     with L.fake_layer(config, layer_index, runtime) as fake:
-        book = RecomputeLedger(attention_storages(fake.layer)) if ledger else None
+        book = RecomputeLedger(attention_storages(fake.layer), fake.contracts) if ledger else None
         return measure_selective(fake, policy, seq, book), book
 
 
