@@ -217,14 +217,14 @@ def runtime_config(config: Any, modeling: Any, runtime: Any) -> Any:
     return config
 
 
-def build_fake(stack: contextlib.ExitStack, build: Callable[[], Any]) -> Any:
-    """``build()`` on fake tensors (the fake mode entered on *stack*, to last with it), bf16 the default dtype."""
+def build_fake(stack: contextlib.ExitStack, build: Callable[[], Any], fp32: bool = False) -> Any:
+    """``build()`` on fake tensors (the fake mode entered on *stack*, to last with it), bf16 (or fp32) the default dtype."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
     default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(torch.float32 if fp32 else torch.bfloat16)
     try:
         return build()
     finally:
@@ -239,12 +239,13 @@ def install_contracts(stack: contextlib.ExitStack, loaded: Sequence[Any], site: 
 
 @contextlib.contextmanager
 def fake_layer(config: Any, layer_index: int, runtime: Any, contracts: bool = True,
-               replacements: bool = True) -> Iterator[FakeLayer]:
+               replacements: bool = True, fp32: bool = False) -> Iterator[FakeLayer]:
     """Layer *layer_index* of *config* on fake tensors, its runtime's contracts active while the context lasts.
 
     *contracts* and *replacements* off give Transformers' own modules and
     kernels' shapes as counted for FLOPs (a fused kernel runs the same
-    arithmetic, and its matmuls are ones no dispatch would see).
+    arithmetic, and its matmuls are ones no dispatch would see). *fp32*
+    builds the parameters in fp32 (a run under autocast), else bf16.
     """
     from ndcost.plugins.contracts import Site
 
@@ -258,7 +259,7 @@ def fake_layer(config: Any, layer_index: int, runtime: Any, contracts: bool = Tr
     config = runtime_config(config, modeling, runtime)
     with contextlib.ExitStack() as stack:
         layer, rotary = build_fake(stack, lambda: (
-            layer_cls(config, layer_index), rotary_cls(config=config) if rotary_cls is not None else None))
+            layer_cls(config, layer_index), rotary_cls(config=config) if rotary_cls is not None else None), fp32)
         if replacements and runtime.replacements:
             _replaced(layer, config, runtime.replacements)
         layer.train()
@@ -354,7 +355,21 @@ def run(fake: FakeLayer, hidden: Any, where: Tuple[Any, Any], mask: Any = None,
     return out[0] if isinstance(out, tuple) else out
 
 
-def hidden_input(config: Any, seq: int, requires_grad: bool = True) -> Any:
-    """A bf16 micro-batch of one sequence of *seq* tokens entering a layer."""
+def hidden_input(config: Any, seq: int, requires_grad: bool = True, fp32: bool = False) -> Any:
+    """A bf16 (or fp32: the residual stream under autocast) micro-batch of one sequence of *seq* tokens entering a layer."""
     import torch
-    return torch.empty(1, seq, config.hidden_size, dtype=torch.bfloat16, requires_grad=requires_grad)
+    return torch.empty(1, seq, config.hidden_size, dtype=torch.float32 if fp32 else torch.bfloat16,
+                       requires_grad=requires_grad)
+
+
+def autocast(enabled: bool) -> Any:
+    """bf16 autocast as a run with fp32 parameters computes, where *enabled*: CPU autocast's op lists.
+
+    The census's tensors are on the CPU, so CUDA's autocast cannot run over
+    them; the two cast matmuls and scaled-dot-product attention alike, and
+    CUDA's alone runs a reduced-precision input to softmax, layer norm, pow
+    or rsqrt in fp32 (not met where the residual stream is fp32, and
+    Transformers' eager softmax asks for fp32 itself).
+    """
+    import torch
+    return torch.autocast("cpu", dtype=torch.bfloat16) if enabled else contextlib.nullcontext()

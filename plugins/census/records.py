@@ -35,24 +35,35 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _measure_plain(config: Any, layer_index: int, seq: int, runtime: Any):
+def _measure_plain(config: Any, layer_index: int, seq: int, runtime: Any, autocast: bool = False):
+    """The layer without checkpointing; with *autocast*, fp32 parameters and residual stream under bf16 autocast.
+
+    Under autocast the forward runs in the autocast region and the backward
+    outside it, as a training step runs them; autocast's bf16 copies of the
+    weights are the memory model's and are left out.
+    """
     import torch
 
     from ndcost.plugins.census import layer as L
     from ndcost.plugins.census.measure import ModuleStack, SavedOps, delta_rule_followed, measure
 
-    with L.fake_layer(config, layer_index, runtime) as fake:
-        hidden = L.hidden_input(fake.config, seq)
+    with L.fake_layer(config, layer_index, runtime, fp32=autocast) as fake:
+        hidden = L.hidden_input(fake.config, seq, fp32=autocast)
         grad = torch.empty_like(hidden, requires_grad=False)
         where = L.positions(fake, hidden)
         mask = L.attention_mask(fake, hidden, where[0])
         params = list(fake.layer.parameters())
         stack = ModuleStack(fake.layer)
         ops = SavedOps(stack, {p.untyped_storage()._cdata for p in params}, fake.contracts)
+
+        def forward():
+            with L.autocast(autocast):
+                return L.run(fake, hidden, where, mask)
+
         try:
             with delta_rule_followed(fake.modeling, fake.layer, stack):
-                return measure(params, (hidden,), lambda: L.run(fake, hidden, where, mask),
-                               lambda out: out.backward(grad), grad_inputs=(grad,), ops=ops)
+                return measure(params, (hidden,), forward, lambda out: out.backward(grad), grad_inputs=(grad,),
+                               ops=ops, weight_copies=autocast)
         finally:
             stack.close()
 
@@ -119,8 +130,11 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
     refuse_selective_above_plain(config, kind, runtime, policy, sel_1.saved_bytes, plain_1.saved_bytes, seq)
     sel_2, _ = _measure_selective(two, layer_index, seq, runtime, policy, False)
     counted = _count(one, layer_index, seq, runtime)
+    autocast_1, autocast_2 = (_measure_plain(each, layer_index, seq, runtime, autocast=True) for each in (one, two))
     saved, saved_tp = split(plain_1.saved_bytes, plain_2.saved_bytes, seq)
     working, working_tp = split(plain_1.working_bytes, plain_2.working_bytes, seq)
+    autocast_saved, autocast_saved_tp = split(autocast_1.saved_bytes, autocast_2.saved_bytes, seq)
+    autocast_working, autocast_working_tp = split(autocast_1.working_bytes, autocast_2.working_bytes, seq)
     selective, selective_tp = split(sel_1.saved_bytes, sel_2.saved_bytes, seq)
     ops, ops_tp = {}, {}
     for op in OPS:
@@ -134,6 +148,8 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         working_per_token=working, working_tp_per_token=working_tp,
         working_input_per_token=plain_1.inputs_left_out_bytes / seq,
         working_grad_share=plain_1.working_grad_bytes / plain_1.grad_bytes if plain_1.grad_bytes else None,
+        autocast_saved_per_token=autocast_saved, autocast_saved_tp_per_token=autocast_saved_tp,
+        autocast_working_per_token=autocast_working, autocast_working_tp_per_token=autocast_working_tp,
         selective_per_token=selective, selective_tp_per_token=selective_tp,
         recomputed_attention_mm_share=ledger.share(attention=True) if ledger else 0.0,
         recomputed_other_mm_share=ledger.share(attention=False) if ledger else 0.0,
