@@ -180,7 +180,7 @@ def measure_output(config: Any, seq: int, runtime: Any, autocast: bool = False):
 
 def census_output(config: Any, seq: int, runtime: Any) -> KindRecord:
     """The output layer's KindRecord; its TP part is what a vocabulary-parallel split divides."""
-    from ndcost.plugins.census.records import SOURCE, split
+    from ndcost.plugins.census.records import SOURCE, autocast_figures, split
 
     config = text_config(config)
     half = copy.deepcopy(config)
@@ -191,14 +191,11 @@ def census_output(config: Any, seq: int, runtime: Any) -> KindRecord:
         # the census measures only the norm, the head and the loss, which never read the padding row
         half.pad_token_id = None
     (one, counted), (two, _) = measure_output(config, seq, runtime), measure_output(half, seq, runtime)
-    (autocast_1, _), (autocast_2, _) = (measure_output(each, seq, runtime, autocast=True) for each in (config, half))
     saved, saved_tp = split(one.saved_bytes, two.saved_bytes, seq)
     working, working_tp = split(one.working_bytes, two.working_bytes, seq)
-    autocast_saved, autocast_saved_tp = split(autocast_1.saved_bytes, autocast_2.saved_bytes, seq)
-    autocast_working, autocast_working_tp = split(autocast_1.working_bytes, autocast_2.working_bytes, seq)
+    autocast = autocast_figures(lambda each: measure_output(each, seq, runtime, autocast=True)[0], config, half,
+                                 seq, lambda why: None)
     return KindRecord(kind=KIND, seq=seq, source=SOURCE, saved_per_token=saved, saved_tp_per_token=saved_tp,
-                      working_per_token=working, working_tp_per_token=working_tp,
-                      autocast_saved_per_token=autocast_saved, autocast_saved_tp_per_token=autocast_saved_tp,
-                      autocast_working_per_token=autocast_working, autocast_working_tp_per_token=autocast_working_tp,
+                      working_per_token=working, working_tp_per_token=working_tp, **autocast,
                       flops_by_part=counted.flops, flops_all_pairs_by_part=counted.all_pairs_flops,
                       traffic=counted.traffic())

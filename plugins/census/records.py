@@ -92,6 +92,28 @@ def policy_for(runtime: Any) -> Any:
     return manager.registry().get(f"checkpoint_policy/{runtime.selective_policy}")
 
 
+def autocast_figures(measure_at: Callable[[Any], Any], one: Any, two: Any, seq: int,
+                      not_measured: Callable[[str], None]) -> Dict[str, Optional[float]]:
+    """KindRecord's ``autocast_*`` fields from *measure_at* (a Measured) at the TP 1 and TP 2 configs.
+
+    Empty where the layer does not run under CPU autocast with fp32
+    parameters (Transformers' grouped_mm experts take bf16 operands only, and
+    CPU autocast does not cast them): the record then states no autocast
+    figure, and the memory model applies the bf16 ones (*not_measured* is
+    told why).
+    """
+    try:
+        at_1, at_2 = measure_at(one), measure_at(two)
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+        not_measured(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return {}
+    out: Dict[str, Optional[float]] = {}
+    for name in ("saved", "working"):
+        out[f"autocast_{name}_per_token"], out[f"autocast_{name}_tp_per_token"] = split(
+            getattr(at_1, f"{name}_bytes"), getattr(at_2, f"{name}_bytes"), seq)
+    return out
+
+
 def refuse_selective_above_plain(config: Any, kind: str, runtime: Any, policy: Any, selective_bytes: int,
                                  plain_bytes: int, seq: int) -> None:
     """Refuse (CensusUnavailable) a layer that keeps more under *policy* than without checkpointing.
@@ -130,11 +152,10 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
     refuse_selective_above_plain(config, kind, runtime, policy, sel_1.saved_bytes, plain_1.saved_bytes, seq)
     sel_2, _ = _measure_selective(two, layer_index, seq, runtime, policy, False)
     counted = _count(one, layer_index, seq, runtime)
-    autocast_1, autocast_2 = (_measure_plain(each, layer_index, seq, runtime, autocast=True) for each in (one, two))
     saved, saved_tp = split(plain_1.saved_bytes, plain_2.saved_bytes, seq)
     working, working_tp = split(plain_1.working_bytes, plain_2.working_bytes, seq)
-    autocast_saved, autocast_saved_tp = split(autocast_1.saved_bytes, autocast_2.saved_bytes, seq)
-    autocast_working, autocast_working_tp = split(autocast_1.working_bytes, autocast_2.working_bytes, seq)
+    autocast = autocast_figures(lambda tp_config: _measure_plain(tp_config, layer_index, seq, runtime, autocast=True),
+                                 one, two, seq, lambda why: say(f"  {kind}: not measured under autocast ({why})"))
     selective, selective_tp = split(sel_1.saved_bytes, sel_2.saved_bytes, seq)
     ops, ops_tp = {}, {}
     for op in OPS:
@@ -148,8 +169,7 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         working_per_token=working, working_tp_per_token=working_tp,
         working_input_per_token=plain_1.inputs_left_out_bytes / seq,
         working_grad_share=plain_1.working_grad_bytes / plain_1.grad_bytes if plain_1.grad_bytes else None,
-        autocast_saved_per_token=autocast_saved, autocast_saved_tp_per_token=autocast_saved_tp,
-        autocast_working_per_token=autocast_working, autocast_working_tp_per_token=autocast_working_tp,
+        **autocast,
         selective_per_token=selective, selective_tp_per_token=selective_tp,
         recomputed_attention_mm_share=ledger.share(attention=True) if ledger else 0.0,
         recomputed_other_mm_share=ledger.share(attention=False) if ledger else 0.0,
