@@ -194,7 +194,7 @@ def census_output(config: Any, seq: int, runtime: Any) -> KindRecord:
     saved, saved_tp = split(one.saved_bytes, two.saved_bytes, seq)
     working, working_tp = split(one.working_bytes, two.working_bytes, seq)
     autocast = autocast_figures(lambda each: measure_output(each, seq, runtime, autocast=True)[0], config, half,
-                                 seq, lambda why: None)
+                                seq, lambda why: None)
     return KindRecord(kind=KIND, seq=seq, source=SOURCE, saved_per_token=saved, saved_tp_per_token=saved_tp,
                       working_per_token=working, working_tp_per_token=working_tp, **autocast,
                       flops_by_part=counted.flops, flops_all_pairs_by_part=counted.all_pairs_flops,

@@ -93,7 +93,7 @@ def policy_for(runtime: Any) -> Any:
 
 
 def autocast_figures(measure_at: Callable[[Any], Any], one: Any, two: Any, seq: int,
-                      not_measured: Callable[[str], None]) -> Dict[str, Optional[float]]:
+                     not_measured: Callable[[str], None]) -> Dict[str, Optional[float]]:
     """KindRecord's ``autocast_*`` fields from *measure_at* (a Measured) at the TP 1 and TP 2 configs.
 
     Empty where the layer does not run under CPU autocast with fp32
