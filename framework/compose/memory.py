@@ -274,8 +274,10 @@ class RecordTables:
                    out_saved=float(output.saved_per_token), out_saved_tp=float(output.saved_tp_per_token),
                    out_working=_nan(output.working_per_token),
                    out_working_tp=0.0 if output.working_tp_per_token is None else float(output.working_tp_per_token),
-                   **{f"out_autocast_{name}": _nan(getattr(output, f"autocast_{name}_per_token", None))
-                      for name in AUTOCAST_FIELDS},
+                   out_autocast_saved=_nan(getattr(output, "autocast_saved_per_token", None)),
+                   out_autocast_saved_tp=_nan(getattr(output, "autocast_saved_tp_per_token", None)),
+                   out_autocast_working=_nan(getattr(output, "autocast_working_per_token", None)),
+                   out_autocast_working_tp=_nan(getattr(output, "autocast_working_tp_per_token", None)),
                    provenance=dict(provenance or {}))
 
 
