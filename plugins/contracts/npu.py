@@ -31,7 +31,7 @@ kernels keep for the backward.
   output; ``npu_moe_token_unpermute`` keeps the expert outputs, the order and
   the routing weights (the savers of the permute and unpermute are
   HyperParallel's census contracts', ``auto_parallel/_npu_contracts.py``).
-  Experts weights are held ``[E, in, out]``, as the module transposes
+  Expert weights are held ``[E, in, out]``, as the module transposes
   Transformers' ``[E, out, in]``.
 - ``npu-native``: torch_npu's own ATen kernels where they keep other bytes
   than the CPU's: dropout keeps a uint8 bit mask, one bit an element padded
@@ -616,9 +616,11 @@ def fused_swiglu_mlp(module: Any, config: Any) -> Any:
 def grouped_experts(module: Any, config: Any) -> Any:
     """Replacement factory: *module*, Transformers' routed experts, as HyperParallel's grouped experts.
 
-    As HyperParallel's factory, only SiLU-gated experts without biases whose
-    gate and up projections are one ``[E, 2I, hidden]`` weight; any other
-    (GPT-OSS's clamped, biased experts) is left as it is.
+    Only SiLU-gated experts without biases whose gate and up projections are
+    one ``[E, 2I, hidden]`` weight, the case HyperParallel's module runs
+    through ``npu_swiglu``; any other (another activation, which it runs
+    through its own GLU, or GPT-OSS's clamped, biased experts) is left to
+    grouped_mm.
     """
     weights = (getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None))
     if any(getattr(w, "dim", lambda: 0)() != 3 for w in weights) or getattr(module, "has_bias", False):
