@@ -125,7 +125,9 @@ MASKED_CASES = [("mistral_7b_sliding1024", lambda **o: _cfg("mistral", **{**dict
 
 # Layers under torchtitan's op-level selective checkpointing policy.
 SELECTIVE_CASES = [("llama3_8b_selective", llama3_8b, 0), ("qwen3_30b_a3b_moe_selective", qwen3_30b_a3b, 0),
-                   ("deepseek_v3_moe_selective", deepseek_v3, 1)]
+                   ("deepseek_v3_moe_selective", deepseek_v3, 1),
+                   # eager attention (GPT-OSS's sinks): the scores torchtitan's policy recomputes
+                   ("gpt_oss_20b_sliding_selective", gpt_oss_20b, 0), ("gpt_oss_20b_full_selective", gpt_oss_20b, 1)]
 
 # The output layer: final norm, LM head, Transformers' causal-LM loss (fp32 logits), full and half vocabulary.
 OUTPUT_CASES = [("llama3_8b_output", llama3_8b, 128256), ("llama3_8b_output_half_vocab", llama3_8b, 64128)]
@@ -142,12 +144,19 @@ def small_qwen3_moe(**over):
                                    tie_word_embeddings=False), **over})
 
 
+def small_gpt_oss(**over):
+    return gpt_oss_20b(**{**dict(num_hidden_layers=4, vocab_size=32000, tie_word_embeddings=False,
+                                 layer_types=["sliding_attention", "full_attention"] * 2), **over})
+
+
 MODEL_CASES = [
     ("small_llama_bf16", small_llama, dict(param_dtype=torch.bfloat16, checkpointing=False)),
     ("small_llama_bf16_ckpt", small_llama, dict(param_dtype=torch.bfloat16, checkpointing=True)),
     ("small_llama_fp32_autocast", small_llama, dict(param_dtype=torch.float32, checkpointing=False)),
     ("small_qwen3_moe_bf16", small_qwen3_moe, dict(param_dtype=torch.bfloat16, checkpointing=False)),
     ("small_qwen3_moe_bf16_ckpt", small_qwen3_moe, dict(param_dtype=torch.bfloat16, checkpointing=True)),
+    ("small_gpt_oss_bf16", small_gpt_oss, dict(param_dtype=torch.bfloat16, checkpointing=False)),
+    ("small_gpt_oss_bf16_ckpt", small_gpt_oss, dict(param_dtype=torch.bfloat16, checkpointing=True)),
 ]
 
 

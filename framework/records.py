@@ -31,6 +31,14 @@ class KindRecord:
     # figure, and every gradient of the layer is counted at that moment.
     working_input_per_token: Optional[float] = None
     working_grad_share: Optional[float] = None
+    # The saved and working figures with fp32 parameters under bf16 autocast: the residual stream and
+    # what the norms keep are fp32, each matmul casts its fp32 input anew (autocast caches only the
+    # weights' casts, which the memory model prices with the parameters). None: not measured, and the
+    # memory model applies the figures above.
+    autocast_saved_per_token: Optional[float] = None
+    autocast_saved_tp_per_token: Optional[float] = None
+    autocast_working_per_token: Optional[float] = None
+    autocast_working_tp_per_token: Optional[float] = None
     selective_per_token: Optional[float] = None
     selective_tp_per_token: Optional[float] = None
     recomputed_attention_mm_share: Optional[float] = None

@@ -174,6 +174,20 @@ def _nan(value):
     return np.nan if value is None else float(value)
 
 
+# A record's figures restated for fp32 parameters under 16-bit autocast (KindRecord.autocast_<name>_per_token).
+AUTOCAST_FIELDS = ("saved", "saved_tp", "working", "working_tp")
+
+
+def _fp32_autocast(batch: "_Batch") -> np.ndarray:
+    """(N,) bool: the layers run fp32 parameters (and residual stream) under bf16 or fp16 autocast."""
+    return batch.autocast & (batch.param_bytes == 4) & (batch.compute_bytes == 2)
+
+
+def _figure(values: np.ndarray, autocast_values: np.ndarray, fp32_autocast: np.ndarray) -> np.ndarray:
+    """*values*, or the record's autocast figure where the row runs fp32 parameters under autocast and it has one."""
+    return np.where(fp32_autocast & ~np.isnan(autocast_values), autocast_values, values)
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class RecordTables:
     """The kind records' per-token figures at one sequence length, as arrays over the kinds (TP 1)."""
@@ -193,16 +207,27 @@ class RecordTables:
     routed_tp: np.ndarray
     routed_tokens: np.ndarray  # the routed bytes again: the part proportional to routed tokens alone,
     routed_width: np.ndarray   # and the part proportional to one expert's width (split by etp)
+    # saved and working with fp32 parameters under 16-bit autocast (nan: not measured, the figures above apply)
+    autocast_saved: np.ndarray
+    autocast_saved_tp: np.ndarray
+    autocast_working: np.ndarray
+    autocast_working_tp: np.ndarray
     out_saved: float
     out_saved_tp: float
     out_working: float        # nan: unpriced
     out_working_tp: float
+    out_autocast_saved: float  # nan: not measured
+    out_autocast_saved_tp: float
+    out_autocast_working: float
+    out_autocast_working_tp: float
     provenance: Mapping[str, Any] = attrs.field(factory=dict)
 
     ROW_FIELDS = ("saved", "saved_tp", "working", "working_tp", "working_input", "grad_share", "selective",
                   "selective_tp", "dropped",
-                  "dropped_tp", "routed", "routed_tp", "routed_tokens", "routed_width")
-    SCALAR_FIELDS = ("out_saved", "out_saved_tp", "out_working", "out_working_tp")
+                  "dropped_tp", "routed", "routed_tp", "routed_tokens", "routed_width",
+                  "autocast_saved", "autocast_saved_tp", "autocast_working", "autocast_working_tp")
+    SCALAR_FIELDS = ("out_saved", "out_saved_tp", "out_working", "out_working_tp", "out_autocast_saved",
+                     "out_autocast_saved_tp", "out_autocast_working", "out_autocast_working_tp")
 
     @classmethod
     def build(cls, kinds: Sequence[str], seq: int, records: Mapping[str, Any], output: Any,
@@ -243,6 +268,8 @@ class RecordTables:
             share = routed_share.get(k, (0.0, 0.0, 0.0, 0.0))
             for name, value in zip(("routed", "routed_tp", "routed_tokens", "routed_width"), share, strict=False):
                 cols[name].append(float(value))
+            for name in AUTOCAST_FIELDS:
+                cols[f"autocast_{name}"].append(_nan(getattr(r, f"autocast_{name}_per_token", None)))
         arrays = {f: np.array(v, dtype=np.float64) for f, v in cols.items()}
         arrays["selective_tp"] = np.where(np.isnan(arrays["selective"]), np.nan,
                                           np.nan_to_num(arrays["selective_tp"]))
@@ -251,6 +278,10 @@ class RecordTables:
                    out_saved=float(output.saved_per_token), out_saved_tp=float(output.saved_tp_per_token),
                    out_working=_nan(output.working_per_token),
                    out_working_tp=0.0 if output.working_tp_per_token is None else float(output.working_tp_per_token),
+                   out_autocast_saved=_nan(getattr(output, "autocast_saved_per_token", None)),
+                   out_autocast_saved_tp=_nan(getattr(output, "autocast_saved_tp_per_token", None)),
+                   out_autocast_working=_nan(getattr(output, "autocast_working_per_token", None)),
+                   out_autocast_working_tp=_nan(getattr(output, "autocast_working_tp_per_token", None)),
                    provenance=dict(provenance or {}))
 
 
@@ -465,8 +496,13 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
     layer's backward adds the input its checkpoint keeps where the figure
     leaves it out (no op of the layer saves it).
     """
+    fp32_autocast = _fp32_autocast(batch)[:, None]
+
     def row(name):
-        return recs[name][seq_index]  # (N, K) or (N,)
+        values = recs[name][seq_index]  # (N, K) or (N,)
+        if name in AUTOCAST_FIELDS:
+            return _figure(values, recs[f"autocast_{name}"][seq_index], fp32_autocast)
+        return values
 
     t, sp, K = batch.tp, batch.sp, len(model.kinds)
 
@@ -581,10 +617,15 @@ def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.P
     def at_tp(x, x_tp):
         return np.where(vocab_parallel, np.where(sp, (x + x_tp) / t, x + x_tp / t), x + x_tp)
 
-    out_working = recs["out_working"][seq_index]
-    keep = tokens * at_tp(recs["out_saved"][seq_index], recs["out_saved_tp"][seq_index])
+    fp32_autocast = _fp32_autocast(batch)
+
+    def row(name):
+        return _figure(recs[f"out_{name}"][seq_index], recs[f"out_autocast_{name}"][seq_index], fp32_autocast)
+
+    out_working = row("working")
+    keep = tokens * at_tp(row("saved"), row("saved_tp"))
     unpriced = np.isnan(out_working)
-    peak = np.where(unpriced, keep, tokens * at_tp(nan_to_zero(out_working), recs["out_working_tp"][seq_index]))
+    peak = np.where(unpriced, keep, tokens * at_tp(nan_to_zero(out_working), row("working_tp")))
     has_head = where.has_head
     head_held = np.where(where.last, held, 0).sum(axis=2)
     others = np.where(has_head, np.maximum(head_held - 1, 0) * keep[:, None], 0.0)

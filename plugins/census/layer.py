@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, T
 
 import attrs
 
-from ndcost.errors import CensusUnavailable, InvalidValue
+from ndcost.errors import CensusUnavailable, InvalidValue, NdcostError
 
 # Config fields that tensor parallelism divides among ranks (head counts and feed-forward widths).
 TP_FIELDS = (
@@ -154,7 +154,14 @@ def load_contracts(names: Sequence[str], model_type: str, runtime_name: str) -> 
 
 
 def _replaced(root: Any, config: Any, replacements: Sequence[Any]) -> None:
-    """Install *replacements* on *root*'s modules whose path and class name match."""
+    """Install *replacements* on *root*'s modules whose path and class name match.
+
+    A factory that fails leaves a layer the run does not build: Transformers'
+    module in its place keeps other bytes (DeepSeek-V3.2's eager indexer, under
+    HyperParallel's selective policy, far more than the layer keeps plain), so
+    the census refuses (CensusUnavailable naming the factory and, for an import,
+    the library missing) rather than measure it.
+    """
     from ndcost.plugins.contracts import import_target
 
     for rule in replacements:
@@ -171,7 +178,26 @@ def _replaced(root: Any, config: Any, replacements: Sequence[Any]) -> None:
                 continue
             parent_path, _, leaf = path.rpartition(".")
             parent = root.get_submodule(parent_path) if parent_path else root
-            setattr(parent, leaf, factory(module, config))
+            setattr(parent, leaf, _built(rule, factory, path, module, config))
+
+
+def _built(rule: Any, factory: Callable[..., Any], path: str, module: Any, config: Any) -> Any:
+    """``factory(module, config)``, any failure but a refusal of ndcost's own a CensusUnavailable naming it."""
+    try:
+        return factory(module, config)
+    except NdcostError:
+        raise
+    except ImportError as exc:
+        library = exc.name or str(exc)
+        raise CensusUnavailable(
+            f"the runtime replaces {path} ({type(module).__name__}) with {rule.factory}, which needs {library}, "
+            f"absent on this host ({exc}); the layer the run builds cannot be measured here: run the census "
+            f"where {library} imports, or price the model from the formulas (census='off')") from exc
+    except Exception as exc:
+        raise CensusUnavailable(
+            f"the runtime replaces {path} ({type(module).__name__}) with {rule.factory}, which failed "
+            f"({type(exc).__name__}: {exc}); the layer the run builds cannot be measured here: fix the "
+            f"factory, or price the model from the formulas (census='off')") from exc
 
 
 def refuse_unsupported(runtime: Any, config: Any, what: str) -> str:
@@ -191,14 +217,14 @@ def runtime_config(config: Any, modeling: Any, runtime: Any) -> Any:
     return config
 
 
-def build_fake(stack: contextlib.ExitStack, build: Callable[[], Any]) -> Any:
-    """``build()`` on fake tensors (the fake mode entered on *stack*, to last with it), bf16 the default dtype."""
+def build_fake(stack: contextlib.ExitStack, build: Callable[[], Any], fp32: bool = False) -> Any:
+    """``build()`` on fake tensors (the fake mode entered on *stack*, to last with it), bf16 (or fp32) the default dtype."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
     default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(torch.float32 if fp32 else torch.bfloat16)
     try:
         return build()
     finally:
@@ -213,12 +239,13 @@ def install_contracts(stack: contextlib.ExitStack, loaded: Sequence[Any], site: 
 
 @contextlib.contextmanager
 def fake_layer(config: Any, layer_index: int, runtime: Any, contracts: bool = True,
-               replacements: bool = True) -> Iterator[FakeLayer]:
+               replacements: bool = True, fp32: bool = False) -> Iterator[FakeLayer]:
     """Layer *layer_index* of *config* on fake tensors, its runtime's contracts active while the context lasts.
 
     *contracts* and *replacements* off give Transformers' own modules and
     kernels' shapes as counted for FLOPs (a fused kernel runs the same
-    arithmetic, and its matmuls are ones no dispatch would see).
+    arithmetic, and its matmuls are ones no dispatch would see). *fp32*
+    builds the parameters in fp32 (a run under autocast), else bf16.
     """
     from ndcost.plugins.contracts import Site
 
@@ -232,7 +259,7 @@ def fake_layer(config: Any, layer_index: int, runtime: Any, contracts: bool = Tr
     config = runtime_config(config, modeling, runtime)
     with contextlib.ExitStack() as stack:
         layer, rotary = build_fake(stack, lambda: (
-            layer_cls(config, layer_index), rotary_cls(config=config) if rotary_cls is not None else None))
+            layer_cls(config, layer_index), rotary_cls(config=config) if rotary_cls is not None else None), fp32)
         if replacements and runtime.replacements:
             _replaced(layer, config, runtime.replacements)
         layer.train()
@@ -328,7 +355,21 @@ def run(fake: FakeLayer, hidden: Any, where: Tuple[Any, Any], mask: Any = None,
     return out[0] if isinstance(out, tuple) else out
 
 
-def hidden_input(config: Any, seq: int, requires_grad: bool = True) -> Any:
-    """A bf16 micro-batch of one sequence of *seq* tokens entering a layer."""
+def hidden_input(config: Any, seq: int, requires_grad: bool = True, fp32: bool = False) -> Any:
+    """A bf16 (or fp32: the residual stream under autocast) micro-batch of one sequence of *seq* tokens entering a layer."""
     import torch
-    return torch.empty(1, seq, config.hidden_size, dtype=torch.bfloat16, requires_grad=requires_grad)
+    return torch.empty(1, seq, config.hidden_size, dtype=torch.float32 if fp32 else torch.bfloat16,
+                       requires_grad=requires_grad)
+
+
+def autocast(enabled: bool) -> Any:
+    """bf16 autocast as a run with fp32 parameters computes, where *enabled*: CPU autocast's op lists.
+
+    The census's tensors are on the CPU, so CUDA's autocast cannot run over
+    them; the two cast matmuls and scaled-dot-product attention alike, and
+    CUDA's alone runs a reduced-precision input to softmax, layer norm, pow
+    or rsqrt in fp32 (not met where the residual stream is fp32, and
+    Transformers' eager softmax asks for fp32 itself).
+    """
+    import torch
+    return torch.autocast("cpu", dtype=torch.bfloat16) if enabled else contextlib.nullcontext()

@@ -372,6 +372,50 @@ def _saved_ops_class():
     return _SavedOps
 
 
+@functools.lru_cache(maxsize=None)
+def _weight_copies_class():
+    torch = _torch()
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    to_copy = torch.ops.aten._to_copy.default
+
+    class _WeightCopies(TorchDispatchMode):
+        """Counts every copy of a parameter an op makes (autocast's casts) as a parameter's storage."""
+
+        def __init__(self, stored: Set[int], live: Any, copies: List[Key]) -> None:
+            super().__init__()
+            self.stored, self.live, self.copies = stored, live, copies
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is to_copy and args[0].untyped_storage()._cdata in self.stored:
+                self.stored.add(out.untyped_storage()._cdata)
+                self.copies.append(self.live.key(out))
+            return out
+
+    return _WeightCopies
+
+
+@contextlib.contextmanager
+def checkpoints_on_cpu() -> Iterator[None]:
+    """Activation checkpointing's default device type set to the CPU while the context lasts, then put back.
+
+    A checkpoint over CPU tensors (a census's are fake and on the CPU) takes
+    ``torch.utils.checkpoint.DefaultDeviceType``, which ``torch_npu`` sets to
+    ``npu`` when it is imported: the recompute would then enter the NPU's
+    autocast and start a device the census never uses (and fail on a host
+    whose NPU cannot start).
+    """
+    from torch.utils.checkpoint import DefaultDeviceType
+
+    previous = DefaultDeviceType.get_device_type()
+    DefaultDeviceType.set_device_type("cpu")
+    try:
+        yield
+    finally:
+        DefaultDeviceType.set_device_type(previous)
+
+
 @attrs.frozen(kw_only=True)
 class Measured:
     """One forward and backward of a layer: bytes it keeps, the most its backward holds, and by op."""
@@ -393,7 +437,7 @@ class Measured:
 def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], Any],
             backward: Callable[[Any], None], grad_inputs: Iterable[Any] = (), checkpointed: bool = False,
             shared: Iterable[Any] = (), ops: Any = None, extra_modes: Sequence[Any] = (),
-            inputs_kept: bool = True) -> Measured:
+            inputs_kept: bool = True, weight_copies: bool = False) -> Measured:
     """Two figures for one forward/backward: what the forward leaves saved for the backward, and the backward's high point.
 
     Without checkpointing, the saved bytes are the unique storages the
@@ -411,7 +455,9 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
     gradients live then, ``grad_bytes`` all of them once the backward has run,
     ``inputs_left_out_bytes`` the inputs the working figure leaves out. *ops* (a
     :class:`SavedOps`) takes the saved bytes by op, each storage counted
-    toward the op that first saved it.
+    toward the op that first saved it. With *weight_copies*, the copies of
+    the parameters the forward makes (autocast's bf16 casts, which the
+    memory model prices with the parameters) are left out as they are.
     """
     torch = _torch()
     stored = {p.untyped_storage()._cdata for p in params}
@@ -433,10 +479,14 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
         return tensor.detach()
 
     grads: List[Key] = []
+    copies: List[Key] = []
     handles = [p.register_hook(lambda grad: grads.append(live.key(grad))) for p in params if p.requires_grad]
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(checkpoints_on_cpu())
             stack.enter_context(live)
+            if weight_copies:
+                stack.enter_context(_weight_copies_class()(stored, live, copies))
             for mode in extra_modes:
                 stack.enter_context(mode)
             if ops is not None:
@@ -449,7 +499,7 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
             if ops is not None:
                 ops.settle()
             start = len(live.events)
-            left_out = {live.key(out), *(live.key(p) for p in params)}
+            left_out = {live.key(out), *(live.key(p) for p in params), *copies}
             not_kept = left_out | {live.key(t) for t in shared}
             # an input no op saved is freed by a real model once the forward has used it (it is the
             # previous layer's output, which nothing else holds); only a checkpoint keeps it whole

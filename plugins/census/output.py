@@ -108,8 +108,8 @@ def final_norm(config: Any, modeling: Any) -> Any:
 
 
 @contextlib.contextmanager
-def output_holder(config: Any, runtime: Any) -> Iterator[Any]:
-    """A module holding ``norm`` (the model's final norm) and ``lm_head``, on fake tensors in bf16.
+def output_holder(config: Any, runtime: Any, fp32: bool = False) -> Iterator[Any]:
+    """A module holding ``norm`` (the model's final norm) and ``lm_head``, on fake tensors in bf16 (or fp32).
 
     The runtime's replacements apply to it (path ``norm`` for the final
     norm) and its profile-wide kernel contracts are active while the context
@@ -129,7 +129,7 @@ def output_holder(config: Any, runtime: Any) -> Iterator[Any]:
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         holder = torch.nn.Module()
         default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
+        torch.set_default_dtype(torch.float32 if fp32 else torch.bfloat16)
         try:
             holder.norm = final_norm(config, modeling)
             holder.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -144,24 +144,28 @@ def output_holder(config: Any, runtime: Any) -> Iterator[Any]:
         yield holder
 
 
-def measure_output(config: Any, seq: int, runtime: Any):
-    """(Measured, ForwardCount) of the output layer of *config* at *seq* tokens."""
+def measure_output(config: Any, seq: int, runtime: Any, autocast: bool = False):
+    """(Measured, ForwardCount) of the output layer of *config* at *seq* tokens (*autocast*: as the layers')."""
     import torch
 
+    from ndcost.plugins.census import layer as L
     from ndcost.plugins.census.flops import ForwardCount, counter_class, flop_formulas
     from ndcost.plugins.census.measure import ModuleStack, measure
 
     loss_function = importlib.import_module("transformers.loss.loss_utils").ForCausalLMLoss
     config = text_config(config)
-    with output_holder(config, runtime) as holder:
-        hidden = torch.empty(1, seq, config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    with output_holder(config, runtime, fp32=autocast) as holder:
+        hidden = L.hidden_input(config, seq, fp32=autocast)
         labels = torch.zeros(1, seq, dtype=torch.long)
         params = list(holder.parameters())
 
         def forward():
-            return loss_function(holder.lm_head(holder.norm(hidden)), labels, config.vocab_size)
+            with L.autocast(autocast):
+                return loss_function(holder.lm_head(holder.norm(hidden)), labels, config.vocab_size)
 
-        measured = measure(params, (hidden,), forward, lambda loss: loss.backward())
+        measured = measure(params, (hidden,), forward, lambda loss: loss.backward(), weight_copies=autocast)
+        if autocast:
+            return measured, None
         stack = ModuleStack(holder)
         counter = counter_class()(stack, {p.untyped_storage()._cdata for p in params}, (), flop_formulas())
         try:
@@ -176,7 +180,7 @@ def measure_output(config: Any, seq: int, runtime: Any):
 
 def census_output(config: Any, seq: int, runtime: Any) -> KindRecord:
     """The output layer's KindRecord; its TP part is what a vocabulary-parallel split divides."""
-    from ndcost.plugins.census.records import SOURCE, split
+    from ndcost.plugins.census.records import SOURCE, autocast_figures, split
 
     config = text_config(config)
     half = copy.deepcopy(config)
@@ -189,7 +193,9 @@ def census_output(config: Any, seq: int, runtime: Any) -> KindRecord:
     (one, counted), (two, _) = measure_output(config, seq, runtime), measure_output(half, seq, runtime)
     saved, saved_tp = split(one.saved_bytes, two.saved_bytes, seq)
     working, working_tp = split(one.working_bytes, two.working_bytes, seq)
+    autocast = autocast_figures(lambda each: measure_output(each, seq, runtime, autocast=True)[0], config, half,
+                                seq, lambda why: None)
     return KindRecord(kind=KIND, seq=seq, source=SOURCE, saved_per_token=saved, saved_tp_per_token=saved_tp,
-                      working_per_token=working, working_tp_per_token=working_tp,
+                      working_per_token=working, working_tp_per_token=working_tp, **autocast,
                       flops_by_part=counted.flops, flops_all_pairs_by_part=counted.all_pairs_flops,
                       traffic=counted.traffic())

@@ -35,24 +35,35 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _measure_plain(config: Any, layer_index: int, seq: int, runtime: Any):
+def _measure_plain(config: Any, layer_index: int, seq: int, runtime: Any, autocast: bool = False):
+    """The layer without checkpointing; with *autocast*, fp32 parameters and residual stream under bf16 autocast.
+
+    Under autocast the forward runs in the autocast region and the backward
+    outside it, as a training step runs them; autocast's bf16 copies of the
+    weights are the memory model's and are left out.
+    """
     import torch
 
     from ndcost.plugins.census import layer as L
     from ndcost.plugins.census.measure import ModuleStack, SavedOps, delta_rule_followed, measure
 
-    with L.fake_layer(config, layer_index, runtime) as fake:
-        hidden = L.hidden_input(fake.config, seq)
+    with L.fake_layer(config, layer_index, runtime, fp32=autocast) as fake:
+        hidden = L.hidden_input(fake.config, seq, fp32=autocast)
         grad = torch.empty_like(hidden, requires_grad=False)
         where = L.positions(fake, hidden)
         mask = L.attention_mask(fake, hidden, where[0])
         params = list(fake.layer.parameters())
         stack = ModuleStack(fake.layer)
         ops = SavedOps(stack, {p.untyped_storage()._cdata for p in params}, fake.contracts)
+
+        def forward():
+            with L.autocast(autocast):
+                return L.run(fake, hidden, where, mask)
+
         try:
             with delta_rule_followed(fake.modeling, fake.layer, stack):
-                return measure(params, (hidden,), lambda: L.run(fake, hidden, where, mask),
-                               lambda out: out.backward(grad), grad_inputs=(grad,), ops=ops)
+                return measure(params, (hidden,), forward, lambda out: out.backward(grad), grad_inputs=(grad,),
+                               ops=ops, weight_copies=autocast)
         finally:
             stack.close()
 
@@ -62,7 +73,7 @@ def _measure_selective(config: Any, layer_index: int, seq: int, runtime: Any, po
     from ndcost.plugins.census.selective import RecomputeLedger, attention_storages, measure_selective
 
     with L.fake_layer(config, layer_index, runtime) as fake:
-        book = RecomputeLedger(attention_storages(fake.layer)) if ledger else None
+        book = RecomputeLedger(attention_storages(fake.layer), fake.contracts) if ledger else None
         return measure_selective(fake, policy, seq, book), book
 
 
@@ -81,6 +92,51 @@ def policy_for(runtime: Any) -> Any:
     return manager.registry().get(f"checkpoint_policy/{runtime.selective_policy}")
 
 
+def autocast_figures(measure_at: Callable[[Any], Any], one: Any, two: Any, seq: int,
+                     not_measured: Callable[[str], None]) -> Dict[str, Optional[float]]:
+    """KindRecord's ``autocast_*`` fields from *measure_at* (a Measured) at the TP 1 and TP 2 configs.
+
+    Empty where the layer does not run under CPU autocast with fp32
+    parameters (Transformers' grouped_mm experts take bf16 operands only, and
+    CPU autocast does not cast them): the record then states no autocast
+    figure, and the memory model applies the bf16 ones (*not_measured* is
+    told why).
+    """
+    try:
+        at_1, at_2 = measure_at(one), measure_at(two)
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+        not_measured(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return {}
+    out: Dict[str, Optional[float]] = {}
+    for name in ("saved", "working"):
+        out[f"autocast_{name}_per_token"], out[f"autocast_{name}_tp_per_token"] = split(
+            getattr(at_1, f"{name}_bytes"), getattr(at_2, f"{name}_bytes"), seq)
+    return out
+
+
+def refuse_selective_above_plain(config: Any, kind: str, runtime: Any, policy: Any, selective_bytes: int,
+                                 plain_bytes: int, seq: int) -> None:
+    """Refuse (CensusUnavailable) a layer that keeps more under *policy* than without checkpointing.
+
+    A selective policy keeps the layer's input and the outputs of the ops it
+    saves; more than the layer saves for its backward means it holds outputs
+    no backward reads, as an eager module does where the run installs a fused
+    kernel: DeepSeek-V3.2's indexer, whose fp32 scores of every query-key pair
+    and indexer head HyperParallel's policy saves (it saves every batched
+    matmul's output), though the top-k it feeds takes no gradient. That layer
+    is not the one the run checkpoints, and is not priced.
+    """
+    if selective_bytes <= plain_bytes:
+        return
+    raise CensusUnavailable(
+        f"runtime {runtime.name!r}: under checkpoint_policy/{policy.name} a {getattr(config, 'model_type', '')} "
+        f"{kind} layer keeps {selective_bytes / seq:,.0f} bytes a token, {selective_bytes / plain_bytes:.2f} "
+        f"times the {plain_bytes / seq:,.0f} it keeps without checkpointing: the policy holds outputs no "
+        f"backward reads, as an eager module's where the run installs a fused kernel (DeepSeek-V3.2's indexer "
+        f"scores); state that kernel's contract in the runtime, or price the model from the formulas "
+        f"(census='off')")
+
+
 def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str,
                 progress: Optional[Callable[[str], None]] = None) -> KindRecord:
     """The KindRecord of the layer at *layer_index* of *config* (a Transformers config) under *runtime*."""
@@ -92,11 +148,14 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
     plain_1 = _measure_plain(one, layer_index, seq, runtime)
     plain_2 = _measure_plain(two, layer_index, seq, runtime)
     policy = policy_for(runtime)
-    (sel_1, ledger), (sel_2, _) = (_measure_selective(one, layer_index, seq, runtime, policy, True),
-                                   _measure_selective(two, layer_index, seq, runtime, policy, False))
+    sel_1, ledger = _measure_selective(one, layer_index, seq, runtime, policy, True)
+    refuse_selective_above_plain(config, kind, runtime, policy, sel_1.saved_bytes, plain_1.saved_bytes, seq)
+    sel_2, _ = _measure_selective(two, layer_index, seq, runtime, policy, False)
     counted = _count(one, layer_index, seq, runtime)
     saved, saved_tp = split(plain_1.saved_bytes, plain_2.saved_bytes, seq)
     working, working_tp = split(plain_1.working_bytes, plain_2.working_bytes, seq)
+    autocast = autocast_figures(lambda tp_config: _measure_plain(tp_config, layer_index, seq, runtime, autocast=True),
+                                 one, two, seq, lambda why: say(f"  {kind}: not measured under autocast ({why})"))
     selective, selective_tp = split(sel_1.saved_bytes, sel_2.saved_bytes, seq)
     ops, ops_tp = {}, {}
     for op in OPS:
@@ -110,6 +169,7 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         working_per_token=working, working_tp_per_token=working_tp,
         working_input_per_token=plain_1.inputs_left_out_bytes / seq,
         working_grad_share=plain_1.working_grad_bytes / plain_1.grad_bytes if plain_1.grad_bytes else None,
+        **autocast,
         selective_per_token=selective, selective_tp_per_token=selective_tp,
         recomputed_attention_mm_share=ledger.share(attention=True) if ledger else 0.0,
         recomputed_other_mm_share=ledger.share(attention=False) if ledger else 0.0,

@@ -45,8 +45,9 @@ def grouped_mm_flops(a: Tuple[int, ...], b: Tuple[int, ...]) -> int:
 class RecomputeLedger:
     """Forward matmul FLOPs a selective policy decided on, by attention or not and saved or recomputed."""
 
-    def __init__(self, attention_storages) -> None:
+    def __init__(self, attention_storages, contracts=()) -> None:
         self.attention = set(attention_storages)
+        self.contracts = list(contracts)  # their matmuls (a fused module's grouped GEMMs) count as aten's do
         self.flops: Dict[Tuple[bool, bool], int] = {}
         self.decisions = []
 
@@ -55,7 +56,7 @@ class RecomputeLedger:
         self.decisions.append((str(func), saved, is_recompute))
         if is_recompute:
             return
-        flops = matmul_flops(func, args)
+        flops = matmul_flops(func, args) or sum(c.matmul_flops(func, args) for c in self.contracts)
         if flops:
             attention = any(isinstance(a, torch.Tensor) and a.untyped_storage()._cdata in self.attention
                             for a in args)

@@ -78,6 +78,14 @@ class KernelContract:
         """``{OpOverloadPacket: formula}`` in ``torch.utils.flop_counter`` form (shape arguments, ``out_shape``)."""
         return {}
 
+    def matmul_flops(self, func: Any, args: Tuple[Any, ...]) -> int:
+        """FLOPs of *func* on *args* where it is one of this contract's matmuls (a grouped GEMM), else 0.
+
+        What a selective policy decides on as a matmul, for the shares of
+        matmul FLOPs it recomputes; an attention kernel's are its own.
+        """
+        return 0
+
     def part(self, func: Any) -> Optional[str]:
         """The FLOP part (``scores``, ``linrec``, ...) an op of this contract runs for, or None for the module's."""
         return None

@@ -142,6 +142,8 @@ class _CudaSdpa(OpContract):
             "(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, bool is_causal, "
             "float? scale, bool enable_gqa) -> (Tensor, Tensor, Tensor, Tensor)",
             sdpa_fake, use="on a CUDA device call torch.nn.functional.scaled_dot_product_attention")
+        # autocast casts SDPA's inputs to its dtype (a census under autocast runs CPU autocast)
+        torch.library.register_autocast("ndcost::cuda_sdpa", "cpu", torch.bfloat16)
 
         def sdpa_backward_fake(grad, query, key, value, out, stat, seed, offset, attn_mask, dropout_p, is_causal,
                                scale, enable_gqa):

@@ -20,6 +20,19 @@ kernels keep for the backward.
   fp32 ``rstd`` of shape ``[..., 1]`` (and its gamma, a parameter).
 - ``npu-swiglu``: ``torch_npu.npu_swiglu``, keeping its input only (the
   fused gate-and-up projection's output), its output half as wide.
+- ``npu-grouped-experts``: HyperParallel's grouped routed experts
+  (``hyper_parallel/components/modules/grouped_experts.py``, ``GroupedExperts``,
+  the module its recipes' ``plan_overrides`` put on ``*.mlp.experts``):
+  ``torch_npu.npu_moe_token_permute`` keeps the tokens, their experts and the
+  int32 order it sorts the routes in; HyperParallel's ``GMMFunction``
+  (``components/functional/grouped_matmul.py``) around each
+  ``npu_grouped_matmul`` keeps its input and the int64 group list (and the
+  weight, a parameter); ``npu_swiglu`` between them keeps the gate-and-up
+  output; ``npu_moe_token_unpermute`` keeps the expert outputs, the order and
+  the routing weights (the savers of the permute and unpermute are
+  HyperParallel's census contracts', ``auto_parallel/_npu_contracts.py``).
+  Expert weights are held ``[E, in, out]``, as the module transposes
+  Transformers' ``[E, out, in]``.
 - ``npu-native``: torch_npu's own ATen kernels where they keep other bytes
   than the CPU's: dropout keeps a uint8 bit mask, one bit an element padded
   to whole blocks of 128 elements (``npu_dropout_gen_mask``), and
@@ -30,8 +43,10 @@ Module replacements (factories for a runtime profile's ``replacements``,
 called as ``factory(module, config)``, paths matched by pattern as a
 training framework's plan does): :func:`fused_rms_norm` (an RMSNorm running
 ``npu-rms-norm``), :func:`fused_swiglu_mlp` (a gated MLP whose gate and up
-projections are one matmul feeding ``npu-swiglu``) and
-:func:`fused_attention` (an attention module calling the fused kernel). The
+projections are one matmul feeding ``npu-swiglu``),
+:func:`grouped_experts` (routed experts as HyperParallel's grouped experts,
+``npu-grouped-experts``) and :func:`fused_attention` (an attention module
+calling the fused kernel). The
 fused attention is Transformers' attention interface entry
 ``npu_fusion_attention``, which a profile names as its ``attention`` for
 every layer, or installs on the attention modules it matches by path.
@@ -59,6 +74,7 @@ ATTENTION = "npu-fusion-attention"
 RMS_NORM = "npu-rms-norm"
 SWIGLU = "npu-swiglu"
 NATIVE = "npu-native"
+GROUPED_EXPERTS = "npu-grouped-experts"
 
 # The name the fused attention takes in Transformers' attention interface (and its mask interface).
 ATTENTION_IMPLEMENTATION = "npu_fusion_attention"
@@ -81,6 +97,12 @@ CONTRACTS = (
              summary="torch_npu.npu_swiglu, run by the fused_swiglu_mlp replacement",
              implementation="ndcost.plugins.contracts.npu:swiglu_implementation",
              saves="its input (the fused gate-and-up projection's output)"),
+    Contract(name=GROUPED_EXPERTS, device="npu",
+             summary="HyperParallel's GroupedExperts: npu_moe_token_permute, npu_grouped_matmul (GMMFunction), "
+                     "npu_swiglu and npu_moe_token_unpermute, run by the grouped_experts replacement",
+             implementation="ndcost.plugins.contracts.npu:grouped_experts_implementation",
+             saves="permute: the tokens, their experts, the int32 route order; each grouped matmul: its input "
+                   "and the int64 group list; unpermute: the expert outputs, the order, the routing weights"),
     Contract(name=NATIVE, device="npu",
              summary="torch_npu's ATen kernels whose saved outputs differ from the CPU's: dropout and layer norm",
              implementation="ndcost.plugins.contracts.npu:native_implementation",
@@ -217,6 +239,45 @@ def _ops() -> Any:
 
     dropout.register_autograd(dropout_backward, setup_context=dropout_setup)
 
+    # -- grouped experts ----------------------------------------------------
+    def permute_fake(tokens, indices):
+        routes = indices.numel()
+        return tokens.new_empty((routes, tokens.shape[-1])), indices.new_empty((routes,), dtype=torch.int32)
+
+    permute = fake_only_op(f"{namespace}::moe_token_permute", "(Tensor tokens, Tensor indices) -> (Tensor, Tensor)",
+                           permute_fake, use="on an Ascend NPU call torch_npu.npu_moe_token_permute")
+
+    def permute_setup(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(inputs[0], inputs[1], output[1])
+
+    permute.register_autograd(lambda ctx, grad, _order: (torch.empty_like(ctx.saved_tensors[0]), None),
+                              setup_context=permute_setup)
+
+    grouped_matmul = fake_only_op(
+        f"{namespace}::grouped_matmul", "(Tensor x, Tensor weight, Tensor group_list) -> Tensor",
+        lambda x, weight, group_list: x.new_empty((x.shape[0], weight.shape[-1])),
+        use="on an Ascend NPU call torch_npu.npu_grouped_matmul")
+
+    def grouped_matmul_backward(ctx, grad):
+        x, weight, _ = ctx.saved_tensors
+        return torch.empty_like(x), torch.empty_like(weight), None
+
+    grouped_matmul.register_autograd(
+        grouped_matmul_backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs))
+
+    unpermute = fake_only_op(
+        f"{namespace}::moe_token_unpermute", "(Tensor permuted, Tensor order, Tensor probs) -> Tensor",
+        lambda permuted, order, probs: permuted.new_empty((probs.shape[0], permuted.shape[-1])),
+        use="on an Ascend NPU call torch_npu.npu_moe_token_unpermute")
+
+    def unpermute_backward(ctx, grad):
+        permuted, _, probs = ctx.saved_tensors
+        return torch.empty_like(permuted), None, torch.empty_like(probs)
+
+    unpermute.register_autograd(
+        unpermute_backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs))
+
     ops = torch.ops.ndcost_npu
     return ops
 
@@ -327,6 +388,31 @@ class _SwiGlu(OpContract):
         super().__init__(_ops())
 
 
+class _GroupedExperts(OpContract):
+    """``npu-grouped-experts``: the ops :class:`NpuGroupedExperts` runs (npu_swiglu is ``npu-swiglu``'s).
+
+    Neither selective policy names ``npu.npu_grouped_matmul`` (HyperParallel's
+    alternates on aten's matmuls only), so both recompute the grouped matmuls.
+    """
+
+    name = GROUPED_EXPERTS
+    forward = "grouped_matmul"
+
+    def __init__(self) -> None:
+        super().__init__(_ops())
+
+    def stands_for(self) -> Mapping[Any, str]:
+        return {self.forward_op: "npu.npu_grouped_matmul",
+                self.ops.moe_token_permute.default: "npu.npu_moe_token_permute",
+                self.ops.moe_token_unpermute.default: "npu.npu_moe_token_unpermute"}
+
+    def matmul_flops(self, func: Any, args: Tuple[Any, ...]) -> int:
+        if func is not self.forward_op:
+            return 0
+        x, weight = args[:2]
+        return 2 * x.shape[0] * x.shape[1] * weight.shape[-1]  # each routed row through its expert's weight
+
+
 @functools.lru_cache(maxsize=None)
 def attention_implementation() -> _Attention:
     return _Attention()
@@ -340,6 +426,11 @@ def rms_norm_implementation() -> _RmsNorm:
 @functools.lru_cache(maxsize=None)
 def swiglu_implementation() -> _SwiGlu:
     return _SwiGlu()
+
+
+@functools.lru_cache(maxsize=None)
+def grouped_experts_implementation() -> _GroupedExperts:
+    return _GroupedExperts()
 
 
 class _Native(OpContract):
@@ -437,12 +528,44 @@ def _module_classes():
         def forward(self, x: Any) -> Any:
             return self.down_proj(_ops().swiglu(self.gate_up_proj(x), -1))
 
-    return NpuRMSNorm, NpuSwiGLUMLP
+    class NpuGroupedExperts(torch.nn.Module):
+        """Routed experts as HyperParallel's ``GroupedExperts`` runs them (contract ``npu-grouped-experts``).
+
+        Transformers' experts interface (tokens, top-k experts, top-k
+        weights); the source's weights held ``[E, hidden, 2I]`` and
+        ``[E, I, hidden]``, the layout the grouped matmul takes. The routing
+        weights scale the unpermute (HyperParallel's default
+        ``router_gating_in_fp32``), so the permuted copy of them it draws
+        and leaves unused is not drawn here.
+        """
+
+        def __init__(self, source: Any) -> None:
+            super().__init__()
+            experts, inner, hidden = source.gate_up_proj.shape
+            like = dict(dtype=source.gate_up_proj.dtype, device=source.gate_up_proj.device)
+            self.num_experts = experts
+            self.gate_up_proj = torch.nn.Parameter(torch.empty(experts, hidden, inner, **like))
+            self.down_proj = torch.nn.Parameter(torch.empty(experts, inner // 2, hidden, **like))
+
+        def forward(self, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+            ops = _ops()
+            flat = hidden_states.view(-1, hidden_states.shape[-1])
+            permuted, order = ops.moe_token_permute(flat, top_k_index)
+            with torch.no_grad():
+                counts = torch.histc(top_k_index.reshape(-1).float(), bins=self.num_experts, min=0,
+                                     max=self.num_experts).long()
+                group_list = counts.cumsum(0)
+            gated = ops.swiglu(ops.grouped_matmul(permuted, self.gate_up_proj, group_list), -1)
+            out = ops.moe_token_unpermute(ops.grouped_matmul(gated, self.down_proj, group_list), order,
+                                          top_k_weights)
+            return out.view(hidden_states.shape)
+
+    return NpuRMSNorm, NpuSwiGLUMLP, NpuGroupedExperts
 
 
 @functools.lru_cache(maxsize=None)
 def module_classes():
-    """``(NpuRMSNorm, NpuSwiGLUMLP)``, defined on first use (torch imported then)."""
+    """``(NpuRMSNorm, NpuSwiGLUMLP, NpuGroupedExperts)``, defined on first use (torch imported then)."""
     return _module_classes()
 
 
@@ -451,7 +574,7 @@ def fused_rms_norm(module: Any, config: Any) -> Any:
     weight = getattr(module, "weight", None)
     if weight is None:
         return module  # an unweighted norm is no fused RMSNorm's
-    norm_cls, _ = module_classes()
+    norm_cls, _, _ = module_classes()
     return norm_cls(weight, _eps(module), _zero_centred(module))
 
 
@@ -486,8 +609,29 @@ def fused_swiglu_mlp(module: Any, config: Any) -> Any:
     act = str(getattr(config, "hidden_act", "") or getattr(config, "hidden_activation", ""))
     if act not in _GATED_ACTIVATIONS or getattr(module, "limit", None) is not None:
         return module
-    _, mlp_cls = module_classes()
+    _, mlp_cls, _ = module_classes()
     return mlp_cls(module)
+
+
+def grouped_experts(module: Any, config: Any) -> Any:
+    """Replacement factory: *module*, Transformers' routed experts, as HyperParallel's grouped experts.
+
+    Only SiLU-gated experts without biases whose gate and up projections are
+    one ``[E, 2I, hidden]`` weight, the case HyperParallel's module runs
+    through ``npu_swiglu``; any other (another activation, which it runs
+    through its own GLU, or GPT-OSS's clamped, biased experts) is left to
+    grouped_mm.
+    """
+    weights = (getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None))
+    if any(getattr(w, "dim", lambda: 0)() != 3 for w in weights) or getattr(module, "has_bias", False):
+        return module
+    if getattr(module, "is_transposed", False) or getattr(module, "has_gate", True) is False:
+        return module
+    act = str(getattr(config, "hidden_act", "") or getattr(config, "hidden_activation", ""))
+    if act not in _GATED_ACTIVATIONS or getattr(module, "limit", None) is not None:
+        return module
+    _, _, experts_cls = module_classes()
+    return experts_cls(module)
 
 
 ATTENTION_KERNEL = AttentionKernel(
