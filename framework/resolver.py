@@ -80,6 +80,9 @@ def _hardware(hardware: Any) -> Hardware:
 # ---------------------------------------------------------------------------
 # the result of a batch
 # ---------------------------------------------------------------------------
+_TIME_BREAKDOWN_FIELDS = frozenset(f.name for f in attrs.fields(TimeBreakdown)) - {"provenance"}
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class BatchResult:
     """A batch's costs as numpy arrays, one entry (or row) per strategy, in input order.
@@ -122,16 +125,17 @@ class BatchResult:
         """Row *row* as a :class:`StrategyCost` (its *strategy* given back to it)."""
         stages = []
         if self.valid[row]:
-            for s in range(int(self.num_stages[row])):
+            count = int(self.num_stages[row])  # each array read once, as Python ints
+            by_stage, peaks = self.stage_bytes[row, :count].tolist(), self.stage_peak_bytes[row, :count].tolist()
+            layers, moments = self.stage_layers[row, :count].tolist(), self.stage_moment[row, :count].tolist()
+            for s in range(count):
                 stages.append(StageMemory(
-                    stage=s, bytes_by_category=self.bytes_by_category(row, s),
-                    peak_bytes=int(self.stage_peak_bytes[row, s]), layers=int(self.stage_layers[row, s]),
-                    provenance={"moment": memory.MOMENTS[int(self.stage_moment[row, s])]}))
+                    stage=s, bytes_by_category=dict(zip(self.categories, by_stage[s], strict=True)),
+                    peak_bytes=peaks[s], layers=layers[s], provenance={"moment": memory.MOMENTS[moments[s]]}))
         time = None
         if self.time is not None and self.valid[row]:
-            fields = {f.name for f in attrs.fields(TimeBreakdown)} - {"provenance"}
-            if fields <= set(self.time):
-                time = TimeBreakdown(**{f: float(self.time[f][row]) for f in fields},
+            if _TIME_BREAKDOWN_FIELDS <= set(self.time):
+                time = TimeBreakdown(**{f: float(self.time[f][row]) for f in _TIME_BREAKDOWN_FIELDS},
                                      provenance=self.time.get("provenance", {}) or {})
         return StrategyCost(strategy=strategy, stages=tuple(stages), peak_bytes=int(self.peak_bytes[row]),  # type: ignore[arg-type]  # attrs plugin: converter typing
                             valid=bool(self.valid[row]), reason=str(self.reason[row]), time=time,

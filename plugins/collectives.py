@@ -50,8 +50,9 @@ def _n(group_size):
     return np.maximum(np.asarray(group_size, dtype=np.float64), 1.0)
 
 
-def _zero_where_alone(group_size, seconds):
-    return np.where(_n(group_size) > 1.0, seconds, 0.0)
+def _zero_where_alone(n, seconds):
+    """*seconds* where the group (*n*, as :func:`_n` makes it) has a peer, else 0."""
+    return np.where(n > 1.0, seconds, 0.0)
 
 
 def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seconds):
@@ -85,7 +86,7 @@ def all_to_all_seconds(message_bytes, group_size, bytes_per_second, latency_seco
 def send_recv_seconds(message_bytes, group_size, bytes_per_second, latency_seconds):
     """One point-to-point message (``group_size`` 1 means no peer, no time)."""
     s = np.asarray(message_bytes, dtype=np.float64)
-    return _zero_where_alone(group_size, s / bytes_per_second + latency_seconds)
+    return _zero_where_alone(_n(group_size), s / bytes_per_second + latency_seconds)
 
 
 @attrs.frozen(kw_only=True)
