@@ -545,7 +545,10 @@ class CostModel:
                   "stage_kind_layers": (R, K), "peak_bytes": (), "peak_stage": (), "head_stage": (),
                   "embedding_stage": (),
                   "layer_bytes": (K,)}
-        out = {name: np.zeros((priced,) + shape, dtype=np.int64) for name, shape in shapes.items()}
+        # one layout with every row valid (one strategy's batch): compose's own arrays are the outputs
+        whole_batch = in_order and len(ends) == 1
+        out = {} if whole_batch else {name: np.zeros((priced,) + shape, dtype=np.int64)
+                                      for name, shape in shapes.items()}
         if priced:
             recs = self._stack_records(tables)
             plugins = book.plugins
@@ -561,13 +564,16 @@ class CostModel:
                 r = int(sub["pp"][0])  # one layout: every row of the slice has pp stages
                 composed = memory.compose(self.tables, recs, seq_sorted[lo:hi], sub, plugins.schedules,
                                           plugins.states_per_parameter, plugins.step_temporaries_per_parameter,
-                                          out=out["stage_bytes"][lo:hi, :r],
+                                          out=None if whole_batch else out["stage_bytes"][lo:hi, :r],
                                           embedding_sort_scratch=self._profile is not None
                                           and self._profile.device == "cuda")
-                for name in ("stage_peak_bytes", "stage_layers", "stage_moment", "stage_kind_layers"):
-                    out[name][lo:hi, :r] = getattr(composed, name)
-                for name in ("peak_bytes", "peak_stage", "head_stage", "embedding_stage", "layer_bytes"):
-                    out[name][lo:hi] = getattr(composed, name)
+                if whole_batch:
+                    out = {name: getattr(composed, name).astype(np.int64, copy=False) for name in shapes}
+                else:
+                    for name in ("stage_peak_bytes", "stage_layers", "stage_moment", "stage_kind_layers"):
+                        out[name][lo:hi, :r] = getattr(composed, name)
+                    for name in ("peak_bytes", "peak_stage", "head_stage", "embedding_stage", "layer_bytes"):
+                        out[name][lo:hi] = getattr(composed, name)
                 unpriced_selective[order[lo:hi]] = composed.unpriced["selective"]
                 beyond_exact[order[lo:hi]] = composed.beyond_exact
                 lo = hi

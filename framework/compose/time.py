@@ -660,7 +660,7 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
     results and says why in the time provenance's ``unpriced``.
     """
     n = len(result.valid)
-    arrays = {name: np.full(n, np.nan) for name in TIME_FIELDS}
+    arrays: Dict[str, np.ndarray] = {}  # made NaN where a row is not priced, unless one group prices every row
     valid = np.asarray(result.valid, dtype=bool)
     provenance: Dict[str, Any] = {}
     if valid.any():
@@ -695,14 +695,19 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
                     mtp_counts(works[seq]))
                 priced = step_time(works[seq], sub, hardware, schedules=plugins.schedules,
                                    states_per_parameter=plugins.states_per_parameter, placed=placed)
-                for name in TIME_FIELDS:
-                    arrays[name][group] = getattr(priced, name)
+                if every and hi - lo == n and ordered is cols:  # one group of every row, in order: its arrays
+                    arrays = {name: getattr(priced, name) for name in TIME_FIELDS}
+                else:
+                    for name in TIME_FIELDS:
+                        if name not in arrays:
+                            arrays[name] = np.full(n, np.nan)
+                        arrays[name][group] = getattr(priced, name)
                 provenance = dict(priced.provenance)
             provenance["flops"] = "; ".join(f"seq {int(seq)}: {works[seq].source}" for seq in seqs.tolist())
         except Unpriced as exc:
             provenance = {"unpriced": str(exc)}
     if "unpriced" in provenance:
         return attrs.evolve(result, time=None, provenance={**dict(result.provenance), "time": provenance})
-    time: Dict[str, Any] = dict(arrays)
+    time: Dict[str, Any] = {name: arrays[name] if name in arrays else np.full(n, np.nan) for name in TIME_FIELDS}
     time["provenance"] = provenance
     return attrs.evolve(result, time=time, provenance={**dict(result.provenance), "time": provenance})
