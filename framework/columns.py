@@ -298,16 +298,29 @@ def _encode_objects(items: Sequence[Strategy], out: StrategyColumns, names: Mapp
         table = np.array([[-1 if v is None else v for v in (getattr(s, name) for s in items)] for name in fields],
                          dtype=dtype).reshape(len(fields), n)
         out.cols.update(zip(fields, table))
-    lookups = [(name, {v: i for i, v in enumerate(names[name])}) for name in CODE_FIELDS]
+    lookups = _code_lookups(names)
     codes = np.array([[-1 if v is None else lookup.get(v, -2) for v in (getattr(s, name) for s in items)]
                       for name, lookup in lookups], dtype=np.int64).reshape(len(lookups), n)
-    for (name, _), column in zip(lookups, codes, strict=True):
-        unknown = column == -2
-        if unknown.any():
-            out.refuse(unknown, lambda i, nm=name: unknown_plugin_name_message(nm, nm, getattr(items[i], nm),
-                                                                               names[nm]))
-            column = np.where(unknown, 0, column)
-        out.cols[name] = column
+    unknown = codes == -2
+    if unknown.any():  # a plugin name the registry does not hold: refused by field
+        for (name, _), bad in zip(lookups, unknown, strict=True):
+            out.refuse(bad, lambda i, nm=name: unknown_plugin_name_message(nm, nm, getattr(items[i], nm), names[nm]))
+        codes = np.where(unknown, 0, codes)
+    out.cols.update(zip(CODE_FIELDS, codes))
+
+
+_LOOKUPS: Dict[int, Tuple[Mapping[str, Sequence[str]], List[Tuple[str, Dict[Any, int]]]]] = {}
+
+
+def _code_lookups(names: Mapping[str, Sequence[str]]) -> List[Tuple[str, Dict[Any, int]]]:
+    """Each categorical field's ``{name: code}``, made once for a *names* (the resolver's, kept per registry)."""
+    hit = _LOOKUPS.get(id(names))
+    if hit is None or hit[0] is not names:
+        if len(_LOOKUPS) >= 64:
+            _LOOKUPS.clear()
+        hit = _LOOKUPS[id(names)] = (names, [(name, {v: i for i, v in enumerate(names[name])})
+                                             for name in CODE_FIELDS])
+    return hit[1]
 
 
 def _refuse_non_batch(strategies: Any) -> None:
