@@ -297,7 +297,7 @@ def _encode_objects(items: Sequence[Strategy], out: StrategyColumns, names: Mapp
     for fields, dtype in ((INT_FIELDS, np.int64), (BOOL_FIELDS, bool), (FLOAT_FIELDS, np.float64)):
         table = np.array([[-1 if v is None else v for v in (getattr(s, name) for s in items)] for name in fields],
                          dtype=dtype).reshape(len(fields), n)
-        out.cols.update(zip(fields, table))
+        out.cols.update(zip(fields, table, strict=True))
     lookups = _code_lookups(names)
     codes = np.array([[-1 if v is None else lookup.get(v, -2) for v in (getattr(s, name) for s in items)]
                       for name, lookup in lookups], dtype=np.int64).reshape(len(lookups), n)
@@ -306,7 +306,7 @@ def _encode_objects(items: Sequence[Strategy], out: StrategyColumns, names: Mapp
         for (name, _), bad in zip(lookups, unknown, strict=True):
             out.refuse(bad, lambda i, nm=name: unknown_plugin_name_message(nm, nm, getattr(items[i], nm), names[nm]))
         codes = np.where(unknown, 0, codes)
-    out.cols.update(zip(CODE_FIELDS, codes))
+    out.cols.update(zip(CODE_FIELDS, codes, strict=True))
 
 
 _LOOKUPS: Dict[int, Tuple[Mapping[str, Sequence[str]], List[Tuple[str, Dict[Any, int]]]]] = {}

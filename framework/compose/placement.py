@@ -163,7 +163,7 @@ def _virtual_stages(cols: Mapping[str, Any], schedules: Sequence[Any], ranks: in
     return stage, exists
 
 
-_ONE_ROW_KEPT = 1024  # one-row placements kept (by pipeline layout); the cache is emptied when full
+ONE_ROW_KEPT = 1024  # one-row placements kept (by pipeline layout); the cache is emptied when full
 _ONE_ROW: Dict[Tuple[Any, ...], Tuple[LayerStack, Sequence[Any], "Placement"]] = {}
 
 
@@ -190,7 +190,7 @@ def place(stack: LayerStack, cols: Mapping[str, Any], schedules: Sequence[Any],
     placed = _place(stack, cols, schedules, mtp_counts, pp_bounds)
     for field in attrs.fields(Placement):
         getattr(placed, field.name).setflags(write=False)
-    if len(_ONE_ROW) >= _ONE_ROW_KEPT:
+    if len(_ONE_ROW) >= ONE_ROW_KEPT:
         _ONE_ROW.clear()
     _ONE_ROW[key] = (stack, schedules, placed)
     return placed

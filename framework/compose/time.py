@@ -588,7 +588,8 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     states = np.asarray(states_per_parameter, dtype=np.float64)[np.asarray(cols["optimizer"])]
     optimizer = _optimizer_seconds(rows, shard, dense_params, routed_params, states, real_rank, hardware, eff)
     m = rows.micro_batches
-    pick = lambda a: a[np.arange(n), pipe["busiest"]]  # noqa: E731
+    busiest = (np.arange(n), pipe["busiest"])
+    pick = lambda a: a[busiest]  # noqa: E731
     compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
     exposed = (m * (pick(rank["exposed_f"]) + pick(rank["exposed_b"]) + pick(fsdp_exposed_f) + pick(fsdp_exposed_b))
                + grad_exposed + param_exposed + pipe["pp_exposed"])
