@@ -280,28 +280,47 @@ def encode(strategies: Any, names: Mapping[str, Sequence[str]]) -> StrategyColum
             mask = np.zeros(len(items), dtype=bool)
             mask[list(refused)] = True
             out.refuse(mask, lambda i: refused[int(i)])
-        for name in _FIELDS:
-            values = [getattr(s, name) for s in items]
-            if name == "pp_layers":
-                out.pp_layers = values if any(v is not None for v in values) else None
-                continue
-            if name in names:
-                table = {v: i for i, v in enumerate(names[name])}
-                codes = np.array([-1 if v is None else table.get(v, -2) for v in values], dtype=np.int64)
-                unknown = codes == -2
-                out.refuse(unknown, lambda i, v=values, nm=name: unknown_plugin_name_message(nm, nm, v[i], names[nm]))
-                out.cols[name] = np.where(unknown, 0, codes)
-            elif name in INT_FIELDS:
-                out.cols[name] = np.array([-1 if v is None else v for v in values], dtype=np.int64)
-            elif name in BOOL_FIELDS:
-                out.cols[name] = np.array(values, dtype=bool)
-            else:
-                out.cols[name] = np.array(values, dtype=np.float64)
+        _encode_objects(items, out, names)
     c = out.cols
     # dtypes left unset take the parameters'
     for name in ("compute_dtype", "grad_dtype", "optimizer_dtype"):
         c[name] = np.where(c[name] < 0, c["param_dtype"], c[name])
     return out
+
+
+def _encode_objects(items: Sequence[Strategy], out: StrategyColumns, names: Mapping[str, Sequence[str]]) -> None:
+    """Strategy values (validated already) as columns: one array a kind of field (ints, flags, floats, codes),
+    each column a row of it, so one strategy costs a few numpy calls rather than one a field."""
+    n = len(items)
+    splits = [s.pp_layers for s in items]
+    out.pp_layers = splits if any(v is not None for v in splits) else None
+    for fields, dtype in ((INT_FIELDS, np.int64), (BOOL_FIELDS, bool), (FLOAT_FIELDS, np.float64)):
+        table = np.array([[-1 if v is None else v for v in (getattr(s, name) for s in items)] for name in fields],
+                         dtype=dtype).reshape(len(fields), n)
+        out.cols.update(zip(fields, table, strict=True))
+    lookups = _code_lookups(names)
+    codes = np.array([[-1 if v is None else lookup.get(v, -2) for v in (getattr(s, name) for s in items)]
+                      for name, lookup in lookups], dtype=np.int64).reshape(len(lookups), n)
+    unknown = codes == -2
+    if unknown.any():  # a plugin name the registry does not hold: refused by field
+        for (name, _), bad in zip(lookups, unknown, strict=True):
+            out.refuse(bad, lambda i, nm=name: unknown_plugin_name_message(nm, nm, getattr(items[i], nm), names[nm]))
+        codes = np.where(unknown, 0, codes)
+    out.cols.update(zip(CODE_FIELDS, codes, strict=True))
+
+
+_LOOKUPS: Dict[int, Tuple[Mapping[str, Sequence[str]], List[Tuple[str, Dict[Any, int]]]]] = {}
+
+
+def _code_lookups(names: Mapping[str, Sequence[str]]) -> List[Tuple[str, Dict[Any, int]]]:
+    """Each categorical field's ``{name: code}``, made once for a *names* (the resolver's, kept per registry)."""
+    hit = _LOOKUPS.get(id(names))
+    if hit is None or hit[0] is not names:
+        if len(_LOOKUPS) >= 64:
+            _LOOKUPS.clear()
+        hit = _LOOKUPS[id(names)] = (names, [(name, {v: i for i, v in enumerate(names[name])})
+                                             for name in CODE_FIELDS])
+    return hit[1]
 
 
 def _refuse_non_batch(strategies: Any) -> None:

@@ -76,6 +76,13 @@ def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:
 def _time_breaks(time: Any, valid: np.ndarray) -> Dict[int, str]:
     """The broken time invariant of each valid row that breaks one (an invalid row's time is NaN)."""
     out: Dict[int, str] = {}
+    # every figure checked at once (one array, a row a figure); the rows are named only where one fails
+    figures = np.array([time[name] for name in _POSITIVE_TIMES + _NON_NEGATIVE_TIMES + ("mfu",)], dtype=np.float64)
+    positive, non_negative, mfu = figures[:len(_POSITIVE_TIMES)], figures[len(_POSITIVE_TIMES):-1], figures[-1]
+    holds = (np.isfinite(figures).all(axis=0) & (positive > 0.0).all(axis=0) & (non_negative >= 0.0).all(axis=0)
+             & (mfu > 0.0) & (mfu <= 1.0))
+    if not (valid & ~holds).any():
+        return out
     checks: List[Any] = [(name, lambda v: v > 0.0, "positive") for name in _POSITIVE_TIMES]
     checks += [(name, lambda v: v >= 0.0, "non-negative") for name in _NON_NEGATIVE_TIMES]
     checks.append(("mfu", lambda v: (v > 0.0) & (v <= 1.0), "in (0, 1]"))

@@ -81,6 +81,9 @@ def _hardware(hardware: Any) -> Hardware:
 # ---------------------------------------------------------------------------
 # the result of a batch
 # ---------------------------------------------------------------------------
+_TIME_BREAKDOWN_FIELDS = frozenset(f.name for f in attrs.fields(TimeBreakdown)) - {"provenance"}
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class BatchResult:
     """A batch's costs as numpy arrays, one entry (or row) per strategy, in input order.
@@ -128,17 +131,19 @@ class BatchResult:
         """Row *row* as a :class:`StrategyCost` (its *strategy* given back to it)."""
         stages = []
         if self.valid[row]:
-            for s in range(int(self.num_stages[row])):
+            count = int(self.num_stages[row])  # each array read once, as Python ints
+            by_stage, peaks = self.stage_bytes[row, :count].tolist(), self.stage_peak_bytes[row, :count].tolist()
+            layers, moments = self.stage_layers[row, :count].tolist(), self.stage_moment[row, :count].tolist()
+            hosts = self.stage_host_bytes[row, :count].tolist()
+            for s in range(count):
                 stages.append(StageMemory(
-                    stage=s, bytes_by_category=self.bytes_by_category(row, s),
-                    peak_bytes=int(self.stage_peak_bytes[row, s]), layers=int(self.stage_layers[row, s]),
-                    host_bytes=int(self.stage_host_bytes[row, s]),
-                    provenance={"moment": memory.MOMENTS[int(self.stage_moment[row, s])]}))
+                    stage=s, bytes_by_category=dict(zip(self.categories, by_stage[s], strict=True)),
+                    peak_bytes=peaks[s], layers=layers[s], host_bytes=hosts[s],
+                    provenance={"moment": memory.MOMENTS[moments[s]]}))
         time = None
         if self.time is not None and self.valid[row]:
-            fields = {f.name for f in attrs.fields(TimeBreakdown)} - {"provenance"}
-            if fields <= set(self.time):
-                time = TimeBreakdown(**{f: float(self.time[f][row]) for f in fields},
+            if _TIME_BREAKDOWN_FIELDS <= set(self.time):
+                time = TimeBreakdown(**{f: float(self.time[f][row]) for f in _TIME_BREAKDOWN_FIELDS},
                                      provenance=self.time.get("provenance", {}) or {})
         return StrategyCost(strategy=strategy, stages=tuple(stages), peak_bytes=int(self.peak_bytes[row]),  # type: ignore[arg-type]  # attrs plugin: converter typing
                             valid=bool(self.valid[row]), reason=str(self.reason[row]), time=time,
@@ -550,7 +555,10 @@ class CostModel:
                   "embedding_stage": (),
                   "layer_bytes": (K,), "stage_host_bytes": (R,), "host_bytes_per_node": (),
                   "stage_offloaded_activation_bytes": (R,)}
-        out = {name: np.zeros((priced,) + shape, dtype=np.int64) for name, shape in shapes.items()}
+        # one layout with every row valid (one strategy's batch): compose's own arrays are the outputs
+        whole_batch = in_order and len(ends) == 1
+        out = {} if whole_batch else {name: np.zeros((priced,) + shape, dtype=np.int64)
+                                      for name, shape in shapes.items()}
         if priced:
             recs = self._stack_records(tables)
             plugins = book.plugins
@@ -566,16 +574,19 @@ class CostModel:
                 r = int(sub["pp"][0])  # one layout: every row of the slice has pp stages
                 composed = memory.compose(self.tables, recs, seq_sorted[lo:hi], sub, plugins.schedules,
                                           plugins.states_per_parameter, plugins.step_temporaries_per_parameter,
-                                          out=out["stage_bytes"][lo:hi, :r],
+                                          out=None if whole_batch else out["stage_bytes"][lo:hi, :r],
                                           embedding_sort_scratch=self._profile is not None
                                           and self._profile.device == "cuda",
                                           devices_per_node=int(hw.devices_per_node))
-                for name in ("stage_peak_bytes", "stage_layers", "stage_moment", "stage_kind_layers",
-                             "stage_host_bytes", "stage_offloaded_activation_bytes"):
-                    out[name][lo:hi, :r] = getattr(composed, name)
-                for name in ("peak_bytes", "peak_stage", "head_stage", "embedding_stage", "layer_bytes",
-                             "host_bytes_per_node"):
-                    out[name][lo:hi] = getattr(composed, name)
+                if whole_batch:
+                    out = {name: getattr(composed, name).astype(np.int64, copy=False) for name in shapes}
+                else:
+                    for name in ("stage_peak_bytes", "stage_layers", "stage_moment", "stage_kind_layers",
+                                 "stage_host_bytes", "stage_offloaded_activation_bytes"):
+                        out[name][lo:hi, :r] = getattr(composed, name)
+                    for name in ("peak_bytes", "peak_stage", "head_stage", "embedding_stage", "layer_bytes",
+                                 "host_bytes_per_node"):
+                        out[name][lo:hi] = getattr(composed, name)
                 unpriced_selective[order[lo:hi]] = composed.unpriced["selective"]
                 beyond_exact[order[lo:hi]] = composed.beyond_exact
                 lo = hi

@@ -50,13 +50,25 @@ def _n(group_size):
     return np.maximum(np.asarray(group_size, dtype=np.float64), 1.0)
 
 
-def _zero_where_alone(group_size, seconds):
-    return np.where(_n(group_size) > 1.0, seconds, 0.0)
+def _zero_where_alone(n, seconds):
+    """*seconds* where the group (*n*, as :func:`_n` makes it) has a peer, else 0."""
+    return np.where(n > 1.0, seconds, 0.0)
+
+
+def _alone(n, *operands):
+    """Zeros of the collective's shape where no group (*n*, as :func:`_n` makes it) has a peer, else None:
+    a batch of one strategy then skips the arithmetic whose every figure would be zeroed."""
+    if (n > 1.0).any():
+        return None
+    return np.zeros(np.broadcast(n, *operands).shape)
 
 
 def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seconds):
     """The faster of a ring and a double binary tree all-reduce of *message_bytes* on each member."""
     n = _n(group_size)
+    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds)
+    if alone is not None:
+        return alone
     s = np.asarray(message_bytes, dtype=np.float64)
     ring = 2.0 * (n - 1.0) / n * s / bytes_per_second + 2.0 * (n - 1.0) * latency_seconds
     tree = 2.0 * s / bytes_per_second + 2.0 * np.ceil(np.log2(n)) * latency_seconds
@@ -66,6 +78,9 @@ def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seco
 def all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seconds):
     """A ring all-gather ending with *message_bytes* (the full tensor) on each member."""
     n = _n(group_size)
+    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds)
+    if alone is not None:
+        return alone
     s = np.asarray(message_bytes, dtype=np.float64)
     return _zero_where_alone(n, (n - 1.0) / n * s / bytes_per_second + (n - 1.0) * latency_seconds)
 
@@ -78,14 +93,21 @@ def reduce_scatter_seconds(message_bytes, group_size, bytes_per_second, latency_
 def all_to_all_seconds(message_bytes, group_size, bytes_per_second, latency_seconds):
     """A pairwise all-to-all of the *message_bytes* each member holds (it keeps 1/n of them)."""
     n = _n(group_size)
+    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds)
+    if alone is not None:
+        return alone
     s = np.asarray(message_bytes, dtype=np.float64)
     return _zero_where_alone(n, (n - 1.0) / n * s / bytes_per_second + (n - 1.0) * latency_seconds)
 
 
 def send_recv_seconds(message_bytes, group_size, bytes_per_second, latency_seconds):
     """One point-to-point message (``group_size`` 1 means no peer, no time)."""
+    n = _n(group_size)
+    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds)
+    if alone is not None:
+        return alone
     s = np.asarray(message_bytes, dtype=np.float64)
-    return _zero_where_alone(group_size, s / bytes_per_second + latency_seconds)
+    return _zero_where_alone(n, s / bytes_per_second + latency_seconds)
 
 
 @attrs.frozen(kw_only=True)

@@ -9,12 +9,16 @@ sequence length the same; a strategy the batch refuses raises with the batch's r
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import attrs
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ndcost
+from ndcost import columns
 from ndcost.errors import InvalidStrategy, NdcostError
 from ndcost.values import DTYPES
 
@@ -129,6 +133,10 @@ def assert_same_cost(single, batched, *, exact_provenance: bool):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), position=st.integers(0, len(OTHERS)))
 def test_evaluate_is_the_batch_row(name, data, position):
+    _assert_evaluate_is_the_batch_row(name, data, position)
+
+
+def _assert_evaluate_is_the_batch_row(name, data, position):
     model = _model(name)
     fields = data.draw(strategy_fields(model))
     try:
@@ -157,6 +165,21 @@ def test_evaluate_is_the_batch_row(name, data, position):
     assert single_error is None
     assert_same_cost(single, one.cost(0, strategy), exact_provenance=True)
     assert_same_cost(single, big.cost(position, strategy), exact_provenance=False)
+
+
+SHIPPED = tuple(sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "specs" / "models").glob("*.yaml")))
+
+
+@pytest.mark.slow
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), name=st.sampled_from(SHIPPED), position=st.integers(0, len(OTHERS)))
+def test_evaluate_is_the_batch_row_on_every_shipped_model(data, name, position):
+    """The same property, the model drawn too: every model in specs/models/ (its one-row shortcuts included)."""
+    _assert_evaluate_is_the_batch_row(name, data, position)
+
+
+def test_every_shipped_model_is_drawn():
+    assert len(SHIPPED) >= 20 and {"deepseek-v3", "qwen3-next-80b-a3b", "gpt-oss-120b"} <= set(SHIPPED)
 
 
 def _drawn(generator, count):
@@ -210,3 +233,55 @@ def test_a_plugin_registered_after_a_first_evaluation_is_priced(fresh):
     for a, b in zip(base.stages, late.stages, strict=True):
         assert b.bytes_by_category["optimizer_states"] == 2 * a.bytes_by_category["optimizer_states"]
     assert "test_evaluate_single" in late.source("optimizer_states")
+
+
+LAYOUTS = ("pp=1,seq=1024", "pp=4,seq=1024,num_micro_batches=8", "pp=2,vpp=2,schedule=interleaved,seq=1024,"
+           "num_micro_batches=4,recompute=full,recompute_layers=1", "pp=2,vpp=2,schedule=dualpipev,seq=1024,"
+           "num_micro_batches=4", "pp=2,pp_layers=20/12,seq=1024,recompute=selective", "pp=4,schedule=gpipe,seq=1024,"
+           "num_micro_batches=4,recompute=core_attention,recompute_layers=3")
+
+
+def test_a_single_strategy_placement_is_the_batch_row():
+    """A one-row placement (kept per pipeline layout) equals its row of a batch's placement, is kept read-only,
+    and is made again for another stack."""
+    from ndcost.compose import placement
+
+    model = _model("llama-3.1-8b")
+    schedules = model._codebook().plugins.schedules
+    strategies = [ndcost.Strategy.parse(text) for text in LAYOUTS]
+
+    def placed(rows):
+        cols = columns.encode(rows, model.names()).cols
+        bounds = placement.split_bounds([s.pp_layers for s in rows])
+        return placement.place(model.tables.stack, cols, schedules, pp_bounds=bounds)
+
+    batch = placed(strategies)
+    for i, strategy in enumerate(strategies):
+        one = placed([strategy])
+        assert placed([strategy]) is one  # kept
+        ranks, chunks = strategy.pp, strategy.vpp
+        for field in attrs.fields(placement.Placement):
+            got = getattr(one, field.name)
+            want = getattr(batch, field.name)[..., i:i + 1, :ranks, :chunks]
+            assert not got.flags.writeable
+            assert np.array_equal(got, want), (strategy, field.name)
+    other = placement.LayerStack.from_runs(model.tables.kinds, [(model.tables.kinds[0], 8)])
+    cols = columns.encode([strategies[1]], model.names()).cols
+    assert placement.place(other, cols, schedules).layers.sum() == 8  # another stack: not the cached placement
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"])
+def test_a_collective_of_lone_groups_is_zero_of_the_batch_shape(name):
+    """A group of one device exchanges nothing: 0 s, in the shape the arithmetic would broadcast to; a batch with
+    groups of one and of several prices each row as that row alone."""
+    from ndcost import manager
+
+    seconds = manager.registry().get(f"collective/{name}").seconds
+    message = np.array([[1e6, 2e6, 4e6]])
+    lone = seconds(message, np.ones((2, 1)), np.full((2, 1), 1e11), 5e-6)
+    assert lone.shape == (2, 3) and lone.dtype == np.float64 and not lone.any()
+    sizes = np.array([1.0, 8.0, 1.0, 2.0])
+    mixed = seconds(np.full(4, 1e8), sizes, 1e11, 5e-6)
+    assert mixed[0] == mixed[2] == 0.0 and (mixed[[1, 3]] > 0).all()
+    for i, size in enumerate(sizes):
+        assert seconds(np.full(1, 1e8), np.array([size]), 1e11, 5e-6)[0] == mixed[i]

@@ -369,8 +369,26 @@ def _batch(cols: Mapping[str, Any]) -> _Batch:
                   residual_bytes=np.where(autocast, param_bytes, compute_bytes), sharding=shard)
 
 
+_HELD_ONE_ROW: Dict[Tuple[int, int], Tuple[placement_rules.Placement, np.ndarray]] = {}
+
+
 def _in_flight(cols: Mapping[str, Any], schedules: Sequence[Any], where: placement_rules.Placement) -> np.ndarray:
-    """(N, R, V) micro-batches whose activations each chunk keeps at its rank's peak (the schedule's)."""
+    """(N, R, V) micro-batches whose activations each chunk keeps at its rank's peak (the schedule's); for one
+    strategy kept with its placement (:func:`ndcost.compose.placement.place` keeps that per layout), read-only."""
+    if len(cols["pp"]) != 1:
+        return _held(cols, schedules, where)
+    key = (id(where), int(cols["num_micro_batches"][0]))
+    hit = _HELD_ONE_ROW.get(key)
+    if hit is None or hit[0] is not where:
+        held = _held(cols, schedules, where)
+        held.setflags(write=False)
+        if len(_HELD_ONE_ROW) >= placement_rules.ONE_ROW_KEPT:
+            _HELD_ONE_ROW.clear()
+        hit = _HELD_ONE_ROW[key] = (where, held)
+    return hit[1]
+
+
+def _held(cols: Mapping[str, Any], schedules: Sequence[Any], where: placement_rules.Placement) -> np.ndarray:
     pp, vpp, m = (cols[k].astype(np.int64)[:, None, None] for k in ("pp", "vpp", "num_micro_batches"))
     n, ranks, chunks = where.exists.shape
     rank, chunk = np.arange(ranks)[None, :, None], np.arange(chunks)[None, None, :]

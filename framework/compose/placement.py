@@ -12,7 +12,7 @@ recomputes its first ``recompute_layers`` layers (all where unset).
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np
@@ -163,6 +163,10 @@ def _virtual_stages(cols: Mapping[str, Any], schedules: Sequence[Any], ranks: in
     return stage, exists
 
 
+ONE_ROW_KEPT = 1024  # one-row placements kept (by pipeline layout); the cache is emptied when full
+_ONE_ROW: Dict[Tuple[Any, ...], Tuple[LayerStack, Sequence[Any], "Placement"]] = {}
+
+
 def place(stack: LayerStack, cols: Mapping[str, Any], schedules: Sequence[Any],
           mtp_counts: Optional[np.ndarray] = None, pp_bounds: Optional[np.ndarray] = None) -> Placement:
     """Place a batch's stacks: *stack* the model's :class:`LayerStack`, *cols* the strategy columns.
@@ -170,7 +174,30 @@ def place(stack: LayerStack, cols: Mapping[str, Any], schedules: Sequence[Any],
     *schedules* are the schedule plugins by code (``cols["schedule"]``);
     *mtp_counts* ``(K,)`` the MTP layers of each kind placed with the head;
     *pp_bounds* the rows' explicit splits (:func:`split_bounds`), or None.
+    A batch of one strategy (``CostModel.evaluate``) is placed once per pipeline layout (the few fields a
+    placement reads) and stack, its arrays read-only.
     """
+    if len(cols["pp"]) != 1:
+        return _place(stack, cols, schedules, mtp_counts, pp_bounds)
+    none = int(cols["recompute"][0]) == RECOMPUTE.index("none")
+    key = (id(stack), id(schedules), int(cols["pp"][0]), int(cols["vpp"][0]), int(cols["schedule"][0]), none,
+           None if none else int(cols["recompute_layers"][0]),
+           None if pp_bounds is None else tuple(pp_bounds[0].tolist()),
+           None if mtp_counts is None else tuple(np.asarray(mtp_counts).tolist()))
+    hit = _ONE_ROW.get(key)
+    if hit is not None and hit[0] is stack and hit[1] is schedules:
+        return hit[2]
+    placed = _place(stack, cols, schedules, mtp_counts, pp_bounds)
+    for field in attrs.fields(Placement):
+        getattr(placed, field.name).setflags(write=False)
+    if len(_ONE_ROW) >= ONE_ROW_KEPT:
+        _ONE_ROW.clear()
+    _ONE_ROW[key] = (stack, schedules, placed)
+    return placed
+
+
+def _place(stack: LayerStack, cols: Mapping[str, Any], schedules: Sequence[Any],
+           mtp_counts: Optional[np.ndarray], pp_bounds: Optional[np.ndarray]) -> Placement:
     pp, vpp = cols["pp"].astype(np.int64), cols["vpp"].astype(np.int64)
     n, num_layers = len(pp), stack.num_layers
     stages = pp * vpp

@@ -675,7 +675,8 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     optimizer = np.where(np.asarray(cols["offload_optimizer"], dtype=bool), off["cpu_step"], optimizer)
     offload_step = np.where(real_rank, np.maximum(0.0, off["step_out"] - backward) + off["step_in"], 0.0).max(axis=1)
     m = rows.micro_batches
-    pick = lambda a: a[np.arange(n), pipe["busiest"]]  # noqa: E731
+    busiest = (np.arange(n), pipe["busiest"])
+    pick = lambda a: a[busiest]  # noqa: E731
     compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
     exposed = (m * (pick(rank["exposed_f"]) + pick(rank["exposed_b"]) + pick(fsdp_exposed_f) + pick(fsdp_exposed_b))
                + grad_exposed + param_exposed + pipe["pp_exposed"])
@@ -763,7 +764,7 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
     results and says why in the time provenance's ``unpriced``.
     """
     n = len(result.valid)
-    arrays = {name: np.full(n, np.nan) for name in TIME_FIELDS}
+    arrays: Dict[str, np.ndarray] = {}  # made NaN where a row is not priced, unless one group prices every row
     valid = np.asarray(result.valid, dtype=bool)
     provenance: Dict[str, Any] = {}
     if valid.any():
@@ -799,14 +800,19 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
                 priced = step_time(works[seq], sub, hardware, schedules=plugins.schedules,
                                    states_per_parameter=plugins.states_per_parameter, placed=placed,
                                    offloaded_activations=result.stage_offloaded_activation_bytes[group, :ranks])
-                for name in TIME_FIELDS:
-                    arrays[name][group] = getattr(priced, name)
+                if every and hi - lo == n and ordered is cols:  # one group of every row, in order: its arrays
+                    arrays = {name: getattr(priced, name) for name in TIME_FIELDS}
+                else:
+                    for name in TIME_FIELDS:
+                        if name not in arrays:
+                            arrays[name] = np.full(n, np.nan)
+                        arrays[name][group] = getattr(priced, name)
                 provenance = dict(priced.provenance)
             provenance["flops"] = "; ".join(f"seq {int(seq)}: {works[seq].source}" for seq in seqs.tolist())
         except Unpriced as exc:
             provenance = {"unpriced": str(exc)}
     if "unpriced" in provenance:
         return attrs.evolve(result, time=None, provenance={**dict(result.provenance), "time": provenance})
-    time: Dict[str, Any] = dict(arrays)
+    time: Dict[str, Any] = {name: arrays[name] if name in arrays else np.full(n, np.nan) for name in TIME_FIELDS}
     time["provenance"] = provenance
     return attrs.evolve(result, time=time, provenance={**dict(result.provenance), "time": provenance})
