@@ -109,7 +109,7 @@ class _Lexer:
                 out.append(Op(c, self.line))
                 self.i += 1
             elif not in_test and c in "<>":
-                while self.peek() in "<>&":
+                while self.peek() and self.peek() in "<>&":
                     self.i += 1
                 out.append(Op("redirect", self.line))
             else:
@@ -122,7 +122,7 @@ class _Lexer:
                 match = _ASSIGN.fullmatch(text or "")
                 if match and not match.group(3) and self.peek() == "(":
                     out.append(self.array(match.group(1), bool(match.group(2)), word.line))
-                elif text is not None and text.isdigit() and self.peek() in "<>":
+                elif text is not None and text.isdigit() and self.peek() and self.peek() in "<>":
                     continue  # the fd of a redirection (2>&1)
                 else:
                     out.append(word)
@@ -207,7 +207,7 @@ class _Lexer:
             if c == '"':
                 self.i += 1
                 break
-            if c == "\\" and self.peek(1) in '$`"\\\n':
+            if c == "\\" and self.peek(1) and self.peek(1) in '$`"\\\n':
                 if self.peek(1) == "\n":
                     self.line += 1
                 else:
@@ -439,8 +439,8 @@ class World:
                 return ("" if empty else arg)
             elif empty:
                 return _unknown("$" + name)
-        if value is None:
-            return _unknown("$" + name)
+        if value is None:  # an array the script never filled is empty; another name may come from the launcher
+            return [] if index in ("@", "*") else _unknown("$" + name)
         if isinstance(value, list):
             if index in ("@", "*"):
                 return list(value)

@@ -151,6 +151,12 @@ class MegatronFormat:
         for flag in refused:
             raise field_error(KIND, path, flag, "not priced" if "not priced" in REFUSED[flag[2:]] else "not read",
                               REFUSED[flag[2:]])
+        for flag in read:
+            for word in flags[flag]:
+                if _shell.unknown_names(word):
+                    raise field_error(KIND, path, flag, f"its value is {', '.join(_shell.unknown_names(word))}, "
+                                      f"which the script does not set", "give the value in a copy (the variable "
+                                      "set, or the number written)")
         if devices is None:
             raise field_error(KIND, path, "--devices", "a Megatron-LM launch takes its world size from the "
                               "launcher, which ndcost does not run", "give the world size: --devices N "
@@ -256,14 +262,7 @@ class _Values:
         return f"--{name}" in self.flags
 
     def _words(self, name: str) -> List[str]:
-        words = self.flags[f"--{name}"]
-        for word in words:
-            unknown = _shell.unknown_names(word)
-            if unknown:
-                raise field_error(KIND, self.path, f"--{name}", f"its value is {', '.join(unknown)}, which the "
-                                  f"script does not set", "give the value in a copy (the variable set, or the "
-                                  "number written)")
-        return words
+        return self.flags[f"--{name}"]  # placeholders (values the script does not set) were refused on reading
 
     def one(self, name: str) -> Optional[str]:
         if not self.present(name):
@@ -333,11 +332,9 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
     fields: Dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "dp": dp}
     ep = v.int("expert-model-parallel-size", 1)
     etp = v.int("expert-tensor-parallel-size")
-    if not v.present("num-experts"):
-        etp = 1  # no routed experts: the expert sizes split nothing
-    elif etp is None:
-        etp = tp
-        if tp > 1:
+    if etp is None:  # arguments.py: the expert tensor-parallel size defaults to tp; a dense model has none
+        etp = tp if v.present("num-experts") or ep != 1 else 1
+        if etp > 1:
             defaults.append(f"--expert-tensor-parallel-size = --tensor-model-parallel-size = {tp}")
     fields.update(ep=ep, etp=etp)
 
@@ -605,10 +602,8 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
         flags.append(f"--num-virtual-stages-per-pipeline-rank {s.vpp}")
     if s.cp > 1 or s.cp_algo != "ring":
         flags.append("--cp-comm-type " + {a: k for k, a in CP_ALGOS.items()}[s.cp_algo])
-    if s.ep > 1:
-        flags.append(f"--expert-model-parallel-size {s.ep}")
-    if s.etp != s.tp:
-        flags.append(f"--expert-tensor-parallel-size {s.etp}")
+    if s.ep > 1 or s.etp > 1 or s.tp > 1:  # explicit: without them an MoE's expert tp would default to tp
+        flags.append(f"--expert-model-parallel-size {s.ep} --expert-tensor-parallel-size {s.etp}")
     if s.sp:
         flags.append("--sequence-parallel")
     if s.zero == 1:
