@@ -326,3 +326,30 @@ def test_the_writer_refuses_what_megatron_cannot_say(fields, named):
 def test_the_writer_refuses_a_model_it_cannot_write():
     with pytest.raises(InvalidValue, match="model_type 'deepseek_v3' is not written"):
         to_config("megatron", Strategy(param_dtype="fp32"), model="deepseek-v3")
+
+
+# --- hostile scripts ------------------------------------------------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ndcost.errors import NdcostError  # noqa: E402
+
+PIECES = ["--tensor-model-parallel-size", "--micro-batch-size", "--num-layers", "2", "$X", "${X:-4}", "${A[@]}",
+          '"${A[@]}"', "A=(", ")", "A+=(", "X=", "if", "then", "fi", "else", "[[", "]]", "[", "]", "==", "-f",
+          "&&", "||", ";", "\n", "\\\n", "'", '"', "$(", "$((", "1+", "))", "`", "#", "pretrain_gpt.py", "torchrun",
+          "exit", "{", "}", "(", "|", ">", "2>&1", "${", "${X:?}", "$1", "for"]
+
+
+@pytest.mark.slow
+@settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.sampled_from(PIECES), max_size=40).map(" ".join))
+def test_any_script_is_read_or_refused_with_an_ndcost_error(text):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "train.sh"
+        path.write_text(text)
+        try:
+            trainer_format("megatron").read(str(path), devices=8)
+        except NdcostError:
+            pass

@@ -113,7 +113,10 @@ class _Lexer:
                     self.i += 1
                 out.append(Op("redirect", self.line))
             else:
+                start = self.i
                 word = self.word(in_test)
+                if self.i == start:
+                    raise self.error(f"unexpected {c!r}")
                 text = word.literal()
                 if text == "[[":
                     in_test = True
@@ -150,7 +153,10 @@ class _Lexer:
                 while self.i < len(self.s) and self.peek() != "\n":
                     self.i += 1
             else:
+                start = self.i
                 words.append(self.word(True, stop=")"))
+                if self.i == start:
+                    raise self.error(f"unexpected {c!r} in the array {name}=(")
 
     def word(self, in_test: bool, stop: str = "") -> Word:
         parts: List[Part] = []
@@ -358,6 +364,8 @@ class _Parser:
                 self.i += 2  # the operator and its target
             else:
                 break
+        if not words and isinstance(tok, Op) and tok.text not in ("\n", ";", "&"):
+            raise ShellError(f"line {tok.line}: unexpected '{tok.text}'")
         return Simple(tuple(words), line)
 
     def expect(self, keyword: str, line: int) -> None:
@@ -629,6 +637,8 @@ class _Runner:
                         step.append((w, status))
                     else:
                         step.extend(self.run(w, command))
+                if len(step) > _MAX_WORLDS:
+                    raise ShellError(f"more than {_MAX_WORLDS} combinations of undecided tests")
                 outcomes = step
             return outcomes
         if isinstance(statement, If):

@@ -335,11 +335,10 @@ def _document(s: Strategy, global_batch: Optional[int]) -> Dict[str, Any]:
     for name, why in (("pp", "DeepSpeed's pipeline parallelism is set in the model code (PipelineModule)"),
                       ("fsdp", "DeepSpeed shards with ZeRO: write zero=3 over dp"),
                       ("ep", "DeepSpeed's expert parallelism is not written"),
+                      ("etp", "DeepSpeed's expert parallelism is not written"),
                       ("vpp", "DeepSpeed has no interleaved pipeline")):
         if getattr(s, name) != 1:
             raise _refuse_write(name, getattr(s, name), why)
-    if s.etp != s.tp:
-        raise _refuse_write("etp", s.etp, "DeepSpeed's AutoTP splits every layer over tp")
     if s.cp > 1 and s.cp_algo != "ulysses" or s.cp == 1 and s.cp_algo != "ring":
         raise _refuse_write("cp_algo", s.cp_algo, "DeepSpeed's sequence parallelism is Ulysses (cp_algo=ulysses)")
     if s.recompute != "none" or s.recompute_layers is not None:
