@@ -11,4 +11,5 @@ BUILTIN_ENTRY_POINTS = frozenset({
     "family_qwen3_5_moe", "family_qwen3_moe", "family_qwen3_next", "formulas_attention", "formulas_common",
     "formulas_deepseek_v4", "formulas_gpt_oss", "formulas_linear_attention", "formulas_moe", "hardware",
     "estimators_activations", "estimators_flops", "op_records", "optimizers", "runtimes", "schedules", "storage",
+    "trainer_deepspeed", "trainer_megatron",
 })

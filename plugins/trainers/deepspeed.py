@@ -147,7 +147,9 @@ class DeepSpeedFormat:
                            "does not run", "give the world size: --devices N (from_config(..., devices=N))")
         defaults: List[str] = []
         fields: Dict[str, Any] = {}
+        # autotp_size 0 (DeepSpeed's default, deepspeed/runtime/tensor_parallel/config.py) is no tensor parallelism
         tp = f.value(f.section("tensor_parallel"), "autotp_size", "tensor_parallel.autotp_size", int, 1) or 1
+        f.ignored.extend(f"tensor_parallel.{k}" for k in f.section("tensor_parallel") if k != "autotp_size")
         cp = f.value(data, "sequence_parallel_size", "sequence_parallel_size", int, 1) or 1
         if devices % (tp * cp):
             raise f.refuse("tensor_parallel.autotp_size * sequence_parallel_size", f"{tp} * {cp} does not divide "
@@ -158,10 +160,12 @@ class DeepSpeedFormat:
             fields["cp_algo"] = "ulysses"
             defaults.append("sequence_parallel_size is DeepSpeed-Ulysses: cp_algo=ulysses")
         if tp > 1:
-            defaults.append("AutoTP leaves the embedding and head whole on every tp rank: vocab_parallel=false")
+            defaults.append("AutoTP splits the decoder layers' linears over tp; the embedding stays whole and the head "
+                            "is split only where the model's AutoTP policy names it: priced whole, "
+                            "vocab_parallel=false")
         fields.update(_zero(f, defaults))
         fields.update(_batch(f, dp, defaults))
-        fields.update(_precision(f, defaults, fields.get("offload_optimizer", False)))
+        fields.update(_precision(f, defaults))
         fields.update(_checkpointing(f, tp, defaults))
         optimizer = f.section("optimizer")
         kind = f.value(optimizer, "type", "optimizer.type", str) if optimizer else None
@@ -256,12 +260,13 @@ def _batch(f: _File, dp: int, defaults: List[str]) -> Dict[str, Any]:
     return {"micro_batch": micro, "num_micro_batches": accumulation}
 
 
-def _precision(f: _File, defaults: List[str], offloaded: bool) -> Dict[str, Any]:
+def _precision(f: _File, defaults: List[str]) -> Dict[str, Any]:
     bf16, fp16 = f.section("bf16"), f.section("fp16")
     on_bf16 = f.value(bf16, "enabled", "bf16.enabled", bool, False) if bf16 else False
     on_fp16 = f.value(fp16, "enabled", "fp16.enabled", bool, False) if fp16 else False
-    if fp16:
-        f.ignored.extend(f"fp16.{k}" for k in fp16 if k != "enabled")
+    f.ignored.extend(f"fp16.{k}" for k in fp16 if k != "enabled")  # loss scaling
+    f.ignored.extend(f"bf16.{k}" for k in bf16 if k not in ("enabled", "bf16_master_weights_and_grads",
+                                                             "bf16_optimizer_states"))
     if on_bf16 and on_fp16:
         raise f.refuse("bf16.enabled", "given with fp16.enabled (DeepSpeed refuses both)", "keep one in a copy")
     accumulate = f.value(f.section("data_types"), "grad_accum_dtype", "data_types.grad_accum_dtype", str)

@@ -105,18 +105,20 @@ IGNORED_PREFIXES = (
     "exit-", "data-", "split", "vocab-file", "merge-file", "tokenizer-model", "tiktoken-", "num-workers", "seed",
     "ckpt-", "distributed-timeout", "timing-log", "mock-data", "no-mmap-bin-files", "no-create-attention-mask",
     "moe-aux-loss", "moe-router-load-balancing", "moe-z-loss", "use-mcore-models", "rotary-percent",
-    "apply-layernorm-1p", "no-position-embedding", "no-masked-softmax-fusion", "attention-softmax-in-fp32",
-    "calculate-per-token-loss", "manual-gc", "use-checkpoint-", "dist-ckpt", "auto-detect-ckpt-format",
+    "apply-layernorm-1p", "no-position-embedding", "calculate-per-token-loss", "manual-gc", "use-checkpoint-",
+    "dist-ckpt", "auto-detect-ckpt-format",
     "step-batch-size-schedule", "loss-scale", "initial-loss-scale", "min-loss-scale", "hysteresis",
+    "bias-", "no-bias-", "spec", "rerun-", "check-for-nan", "accumulate-allreduce-grads-in-fp32")
+# Kernel and overlap choices: they bear on the cost, but ndcost prices them from the runtime profile and the
+# time model, not from the flag; reported as such.
+KERNEL_PREFIXES = (
     "overlap-grad-reduce", "overlap-param-gather", "moe-grouped-gemm", "moe-token-dispatcher-type",
-    "attention-backend", "cross-entropy-loss-fusion", "empty-unused-memory-level", "bias-", "no-bias-",
-    "masked-softmax-fusion", "use-flash-attn", "transformer-impl", "spec", "rerun-", "check-for-nan",
-    "untie-embeddings-and-output-weights-", "accumulate-allreduce-grads-in-fp32")
+    "attention-backend", "cross-entropy-loss-fusion", "empty-unused-memory-level", "masked-softmax-fusion",
+    "no-masked-softmax-fusion", "attention-softmax-in-fp32", "use-flash-attn", "transformer-impl")
 
 PROGRAM_FLAGS = ("--num-layers", "--micro-batch-size", "--tensor-model-parallel-size", "--hidden-size",
                  "--pipeline-model-parallel-size", "--global-batch-size")
 CP_ALGOS = {"p2p": "ring", "a2a": "ulysses", "a2a+p2p": "hybrid"}
-QUIET_COMMANDS = ("echo", "printf", "[", "[[", "test")
 
 
 def _is_program(args: List[str]) -> bool:
@@ -136,7 +138,7 @@ class MegatronFormat:
 
         text = read_text(path, "Megatron-LM configuration")
         args, launcher = self._arguments(path, text)
-        flags, order = _flags(path, args)
+        flags, order = _flags(args)
         read, ignored, refused = [], list(launcher), []
         for flag in order:
             name = flag[2:]
@@ -144,13 +146,16 @@ class MegatronFormat:
                 refused.append(flag)
             elif _known(name):
                 read.append(flag)
+            elif name.startswith(KERNEL_PREFIXES):
+                ignored.append(f"{flag} (a kernel or overlap choice: priced by the runtime profile and the time "
+                               f"model, not by the flag)")
             elif name.startswith(IGNORED_PREFIXES):
                 ignored.append(flag)
             else:
                 ignored.append(f"{flag} (unrecognized; no bearing assumed)")
-        for flag in refused:
-            raise field_error(KIND, path, flag, "not priced" if "not priced" in REFUSED[flag[2:]] else "not read",
-                              REFUSED[flag[2:]])
+        if refused:
+            why = REFUSED[refused[0][2:]]
+            raise field_error(KIND, path, refused[0], "not priced" if "not priced" in why else "not read", why)
         for flag in read:
             for word in flags[flag]:
                 if _shell.unknown_names(word):
@@ -195,7 +200,7 @@ class MegatronFormat:
                 raise field_error(KIND, path, "file", f"runs more than one training command (lines {lines})",
                                   "keep the one to price in a copy")
             programs.append(world.commands[0][0])
-        priced = {_cost_bearing(path, p) for p in programs}
+        priced = {_cost_bearing(p) for p in programs}
         if len(priced) > 1:
             tests = sorted({t for w in worlds for t in w.undecided})
             raise field_error(KIND, path, "; ".join(tests), "the flags the script passes depend on these tests, "
@@ -228,7 +233,7 @@ def _known(name: str) -> bool:
         name in BOOL_FLAGS
 
 
-def _flags(path: str, args: Sequence[str]) -> Tuple[Dict[str, List[str]], List[str]]:
+def _flags(args: Sequence[str]) -> Tuple[Dict[str, List[str]], List[str]]:
     """Each ``--flag``'s value words (argparse: the last occurrence wins) and the flags in order, once each."""
     flags: Dict[str, List[str]] = {}
     order: List[str] = []
@@ -245,9 +250,9 @@ def _flags(path: str, args: Sequence[str]) -> Tuple[Dict[str, List[str]], List[s
     return flags, order
 
 
-def _cost_bearing(path: str, program: List[str]) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+def _cost_bearing(program: List[str]) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
     """The flags of *program* that bear on the cost (read or refused), to compare a script's undecided runs."""
-    flags, _ = _flags(path, program)
+    flags, _ = _flags(program)
     return tuple(sorted((k, tuple(v)) for k, v in flags.items() if _known(k[2:]) or k[2:] in REFUSED))
 
 
@@ -429,7 +434,10 @@ def _recompute(v: _Values) -> Dict[str, Any]:
         raise v.refuse("--recompute-granularity", f"expected full or selective, got {granularity!r}",
                        "give full or selective")
     if method == "block":
-        return {"recompute": "full", "recompute_layers": layers if layers is not None else 0}
+        if layers is None:
+            raise v.refuse("--recompute-num-layers", "missing with --recompute-method block (the layers a stage "
+                           "recomputes)", "give --recompute-num-layers N")
+        return {"recompute": "full", "recompute_layers": layers}
     if method == "uniform":
         if layers not in (None, 1):
             raise v.refuse("--recompute-num-layers", f"uniform recomputation of {layers} layers a checkpoint "
@@ -479,7 +487,8 @@ def _model(v: _Values, tp: int) -> Tuple[Optional[Dict[str, Any]], List[str]]:
     assert head_dim is not None and groups is not None
     divisor = v.int("make-vocab-size-divisible-by", 128)
     assert divisor is not None
-    padded = math.ceil(vocab / (divisor * tp)) * divisor * tp
+    multiple = divisor * tp  # megatron/core/tokenizers/utils/build_tokenizer.py vocab_size_with_padding
+    padded = -(-vocab // multiple) * multiple
     if padded != vocab:
         notes.append(f"vocabulary padded from {vocab} to {padded} (a multiple of {divisor} * tp)")
     norm = v.str("normalization", "LayerNorm")
