@@ -249,7 +249,7 @@ def _batch(f: _File, dp: int, defaults: List[str]) -> Dict[str, Any]:
         defaults.append(f"train_micro_batch_size_per_gpu = {train} // {dp} // {accumulation} = {micro}")
     elif train is None:
         accumulation = accumulation or 1
-        train = micro * accumulation * dp  # type: ignore[operator]
+        train = micro * accumulation * dp
         defaults.append(f"train_batch_size = {micro} * {accumulation} * {dp} = {train}")
     assert micro is not None and accumulation is not None
     if micro < 1 or accumulation < 1 or train != micro * accumulation * dp:
@@ -321,7 +321,8 @@ def _refuse_write(field: str, value: Any, why: str) -> InvalidValue:
     return InvalidValue(f"deepspeed writer: {field}={value}: {why}")
 
 
-_WRITTEN_DTYPES = {  # (param, compute, grad, optimizer, master) as the reader gives them -> the precision section
+# (param, compute, grad, optimizer, master) as the reader gives them -> the precision section
+_WRITTEN_DTYPES: Dict[tuple, Dict[str, Any]] = {
     ("bf16", None, "bf16", "fp32", "fp32"): {"bf16": {"enabled": True}},
     ("bf16", None, "bf16", "fp32", "bf16"): {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True}},
     ("bf16", None, "bf16", "bf16", "bf16"): {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True,

@@ -278,7 +278,7 @@ class _Values:
                               f"{' '.join(words) or 'none'}", f"give --{name} VALUE")
         return words[0]
 
-    def int(self, name: str, default: Optional[int] = None, minimum: int = 1) -> Optional[int]:
+    def integer(self, name: str, default: Optional[int] = None, minimum: int = 1) -> Optional[int]:
         text = self.one(name)
         if text is None:
             return default
@@ -291,7 +291,7 @@ class _Values:
                               f"give --{name} N")
         return value
 
-    def float(self, name: str, default: float) -> float:
+    def number(self, name: str, default: float) -> float:
         text = self.one(name)
         if text is None:
             return default
@@ -305,11 +305,11 @@ class _Values:
                               f"give --{name} X")
         return value
 
-    def str(self, name: str, default: Optional[str] = None) -> Optional[str]:
+    def text(self, name: str, default: Optional[str] = None) -> Optional[str]:
         text = self.one(name)
         return default if text is None else text
 
-    def bool(self, name: str) -> bool:
+    def switch(self, name: str) -> bool:
         if self.present(name):
             words = self._words(name)
             if words:
@@ -324,9 +324,9 @@ class _Values:
 
 def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
     defaults: List[str] = []
-    tp = v.int("tensor-model-parallel-size", 1)
-    pp = v.int("pipeline-model-parallel-size", 1)
-    cp = v.int("context-parallel-size", 1)
+    tp = v.integer("tensor-model-parallel-size", 1)
+    pp = v.integer("pipeline-model-parallel-size", 1)
+    cp = v.integer("context-parallel-size", 1)
     assert tp is not None and pp is not None and cp is not None
     model_ranks = tp * pp * cp
     if devices % model_ranks:
@@ -335,8 +335,8 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
                        "give a world size that is a multiple of it, or change the degrees in a copy")
     dp = devices // model_ranks
     fields: Dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "dp": dp}
-    ep = v.int("expert-model-parallel-size", 1)
-    etp = v.int("expert-tensor-parallel-size")
+    ep = v.integer("expert-model-parallel-size", 1)
+    etp = v.integer("expert-tensor-parallel-size")
     if etp is None:  # arguments.py: the expert tensor-parallel size defaults to tp; a dense model has none
         etp = tp if v.present("num-experts") or ep != 1 else 1
         if etp > 1:
@@ -347,24 +347,24 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
     if v.present("num-layers-per-virtual-pipeline-stage") and v.present("num-virtual-stages-per-pipeline-rank"):
         raise v.refuse("--num-layers-per-virtual-pipeline-stage", "given with --num-virtual-stages-per-pipeline-"
                        "rank (Megatron-LM takes one of them)", "keep one in a copy")
-    per_chunk = v.int("num-layers-per-virtual-pipeline-stage")
+    per_chunk = v.integer("num-layers-per-virtual-pipeline-stage")
     if per_chunk is not None:
-        layers = v.int("num-layers")
+        layers = v.integer("num-layers")
         if layers is None or layers % pp or (layers // pp) % per_chunk:
             raise v.refuse("--num-layers-per-virtual-pipeline-stage", f"{per_chunk} layers a chunk does not "
                            f"divide --num-layers {layers} over {pp} pipeline stages", "give --num-layers a "
                            "multiple of pp * the layers a chunk")
         vpp = layers // pp // per_chunk
     elif v.present("num-virtual-stages-per-pipeline-rank"):
-        vpp = v.int("num-virtual-stages-per-pipeline-rank", 1) or 1
+        vpp = v.integer("num-virtual-stages-per-pipeline-rank", 1) or 1
     if vpp > 1:
         fields.update(vpp=vpp, schedule="interleaved")
 
-    sp = v.bool("sequence-parallel")
+    sp = v.switch("sequence-parallel")
     if sp and tp == 1:
         defaults.append("--sequence-parallel is turned off without tensor parallelism (tp = 1)")
     fields["sp"] = sp and tp > 1
-    if v.bool("use-distributed-optimizer"):
+    if v.switch("use-distributed-optimizer"):
         fields["zero"] = 1
         defaults.append("the distributed optimizer shards the fp32 main parameters and the optimizer states "
                         "over the data-parallel ranks with context parallelism (dp * cp): zero=1, "
@@ -382,10 +382,10 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
         fields["cp_algo"] = CP_ALGOS[name]
 
     fields.update(_recompute(v))
-    micro = v.int("micro-batch-size")
+    micro = v.integer("micro-batch-size")
     if micro is None:
         raise v.refuse("--micro-batch-size", "missing (Megatron-LM requires it)", "give --micro-batch-size N")
-    global_batch = v.int("global-batch-size", micro * dp)
+    global_batch = v.integer("global-batch-size", micro * dp)
     assert global_batch is not None
     if not v.present("global-batch-size"):
         defaults.append(f"--global-batch-size = --micro-batch-size * data-parallel size = {global_batch}")
@@ -394,21 +394,21 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
                        f"times the data-parallel size {dp} (= --devices {devices} / (tp {tp} * pp {pp} * cp {cp}))",
                        "give a global batch that is, or another --devices")
     fields.update(micro_batch=micro, num_micro_batches=global_batch // (micro * dp))
-    seq = v.int("seq-length")
+    seq = v.integer("seq-length")
     if seq is not None:
         fields["seq"] = seq
     fields["vocab_parallel"] = tp > 1
     if tp > 1:
         defaults.append("Megatron-LM splits the vocabulary over tp: vocab_parallel=true")
     fields.update(_precision(v, defaults))
-    optimizer = v.str("optimizer", "adam")
+    optimizer = v.text("optimizer", "adam")
     if optimizer not in ("adam", "sgd"):
         raise v.refuse("--optimizer", f"{optimizer!r} is not priced (adam and sgd are)", "price adam: set "
                        "--optimizer adam in a copy")
     fields["optimizer"] = "adamw" if optimizer == "adam" else "sgd"
     if not v.present("optimizer"):
         defaults.append("--optimizer adam (decoupled weight decay: adamw)")
-    if v.bool("optimizer-cpu-offload"):
+    if v.switch("optimizer-cpu-offload"):
         fields["offload_optimizer"] = True
     try:
         strategy = Strategy.from_mapping(fields)
@@ -418,11 +418,11 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
 
 
 def _recompute(v: _Values) -> Dict[str, Any]:
-    granularity = v.str("recompute-granularity")
-    if v.bool("recompute-activations"):
+    granularity = v.text("recompute-granularity")
+    if v.switch("recompute-activations"):
         granularity = "selective"  # arguments.py: --recompute-activations sets granularity selective
-    method = v.str("recompute-method")
-    layers = v.int("recompute-num-layers", minimum=0)
+    method = v.text("recompute-method")
+    layers = v.integer("recompute-num-layers", minimum=0)
     if granularity is None:
         return {}
     if granularity == "selective":
@@ -449,62 +449,62 @@ def _recompute(v: _Values) -> Dict[str, Any]:
 
 
 def _precision(v: _Values, defaults: List[str]) -> Dict[str, Any]:
-    bf16, fp16 = v.bool("bf16"), v.bool("fp16")
+    bf16, fp16 = v.switch("bf16"), v.switch("fp16")
     if bf16 and fp16:
         raise v.refuse("--bf16", "given with --fp16", "keep one in a copy")
     if not (bf16 or fp16):
-        if v.bool("grad-reduce-in-bf16"):
+        if v.switch("grad-reduce-in-bf16"):
             raise v.refuse("--grad-reduce-in-bf16", "given without --bf16", "add --bf16 or remove it")
         defaults.append("neither --bf16 nor --fp16: fp32 parameters, gradients and optimizer states")
         return {"param_dtype": "fp32"}
     half = "bf16" if bf16 else "fp16"
-    grad = "bf16" if bf16 and v.bool("grad-reduce-in-bf16") else "fp32"
+    grad = "bf16" if bf16 and v.switch("grad-reduce-in-bf16") else "fp32"
     defaults.append(f"--{half}: {half} parameters, {grad} main gradients, fp32 main parameters and optimizer states")
     return {"param_dtype": half, "grad_dtype": grad, "master_dtype": "fp32", "optimizer_dtype": "fp32"}
 
 
 def _model(v: _Values, tp: int) -> Tuple[Optional[Dict[str, Any]], List[str]]:
     """The Transformers config mapping the shape flags describe, or None where the vocabulary is unknown."""
-    vocab = v.int("vocab-size")
+    vocab = v.integer("vocab-size")
     if vocab is None:
         return None, ["the vocabulary comes from the tokenizer, which ndcost does not read: give MODEL"]
-    layers, hidden, heads = (v.int(k) for k in ("num-layers", "hidden-size", "num-attention-heads"))
+    layers, hidden, heads = (v.integer(k) for k in ("num-layers", "hidden-size", "num-attention-heads"))
     for flag, value in (("num-layers", layers), ("hidden-size", hidden), ("num-attention-heads", heads)):
         if value is None:
             raise v.refuse(f"--{flag}", "missing (Megatron-LM requires it)", f"give --{flag} N")
     assert layers is not None and hidden is not None and heads is not None
     notes: List[str] = []
-    swiglu = v.bool("swiglu")
-    ffn = v.int("ffn-hidden-size")
+    swiglu = v.switch("swiglu")
+    ffn = v.integer("ffn-hidden-size")
     if ffn is None:  # arguments.py: 4h, or 2/3 of it rounded down to a multiple of 64 under SwiGLU
         ffn = int((4 * hidden * 2 / 3) / 64) * 64 if swiglu else 4 * hidden
         notes.append(f"--ffn-hidden-size = {ffn} (Megatron-LM's default for this width)")
     if hidden % heads and not v.present("kv-channels"):
         raise v.refuse("--num-attention-heads", f"{heads} does not divide --hidden-size {hidden}",
                        "give --kv-channels")
-    head_dim = v.int("kv-channels", hidden // heads)
-    groups = v.int("num-query-groups", 1) if v.bool("group-query-attention") else heads
+    head_dim = v.integer("kv-channels", hidden // heads)
+    groups = v.integer("num-query-groups", 1) if v.switch("group-query-attention") else heads
     assert head_dim is not None and groups is not None
-    divisor = v.int("make-vocab-size-divisible-by", 128)
+    divisor = v.integer("make-vocab-size-divisible-by", 128)
     assert divisor is not None
     multiple = divisor * tp  # megatron/core/tokenizers/utils/build_tokenizer.py vocab_size_with_padding
     padded = -(-vocab // multiple) * multiple
     if padded != vocab:
         notes.append(f"vocabulary padded from {vocab} to {padded} (a multiple of {divisor} * tp)")
-    norm = v.str("normalization", "LayerNorm")
-    position = v.str("position-embedding-type", "learned_absolute")
-    bias = not v.bool("disable-bias-linear")
-    qkv_bias = v.bool("add-qkv-bias")
-    qk_norm = v.bool("qk-layernorm")
-    tied = not v.bool("untie-embeddings-and-output-weights")
-    experts = v.int("num-experts")
-    if v.present("moe-layer-freq") and v.int("moe-layer-freq") != 1:
+    norm = v.text("normalization", "LayerNorm")
+    position = v.text("position-embedding-type", "learned_absolute")
+    bias = not v.switch("disable-bias-linear")
+    qkv_bias = v.switch("add-qkv-bias")
+    qk_norm = v.switch("qk-layernorm")
+    tied = not v.switch("untie-embeddings-and-output-weights")
+    experts = v.integer("num-experts")
+    if v.present("moe-layer-freq") and v.integer("moe-layer-freq") != 1:
         raise v.refuse("--moe-layer-freq", "dense layers between the MoE layers are not read yet",
                        "give MODEL, or --moe-layer-freq 1 in a copy")
-    attention_dropout = v.float("attention-dropout", 0.1)
-    hidden_dropout = v.float("hidden-dropout", 0.1)
-    max_positions = v.int("max-position-embeddings", v.int("seq-length", 4096))
-    eps = v.float("norm-epsilon", 1e-5)
+    attention_dropout = v.number("attention-dropout", 0.1)
+    hidden_dropout = v.number("hidden-dropout", 0.1)
+    max_positions = v.integer("max-position-embeddings", v.integer("seq-length", 4096))
+    eps = v.number("norm-epsilon", 1e-5)
     config: Dict[str, Any] = {
         "vocab_size": padded, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
         "max_position_embeddings": max_positions, "tie_word_embeddings": tied}
@@ -512,7 +512,7 @@ def _model(v: _Values, tp: int) -> Tuple[Optional[Dict[str, Any]], List[str]]:
     if norm == "RMSNorm" and position == "rope" and swiglu:
         config.update(num_key_value_heads=groups, head_dim=head_dim, intermediate_size=ffn, rms_norm_eps=eps,
                       hidden_act="silu", attention_dropout=attention_dropout, hidden_dropout=hidden_dropout,
-                      rope_parameters={"rope_type": "default", "rope_theta": v.float("rotary-base", 10000.0)})
+                      rope_parameters={"rope_type": "default", "rope_theta": v.number("rotary-base", 10000.0)})
         if experts is None:
             if qk_norm:
                 if bias or qkv_bias:
@@ -527,8 +527,8 @@ def _model(v: _Values, tp: int) -> Tuple[Optional[Dict[str, Any]], List[str]]:
             if bias or qkv_bias:
                 raise v.refuse("--disable-bias-linear" if bias else "--add-qkv-bias", "an MoE with linear biases "
                                "has no Transformers model type ndcost maps", "give MODEL")
-            topk = v.int("moe-router-topk", 2)
-            expert_ffn = v.int("moe-ffn-hidden-size", ffn)
+            topk = v.integer("moe-router-topk", 2)
+            expert_ffn = v.integer("moe-ffn-hidden-size", ffn)
             if qk_norm:
                 config.update(model_type="qwen3_moe", num_experts=experts, num_experts_per_tok=topk,
                               moe_intermediate_size=expert_ffn, decoder_sparse_step=1, mlp_only_layers=[],
