@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
 from ndcost.plugins.trainers import _shell
 from ndcost.trainers import TrainerConfig, field_error
@@ -318,7 +319,7 @@ class _Values:
             return True
         return False
 
-    def refuse(self, flag: str, problem: str, fix: str) -> Exception:
+    def refuse(self, flag: str, problem: str, fix: str) -> InvalidValue:
         return field_error(KIND, self.path, flag, problem, fix)
 
 
@@ -412,7 +413,7 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
         fields["offload_optimizer"] = True
     try:
         strategy = Strategy.from_mapping(fields)
-    except Exception as exc:  # a Strategy rule the flags break (ep * etp not dividing the ranks)
+    except InvalidValue as exc:  # a Strategy rule the flags break (ep * etp not dividing the ranks)
         raise v.refuse("the parallel sizes", str(exc), "change the degrees in a copy") from None
     return strategy, defaults, global_batch
 
@@ -561,9 +562,7 @@ _MEGATRON_DTYPES = {  # (param, compute, grad, optimizer, master) as the reader 
 }
 
 
-def _refuse_write(field: str, value: Any, why: str) -> Exception:
-    from ndcost.errors import InvalidValue
-
+def _refuse_write(field: str, value: Any, why: str) -> InvalidValue:
     return InvalidValue(f"megatron writer: {field}={value}: {why}")
 
 
@@ -575,14 +574,12 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
     if s.zero not in (0, 1):
         raise _refuse_write("zero", s.zero, "Megatron-LM's distributed optimizer is zero=1 (gradients and "
                             "parameters are not sharded)")
-    if s.zero == 1 and s.shard_mesh != "dp_cp" and s.cp > 1:
-        raise _refuse_write("shard_mesh", s.shard_mesh, "the distributed optimizer shards over dp * cp (dp_cp)")
     if s.vocab_parallel != (s.tp > 1):
         raise _refuse_write("vocab_parallel", str(s.vocab_parallel).lower(), f"Megatron-LM always splits the "
                             f"vocabulary over tp (vocab_parallel={'true' if s.tp > 1 else 'false'} at tp={s.tp})")
     if s.sp and s.tp == 1:
         raise _refuse_write("sp", "true", "Megatron-LM turns sequence parallelism off at tp=1")
-    if s.vpp > 1 and s.schedule != "interleaved" or s.vpp == 1 and s.schedule != "1f1b":
+    if (s.vpp > 1 and s.schedule != "interleaved") or (s.vpp == 1 and s.schedule != "1f1b"):
         raise _refuse_write("schedule", s.schedule, "Megatron-LM runs 1f1b, or interleaved with vpp > 1")
     if s.cp_algo not in CP_ALGOS.values():
         raise _refuse_write("cp_algo", s.cp_algo, "Megatron-LM's --cp-comm-type has p2p (ring), a2a (ulysses), "
@@ -594,7 +591,7 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
         raise _refuse_write("recompute_layers", s.recompute_layers, "Megatron-LM counts recomputed layers only "
                             "with recompute=full")
     for name in ("pp_layers", "offload_params", "offload_activations", "moe_imbalance", "allocator_overhead",
-                 "reshard_after_forward"):
+                 "reshard_after_forward", "shard_mesh"):  # the distributed optimizer shards over dp * cp: dp_cp
         default = Strategy().to_dict()[name]
         if getattr(s, name) != default:
             raise _refuse_write(name, getattr(s, name), "no Megatron-LM flag says this (leave it at its default)")
