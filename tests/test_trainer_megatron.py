@@ -148,6 +148,9 @@ def test_mixtral_variant_field_by_field_and_its_count():
     ("--qk-layernorm --disable-bias-linear --num-experts 16 --moe-router-topk 4 --moe-ffn-hidden-size 256",
      "qwen3_moe", {"num_experts": 16, "moe_intermediate_size": 256, "num_experts_per_tok": 4}),
     ("", "llama", {"attention_bias": True, "mlp_bias": True}),  # Megatron's linears are biased by default
+    ("--disable-bias-linear --add-qkv-bias --num-experts 16 --moe-ffn-hidden-size 128 "
+     "--moe-shared-expert-intermediate-size 256", "glm4_moe",
+     {"n_routed_experts": 16, "n_shared_experts": 2, "first_k_dense_replace": 0, "attention_bias": True}),
 ])
 def test_shapes_map_to_their_model_type(tmp_path, flags, model_type, extra):
     path = tmp_path / "args.txt"
@@ -162,9 +165,14 @@ def test_shapes_map_to_their_model_type(tmp_path, flags, model_type, extra):
     assert config.model["tie_word_embeddings"] is True  # no --untie-embeddings-and-output-weights
     # Counted by hand for the qwen3 shape: q and k norms of head_dim 64 each layer, no biases, one embedding
     # shared with the output layer.
+    h, ffn = 256, 640
     if model_type == "qwen3":
-        h, ffn = 256, 640
         per_layer = 4 * h * h + 3 * h * ffn + 2 * h + 2 * 64
+        assert parameters(load_model(config.model)).total == 1024 * h + 2 * per_layer + h
+    if model_type == "glm4_moe":
+        # Megatron's layer: qkv with its bias (3h + 3h), proj, a router of 16 x h, 16 SwiGLU experts of 128 and
+        # one shared SwiGLU expert of 256, two RMSNorms.
+        per_layer = (3 * h * h + 3 * h) + h * h + 16 * h + 16 * 3 * h * 128 + 3 * h * 256 + 2 * h
         assert parameters(load_model(config.model)).total == 1024 * h + 2 * per_layer + h
 
 

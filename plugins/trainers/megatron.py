@@ -23,7 +23,7 @@ d98e8a6); the semantics kept are its own:
   recomputes a rank's first ``--recompute-num-layers`` layers.
 
 The model shape flags become a Transformers config mapping (llama, qwen2,
-qwen3, mixtral, qwen3_moe or gpt2, as the shape says) where the vocabulary is
+qwen3, mixtral, qwen3_moe, glm4_moe (shared experts) or gpt2, as the shape says) where the vocabulary is
 known (``--vocab-size``); a tokenizer file is not read, so without
 ``--vocab-size`` the model must be given.
 """
@@ -47,7 +47,7 @@ INT_FLAGS = (
     "expert-tensor-parallel-size", "recompute-num-layers", "micro-batch-size", "global-batch-size", "seq-length",
     "num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups", "kv-channels",
     "vocab-size", "num-experts", "moe-router-topk", "moe-ffn-hidden-size", "make-vocab-size-divisible-by",
-    "max-position-embeddings", "moe-layer-freq")
+    "max-position-embeddings", "moe-layer-freq", "moe-shared-expert-intermediate-size")
 FLOAT_FLAGS = ("attention-dropout", "hidden-dropout", "rotary-base", "norm-epsilon")
 STR_FLAGS = ("recompute-granularity", "recompute-method", "normalization", "position-embedding-type", "optimizer",
              "tokenizer-type")
@@ -64,8 +64,8 @@ REFUSED: Mapping[str, str] = {
     "fp8-recipe": "float8 training is not priced yet; remove the --fp8-* flags in a copy to price it in bf16",
     "fp8-param-gather": "float8 training is not priced yet; remove the --fp8-* flags in a copy to price it in bf16",
     "fp4-format": "fp4 training is not priced yet; remove --fp4-format in a copy to price it in bf16",
-    "moe-shared-expert-intermediate-size": "shared experts are not read yet; give MODEL (a config with the "
-                                           "shared experts) and remove the flag in a copy",
+    "moe-shared-expert-gate": "a gated shared expert has no Transformers model type ndcost maps; give MODEL and "
+                              "remove the flag in a copy",
     "use-megatron-fsdp": "Megatron-FSDP is not read yet; price it as fsdp=N with --strategy on a copy without it",
     "use-torch-fsdp2": "torch FSDP2 under Megatron-LM is not read yet; price it as fsdp=N with --strategy on a "
                        "copy without it",
@@ -525,12 +525,24 @@ def _model(v: _Values, tp: int) -> Tuple[Optional[Dict[str, Any]], List[str]]:
             else:
                 config.update(model_type="llama", attention_bias=bias, mlp_bias=bias)
         else:
-            if bias or qkv_bias:
-                raise v.refuse("--disable-bias-linear" if bias else "--add-qkv-bias", "an MoE with linear biases "
-                               "has no Transformers model type ndcost maps", "give MODEL")
             topk = v.integer("moe-router-topk", 2)
             expert_ffn = v.integer("moe-ffn-hidden-size", ffn)
-            if qk_norm:
+            shared = v.integer("moe-shared-expert-intermediate-size")
+            assert expert_ffn is not None
+            if bias or (qkv_bias and shared is None):
+                raise v.refuse("--disable-bias-linear" if bias else "--add-qkv-bias", "an MoE with these linear "
+                               "biases has no Transformers model type ndcost maps", "give MODEL")
+            if shared is not None:  # glm4_moe: its shared experts are one MLP n_shared_experts times as wide
+                if shared % expert_ffn:
+                    raise v.refuse("--moe-shared-expert-intermediate-size", f"{shared} is not a multiple of "
+                                   f"--moe-ffn-hidden-size {expert_ffn} (glm4_moe's shared-expert width)",
+                                   "give MODEL")
+                config.update(model_type="glm4_moe", n_routed_experts=experts, num_experts_per_tok=topk,
+                              moe_intermediate_size=expert_ffn, n_shared_experts=shared // expert_ffn,
+                              first_k_dense_replace=0, use_qk_norm=qk_norm, attention_bias=qkv_bias,
+                              num_nextn_predict_layers=0, partial_rotary_factor=1.0, n_group=1, topk_group=1,
+                              norm_topk_prob=True, routed_scaling_factor=1.0)
+            elif qk_norm:
                 config.update(model_type="qwen3_moe", num_experts=experts, num_experts_per_tok=topk,
                               moe_intermediate_size=expert_ffn, decoder_sparse_step=1, mlp_only_layers=[],
                               attention_bias=False)
