@@ -190,3 +190,41 @@ def test_written_configs_read_back_to_the_same_strategy(tmp_path, fields):
 def test_the_writer_refuses_what_deepspeed_cannot_say(fields, named):
     with pytest.raises(InvalidValue, match=f"deepspeed writer: {named}"):
         to_config("deepspeed", Strategy.from_mapping(fields))
+
+
+# --- hostile configs ------------------------------------------------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ndcost.errors import NdcostError  # noqa: E402
+
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 1 << 40), st.floats(allow_nan=True),
+                   st.sampled_from(["auto", "cpu", "nvme", "none", "fp32", "bf16", "AdamW", "x"]),
+                   st.lists(st.integers(0, 3), max_size=2))
+SECTION = st.dictionaries(st.sampled_from(["enabled", "stage", "device", "ratio", "autotp_size", "type",
+                                           "cpu_offload", "offload_optimizer", "offload_param", "grad_accum_dtype",
+                                           "partition_activations", "cpu_checkpointing", "bf16_optimizer_states",
+                                           "bf16_master_weights_and_grads"]),
+                          st.one_of(VALUES, st.dictionaries(st.sampled_from(["device", "ratio"]), VALUES)),
+                          max_size=4)
+DOCS = st.dictionaries(st.sampled_from(["train_batch_size", "train_micro_batch_size_per_gpu",
+                                        "gradient_accumulation_steps", "zero_optimization", "bf16", "fp16",
+                                        "optimizer", "tensor_parallel", "sequence_parallel_size",
+                                        "activation_checkpointing", "data_types", "wandb", "odd"]),
+                       st.one_of(VALUES, SECTION), max_size=7)
+
+
+@pytest.mark.slow
+@settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(DOCS)
+def test_any_config_is_read_or_refused_with_an_ndcost_error(doc):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "ds.json"
+        path.write_text(json.dumps(doc))
+        try:
+            config = trainer_format("deepspeed").read(str(path), devices=8)
+        except NdcostError:
+            return
+        assert config.strategy.devices == 8
