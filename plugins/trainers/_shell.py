@@ -515,7 +515,7 @@ class World:
                     current.append(item)
                 if piece[-1:].isspace():
                     end_field()
-            if part.quoted and isinstance(value, list) and not value:
+            if part.quoted and isinstance(value, list) and not value:  # "${EMPTY[@]}" alone is no word at all
                 keep = keep or bool(current)
         end_field()
         return fields
