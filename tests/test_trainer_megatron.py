@@ -277,11 +277,16 @@ def test_an_evaluation_of_the_llama_variant_is_priced():
     config = read("llama3_8b_bf16_tp2_cp2.sh", 64)
     cost = nd.resolve(config.model, census="off").evaluate(config.strategy)
     assert cost.valid, cost.reason
-    # The distributed optimizer: fp32 master and two fp32 Adam states split over dp * cp = 32 ranks, on the
-    # tp-sharded share of the weights; the bf16 parameters and gradients whole.
+    # By hand, one tp-2 rank's parameters: the attention and SwiGLU weights of 32 layers halved, the norms whole,
+    # embedding and output layer halved (the vocabulary split over tp).
+    h, ffn, vocab = 4096, 14336, 128256
+    per_layer_split = (h * (h + 2 * 1024) + h * h + 3 * h * ffn) // 2
+    rank = 32 * per_layer_split + (32 * 2 * h + h) + 2 * vocab * h // 2
+    assert rank == 4_015_263_744
     stage = cost.stages[0].bytes_by_category
-    assert stage["parameters"] == stage["gradients"]  # bf16 both (--grad-reduce-in-bf16)
-    assert stage["master"] * 2 == stage["optimizer_states"]
+    assert stage["parameters"] == stage["gradients"] == 2 * rank  # bf16 both (--grad-reduce-in-bf16)
+    # The distributed optimizer: the fp32 main copy and two fp32 Adam states split over dp * cp = 16 * 2 ranks.
+    assert stage["master"] == 4 * rank // 32 and stage["optimizer_states"] == 2 * 4 * rank // 32
 
 
 # --- the writer ------------------------------------------------------------------------------------------
