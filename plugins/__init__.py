@@ -12,4 +12,5 @@ BUILTIN_ENTRY_POINTS = frozenset({
     "formulas_deepseek_v4", "formulas_gpt_oss", "formulas_linear_attention", "formulas_moe", "hardware",
     "estimators_activations", "estimators_flops", "op_records", "optimizers", "runtimes", "schedules", "storage",
     "trainer_hyperparallel", "trainer_torchtitan",
+    "trainer_deepspeed", "trainer_megatron",
 })

@@ -1,0 +1,697 @@
+"""``trainer/megatron``: a Megatron-LM launch script, command line or args file, read and written.
+
+The schema is Megatron-LM's megatron/training/arguments.py (NVIDIA/Megatron-LM
+d98e8a6); the semantics kept are its own:
+
+- the data-parallel size is ``world / (tp * pp * cp)`` (arguments.py,
+  ``args.data_parallel_size``), the world size coming from the launcher:
+  ``--devices N``;
+- the distributed optimizer shards the fp32 main parameters and the optimizer
+  states over the data-parallel group with context parallelism
+  (megatron/core/optimizer/distrib_optimizer.py), ``zero=1`` over dp * cp
+  (``shard_mesh=dp_cp``), gradients kept whole: ``6 + 12 / dp`` bytes a
+  parameter, as megatron/training/theoretical_memory_usage.py counts;
+- ``--bf16`` / ``--fp16`` keep bf16/fp16 parameters, fp32 main gradients
+  (bf16 with ``--grad-reduce-in-bf16``), an fp32 main copy of the parameters
+  and fp32 Adam states (megatron/core/optimizer/optimizer.py,
+  ``Float16OptimizerWithFloat16Params``);
+- sequence parallelism is turned off without tensor parallelism, the expert
+  tensor-parallel size defaults to tp, the vocabulary is padded to a multiple
+  of ``make_vocab_size_divisible_by * tp`` and always split over tp;
+- ``--recompute-granularity selective`` recomputes the core attention only
+  (``recompute=core_attention``); ``full`` with ``--recompute-method block``
+  recomputes a rank's first ``--recompute-num-layers`` layers.
+
+The model shape flags become a Transformers config mapping (llama, qwen2,
+qwen3, mixtral, qwen3_moe, glm4_moe (shared experts) or gpt2, as the shape says) where the vocabulary is
+known (``--vocab-size``); a tokenizer file is not read, so without
+``--vocab-size`` the model must be given.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ndcost.errors import InvalidValue
+from ndcost.hookspecs import hookimpl
+from ndcost.plugins.trainers import _shell
+from ndcost.trainers import TrainerConfig, field_error
+from ndcost.values import Strategy
+
+KIND = "megatron"
+
+# Flags read, by the type of their value (Megatron-LM megatron/training/arguments.py).
+INT_FLAGS = (
+    "tensor-model-parallel-size", "pipeline-model-parallel-size", "num-layers-per-virtual-pipeline-stage",
+    "num-virtual-stages-per-pipeline-rank", "context-parallel-size", "expert-model-parallel-size",
+    "expert-tensor-parallel-size", "recompute-num-layers", "micro-batch-size", "global-batch-size", "seq-length",
+    "num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups", "kv-channels",
+    "vocab-size", "num-experts", "moe-router-topk", "moe-ffn-hidden-size", "make-vocab-size-divisible-by",
+    "max-position-embeddings", "moe-layer-freq", "moe-shared-expert-intermediate-size")
+FLOAT_FLAGS = ("attention-dropout", "hidden-dropout", "rotary-base", "norm-epsilon")
+STR_FLAGS = ("recompute-granularity", "recompute-method", "normalization", "position-embedding-type", "optimizer",
+             "tokenizer-type")
+LIST_FLAGS = ("cp-comm-type",)
+BOOL_FLAGS = (
+    "sequence-parallel", "use-distributed-optimizer", "bf16", "fp16", "swiglu", "group-query-attention",
+    "untie-embeddings-and-output-weights", "disable-bias-linear", "add-qkv-bias", "qk-layernorm",
+    "grad-reduce-in-bf16", "optimizer-cpu-offload", "recompute-activations")
+
+# Flags with a bearing on the cost that are not priced or not read yet: refused by name, with the fix.
+REFUSED: Mapping[str, str] = {
+    "fp8-format": "float8 training is not priced yet; remove --fp8-format and the --fp8-* flags in a copy to "
+                  "price it in bf16",
+    "fp8-recipe": "float8 training is not priced yet; remove the --fp8-* flags in a copy to price it in bf16",
+    "fp8-param-gather": "float8 training is not priced yet; remove the --fp8-* flags in a copy to price it in bf16",
+    "fp4-format": "fp4 training is not priced yet; remove --fp4-format in a copy to price it in bf16",
+    "moe-shared-expert-gate": "a gated shared expert has no Transformers model type ndcost maps; give MODEL and "
+                              "remove the flag in a copy",
+    "use-megatron-fsdp": "Megatron-FSDP is not read yet; price it as fsdp=N with --strategy on a copy without it",
+    "use-torch-fsdp2": "torch FSDP2 under Megatron-LM is not read yet; price it as fsdp=N with --strategy on a "
+                       "copy without it",
+    "decoder-first-pipeline-num-layers": "an uneven pipeline split is not read yet; give pp_layers with "
+                                         "--strategy on a copy without it",
+    "decoder-last-pipeline-num-layers": "an uneven pipeline split is not read yet; give pp_layers with "
+                                        "--strategy on a copy without it",
+    "pipeline-model-parallel-layout": "a pipeline layout is not read yet; give pp_layers with --strategy on a "
+                                      "copy without it",
+    "account-for-embedding-in-pipeline-split": "an uneven pipeline split is not read yet; give pp_layers with "
+                                               "--strategy on a copy without it",
+    "account-for-loss-in-pipeline-split": "an uneven pipeline split is not read yet; give pp_layers with "
+                                          "--strategy on a copy without it",
+    "multi-latent-attention": "multi-latent attention shapes are not read yet; give MODEL and remove the flag "
+                              "in a copy",
+    "mtp-num-layers": "multi-token prediction layers are not read yet; give MODEL and remove the flag in a copy",
+    "hybrid-override-pattern": "hybrid (Mamba) stacks are not read yet; give MODEL and remove the flag in a copy",
+    "distribute-saved-activations": "checkpoints split over tp are not priced yet; remove the flag in a copy",
+    "use-precision-aware-optimizer": "the precision-aware optimizer's dtypes are not read yet; give them as "
+                                     "--strategy dtypes on a copy without it",
+    "main-grads-dtype": "not read yet; give grad_dtype with --strategy on a copy without it",
+    "main-params-dtype": "not read yet; give master_dtype with --strategy on a copy without it",
+    "exp-avg-dtype": "not read yet; give optimizer_dtype with --strategy on a copy without it",
+    "exp-avg-sq-dtype": "not read yet; give optimizer_dtype with --strategy on a copy without it",
+    "optimizer-offload-fraction": "a partial optimizer offload is not priced; remove the flag in a copy "
+                                  "(all of it offloaded)",
+    "tp-comm-overlap": "overlapped tensor-parallel communication (userbuffers) is not priced yet; remove the "
+                       "flag in a copy to price it without the overlap",
+    "cpu-offloading": "activation offloading under Megatron-LM is not read yet; remove the flag in a copy and "
+                      "give offload_activations=true with --strategy",
+}
+
+# Flags with no bearing on what ndcost prices: logging, data, paths, learning rate, initialisation, kernels'
+# numerics. A flag neither read, refused nor listed here is reported as unrecognized.
+IGNORED_PREFIXES = (
+    "lr", "min-lr", "decoupled-", "weight-decay", "adam-", "sgd-", "clip-grad", "init-method", "train-iters",
+    "train-samples", "eval-", "log-", "save", "load", "no-load-", "no-save-", "tensorboard", "wandb-", "profile",
+    "exit-", "data-", "split", "vocab-file", "merge-file", "tokenizer-model", "tiktoken-", "num-workers", "seed",
+    "ckpt-", "distributed-timeout", "timing-log", "mock-data", "no-mmap-bin-files", "no-create-attention-mask",
+    "moe-aux-loss", "moe-router-load-balancing", "moe-z-loss", "use-mcore-models", "rotary-percent",
+    "apply-layernorm-1p", "no-position-embedding", "calculate-per-token-loss", "manual-gc", "use-checkpoint-",
+    "dist-ckpt", "auto-detect-ckpt-format",
+    "step-batch-size-schedule", "loss-scale", "initial-loss-scale", "min-loss-scale", "hysteresis",
+    "bias-", "no-bias-", "spec", "rerun-", "check-for-nan", "accumulate-allreduce-grads-in-fp32")
+# Kernel and overlap choices: they bear on the cost, but ndcost prices them from the runtime profile and the
+# time model, not from the flag; reported as such.
+KERNEL_PREFIXES = (
+    "overlap-grad-reduce", "overlap-param-gather", "moe-grouped-gemm", "moe-token-dispatcher-type",
+    "attention-backend", "cross-entropy-loss-fusion", "empty-unused-memory-level", "masked-softmax-fusion",
+    "no-masked-softmax-fusion", "attention-softmax-in-fp32", "use-flash-attn", "transformer-impl")
+
+PROGRAM_FLAGS = ("--num-layers", "--micro-batch-size", "--tensor-model-parallel-size", "--hidden-size",
+                 "--pipeline-model-parallel-size", "--global-batch-size")
+CP_ALGOS = {"p2p": "ring", "a2a": "ulysses", "a2a+p2p": "hybrid"}
+
+
+def _is_program(args: List[str]) -> bool:
+    """A Megatron-LM training command: ``... something.py --flags`` with one of the flags it always takes."""
+    scripts = [k for k, a in enumerate(args) if a.endswith(".py") and " " not in a]
+    return bool(scripts) and any(a.split("=", 1)[0] in PROGRAM_FLAGS for a in args[scripts[0] + 1:])
+
+
+class MegatronFormat:
+    name = KIND
+    description = "Megatron-LM: a launch script (bash arrays, variables, if), a command line or an args file"
+    writes = True
+
+    # --- reading ------------------------------------------------------------------------------------------
+    def read(self, path: str, *, devices: Optional[int]) -> TrainerConfig:
+        from ndcost.specio import read_text
+
+        text = read_text(path, "Megatron-LM configuration")
+        args, launcher = self._arguments(path, text)
+        flags, order = _flags(args)
+        read, ignored, refused = [], list(launcher), []
+        for flag in order:
+            name = flag[2:]
+            if name in REFUSED:
+                refused.append(flag)
+            elif _known(name):
+                read.append(flag)
+            elif name.startswith(KERNEL_PREFIXES):
+                ignored.append(f"{flag} (a kernel or overlap choice: priced by the runtime profile and the time "
+                               f"model, not by the flag)")
+            elif name.startswith(IGNORED_PREFIXES):
+                ignored.append(flag)
+            else:
+                ignored.append(f"{flag} (unrecognized; no bearing assumed)")
+        if refused:
+            why = REFUSED[refused[0][2:]]
+            raise field_error(KIND, path, refused[0], "not priced" if "not priced" in why else "not read", why)
+        for flag in read:
+            for word in flags[flag]:
+                if _shell.unknown_names(word):
+                    raise field_error(KIND, path, flag, f"its value is {', '.join(_shell.unknown_names(word))}, "
+                                      f"which the script does not set", "give the value in a copy (the variable "
+                                      "set, or the number written)")
+        if devices is None:
+            raise field_error(KIND, path, "--devices", "a Megatron-LM launch takes its world size from the "
+                              "launcher, which ndcost does not run", "give the world size: --devices N "
+                              "(from_config(..., devices=N))")
+        values = _Values(path, flags)
+        strategy, defaults, global_batch = _strategy(values, devices)
+        model, model_notes = _model(values, strategy.tp)
+        return TrainerConfig(kind=KIND, path=path, strategy=strategy, model=model, devices=devices,
+                             global_batch=global_batch, read_fields=tuple(read), ignored_fields=tuple(ignored),
+                             defaults=tuple(defaults + model_notes))
+
+    def _arguments(self, path: str, text: str) -> Tuple[List[str], List[str]]:
+        """The training program's words and the launcher's flags (ignored), from an args file or a script."""
+        try:
+            plain = _shell.split_words(text)
+        except _shell.ShellError as exc:
+            raise field_error(KIND, path, "file", f"not a Megatron-LM command line or launch script ({exc})",
+                              "give a bash launch script, a command line or an args file of --flags") from None
+        if plain and plain[0].startswith("--"):  # an args file: the program's flags only
+            return plain, []
+        try:
+            worlds = [w for w in _shell.program_arguments(text, _is_program) if w.commands]
+        except _shell.ShellError as exc:
+            raise field_error(KIND, path, str(exc).split(":", 1)[0], str(exc).split(":", 1)[-1].strip(),
+                              "write the command the script runs (its expanded flags) into a file and read "
+                              "that") from None
+        if not worlds:
+            raise field_error(KIND, path, "file", "no Megatron-LM training command found (a line running "
+                              "pretrain_gpt.py or another .py program with --num-layers, --micro-batch-size or "
+                              "a parallel size)", "give the launch script, the command line or an args file")
+        programs = []
+        for world in worlds:
+            commands = {tuple(c) for c, _ in world.commands}
+            if len(commands) > 1:
+                lines = ", ".join(str(line) for _, line in world.commands)
+                raise field_error(KIND, path, "file", f"runs more than one training command (lines {lines})",
+                                  "keep the one to price in a copy")
+            programs.append(world.commands[0][0])
+        priced = {_cost_bearing(p) for p in programs}
+        if len(priced) > 1:
+            tests = sorted({t for w in worlds for t in w.undecided})
+            raise field_error(KIND, path, "; ".join(tests), "the flags the script passes depend on these tests, "
+                              "which ndcost cannot decide (a file test, or a variable the script does not set)",
+                              "give the values the tests read in a copy, or the command line itself")
+        program = programs[0]
+        start = next(k for k, a in enumerate(program) if a.endswith(".py") and " " not in a)
+        launched = [a.split("=", 1)[0] for a in program[1:start] if a.startswith("-")]
+        launcher = [f"{program[0]} {' '.join(launched)} (the launcher's; the world size is --devices)"]
+        return program[start + 1:], launcher if launched else []
+
+    # --- writing ------------------------------------------------------------------------------------------
+    def write(self, strategy: Strategy, *, model: Any = None, global_batch: Optional[int] = None) -> str:
+        flags = _strategy_flags(strategy, global_batch)
+        if model is not None:
+            flags += _model_flags(model, strategy.tp)
+        lines = [f"    {flag} \\" for flag in flags]
+        devices = strategy.devices
+        per_node = min(devices, 8) if devices % min(devices, 8) == 0 else devices
+        header = ["#!/bin/bash", f"# Written by ndcost: {strategy}",
+                  f"# Read it back with: ndcost estimate --from megatron:THIS_FILE --devices {devices}",
+                  f"torchrun --nproc_per_node {per_node} --nnodes {devices // per_node} pretrain_gpt.py \\"]
+        if lines:
+            lines[-1] = lines[-1][:-2]
+        return "\n".join(header + lines) + "\n"
+
+
+def _known(name: str) -> bool:
+    return name in INT_FLAGS or name in FLOAT_FLAGS or name in STR_FLAGS or name in LIST_FLAGS or \
+        name in BOOL_FLAGS
+
+
+def _flags(args: Sequence[str]) -> Tuple[Dict[str, List[str]], List[str]]:
+    """Each ``--flag``'s value words (argparse: the last occurrence wins) and the flags in order, once each."""
+    flags: Dict[str, List[str]] = {}
+    order: List[str] = []
+    current: Optional[str] = None
+    for word in args:
+        if word.startswith("--") and len(word) > 2:
+            name, eq, value = word.partition("=")
+            current = name
+            flags[name] = [value] if eq else []
+            if name not in order:
+                order.append(name)
+        elif current is not None:
+            flags[current].append(word)
+    return flags, order
+
+
+def _cost_bearing(program: List[str]) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+    """The flags of *program* that bear on the cost (read or refused), to compare a script's undecided runs."""
+    flags, _ = _flags(program)
+    return tuple(sorted((k, tuple(v)) for k, v in flags.items() if _known(k[2:]) or k[2:] in REFUSED))
+
+
+class _Values:
+    """The read flags' values, converted and checked, each refusal naming the flag."""
+
+    def __init__(self, path: str, flags: Mapping[str, List[str]]):
+        self.path = path
+        self.flags = flags
+
+    def present(self, name: str) -> bool:
+        return f"--{name}" in self.flags
+
+    def _words(self, name: str) -> List[str]:
+        return self.flags[f"--{name}"]  # placeholders (values the script does not set) were refused on reading
+
+    def one(self, name: str) -> Optional[str]:
+        if not self.present(name):
+            return None
+        words = self._words(name)
+        if len(words) != 1:
+            raise field_error(KIND, self.path, f"--{name}", f"expected one value, got {len(words)}: "
+                              f"{' '.join(words) or 'none'}", f"give --{name} VALUE")
+        return words[0]
+
+    def integer(self, name: str, default: Optional[int] = None, minimum: int = 1) -> Optional[int]:
+        text = self.one(name)
+        if text is None:
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise field_error(KIND, self.path, f"--{name}", f"expected an integer >= {minimum}, got {text!r}",
+                              f"give --{name} N")
+        return value
+
+    def number(self, name: str, default: float) -> float:
+        text = self.one(name)
+        if text is None:
+            return default
+        try:
+            value = float(text)
+        except ValueError:
+            raise field_error(KIND, self.path, f"--{name}", f"expected a number, got {text!r}",
+                              f"give --{name} X") from None
+        if not math.isfinite(value) or value < 0:
+            raise field_error(KIND, self.path, f"--{name}", f"expected a finite number >= 0, got {text!r}",
+                              f"give --{name} X")
+        return value
+
+    def text(self, name: str, default: Optional[str] = None) -> Optional[str]:
+        text = self.one(name)
+        return default if text is None else text
+
+    def switch(self, name: str) -> bool:
+        if self.present(name):
+            words = self._words(name)
+            if words:
+                raise field_error(KIND, self.path, f"--{name}", f"a switch takes no value, got "
+                                  f"{' '.join(words)}", f"write --{name} alone")
+            return True
+        return False
+
+    def refuse(self, flag: str, problem: str, fix: str) -> InvalidValue:
+        return field_error(KIND, self.path, flag, problem, fix)
+
+
+def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
+    defaults: List[str] = []
+    tp = v.integer("tensor-model-parallel-size", 1)
+    pp = v.integer("pipeline-model-parallel-size", 1)
+    cp = v.integer("context-parallel-size", 1)
+    assert tp is not None and pp is not None and cp is not None
+    model_ranks = tp * pp * cp
+    if devices % model_ranks:
+        raise v.refuse("--tensor-model-parallel-size * --pipeline-model-parallel-size * --context-parallel-size",
+                       f"{tp} * {pp} * {cp} = {model_ranks} does not divide the world size {devices} (--devices)",
+                       "give a world size that is a multiple of it, or change the degrees in a copy")
+    dp = devices // model_ranks
+    fields: Dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "dp": dp}
+    ep = v.integer("expert-model-parallel-size", 1)
+    etp = v.integer("expert-tensor-parallel-size")
+    if etp is None:  # arguments.py: the expert tensor-parallel size defaults to tp; a dense model has none
+        etp = tp if v.present("num-experts") or ep != 1 else 1
+        if etp > 1:
+            defaults.append(f"--expert-tensor-parallel-size = --tensor-model-parallel-size = {tp}")
+    fields.update(ep=ep, etp=etp)
+
+    vpp = 1
+    if v.present("num-layers-per-virtual-pipeline-stage") and v.present("num-virtual-stages-per-pipeline-rank"):
+        raise v.refuse("--num-layers-per-virtual-pipeline-stage", "given with --num-virtual-stages-per-pipeline-"
+                       "rank (Megatron-LM takes one of them)", "keep one in a copy")
+    per_chunk = v.integer("num-layers-per-virtual-pipeline-stage")
+    if per_chunk is not None:
+        layers = v.integer("num-layers")
+        if layers is None or layers % pp or (layers // pp) % per_chunk:
+            raise v.refuse("--num-layers-per-virtual-pipeline-stage", f"{per_chunk} layers a chunk does not "
+                           f"divide --num-layers {layers} over {pp} pipeline stages", "give --num-layers a "
+                           "multiple of pp * the layers a chunk")
+        vpp = layers // pp // per_chunk
+    elif v.present("num-virtual-stages-per-pipeline-rank"):
+        vpp = v.integer("num-virtual-stages-per-pipeline-rank", 1) or 1
+    if vpp > 1:
+        fields.update(vpp=vpp, schedule="interleaved")
+
+    sp = v.switch("sequence-parallel")
+    if sp and tp == 1:
+        defaults.append("--sequence-parallel is turned off without tensor parallelism (tp = 1)")
+    fields["sp"] = sp and tp > 1
+    if v.switch("use-distributed-optimizer"):
+        fields["zero"] = 1
+        defaults.append("the distributed optimizer shards the fp32 main parameters and the optimizer states "
+                        "over the data-parallel ranks with context parallelism (dp * cp): zero=1, "
+                        "shard_mesh=dp_cp")
+    types = v.flags.get("--cp-comm-type")
+    if types is not None:
+        names = {w for w in v._words("cp-comm-type")}
+        if len(names) != 1:
+            raise v.refuse("--cp-comm-type", f"a type a layer ({' '.join(types) or 'none'}) is not priced",
+                           "give one type for every layer in a copy")
+        name = names.pop()
+        if name not in CP_ALGOS:
+            raise v.refuse("--cp-comm-type", f"{name!r} is not priced (ndcost prices p2p as ring, a2a as ulysses "
+                           f"and a2a+p2p as hybrid)", "price it as p2p: set --cp-comm-type p2p in a copy")
+        fields["cp_algo"] = CP_ALGOS[name]
+
+    fields.update(_recompute(v))
+    micro = v.integer("micro-batch-size")
+    if micro is None:
+        raise v.refuse("--micro-batch-size", "missing (Megatron-LM requires it)", "give --micro-batch-size N")
+    global_batch = v.integer("global-batch-size", micro * dp)
+    assert global_batch is not None
+    if not v.present("global-batch-size"):
+        defaults.append(f"--global-batch-size = --micro-batch-size * data-parallel size = {global_batch}")
+    if global_batch % (micro * dp):
+        raise v.refuse("--global-batch-size", f"{global_batch} is not a multiple of --micro-batch-size {micro} "
+                       f"times the data-parallel size {dp} (= --devices {devices} / (tp {tp} * pp {pp} * cp {cp}))",
+                       "give a global batch that is, or another --devices")
+    fields.update(micro_batch=micro, num_micro_batches=global_batch // (micro * dp))
+    seq = v.integer("seq-length")
+    if seq is not None:
+        fields["seq"] = seq
+    fields["vocab_parallel"] = tp > 1
+    if tp > 1:
+        defaults.append("Megatron-LM splits the vocabulary over tp: vocab_parallel=true")
+    fields.update(_precision(v, defaults))
+    optimizer = v.text("optimizer", "adam")
+    if optimizer not in ("adam", "sgd"):
+        raise v.refuse("--optimizer", f"{optimizer!r} is not priced (adam and sgd are)", "price adam: set "
+                       "--optimizer adam in a copy")
+    fields["optimizer"] = "adamw" if optimizer == "adam" else "sgd"
+    if not v.present("optimizer"):
+        defaults.append("--optimizer adam (decoupled weight decay: adamw)")
+    if v.switch("optimizer-cpu-offload"):
+        fields["offload_optimizer"] = True
+    try:
+        strategy = Strategy.from_mapping(fields)
+    except InvalidValue as exc:  # a Strategy rule the flags break (ep * etp not dividing the ranks)
+        raise v.refuse("the parallel sizes", str(exc), "change the degrees in a copy") from None
+    return strategy, defaults, global_batch
+
+
+def _recompute(v: _Values) -> Dict[str, Any]:
+    granularity = v.text("recompute-granularity")
+    if v.switch("recompute-activations"):
+        granularity = "selective"  # arguments.py: --recompute-activations sets granularity selective
+    method = v.text("recompute-method")
+    layers = v.integer("recompute-num-layers", minimum=0)
+    if granularity is None:
+        return {}
+    if granularity == "selective":
+        if method is not None:
+            raise v.refuse("--recompute-method", "given with selective granularity (Megatron-LM refuses it)",
+                           "remove --recompute-method in a copy")
+        return {"recompute": "core_attention"}
+    if granularity != "full":
+        raise v.refuse("--recompute-granularity", f"expected full or selective, got {granularity!r}",
+                       "give full or selective")
+    if method == "block":
+        if layers is None:
+            raise v.refuse("--recompute-num-layers", "missing with --recompute-method block (the layers a stage "
+                           "recomputes)", "give --recompute-num-layers N")
+        return {"recompute": "full", "recompute_layers": layers}
+    if method == "uniform":
+        if layers not in (None, 1):
+            raise v.refuse("--recompute-num-layers", f"uniform recomputation of {layers} layers a checkpoint "
+                           f"keeps one input every {layers} layers, which ndcost does not price",
+                           "price --recompute-num-layers 1 or --recompute-method block in a copy")
+        return {"recompute": "full"}
+    raise v.refuse("--recompute-method", f"expected uniform or block with full granularity, got {method!r}",
+                   "give --recompute-method uniform or block")
+
+
+def _precision(v: _Values, defaults: List[str]) -> Dict[str, Any]:
+    bf16, fp16 = v.switch("bf16"), v.switch("fp16")
+    if bf16 and fp16:
+        raise v.refuse("--bf16", "given with --fp16", "keep one in a copy")
+    if not (bf16 or fp16):
+        if v.switch("grad-reduce-in-bf16"):
+            raise v.refuse("--grad-reduce-in-bf16", "given without --bf16", "add --bf16 or remove it")
+        defaults.append("neither --bf16 nor --fp16: fp32 parameters, gradients and optimizer states")
+        return {"param_dtype": "fp32"}
+    half = "bf16" if bf16 else "fp16"
+    grad = "bf16" if bf16 and v.switch("grad-reduce-in-bf16") else "fp32"
+    defaults.append(f"--{half}: {half} parameters, {grad} main gradients, fp32 main parameters and optimizer states")
+    return {"param_dtype": half, "grad_dtype": grad, "master_dtype": "fp32", "optimizer_dtype": "fp32"}
+
+
+def _model(v: _Values, tp: int) -> Tuple[Optional[Dict[str, Any]], List[str]]:
+    """The Transformers config mapping the shape flags describe, or None where the vocabulary is unknown."""
+    vocab = v.integer("vocab-size")
+    if vocab is None:
+        return None, ["the vocabulary comes from the tokenizer, which ndcost does not read: give MODEL"]
+    layers, hidden, heads = (v.integer(k) for k in ("num-layers", "hidden-size", "num-attention-heads"))
+    for flag, value in (("num-layers", layers), ("hidden-size", hidden), ("num-attention-heads", heads)):
+        if value is None:
+            raise v.refuse(f"--{flag}", "missing (Megatron-LM requires it)", f"give --{flag} N")
+    assert layers is not None and hidden is not None and heads is not None
+    notes: List[str] = []
+    swiglu = v.switch("swiglu")
+    ffn = v.integer("ffn-hidden-size")
+    if ffn is None:  # arguments.py: 4h, or 2/3 of it rounded down to a multiple of 64 under SwiGLU
+        ffn = int((4 * hidden * 2 / 3) / 64) * 64 if swiglu else 4 * hidden
+        notes.append(f"--ffn-hidden-size = {ffn} (Megatron-LM's default for this width)")
+    if hidden % heads and not v.present("kv-channels"):
+        raise v.refuse("--num-attention-heads", f"{heads} does not divide --hidden-size {hidden}",
+                       "give --kv-channels")
+    head_dim = v.integer("kv-channels", hidden // heads)
+    groups = v.integer("num-query-groups", 1) if v.switch("group-query-attention") else heads
+    assert head_dim is not None and groups is not None
+    divisor = v.integer("make-vocab-size-divisible-by", 128)
+    assert divisor is not None
+    multiple = divisor * tp  # megatron/core/tokenizers/utils/build_tokenizer.py vocab_size_with_padding
+    padded = -(-vocab // multiple) * multiple
+    if padded != vocab:
+        notes.append(f"vocabulary padded from {vocab} to {padded} (a multiple of {divisor} * tp)")
+    norm = v.text("normalization", "LayerNorm")
+    position = v.text("position-embedding-type", "learned_absolute")
+    bias = not v.switch("disable-bias-linear")
+    qkv_bias = v.switch("add-qkv-bias")
+    qk_norm = v.switch("qk-layernorm")
+    tied = not v.switch("untie-embeddings-and-output-weights")
+    experts = v.integer("num-experts")
+    if v.present("moe-layer-freq") and v.integer("moe-layer-freq") != 1:
+        raise v.refuse("--moe-layer-freq", "dense layers between the MoE layers are not read yet",
+                       "give MODEL, or --moe-layer-freq 1 in a copy")
+    attention_dropout = v.number("attention-dropout", 0.1)
+    hidden_dropout = v.number("hidden-dropout", 0.1)
+    max_positions = v.integer("max-position-embeddings", v.integer("seq-length", 4096))
+    eps = v.number("norm-epsilon", 1e-5)
+    config: Dict[str, Any] = {
+        "vocab_size": padded, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "max_position_embeddings": max_positions, "tie_word_embeddings": tied}
+    shape = f"--normalization {norm}, --position-embedding-type {position}, swiglu {swiglu}"
+    if norm == "RMSNorm" and position == "rope" and swiglu:
+        config.update(num_key_value_heads=groups, head_dim=head_dim, intermediate_size=ffn, rms_norm_eps=eps,
+                      hidden_act="silu", attention_dropout=attention_dropout, hidden_dropout=hidden_dropout,
+                      rope_parameters={"rope_type": "default", "rope_theta": v.number("rotary-base", 10000.0)})
+        if experts is None:
+            if qk_norm:
+                if bias or qkv_bias:
+                    raise v.refuse("--qk-layernorm", "with linear biases: no Transformers model type ndcost maps "
+                                   "has this shape", "give MODEL")
+                config.update(model_type="qwen3", attention_bias=False)
+            elif qkv_bias and not bias:
+                config.update(model_type="qwen2")
+            else:
+                config.update(model_type="llama", attention_bias=bias, mlp_bias=bias)
+        else:
+            topk = v.integer("moe-router-topk", 2)
+            expert_ffn = v.integer("moe-ffn-hidden-size", ffn)
+            shared = v.integer("moe-shared-expert-intermediate-size")
+            assert expert_ffn is not None
+            if bias or (qkv_bias and shared is None):
+                raise v.refuse("--disable-bias-linear" if bias else "--add-qkv-bias", "an MoE with these linear "
+                               "biases has no Transformers model type ndcost maps", "give MODEL")
+            if shared is not None:  # glm4_moe: its shared experts are one MLP n_shared_experts times as wide
+                if shared % expert_ffn:
+                    raise v.refuse("--moe-shared-expert-intermediate-size", f"{shared} is not a multiple of "
+                                   f"--moe-ffn-hidden-size {expert_ffn} (glm4_moe's shared-expert width)",
+                                   "give MODEL")
+                config.update(model_type="glm4_moe", n_routed_experts=experts, num_experts_per_tok=topk,
+                              moe_intermediate_size=expert_ffn, n_shared_experts=shared // expert_ffn,
+                              first_k_dense_replace=0, use_qk_norm=qk_norm, attention_bias=qkv_bias,
+                              num_nextn_predict_layers=0, partial_rotary_factor=1.0, n_group=1, topk_group=1,
+                              norm_topk_prob=True, routed_scaling_factor=1.0)
+            elif qk_norm:
+                config.update(model_type="qwen3_moe", num_experts=experts, num_experts_per_tok=topk,
+                              moe_intermediate_size=expert_ffn, decoder_sparse_step=1, mlp_only_layers=[],
+                              attention_bias=False)
+            else:
+                config.update(model_type="mixtral", num_local_experts=experts, num_experts_per_tok=topk,
+                              intermediate_size=expert_ffn)
+        return config, notes
+    if norm == "LayerNorm" and position == "learned_absolute" and not swiglu:
+        if experts is not None or qk_norm or not bias or groups != heads or head_dim * heads != hidden:
+            raise v.refuse("--num-experts" if experts is not None else "--disable-bias-linear" if not bias
+                           else "--qk-layernorm" if qk_norm else "--num-query-groups",
+                           "a GPT-2-shaped model (LayerNorm, learned positions) must be dense, biased, with full "
+                           "multi-head attention to map to gpt2", "give MODEL")
+        config = {"model_type": "gpt2", "vocab_size": padded, "n_embd": hidden, "n_layer": layers, "n_head": heads,
+                  "n_inner": ffn, "n_positions": max_positions, "activation_function": "gelu",
+                  "layer_norm_epsilon": eps, "attn_pdrop": attention_dropout, "resid_pdrop": hidden_dropout,
+                  "embd_pdrop": hidden_dropout, "tie_word_embeddings": tied}
+        return config, notes
+    raise v.refuse("--normalization", f"{shape}: no Transformers model type ndcost maps has this shape "
+                   "(llama-like: RMSNorm, rope, swiglu; gpt2-like: LayerNorm, learned_absolute, gelu)", "give MODEL")
+
+
+# --- writing -----------------------------------------------------------------------------------------------
+_MEGATRON_DTYPES = {  # (param, compute, grad, optimizer, master) as the reader gives them -> precision flags
+    ("bf16", None, "fp32", "fp32", "fp32"): ["--bf16"],
+    ("bf16", None, "bf16", "fp32", "fp32"): ["--bf16", "--grad-reduce-in-bf16"],
+    ("fp16", None, "fp32", "fp32", "fp32"): ["--fp16"],
+    ("fp32", None, None, None, "none"): [],
+}
+
+
+def _refuse_write(field: str, value: Any, why: str) -> InvalidValue:
+    return InvalidValue(f"megatron writer: {field}={value}: {why}")
+
+
+def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
+    """*s* as Megatron-LM flags; a field Megatron-LM cannot express is refused by name."""
+    if s.fsdp > 1:
+        raise _refuse_write("fsdp", s.fsdp, "Megatron-LM's FSDP is not written; use dp with zero=1 (the "
+                            "distributed optimizer)")
+    if s.zero not in (0, 1):
+        raise _refuse_write("zero", s.zero, "Megatron-LM's distributed optimizer is zero=1 (gradients and "
+                            "parameters are not sharded)")
+    if s.vocab_parallel != (s.tp > 1):
+        raise _refuse_write("vocab_parallel", str(s.vocab_parallel).lower(), f"Megatron-LM always splits the "
+                            f"vocabulary over tp (vocab_parallel={'true' if s.tp > 1 else 'false'} at tp={s.tp})")
+    if s.sp and s.tp == 1:
+        raise _refuse_write("sp", "true", "Megatron-LM turns sequence parallelism off at tp=1")
+    if (s.vpp > 1 and s.schedule != "interleaved") or (s.vpp == 1 and s.schedule != "1f1b"):
+        raise _refuse_write("schedule", s.schedule, "Megatron-LM runs 1f1b, or interleaved with vpp > 1")
+    if s.cp_algo not in CP_ALGOS.values():
+        raise _refuse_write("cp_algo", s.cp_algo, "Megatron-LM's --cp-comm-type has p2p (ring), a2a (ulysses), "
+                            "a2a+p2p (hybrid)")
+    if s.recompute == "selective":
+        raise _refuse_write("recompute", "selective", "an op-level policy is not Megatron-LM's; its selective is "
+                            "recompute=core_attention")
+    if s.recompute_layers is not None and s.recompute != "full":
+        raise _refuse_write("recompute_layers", s.recompute_layers, "Megatron-LM counts recomputed layers only "
+                            "with recompute=full")
+    for name in ("pp_layers", "offload_params", "offload_activations", "moe_imbalance", "allocator_overhead",
+                 "reshard_after_forward", "shard_mesh"):  # the distributed optimizer shards over dp * cp: dp_cp
+        default = Strategy().to_dict()[name]
+        if getattr(s, name) != default:
+            raise _refuse_write(name, getattr(s, name), "no Megatron-LM flag says this (leave it at its default)")
+    if s.optimizer not in ("adamw", "sgd"):
+        raise _refuse_write("optimizer", s.optimizer, "Megatron-LM's --optimizer is written for adamw or sgd")
+    dtypes = (s.param_dtype, s.compute_dtype, s.grad_dtype, s.optimizer_dtype, s.master_dtype)
+    if dtypes not in _MEGATRON_DTYPES:
+        raise _refuse_write("param_dtype", s.param_dtype, "Megatron-LM's precisions are --bf16 or --fp16 "
+                            "(grad_dtype=fp32, or bf16 with --grad-reduce-in-bf16; master_dtype=fp32,"
+                            "optimizer_dtype=fp32; compute_dtype unset) and fp32 alone (the other dtypes unset)")
+    flags = [f"--tensor-model-parallel-size {s.tp}", f"--pipeline-model-parallel-size {s.pp}",
+             f"--context-parallel-size {s.cp}"]
+    if s.vpp > 1:
+        flags.append(f"--num-virtual-stages-per-pipeline-rank {s.vpp}")
+    if s.cp > 1 or s.cp_algo != "ring":
+        flags.append("--cp-comm-type " + {a: k for k, a in CP_ALGOS.items()}[s.cp_algo])
+    if s.ep > 1 or s.etp > 1 or s.tp > 1:  # explicit: without them an MoE's expert tp would default to tp
+        flags.append(f"--expert-model-parallel-size {s.ep} --expert-tensor-parallel-size {s.etp}")
+    if s.sp:
+        flags.append("--sequence-parallel")
+    if s.zero == 1:
+        flags.append("--use-distributed-optimizer")
+    if s.recompute == "core_attention":
+        flags.append("--recompute-granularity selective")
+    elif s.recompute == "full":
+        flags.append("--recompute-granularity full")
+        flags.append("--recompute-method uniform --recompute-num-layers 1" if s.recompute_layers is None
+                     else f"--recompute-method block --recompute-num-layers {s.recompute_layers}")
+    batch = s.micro_batch * s.num_micro_batches * s.dp
+    if global_batch is not None and global_batch != batch:
+        raise _refuse_write("global_batch", global_batch, f"micro_batch {s.micro_batch} * num_micro_batches "
+                            f"{s.num_micro_batches} * dp {s.dp} = {batch} sequences a step")
+    flags += [f"--micro-batch-size {s.micro_batch}", f"--global-batch-size {batch}"]
+    if s.seq is not None:
+        flags.append(f"--seq-length {s.seq}")
+    flags += _MEGATRON_DTYPES[dtypes]
+    if s.optimizer == "sgd":
+        flags.append("--optimizer sgd")
+    if s.offload_optimizer:
+        flags.append("--optimizer-cpu-offload")
+    return flags
+
+
+def _model_flags(model: Any, tp: int) -> List[str]:
+    """A model's shape as Megatron-LM flags (llama, qwen2, qwen3, mixtral, qwen3_moe); other types refused."""
+    from ndcost.models import load_model
+
+    spec = load_model(model)
+    c = dict(spec.hf_config)
+    kind = c.get("model_type")
+    if kind not in ("llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
+        raise _refuse_write("model", spec.name, f"model_type {kind!r} is not written as Megatron-LM flags "
+                            "(llama, qwen2, qwen3, mixtral and qwen3_moe are)")
+    heads = c["num_attention_heads"]
+    flags = [f"--num-layers {c['num_hidden_layers']}", f"--hidden-size {c['hidden_size']}",
+             f"--num-attention-heads {heads}", f"--kv-channels {c.get('head_dim') or c['hidden_size'] // heads}",
+             f"--ffn-hidden-size {c['intermediate_size']}", "--swiglu", "--normalization RMSNorm",
+             "--position-embedding-type rope", f"--vocab-size {c['vocab_size']}",
+             "--make-vocab-size-divisible-by 1" if c["vocab_size"] % tp == 0 else "",
+             f"--attention-dropout {float(c.get('attention_dropout') or 0.0)}",
+             f"--hidden-dropout {float(c.get('hidden_dropout') or 0.0)}",
+             f"--max-position-embeddings {c.get('max_position_embeddings') or 4096}"]
+    kv = c.get("num_key_value_heads") or heads
+    if kv != heads:
+        flags.append(f"--group-query-attention --num-query-groups {kv}")
+    if not c.get("tie_word_embeddings", False):
+        flags.append("--untie-embeddings-and-output-weights")
+    if kind == "llama" and c.get("attention_bias") != c.get("mlp_bias"):
+        raise _refuse_write("model", spec.name, "llama with attention_bias != mlp_bias has no Megatron-LM flag")
+    if not (kind == "llama" and c.get("attention_bias")):
+        flags.append("--disable-bias-linear")
+    if kind == "qwen2":
+        flags.append("--add-qkv-bias")
+    if kind in ("qwen3", "qwen3_moe"):
+        flags.append("--qk-layernorm")
+    if kind == "mixtral":
+        flags += [f"--num-experts {c['num_local_experts']}", f"--moe-router-topk {c['num_experts_per_tok']}",
+                  f"--moe-ffn-hidden-size {c['intermediate_size']}"]
+    if kind == "qwen3_moe":
+        if c.get("mlp_only_layers") or c.get("decoder_sparse_step", 1) != 1:
+            raise _refuse_write("model", spec.name, "dense layers between MoE layers are not written")
+        flags += [f"--num-experts {c['num_experts']}", f"--moe-router-topk {c['num_experts_per_tok']}",
+                  f"--moe-ffn-hidden-size {c['moe_intermediate_size']}"]
+    return [f for f in flags if f]
+
+
+@hookimpl
+def ndcost_register(register):
+    register(f"trainer/{KIND}", MegatronFormat())
+
+

@@ -1,0 +1,230 @@
+"""``deepspeed:`` configurations: real DeepSpeed config JSONs read field by field, refusals by name, the writer's
+round trip.
+
+The real files are from deepspeedai/DeepSpeed edaa722 and deepspeedai/DeepSpeedExamples 45b4b71
+(tests/data/configs/SOURCES.md); the hand-made ones are written in the tests.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from _helpers import ndcost
+
+import ndcost as nd
+from ndcost.errors import InvalidValue
+from ndcost.trainers import from_config, to_config, trainer_format
+from ndcost.values import Strategy
+
+DATA = Path(__file__).parent / "data" / "configs" / "deepspeed"
+FP16 = {"param_dtype": "fp16", "grad_dtype": "fp16", "master_dtype": "fp32", "optimizer_dtype": "fp32"}
+
+
+def read(name, devices, model="llama-3.1-8b", **kw):
+    return from_config("deepspeed", DATA / name, devices=devices, model=model, **kw)
+
+
+def test_zero0_gradient_accumulation_config_field_by_field():
+    config = read("ds_config_func_bs8_zero0_gas3.json", 4)
+    assert config.strategy == Strategy(
+        dp=4,                 # 4 devices, no AutoTP, no sequence parallelism: all data-parallel
+        zero=0,               # zero_optimization.stage 0
+        micro_batch=8,        # train_micro_batch_size_per_gpu 8
+        num_micro_batches=3,  # gradient_accumulation_steps 3
+        **FP16)               # fp16.enabled: fp16 parameters and gradients, fp32 master and Adam states
+    assert config.global_batch == 96  # train_batch_size inferred: 8 * 3 * 4
+    assert "train_batch_size = 8 * 3 * 4 = 96" in config.defaults
+    assert "zero_optimization.reduce_bucket_size" in config.ignored_fields
+    assert "fp16.loss_scale_window" in config.ignored_fields and "gradient_clipping" in config.ignored_fields
+    # partition_activations splits checkpoints over model-parallel ranks: nothing at tp = 1, said so.
+    assert any("partition_activations" in d and "nothing at tp = 1" in d for d in config.defaults)
+
+
+def test_zero2_cpu_offload_config_field_by_field():
+    config = read("ds_config_func_bs8_zero2_offload.json", 4)
+    assert config.strategy == Strategy(
+        dp=4, zero=2,
+        micro_batch=2,           # train_batch_size 8 // 4 ranks // gradient_accumulation_steps 1
+        num_micro_batches=1,
+        offload_optimizer=True,  # zero_optimization.cpu_offload, the deprecated offload_optimizer.device cpu
+        **FP16)
+    assert "zero_optimization.cpu_offload" in config.read_fields
+
+
+def test_zero3_parameter_offload_config_field_by_field():
+    config = read("ds_offload_cpu.json", 1)
+    assert config.strategy == Strategy(
+        zero=3,                # stage 3
+        offload_params=True,   # offload_param.device cpu
+        micro_batch=1, num_micro_batches=1,  # train_batch_size 1 on one rank
+        param_dtype="fp32")    # neither fp16 nor bf16: fp32 throughout
+    assert "zero_optimization.offload_param.buffer_size" in config.ignored_fields  # "auto", with no bearing
+
+
+@pytest.mark.parametrize("name, field, words", [
+    ("zf_config.json", "zero_optimization.zenflow", "ZenFlow's stale, selective optimizer updates are not priced"),
+    ("ds_offload_nvme_aio.json", "zero_optimization.offload_param.device", "nvme offload is not priced"),
+    ("ds_config_z3.json", "train_micro_batch_size_per_gpu", '"auto" is filled in by the Hugging Face Trainer'),
+    ("bf16_full.json", "torch_autocast", "not read yet"),
+])
+def test_real_configs_it_cannot_price_are_refused_by_name(name, field, words):
+    with pytest.raises(InvalidValue) as info:
+        read(name, 8)
+    assert str(info.value).startswith(f"deepspeed config {DATA / name}: {field}: ") and words in str(info.value)
+
+
+def write(tmp_path, doc, name="ds.json"):
+    path = tmp_path / name
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return path
+
+
+def test_ulysses_autotp_bf16_master_and_cpu_checkpointing(tmp_path):
+    # Hand-made from bf16_full.json (DeepSpeedExamples) without torch_autocast, with AutoTP, Ulysses and
+    # activation checkpoints in host memory.
+    path = write(tmp_path, {
+        "train_batch_size": 64, "gradient_accumulation_steps": 2,
+        "bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+        "zero_optimization": {"stage": 3}, "tensor_parallel": {"autotp_size": 2}, "sequence_parallel_size": 4,
+        "activation_checkpointing": {"cpu_checkpointing": True}})
+    config = from_config("deepspeed", path, devices=32, model="llama-3.1-8b", strategy="seq=8192")
+    assert config.strategy == Strategy(
+        tp=2, cp=4, cp_algo="ulysses",  # autotp_size 2; sequence_parallel_size 4 is DeepSpeed-Ulysses
+        dp=4,                           # 32 / (2 * 4): DeepSpeed's batch world is the devices over both
+        zero=3, micro_batch=8,          # 64 // 4 ranks // 2 steps
+        num_micro_batches=2,
+        param_dtype="bf16", grad_dtype="bf16", master_dtype="bf16", optimizer_dtype="bf16",
+        offload_activations=True,       # cpu_checkpointing: the checkpoints in host memory
+        seq=8192)                       # from --strategy: the file states no length
+    assert config.overrides == ("seq=8192 (file: unset)",)
+
+
+@pytest.mark.parametrize("doc, field, words", [
+    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1},
+     "train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps", "10 != 2 * 1 * 4"),
+    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2},
+     "train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps", "10 != 2 * 1 * 4"),
+    ({"gradient_accumulation_steps": 2}, "train_batch_size", "neither it nor train_micro_batch_size_per_gpu"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": "two"}}, "zero_optimization.stage",
+     'expected a whole number, got "two"'),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 4}}, "zero_optimization.stage", "expected 0 to 3"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
+     "zero_optimization.offload_param", "needs ZeRO stage 3"),
+    ({"train_batch_size": 8, "bf16": {"enabled": True}, "fp16": {"enabled": True}}, "bf16.enabled",
+     "given with fp16.enabled"),
+    ({"train_batch_size": 8, "bf16": {"enabled": "yes"}}, "bf16.enabled", 'expected bool, got "yes"'),
+    ({"train_batch_size": 8, "optimizer": {"type": "OneBitLamb"}}, "optimizer.type", "'OneBitLamb' is not priced"),
+    ({"train_batch_size": 8, "compile": {"deepcompile": True}}, "compile", "torch.compile (DeepCompile) is not "
+                                                                          "priced yet"),
+    ({"train_batch_size": 8, "sequence_parallel_size": 3}, "tensor_parallel.autotp_size * sequence_parallel_size",
+     "1 * 3 does not divide the world size 4"),
+    ("[1, 2]", "file", "expected a JSON object"),
+    ("train_batch_size = 8", "file", "not JSON"),
+])
+def test_bad_fields_are_refused_naming_them(tmp_path, doc, field, words):
+    path = write(tmp_path, doc)
+    with pytest.raises(InvalidValue) as info:
+        from_config("deepspeed", path, devices=4, model="llama-3.1-8b")
+    assert str(info.value).startswith(f"deepspeed config {path}: {field}: ") and words in str(info.value)
+
+
+def test_a_model_and_the_devices_are_required(tmp_path):
+    path = write(tmp_path, {"train_batch_size": 8})
+    with pytest.raises(InvalidValue, match="names no model; give one"):
+        from_config("deepspeed", path, devices=8)
+    with pytest.raises(InvalidValue, match="--devices: .*give the world size: --devices N"):
+        from_config("deepspeed", path, model="llama-3.1-8b")
+
+
+def test_through_the_cli(tmp_path):
+    source = f"deepspeed:{DATA / 'ds_config_func_bs8_zero0_gas3.json'}"
+    result = ndcost("estimate", "--from", source, "--devices", "4", check=False)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and "names no model" in result.stderr
+    result = ndcost("--json", "estimate", "llama-3.1-8b", "--from", source, "--devices", "4", "--strategy",
+                    "seq=2048", "--census", "off", "--hardware", "h200", check=False)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["trainer"]["overrides"] == ["seq=2048 (file: unset)"] and data["trainer"]["global_batch"] == 96
+
+
+def test_zero0_fp16_prices_the_zero_paper_bytes():
+    # ZeRO (arXiv:1910.02054, section 3.1): fp16 parameters and gradients (2 + 2 bytes), fp32 master copy,
+    # momentum and variance (4 + 8): unsharded at stage 0.
+    config = read("ds_config_func_bs8_zero0_gas3.json", 4, strategy="seq=2048")
+    cost = nd.resolve(config.model, census="off").evaluate(config.strategy)
+    assert cost.valid, cost.reason
+    stage = cost.stages[0].bytes_by_category
+    assert stage["parameters"] == stage["gradients"]
+    assert stage["master"] == 2 * stage["parameters"] and stage["optimizer_states"] == 4 * stage["parameters"]
+
+
+# --- the writer ------------------------------------------------------------------------------------------
+ROUND_TRIP = [
+    dict(dp=8, zero=3, micro_batch=2, num_micro_batches=4, offload_optimizer=True, offload_params=True,
+         param_dtype="bf16", grad_dtype="bf16", master_dtype="fp32", optimizer_dtype="fp32"),
+    dict(dp=4, zero=2, **FP16),
+    dict(dp=2, tp=2, cp=2, cp_algo="ulysses", zero=1, param_dtype="bf16", grad_dtype="fp32",
+         master_dtype="fp32", optimizer_dtype="fp32", offload_activations=True),
+    dict(dp=2, zero=3, param_dtype="bf16", grad_dtype="bf16", master_dtype="bf16", optimizer_dtype="bf16"),
+    dict(dp=16, param_dtype="fp32", micro_batch=4),
+]
+
+
+@pytest.mark.parametrize("fields", ROUND_TRIP)
+def test_written_configs_read_back_to_the_same_strategy(tmp_path, fields):
+    strategy = Strategy.from_mapping({**fields, "seq": 4096})
+    path = write(tmp_path, to_config("deepspeed", strategy))
+    back = from_config("deepspeed", path, devices=strategy.devices, model="llama-3.1-8b", strategy="seq=4096")
+    assert back.strategy == strategy  # seq has no DeepSpeed field: given beside the file, as a reader must
+    assert trainer_format("deepspeed").read(str(path), devices=strategy.devices).global_batch == \
+        strategy.micro_batch * strategy.num_micro_batches * strategy.dp
+
+
+@pytest.mark.parametrize("fields, named", [
+    (dict(pp=2), "pp=2"), (dict(fsdp=4), "fsdp=4"), (dict(dp=2, ep=2), "ep=2"),
+    (dict(recompute="full"), "recompute=full"), (dict(cp=2), "cp_algo=ring"),
+    (dict(tp=2, vocab_parallel=True), "vocab_parallel=true"), (dict(offload_params=True), "offload_params=true"),
+    (dict(), "param_dtype=bf16"),
+])
+def test_the_writer_refuses_what_deepspeed_cannot_say(fields, named):
+    with pytest.raises(InvalidValue, match=f"deepspeed writer: {named}"):
+        to_config("deepspeed", Strategy.from_mapping(fields))
+
+
+# --- hostile configs ------------------------------------------------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ndcost.errors import NdcostError  # noqa: E402
+
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 1 << 40), st.floats(allow_nan=True),
+                   st.sampled_from(["auto", "cpu", "nvme", "none", "fp32", "bf16", "AdamW", "x"]),
+                   st.lists(st.integers(0, 3), max_size=2))
+SECTION = st.dictionaries(st.sampled_from(["enabled", "stage", "device", "ratio", "autotp_size", "type",
+                                           "cpu_offload", "offload_optimizer", "offload_param", "grad_accum_dtype",
+                                           "partition_activations", "cpu_checkpointing", "bf16_optimizer_states",
+                                           "bf16_master_weights_and_grads"]),
+                          st.one_of(VALUES, st.dictionaries(st.sampled_from(["device", "ratio"]), VALUES)),
+                          max_size=4)
+DOCS = st.dictionaries(st.sampled_from(["train_batch_size", "train_micro_batch_size_per_gpu",
+                                        "gradient_accumulation_steps", "zero_optimization", "bf16", "fp16",
+                                        "optimizer", "tensor_parallel", "sequence_parallel_size",
+                                        "activation_checkpointing", "data_types", "wandb", "odd"]),
+                       st.one_of(VALUES, SECTION), max_size=7)
+
+
+@pytest.mark.slow
+@settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(DOCS)
+def test_any_config_is_read_or_refused_with_an_ndcost_error(doc):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "ds.json"
+        path.write_text(json.dumps(doc))
+        try:
+            config = trainer_format("deepspeed").read(str(path), devices=8)
+        except NdcostError:
+            return
+        assert config.strategy.devices == 8
