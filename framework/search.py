@@ -47,8 +47,9 @@ import numpy as np
 from ndcost.errors import InvalidValue, MissingExtra, NoValidStrategy, UnknownKey, Unpriced
 from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Strategy
 
-__all__ = ["search", "search_grid", "Candidate", "Pruning", "SearchResult", "SearchPoints", "ProgressBar",
-           "SearchSettings", "pareto_front", "plot_search", "RECOMPUTE_LAYER_FRACTIONS", "CHUNK_ROWS", "DEFAULT_TOP"]
+__all__ = ["search", "search_grid", "held_fields", "Candidate", "Pruning", "SearchResult", "SearchPoints",
+           "ProgressBar", "SearchSettings", "pareto_front", "plot_search", "RECOMPUTE_LAYER_FRACTIONS", "CHUNK_ROWS",
+           "DEFAULT_TOP"]
 
 GIB = 2 ** 30
 DEFAULT_TOP = 10
@@ -393,6 +394,7 @@ class _Job:
     top: int
     keep_points: bool
     exhaustive: bool
+    held: Dict[str, Any]  # strategy fields every row holds (SearchSettings.held)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -411,12 +413,43 @@ class _Summary:
 _MODELS: Dict[Tuple[Any, str, str], Any] = {}
 
 
+def held_fields(fields: Any) -> Dict[str, Any]:
+    """Strategy fields held for every candidate, as a strategy converts them; a searched field is refused."""
+    if isinstance(fields, str):
+        named = {item.split("=", 1)[0].strip() for item in fields.split(",") if item.strip()}
+        fields = {k: v for k, v in Strategy.parse(fields).to_dict().items() if k in named}
+    else:
+        fields = {k: v for k, v in Strategy.from_mapping(dict(fields)).to_dict().items() if k in fields}
+    searched = sorted(set(fields) & set(_STRATEGY_COLUMNS + ("seq",)))
+    if searched:
+        raise InvalidValue(f"held fields {', '.join(searched)}: the search chooses them; hold only other fields "
+                           f"(dtypes, optimizer, shard_mesh, offload_*, moe_imbalance ...)")
+    return fields
+
+
+class _Holding:
+    """A CostModel whose every evaluate_many holds *held*'s fields (a column each, broadcast)."""
+
+    def __init__(self, model: Any, held: Mapping[str, Any]):
+        self.model, self.held = model, dict(held)
+
+    def evaluate_many(self, strategies: Any, hardware: Any = None) -> Any:
+        return self.model.evaluate_many({**self.held, **dict(strategies)}, hardware=hardware)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+
+def _holding(model: Any, held: Mapping[str, Any]) -> Any:
+    return _Holding(model, held) if held else model
+
+
 def _model_for(job: _Job):
     key = (job.model, job.runtime, job.census)
     if key not in _MODELS:
         from ndcost.resolver import resolve
         _MODELS[key] = resolve(job.model, runtime=job.runtime, census=job.census)
-    return _MODELS[key]
+    return _holding(_MODELS[key], job.held)
 
 
 def _price(job: _Job, model: Any = None) -> _Summary:
@@ -569,6 +602,8 @@ class SearchSettings:
     exhaustive: bool = False
     within_node: bool = True
     chunk_rows: int = CHUNK_ROWS
+    # strategy fields every candidate holds (a trainer's precision recipe, an optimizer): not searched
+    held: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda v: held_fields(v))
 
     def __attrs_post_init__(self):
         for name, example in (("top", "10"), ("workers", "4"), ("chunk_rows", "131072")):
@@ -632,7 +667,7 @@ def search_grid(model: Any, *, devices: Iterable[int], hardware: Iterable[Any], 
     if (options.workers > 1 or options.scheduler) and reference is None:
         raise InvalidValue("workers and a Dask scheduler resolve the model themselves: give it by name or path "
                            f"(for example 'llama-3.1-8b'), not a {type(model).__name__}")
-    return tuple(_search_one(cost_model, reference, n, hw_name, hw, global_batch, seq, options)
+    return tuple(_search_one(_holding(cost_model, options.held), reference, n, hw_name, hw, global_batch, seq, options)
                  for n in devices for hw_name, hw in zip(hardware, hardware_specs, strict=True))
 
 
@@ -663,7 +698,7 @@ def _search_one(model, reference, devices: int, hw_name: Any, hw, global_batch: 
         jobs = [_Job(chunk=i, model=reference, runtime=options.runtime, census=options.census,
                      hardware=hw_name if isinstance(hw_name, str) else hw.name, layouts=c, inner=inner, seq=seq,
                      cap_bytes=cap, top=options.top, keep_points=options.keep_points,
-                     exhaustive=options.exhaustive) for i, c in enumerate(chunks)]
+                     exhaustive=options.exhaustive, held=dict(options.held)) for i, c in enumerate(chunks)]
         bar = ProgressBar(total, f"search {where}") if options.progress else None
         try:
             summaries = _run_jobs(jobs, model, options.workers, options.scheduler,
@@ -692,7 +727,8 @@ def _search_one(model, reference, devices: int, hw_name: Any, hw, global_batch: 
                                reason=f"peak above the cap of {cap / GIB:.1f} GiB"))
     if not fitting:
         raise NoValidStrategy(_nothing_message(where, global_batch, seq, cap, pruning, peaks, min_bound))
-    candidates = _merge(summaries, options.top, devices, hw.name, options.tokens, options.price_per_gpu_hour)
+    candidates = _merge(summaries, options.top, devices, hw.name, options.tokens, options.price_per_gpu_hour,
+                        options.held)
     points = None
     if options.keep_points:
         parts = [s.points for s in summaries if s.points is not None]
@@ -716,7 +752,8 @@ def _nothing_message(where, global_batch, seq, cap, pruning: List[Pruning], peak
             f"fits: " + "; ".join(parts) + "; change the devices, the batch or the memory cap")
 
 
-def _merge(summaries: List[_Summary], top: int, devices: int, hardware: str, tokens, price) -> Tuple[Candidate, ...]:
+def _merge(summaries: List[_Summary], top: int, devices: int, hardware: str, tokens, price,
+           held: Mapping[str, Any]) -> Tuple[Candidate, ...]:
     """The best *top* over every chunk, ordered as one process orders them (step, peak, chunk, row)."""
     parts = [s for s in summaries if len(s.top["_row"])]
     cols = {k: np.concatenate([s.top[k] for s in parts]) for k in parts[0].top}
@@ -732,7 +769,7 @@ def _merge(summaries: List[_Summary], top: int, devices: int, hardware: str, tok
         tps = float(cols["tokens_per_second"][i])
         train = tokens / tps if tokens is not None else None
         gpu_hours = train * devices / 3600.0 if train is not None else None
-        out.append(Candidate(strategy=Strategy(**fields), devices=devices, hardware=hardware,
+        out.append(Candidate(strategy=Strategy(**fields, **held), devices=devices, hardware=hardware,
                              peak_bytes=int(cols["peak_bytes"][i]), step_seconds=float(cols["step_seconds"][i]),
                              tokens_per_second=tps, mfu=float(cols["mfu"][i]), train_seconds=train,
                              gpu_hours=gpu_hours,

@@ -281,8 +281,10 @@ def test_write_refuses_a_global_batch_the_strategy_does_not_run():
 def test_search_emit_torchtitan(tmp_path):
     args = ("search", "llama-3.1-8b", "--devices", "8", "--hardware", "h200", "--global-batch", "32", "--seq",
             "8192", "--census", "off", "--top", "3")
-    table = ndcost(*args)
-    best = table.stdout  # the table's first row is the strategy --emit writes where torchtitan can say it
+    # --emit holds torchtitan's default precision (fp32 parameters, bf16 compute): the same held, the table's
+    # first row is the strategy --emit writes where torchtitan can say it
+    table = ndcost(*args, "--hold", "param_dtype=fp32,compute_dtype=bf16")
+    best = table.stdout
     emitted = ndcost(*args, "--emit", "torchtitan")
     assert emitted.stdout.startswith("# written by ndcost") and "#  peak GiB" not in emitted.stdout
     path = tmp_path / "stdout.toml"

@@ -1,11 +1,15 @@
-"""The trainer-configuration door (ndcost.trainers, `estimate --from`): what is refused before any reader runs."""
+"""The trainer-configuration door (ndcost.trainers): `estimate --from`'s refusals before any reader runs, and
+`search --emit` in each writing trainer's precision."""
 from __future__ import annotations
+
+import json
 
 import pytest
 from _helpers import ndcost
 
 from ndcost.errors import InvalidValue
-from ndcost.trainers import parse_source
+from ndcost.trainers import parse_source, to_config
+from ndcost.values import Strategy
 
 
 @pytest.mark.parametrize("text", ["torchtitan", ":job.toml", "torchtitan:", ""])
@@ -34,3 +38,39 @@ def test_estimate_needs_a_strategy_or_a_configuration():
     assert result.returncode == 2 and "--devices goes with --from" in result.stderr
     result = ndcost("estimate", check=False)
     assert result.returncode == 2 and "give a MODEL and --strategy, or --from KIND:PATH" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, held, read_back", [
+    # Megatron-LM's --bf16 and DeepSpeed's bf16.enabled keep fp32 master copies and optimizer states
+    ("megatron", "grad_dtype=fp32,optimizer_dtype=fp32,master_dtype=fp32", ["--devices", "8"]),
+    ("deepspeed", "optimizer_dtype=fp32,master_dtype=fp32", ["llama-3.1-8b", "--devices", "8",
+                                                              "--strategy", "seq=4096"]),
+])
+def test_search_emits_the_fastest_strategy_the_trainer_runs_in_its_precision(tmp_path, kind, held, read_back):
+    """search --emit holds the trainer's recipe and looks past strategies it has no form for (fsdp for both)."""
+    path = tmp_path / "emitted"
+    args = ("search", "llama-3.1-8b", "--devices", "8", "--global-batch", "32", "--seq", "4096", "--census", "off")
+    result = ndcost(*args, "--emit", f"{kind}:{path}")
+    chosen = Strategy.parse(next(line for line in result.stderr.splitlines() if line.startswith(f"--emit {kind}: #"))
+                            .split(" ", 3)[-1])
+    for item in held.split(","):  # the recipe, held
+        field, value = item.split("=")
+        assert str(getattr(chosen, field)) == value
+    assert chosen.fsdp == 1 and (chosen.zero > 0 or chosen.dp == 1)  # neither trainer writes FSDP
+    # the chosen strategy is the fastest of those holding the recipe that the trainer can write
+    table = json.loads(ndcost(*args, "--hold", held if kind == "megatron" else held + ",grad_dtype=bf16",
+                              "--top", "200", "--json").stdout)
+    writable = [row["strategy"] for row in table if to_config_ok(kind, row["strategy"])]
+    assert Strategy.parse(writable[0]) == chosen
+    back = ndcost("estimate", *read_back[:1] if kind == "deepspeed" else (), "--from", f"{kind}:{path}",
+                  *read_back[1:] if kind == "deepspeed" else read_back, "--census", "off", "--json")
+    assert Strategy.parse(json.loads(back.stdout)["strategy"]) == chosen
+
+
+def to_config_ok(kind, text):
+    try:
+        to_config(kind, text, model="llama-3.1-8b", global_batch=32)
+    except InvalidValue:
+        return False
+    return True

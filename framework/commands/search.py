@@ -43,7 +43,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--emit", metavar="KIND[:PATH]",
                         help="write the fastest strategy a trainer can run as its configuration (torchtitan, "
                              "megatron, deepspeed; `ndcost list trainers`): on stdout in place of the table, or to "
-                             "PATH beside it")
+                             "PATH beside it); the search holds the trainer's default precision (its recipe) "
+                             "unless --hold gives the dtypes")
+    parser.add_argument("--hold", metavar="FIELDS",
+                        help='strategy fields every candidate holds, not searched, e.g. "param_dtype=bf16,'
+                             'grad_dtype=fp32,master_dtype=fp32,optimizer_dtype=fp32" or "optimizer=sgd"')
 
 
 def _int_list(flag: str, text: str, example: str) -> List[int]:
@@ -85,19 +89,28 @@ def _check(args) -> None:
             raise InvalidValue("--emit writes one strategy: give one --devices and one --hardware")
 
 
+EMIT_DEPTH = 5000
+
+
 def run(args):
+    import attrs
+
     from ndcost.cli import Output
     from ndcost.search import plot_search, search_grid
 
     _check(args)
     devices = _int_list("--devices", args.devices, "64,128")
     hardware = [h.strip() for h in args.hardware.split(",") if h.strip()]
+    # --emit writes the fastest strategy the trainer can express: it looks past the shown --top, through the best
+    # EMIT_DEPTH (strategies the trainer has no form for, such as fsdp for DeepSpeed's ZeRO-3, can fill the top)
+    depth = max(args.top, EMIT_DEPTH) if args.emit is not None else args.top
     results = search_grid(
         args.model, devices=devices, hardware=hardware, global_batch=args.global_batch, seq=args.seq,
-        memory_cap_bytes=None if args.memory_cap is None else int(args.memory_cap * _GIB), top=args.top,
+        memory_cap_bytes=None if args.memory_cap is None else int(args.memory_cap * _GIB), top=depth,
         runtime=args.runtime, census=args.census, workers=args.workers, scheduler=args.scheduler,
         tokens=None if args.tokens is None else int(args.tokens), price_per_gpu_hour=args.price,
-        keep_points=bool(args.plot), within_node=not args.across_nodes, exhaustive=args.exhaustive)
+        keep_points=bool(args.plot), within_node=not args.across_nodes, exhaustive=args.exhaustive,
+        held=_held(args))
     if args.plot:
         plot_search(results, args.plot)
     data = [c.to_dict() for r in results for c in r.candidates]
@@ -105,6 +118,8 @@ def run(args):
     if args.emit is not None:
         kind, _, path = args.emit.partition(":")
         emitted = _emit(results[0], kind.strip().lower(), path)
+        results = [attrs.evolve(r, candidates=r.candidates[:args.top]) for r in results]
+        data = [c.to_dict() for r in results for c in r.candidates]
         if not path:
             return Output(data=data, text=emitted)
     if args.csv:
@@ -115,6 +130,17 @@ def run(args):
     if emitted is not None:
         text += f"\n\n{args.emit.partition(':')[0]} configuration: {args.emit.partition(':')[2]}"
     return Output(data=data, text=text)
+
+
+def _held(args) -> Any:
+    """--hold's fields; with --emit KIND, the trainer's recipe beneath them (its default precision)."""
+    from ndcost.search import held_fields
+    from ndcost.trainers import trainer_format
+
+    held = held_fields(args.hold or "")
+    if args.emit is not None and not any(k.endswith("_dtype") for k in held):
+        held = {**trainer_format(args.emit.partition(":")[0].strip().lower()).recipe, **held}
+    return held
 
 
 def _emit(result: Any, kind: str, path: str) -> str:
@@ -138,8 +164,9 @@ def _emit(result: Any, kind: str, path: str) -> str:
         except InvalidValue as exc:
             passed.append(f"#{rank} ({exc})")
             continue
-        for note in passed:
-            print(f"--emit {kind}: passed over {note}", file=sys.stderr)
+        if passed:  # the faster ones the trainer has no form for: how many, and the fastest's reason
+            print(f"--emit {kind}: passed over {len(passed)} faster strateg{'y' if len(passed) == 1 else 'ies'} "
+                  f"{kind} has no form for; the fastest: {passed[0]}", file=sys.stderr)
         print(f"--emit {kind}: #{rank} {candidate.strategy}", file=sys.stderr)
         if path:
             try:

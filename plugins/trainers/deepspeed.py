@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional
 
 from ndcost.errors import InvalidValue
@@ -122,6 +123,9 @@ class DeepSpeedFormat:
     name = KIND
     description = "DeepSpeed: a config JSON (ZeRO stage, offload, batch sizes, precision); the model is given"
     writes = True
+    # bf16.enabled: bf16 parameters and gradients, fp32 master copy and optimizer states
+    recipe = MappingProxyType({"param_dtype": "bf16", "grad_dtype": "bf16", "optimizer_dtype": "fp32",
+                               "master_dtype": "fp32"})
 
     def read(self, path: str, *, devices: Optional[int]) -> TrainerConfig:
         from ndcost.specio import read_text

@@ -36,6 +36,7 @@ than a norm, an attention or the experts.
 from __future__ import annotations
 
 import os
+from types import MappingProxyType
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import attrs
@@ -300,6 +301,7 @@ class HyperParallelFormat:
     name: str = KIND
     description: str = "HyperParallel trainer train.yaml (accelerator, fsdp_config, plan_overrides, ...): read"
     writes: bool = False
+    recipe = MappingProxyType({})  # it writes nothing
 
     def read(self, path: str, *, devices: Optional[int], model: Any = None) -> TrainerConfig:
         return read(path, devices=devices, model=model)

@@ -30,6 +30,7 @@ known (``--vocab-size``); a tokenizer file is not read, so without
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ndcost.errors import InvalidValue
@@ -132,6 +133,9 @@ class MegatronFormat:
     name = KIND
     description = "Megatron-LM: a launch script (bash arrays, variables, if), a command line or an args file"
     writes = True
+    # --bf16: bf16 parameters, fp32 main gradients, fp32 main parameters and optimizer states
+    recipe = MappingProxyType({"param_dtype": "bf16", "grad_dtype": "fp32", "optimizer_dtype": "fp32",
+                               "master_dtype": "fp32"})
 
     # --- reading ------------------------------------------------------------------------------------------
     def read(self, path: str, *, devices: Optional[int]) -> TrainerConfig:

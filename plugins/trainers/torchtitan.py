@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import sys
+from types import MappingProxyType
 from typing import Any, Dict, List, Optional, Tuple
 
 import attrs
@@ -603,6 +604,8 @@ class TorchtitanFormat:
     name: str = KIND
     description: str = "torchtitan job TOML ([parallelism], [training], [activation_checkpoint], ...): read, written"
     writes: bool = True
+    # FSDP2's MixedPrecisionPolicy as torchtitan's defaults set it: fp32 parameters, bf16 compute
+    recipe = MappingProxyType({"param_dtype": "fp32", "compute_dtype": "bf16"})
 
     def read(self, path: str, *, devices: Optional[int], model: Any = None) -> TrainerConfig:
         return read(path, devices=devices, model=model)
