@@ -101,7 +101,10 @@ class AllocatorConfig:
         return cls(**values)  # type: ignore[arg-type]
 
 
-def round_size(nbytes: int, config: AllocatorConfig = AllocatorConfig()) -> int:
+DEFAULT_CONFIG = AllocatorConfig()  # PyTorch's defaults: no PYTORCH_CUDA_ALLOC_CONF
+
+
+def round_size(nbytes: int, config: AllocatorConfig = DEFAULT_CONFIG) -> int:
     """The block size a request of *nbytes* asks the pool for (``round_size``, ``roundup_power2_next_division``)."""
     if nbytes < MIN_BLOCK_BYTES:
         return MIN_BLOCK_BYTES
@@ -166,7 +169,7 @@ class AllocatorStats:
 class CachingAllocator:
     """One device's caching allocator on one stream: :meth:`malloc` and :meth:`free` by the caller's key."""
 
-    def __init__(self, config: AllocatorConfig = AllocatorConfig()) -> None:
+    def __init__(self, config: AllocatorConfig = DEFAULT_CONFIG) -> None:
         self.config = config
         # each pool's cached free blocks, sorted as BlockComparatorSize orders them: (size, address)
         self._free: Dict[bool, List[Tuple[int, int]]] = {True: [], False: []}
@@ -327,7 +330,7 @@ class CachingAllocator:
         return self.stats()
 
 
-def replay(events: Iterable[Tuple[Hashable, int]], config: AllocatorConfig = AllocatorConfig()) -> AllocatorStats:
+def replay(events: Iterable[Tuple[Hashable, int]], config: AllocatorConfig = DEFAULT_CONFIG) -> AllocatorStats:
     """The stats after replaying *events* on a fresh allocator under *config*."""
     return CachingAllocator(config).replay(events)
 

@@ -16,7 +16,7 @@ from ndcost.errors import InvalidValue
 EXPANDABLE = AllocatorConfig(expandable_segments=True)
 
 
-def _run(requests, config=AllocatorConfig()):
+def _run(requests, config=None):
     """Events from ('a', n) allocations and ('f', key) frees, keys numbered by allocation."""
     events, sizes = [], {}
     for what, value in requests:
@@ -26,7 +26,7 @@ def _run(requests, config=AllocatorConfig()):
             events.append((key, value))
         else:
             events.append((value, -sizes[value]))
-    return replay(events, config)
+    return replay(events, config or AllocatorConfig())
 
 
 def test_one_byte_reserves_a_small_segment():
