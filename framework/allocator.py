@@ -38,7 +38,7 @@ cuBLAS workspaces, NCCL buffers).
 from __future__ import annotations
 
 import bisect
-from typing import Dict, Hashable, Iterable, List, Optional, Tuple
+from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 import attrs
 
@@ -134,6 +134,24 @@ def large_block_bytes(nbytes):
     its own segment; the same rule as :func:`segment_bytes` for requests of 10 MiB and more.
     """
     return -(-nbytes // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
+
+
+def packed_reserved_bytes(count, nbytes):
+    """What *count* live tensors of *nbytes* each (ints or numpy arrays) reserve, allocated one after another.
+
+    The same rules as :class:`CachingAllocator` on a fresh allocator, in closed form for the composition's
+    arrays: a segment (``get_allocation_size``) holds ``segment // round_size`` of them, the last taking
+    what is left whole where splitting is refused (``should_split``); a request of 10 MiB or more is a
+    segment of its own. Sizes under :data:`MIN_BLOCK_BYTES` and power-of-two rounding are not used here.
+    """
+    import numpy as np
+
+    rounded = np.maximum(-(-np.asarray(nbytes, dtype=np.int64) // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES,
+                         MIN_BLOCK_BYTES)
+    segment = np.where(rounded <= SMALL_REQUEST_BYTES, SMALL_SEGMENT_BYTES,
+                       np.where(rounded < MIN_LARGE_ALLOC_BYTES, LARGE_SEGMENT_BYTES, large_block_bytes(rounded)))
+    per_segment = np.where(rounded < MIN_LARGE_ALLOC_BYTES, segment // rounded, 1)
+    return -(-np.asarray(count, dtype=np.int64) // per_segment) * segment
 
 
 @attrs.define(eq=False)
@@ -340,5 +358,45 @@ def tagged(events: Iterable[Tuple[Hashable, int]], tag: Hashable) -> List[Tuple[
     return [((tag, key), delta) for key, delta in events]
 
 
-__all__ = ["AllocatorConfig", "AllocatorStats", "CachingAllocator", "large_block_bytes", "replay", "round_size",
-           "segment_bytes", "tagged", "MIB"]
+@attrs.frozen(kw_only=True)
+class StackExcess:
+    """Reserved bytes above allocated ones of a stack of one layer kind, from one layer's events.
+
+    ``per_layer_bytes``: what each layer's forward adds to reserved beyond what it adds to allocated,
+    once the stack is steady (over the second half of :data:`STACK_LAYERS` forwards: the first layers'
+    freed temporaries stay cached and later layers' saves fill them);
+    ``working_bytes``: the rest of the excess at the stack's peak (the first layer's segments, the last
+    layer's backward), so that ``n * per_layer_bytes + working_bytes`` is the replay's peak reserved
+    less its peak allocated for ``n`` = ``STACK_LAYERS`` layers.
+    """
+
+    per_layer_bytes: float
+    working_bytes: float
+
+
+STACK_LAYERS = 8
+
+
+def stack_excess(forward: Sequence[Tuple[Hashable, int]], backward: Sequence[Tuple[Hashable, int]],
+                 config: AllocatorConfig = DEFAULT_CONFIG, layers: int = STACK_LAYERS) -> StackExcess:
+    """Replay *layers* forwards of one layer (each keeps what it saves), then the last one's backward.
+
+    *forward* and *backward* are one layer's events (``LiveBytes.events`` either side of the forward's
+    end, the bytes the composition prices apart already left out); each copy's keys are its own.
+    """
+    if layers < 3:
+        raise InvalidValue(f"layers={layers!r}: a steady per-layer figure needs 3 layers or more")
+    alloc = CachingAllocator(config)
+    marks = []
+    for copy in range(layers):
+        alloc.replay(tagged(forward, copy))
+        marks.append(alloc.reserved - alloc.allocated)
+    alloc.replay(tagged(backward, layers - 1))
+    half = layers // 2
+    per_layer = (marks[-1] - marks[half - 1]) / (layers - half)
+    return StackExcess(per_layer_bytes=per_layer,
+                       working_bytes=(alloc.peak_reserved - alloc.peak_allocated) - layers * per_layer)
+
+
+__all__ = ["AllocatorConfig", "AllocatorStats", "CachingAllocator", "StackExcess", "large_block_bytes",
+           "packed_reserved_bytes", "replay", "round_size", "segment_bytes", "stack_excess", "tagged", "MIB"]

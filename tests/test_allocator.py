@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import pytest
 
-from ndcost.allocator import MIB, AllocatorConfig, CachingAllocator, large_block_bytes, replay, round_size
+from ndcost.allocator import (
+    MIB,
+    AllocatorConfig,
+    CachingAllocator,
+    large_block_bytes,
+    packed_reserved_bytes,
+    replay,
+    round_size,
+    stack_excess,
+    tagged,
+)
 from ndcost.errors import InvalidValue
 
 EXPANDABLE = AllocatorConfig(expandable_segments=True)
@@ -177,3 +187,36 @@ def test_bad_events_are_refused():
 
 def test_zero_byte_storages_allocate_nothing():
     assert replay([("x", 0)]).peak_reserved_bytes == 0
+
+
+@pytest.mark.parametrize("nbytes", [1, 700, 300_000, MIB, MIB + 1, 3 * MIB, 7 * MIB + 512, 10 * MIB, 10 * MIB + 3,
+                                    33 * MIB])
+@pytest.mark.parametrize("count", [1, 3, 7, 16])
+def test_packed_reserved_bytes_is_the_simulation_in_closed_form(count, nbytes):
+    assert int(packed_reserved_bytes(count, nbytes)) == _run([("a", nbytes)] * count).reserved_bytes
+
+
+def test_packed_reserved_bytes_by_hand():
+    # 7 MiB: two to a 20 MiB segment (the second is split from the 13 MiB left, leaving 6 MiB cached,
+    # too small for a third): 3 tensors need 2 segments; 4 MiB: five to a segment
+    assert int(packed_reserved_bytes(3, 7 * MIB)) == 40 * MIB
+    assert int(packed_reserved_bytes(6, 4 * MIB)) == 40 * MIB
+
+
+def test_stack_excess_by_hand():
+    # one layer: a 4 MiB temporary freed in the forward, a 4 MiB save kept to the backward, which
+    # allocates and frees 4 MiB. Layer 1's forward cudaMallocs one 20 MiB segment (excess 16 MiB),
+    # its temporary's block is reused by its save; layers 2 to 5 fill the segment (the fifth takes the
+    # last 4 MiB whole), layer 6 opens a second segment. Reserved less allocated after each of the 8
+    # forwards: 16, 12, 8, 4, 0, 16, 12, 8 MiB; the second half's steady figure
+    # (8 - 4) / 4 = +1 MiB a layer; the peak excess is at the backward's 4 MiB: 8 - 4 = 4 MiB, so
+    # working = 4 - 8 * 1 = -4 MiB
+    forward = [("t", 4 * MIB), ("t", -4 * MIB), ("s", 4 * MIB)]
+    backward = [("g", 4 * MIB), ("g", -4 * MIB), ("s", -4 * MIB)]
+    excess = stack_excess(forward, backward)
+    assert excess.per_layer_bytes == MIB
+    alloc = CachingAllocator()
+    for copy in range(8):
+        alloc.replay(tagged(forward, copy))
+    alloc.replay(tagged(backward, 7))
+    assert alloc.peak_reserved - alloc.peak_allocated == 8 * excess.per_layer_bytes + excess.working_bytes
