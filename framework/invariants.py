@@ -95,6 +95,9 @@ def enforce(result: Any) -> Any:
     for name in ("peak_bytes", "stage_bytes", "stage_peak_bytes", "stage_layers", "stage_moment", "peak_stage",
                  "layer_activation_bytes", "stage_kind_layers", "head_stage", "embedding_stage", "num_stages"):
         getattr(result, name)[index] = 0
+    for name in ("stage_reserved_bytes", "reserved_bytes"):
+        if getattr(result, name) is not None:
+            getattr(result, name)[index] = -1
     time = result.time
     if time is not None:
         time = dict(time)

@@ -111,6 +111,11 @@ class BatchResult:
     memory_bytes: int
     time: Optional[Mapping[str, np.ndarray]] = None
     provenance: Mapping[str, Any] = attrs.field(factory=dict)
+    # what PyTorch's caching allocator reserves (ndcost.compose.memory._reserved): (N, R) and the most a stage
+    # reserves (N,), -1 where not claimed, and why not (N,) ("" where claimed)
+    stage_reserved_bytes: Optional[np.ndarray] = None
+    reserved_bytes: Optional[np.ndarray] = None
+    reserved_reason: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return len(self.peak_bytes)
@@ -121,11 +126,14 @@ class BatchResult:
     def cost(self, row: int, strategy: Strategy) -> StrategyCost:
         """Row *row* as a :class:`StrategyCost` (its *strategy* given back to it)."""
         stages = []
+        reserved, reserved_reason = self._reserved(row)
         if self.valid[row]:
             for s in range(int(self.num_stages[row])):
+                stage_reserved = None if self.stage_reserved_bytes is None else int(self.stage_reserved_bytes[row, s])
                 stages.append(StageMemory(
                     stage=s, bytes_by_category=self.bytes_by_category(row, s),
                     peak_bytes=int(self.stage_peak_bytes[row, s]), layers=int(self.stage_layers[row, s]),
+                    reserved_bytes=None if stage_reserved is None or stage_reserved < 0 else stage_reserved,
                     provenance={"moment": memory.MOMENTS[int(self.stage_moment[row, s])]}))
         time = None
         if self.time is not None and self.valid[row]:
@@ -135,7 +143,16 @@ class BatchResult:
                                      provenance=self.time.get("provenance", {}) or {})
         return StrategyCost(strategy=strategy, stages=tuple(stages), peak_bytes=int(self.peak_bytes[row]),  # type: ignore[arg-type]  # attrs plugin: converter typing
                             valid=bool(self.valid[row]), reason=str(self.reason[row]), time=time,
-                            provenance=self.provenance)
+                            reserved_bytes=reserved, reserved_reason=reserved_reason, provenance=self.provenance)
+
+    def _reserved(self, row: int) -> Tuple[Optional[int], str]:
+        """Row *row*'s reserved bytes (None where not claimed) and why not."""
+        if not self.valid[row]:
+            return None, ""
+        if self.reserved_bytes is None or self.reserved_reason is None:
+            return None, "the batch was priced without the allocator simulation"
+        value = int(self.reserved_bytes[row])
+        return (value, "") if value >= 0 else (None, str(self.reserved_reason[row]))
 
 
 # ---------------------------------------------------------------------------
@@ -540,7 +557,7 @@ class CostModel:
         shapes = {"stage_bytes": (R, C), "stage_peak_bytes": (R,), "stage_layers": (R,), "stage_moment": (R,),
                   "stage_kind_layers": (R, K), "peak_bytes": (), "peak_stage": (), "head_stage": (),
                   "embedding_stage": (),
-                  "layer_bytes": (K,)}
+                  "layer_bytes": (K,), "stage_reserved_bytes": (R,), "reserved_unclaimed": ()}
         out = {name: np.zeros((priced,) + shape, dtype=np.int64) for name, shape in shapes.items()}
         if priced:
             recs = self._stack_records(tables)
@@ -560,9 +577,11 @@ class CostModel:
                                           out=out["stage_bytes"][lo:hi, :r],
                                           embedding_sort_scratch=self._profile is not None
                                           and self._profile.device == "cuda")
-                for name in ("stage_peak_bytes", "stage_layers", "stage_moment", "stage_kind_layers"):
+                for name in ("stage_peak_bytes", "stage_layers", "stage_moment", "stage_kind_layers",
+                             "stage_reserved_bytes"):
                     out[name][lo:hi, :r] = getattr(composed, name)
-                for name in ("peak_bytes", "peak_stage", "head_stage", "embedding_stage", "layer_bytes"):
+                for name in ("peak_bytes", "peak_stage", "head_stage", "embedding_stage", "layer_bytes",
+                             "reserved_unclaimed"):
                     out[name][lo:hi] = getattr(composed, name)
                 unpriced_selective[order[lo:hi]] = composed.unpriced["selective"]
                 beyond_exact[order[lo:hi]] = composed.beyond_exact
@@ -594,6 +613,9 @@ class CostModel:
         prov["schedules"] = dict(book.schedules)
         prov["optimizers"] = dict(book.optimizers)
         peak = full["peak_bytes"]
+        unclaimed = full["reserved_unclaimed"]
+        reserved = np.where(unclaimed > 0, -1, full["stage_reserved_bytes"].max(axis=1, initial=0))
+        reserved_reason = np.array([""] + list(memory.RESERVED_UNCLAIMED), dtype=object)[unclaimed]
         result = BatchResult(
             categories=tuple(MEMORY_CATEGORIES), peak_bytes=peak, stage_bytes=full["stage_bytes"],
             stage_peak_bytes=full["stage_peak_bytes"], num_stages=num_stages, stage_layers=full["stage_layers"],
@@ -601,7 +623,9 @@ class CostModel:
             layer_activation_bytes=full["layer_bytes"], stage_kind_layers=full["stage_kind_layers"],
             head_stage=full["head_stage"], embedding_stage=full["embedding_stage"], kinds=self.tables.kinds,
             valid=valid, reason=reason,
-            fits=valid & (peak <= hw.memory_bytes), memory_bytes=int(hw.memory_bytes), provenance=prov)
+            fits=valid & (peak <= hw.memory_bytes), memory_bytes=int(hw.memory_bytes), provenance=prov,
+            stage_reserved_bytes=full["stage_reserved_bytes"], reserved_bytes=reserved,
+            reserved_reason=reserved_reason)
         return self._attach_time(result, batch, hw)
 
     def _attach_time(self, result: BatchResult, batch: columns.StrategyColumns, hardware: Hardware) -> BatchResult:

@@ -106,19 +106,25 @@ def run(args):
     for stage in cost.stages:
         rows.append([stage.stage, stage.layers]
                     + [_gib(sum(stage.bytes_by_category[c] for c in summed)) for _, summed in columns]
-                    + [_gib(stage.peak_bytes), stage.provenance.get("moment", "")])
-    header = ["stage", "layers"] + [name for name, _ in columns] + ["peak", "at"]
+                    + [_gib(stage.peak_bytes), "-" if stage.reserved_bytes is None else _gib(stage.reserved_bytes),
+                       stage.provenance.get("moment", "")])
+    header = ["stage", "layers"] + [name for name, _ in columns] + ["peak", "reserved", "at"]
     hardware_named = hardware.name + (f" (from {args.hardware})" if args.hardware != hardware.name else "")
     lines = [f"{model.spec.name} on {hardware_named} ({args.runtime}, census={args.census}): {strategy}",
              _recipe(strategy),
              "GiB per device, each stage at its worst moment (`at`; see --help)",
-             table(rows, header, align="rr" + "r" * len(columns) + "rl")]
+             table(rows, header, align="rr" + "r" * len(columns) + "rrl")]
     if not args.wide:
         lines.append("optim = master + optimizer_states, other = communication + allocator (--wide: each)")
     peak_stage = max(cost.stages, key=lambda s: s.peak_bytes).stage if cost.stages else 0
     verdict = "fits" if data["fits"] else "does NOT fit"
     lines.append(f"peak: {cost.peak_bytes / _GIB:.2f} GiB ({cost.peak_bytes:,} bytes) on stage {peak_stage}; "
                  f"{verdict} in {hardware.memory_bytes / _GIB:.1f} GiB")
+    if cost.reserved_bytes is not None:
+        lines.append(f"reserved: {cost.reserved_bytes / _GIB:.2f} GiB ({cost.reserved_bytes:,} bytes), what PyTorch's "
+                     f"caching allocator holds for the peak (simulated, default PYTORCH_CUDA_ALLOC_CONF)")
+    elif cost.reserved_reason:
+        lines.append(f"reserved: not claimed ({cost.reserved_reason})")
     if cost.time is not None:
         t = cost.time
         lines.append(f"step: {t.step_seconds:.4g} s, {t.tokens_per_second:,.0f} tokens/s, MFU {t.mfu:.1%}\n"
