@@ -122,7 +122,8 @@ def run(args):
                  f"{verdict} in {hardware.memory_bytes / _GIB:.1f} GiB")
     if cost.reserved_bytes is not None:
         lines.append(f"reserved: {cost.reserved_bytes / _GIB:.2f} GiB ({cost.reserved_bytes:,} bytes), what PyTorch's "
-                     f"caching allocator holds for the peak (simulated, default PYTORCH_CUDA_ALLOC_CONF)")
+                     f"caching allocator holds for the peak (simulated with its defaults; a lower bound, see "
+                     f"docs/guides/searchers.md)")
     elif cost.reserved_reason:
         lines.append(f"reserved: not claimed ({cost.reserved_reason})")
     if cost.time is not None:
