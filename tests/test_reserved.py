@@ -42,6 +42,8 @@ def test_plain_layers_add_their_steady_excess_and_the_working_excess_once(simula
     assert layers == 18_874_368
     assert stage.reserved_bytes == stage.peak_bytes + _blocks(stage) + layers
     assert cost.reserved_bytes == stage.reserved_bytes and cost.reserved_reason == ""
+    data = cost.to_dict()  # estimate --json's figures
+    assert data["reserved_bytes"] == data["stages"][0]["reserved_bytes"] == stage.reserved_bytes
     # 2 * P bytes of parameters is not a 2 MiB multiple: its block rounds up
     assert (2 * P) % (2 * MIB) != 0 and _blocks(stage) > 0
 

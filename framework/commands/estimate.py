@@ -19,6 +19,8 @@ The table: GiB one device of each pipeline stage holds at the moment its bytes p
   communication  buffers of collectives: FSDP / ZeRO-3 parameter gathers, sequence-, expert- and
                  context-parallel exchanges
   allocator      the caching allocator's fragmentation: allocator_overhead times the rest
+  reserved       (--wide) what PyTorch's caching allocator reserves for the peak, simulated
+                 (ndcost.allocator, in place of allocator_overhead); "-" where nothing was simulated
 By default (100 columns) optim is master + optimizer_states, other is communication + allocator;
 --wide shows every category. The header names the dtypes and the optimizer priced. `ndcost fields`
 lists every strategy field; `ndcost list models|hardware|runtimes|schedules|optimizers` the names.
@@ -106,14 +108,16 @@ def run(args):
     for stage in cost.stages:
         rows.append([stage.stage, stage.layers]
                     + [_gib(sum(stage.bytes_by_category[c] for c in summed)) for _, summed in columns]
-                    + [_gib(stage.peak_bytes), "-" if stage.reserved_bytes is None else _gib(stage.reserved_bytes),
-                       stage.provenance.get("moment", "")])
-    header = ["stage", "layers"] + [name for name, _ in columns] + ["peak", "reserved", "at"]
+                    + [_gib(stage.peak_bytes)]
+                    + (["-" if stage.reserved_bytes is None else _gib(stage.reserved_bytes)] if args.wide else [])
+                    + [stage.provenance.get("moment", "")])
+    header = (["stage", "layers"] + [name for name, _ in columns] + ["peak"] + (["reserved"] if args.wide else [])
+              + ["at"])
     hardware_named = hardware.name + (f" (from {args.hardware})" if args.hardware != hardware.name else "")
     lines = [f"{model.spec.name} on {hardware_named} ({args.runtime}, census={args.census}): {strategy}",
              _recipe(strategy),
              "GiB per device, each stage at its worst moment (`at`; see --help)",
-             table(rows, header, align="rr" + "r" * len(columns) + "rrl")]
+             table(rows, header, align="rr" + "r" * len(columns) + "r" * (2 if args.wide else 1) + "l")]
     if not args.wide:
         lines.append("optim = master + optimizer_states, other = communication + allocator (--wide: each)")
     peak_stage = max(cost.stages, key=lambda s: s.peak_bytes).stage if cost.stages else 0
