@@ -112,7 +112,7 @@ class BatchResult:
     time: Optional[Mapping[str, np.ndarray]] = None
     provenance: Mapping[str, Any] = attrs.field(factory=dict)
     # what PyTorch's caching allocator reserves (ndcost.compose.memory._reserved): (N, R) and the most a stage
-    # reserves (N,), -1 where not claimed, and why not (N,) ("" where claimed)
+    # reserves (N,), -1 where not claimed (and in invalid rows), and why not (N,) ("" where claimed)
     stage_reserved_bytes: Optional[np.ndarray] = None
     reserved_bytes: Optional[np.ndarray] = None
     reserved_reason: Optional[np.ndarray] = None
@@ -614,7 +614,7 @@ class CostModel:
         prov["optimizers"] = dict(book.optimizers)
         peak = full["peak_bytes"]
         unclaimed = full["reserved_unclaimed"]
-        reserved = np.where(unclaimed > 0, -1, full["stage_reserved_bytes"].max(axis=1, initial=0))
+        reserved = np.where(valid & (unclaimed == 0), full["stage_reserved_bytes"].max(axis=1, initial=0), -1)
         reserved_reason = np.array([""] + list(memory.RESERVED_UNCLAIMED), dtype=object)[unclaimed]
         result = BatchResult(
             categories=tuple(MEMORY_CATEGORIES), peak_bytes=peak, stage_bytes=full["stage_bytes"],

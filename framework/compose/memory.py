@@ -769,7 +769,9 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     replay of its events, :func:`ndcost.allocator.stack_excess`), of the kind whose figure is largest;
     a full-recompute layer's kept input as packed into segments (:func:`ndcost.allocator.packed_reserved_bytes`,
     as if allocated alone). The layers' excess is added whichever moment the stage peaks at (the
-    allocator keeps its segments cached to the optimizer step) and never below zero.
+    allocator keeps its segments cached to the optimizer step) and never below zero. Left out: the
+    excess scales per token from the census's sequence length (a segment's rounding does not), and
+    ``moe_imbalance``, CP's gathered keys and values and ``etp`` do not change it.
     """
     def row(name):
         return recs[name][seq_index]
