@@ -202,13 +202,15 @@ class RecordTables:
     out_saved_tp: float
     out_working: float        # nan: unpriced
     out_working_tp: float
+    out_reserved: float       # the output layer's reserved above allocated bytes (nan: not simulated)
+    out_reserved_tp: float
     provenance: Mapping[str, Any] = attrs.field(factory=dict)
 
     ROW_FIELDS = ("saved", "saved_tp", "working", "working_tp", "working_input", "grad_share", "selective",
                   "selective_tp", "dropped",
                   "dropped_tp", "routed", "routed_tp", "routed_tokens", "routed_width", "reserved_layer",
                   "reserved_layer_tp", "reserved_working", "reserved_working_tp")
-    SCALAR_FIELDS = ("out_saved", "out_saved_tp", "out_working", "out_working_tp")
+    SCALAR_FIELDS = ("out_saved", "out_saved_tp", "out_working", "out_working_tp", "out_reserved", "out_reserved_tp")
 
     @classmethod
     def build(cls, kinds: Sequence[str], seq: int, records: Mapping[str, Any], output: Any,
@@ -261,6 +263,9 @@ class RecordTables:
                    out_saved=float(output.saved_per_token), out_saved_tp=float(output.saved_tp_per_token),
                    out_working=_nan(output.working_per_token),
                    out_working_tp=0.0 if output.working_tp_per_token is None else float(output.working_tp_per_token),
+                   out_reserved=_nan(output.reserved_working_per_token if output.reserved_working_tp_per_token
+                                     is not None else None),
+                   out_reserved_tp=_nan(output.reserved_working_tp_per_token),
                    provenance=dict(provenance or {}))
 
 
@@ -767,6 +772,7 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     the communication buffers each as one large block (2 MiB multiples; per-tensor rounding, under 2 MiB
     a tensor, is left out); each kept layer's steady excess and, once, the working peak's (the census's
     replay of its events, :func:`ndcost.allocator.stack_excess`), of the kind whose figure is largest;
+    on the head's stage the output layer's own (its replay alone, split by tp under ``vocab_parallel``);
     a full-recompute layer's kept input as packed into segments (:func:`ndcost.allocator.packed_reserved_bytes`,
     as if allocated alone). The layers' excess is added whichever moment the stage peaks at (the
     allocator keeps its segments cached to the optimizer step) and never below zero. Left out: the
@@ -794,6 +800,11 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
         activations = activations + plain * nan_to_zero(per_layer[:, k])[:, None]
         recomputed = recomputed + (where.recomputed[k] * held).sum(axis=2)
         working_most = np.where(present, np.maximum(working_most, nan_to_zero(working[:, k])[:, None]), working_most)
+    vocab_parallel = cols["vocab_parallel"].astype(bool)
+    x, x_tp = recs["out_reserved"][seq_index], recs["out_reserved_tp"][seq_index]
+    output = batch.tokens * np.where(vocab_parallel, np.where(sp, (x + x_tp) / t, x + x_tp / t), x + x_tp)
+    unknown |= (where.has_head & np.isnan(output)[:, None]).any(axis=1)
+    output = np.where(where.has_head, nan_to_zero(output)[:, None], 0.0)
     mode = cols["recompute"]
     full = (mode == RECOMPUTE.index("full"))[:, None]
     unsimulated = ((recomputed > 0) & ~full).any(axis=1)
@@ -801,9 +812,9 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
         np.int64)[:, None]
     inputs = np.where(full & (recomputed > 0), packed_reserved_bytes(recomputed, np.maximum(input_bytes, 1))
                       - recomputed * input_bytes, 0)
-    layers = activations + inputs + np.where(np.isfinite(working_most), working_most, 0.0)
+    layers = activations + inputs + np.where(np.isfinite(working_most), working_most, 0.0) + output
     blocks = np.zeros((n, ranks), dtype=np.int64)
-    for name in ("parameters", "master", "optimizer_states", "gradients", "output", "communication"):
+    for name in ("parameters", "master", "optimizer_states", "gradients", "communication"):
         held_bytes = stage_bytes[:, :, CATEGORIES.index(name)]
         blocks = blocks + large_block_bytes(held_bytes) - held_bytes
     allocated = stage_peak - stage_bytes[:, :, CATEGORIES.index("allocator")]

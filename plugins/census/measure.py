@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Sequence, Set,
 
 import attrs
 
-from ndcost.allocator import stack_excess
+from ndcost.allocator import replay, stack_excess
 
 Key = Tuple[int, int]
 
@@ -327,6 +327,8 @@ class Measured:
     # the caching allocator's reserved bytes above allocated ones for a stack of this layer
     # (ndcost.allocator.stack_excess over the events, the working figure's left-out bytes and the gradients apart)
     stack_excess: Any = None
+    # and for this layer alone, once (the output layer's figure): peak reserved less peak allocated
+    alone_excess_bytes: int = 0
 
 
 def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], Any],
@@ -408,6 +410,7 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
     apart = left_out | set(grads)
     events = [(key, delta) for key, delta in live.events if key not in apart]
     forward_end = sum(1 for key, _ in live.events[:start] if key not in apart)
+    alone = replay(events)
     by_op: Dict[str, int] = {}
     for key, size in held.items():
         if key in saved_op:
@@ -422,4 +425,5 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
                     working_bytes=working, working_grad_bytes=working_grads, grad_bytes=grad_bytes,
                     inputs_left_out_bytes=inputs_left_out,
                     ops_bytes=by_op, saved_tensors=tensors, packed_bytes=sum(saved.values()),
-                    stack_excess=stack_excess(events[:forward_end], events[forward_end:]))
+                    stack_excess=stack_excess(events[:forward_end], events[forward_end:]),
+                    alone_excess_bytes=alone.peak_reserved_bytes - alone.peak_allocated_bytes)
