@@ -41,6 +41,7 @@ import bisect
 from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 import attrs
+import numpy as np
 
 from ndcost.errors import InvalidValue
 
@@ -69,10 +70,11 @@ class AllocatorConfig:
 
     def __attrs_post_init__(self) -> None:
         limit = self.max_split_size_bytes
-        # CUDAAllocatorConfig::parseMaxSplitSize refuses a limit not above kLargeBuffer
-        if limit is not None and (not isinstance(limit, int) or limit <= LARGE_SEGMENT_BYTES):
-            raise InvalidValue(f"max_split_size_bytes={limit!r}: PyTorch refuses a max_split_size_mb not above 20 "
-                               f"(MiB); give more than {LARGE_SEGMENT_BYTES} bytes, or None for no limit")
+        # parseMaxSplitSize refuses a limit below kLargeBuffer (c10/core/AllocatorConfig.cpp; older releases'
+        # CUDAAllocatorConfig.cpp refused 20 MiB itself)
+        if limit is not None and (not isinstance(limit, int) or limit < LARGE_SEGMENT_BYTES):
+            raise InvalidValue(f"max_split_size_bytes={limit!r}: PyTorch refuses a max_split_size_mb below 20 "
+                               f"(MiB); give {LARGE_SEGMENT_BYTES} bytes or more, or None for no limit")
         divisions = self.roundup_power2_divisions
         if not isinstance(divisions, int) or divisions < 0 or (divisions > 1 and divisions & (divisions - 1)):
             raise InvalidValue(f"roundup_power2_divisions={divisions!r}: PyTorch takes a power of two (or 0 for "
@@ -142,10 +144,8 @@ def packed_reserved_bytes(count, nbytes):
     The same rules as :class:`CachingAllocator` on a fresh allocator, in closed form for the composition's
     arrays: a segment (``get_allocation_size``) holds ``segment // round_size`` of them, the last taking
     what is left whole where splitting is refused (``should_split``); a request of 10 MiB or more is a
-    segment of its own. Sizes under :data:`MIN_BLOCK_BYTES` and power-of-two rounding are not used here.
+    segment of its own. Power-of-two rounding (``roundup_power2_divisions``) is not used here.
     """
-    import numpy as np
-
     rounded = np.maximum(-(-np.asarray(nbytes, dtype=np.int64) // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES,
                          MIN_BLOCK_BYTES)
     segment = np.where(rounded <= SMALL_REQUEST_BYTES, SMALL_SEGMENT_BYTES,
@@ -165,10 +165,6 @@ class _Block:
     requested: int = 0
     prev: Optional["_Block"] = None
     next: Optional["_Block"] = None
-
-    @property
-    def is_split(self) -> bool:
-        return self.prev is not None or self.next is not None
 
 
 @attrs.frozen(kw_only=True)

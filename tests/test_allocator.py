@@ -171,7 +171,7 @@ def test_parse_alloc_conf():
     assert config == AllocatorConfig(expandable_segments=True, max_split_size_bytes=128 * MIB)
 
 
-@pytest.mark.parametrize("text", ["expandable_segments:yes", "max_split_size_mb:20", "roundup_power2_divisions:3",
+@pytest.mark.parametrize("text", ["expandable_segments:yes", "max_split_size_mb:19", "roundup_power2_divisions:3",
                                   "garbage_collection_threshold:0.6"])
 def test_bad_alloc_conf_is_refused(text):
     with pytest.raises(InvalidValue):
