@@ -114,6 +114,9 @@ def enforce(result: Any) -> Any:
                  "layer_activation_bytes", "stage_kind_layers", "head_stage", "embedding_stage", "num_stages",
                  "stage_host_bytes", "host_bytes", "host_bytes_per_node", "stage_offloaded_activation_bytes"):
         getattr(result, name)[index] = 0
+    for name in ("stage_reserved_bytes", "reserved_bytes"):
+        if getattr(result, name) is not None:
+            getattr(result, name)[index] = -1
     time = result.time
     if time is not None:
         time = dict(time)

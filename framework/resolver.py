@@ -120,6 +120,11 @@ class BatchResult:
     memory_bytes: int
     time: Optional[Mapping[str, np.ndarray]] = None
     provenance: Mapping[str, Any] = attrs.field(factory=dict)
+    # what PyTorch's caching allocator reserves (ndcost.compose.memory._reserved): (N, R) and the most a stage
+    # reserves (N,), -1 where not claimed (and in invalid rows), and why not (N,) ("" where claimed)
+    stage_reserved_bytes: Optional[np.ndarray] = None
+    reserved_bytes: Optional[np.ndarray] = None
+    reserved_reason: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return len(self.peak_bytes)
@@ -130,15 +135,18 @@ class BatchResult:
     def cost(self, row: int, strategy: Strategy) -> StrategyCost:
         """Row *row* as a :class:`StrategyCost` (its *strategy* given back to it)."""
         stages = []
+        reserved, reserved_reason = self._reserved(row)
         if self.valid[row]:
             count = int(self.num_stages[row])  # each array read once, as Python ints
             by_stage, peaks = self.stage_bytes[row, :count].tolist(), self.stage_peak_bytes[row, :count].tolist()
             layers, moments = self.stage_layers[row, :count].tolist(), self.stage_moment[row, :count].tolist()
             hosts = self.stage_host_bytes[row, :count].tolist()
+            reserves = ([None] * count if self.stage_reserved_bytes is None
+                        else [None if r < 0 else r for r in self.stage_reserved_bytes[row, :count].tolist()])
             for s in range(count):
                 stages.append(StageMemory(
                     stage=s, bytes_by_category=dict(zip(self.categories, by_stage[s], strict=True)),
-                    peak_bytes=peaks[s], layers=layers[s], host_bytes=hosts[s],
+                    peak_bytes=peaks[s], layers=layers[s], host_bytes=hosts[s], reserved_bytes=reserves[s],
                     provenance={"moment": memory.MOMENTS[moments[s]]}))
         time = None
         if self.time is not None and self.valid[row]:
@@ -148,7 +156,17 @@ class BatchResult:
         return StrategyCost(strategy=strategy, stages=tuple(stages), peak_bytes=int(self.peak_bytes[row]),  # type: ignore[arg-type]  # attrs plugin: converter typing
                             valid=bool(self.valid[row]), reason=str(self.reason[row]), time=time,
                             host_bytes=int(self.host_bytes[row]),
-                            host_bytes_per_node=int(self.host_bytes_per_node[row]), provenance=self.provenance)
+                            host_bytes_per_node=int(self.host_bytes_per_node[row]),
+                            reserved_bytes=reserved, reserved_reason=reserved_reason, provenance=self.provenance)
+
+    def _reserved(self, row: int) -> Tuple[Optional[int], str]:
+        """Row *row*'s reserved bytes (None where not claimed) and why not."""
+        if not self.valid[row]:
+            return None, ""
+        if self.reserved_bytes is None or self.reserved_reason is None:
+            return None, "the batch was priced without the allocator simulation"
+        value = int(self.reserved_bytes[row])
+        return (value, "") if value >= 0 else (None, str(self.reserved_reason[row]))
 
 
 # ---------------------------------------------------------------------------
@@ -554,7 +572,7 @@ class CostModel:
                   "stage_kind_layers": (R, K), "peak_bytes": (), "peak_stage": (), "head_stage": (),
                   "embedding_stage": (),
                   "layer_bytes": (K,), "stage_host_bytes": (R,), "host_bytes_per_node": (),
-                  "stage_offloaded_activation_bytes": (R,)}
+                  "stage_offloaded_activation_bytes": (R,), "stage_reserved_bytes": (R,), "reserved_unclaimed": ()}
         # one layout with every row valid (one strategy's batch): compose's own arrays are the outputs
         whole_batch = in_order and len(ends) == 1
         out = {} if whole_batch else {name: np.zeros((priced,) + shape, dtype=np.int64)
@@ -582,10 +600,10 @@ class CostModel:
                     out = {name: getattr(composed, name).astype(np.int64, copy=False) for name in shapes}
                 else:
                     for name in ("stage_peak_bytes", "stage_layers", "stage_moment", "stage_kind_layers",
-                                 "stage_host_bytes", "stage_offloaded_activation_bytes"):
+                                 "stage_host_bytes", "stage_offloaded_activation_bytes", "stage_reserved_bytes"):
                         out[name][lo:hi, :r] = getattr(composed, name)
                     for name in ("peak_bytes", "peak_stage", "head_stage", "embedding_stage", "layer_bytes",
-                                 "host_bytes_per_node"):
+                                 "host_bytes_per_node", "reserved_unclaimed"):
                         out[name][lo:hi] = getattr(composed, name)
                 unpriced_selective[order[lo:hi]] = composed.unpriced["selective"]
                 beyond_exact[order[lo:hi]] = composed.beyond_exact
@@ -617,6 +635,9 @@ class CostModel:
         prov["schedules"] = dict(book.schedules)
         prov["optimizers"] = dict(book.optimizers)
         peak = full["peak_bytes"]
+        unclaimed = full["reserved_unclaimed"]
+        reserved = np.where(valid & (unclaimed == 0), full["stage_reserved_bytes"].max(axis=1, initial=0), -1)
+        reserved_reason = np.array([""] + list(memory.RESERVED_UNCLAIMED), dtype=object)[unclaimed]
         result = BatchResult(
             categories=tuple(MEMORY_CATEGORIES), peak_bytes=peak, stage_bytes=full["stage_bytes"],
             stage_peak_bytes=full["stage_peak_bytes"], num_stages=num_stages, stage_layers=full["stage_layers"],
@@ -627,7 +648,9 @@ class CostModel:
             host_bytes_per_node=full["host_bytes_per_node"],
             stage_offloaded_activation_bytes=full["stage_offloaded_activation_bytes"], kinds=self.tables.kinds,
             valid=valid, reason=reason,
-            fits=valid & (peak <= hw.memory_bytes), memory_bytes=int(hw.memory_bytes), provenance=prov)
+            fits=valid & (peak <= hw.memory_bytes), memory_bytes=int(hw.memory_bytes), provenance=prov,
+            stage_reserved_bytes=full["stage_reserved_bytes"], reserved_bytes=reserved,
+            reserved_reason=reserved_reason)
         return self._attach_time(result, batch, hw)
 
     def _attach_time(self, result: BatchResult, batch: columns.StrategyColumns, hardware: Hardware) -> BatchResult:

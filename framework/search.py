@@ -27,8 +27,8 @@ columns and priced by :meth:`ndcost.resolver.CostModel.evaluate_many` (the searc
 Left out (documented, never guessed): uneven ``pp_layers`` splits (a ``pp * vpp`` that does not divide the
 layers is refused, as ``evaluate_many`` refuses it), ZeRO with ``dp * cp == 1`` and ``vocab_parallel`` or
 ``sp`` with ``tp == 1`` (each the same cost as without), dtypes, optimizers and ``moe_imbalance`` (the
-strategy's defaults). ``reserved_bytes`` is ``None``: ndcost does not model the caching allocator's
-reserved memory yet, only allocated bytes (``peak_bytes``).
+strategy's defaults). ``reserved_bytes`` is what the caching allocator simulation reserves
+(:mod:`ndcost.allocator`; ``None`` where not claimed); fitting is judged on allocated bytes (``peak_bytes``).
 
 ``workers=N`` prices the chunks in N local processes; ``scheduler="tcp://..."`` on a Dask distributed
 cluster (the ``dask`` extra). Either gives the single-process answer, whatever the chunks: ties in step
@@ -71,7 +71,7 @@ _STRATEGY_COLUMNS = _LAYOUT_FIELDS + ("sp", "cp_algo", "micro_batch", "num_micro
 class Candidate:
     """One strategy that runs and fits: its peak bytes a device and its step.
 
-    ``reserved_bytes`` is always None: the caching allocator's reserved memory is not modelled yet.
+    ``reserved_bytes``: what PyTorch's caching allocator reserves (simulated; None where not claimed).
     ``train_seconds``, ``gpu_hours`` and ``cost_usd`` are set where the search was given the tokens
     to train (and a price a GPU-hour).
     """
@@ -459,6 +459,7 @@ def _price(job: _Job, model: Any = None) -> _Summary:
     strategies = {k: v for k, v in cols.items() if not k.startswith("_")}
     n = len(cols["dp"])
     valid, peak = np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64)
+    reserved = np.full(n, -1, dtype=np.int64)
     reason = np.full(n, "", dtype=object)
     times = {f: np.full(n, np.nan) for f in ("step_seconds", "tokens_per_second", "mfu")}
     priced = np.zeros(n, dtype=bool)
@@ -475,6 +476,8 @@ def _price(job: _Job, model: Any = None) -> _Summary:
             raise Unpriced(f"the search ranks by step time, which is unpriced for {model.spec.name}: {unpriced}")
         priced[rows] = True
         valid[rows], peak[rows], reason[rows] = result.valid, result.peak_bytes, result.reason
+        if result.reserved_bytes is not None:
+            reserved[rows] = result.reserved_bytes
         for f in times:
             times[f][rows] = result.time[f]
         over[group[rows[result.valid & (result.peak_bytes > job.cap_bytes)]]] = True
@@ -489,7 +492,7 @@ def _price(job: _Job, model: Any = None) -> _Summary:
     rows = np.flatnonzero(fits)
     order = rows[np.lexsort((rows, peak[rows], step[rows]))][:job.top]
     top = {k: v[order] for k, v in strategies.items()}
-    top.update(peak_bytes=peak[order], _row=order,
+    top.update(peak_bytes=peak[order], reserved_bytes=reserved[order], _row=order,
                **{f: times[f][order] for f in times})
     points = None
     if job.keep_points:
@@ -771,6 +774,7 @@ def _merge(summaries: List[_Summary], top: int, devices: int, hardware: str, tok
         gpu_hours = train * devices / 3600.0 if train is not None else None
         out.append(Candidate(strategy=Strategy(**fields, **held), devices=devices, hardware=hardware,
                              peak_bytes=int(cols["peak_bytes"][i]), step_seconds=float(cols["step_seconds"][i]),
+                             reserved_bytes=int(cols["reserved_bytes"][i]) if cols["reserved_bytes"][i] >= 0 else None,
                              tokens_per_second=tps, mfu=float(cols["mfu"][i]), train_seconds=train,
                              gpu_hours=gpu_hours,
                              cost_usd=gpu_hours * price if gpu_hours is not None and price is not None else None))

@@ -825,11 +825,14 @@ class StageMemory:
     peak_bytes: int
     layers: int = 0
     host_bytes: int = 0
+    # what PyTorch's caching allocator reserves for that peak; None where not claimed (StrategyCost says why)
+    reserved_bytes: Optional[int] = None
     provenance: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"stage": self.stage, "layers": self.layers, "bytes_by_category": dict(self.bytes_by_category),
-                "peak_bytes": self.peak_bytes, "host_bytes": self.host_bytes, "provenance": dict(self.provenance)}
+                "peak_bytes": self.peak_bytes, "host_bytes": self.host_bytes, "reserved_bytes": self.reserved_bytes,
+                "provenance": dict(self.provenance)}
 
 
 @attrs.frozen(kw_only=True)
@@ -870,6 +873,9 @@ class StrategyCost:
     time: Optional[TimeBreakdown] = None
     host_bytes: int = 0
     host_bytes_per_node: int = 0
+    # the most any stage's caching allocator reserves (ndcost.allocator); None with the reason where not claimed
+    reserved_bytes: Optional[int] = None
+    reserved_reason: str = ""
     provenance: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def sources(self) -> Dict[str, str]:
@@ -922,7 +928,8 @@ class StrategyCost:
 
     def to_dict(self) -> Dict[str, Any]:
         out = {"strategy": str(self.strategy), "valid": self.valid, "reason": self.reason,
-               "peak_bytes": self.peak_bytes, "host_bytes": self.host_bytes,
+               "peak_bytes": self.peak_bytes, "reserved_bytes": self.reserved_bytes,
+               "reserved_reason": self.reserved_reason, "host_bytes": self.host_bytes,
                "host_bytes_per_node": self.host_bytes_per_node, "stages": [s.to_dict() for s in self.stages],
                "provenance": dict(self.provenance), "sources": self.sources()}
         if self.time is not None:

@@ -213,9 +213,11 @@ def test_estimate_fits_100_columns_and_wide_shows_every_category():
         assert float(row[8]) == pytest.approx((b["communication"] + b["allocator"]) / GIB, abs=0.006)
         assert float(row[9]) == pytest.approx(stage["peak_bytes"] / GIB, abs=0.006)
         assert " ".join(row[10:]) == stage["provenance"]["moment"]
+        assert stage["reserved_bytes"] is None  # census off: nothing simulated
     wide = ndcost(*args, "--wide").stdout
     wide_header = next(line for line in wide.splitlines() if line.startswith("stage"))
-    assert wide_header.split() == ["stage", "layers", *MEMORY_CATEGORIES, "peak", "at"]
+    assert wide_header.split() == ["stage", "layers", *MEMORY_CATEGORIES, "peak", "reserved", "at"]
+    assert "reserved: not claimed (no allocator simulation" in wide
 
 
 def test_help_and_docs_explain_at_and_the_categories():

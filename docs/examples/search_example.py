@@ -31,8 +31,8 @@ step = batch.time["step_seconds"]  # NaN where a row is invalid
 for i in np.flatnonzero(~batch.valid):
     print(f"refused: tp={tp[i]}: {batch.reason[i]}")
 
-# 5. Allocated bytes, not reserved: ndcost does not model the caching allocator yet, so there is no
-#    reserved figure to read; compare peak_bytes with the device's usable memory.
+# 5. Fitting is judged on allocated bytes; batch.reserved_bytes (-1 where not claimed) is what the simulated
+#    caching allocator reserves, a lower bound on max_memory_reserved (docs/guides/searchers.md, section 6).
 fits = batch.fits
 best = np.flatnonzero(fits)[np.argmin(step[fits])]
 print(f"best of the table: row {best}, tp={tp[best]}, recompute={table['recompute'][best]}: "
@@ -48,4 +48,4 @@ for text in ("tp=2,fsdp=4,seq=4096,num_micro_batches=4", "tp=8,seq=4096,num_micr
 result = search(model, devices=8, global_batch=16, seq=4096, top=3)
 for c in result.candidates:
     print(f"best: {c.strategy} {c.peak_bytes / 2**30:.1f} GiB {c.step_seconds:.3f} s "
-          f"(reserved: {c.reserved_bytes}, not modelled)")
+          f"(reserved: {c.reserved_bytes}, None where not simulated)")

@@ -21,6 +21,8 @@ The table: GiB one device of each pipeline stage holds at the moment its bytes p
   allocator      the caching allocator's fragmentation: allocator_overhead times the rest
 Under offload_optimizer, offload_params or offload_activations a `host:` line gives the host memory
 a device fills (its worst stage's) and a node's devices together; the step line the offload copies.
+  reserved       (--wide) what PyTorch's caching allocator reserves for the peak, simulated
+                 (ndcost.allocator, in place of allocator_overhead); "-" where nothing was simulated
 By default (100 columns) optim is master + optimizer_states, other is communication + allocator;
 --wide shows every category. The header names the dtypes and the optimizer priced. `ndcost fields`
 lists every strategy field; `ndcost list models|hardware|runtimes|schedules|optimizers` the names.
@@ -108,13 +110,16 @@ def run(args):
     for stage in cost.stages:
         rows.append([stage.stage, stage.layers]
                     + [_gib(sum(stage.bytes_by_category[c] for c in summed)) for _, summed in columns]
-                    + [_gib(stage.peak_bytes), stage.provenance.get("moment", "")])
-    header = ["stage", "layers"] + [name for name, _ in columns] + ["peak", "at"]
+                    + [_gib(stage.peak_bytes)]
+                    + (["-" if stage.reserved_bytes is None else _gib(stage.reserved_bytes)] if args.wide else [])
+                    + [stage.provenance.get("moment", "")])
+    header = (["stage", "layers"] + [name for name, _ in columns] + ["peak"] + (["reserved"] if args.wide else [])
+              + ["at"])
     hardware_named = hardware.name + (f" (from {args.hardware})" if args.hardware != hardware.name else "")
     lines = [f"{model.spec.name} on {hardware_named} ({args.runtime}, census={args.census}): {strategy}",
              _recipe(strategy),
              "GiB per device, each stage at its worst moment (`at`; see --help)",
-             table(rows, header, align="rr" + "r" * len(columns) + "rl")]
+             table(rows, header, align="rr" + "r" * len(columns) + "r" * (2 if args.wide else 1) + "l")]
     if not args.wide:
         lines.append("optim = master + optimizer_states, other = communication + allocator (--wide: each)")
     peak_stage = max(cost.stages, key=lambda s: s.peak_bytes).stage if cost.stages else 0
@@ -125,6 +130,12 @@ def run(args):
         lines.append(f"host: {cost.host_bytes / _GIB:.2f} GiB a device ({cost.host_bytes:,} bytes; stages "
                      + ", ".join(_gib(s.host_bytes) for s in cost.stages) + f" GiB), "
                      f"{cost.host_bytes_per_node / _GIB:.2f} GiB a node of {hardware.devices_per_node} devices")
+    if cost.reserved_bytes is not None:
+        lines.append(f"reserved: {cost.reserved_bytes / _GIB:.2f} GiB ({cost.reserved_bytes:,} bytes), what PyTorch's "
+                     f"caching allocator holds for the peak (simulated with its defaults; a lower bound, see "
+                     f"docs/guides/searchers.md)")
+    elif cost.reserved_reason:
+        lines.append(f"reserved: not claimed ({cost.reserved_reason})")
     if cost.time is not None:
         t = cost.time
         lines.append(f"step: {t.step_seconds:.4g} s, {t.tokens_per_second:,.0f} tokens/s, MFU {t.mfu:.1%}\n"

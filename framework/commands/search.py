@@ -5,7 +5,8 @@ import textwrap
 from typing import Any, List
 
 HELP = ("search every parallel strategy for exactly N devices and rank those that fit by step time "
-        "(reserved_bytes is null: the caching allocator is not modelled yet, peak_bytes is allocated bytes)")
+        "(peak_bytes is allocated bytes, which fitting judges; reserved_bytes what the simulated caching "
+        "allocator reserves, null where not claimed)")
 
 _GIB = 2 ** 30
 _WIDTH = 100
@@ -201,7 +202,7 @@ def _render(result: Any) -> str:
         f"{result.model} on {result.devices} x {result.hardware}, global batch {result.global_batch:,} x "
         f"{result.seq:,} tokens, cap {result.memory_cap_bytes / _GIB:.1f} GiB: {result.priced:,} strategies "
         f"priced, {result.valid:,} run, {result.fitting:,} fit; best {len(result.candidates)} by step time. "
-        f"Peak is allocated bytes (reserved memory is not modelled yet).", _WIDTH)
+        f"Peak is allocated bytes; reserved_bytes (--json) is the simulated caching allocator's.", _WIDTH)
     head = ["#", "peak GiB", "step s", "tokens/s", "MFU"]
     extra = result.tokens is not None
     if extra:

@@ -10,7 +10,8 @@ A map of :func:`compose` (each step's docstring says what it counts and why):
 - :func:`_stage_activations`: those over the stage's layers and micro-batches in flight;
 - :func:`_output_layer`: the final norm, head and loss;
 - :func:`_communication_buffers`: FSDP / ZeRO-3 gathers, SP / EP / CP buffers;
-- :func:`_moments`, :func:`_peak`: the five moments a stage can peak at (``MOMENTS``), the largest.
+- :func:`_moments`, :func:`_peak`: the five moments a stage can peak at (``MOMENTS``), the largest;
+- :func:`_reserved`: what PyTorch's caching allocator reserves for that peak (:mod:`ndcost.allocator`).
 
 The resolver builds :class:`ModelTables` once a model and :class:`RecordTables` once a sequence
 length; ``compose`` prices whole batches given as columns (:func:`ndcost.columns.encode`).
@@ -35,6 +36,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import attrs
 import numpy as np
 
+from ndcost.allocator import large_block_bytes, packed_reserved_bytes
 from ndcost.columns import DTYPE_BYTES
 from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
@@ -212,6 +214,10 @@ class RecordTables:
     autocast_saved_tp: np.ndarray
     autocast_working: np.ndarray
     autocast_working_tp: np.ndarray
+    reserved_layer: np.ndarray  # the allocator's reserved above allocated bytes: a kept layer's (nan: not simulated)
+    reserved_layer_tp: np.ndarray
+    reserved_working: np.ndarray  # and the rest at a stage's working peak
+    reserved_working_tp: np.ndarray
     out_saved: float
     out_saved_tp: float
     out_working: float        # nan: unpriced
@@ -220,14 +226,18 @@ class RecordTables:
     out_autocast_saved_tp: float
     out_autocast_working: float
     out_autocast_working_tp: float
+    out_reserved: float       # the output layer's reserved above allocated bytes (nan: not simulated)
+    out_reserved_tp: float
     provenance: Mapping[str, Any] = attrs.field(factory=dict)
 
     ROW_FIELDS = ("saved", "saved_tp", "working", "working_tp", "working_input", "grad_share", "selective",
                   "selective_tp", "dropped",
                   "dropped_tp", "routed", "routed_tp", "routed_tokens", "routed_width",
-                  "autocast_saved", "autocast_saved_tp", "autocast_working", "autocast_working_tp")
+                  "autocast_saved", "autocast_saved_tp", "autocast_working", "autocast_working_tp", "reserved_layer",
+                  "reserved_layer_tp", "reserved_working", "reserved_working_tp")
     SCALAR_FIELDS = ("out_saved", "out_saved_tp", "out_working", "out_working_tp", "out_autocast_saved",
-                     "out_autocast_saved_tp", "out_autocast_working", "out_autocast_working_tp")
+                     "out_autocast_saved_tp", "out_autocast_working", "out_autocast_working_tp", "out_reserved",
+                     "out_reserved_tp")
 
     @classmethod
     def build(cls, kinds: Sequence[str], seq: int, records: Mapping[str, Any], output: Any,
@@ -265,6 +275,10 @@ class RecordTables:
                                         and sel.selective_per_token is not None else np.nan)
             cols["dropped"].append(float(sum(r.ops.get(op, 0.0) for op in core_ops)))
             cols["dropped_tp"].append(float(sum(r.ops_tp.get(op, 0.0) for op in core_ops)))
+            for name, figure in (("reserved_layer", "reserved_per_layer"), ("reserved_working", "reserved_working")):
+                value, value_tp = (getattr(r, f"{figure}_per_token", None), getattr(r, f"{figure}_tp_per_token", None))
+                cols[name].append(_nan(value if value_tp is not None else None))
+                cols[f"{name}_tp"].append(_nan(value_tp if value is not None else None))
             share = routed_share.get(k, (0.0, 0.0, 0.0, 0.0))
             for name, value in zip(("routed", "routed_tp", "routed_tokens", "routed_width"), share, strict=False):
                 cols[name].append(float(value))
@@ -282,6 +296,9 @@ class RecordTables:
                    out_autocast_saved_tp=_nan(getattr(output, "autocast_saved_tp_per_token", None)),
                    out_autocast_working=_nan(getattr(output, "autocast_working_per_token", None)),
                    out_autocast_working_tp=_nan(getattr(output, "autocast_working_tp_per_token", None)),
+                   out_reserved=_nan(output.reserved_working_per_token if output.reserved_working_tp_per_token
+                                     is not None else None),
+                   out_reserved_tp=_nan(output.reserved_working_tp_per_token),
                    provenance=dict(provenance or {}))
 
 
@@ -312,7 +329,19 @@ class Composed:
     stage_host_bytes: np.ndarray  # (N, R) int64: host memory a device of each stage holds (offloading)
     host_bytes_per_node: np.ndarray  # (N,) int64: the most one node's devices hold on the host together
     stage_offloaded_activation_bytes: np.ndarray  # (N, R) int64: a micro-batch's activations copied each way
+    stage_reserved_bytes: np.ndarray  # (N, R) int64: what the caching allocator reserves; -1 where not claimed
+    reserved_unclaimed: np.ndarray    # (N,) int64: 0, or 1 + the index into RESERVED_UNCLAIMED of why not
 
+
+# why a row's reserved bytes are not claimed (Composed.reserved_unclaimed - 1)
+RESERVED_UNCLAIMED = (
+    "no allocator simulation for some layer kind (the census replays its events; the formulas, op records, "
+    "a stack census and census records cached before it state none)",
+    "recompute=selective and core_attention are not simulated by the allocator (plain layers and full recompute "
+    "are)",
+    "offloading and fp32 parameters under autocast change the allocation events the census replayed (simulated "
+    "with bf16 parameters and nothing offloaded)",
+)
 
 MOMENTS = ("output backward", "last layer backward", "end of backward", "embedding backward", "optimizer step")
 
@@ -867,6 +896,70 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
     return stage_bytes, np.maximum(best_total, 0).astype(np.int64), best_index
 
 
+def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement, held,
+              stage_bytes, stage_peak, stage_exists):
+    """(N, R) bytes the caching allocator reserves for each stage's peak (-1: not claimed), and why not (N,).
+
+    The peak's allocated bytes (``allocator_overhead``'s guess replaced) plus what the allocator
+    reserves beyond them: parameters, master copy, optimizer states, gradients, the output layer's and
+    the communication buffers each as one large block (2 MiB multiples; per-tensor rounding, under 2 MiB
+    a tensor, is left out); each kept layer's steady excess and, once, the working peak's (the census's
+    replay of its events, :func:`ndcost.allocator.stack_excess`), of the kind whose figure is largest;
+    on the head's stage the output layer's own (its replay alone, split by tp under ``vocab_parallel``);
+    a full-recompute layer's kept input as packed into segments (:func:`ndcost.allocator.packed_reserved_bytes`,
+    as if allocated alone). The layers' excess is added whichever moment the stage peaks at (the
+    allocator keeps its segments cached to the optimizer step) and never below zero. Left out: the
+    excess scales per token from the census's sequence length (a segment's rounding does not), and
+    ``moe_imbalance``, CP's gathered keys and values and ``etp`` do not change it.
+    """
+    def row(name):
+        return recs[name][seq_index]
+
+    t, sp, K = batch.tp, batch.sp, len(model.kinds)
+
+    def at_tp(x, x_tp):
+        return batch.tokens[:, None] * np.where(sp[:, None], (x + x_tp) / t[:, None], x + x_tp / t[:, None])
+
+    per_layer = at_tp(row("reserved_layer"), row("reserved_layer_tp"))
+    working = at_tp(row("reserved_working"), row("reserved_working_tp"))
+    n, ranks = stage_peak.shape
+    activations, recomputed = np.zeros((n, ranks)), np.zeros((n, ranks), dtype=np.int64)
+    working_most = np.full((n, ranks), -np.inf)
+    unknown = np.zeros(n, dtype=bool)
+    for k in range(K):  # a loop over kinds, never layers
+        present = where.layers[k].sum(axis=2) > 0
+        unknown |= (present & (np.isnan(per_layer[:, k]) | np.isnan(working[:, k]))[:, None]).any(axis=1)
+        plain = ((where.layers[k] - where.recomputed[k]) * held).sum(axis=2)
+        activations = activations + plain * nan_to_zero(per_layer[:, k])[:, None]
+        recomputed = recomputed + (where.recomputed[k] * held).sum(axis=2)
+        working_most = np.where(present, np.maximum(working_most, nan_to_zero(working[:, k])[:, None]), working_most)
+    vocab_parallel = cols["vocab_parallel"].astype(bool)
+    x, x_tp = recs["out_reserved"][seq_index], recs["out_reserved_tp"][seq_index]
+    output = batch.tokens * np.where(vocab_parallel, np.where(sp, (x + x_tp) / t, x + x_tp / t), x + x_tp)
+    unknown |= (where.has_head & np.isnan(output)[:, None]).any(axis=1)
+    output = np.where(where.has_head, nan_to_zero(output)[:, None], 0.0)
+    mode = cols["recompute"]
+    full = (mode == RECOMPUTE.index("full"))[:, None]
+    unsimulated = ((recomputed > 0) & ~full).any(axis=1)
+    input_bytes = whole(model.hidden_size * batch.residual_bytes * batch.tokens / np.where(sp, t, 1.0)).astype(
+        np.int64)[:, None]
+    inputs = np.where(full & (recomputed > 0), packed_reserved_bytes(recomputed, np.maximum(input_bytes, 1))
+                      - recomputed * input_bytes, 0)
+    layers = activations + inputs + np.where(np.isfinite(working_most), working_most, 0.0) + output
+    blocks = np.zeros((n, ranks), dtype=np.int64)
+    for name in ("parameters", "master", "optimizer_states", "gradients", "communication"):
+        held_bytes = stage_bytes[:, :, CATEGORIES.index(name)]
+        blocks = blocks + large_block_bytes(held_bytes) - held_bytes
+    allocated = stage_peak - stage_bytes[:, :, CATEGORIES.index("allocator")]
+    reserved = allocated + blocks + whole(np.maximum(layers, 0.0)).astype(np.int64)
+    replayed_otherwise = (_fp32_autocast(batch) | np.asarray(cols["offload_optimizer"], dtype=bool)
+                          | np.asarray(cols["offload_params"], dtype=bool)
+                          | np.asarray(cols["offload_activations"], dtype=bool))
+    unclaimed = np.where(unknown, 1, np.where(unsimulated, 2, np.where(replayed_otherwise, 3, 0)))
+    reserved = np.where((unclaimed > 0)[:, None], -1, np.where(stage_exists, reserved, 0))
+    return reserved, unclaimed
+
+
 def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.ndarray, cols: Mapping[str, Any],
             schedules: Sequence[Any], states_per_parameter: np.ndarray,
             step_temporaries_per_parameter: np.ndarray, out: Optional[np.ndarray] = None,
@@ -919,7 +1012,10 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
         host_bytes[~stage_exists] = 0
         offloaded_activations[~stage_exists] = 0
     peak_stage = np.argmax(stage_peak, axis=1)
-    return Composed(stage_bytes=stage_bytes, stage_peak_bytes=stage_peak,
+    stage_reserved, unclaimed = _reserved(model, recs, seq_index, cols, batch, where, held, stage_bytes, stage_peak,
+                                          stage_exists)
+    return Composed(stage_reserved_bytes=stage_reserved, reserved_unclaimed=unclaimed, stage_bytes=stage_bytes,
+                    stage_peak_bytes=stage_peak,
                     peak_bytes=stage_peak[np.arange(len(peak_stage)), peak_stage], peak_stage=peak_stage,
                     stage_layers=stage_layers, stage_moment=best_moment,
                     layer_bytes=np.where(beyond[:, None], 0.0, np.nan_to_num(layer_keep)).astype(np.int64),

@@ -38,7 +38,7 @@ import attrs
 from ndcost.records import KindRecord
 
 # Bumped whenever the census's rules change what it measures.
-CENSUS_VERSION = 6
+CENSUS_VERSION = 7
 
 # Config fields of the whole model, not of one layer: left out of a layer kind's key.
 STACK_FIELDS = frozenset({
@@ -129,6 +129,8 @@ _PAIRS = (("saved_per_token", "saved_tp_per_token"), ("working_per_token", "work
           ("selective_per_token", "selective_tp_per_token"))
 _BYTES = ("working_input_per_token",)
 _SHARES = ("working_grad_share", "recomputed_attention_mm_share", "recomputed_other_mm_share")
+_RESERVED = ("reserved_per_layer_per_token", "reserved_per_layer_tp_per_token", "reserved_working_per_token",
+             "reserved_working_tp_per_token")
 _COUNTS = ("flops_by_part", "flops_all_pairs_by_part")
 
 _unwritable: Set[str] = set()  # cache directories already warned about in this process
@@ -186,6 +188,9 @@ def check_record(data: Any, content: Mapping[str, Any]) -> KindRecord:
         if kept + kept_tp < 0 or kept + kept_tp / 2 < 0:
             raise ValueError(f"{name} {kept!r} and {tp_name} {kept_tp!r} keep a negative number of bytes at "
                              f"TP 1 or 2")
+    for name in _RESERVED:  # differences of two replays: either sign
+        if data[name] is not None:
+            _number(data[name], name)
     for name in _BYTES + _SHARES:
         if data[name] is not None and not 0 <= _number(data[name], name) <= (1 if name in _SHARES else math.inf):
             raise ValueError(f"{name} is {data[name]!r}, outside {'[0, 1]' if name in _SHARES else '>= 0'}")

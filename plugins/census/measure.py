@@ -27,6 +27,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Sequence, Set,
 
 import attrs
 
+from ndcost.allocator import replay, stack_excess
+
 Key = Tuple[int, int]
 
 # Ops a matmul runs as, for attribution.
@@ -432,6 +434,11 @@ class Measured:
     grad_bytes: int = 0
     # the inputs no op saved and no checkpoint keeps: out of the working figure (a real model frees them)
     inputs_left_out_bytes: int = 0
+    # the caching allocator's reserved bytes above allocated ones for a stack of this layer
+    # (ndcost.allocator.stack_excess over the events, the working figure's left-out bytes and the gradients apart)
+    stack_excess: Any = None
+    # and for this layer alone, once (the output layer's figure): peak reserved less peak allocated
+    alone_excess_bytes: int = 0
 
 
 def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], Any],
@@ -518,6 +525,10 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
         for handle in handles:
             handle.remove()
     grads.extend(live.key(param.grad) for param in params if param.grad is not None)
+    apart = left_out | set(grads)
+    events = [(key, delta) for key, delta in live.events if key not in apart]
+    forward_end = sum(1 for key, _ in live.events[:start] if key not in apart)
+    alone = replay(events)
     by_op: Dict[str, int] = {}
     ops_of = {key: found.op for key, found in saved_op.items()}
     for key, size in held.items():
@@ -532,4 +543,6 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
     return Measured(saved_bytes=saved_bytes,
                     working_bytes=working, working_grad_bytes=working_grads, grad_bytes=grad_bytes,
                     inputs_left_out_bytes=inputs_left_out,
-                    ops_bytes=by_op, saved_tensors=tensors, packed_bytes=sum(saved.values()))
+                    ops_bytes=by_op, saved_tensors=tensors, packed_bytes=sum(saved.values()),
+                    stack_excess=stack_excess(events[:forward_end], events[forward_end:]),
+                    alone_excess_bytes=alone.peak_reserved_bytes - alone.peak_allocated_bytes)

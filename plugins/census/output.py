@@ -195,7 +195,10 @@ def census_output(config: Any, seq: int, runtime: Any) -> KindRecord:
     working, working_tp = split(one.working_bytes, two.working_bytes, seq)
     autocast = autocast_figures(lambda each: measure_output(each, seq, runtime, autocast=True)[0], config, half,
                                 seq, lambda why: None)
+    # the caching allocator's reserved bytes above allocated ones over the layer's forward and backward
+    reserved, reserved_tp = split(one.alone_excess_bytes, two.alone_excess_bytes, seq)
     return KindRecord(kind=KIND, seq=seq, source=SOURCE, saved_per_token=saved, saved_tp_per_token=saved_tp,
                       working_per_token=working, working_tp_per_token=working_tp, **autocast,
+                      reserved_working_per_token=reserved, reserved_working_tp_per_token=reserved_tp,
                       flops_by_part=counted.flops, flops_all_pairs_by_part=counted.all_pairs_flops,
                       traffic=counted.traffic())

@@ -157,6 +157,9 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
     autocast = autocast_figures(lambda tp_config: _measure_plain(tp_config, layer_index, seq, runtime, autocast=True),
                                  one, two, seq, lambda why: say(f"  {kind}: not measured under autocast ({why})"))
     selective, selective_tp = split(sel_1.saved_bytes, sel_2.saved_bytes, seq)
+    per_layer, per_layer_tp = split(plain_1.stack_excess.per_layer_bytes, plain_2.stack_excess.per_layer_bytes, seq)
+    reserved_working, reserved_working_tp = split(plain_1.stack_excess.working_bytes,
+                                                  plain_2.stack_excess.working_bytes, seq)
     ops, ops_tp = {}, {}
     for op in OPS:
         if op in plain_1.ops_bytes or op in plain_2.ops_bytes:
@@ -170,6 +173,8 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         working_input_per_token=plain_1.inputs_left_out_bytes / seq,
         working_grad_share=plain_1.working_grad_bytes / plain_1.grad_bytes if plain_1.grad_bytes else None,
         **autocast,
+        reserved_per_layer_per_token=per_layer, reserved_per_layer_tp_per_token=per_layer_tp,
+        reserved_working_per_token=reserved_working, reserved_working_tp_per_token=reserved_working_tp,
         selective_per_token=selective, selective_tp_per_token=selective_tp,
         recomputed_attention_mm_share=ledger.share(attention=True) if ledger else 0.0,
         recomputed_other_mm_share=ledger.share(attention=False) if ledger else 0.0,
