@@ -1,13 +1,15 @@
 """ndcost beside every row of torchtitan's published performance tables (tokens/s per GPU and memory).
 
-    python benchmarks/validate_torchtitan.py [--json]
+    python benchmarks/validate_torchtitan.py [--json] [--census off|auto]
 
 The rows are ``benchmarks/data/torchtitan_performance.yaml`` (pytorch/torchtitan ``docs/performance.md``: the
 December 2024 edition's Tables 1 to 6 on H100, and the 2024 edition's 64-A100 Llama 3 table; the markdown is
 stored beside it). Each row is written as a torchtitan job TOML and read by ndcost's torchtitan reader
 (``ndcost.from_config("torchtitan", path, devices=N)``), so torchtitan's semantics are the reader's: FSDP over
 ``dp_shard * cp`` (``shard_mesh=fsdp_cp`` where dp_shard is 1), loss parallel with TP, fp32 parameters computed
-in bf16. The strategy is priced by ``ndcost.resolve(model, hardware=h100|a100, census="off")``.
+in bf16. The strategy is priced by ``ndcost.resolve(model, hardware=h100|a100, census="off")`` (``--census auto``
+measures the layers instead of the op records: slower, and different activation bytes under selective
+checkpointing).
 
 A row using Float8, torch.compile or async TP is refused by the reader (not priced yet): it is reported as
 unpriceable with the reader's reason, and beside it the figure ndcost gives for the same job with those
@@ -77,8 +79,8 @@ def read_job(row: Dict[str, Any], *, features: bool = True) -> "ndcost.trainers.
             raise type(exc)(str(exc).replace(tmp + os.sep, "")) from None
 
 
-def _price(config: Any, hardware: str) -> Dict[str, Any]:
-    model = ndcost.resolve(config.model, hardware=hardware, census="off")
+def _price(config: Any, hardware: str, census: str) -> Dict[str, Any]:
+    model = ndcost.resolve(config.model, hardware=hardware, census=census)
     cost = model.evaluate(config.strategy)
     time = cost.time
     return {"strategy": str(config.strategy), "valid": bool(cost.valid), "reason": cost.reason,
@@ -91,19 +93,19 @@ def _error(predicted: Optional[float], published: Optional[float]) -> Optional[f
     return None if predicted is None or published is None else predicted / published - 1.0
 
 
-def evaluate_row(row: Dict[str, Any]) -> Dict[str, Any]:
+def evaluate_row(row: Dict[str, Any], census: str = "off") -> Dict[str, Any]:
     """One row: published figures, ndcost's (or why it cannot price them), each relative error."""
     out: Dict[str, Any] = {k: row[k] for k in ("id", "table", "model", "gpus", "hardware", "seq_len")}
     out["features"] = [f for f in UNPRICED_FEATURES if row[f]]
     out["published"] = {"tokens_per_second_per_gpu": row["tokens_per_second_per_gpu"],
                         "memory_gib": row["memory_gib"]}
     try:
-        predicted = _price(read_job(row), row["hardware"])
+        predicted = _price(read_job(row), row["hardware"], census)
         out.update(comparable=True, unpriceable_reason=None)
     except NdcostError as exc:
         if not out["features"]:
             raise
-        predicted = _price(read_job(row, features=False), row["hardware"])
+        predicted = _price(read_job(row, features=False), row["hardware"], census)
         out.update(comparable=False, unpriceable_reason=str(exc))
     # with features on a refused row, ``predicted`` is the job without them: not like-for-like
     out["predicted" if out["comparable"] else "predicted_without_features"] = predicted
@@ -186,12 +188,14 @@ def table(results: List[Dict[str, Any]], summ: Dict[str, Any]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the rows and the summary as JSON")
+    parser.add_argument("--census", choices=("off", "auto"), default="off", help="ndcost.resolve's census")
     args = parser.parse_args(argv)
     data = load_rows()
-    results = [evaluate_row(row) for row in data["rows"]]
+    results = [evaluate_row(row, args.census) for row in data["rows"]]
     summ = summary(results)
     if args.json:
-        print(json.dumps({"sources": data["sources"], "rows": results, "summary": summ}, indent=1))
+        print(json.dumps({"sources": data["sources"], "census": args.census, "rows": results, "summary": summ},
+                         indent=1))
     else:
         print(table(results, summ))
     return 0
