@@ -86,7 +86,8 @@ def _price(config: Any, hardware: str, census: str) -> Dict[str, Any]:
     return {"strategy": str(config.strategy), "valid": bool(cost.valid), "reason": cost.reason,
             "fits": bool(cost.valid and cost.peak_bytes <= model.hardware.memory_bytes),
             "tokens_per_second_per_gpu": None if time is None else time.tokens_per_second / config.devices,
-            "memory_gib": cost.peak_bytes / GIB, "mfu": None if time is None else time.mfu}
+            "peak_bytes": int(cost.peak_bytes), "memory_gib": cost.peak_bytes / GIB,
+            "mfu": None if time is None else time.mfu}
 
 
 def _error(predicted: Optional[float], published: Optional[float]) -> Optional[float]:
@@ -100,13 +101,14 @@ def evaluate_row(row: Dict[str, Any], census: str = "off") -> Dict[str, Any]:
     out["published"] = {"tokens_per_second_per_gpu": row["tokens_per_second_per_gpu"],
                         "memory_gib": row["memory_gib"]}
     try:
-        predicted = _price(read_job(row), row["hardware"], census)
+        config = read_job(row)
         out.update(comparable=True, unpriceable_reason=None)
     except NdcostError as exc:
         if not out["features"]:
             raise
-        predicted = _price(read_job(row, features=False), row["hardware"], census)
+        config = read_job(row, features=False)
         out.update(comparable=False, unpriceable_reason=str(exc))
+    predicted = _price(config, row["hardware"], census)
     # with features on a refused row, ``predicted`` is the job without them: not like-for-like
     out["predicted" if out["comparable"] else "predicted_without_features"] = predicted
     out["tokens_error"] = _error(predicted["tokens_per_second_per_gpu"], row["tokens_per_second_per_gpu"])
