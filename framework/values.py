@@ -743,8 +743,9 @@ def _check_memory_bytes(instance, attribute, value):
     positive_int(instance, attribute, value)
 
 
-# Ren et al. 2021, ZeRO-Offload (arXiv:2101.06840), Table 3: DeepSpeed's CPU-Adam steps 10 billion parameters in
-# 2.57 s on the paper's test node's host CPUs; a hardware file states its own host's figure where it knows it.
+# A prior, not a measurement of any shipped host: DeepSpeed's CPU-Adam stepping 10 billion parameters in 2.57 s, the
+# order Ren et al. 2021, ZeRO-Offload (arXiv:2101.06840, Table 3) report for their test node's host CPUs (the figure
+# was taken from that table without re-checking it here). A hardware file states its own host's figure where known.
 CPU_ADAM_PARAMETERS_PER_SECOND = 10e9 / 2.57
 
 

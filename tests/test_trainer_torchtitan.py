@@ -348,3 +348,14 @@ def test_each_flavor_maps_to_a_spec_of_its_shape(model):
     assert model in MODELS.values()
     config = load_model(model).hf_config
     assert {k: config[k] for k in FLAVOR_SHAPES[model]} == FLAVOR_SHAPES[model]
+
+
+def test_the_older_float8_switch_is_refused_as_the_converters_are(tmp_path):
+    """torchtitan of 2024 turned Float8 on with [float8] enable_float8_linear, before [model] converters."""
+    text = (CONFIGS / "llama3_8b.toml").read_text() + "\n[float8]\nenable_float8_linear = true\n"
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    with pytest.raises(InvalidValue, match=r"\[float8\] enable_float8_linear = true: float8/MX training not priced"):
+        from_config("torchtitan", path, devices=8)
+    path.write_text(text.replace("enable_float8_linear = true", "enable_float8_linear = false"))
+    assert "[float8] enable_float8_linear" in from_config("torchtitan", path, devices=8).read_fields

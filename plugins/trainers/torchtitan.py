@@ -92,6 +92,7 @@ _READ = {
     "activation_checkpoint": ("mode", "selective_ac_option"),
     "compile": ("enable",),
     "fault_tolerance": ("enable",),
+    "float8": ("enable_float8_linear",),  # torchtitan before [model] converters (2024)
 }
 # older files keep pipeline and context parallelism under [experimental]
 _EXPERIMENTAL = ("pipeline_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
@@ -187,6 +188,9 @@ def _refusals(f: _File) -> None:
     if converters:
         found.append((f"[model] converters = {converters}", "float8/MX training",
                       "remove the converters"))
+    if boolean(KIND, f.path, "[float8] enable_float8_linear", f.get("float8", "enable_float8_linear", False)):
+        found.append(("[float8] enable_float8_linear = true", "float8/MX training",
+                      "set enable_float8_linear = false"))
     compile_on = f.get("compile", "enable", False)
     if boolean(KIND, f.path, "[compile] enable", compile_on):
         found.append(("[compile] enable = true", "torch.compile", "set [compile] enable = false"))

@@ -1,0 +1,207 @@
+"""ndcost beside every row of torchtitan's published performance tables (tokens/s per GPU and memory).
+
+    python benchmarks/validate_torchtitan.py [--json] [--census off|auto]
+
+The rows are ``benchmarks/data/torchtitan_performance.yaml`` (pytorch/torchtitan ``docs/performance.md``: the
+December 2024 edition's Tables 1 to 6 on H100, and the 2024 edition's 64-A100 Llama 3 table; the markdown is
+stored beside it). Each row is written as a torchtitan job TOML and read by ndcost's torchtitan reader
+(``ndcost.from_config("torchtitan", path, devices=N)``), so torchtitan's semantics are the reader's: FSDP over
+``dp_shard * cp`` (``shard_mesh=fsdp_cp`` where dp_shard is 1), loss parallel with TP, fp32 parameters computed
+in bf16. The strategy is priced by ``ndcost.resolve(model, hardware=h100|a100, census="off")`` (``--census auto``
+measures the layers instead of the op records: slower, and different activation bytes under selective
+checkpointing).
+
+A row using Float8, torch.compile or async TP is refused by the reader (not priced yet): it is reported as
+unpriceable with the reader's reason, and beside it the figure ndcost gives for the same job with those
+features removed, labelled as not like-for-like. The Spearman rank correlation of predicted against published
+tokens/s per GPU is over the comparable rows only.
+
+What it leaves out: published memory is torchtitan's ``max_memory_reserved`` (the caching allocator's
+reserve) while ndcost predicts allocated bytes; torchtitan's H100s are 96 GB HBM2e parts at 500 W, while
+``h100`` is ndcost's SXM datasheet part; the fields the tables do not state (sequence length, selective
+checkpointing option, micro-batch size) are taken from torchtitan's configs of the time (``assumed`` per row).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional, Sequence
+
+import ndcost
+from ndcost.errors import NdcostError
+from ndcost.specio import load_yaml, read_text
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "torchtitan_performance.yaml")
+GIB = 2 ** 30
+UNPRICED_FEATURES = ("float8", "compile", "async_tp")
+
+
+def load_rows(path: str = DATA) -> Dict[str, Any]:
+    """The data file: ``sources`` (commit and stored excerpt per edition) and ``rows``."""
+    return load_yaml(read_text(path, "torchtitan performance rows"), path)
+
+
+def job_toml(row: Dict[str, Any], *, features: bool = True) -> str:
+    """The row as a torchtitan job TOML; with ``features=False`` Float8, torch.compile and async TP are off."""
+    name, flavor = row["model"].split("-")
+    lines = ["[model]", f'name = "{name}"', f'flavor = "{flavor}"']
+    if features and row["float8"]:
+        lines.append('converters = ["float8"]')
+    lines += ["", "[training]", f"local_batch_size = {row['local_batch']}",
+              f"global_batch_size = {row['global_batch']}", f"seq_len = {row['seq_len']}",
+              'mixed_precision_param = "bfloat16"', 'mixed_precision_reduce = "float32"',
+              "", "[parallelism]", "data_parallel_replicate_degree = 1",
+              f"data_parallel_shard_degree = {row['dp_shard']}", f"tensor_parallel_degree = {row['tp']}",
+              f"context_parallel_degree = {row['cp']}", f"pipeline_parallel_degree = {row['pp']}",
+              f"enable_async_tensor_parallel = {'true' if features and row['async_tp'] else 'false'}"]
+    if row["pp"] > 1:
+        lines += [f'pipeline_parallel_schedule = "{row["pp_schedule"]}"',
+                  f"pipeline_parallel_microbatch_size = {row['microbatch']}"]
+    lines += ["", "[activation_checkpoint]", f'mode = "{row["ac"]}"']
+    if row["ac"] == "selective":
+        lines.append(f'selective_ac_option = "{row["ac_option"]}"')
+    lines += ["", "[compile]", f"enable = {'true' if features and row['compile'] else 'false'}", ""]
+    return "\n".join(lines)
+
+
+def read_job(row: Dict[str, Any], *, features: bool = True) -> "ndcost.trainers.TrainerConfig":
+    """The reader's view of the row's job; a refusal is raised as the reader raises it, naming ``<id>.toml``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{row['id']}.toml")
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(job_toml(row, features=features))
+        try:
+            return ndcost.from_config("torchtitan", path, devices=row["gpus"])
+        except NdcostError as exc:
+            raise type(exc)(str(exc).replace(tmp + os.sep, "")) from None
+
+
+def _price(config: Any, hardware: str, census: str) -> Dict[str, Any]:
+    model = ndcost.resolve(config.model, hardware=hardware, census=census)
+    cost = model.evaluate(config.strategy)
+    time = cost.time
+    return {"strategy": str(config.strategy), "valid": bool(cost.valid), "reason": cost.reason,
+            "fits": bool(cost.valid and cost.peak_bytes <= model.hardware.memory_bytes),
+            "tokens_per_second_per_gpu": None if time is None else time.tokens_per_second / config.devices,
+            "peak_bytes": int(cost.peak_bytes), "memory_gib": cost.peak_bytes / GIB,
+            "mfu": None if time is None else time.mfu}
+
+
+def _error(predicted: Optional[float], published: Optional[float]) -> Optional[float]:
+    return None if predicted is None or published is None else predicted / published - 1.0
+
+
+def evaluate_row(row: Dict[str, Any], census: str = "off") -> Dict[str, Any]:
+    """One row: published figures, ndcost's (or why it cannot price them), each relative error."""
+    out: Dict[str, Any] = {k: row[k] for k in ("id", "table", "model", "gpus", "hardware", "seq_len")}
+    out["features"] = [f for f in UNPRICED_FEATURES if row[f]]
+    out["published"] = {"tokens_per_second_per_gpu": row["tokens_per_second_per_gpu"],
+                        "memory_gib": row["memory_gib"]}
+    try:
+        config = read_job(row)
+        out.update(comparable=True, unpriceable_reason=None)
+    except NdcostError as exc:
+        if not out["features"]:
+            raise
+        config = read_job(row, features=False)
+        out.update(comparable=False, unpriceable_reason=str(exc))
+    predicted = _price(config, row["hardware"], census)
+    # with features on a refused row, ``predicted`` is the job without them: not like-for-like
+    out["predicted" if out["comparable"] else "predicted_without_features"] = predicted
+    out["tokens_error"] = _error(predicted["tokens_per_second_per_gpu"], row["tokens_per_second_per_gpu"])
+    out["memory_error"] = _error(predicted["memory_gib"], row["memory_gib"])
+    return out
+
+
+def _ranks(values: Sequence[float]) -> List[float]:
+    """Ranks from 1, ties given their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> Optional[float]:
+    """Spearman's rank correlation: Pearson's correlation of the ranks (None below 2 points or with no spread)."""
+    if len(xs) != len(ys) or len(xs) < 2:
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return None if sxx == 0 or syy == 0 else sxy / (sxx * syy) ** 0.5
+
+
+def summary(results: List[Dict[str, Any]]) -> Dict[str, Any]:
+    comparable = [r for r in results if r["comparable"] and r["tokens_error"] is not None]
+    memory = [r["memory_error"] for r in comparable if r["memory_error"] is not None]
+    return {"rows": len(results), "comparable_rows": len(comparable),
+            "unpriceable_rows": sum(not r["comparable"] for r in results),
+            "spearman_tokens_per_second_comparable": spearman(
+                [r["predicted"]["tokens_per_second_per_gpu"] for r in comparable],
+                [r["published"]["tokens_per_second_per_gpu"] for r in comparable]),
+            "tokens_error_comparable": [r["tokens_error"] for r in comparable],
+            "memory_error_comparable": memory}
+
+
+def _pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:+.0%}"
+
+
+def _num(x: Optional[float], fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def table(results: List[Dict[str, Any]], summ: Dict[str, Any]) -> str:
+    """A markdown table: one line a row; predictions without the unpriced features in brackets."""
+    lines = ["| row | model | GPUs | hw | seq | TPS/GPU published | TPS/GPU ndcost | error | memory GiB published "
+             "| memory GiB ndcost | error | note |", "|" + "---|" * 12]
+    for r in results:
+        p = r.get("predicted") or r["predicted_without_features"]
+        wrap = (lambda s: s) if r["comparable"] else (lambda s: f"({s})")
+        note = "" if r["comparable"] else "not priced: " + " + ".join(r["features"]) + \
+            "; (figures) without them, not like-for-like"
+        if not p["fits"]:
+            note = (note + "; " if note else "") + "ndcost: " + (p["reason"] if not p["valid"] else
+                                                                  f"does not fit {r['hardware']}")
+        lines.append(f"| {r['id']} | {r['model']} | {r['gpus']} | {r['hardware']} | {r['seq_len']} "
+                     f"| {r['published']['tokens_per_second_per_gpu']:,} "
+                     f"| {wrap(_num(p['tokens_per_second_per_gpu'], ',.0f'))} | {wrap(_pct(r['tokens_error']))} "
+                     f"| {_num(r['published']['memory_gib'], '.1f')} | {wrap(_num(p['memory_gib'], '.1f'))} "
+                     f"| {wrap(_pct(r['memory_error']))} | {note} |")
+    rho = summ["spearman_tokens_per_second_comparable"]
+    lines.append("")
+    lines.append(f"{summ['comparable_rows']} comparable rows of {summ['rows']} ({summ['unpriceable_rows']} use "
+                 f"features ndcost does not price); Spearman rank correlation of TPS/GPU over the comparable rows: "
+                 f"{_num(rho, '.2f')}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the rows and the summary as JSON")
+    parser.add_argument("--census", choices=("off", "auto"), default="off", help="ndcost.resolve's census")
+    args = parser.parse_args(argv)
+    data = load_rows()
+    results = [evaluate_row(row, args.census) for row in data["rows"]]
+    summ = summary(results)
+    if args.json:
+        print(json.dumps({"sources": data["sources"], "census": args.census, "rows": results, "summary": summ},
+                         indent=1))
+    else:
+        print(table(results, summ))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

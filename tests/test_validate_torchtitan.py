@@ -1,0 +1,128 @@
+"""benchmarks/validate_torchtitan.py's data: torchtitan's published rows as stored, each translated or refused.
+
+The published figures are checked against the stored ``docs/performance.md`` text (parsed here, apart from the
+benchmark), each row's layout against its table's caption, and the strategy the torchtitan reader makes of it
+against the row's fields.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from ndcost.errors import NdcostError
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "benchmarks" / "data"
+_spec = importlib.util.spec_from_file_location("validate_torchtitan", ROOT / "benchmarks" / "validate_torchtitan.py")
+vt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(vt)
+
+DOC = vt.load_rows()
+ROWS = DOC["rows"]
+# the field of the job TOML each feature turns on, as the reader names it in its refusal
+FEATURE_FIELDS = {"float8": "[model] converters", "compile": "[compile] enable",
+                  "async_tp": "[parallelism] enable_async_tensor_parallel"}
+
+
+def _excerpt(source: str) -> str:
+    return (DATA / DOC["sources"][source]["excerpt"]).read_text(encoding="utf-8")
+
+
+def _table_after(text: str, table: str):
+    """(caption, header cells, body rows) of the first markdown table after the caption or heading *table*."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"**{table}**") or line == f"## {table}")
+    first = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
+    end = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[first:end]]
+    return lines[start], cells[0], cells[2:]
+
+
+def _number(cell: str) -> float:
+    return float(cell.replace(",", "").rstrip("%"))
+
+
+def test_the_data_file_parses_and_names_its_sources():
+    assert len(ROWS) == 21  # Tables 1 to 6: 3 + 4 + 3 + 2 + 2 + 4, the A100 table: 3
+    assert len({r["id"] for r in ROWS}) == len(ROWS)
+    for name, source in DOC["sources"].items():
+        assert re.fullmatch(r"[0-9a-f]{40}", source["commit"]), name
+        first = _excerpt(name).splitlines()[0]
+        assert source["commit"] in first and "docs/performance.md" in first
+    for row in ROWS:
+        assert row["source"] in DOC["sources"] and row["hardware"] in ("h100", "a100")
+        assert row["dp_shard"] * row["cp"] * row["tp"] * row["pp"] == row["gpus"], row["id"]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
+def test_published_figures_are_the_stored_markdown(row):
+    caption, header, body = _table_after(_excerpt(row["source"]), row["table"])
+    matches = [cells for cells in body if cells[:len(row["row"])] == row["row"]]
+    assert len(matches) == 1, (row["id"], body)
+    cells = dict(zip(header, matches[0], strict=True))
+    tps = cells.get("TPS/GPU", cells.get("WPS"))
+    assert _number(tps) == row["tokens_per_second_per_gpu"]
+    if "Memory(GiB)" in cells:
+        assert _number(cells["Memory(GiB)"]) == row["memory_gib"]
+    else:
+        assert row["memory_gib"] is None
+    if "MFU" in cells:
+        assert _number(cells["MFU"]) == row["mfu_percent"]
+    if row["source"] == "h100_2024_12":  # the layout the caption states
+        flavor = row["model"].split("-")[1]
+        assert f"Llama 3.1 {flavor} model" in caption and f"{row['gpus']} GPUs" in caption
+        assert f"Local batch size {row['local_batch']}" in caption
+        assert ("Full activation" in caption) == (row["ac"] == "full")
+        named = caption + " " + " ".join(row["row"])
+        for feature, word in (("compile", "torch.compile"), ("float8", "Float8"), ("async_tp", "AsyncTP")):
+            assert (word in named) == row[feature], (row["id"], feature)
+    else:
+        assert row["model"] == f"llama3-{row['row'][0]}" and int(row["row"][1]) == row["local_batch"]
+        assert row["row"][2].startswith(row["ac"])
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
+def test_each_row_translates_or_is_refused_with_the_reason(row):
+    features = [f for f in vt.UNPRICED_FEATURES if row[f]]
+    if features:
+        with pytest.raises(NdcostError) as refused:
+            vt.read_job(row)
+        for feature in features:
+            assert FEATURE_FIELDS[feature] in str(refused.value)
+        assert "not priced yet" in str(refused.value)
+    s = (vt.read_job(row) if not features else vt.read_job(row, features=False)).strategy
+    assert (s.tp, s.pp, s.cp, s.seq) == (row["tp"], row["pp"], row["cp"], row["seq_len"])
+    assert s.dp * s.fsdp * s.cp * s.tp * s.pp == row["gpus"]
+    if row["dp_shard"] == 1 and row["cp"] > 1:  # torchtitan's FSDP over the cp ranks alone
+        assert (s.dp, s.fsdp, s.shard_mesh) == (1, 1, "fsdp_cp")
+    else:
+        assert (s.dp, s.fsdp, s.shard_mesh) == (1, row["dp_shard"], "dp_cp")
+    assert s.micro_batch * s.num_micro_batches * s.fsdp == row["global_batch"]
+    assert s.vocab_parallel == (row["tp"] > 1) and s.sp == (row["tp"] > 1)
+    assert (s.param_dtype, s.compute_dtype) == ("fp32", "bf16")
+    expected = {"full": "full", "selective": "selective" if row.get("ac_option") == "op" else "full"}[row["ac"]]
+    assert s.recompute == expected
+
+
+def test_rows_are_reported_as_comparable_or_not_like_for_like():
+    by_id = {r["id"]: r for r in ROWS}
+    plain, compiled = vt.evaluate_row(by_id["t1-fsdp"]), vt.evaluate_row(by_id["t1-fsdp-compile"])
+    assert plain["comparable"] and plain["unpriceable_reason"] is None and "predicted" in plain
+    assert not compiled["comparable"] and "torch.compile" in compiled["unpriceable_reason"]
+    assert "predicted" not in compiled and "predicted_without_features" in compiled
+    predicted = plain["predicted"]["tokens_per_second_per_gpu"]
+    assert math.isclose(plain["tokens_error"], predicted / 5762 - 1)
+    assert vt.summary([plain, compiled])["comparable_rows"] == 1
+
+
+def test_spearman_by_hand():
+    # ranks of y: 1 3 2 4; d = 0 -1 1 0; 1 - 6 * 2 / (4 * (16 - 1)) = 0.8
+    assert math.isclose(vt.spearman([1, 2, 3, 4], [10, 30, 20, 40]), 0.8)
+    # a tie takes the mean rank 2.5: Pearson of (1, 2.5, 2.5, 4) and (1, 2, 3, 4) = 4.5 / sqrt(4.5 * 5)
+    assert math.isclose(vt.spearman([1, 2, 2, 3], [1, 2, 3, 4]), 4.5 / math.sqrt(22.5))
+    assert vt.spearman([1, 2, 3], [3, 2, 1]) == -1.0
+    assert vt.spearman([5], [1]) is None and vt.spearman([1, 1], [1, 2]) is None
