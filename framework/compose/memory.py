@@ -406,7 +406,7 @@ def _in_flight(cols: Mapping[str, Any], schedules: Sequence[Any], where: placeme
     strategy kept with its placement (:func:`ndcost.compose.placement.place` keeps that per layout), read-only."""
     if len(cols["pp"]) != 1:
         return _held(cols, schedules, where)
-    key = (id(where), int(cols["num_micro_batches"][0]))
+    key = (id(where), int(cols["num_micro_batches"][0]))  # with the placement, every field _held reads
     hit = _HELD_ONE_ROW.get(key)
     if hit is None or hit[0] is not where:
         held = _held(cols, schedules, where)

@@ -180,6 +180,7 @@ def place(stack: LayerStack, cols: Mapping[str, Any], schedules: Sequence[Any],
     if len(cols["pp"]) != 1:
         return _place(stack, cols, schedules, mtp_counts, pp_bounds)
     none = int(cols["recompute"][0]) == RECOMPUTE.index("none")
+    # every field _place reads is in the key: a field it comes to read must be added here too
     key = (id(stack), id(schedules), int(cols["pp"][0]), int(cols["vpp"][0]), int(cols["schedule"][0]), none,
            None if none else int(cols["recompute_layers"][0]),
            None if pp_bounds is None else tuple(pp_bounds[0].tolist()),
