@@ -415,11 +415,7 @@ _MODELS: Dict[Tuple[Any, str, str], Any] = {}
 
 def held_fields(fields: Any) -> Dict[str, Any]:
     """Strategy fields held for every candidate, as a strategy converts them; a searched field is refused."""
-    if isinstance(fields, str):
-        named = {item.split("=", 1)[0].strip() for item in fields.split(",") if item.strip()}
-        fields = {k: v for k, v in Strategy.parse(fields).to_dict().items() if k in named}
-    else:
-        fields = {k: v for k, v in Strategy.from_mapping(dict(fields)).to_dict().items() if k in fields}
+    fields = Strategy.named_fields(fields)
     searched = sorted(set(fields) & set(_STRATEGY_COLUMNS + ("seq",)))
     if searched:
         raise InvalidValue(f"held fields {', '.join(searched)}: the search chooses them; hold only other fields "

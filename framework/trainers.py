@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import attrs
 
@@ -136,11 +136,7 @@ def to_config(kind: str, strategy: Any, *, model: Any = None, global_batch: Opti
 
 
 def _with_overrides(config: TrainerConfig, strategy: Any) -> TrainerConfig:
-    if isinstance(strategy, str):  # the fields the string names, converted (a default given is an override too)
-        named = {item.split("=", 1)[0].strip() for item in strategy.split(",") if item.strip()}
-        given: Mapping[str, Any] = {k: v for k, v in Strategy.parse(strategy).to_dict().items() if k in named}
-    else:
-        given = {k: v for k, v in Strategy.from_mapping(strategy).to_dict().items() if k in strategy}
+    given = Strategy.named_fields(strategy)  # a field given at its default is an override too
     current = config.strategy.to_dict()
     merged = {**config.strategy.to_dict(defaults=False), **given}
     new = Strategy.from_mapping(merged)

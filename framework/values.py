@@ -456,6 +456,18 @@ class Strategy:
             _refuse_unknown_fields(values)
         return cls(**values)
 
+    @classmethod
+    def named_fields(cls, fields: Any) -> Dict[str, Any]:
+        """The fields ``"k=v,..."`` or a mapping names, converted as a strategy converts them (a field given at
+        its default included): what overrides or holds them over another strategy's."""
+        if isinstance(fields, str):
+            values = cls.parse(fields).to_dict()
+            named = {item.split("=", 1)[0].strip() for item in fields.split(",") if item.strip()}
+        else:
+            values = cls.from_mapping(fields).to_dict()
+            named = set(fields)
+        return {k: v for k, v in values.items() if k in named}
+
     def to_dict(self, *, defaults: bool = True) -> Dict[str, Any]:
         out = {}
         for a in attrs.fields(type(self)):

@@ -130,3 +130,11 @@ def throwaway_venv(work: Path, repo: Path) -> Path:
                     f"{check.stderr.strip().splitlines()[-1]}")
     assert check.returncode == 0, check.stderr
     return venv / "bin"
+
+
+def file_variant(source: Path, old: str, new: str, target: Path) -> Path:
+    """*source*'s text with *old* (which must be there) replaced by *new*, written to *target*."""
+    text = source.read_text()
+    assert old in text, f"{old!r} is not in {source}"
+    target.write_text(text.replace(old, new))
+    return target

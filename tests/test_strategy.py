@@ -242,9 +242,7 @@ def test_model_spec_refuses_bad_widths_naming_the_field(field, value):
 
 
 def test_model_spec_layer_stack():
-    from ndcost import LayerGroup
-
-    from ndcost import LayerKind
+    from ndcost import LayerGroup, LayerKind
 
     spec = _spec(layers=[LayerGroup(kind="dense", count=3), LayerGroup(kind="moe", count=5),
                          LayerGroup(kind="mtp_moe", count=1, mtp=True)],
@@ -258,3 +256,11 @@ def test_model_spec_layer_stack():
         _spec(layers=[])
     with pytest.raises(InvalidValue, match="moe are not described"):
         _spec(layers=[LayerGroup(kind="moe", count=1)])
+
+
+def test_named_fields_are_the_given_ones_converted_defaults_included():
+    assert Strategy.named_fields("tp=2, sp=yes,zero=0") == {"tp": 2, "sp": True, "zero": 0}
+    assert Strategy.named_fields({"pp": 2, "pp_layers": [3, 5], "seq": "4096"}) == {"pp": 2, "pp_layers": "3/5",
+                                                                                  "seq": 4096}
+    with pytest.raises(InvalidValue, match="tensor_paralel"):
+        Strategy.named_fields("tensor_paralel=2")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _helpers import ndcost
+from _helpers import file_variant, ndcost
 
 from ndcost.errors import InvalidValue
 from ndcost.trainers import from_config, to_config
@@ -88,11 +88,7 @@ def test_a_model_the_file_names_that_ndcost_lacks():
 
 
 def _variant(tmp_path, old, new, base=MOE):
-    text = (CONFIGS / base).read_text()
-    assert old in text
-    path = tmp_path / "train.yaml"
-    path.write_text(text.replace(old, new))
-    return path
+    return file_variant(CONFIGS / base, old, new, tmp_path / "train.yaml")
 
 
 @pytest.mark.parametrize("old, new, message", [

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _helpers import ndcost
+from _helpers import file_variant, ndcost
 
 from ndcost.errors import InvalidValue
 from ndcost.trainers import from_config, to_config
@@ -140,11 +140,7 @@ def test_real_files_refused_by_name(name, devices, message):
 
 
 def _variant(tmp_path, old, new, base="llama3_8b.toml"):
-    text = (CONFIGS / base).read_text()
-    assert old in text
-    path = tmp_path / "job.toml"
-    path.write_text(text.replace(old, new))
-    return path
+    return file_variant(CONFIGS / base, old, new, tmp_path / "job.toml")
 
 
 @pytest.mark.parametrize("old, new, message", [
