@@ -81,7 +81,8 @@ class Timer:
         return (time.perf_counter() - began) / calls
 
     def __call__(self, fn: Callable[[], Any]) -> Dict[str, Any]:
-        once = self._sample(fn, 1)  # warm-up (and the first call's cost, to size the samples)
+        self._sample(fn, 1)         # warm-up: library handles, autotuning, allocations
+        once = self._sample(fn, 1)  # one call's cost, to size the samples
         calls = max(1, min(100, int(self.target_seconds / max(once, 1e-9))))
         samples = [self._sample(fn, calls) for _ in range(self.samples)]
         return {"seconds": statistics.median(samples), "samples_seconds": samples, "calls_per_sample": calls}
@@ -241,7 +242,7 @@ def measure_launch(device, samples: int, kernels: int = 1000) -> Dict[str, Any]:
 
 def derived(doc: Dict[str, Any], hardware) -> Dict[str, Any]:
     """The kernel tables of *doc* against *hardware*'s peaks, and the efficiencies of what they have no table for."""
-    from ndcost.plugins.kernel_tables import _plain, fit_kernel_tables, kernel_points_from_measurements
+    from ndcost.plugins.kernel_tables import fit_kernel_tables, kernel_points_from_measurements
 
     fit = fit_kernel_tables(kernel_points_from_measurements(doc, "this run"), hardware)
     bf16 = hardware.peak_flops("bf16")
@@ -251,7 +252,7 @@ def derived(doc: Dict[str, Any], hardware) -> Dict[str, Any]:
             for t in doc.get("sdpa", {}).get("timings", [])]
     grouped = [{**{k: t[k] for k in ("experts", "tokens_per_expert", "k", "n")},
                 "efficiency": t["flops"] / t["seconds"] / bf16} for t in doc.get("grouped_gemm", {}).get("timings", [])]
-    return {"tables": _plain(fit.tables), "sdpa_efficiency": sdpa, "grouped_gemm_efficiency": grouped}
+    return {"tables": fit.tables, "sdpa_efficiency": sdpa, "grouped_gemm_efficiency": grouped}
 
 
 def _one_line(exc: BaseException) -> str:

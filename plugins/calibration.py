@@ -37,6 +37,7 @@ import numpy as np
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
 from ndcost.specio import read_text
+from ndcost.values import check_number
 
 FORWARD_CLASSES = ("matmul", "attention", "linrec", "memory")
 BACKWARD_CLASSES = tuple(f"{c}_backward" for c in FORWARD_CLASSES)
@@ -464,8 +465,6 @@ def check_kernel_tables(tables: Any, owner: str) -> None:
     (a fraction of HBM bandwidth); ``launch_seconds`` and ``dispatch_seconds`` are seconds (>= 0) a
     kernel and an eager op; ``source`` says where the figures came from. Every key is optional.
     """
-    from ndcost.values import check_number
-
     where = f"{owner}: kernel_tables"
     if not isinstance(tables, Mapping):
         raise InvalidValue(f"{where} must be a mapping of {', '.join(KERNEL_TABLE_KEYS)}, got {tables!r}")
@@ -476,21 +475,21 @@ def check_kernel_tables(tables: Any, owner: str) -> None:
     if not isinstance(gemm, Mapping):
         raise InvalidValue(f"{where}.gemm must map a dtype (bf16, ...) to its table, got {gemm!r}")
     for dtype, table in gemm.items():
-        at = f"{where}.gemm.{dtype}"
+        field = f"kernel_tables.gemm.{dtype}"
         if not isinstance(table, Mapping) or set(table) != {*GEMM_AXES, "efficiency"}:
-            raise InvalidValue(f"{at} must hold exactly m, n, k and efficiency, got "
+            raise InvalidValue(f"{owner}: {field} must hold exactly m, n, k and efficiency, got "
                                f"{sorted(table) if isinstance(table, Mapping) else table!r}")
-        shape = tuple(len(_grid_axis(table[axis], f"{at}.{axis}")) for axis in GEMM_AXES)
-        _check_fractions(table["efficiency"], shape, f"{at}.efficiency", check_number)
+        shape = tuple(len(_grid_axis(table[axis], f"{owner}: {field}.{axis}")) for axis in GEMM_AXES)
+        _check_fractions(table["efficiency"], shape, owner, f"{field}.efficiency")
     if "elementwise" in tables:
-        table, at = tables["elementwise"], f"{where}.elementwise"
+        table = tables["elementwise"]
         if not isinstance(table, Mapping) or set(table) != {"bytes", "efficiency"}:
-            raise InvalidValue(f"{at} must hold exactly bytes and efficiency, got {table!r}")
-        _check_fractions(table["efficiency"], (len(_grid_axis(table["bytes"], f"{at}.bytes")),),
-                         f"{at}.efficiency", check_number)
+            raise InvalidValue(f"{where}.elementwise must hold exactly bytes and efficiency, got {table!r}")
+        shape = (len(_grid_axis(table["bytes"], f"{where}.elementwise.bytes")),)
+        _check_fractions(table["efficiency"], shape, owner, "kernel_tables.elementwise.efficiency")
     for key in ("launch_seconds", "dispatch_seconds"):
         if key in tables:
-            check_number(where, key, tables[key], "seconds", zero_allowed=True)
+            check_number(owner, f"kernel_tables.{key}", tables[key], "seconds", zero_allowed=True)
     if "source" in tables and not isinstance(tables["source"], str):
         raise InvalidValue(f"{where}.source must be a string saying where the figures came from, "
                            f"got {tables['source']!r}")
@@ -505,17 +504,16 @@ def _grid_axis(values: Any, at: str) -> List[int]:
     return list(values)
 
 
-def _check_fractions(values: Any, shape: Tuple[int, ...], at: str, check_number) -> None:
+def _check_fractions(values: Any, shape: Tuple[int, ...], owner: str, at: str) -> None:
     """*values* nested lists of *shape*, each a fraction of the peak in (0, 1]."""
-    if len(shape) == 0:
-        check_number(at.rsplit(".", 1)[0], at.rsplit(".", 1)[1], values, "a fraction of the peak, (0, 1]",
-                     at_most=1.0)
+    if not shape:
+        check_number(owner, at, values, "a fraction of the peak, (0, 1]", at_most=1.0)
         return
     if not isinstance(values, (list, tuple)) or len(values) != shape[0]:
-        raise InvalidValue(f"{at} must be a list of {shape[0]} (the grid's length on that axis), got "
+        raise InvalidValue(f"{owner}: {at} must be a list of {shape[0]} (the grid's length on that axis), got "
                            f"{values if not isinstance(values, (list, tuple)) else f'{len(values)} entries'}")
     for i, item in enumerate(values):
-        _check_fractions(item, shape[1:], f"{at}[{i}]", check_number)
+        _check_fractions(item, shape[1:], owner, f"{at}[{i}]")
 
 
 @hookimpl
@@ -523,6 +521,7 @@ def ndcost_register(register):
     register("calibration/min_norm_log", fit)
     register("calibration/read_measurements", read_measurements)
     register("calibration/validation_rows", validation_rows)
+    register("calibration/check_kernel_tables", check_kernel_tables)
     from ndcost.plugins import kernel_tables  # kernel tables fitted from measured kernels or a trace
     register("calibration/kernel_measurements", kernel_tables.read_kernel_measurements)
     register("calibration/kernel_trace", kernel_tables.read_trace)

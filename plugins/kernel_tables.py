@@ -101,7 +101,7 @@ class KernelTableFit:
     """The fitted ``kernel_tables``, each fitted cell with its points, prior and figure, and the fit's error."""
 
     hardware: str
-    tables: Mapping[str, Any]
+    tables: Mapping[str, Any]                       # plain dicts, lists and numbers, as the YAML holds them
     cells: Tuple[Mapping[str, Any], ...]
     scalars: Mapping[str, Mapping[str, Any]]        # launch_seconds / dispatch_seconds: prior, fitted, samples
     errors: Mapping[str, Mapping[str, Any]]         # gemm / elementwise: points, rms_log_error_prior / _fitted
@@ -112,7 +112,7 @@ class KernelTableFit:
                 "points": {"gemm": len(self.points.gemm), "elementwise": len(self.points.elementwise)},
                 "skipped": dict(self.points.skipped), "cells": [dict(c) for c in self.cells],
                 "scalars": {k: dict(v) for k, v in self.scalars.items()},
-                "errors": {k: dict(v) for k, v in self.errors.items()}, "kernel_tables": _plain(self.tables)}
+                "errors": {k: dict(v) for k, v in self.errors.items()}, "kernel_tables": self.tables}
 
 
 # ---------------------------------------------------------------------------
@@ -192,7 +192,7 @@ def fit_kernel_tables(points: KernelPoints, hardware, current: Optional[Mapping[
         scalars[key] = {"prior": prior_value, "fitted": tables.get(key), "samples": samples}
     tables["source"] = points.source
     check_kernel_tables(tables, f"the tables fitted for hardware {hardware.name!r}")
-    return KernelTableFit(hardware=hardware.name, tables=tables, cells=tuple(cells), scalars=scalars,
+    return KernelTableFit(hardware=hardware.name, tables=as_plain(tables), cells=tuple(cells), scalars=scalars,
                           errors=errors, points=attrs.evolve(points, skipped=skipped))
 
 
@@ -256,12 +256,12 @@ def _interpolate_1d(table: Mapping[str, Any], moved: np.ndarray) -> np.ndarray:
     return (1 - w) * eff[low] + w * eff[up]
 
 
-def _plain(value: Any) -> Any:
+def as_plain(value: Any) -> Any:
     """*value* as plain dicts, lists, ints and floats (for JSON and YAML)."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): as_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [as_plain(v) for v in value]
     if isinstance(value, np.generic):
         return value.item()
     return value
@@ -319,12 +319,23 @@ def _optional_seconds(value: Any, what: str) -> Optional[float]:
 
 
 def _read_json(path: str, what: str) -> Any:
-    text = read_text(path, what)
+    """The JSON document at *path*; gzipped where it ends ``.gz`` (torch.profiler's tensorboard_trace_handler)."""
+    if str(path).endswith(".gz"):
+        import gzip
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise InvalidValue(f"{what} {path}: cannot read it as gzipped UTF-8 text ({exc})") from None
+    else:
+        text = read_text(path, what)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidValue(f"{path} is not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
-                           f"pass the file {what} were written to") from None
+        raise InvalidValue(f"{what} {path} is not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}): "
+                           f"truncated, or not the file it was written to") from None
+    except RecursionError:
+        raise InvalidValue(f"{what} {path}: JSON nested too deeply to read") from None
 
 
 # ---------------------------------------------------------------------------
@@ -344,7 +355,7 @@ def read_trace(path: str) -> KernelPoints:
     the bottleneck): an estimate that includes the Python between ops. Fewer than
     :data:`MIN_TIMELINE_PAIRS` such pairs fit neither.
     """
-    doc = _read_json(path, "the trace")
+    doc = _read_json(path, "trace")
     events = doc.get("traceEvents") if isinstance(doc, Mapping) else doc
     if not isinstance(events, list) or not all(isinstance(e, Mapping) for e in events):
         raise InvalidValue(f"{path} is not a Chrome trace (expected {{\"traceEvents\": [...]}} as "

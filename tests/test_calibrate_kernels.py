@@ -6,6 +6,7 @@ measured seconds (docs/calibration.md, "Kernel tables").
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import subprocess
@@ -100,6 +101,10 @@ def test_trace_finds_every_matmul_with_its_shape_dtype_and_duration(trace, raw_e
     found = {(p.op, p.bytes): p.seconds for p in points.elementwise}
     assert found == {ELEMENTWISE[0]: adds[0], ELEMENTWISE[1]: copies[1]}
     assert points.launch_seconds is None and points.dispatch_seconds is None   # no GPU timeline
+    zipped = trace.parent / "trace.json.gz"                    # as tensorboard_trace_handler writes it
+    zipped.write_bytes(gzip.compress(trace.read_bytes()))
+    again = kt.read_trace(str(zipped))
+    assert (again.gemm, again.elementwise) == (points.gemm, points.elementwise)
 
 
 @pytest.mark.slow

@@ -157,8 +157,8 @@ def _run_kernel_tables(args, registry):
         points = registry.get("calibration/kernel_trace")(args.trace)
     fit = registry.get("calibration/kernel_tables")(points, hardware, current)
     data = fit.to_dict()
-    lines = [f"hardware {hardware.name}: kernel tables fitted from {points.source} ({len(points.gemm)} matmuls, "
-             f"{len(points.elementwise)} elementwise kernels, timed on {points.device})"]
+    lines = [f"hardware {hardware.name}: kernel tables fitted from {points.source}: {len(points.gemm)} matmuls, "
+             f"{len(points.elementwise)} elementwise kernels, timed on {points.device}"]
     gemm_cells = [c for c in fit.cells if "m" in c]
     if gemm_cells:
         lines += ["", table([[c["dtype"], c["m"], c["n"], c["k"], c["points"], c["prior"], c["fitted"],
@@ -180,7 +180,7 @@ def _run_kernel_tables(args, registry):
     if fit.points.skipped:
         lines.append("passed over: " + ", ".join(f"{n} {why}" for why, n in fit.points.skipped.items()))
     if args.output:
-        _write_kernel_tables(spec, hardware, fit.tables, args.output)
+        _write_kernel_tables(spec, hardware, fit.tables, args.output, registry.get("calibration/check_kernel_tables"))
         data["written"] = args.output
         lines.append(f"wrote {args.output}")
     return Output(data=data, text="\n".join(lines))
@@ -193,12 +193,17 @@ def _moved(prior: float, fitted: float) -> str:
 def _hardware_and_tables(name: str, registry):
     """The hardware, its current kernel tables (a mapping or None) and its spec as a mapping (its file's,
     where *name* is a YAML path, so a written file keeps every field)."""
+    from collections.abc import Mapping
+
     import attrs
 
     from ndcost.specio import hardware_from_mapping, load_yaml, read_text
 
     if name.endswith((".yaml", ".yml")):
-        spec = dict(load_yaml(read_text(name, "hardware spec"), where=f"hardware spec {name}") or {})
+        spec = load_yaml(read_text(name, "hardware spec"), where=f"hardware spec {name}")
+        if not isinstance(spec, Mapping):
+            hardware_from_mapping(spec, where=name)  # refuses it, saying what a spec holds
+        spec = dict(spec)
         current = spec.pop("kernel_tables", None)  # read here, so a file holding them loads before Hardware knows them
         return hardware_from_mapping(spec, where=name), current, spec
     hardware = registry.get(f"hardware/{name}")
@@ -217,19 +222,17 @@ def _hardware_and_tables(name: str, registry):
     return hardware, current, spec
 
 
-def _write_kernel_tables(spec, hardware, tables, path) -> None:
+def _write_kernel_tables(spec, hardware, tables, path, check_kernel_tables) -> None:
     """*spec* with *tables* as its ``kernel_tables``, named after the file; checked by reading it back."""
     from pathlib import Path
 
     import yaml
 
-    from ndcost.plugins.calibration import check_kernel_tables
-    from ndcost.plugins.kernel_tables import _plain
     from ndcost.specio import hardware_from_mapping, load_yaml
 
     doc = dict(spec, name=Path(path).stem,
                description=f"{hardware.name} with kernel tables fitted: {spec.get('description', '')}".rstrip(": "),
-               kernel_tables=_plain(tables))
+               kernel_tables=dict(tables))
     text = ("# written by `ndcost calibrate`; kernel_tables fitted from measured kernels (docs/calibration.md)\n"
             + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120))
     back = load_yaml(text, where=path)
