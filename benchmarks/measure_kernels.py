@@ -296,7 +296,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "format": "ndcost-kernel-measurements", "version": 1, "device": device.type,
         "device_name": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "hardware": hardware.name, "grid": "dry" if args.dry_run else "quick" if args.quick else "full",
+        "hardware": args.hardware, "hardware_name": hardware.name, "grid": "dry" if args.dry_run else "quick" if args.quick else "full",
         "skipped": skipped}
     torch.manual_seed(0)
     if "gemm" in sections:

@@ -81,7 +81,8 @@ class ElementwisePoint:
 @attrs.frozen(kw_only=True)
 class KernelPoints:
     """What a source measured: GEMM and elementwise points, the launch floor and dispatch figures (with the
-    samples behind each, 0 where none), the grids it swept (measurements only) and what it passed over."""
+    samples behind each: kernels timed, or a trace's kernel pairs; 0 where none), the grids it swept
+    (measurements only) and what it passed over."""
 
     source: str
     device: str                                   # "cuda" (a GPU ran them) or "cpu"
@@ -94,6 +95,7 @@ class KernelPoints:
     gemm_grids: Mapping[str, Mapping[str, Tuple[int, ...]]] = attrs.field(factory=dict)
     elementwise_bytes: Optional[Tuple[int, ...]] = None
     skipped: Mapping[str, int] = attrs.field(factory=dict)   # why -> how many ops
+    hardware: Optional[str] = None                           # the hardware the source names (measurements)
 
 
 @attrs.frozen(kw_only=True)
@@ -161,7 +163,7 @@ def fit_kernel_tables(points: KernelPoints, hardware, current: Optional[Mapping[
                                                                           for j, n in enumerate(GEMM_AXES)}})
         new = {a: [int(v) for v in grid[a]] for a in GEMM_AXES}
         gemm_tables[dtype] = {**new, "efficiency": fitted.tolist()}
-        table_prior = {**new, "efficiency": prior.tolist()}
+        table_prior = current.get("gemm", {}).get(dtype) or {**new, "efficiency": prior.tolist()}
         rms_prior += list(np.log(ideal / interpolate(table_prior, shapes) / measured))
         rms_fitted += list(np.log(ideal / interpolate(gemm_tables[dtype], shapes) / measured))
     if rms_prior:
@@ -180,9 +182,9 @@ def fit_kernel_tables(points: KernelPoints, hardware, current: Optional[Mapping[
         fitted = _fit_cells(prior, (_nearest(axis, moved),), ideal, measured, "elementwise", cells,
                             lambda cell: {"dtype": "elementwise", "bytes": int(axis[cell[0]])})
         tables["elementwise"] = {"bytes": [int(b) for b in grid_bytes], "efficiency": fitted.tolist()}
-        errors["elementwise"] = _errors(
-            np.log(ideal / _interpolate_1d({"bytes": grid_bytes, "efficiency": prior.tolist()}, moved) / measured),
-            np.log(ideal / _interpolate_1d(tables["elementwise"], moved) / measured))
+        table_prior = current.get("elementwise") or {"bytes": grid_bytes, "efficiency": prior.tolist()}
+        errors["elementwise"] = _errors(np.log(ideal / _interpolate_1d(table_prior, moved) / measured),
+                                        np.log(ideal / _interpolate_1d(tables["elementwise"], moved) / measured))
     scalars = {}
     for key, value, samples in (("launch_seconds", points.launch_seconds, points.launch_samples),
                                 ("dispatch_seconds", points.dispatch_seconds, points.dispatch_samples)):
@@ -300,7 +302,7 @@ def kernel_points_from_measurements(doc: Any, path: str) -> KernelPoints:
             launch_seconds=_optional_seconds(launch.get("launch_seconds"), "launch_seconds"),
             launch_samples=int(launch.get("kernels", 0)),
             dispatch_seconds=_optional_seconds(dispatch.get("dispatch_seconds"), "dispatch_seconds"),
-            dispatch_samples=int(dispatch.get("ops", 0)))
+            dispatch_samples=int(dispatch.get("ops", 0)), hardware=doc.get("hardware"))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, InvalidValue):
             raise

@@ -180,6 +180,11 @@ def test_cli_refits_from_a_written_file_keeping_its_other_cells(trace, raw_event
     assert tables["launch_seconds"] == 4.0e-6                                  # a CPU trace fits no launch floor
     assert "bf16" in tables["gemm"] and tables["source"] == f"torch.profiler trace {trace}"
     assert hardware_from_mapping(written).name == "refit" and written["peak_flops_per_second"] == PEAK
+    assert main(["calibrate", "--trace", str(trace), "--hardware", str(path)]) == 0     # the same, as text
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["fp32", "16", "16", "16", "3", "0.3"] in [line[:6] for line in lines]
+    assert ["launch_seconds:", "4e-06", "s", "->", "4e-06", "s"] in [line[:6] for line in lines]
+    assert any(line[:5] == ["fit", "error", "on", "the", "6"] and "before," in line for line in lines)
 
 
 def test_gpu_trace_matches_kernels_and_reads_the_timeline(tmp_path):
@@ -322,3 +327,5 @@ def test_measure_kernels_dry_run_feeds_calibrate(tmp_path, box, capsys):
     written = yaml.safe_load(out.read_text())
     check_kernel_tables(written.pop("kernel_tables"), "written")
     assert hardware_from_mapping(written).name == "fitted"
+    assert main(["calibrate", "--kernels", str(measured), "--json"]) == 0   # the hardware the run divided by
+    assert json.loads(capsys.readouterr().out)["hardware"] == "testbox"

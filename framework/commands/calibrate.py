@@ -12,7 +12,8 @@ def add_arguments(parser) -> None:
                         help="measured layer times, one file or several fitted together: one measurement, or "
                              "{\"hardware\": ..., \"measurements\": [...]}")
     parser.add_argument("--hardware", default=None,
-                        help="hardware whose efficiencies are the priors (default: the first file's, else h200)")
+                        help="hardware whose efficiencies (or kernel tables) are the priors: a name or a spec YAML "
+                             "(default: the first file's, else h200)")
     parser.add_argument("--model", default=None,
                         help="the measured layer's model (name, config.json or spec YAML), where the file names none")
     parser.add_argument("--kind", default=None, help="the measured layer's kind (default: the model's first)")
@@ -150,11 +151,11 @@ def _run_kernel_tables(args, registry):
     """``--kernels`` / ``--trace``: the hardware's kernel tables fitted, shown against their priors, written."""
     from ndcost.cli import Output, table
 
-    hardware, current, spec = _hardware_and_tables(args.hardware or "h200", registry)
     if args.kernels:
         points = registry.get("calibration/kernel_measurements")(args.kernels)
     else:
         points = registry.get("calibration/kernel_trace")(args.trace)
+    hardware, current, spec = _hardware_and_tables(args.hardware or points.hardware or "h200", registry)
     fit = registry.get("calibration/kernel_tables")(points, hardware, current)
     data = fit.to_dict()
     lines = [f"hardware {hardware.name}: kernel tables fitted from {points.source}: {len(points.gemm)} matmuls, "
