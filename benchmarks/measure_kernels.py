@@ -102,7 +102,7 @@ def measure_gemm(device, grid, dtypes, timer, skipped) -> Dict[str, Any]:
                 for k in grid["k"]:
                     try:
                         timings.append({"m": m, "n": n, "k": k, **timer(_gemm_call(name, m, n, k, device))})
-                    except (RuntimeError, TypeError) as exc:  # out of memory, no kernel for this dtype
+                    except (RuntimeError, TypeError, NotImplementedError) as exc:  # out of memory, no kernel
                         failures.append({"m": m, "n": n, "k": k, "error": _one_line(exc)})
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
@@ -281,6 +281,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
+    dtypes = (args.dtypes.split(",") if args.dtypes else ["fp32", "bf16"] if args.dry_run else ["bf16", "fp16", "fp8"])
+    unknown = sorted(set(dtypes) - {*DTYPES, "fp8"})
+    if unknown:
+        parser.error(f"unknown GEMM dtype(s) {', '.join(unknown)}; known: {', '.join([*DTYPES, 'fp8'])}")
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA GPU here; pass --dry-run to exercise the script on the CPU")
     try:
@@ -289,14 +293,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"--hardware {args.hardware}: {_one_line(exc)}")
     device = torch.device("cpu" if args.dry_run else "cuda")
     grid = GRIDS["dry" if args.dry_run else "quick" if args.quick else "full"]
-    dtypes = (args.dtypes.split(",") if args.dtypes else ["fp32", "bf16"] if args.dry_run else ["bf16", "fp16", "fp8"])
     timer = Timer(device, samples=3 if args.dry_run else 5, target_seconds=0.001 if args.dry_run else 0.02)
     skipped: List[Dict[str, Any]] = []
     doc: Dict[str, Any] = {
         "format": "ndcost-kernel-measurements", "version": 1, "device": device.type,
         "device_name": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "hardware": args.hardware, "hardware_name": hardware.name, "grid": "dry" if args.dry_run else "quick" if args.quick else "full",
+        "hardware": args.hardware, "hardware_name": hardware.name,
+        "grid": "dry" if args.dry_run else "quick" if args.quick else "full",
         "skipped": skipped}
     torch.manual_seed(0)
     if "gemm" in sections:
