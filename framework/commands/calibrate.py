@@ -1,15 +1,19 @@
-"""`ndcost calibrate`: fit a hardware's per-op-class efficiencies from measured layer times."""
+"""`ndcost calibrate`: fit a hardware's per-op-class efficiencies from measured layer times, or its kernel
+tables from measured kernels (``--kernels``) or a torch.profiler trace (``--trace``)."""
 from __future__ import annotations
 
-HELP = "fit a hardware's per-op-class efficiencies from measured layer times (see docs/calibration.md)"
+HELP = ("fit a hardware's per-op-class efficiencies from measured layer times, or its kernel tables from "
+        "measured kernels or a torch.profiler trace (see docs/calibration.md)")
+LAYER_ONLY = ("model", "kind", "classes", "only")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("measurements", metavar="MEASUREMENTS.json", nargs="+",
+    parser.add_argument("measurements", metavar="MEASUREMENTS.json", nargs="*",
                         help="measured layer times, one file or several fitted together: one measurement, or "
                              "{\"hardware\": ..., \"measurements\": [...]}")
     parser.add_argument("--hardware", default=None,
-                        help="hardware whose efficiencies are the priors (default: the first file's, else h200)")
+                        help="hardware whose efficiencies (or kernel tables) are the priors: a name or a spec YAML "
+                             "(default: the first file's, else h200)")
     parser.add_argument("--model", default=None,
                         help="the measured layer's model (name, config.json or spec YAML), where the file names none")
     parser.add_argument("--kind", default=None, help="the measured layer's kind (default: the model's first)")
@@ -26,8 +30,26 @@ def add_arguments(parser) -> None:
                         help="price each layer from the census's FLOPs and traffic (auto, where it can run) or "
                              "analytically (off)")
     parser.add_argument("--runtime", default="hf-cuda", help="the runtime profile the census runs (default hf-cuda)")
-    parser.add_argument("--output", default=None, metavar="HARDWARE.yaml",
-                        help="write the hardware's spec with the fitted efficiencies to this file")
+    parser.add_argument("--output", "--out", default=None, metavar="HARDWARE.yaml",
+                        help="write the hardware's spec with the fitted efficiencies (or kernel tables) to this file")
+    parser.add_argument("--kernels", default=None, metavar="KERNELS.json",
+                        help="fit the hardware's kernel_tables from benchmarks/measure_kernels.py's JSON")
+    parser.add_argument("--trace", default=None, metavar="TRACE.json",
+                        help="fit the hardware's kernel_tables from a torch.profiler Chrome trace "
+                             "(export_chrome_trace, recorded with record_shapes=True)")
+
+
+def usage_error(args):
+    if args.kernels and args.trace:
+        return "give --kernels or --trace, not both"
+    if args.kernels or args.trace:
+        given = [f"--{name}" for name in LAYER_ONLY if getattr(args, name)]
+        if args.measurements or given:
+            return (f"--{'kernels' if args.kernels else 'trace'} fits kernel tables; "
+                    f"{' '.join(args.measurements) or ', '.join(given)} belong(s) to a layer fit: run them apart")
+    elif not args.measurements:
+        return "give the measured layer times (MEASUREMENTS.json), or --kernels or --trace"
+    return None
 
 
 def run(args):
@@ -39,6 +61,8 @@ def run(args):
     from ndcost.cli import Output, table
 
     registry = manager.registry()
+    if args.kernels or args.trace:
+        return _run_kernel_tables(args, registry)
     read_measurements = registry.get("calibration/read_measurements")
     measurements, components, named = [], [], None
     for path in args.measurements:
@@ -121,3 +145,99 @@ def _write_hardware(hardware, efficiency, path) -> None:
     with open(path, "w") as handle:
         handle.write("# written by `ndcost calibrate`; efficiencies fitted from measured layer times\n")
         yaml.safe_dump(doc, handle, sort_keys=False)
+
+
+def _run_kernel_tables(args, registry):
+    """``--kernels`` / ``--trace``: the hardware's kernel tables fitted, shown against their priors, written."""
+    from ndcost.cli import Output, table
+
+    if args.kernels:
+        points = registry.get("calibration/kernel_measurements")(args.kernels)
+    else:
+        points = registry.get("calibration/kernel_trace")(args.trace)
+    hardware, current, spec = _hardware_and_tables(args.hardware or points.hardware or "h200", registry)
+    fit = registry.get("calibration/kernel_tables")(points, hardware, current)
+    data = fit.to_dict()
+    lines = [f"hardware {hardware.name}: kernel tables fitted from {points.source}: {len(points.gemm)} matmuls, "
+             f"{len(points.elementwise)} elementwise kernels, timed on {points.device}"]
+    gemm_cells = [c for c in fit.cells if "m" in c]
+    if gemm_cells:
+        lines += ["", table([[c["dtype"], c["m"], c["n"], c["k"], c["points"], c["prior"], c["fitted"],
+                              _moved(c["prior"], c["fitted"])] for c in gemm_cells],
+                            ["gemm", "m", "n", "k", "points", "prior", "fitted", "moved"], align="lrrrrrrr")]
+    elementwise_cells = [c for c in fit.cells if "bytes" in c]
+    if elementwise_cells:
+        lines += ["", table([["elementwise", c["bytes"], c["points"], c["prior"], c["fitted"],
+                              _moved(c["prior"], c["fitted"])] for c in elementwise_cells],
+                            ["kernels", "bytes", "points", "prior", "fitted", "moved"], align="lrrrrr")]
+    lines.append("")
+    for key, s in fit.scalars.items():
+        prior = "none" if s["prior"] is None else f"{s['prior']:.3g} s"
+        now = "none" if s["fitted"] is None else f"{s['fitted']:.3g} s"
+        lines.append(f"{key}: {prior} -> {now} (from {s['samples']} sample(s))")
+    for what, e in fit.errors.items():
+        lines.append(f"fit error on the {e['points']} {what} points, root mean square of log(model / measured): "
+                     f"{e['rms_log_error_prior']:.2%} before, {e['rms_log_error_fitted']:.2%} fitted")
+    if fit.points.skipped:
+        lines.append("passed over: " + ", ".join(f"{n} {why}" for why, n in fit.points.skipped.items()))
+    if args.output:
+        _write_kernel_tables(spec, hardware, fit.tables, args.output, registry.get("calibration/check_kernel_tables"))
+        data["written"] = args.output
+        lines.append(f"wrote {args.output}")
+    return Output(data=data, text="\n".join(lines))
+
+
+def _moved(prior: float, fitted: float) -> str:
+    return f"{fitted / prior - 1:+.1%}".replace("-0.0%", "+0.0%")
+
+
+def _hardware_and_tables(name: str, registry):
+    """The hardware, its current kernel tables (a mapping or None) and its spec as a mapping (its file's,
+    where *name* is a YAML path, so a written file keeps every field)."""
+    from collections.abc import Mapping
+
+    import attrs
+
+    from ndcost.specio import hardware_from_mapping, load_yaml, read_text
+
+    if name.endswith((".yaml", ".yml")):
+        spec = load_yaml(read_text(name, "hardware spec"), where=f"hardware spec {name}")
+        if not isinstance(spec, Mapping):
+            hardware_from_mapping(spec, where=name)  # refuses it, saying what a spec holds
+        spec = dict(spec)
+        current = spec.pop("kernel_tables", None)  # read here, so a file holding them loads before Hardware knows them
+        return hardware_from_mapping(spec, where=name), current, spec
+    hardware = registry.get(f"hardware/{name}")
+    current = getattr(hardware, "kernel_tables", None)
+    if current is not None and attrs.has(type(current)):
+        current = attrs.asdict(current)
+    spec = {}
+    for field in attrs.fields(type(hardware)):
+        value = getattr(hardware, field.name)
+        if field.name == "kernel_tables" or value is None:
+            continue
+        if field.name == "network":
+            value = {level.name: {"bytes_per_second": level.bytes_per_second,
+                                  "latency_seconds": level.latency_seconds} for level in value}
+        spec[field.name] = dict(value) if hasattr(value, "items") else value
+    return hardware, current, spec
+
+
+def _write_kernel_tables(spec, hardware, tables, path, check_kernel_tables) -> None:
+    """*spec* with *tables* as its ``kernel_tables``, named after the file; checked by reading it back."""
+    from pathlib import Path
+
+    import yaml
+
+    from ndcost.specio import hardware_from_mapping, load_yaml
+
+    doc = dict(spec, name=Path(path).stem,
+               description=f"{hardware.name} with kernel tables fitted: {spec.get('description', '')}".rstrip(": "),
+               kernel_tables=dict(tables))
+    text = ("# written by `ndcost calibrate`; kernel_tables fitted from measured kernels (docs/calibration.md)\n"
+            + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120))
+    back = load_yaml(text, where=path)
+    check_kernel_tables(back.pop("kernel_tables"), f"hardware spec {path}")
+    hardware_from_mapping(back, where=path)
+    with open(path, "w") as handle:
+        handle.write(text)
