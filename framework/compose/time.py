@@ -36,7 +36,15 @@ from ndcost.compose import sharding as sharding_rules
 from ndcost.compose.memory import nan_to_zero, select
 from ndcost.compose.topology import group_link
 from ndcost.errors import InvalidValue, Unpriced
-from ndcost.values import CP_ALGOS, CPU_ADAM_PARAMETERS_PER_SECOND, RECOMPUTE, Hardware, TimeBreakdown, frozen_mapping
+from ndcost.values import (
+    CP_ALGOS,
+    CPU_ADAM_PARAMETERS_PER_SECOND,
+    FLOAT8_RECIPES,
+    RECOMPUTE,
+    Hardware,
+    TimeBreakdown,
+    frozen_mapping,
+)
 from ndcost.work import NORM_ELEMENTS, ModelWork, window_pairs
 
 __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS", "OVERLAP_RULES", "COLLECTIVES",
@@ -60,7 +68,10 @@ DEFAULT_EFFICIENCY: Mapping[str, float] = frozen_mapping({
 EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 
 # Each use of a collective and what the step counts of it as exposed (added to the step), in provenance:
-# - tp: TP all-reduces (all-gathers and reduce-scatters under SP), two a layer each pass; no TP overlap assumed.
+# - tp: TP all-reduces (all-gathers and reduce-scatters under SP), two a layer each pass; no TP overlap assumed,
+#   but under async_tp (torch._inductor.config._micro_pipeline_tp: torch/_inductor/fx_passes/micro_pipeline_tp.py
+#   makes each all-gather + matmul and matmul + reduce-scatter a chunked collective matmul) they hide behind the
+#   layer's matmuls of the pass.
 # - cp_ring: K/V blocks passed (and their gradients in the backward) hide behind the layer's attention kernel.
 # - cp_ulysses: the all-to-alls of queries, keys, values and the output (their gradients in the backward).
 # - ep: dispatch and combine all-to-alls; a schedule with overlaps_expert_communication (DualPipeV, DeepSeek-V3
@@ -77,7 +88,8 @@ EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 #   (arXiv:2101.06840 section 4.1) overlaps the gradients' copy out with the backward, while the CPU step and
 #   the updated parameters' copy in wait for each other (its optional one-step delayed update is not priced).
 OVERLAP_RULES: Mapping[str, str] = {
-    "tp": "exposed: none overlapped",
+    "tp": "exposed: none overlapped; under async_tp overlapped with the layer's matmuls of the pass, the excess "
+          "exposed",
     "cp_ring": "overlapped with the layer's attention kernel of the same pass; the excess is exposed",
     "cp_ulysses": "exposed: none overlapped",
     "ep": "exposed, except under dualpipev: overlapped with the layer's compute of the pass",
@@ -221,12 +233,71 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
               "query_elements_per_token", "kv_elements_per_token", "experts_per_token")
     out = {f: np.array([float(getattr(model.work[k], f)) for k in model.kinds]) for f in fields}
     out["has_attention"] = np.array([model.work[k].has_attention for k in model.kinds])
-    for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share"):
+    for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share") + _LOW_PRECISION_WORK:
         out[name] = np.array([np.nan if getattr(model.work[k], name) is None else float(getattr(model.work[k], name))
                               for k in model.kinds])
     for array in out.values():
         array.setflags(write=False)
     return frozen_mapping(out)
+
+
+# the KindWork figures float8 and compile read (NaN where an estimator left them unstated)
+_LOW_PRECISION_WORK = ("float8_mm_flops_per_token", "float8_input_elements_per_token",
+                       "float8_output_elements_per_token", "compiled_elementwise_elements_per_token",
+                       "compiled_replicated_elements_per_token")
+
+
+def float8_refusal(hardware: Hardware) -> Optional[str]:
+    """Why *hardware* cannot price ``float8`` (it states no fp8 peak), or None."""
+    if "fp8" in hardware.peak_flops_per_second:
+        return None
+    return (f"float8: hardware {hardware.name!r} states no fp8 peak (it states "
+            f"{', '.join(hardware.peak_flops_per_second)}); torchao's Float8Linear needs FP8 tensor cores (NVIDIA "
+            f"SM89 or later, AMD MI300): use float8=none, or a hardware file stating peak_flops_per_second.fp8")
+
+
+def _stated(model: ModelWork, k: Mapping[str, np.ndarray], names: Sequence[str], rows: np.ndarray, field: str):
+    """Refuse pricing *field* where a kind's estimator left one of its KindWork figures *names* unstated."""
+    if rows.any():
+        for name in names:
+            missing = [kind for kind, value in zip(model.kinds, k[name], strict=True) if np.isnan(value)]
+            if missing:
+                raise Unpriced(f"{field}: the FLOPs estimator of layer kind(s) {', '.join(missing)} states no "
+                               f"{name} (KindWork), which prices it; give {field}=false/none or an estimator "
+                               f"stating it")
+
+
+def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows", cols: Mapping[str, Any],
+                    hardware: Hardware, split: np.ndarray):
+    """Under ``float8``: each kind's Linear FLOPs priced at the fp8 peak ``(N, K)``, and the bytes the casts move
+    in the forward and the backward ``(N, K)`` (one layer, one micro-batch, one device).
+
+    A cast (torchao ``hp_tensor_to_float8_dynamic``) reads its high-precision tensor for the amax, then reads it
+    again and writes it as fp8: ``2 w + 1`` bytes an element at the compute width ``w``. A linear casts its
+    input and weight in the forward, and in the backward its output gradient twice (for the input's gradient and
+    the weight's), its weight and its saved input again (torchao ``matmul_with_hp_or_float8_args``); both
+    recipes alike (rowwise's row scales are vectors, left out). Activations and weights a TP rank holds are
+    cast (torchao's Float8 TP styles cast before SP's all-gather: ``float8_tensor_parallel.py``). Under
+    ``float8_all_gather`` (FSDP2) the weight shard is cast before each gather and the gathered weight is fp8
+    already: the matmuls cast no weight. Left out: the scales' all-reduce and the casts' launch overheads.
+    """
+    on = (np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none"))[:, None]
+    zeros = np.zeros((len(rows.tp), len(model.kinds)))
+    if not on.any():
+        return zeros, zeros, zeros
+    _stated(model, k, _LOW_PRECISION_WORK[:3], on, "float8")
+    shard = sharding_rules.sharding(cols)
+    fp8_gather = (np.asarray(cols["float8_all_gather"], dtype=bool) & shard.fsdp)[:, None]
+    weight = k["dense_parameters"][None, :] / rows.tp[:, None]
+    shard_weight = weight / shard.dense_ways[:, None]
+    cast = 2.0 * rows.compute_bytes[:, None] + 1.0
+    inputs = k["float8_input_elements_per_token"] * split
+    grads = k["float8_output_elements_per_token"] * split
+    weight_fwd = np.where(fp8_gather, shard_weight, weight)
+    weight_bwd = np.where(fp8_gather, np.where(shard.keeps_gathered[:, None], 0.0, shard_weight), weight)
+    flops = np.where(on, k["float8_mm_flops_per_token"] * split, 0.0)
+    return (flops, np.where(on, cast * (inputs + weight_fwd), 0.0),
+            np.where(on, cast * (2.0 * grads + inputs + weight_bwd), 0.0))
 
 
 # ---------------------------------------------------------------------------
@@ -303,18 +374,24 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     linrec = k["linrec_flops_per_token"] * split
     weights = rows.param_bytes[:, None] * (k["dense_parameters"] / tp + k["routed_parameters"]
                                            / (rows.ep * rows.etp)[:, None] + k["replicated_parameters"])
-    elementwise = rows.compute_bytes[:, None] * tokens * (k["elementwise_elements_per_token"] / tp
-                                                          + k["replicated_elements_per_token"] / np.where(sp, tp, 1.0))
+    elementwise = rows.compute_bytes[:, None] * tokens * _elementwise_elements(model, k, cols, tp, sp)
+    fp8_mm, cast_fwd, cast_bwd = _float8_linears(model, k, rows, cols, hardware, split)
+    refusal = float8_refusal(hardware) if fp8_mm.any() else None
+    if refusal:
+        raise InvalidValue(refusal)
+    fp8_peak = hardware.peak_flops("fp8") if fp8_mm.any() else 1.0
+    mm_seconds = (mm - fp8_mm) / peak + fp8_mm / fp8_peak  # at efficiency 1
 
     def matmul(passes, key):
-        return np.maximum(passes * mm / (peak * eff[key]), passes * weights / (hbm * eff["memory"]))
+        return np.maximum(passes * mm_seconds / eff[key], passes * weights / (hbm * eff["memory"]))
 
-    fwd_mm = matmul(1.0, "matmul")
+    fwd_mm, bwd_mm = matmul(1.0, "matmul"), matmul(2.0, "matmul_backward")
     fwd_scores = scores / (peak * eff["attention"])
     bwd_scores = 2.0 * scores / (peak * eff["attention_backward"])
-    forward = fwd_mm + fwd_scores + linrec / (peak * eff["linrec"]) + elementwise / (hbm * eff["memory"])
-    backward = (matmul(2.0, "matmul_backward") + bwd_scores + 2.0 * linrec / (peak * eff["linrec_backward"])
-                + 2.0 * elementwise / (hbm * eff["memory_backward"]))
+    forward = (fwd_mm + fwd_scores + linrec / (peak * eff["linrec"])
+               + (elementwise + cast_fwd) / (hbm * eff["memory"]))
+    backward = (bwd_mm + bwd_scores + 2.0 * linrec / (peak * eff["linrec_backward"])
+                + (2.0 * elementwise + cast_bwd) / (hbm * eff["memory_backward"]))
     att_share = np.divide(attention_mm, mm, out=np.zeros_like(mm), where=mm > 0)
     share_att = k["recomputed_attention_mm_share"][None, :]
     share_other = k["recomputed_other_mm_share"][None, :]
@@ -326,7 +403,21 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
                        [forward, selective, fwd_scores], 0.0)
     return {"forward": forward, "backward": backward, "recompute": recompute,
             "scores_forward": fwd_scores, "scores_backward": bwd_scores,
+            "matmul_forward": fwd_mm, "matmul_backward": bwd_mm,
             "selective_measured": np.broadcast_to(measured, forward.shape)}
+
+
+def _elementwise_elements(model: ModelWork, k: Mapping[str, np.ndarray], cols: Mapping[str, Any], tp, sp):
+    """``(N, K)`` elementwise elements a token on one TP rank: eager's, or under ``compile`` each pointwise chain
+    fused (the KindWork's compiled figures: reads and writes once a chain)."""
+    tp_split = np.where(sp, tp, 1.0)
+    eager = k["elementwise_elements_per_token"] / tp + k["replicated_elements_per_token"] / tp_split
+    compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
+    if not compiled.any():
+        return eager
+    _stated(model, k, _LOW_PRECISION_WORK[3:], compiled, "compile")
+    fused = k["compiled_elementwise_elements_per_token"] / tp + k["compiled_replicated_elements_per_token"] / tp_split
+    return np.where(compiled, fused, eager)
 
 
 def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep: np.ndarray, hardware: Hardware,
@@ -365,9 +456,14 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     ep_msg = (tokens * etp / tp * h * width * rows.imbalance)[:, None] * k["experts_per_token"][None, :]
     ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None])  # dispatch, combine
     overlapped = overlaps_ep[:, None]
-    exposed_fwd = tp_fwd + cp_fwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["forward"]), ep_pass)
-    exposed_bwd = tp_fwd + cp_bwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["backward"]),
-                                                     ep_pass)
+    # async TP: the collective matmuls hide the TP all-gathers and reduce-scatters behind the pass's matmuls
+    async_tp = np.asarray(cols["async_tp"], dtype=bool)[:, None]
+    tp_exposed_fwd = np.where(async_tp, np.maximum(0.0, tp_fwd - layer["matmul_forward"]), tp_fwd)
+    tp_exposed_bwd = np.where(async_tp, np.maximum(0.0, tp_fwd - layer["matmul_backward"]), tp_fwd)
+    exposed_fwd = tp_exposed_fwd + cp_fwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["forward"]),
+                                                             ep_pass)
+    exposed_bwd = tp_exposed_bwd + cp_bwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["backward"]),
+                                                             ep_pass)
     full = (np.asarray(cols["recompute"]) == RECOMPUTE.index("full"))[:, None]
     if full.any():
         comm_extra = np.where(full, tp_fwd + cp_fwd + ep_pass, 0.0)
