@@ -512,8 +512,18 @@ def _rank_parameters(model: ModelWork, rows: _Rows, counts, where: placement_rul
     return dense, routed
 
 
+def _fp8_gathered(model: ModelWork, cols, shard: sharding_rules.Sharding, counts, rows: _Rows) -> Optional[np.ndarray]:
+    """``(N, R)`` of a rank's dense parameters, those FSDP2 gathers as fp8 under ``float8_all_gather`` (the Float8
+    linears' weights: the kinds' TP-split parameters); None where no row gathers any."""
+    fp8 = np.asarray(cols["float8_all_gather"], dtype=bool) & shard.fsdp
+    if not fp8.any():
+        return None
+    linears = np.einsum("srk,k->sr", counts, _kind_arrays(model)["dense_parameters"]) / rows.tp[:, None]
+    return np.where(fp8[:, None], linears, 0.0)
+
+
 def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, routed_params, hardware: Hardware,
-                   eff, coll) -> Dict[str, np.ndarray]:
+                   eff, coll, fp8_gathered: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """``(N, R)`` seconds of the data-parallel collectives: a micro-batch's FSDP ones, and the step's.
 
     Under FSDP or ZeRO-3 (parameters sharded) every micro-batch gathers the
@@ -526,6 +536,7 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
     all-reduced, or under ZeRO 1/2 reduce-scattered over the shard group
     (the shards all-reduced over its replicas) and the updated parameters
     all-gathered; routed experts over their expert-data-parallel group.
+    *fp8_gathered*: of the dense parameters, those FSDP gathers at one byte an element (``float8_all_gather``).
     """
     tp = rows.tp
     gathers = shard.sharded["parameters"]
@@ -543,7 +554,9 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
 
     g = gathers[:, None]
     z = distributed_optimizer[:, None]
-    fsdp_gather = np.where(g, run("all_gather", param_bytes, group, bw_sh, lat_sh)
+    gathered_bytes = param_bytes if fp8_gathered is None else \
+        param_bytes - fp8_gathered * (rows.param_bytes[:, None] - DTYPE_BYTES[DTYPE_NAMES.index("fp8")])
+    fsdp_gather = np.where(g, run("all_gather", gathered_bytes, group, bw_sh, lat_sh)
                            + run("all_gather", eparam_bytes, experts, bw_edp, lat_edp), 0.0)
     fsdp_scatter = np.where(g, run("reduce_scatter", grad_bytes, group, bw_sh, lat_sh)
                             + run("reduce_scatter", egrad_bytes, experts, bw_edp, lat_edp), 0.0)
@@ -753,7 +766,8 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     real_rank = np.arange(counts.shape[1])[None, :] < rows.pp[:, None]
     rank = _rank_compute(model, rows, cols, where, counts, schedules, hardware, eff, coll)
     dense_params, routed_params = _rank_parameters(model, rows, counts, where, rank["head_split"])
-    dp = _data_parallel(rows, shard, dense_params, routed_params, hardware, eff, coll)
+    dp = _data_parallel(rows, shard, dense_params, routed_params, hardware, eff, coll,
+                        _fp8_gathered(model, cols, shard, counts, rows))
     # the backward's gathers: none where FSDP keeps each layer's parameters gathered since its forward
     gather_b = np.where(shard.keeps_gathered[:, None], 0.0, dp["fsdp_gather"])
     fsdp_exposed_f = np.maximum(0.0, dp["fsdp_gather"] - rank["compute_f"])
