@@ -345,6 +345,8 @@ def test_written_model_flags_count_the_same_model(tmp_path, model, tp):
     (dict(offload_params=True, param_dtype="fp32"), "offload_params=True"),
     (dict(cp=2, cp_algo="colossal", param_dtype="fp32"), "cp_algo=colossal"),
     (dict(cp=2, dp=2, zero=1, shard_mesh="dp", param_dtype="fp32"), "shard_mesh=dp"),
+    (dict(compile=True, param_dtype="fp32"), "compile=True"),
+    (dict(float8="rowwise", param_dtype="fp32"), "float8=rowwise"),
 ])
 def test_the_writer_refuses_what_megatron_cannot_say(fields, named):
     with pytest.raises(InvalidValue, match=f"megatron writer: {named}"):

@@ -268,7 +268,7 @@ def _stated(model: ModelWork, k: Mapping[str, np.ndarray], names: Sequence[str],
 
 
 def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows", cols: Mapping[str, Any],
-                    hardware: Hardware, split: np.ndarray):
+                    split: np.ndarray):
     """Under ``float8``: each kind's Linear FLOPs priced at the fp8 peak ``(N, K)``, and the bytes the casts move
     in the forward and the backward ``(N, K)`` (one layer, one micro-batch, one device).
 
@@ -355,9 +355,13 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     recompute adds the forward (``full``), the census's measured shares of
     the matmuls (``selective``; without them the core attention, as
     Megatron's selective recompute) or the scores (``core_attention``).
+    Under ``float8`` the Float8 linears' FLOPs run at the fp8 peak and their
+    casts add elementwise bytes (:func:`_float8_linears`); under ``compile``
+    the elementwise bytes are the fused count (:func:`_elementwise_elements`).
     Keys: ``forward``, ``backward``, ``recompute``, ``scores_forward``,
     ``scores_backward`` (the attention kernel's, for CP ring overlap),
-    ``selective_measured``.
+    ``matmul_forward``, ``matmul_backward`` (the matmuls', for async TP's
+    overlap), ``selective_measured``.
     """
     eff = efficiencies(hardware)[0] if eff is None else eff
     rows = _rows(cols, hardware) if rows is None else rows
@@ -375,7 +379,7 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     weights = rows.param_bytes[:, None] * (k["dense_parameters"] / tp + k["routed_parameters"]
                                            / (rows.ep * rows.etp)[:, None] + k["replicated_parameters"])
     elementwise = rows.compute_bytes[:, None] * tokens * _elementwise_elements(model, k, cols, tp, sp)
-    fp8_mm, cast_fwd, cast_bwd = _float8_linears(model, k, rows, cols, hardware, split)
+    fp8_mm, cast_fwd, cast_bwd = _float8_linears(model, k, rows, cols, split)
     refusal = float8_refusal(hardware) if fp8_mm.any() else None
     if refusal:
         raise InvalidValue(refusal)
