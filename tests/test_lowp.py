@@ -205,3 +205,17 @@ def test_evaluate_is_evaluate_many_with_the_new_fields():
         one = model.evaluate(text)
         assert one.peak_bytes == int(many.peak_bytes[i])
         assert one.time.step_seconds == pytest.approx(float(many.time["step_seconds"][i]), rel=1e-12)
+
+
+def test_an_estimator_stating_no_float8_or_compiled_figures_leaves_them_unpriced(h100, work):
+    """A KindWork from an estimator that predates the fields (None) prices neither float8 nor compile."""
+    import attrs
+
+    from ndcost.errors import Unpriced
+    old = attrs.evolve(work, work={"dense": attrs.evolve(
+        work.work["dense"], float8_mm_flops_per_token=None, compiled_elementwise_elements_per_token=None)})
+    ct.step_time(old, [Strategy.parse("fsdp=8,seq=4096")], h100)  # the eager bf16 step still prices
+    with pytest.raises(Unpriced, match="float8=tensorwise/rowwise: the FLOPs estimator of layer kind"):
+        ct.step_time(old, [Strategy.parse("fsdp=8,seq=4096,float8=tensorwise")], h100)
+    with pytest.raises(Unpriced, match="states no compiled_elementwise_elements_per_token"):
+        ct.step_time(old, [Strategy.parse("fsdp=8,seq=4096,compile=true")], h100)

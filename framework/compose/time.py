@@ -257,13 +257,14 @@ def float8_refusal(hardware: Hardware) -> Optional[str]:
 
 
 def _stated(model: ModelWork, k: Mapping[str, np.ndarray], names: Sequence[str], rows: np.ndarray, field: str):
-    """Refuse pricing *field* where a kind's estimator left one of its KindWork figures *names* unstated."""
+    """Refuse pricing *field* (``float8=...``, ``compile=true``) where a kind's estimator left one of its
+    KindWork figures *names* unstated."""
     if rows.any():
         for name in names:
             missing = [kind for kind, value in zip(model.kinds, k[name], strict=True) if np.isnan(value)]
             if missing:
                 raise Unpriced(f"{field}: the FLOPs estimator of layer kind(s) {', '.join(missing)} states no "
-                               f"{name} (KindWork), which prices it; give {field}=false/none or an estimator "
+                               f"{name} (KindWork), which prices it; price without {field} or with an estimator "
                                f"stating it")
 
 
@@ -285,7 +286,7 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     zeros = np.zeros((len(rows.tp), len(model.kinds)))
     if not on.any():
         return zeros, zeros, zeros
-    _stated(model, k, _LOW_PRECISION_WORK[:3], on, "float8")
+    _stated(model, k, _LOW_PRECISION_WORK[:3], on, "float8=tensorwise/rowwise")
     shard = sharding_rules.sharding(cols)
     fp8_gather = (np.asarray(cols["float8_all_gather"], dtype=bool) & shard.fsdp)[:, None]
     weight = k["dense_parameters"][None, :] / rows.tp[:, None]
@@ -419,7 +420,7 @@ def _elementwise_elements(model: ModelWork, k: Mapping[str, np.ndarray], cols: M
     compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
     if not compiled.any():
         return eager
-    _stated(model, k, _LOW_PRECISION_WORK[3:], compiled, "compile")
+    _stated(model, k, _LOW_PRECISION_WORK[3:], compiled, "compile=true")
     fused = k["compiled_elementwise_elements_per_token"] / tp + k["compiled_replicated_elements_per_token"] / tp_split
     return np.where(compiled, fused, eager)
 
