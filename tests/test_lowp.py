@@ -219,3 +219,17 @@ def test_an_estimator_stating_no_float8_or_compiled_figures_leaves_them_unpriced
         ct.step_time(old, [Strategy.parse("fsdp=8,seq=4096,float8=tensorwise")], h100)
     with pytest.raises(Unpriced, match="states no compiled_elementwise_elements_per_token"):
         ct.step_time(old, [Strategy.parse("fsdp=8,seq=4096,compile=true")], h100)
+
+
+def test_mfu_counts_the_float8_linears_against_the_fp8_peak(h100, work):
+    """MFU = time the model's FLOPs take at their peaks / (step x devices): under float8 the 32 layers'
+    Linear FLOPs (three passes) at the fp8 peak, the rest at bf16's; it stays in (0, 1] where the GEMMs run
+    faster than the bf16 peak."""
+    seq, fp8, bf16 = 4096, 1978.9e12, 989.4e12
+    priced = ct.step_time(work, [Strategy.parse(f"seq={seq},micro_batch=2,param_dtype=bf16,float8=tensorwise")],
+                          h100)
+    model_flops = 3 * float(work.forward_flops_per_sequence(seq)) * 2
+    linears = 3 * 32 * LINEAR_FLOPS * seq * 2
+    expected = ((model_flops - linears) / bf16 + linears / fp8) / float(priced.step_seconds[0])
+    assert float(priced.mfu[0]) == pytest.approx(expected, rel=1e-12)
+    assert 0 < float(priced.mfu[0]) <= 1

@@ -811,7 +811,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
               "pp_send_seconds": pipe["send"]}
     provenance = _derived(("provenance", model.source, tuple(coll.values())), hardware,
                           lambda hw: _provenance(model, eff, eff_sources, coll, hw))
-    return _results(model, rows, seconds, detail, provenance)
+    return _results(model, rows, seconds, detail, provenance, _float8_model_flops(model, rows, cols, hardware))
 
 
 def distinct(values) -> Tuple[np.ndarray, np.ndarray]:
@@ -850,16 +850,33 @@ def _offload_provenance(hardware: Hardware) -> str:
             f"optimizer {cpu:g} parameters/s a node{default}")
 
 
+def _float8_model_flops(model: ModelWork, rows: _Rows, cols, hardware: Hardware) -> Optional[Tuple[np.ndarray, float]]:
+    """Under ``float8``: ``(N,)`` of a sequence's training model FLOPs (three times the forward's), those of the
+    Float8 linears, and the fp8 peak; None where no row runs float8."""
+    on = np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none")
+    if not on.any():
+        return None
+    counts = model.layer_counts()
+    per_token = sum(count * float(model.work[kind].float8_mm_flops_per_token or 0.0) for kind, count in counts.items())
+    return np.where(on, 3.0 * per_token * rows.seq, 0.0), hardware.peak_flops("fp8")
+
+
 def _results(model: ModelWork, rows: _Rows, seconds: Mapping[str, np.ndarray], detail: Dict[str, Any],
-             provenance: Mapping[str, str]) -> TimeArrays:
-    """The step's arrays with its throughput and MFU (three times the forward's model FLOPs, no recompute)."""
+             provenance: Mapping[str, str], float8: Optional[Tuple[np.ndarray, float]] = None) -> TimeArrays:
+    """The step's arrays with its throughput and MFU (three times the forward's model FLOPs, no recompute, over
+    the compute dtype's peak; under ``float8`` the Float8 linears' FLOPs over the fp8 peak, so that MFU is the
+    step's share of the time the model's FLOPs take at the peaks they run at)."""
     step, s = seconds["step_seconds"], rows.seq
     sequences = rows.dp * rows.fsdp * rows.micro_batches * rows.micro_batch
     one_seq = len(s) > 0 and s.min() == s.max()  # the resolver prices one sequence length a call: one evaluation
     model_flops = 3.0 * model.forward_flops_per_sequence(s[:1] if one_seq else s) * sequences
     devices = rows.dp * rows.fsdp * rows.cp * rows.tp * rows.pp
     detail["model_flops"] = model_flops
-    return TimeArrays(tokens_per_second=sequences * s / step, mfu=model_flops / (step * devices * rows.peak_flops),
+    at_peak = model_flops / rows.peak_flops
+    if float8 is not None:
+        fp8_flops = float8[0] * sequences
+        at_peak = at_peak - fp8_flops / rows.peak_flops + fp8_flops / float8[1]
+    return TimeArrays(tokens_per_second=sequences * s / step, mfu=at_peak / (step * devices),
                       provenance=provenance, detail=detail, **seconds)
 
 

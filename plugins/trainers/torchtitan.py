@@ -261,6 +261,8 @@ def _low_precision(f: _File, p: Dict[str, int]) -> Tuple[Dict[str, Any], List[st
     backend = f.get("compile", "backend", "inductor")
     compiled = boolean(KIND, f.path, "[compile] enable", f.get("compile", "enable", False))
     components = f.get("compile", "components", ["model", "loss"])
+    if not isinstance(components, list) or not all(isinstance(c, str) for c in components):
+        raise f.error("[compile] components", f"{components!r} is not a list of names", 'give ["model", "loss"]')
     if compiled and backend != "inductor":
         raise f.error("[compile] backend", f"{backend!r}: ndcost's compile prices inductor's fusion",
                       'give "inductor"')
