@@ -20,10 +20,13 @@ import numpy as np
 from ndcost.errors import InvalidStrategy, InvalidValue
 from ndcost.values import (
     DTYPES,
+    FLOAT8_RECIPES,
+    LOW_PRECISION_REFUSALS,
     MAX_STRATEGY_INTEGER,
     Strategy,
     closest_strategy_fields,
     devices_message,
+    low_precision_refusals,
     unknown_plugin_name_message,
 )
 
@@ -357,3 +360,10 @@ def _cross_checks(out: StrategyColumns) -> None:
     bad = ranks % np.maximum(ep_etp, 1) != 0
     out.refuse(bad, lambda i: f"Strategy: ep * etp = {c['ep'][i]} * {c['etp'][i]} = {ep_etp[i]} must divide "
                               f"dp * fsdp * cp * tp = {ranks[i]}")
+    float8 = np.asarray(c["float8"])
+    compute = np.where(c["compute_dtype"] < 0, c["param_dtype"], c["compute_dtype"])
+    refused = low_precision_refusals(float8 != FLOAT8_RECIPES.index("none"),
+                                     float8 == FLOAT8_RECIPES.index("tensorwise"), c["float8_all_gather"],
+                                     c["compile"], c["async_tp"], c["sp"], compute == DTYPE_NAMES.index("fp8"))
+    for bad, message in zip(refused, LOW_PRECISION_REFUSALS, strict=True):
+        out.refuse(bad, message)

@@ -36,6 +36,7 @@ from ndcost.errors import CensusUnavailable, InvalidStrategy, InvalidValue, Ndco
 from ndcost.specio import load_hardware_yaml
 from ndcost.values import (
     CP_ALGOS,
+    FLOAT8_RECIPES,
     MEMORY_CATEGORIES,
     SHARD_MESHES,
     Hardware,
@@ -791,13 +792,16 @@ class CostModel:
 
 
 def _hardware_checks(batch: columns.StrategyColumns, hardware: Hardware) -> None:
-    """Rows computing in a dtype *hardware* states no peak for are refused (a loop over the dtypes used), and
-    rows offloading to a host whose link *hardware* does not state."""
+    """Rows computing in a dtype *hardware* states no peak for are refused (a loop over the dtypes used), rows
+    offloading to a host whose link *hardware* does not state, and float8 rows where it states no fp8 peak."""
     if hardware.host_to_device_bytes_per_second is None:
         for name in ("offload_optimizer", "offload_params", "offload_activations"):
             batch.refuse(batch.cols[name], f"{name}=true: hardware {hardware.name!r} states no "
                                            f"host_to_device_bytes_per_second, which prices the copies; add it "
                                            f"to its hardware file (its host link's datasheet figure, one direction)")
+    refusal = time_model.float8_refusal(hardware)
+    if refusal:
+        batch.refuse(batch.cols["float8"] != FLOAT8_RECIPES.index("none"), refusal)
     codes = batch.cols["compute_dtype"]
     for code in np.unique(codes).tolist():
         dtype = columns.DTYPE_NAMES[code]

@@ -180,6 +180,7 @@ _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float
 CP_ALGOS = ("ring", "ulysses", "colossal", "hybrid")
 RECOMPUTE = ("none", "full", "selective", "core_attention")
 SHARD_MESHES = ("dp_cp", "dp", "fsdp_cp")
+FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")  # torchao Float8LinearConfig.from_recipe_name, dynamic scaling
 
 
 def _column(convert: Any, kind: str, **facts: Any) -> Any:
@@ -377,6 +378,10 @@ class Strategy:
     offload_optimizer: bool = attrs.field(default=False, converter=_bool_field("offload_optimizer"))
     offload_params: bool = attrs.field(default=False, converter=_bool_field("offload_params"))
     offload_activations: bool = attrs.field(default=False, converter=_bool_field("offload_activations"))
+    float8: str = attrs.field(default="none", converter=_choice("float8", FLOAT8_RECIPES))
+    float8_all_gather: bool = attrs.field(default=False, converter=_bool_field("float8_all_gather"))
+    compile: bool = attrs.field(default=False, converter=_bool_field("compile"))
+    async_tp: bool = attrs.field(default=False, converter=_bool_field("async_tp"))
 
     def __init__(self, *args: Any, **fields: Any) -> None:
         # attrs' own __init__ would answer an unknown or positional field with a bare TypeError;
@@ -399,6 +404,11 @@ class Strategy:
         if ranks % (self.ep * self.etp):
             raise InvalidValue(f"Strategy: ep * etp = {self.ep} * {self.etp} = {self.ep * self.etp} must divide "
                                f"dp * fsdp * cp * tp = {ranks}")
+        refused = low_precision_refusals(self.float8 != "none", self.float8 == "tensorwise", self.float8_all_gather,
+                                         self.compile, self.async_tp, self.sp, self.compute == "fp8")
+        for bad, message in zip(refused, LOW_PRECISION_REFUSALS, strict=True):
+            if bad:
+                raise InvalidValue(message)
 
     # resolved dtypes
     @property
@@ -489,6 +499,26 @@ class Strategy:
 
 
 _STRATEGY_FIELDS = frozenset(Strategy.field_names())
+
+# The combinations of float8, compile and async_tp no run makes, refused by Strategy and by the column codec alike
+# (torchtitan: async TP needs compile, torchtitan/distributed/tensor_parallel.py maybe_enable_async_tp; the fp8
+# all-gather with a recipe_name is asserted away in components/quantization/float8.py at 238fa99).
+LOW_PRECISION_REFUSALS = (
+    "Strategy.async_tp=true needs compile=true: the collective matmuls are made by torch.compile's micro-pipeline "
+    "pass (torchtitan refuses async TP without compile); set compile=true or async_tp=false",
+    "Strategy.async_tp=true needs sp=true: async TP overlaps SP's all-gathers and reduce-scatters with the matmuls; "
+    "set sp=true or async_tp=false",
+    "Strategy.float8_all_gather=true needs float8=tensorwise: torchao gathers fp8 weights with tensorwise scales "
+    "only (torchtitan asserts it away with a recipe_name); set float8=tensorwise or float8_all_gather=false",
+    "Strategy.float8 with compute_dtype=fp8: float8 casts compute_dtype's linears to fp8 and keeps the rest at "
+    "compute_dtype; give compute_dtype=bf16 (or float8=none for every op at fp8)",
+)
+
+
+def low_precision_refusals(float8_on, tensorwise, float8_all_gather, compile, async_tp, sp, compute_fp8):
+    """Which of :data:`LOW_PRECISION_REFUSALS` hold, in order: flags for one strategy or bool arrays for columns
+    (``a > b`` is "a without b" for both)."""
+    return (async_tp > compile, async_tp > sp, float8_all_gather > tensorwise, float8_on & compute_fp8)
 
 
 def devices_message(dp, fsdp, cp, tp, pp) -> str:
@@ -629,6 +659,36 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
     "offload_activations": FieldDoc(meaning="saved activations are copied to host memory after the forward and back "
                                             "for the backward (torch.autograd.graph.save_on_cpu)",
                                     synonyms=("activation_offload", "cpu_offload_activations", "offload_activation")),
+    "float8": FieldDoc(meaning="torchao Float8Linear training (torchtitan's float8 converter), dynamic scaling: the "
+                               "attention projections' and dense / shared MLP's GEMMs at the hardware's fp8 peak, "
+                               "their inputs, weights and output gradients cast (amax read, then read and written "
+                               "as fp8: 2 w + 1 bytes an element at compute width w; six casts a linear a step, "
+                               "as torchao's matmul_with_hp_or_float8_args runs them); the attention scores, the "
+                               "router, the routed experts and the output head stay at compute_dtype; saved "
+                               "activations unchanged (the high-precision input is saved). tensorwise and rowwise "
+                               "are priced alike (same cast bytes, the hardware's matmul efficiency); no amax "
+                               "history (dynamic scaling keeps none). Needs a hardware fp8 peak",
+                       synonyms=("fp8", "fp8_recipe", "float8_recipe", "recipe_name", "fp8_training",
+                                 "float8_linear", "enable_float8_linear")),
+    "float8_all_gather": FieldDoc(meaning="FSDP2 gathers the Float8 linears' weights as fp8 (torchao "
+                                          "enable_fsdp_float8_all_gather: 1 byte an element gathered and held, "
+                                          "each shard cast before its gather instead of the whole weight after); "
+                                          "float8=tensorwise only; no effect where FSDP gathers nothing",
+                                  synonyms=("enable_fsdp_float8_all_gather", "fp8_all_gather", "fp8_param_gather",
+                                            "fp8_param")),
+    "compile": FieldDoc(meaning="torch.compile of each layer (torchtitan [compile] enable, per TransformerBlock): "
+                                "each chain of pointwise ops between matmuls reads its inputs and writes its "
+                                "outputs once (an analytic fused count a kind: norms, residual adds, rotary, the "
+                                "MLP activation; copies and linear attention's gating as eager); saved activations "
+                                "unchanged (the partitioner's recompute of pointwise ops is not priced); launches "
+                                "are not priced either way",
+                        synonyms=("torch_compile", "compile_model", "enable_compile", "inductor")),
+    "async_tp": FieldDoc(meaning="async tensor parallelism (torchtitan enable_async_tensor_parallel, torch "
+                                 "_micro_pipeline_tp): the TP all-gathers and reduce-scatters overlap the layer's "
+                                 "matmuls of the same pass, exposed TP = max(0, TP collectives - matmuls); needs "
+                                 "compile and sp",
+                         synonyms=("enable_async_tensor_parallel", "async_tensor_parallel", "tp_comm_overlap",
+                                   "micro_pipeline_tp")),
 })
 
 

@@ -70,6 +70,15 @@ class KindWork:
     kv_elements_per_token: int = 0     # keys and values a CP ring passes
     experts_per_token: int = 0         # 0: no expert all-to-all
     has_attention: bool = True
+    # under Strategy.float8: the FLOPs of the Linear layers torchao converts (attention projections, dense and
+    # shared MLP: the TP-split parts), their matmuls' input and output elements a token (what is cast); None: unknown
+    float8_mm_flops_per_token: Optional[float] = None
+    float8_input_elements_per_token: Optional[float] = None
+    float8_output_elements_per_token: Optional[float] = None
+    # under Strategy.compile: the elementwise elements a token with each pointwise chain fused (TP-split, and
+    # those TP splits only under SP, as the eager pair above); None: unknown
+    compiled_elementwise_elements_per_token: Optional[float] = None
+    compiled_replicated_elements_per_token: Optional[float] = None
 
     def forward_flops(self, seq, *, all_pairs: bool = False):
         """This kind's forward FLOPs on one sequence of *seq* tokens (vectorized)."""

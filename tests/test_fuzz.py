@@ -135,6 +135,8 @@ PLAUSIBLE: Dict[str, List[str]] = {
     "moe_imbalance": ["1.0", "1.5"], "allocator_overhead": ["0.0", "0.05"],
     "shard_mesh": ["dp_cp", "dp", "fsdp_cp"], "reshard_after_forward": ["true", "false"], "offload_optimizer": ["false", "true"],
     "offload_params": ["false", "true"], "offload_activations": ["false", "true"],
+    "float8": ["none", "tensorwise", "rowwise"], "float8_all_gather": ["false", "true"],
+    "compile": ["false", "true"], "async_tp": ["false", "true"],
 }
 FIELDS = Strategy.field_names()
 # the fields the bytes and seconds scale with: drawn more often

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _helpers import ndcost
+from _helpers import file_variant, ndcost
 
 import ndcost as nd
 from ndcost.errors import InvalidValue
@@ -29,11 +29,23 @@ def expected(**fields):
     return Strategy.from_mapping(fields)
 
 
-def test_llama3_8b_fp8_script_is_refused_naming_fp8():
-    # DTYPE="fp8" takes the script's fp8 branch: "--fp8-format hybrid" is among the flags torchrun gets.
-    with pytest.raises(InvalidValue, match=r"train_llama3_8b_h100_fp8.sh: --fp8-format: .*float8 training is not "
-                                           r"priced yet; remove --fp8-format"):
+def test_llama3_8b_fp8_script_is_refused_naming_fp8(tmp_path):
+    # DTYPE="fp8" takes the script's fp8 branch: "--fp8-format hybrid", an amax history and fp8 parameters
+    with pytest.raises(InvalidValue, match=r"train_llama3_8b_h100_fp8.sh: --fp8-param-gather: .*fp8 primary "
+                                           r"weights"):
         read("train_llama3_8b_h100_fp8.sh", 8)
+    # without fp8 parameters: TE's default recipe, delayed scaling from the 1024-step amax history
+    path = file_variant(DATA / "train_llama3_8b_h100_fp8.sh", '        "--fp8-param-gather"\n', "",
+                        tmp_path / "train.sh")
+    with pytest.raises(InvalidValue, match=r"--fp8-recipe: delayed scaling \(the default\) scales from an amax "
+                                           r"history"):
+        from_config("megatron", path, devices=8)
+    # current scaling (TE Float8CurrentScaling) is torchao's tensorwise dynamic scaling
+    path = file_variant(path, '"--fp8-format hybrid"', '"--fp8-format hybrid"\n        "--fp8-recipe tensorwise"',
+                        tmp_path / "train_tensorwise.sh")
+    config = from_config("megatron", path, devices=8)
+    assert config.strategy.float8 == "tensorwise" and not config.strategy.compile
+    assert "--fp8-recipe" in config.read_fields and "--fp8-format" in config.read_fields
 
 
 def test_llama3_8b_bf16_variant_field_by_field():
@@ -258,7 +270,7 @@ def test_through_the_cli_a_refusal_is_one_line(tmp_path):
     result = ndcost("estimate", "--from", f"megatron:{DATA / 'train_llama3_8b_h100_fp8.sh'}", "--devices", "8",
                     check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.count("\n") == 1 and "--fp8-format" in result.stderr
+    assert result.stderr.count("\n") == 1 and "--fp8-param-gather" in result.stderr
 
 
 def test_through_the_cli_the_strategy_is_reported(tmp_path):
@@ -301,6 +313,8 @@ ROUND_TRIP = [
     dict(tp=2, dp=2, ep=2, etp=2, vocab_parallel=True, param_dtype="fp32", optimizer="sgd", seq=8192,
          offload_optimizer=True),
     dict(param_dtype="fp32"),
+    dict(tp=2, dp=4, vocab_parallel=True, sp=True, seq=4096, param_dtype="bf16", float8="tensorwise",
+         **MEGATRON_MIXED),
 ]
 
 
@@ -331,6 +345,8 @@ def test_written_model_flags_count_the_same_model(tmp_path, model, tp):
     (dict(offload_params=True, param_dtype="fp32"), "offload_params=True"),
     (dict(cp=2, cp_algo="colossal", param_dtype="fp32"), "cp_algo=colossal"),
     (dict(cp=2, dp=2, zero=1, shard_mesh="dp", param_dtype="fp32"), "shard_mesh=dp"),
+    (dict(compile=True, param_dtype="fp32"), "compile=True"),
+    (dict(float8="rowwise", param_dtype="fp32"), "float8=rowwise"),
 ])
 def test_the_writer_refuses_what_megatron_cannot_say(fields, named):
     with pytest.raises(InvalidValue, match=f"megatron writer: {named}"):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ndcost.errors import NdcostError
+from ndcost.values import Strategy
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data"
@@ -23,9 +23,8 @@ _spec.loader.exec_module(vt)
 
 DOC = vt.load_rows()
 ROWS = DOC["rows"]
-# the field of the job TOML each feature turns on, as the reader names it in its refusal
-FEATURE_FIELDS = {"float8": "[model] converters", "compile": "[compile] enable",
-                  "async_tp": "[parallelism] enable_async_tensor_parallel"}
+# the strategy field each feature of a row reads into, and its value when on
+FEATURE_FIELDS = {"float8": ("float8", "tensorwise"), "compile": ("compile", True), "async_tp": ("async_tp", True)}
 
 
 def _excerpt(source: str) -> str:
@@ -86,15 +85,15 @@ def test_published_figures_are_the_stored_markdown(row):
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
-def test_each_row_translates_or_is_refused_with_the_reason(row):
-    features = [f for f in vt.UNPRICED_FEATURES if row[f]]
-    if features:
-        with pytest.raises(NdcostError) as refused:
-            vt.read_job(row)
-        for feature in features:
-            assert FEATURE_FIELDS[feature] in str(refused.value)
-        assert "not priced yet" in str(refused.value)
-    s = (vt.read_job(row) if not features else vt.read_job(row, features=False)).strategy
+def test_each_row_translates_with_its_features(row):
+    s = vt.read_job(row).strategy
+    for feature, (field, on) in FEATURE_FIELDS.items():
+        assert getattr(s, field) == (on if row[feature] else Strategy().to_dict()[field]), (row["id"], feature)
+    # the 405B rows turn it on; torchtitan keeps it only with dp_shard > 1 (dp_shard_enabled)
+    assert s.float8_all_gather == (bool(row.get("float8_all_gather")) and row["dp_shard"] > 1)
+    without = vt.read_job(row, features=False).strategy
+    assert (without.float8, without.float8_all_gather, without.compile, without.async_tp) == \
+        ("none", False, False, False)
     assert (s.tp, s.pp, s.cp, s.seq) == (row["tp"], row["pp"], row["cp"], row["seq_len"])
     assert s.dp * s.fsdp * s.cp * s.tp * s.pp == row["gpus"]
     if row["dp_shard"] == 1 and row["cp"] > 1:  # torchtitan's FSDP over the cp ranks alone
@@ -108,15 +107,20 @@ def test_each_row_translates_or_is_refused_with_the_reason(row):
     assert s.recompute == expected
 
 
-def test_rows_are_reported_as_comparable_or_not_like_for_like():
+def test_rows_with_features_are_priced_beside_the_figure_without_them():
     by_id = {r["id"]: r for r in ROWS}
     plain, compiled = vt.evaluate_row(by_id["t1-fsdp"]), vt.evaluate_row(by_id["t1-fsdp-compile"])
     assert plain["comparable"] and plain["unpriceable_reason"] is None and "predicted" in plain
-    assert not compiled["comparable"] and "torch.compile" in compiled["unpriceable_reason"]
-    assert "predicted" not in compiled and "predicted_without_features" in compiled
+    assert "predicted_without_features" not in plain
+    assert compiled["comparable"] and compiled["unpriceable_reason"] is None
+    assert "compile=true" in compiled["predicted"]["strategy"]
+    # the job without compile is the plain row's (Table 1's rows differ by their features alone)
+    assert compiled["predicted_without_features"] == plain["predicted"]
     predicted = plain["predicted"]["tokens_per_second_per_gpu"]
     assert math.isclose(plain["tokens_error"], predicted / 5762 - 1)
-    assert vt.summary([plain, compiled])["comparable_rows"] == 1
+    assert math.isclose(compiled["tokens_error_without_features"], predicted / 6667 - 1)
+    summ = vt.summary([plain, compiled])
+    assert summ["comparable_rows"] == 2 and summ["unpriceable_rows"] == 0
 
 
 def test_spearman_by_hand():

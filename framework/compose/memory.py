@@ -43,7 +43,7 @@ from ndcost.compose import sharding as sharding_rules
 from ndcost.compose import topology
 from ndcost.compose.sharding import MATMUL_PARTS, REPLICATED_PARTS, ROUTED_PARTS, TP_PARTS
 from ndcost.errors import InvalidValue, Unpriced
-from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, PARTS, RECOMPUTE
+from ndcost.values import CP_ALGOS, DTYPES, MEMORY_CATEGORIES, PARTS, RECOMPUTE
 
 CATEGORIES = MEMORY_CATEGORIES
 
@@ -700,27 +700,30 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     """
     K = len(model.kinds)
     n, ranks = params.dense.shape
+    compute, grad = batch.compute_bytes[:, None], batch.grad_bytes[:, None]
+    layer_gathered = _gathered_layer_bytes(model, params, batch, cols)
     largest = np.zeros((n, ranks), dtype=np.int64)
+    largest_gathered = np.zeros((n, ranks))  # bytes
     for k in range(K):
         largest = np.maximum(largest, np.where(layers[k] > 0,
                                                (params.layer_dense[k] + params.layer_routed[k])[:, None], 0))
+        largest_gathered = np.maximum(largest_gathered, np.where(layers[k] > 0, layer_gathered[k][:, None], 0))
     root = (np.where(where.has_embedding, params.embedding[:, None], 0) + params.head_extra
             + np.where(where.has_head, model.final_norm, 0))
-    compute, grad = batch.compute_bytes[:, None], batch.grad_bytes[:, None]
     gathered_root = root * compute
     head_grad_whole = params.head_gradient * grad
     zero3_buffer = np.maximum(largest, root) * (compute + grad)
     fsdp2, keeps = batch.sharding.fsdp[:, None], batch.sharding.keeps_gathered[:, None]
     two_layers = np.minimum(sum(layers) if K else np.zeros((n, ranks), dtype=np.int64), 2)
-    gathered_layers = largest * two_layers
+    gathered_layers = largest_gathered * two_layers
     if keeps.any():  # every layer of the stage gathered, kept since its forward
-        stage_layers = sum(layers[k] * (params.layer_dense[k] + params.layer_routed[k])[:, None] for k in range(K))
+        stage_layers = sum(layers[k] * layer_gathered[k][:, None] for k in range(K))
         gathered_layers = np.where(keeps, stage_layers, gathered_layers)
-    at_loss = np.where(fsdp2, gathered_root + np.where(keeps, gathered_layers * compute, 0), zero3_buffer)
-    at_last = np.where(fsdp2, gathered_root + head_grad_whole + gathered_layers * compute + largest * grad,
+    at_loss = np.where(fsdp2, gathered_root + np.where(keeps, gathered_layers, 0), zero3_buffer)
+    at_last = np.where(fsdp2, gathered_root + head_grad_whole + gathered_layers + largest * grad,
                        zero3_buffer)
     at_end = np.where(fsdp2, gathered_root + head_grad_whole
-                      + np.maximum(largest * (compute + grad), params.embedding_gradient * grad), zero3_buffer)
+                      + np.maximum(largest_gathered + largest * grad, params.embedding_gradient * grad), zero3_buffer)
     t, sp, tokens = batch.tp, batch.sp, batch.tokens
     tp_buffer = np.where(sp & (batch.tp_int > 1), tokens * model.hidden_size * batch.compute_bytes, 0.0)
     moe_on_rank = sum(layers[k] * int(model.is_moe[k]) for k in range(K)) > 0 if K else np.zeros((n, ranks), bool)
@@ -732,6 +735,21 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     activation_buffers = np.maximum(np.maximum(tp_buffer[:, None], ep_buffer), cp_buffer[:, None])
     gathers = batch.sharding.sharded["parameters"][:, None]
     return tuple(np.where(gathers, buffer, 0.0) + activation_buffers for buffer in (at_loss, at_last, at_end))
+
+
+def _gathered_layer_bytes(model: ModelTables, params: "_StageParameters", batch: _Batch, cols) -> List[np.ndarray]:
+    """Per kind, ``(N,)`` bytes of one layer's parameters as FSDP gathers them on one TP rank: at the compute
+    width, but under ``float8_all_gather`` (FSDP2, torchao ``WeightWithDynamicFloat8CastTensor``) the Float8
+    linears' weights (the TP-split parts: attention projections, dense and shared MLP, their biases with them)
+    at one byte an element."""
+    compute = batch.compute_bytes
+    fp8 = np.asarray(cols["float8_all_gather"], dtype=bool) & batch.sharding.fsdp
+    out = []
+    for k in range(len(model.kinds)):
+        whole_layer = params.layer_dense[k] + params.layer_routed[k]
+        linears = params.layer_dense[k] - model.replicated_params[k]
+        out.append(np.where(fp8, linears * DTYPES["fp8"] + (whole_layer - linears) * compute, whole_layer * compute))
+    return out
 
 
 def _offload_states(persistent, batch: _Batch, cols) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:

@@ -36,7 +36,15 @@ from ndcost.compose import sharding as sharding_rules
 from ndcost.compose.memory import nan_to_zero, select
 from ndcost.compose.topology import group_link
 from ndcost.errors import InvalidValue, Unpriced
-from ndcost.values import CP_ALGOS, CPU_ADAM_PARAMETERS_PER_SECOND, RECOMPUTE, Hardware, TimeBreakdown, frozen_mapping
+from ndcost.values import (
+    CP_ALGOS,
+    CPU_ADAM_PARAMETERS_PER_SECOND,
+    FLOAT8_RECIPES,
+    RECOMPUTE,
+    Hardware,
+    TimeBreakdown,
+    frozen_mapping,
+)
 from ndcost.work import NORM_ELEMENTS, ModelWork, window_pairs
 
 __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS", "OVERLAP_RULES", "COLLECTIVES",
@@ -60,7 +68,10 @@ DEFAULT_EFFICIENCY: Mapping[str, float] = frozen_mapping({
 EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 
 # Each use of a collective and what the step counts of it as exposed (added to the step), in provenance:
-# - tp: TP all-reduces (all-gathers and reduce-scatters under SP), two a layer each pass; no TP overlap assumed.
+# - tp: TP all-reduces (all-gathers and reduce-scatters under SP), two a layer each pass; no TP overlap assumed,
+#   but under async_tp (torch._inductor.config._micro_pipeline_tp: torch/_inductor/fx_passes/micro_pipeline_tp.py
+#   makes each all-gather + matmul and matmul + reduce-scatter a chunked collective matmul) they hide behind the
+#   layer's matmuls of the pass.
 # - cp_ring: K/V blocks passed (and their gradients in the backward) hide behind the layer's attention kernel.
 # - cp_ulysses: the all-to-alls of queries, keys, values and the output (their gradients in the backward).
 # - ep: dispatch and combine all-to-alls; a schedule with overlaps_expert_communication (DualPipeV, DeepSeek-V3
@@ -77,7 +88,8 @@ EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 #   (arXiv:2101.06840 section 4.1) overlaps the gradients' copy out with the backward, while the CPU step and
 #   the updated parameters' copy in wait for each other (its optional one-step delayed update is not priced).
 OVERLAP_RULES: Mapping[str, str] = {
-    "tp": "exposed: none overlapped",
+    "tp": "exposed: none overlapped; under async_tp overlapped with the layer's matmuls of the pass, the excess "
+          "exposed",
     "cp_ring": "overlapped with the layer's attention kernel of the same pass; the excess is exposed",
     "cp_ulysses": "exposed: none overlapped",
     "ep": "exposed, except under dualpipev: overlapped with the layer's compute of the pass",
@@ -221,12 +233,72 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
               "query_elements_per_token", "kv_elements_per_token", "experts_per_token")
     out = {f: np.array([float(getattr(model.work[k], f)) for k in model.kinds]) for f in fields}
     out["has_attention"] = np.array([model.work[k].has_attention for k in model.kinds])
-    for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share"):
+    for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share") + _LOW_PRECISION_WORK:
         out[name] = np.array([np.nan if getattr(model.work[k], name) is None else float(getattr(model.work[k], name))
                               for k in model.kinds])
     for array in out.values():
         array.setflags(write=False)
     return frozen_mapping(out)
+
+
+# the KindWork figures float8 and compile read (NaN where an estimator left them unstated)
+_LOW_PRECISION_WORK = ("float8_mm_flops_per_token", "float8_input_elements_per_token",
+                       "float8_output_elements_per_token", "compiled_elementwise_elements_per_token",
+                       "compiled_replicated_elements_per_token")
+
+
+def float8_refusal(hardware: Hardware) -> Optional[str]:
+    """Why *hardware* cannot price ``float8`` (it states no fp8 peak), or None."""
+    if "fp8" in hardware.peak_flops_per_second:
+        return None
+    return (f"float8: hardware {hardware.name!r} states no fp8 peak (it states "
+            f"{', '.join(hardware.peak_flops_per_second)}); torchao's Float8Linear needs FP8 tensor cores (NVIDIA "
+            f"SM89 or later, AMD MI300): use float8=none, or a hardware file stating peak_flops_per_second.fp8")
+
+
+def _stated(model: ModelWork, k: Mapping[str, np.ndarray], names: Sequence[str], rows: np.ndarray, field: str):
+    """Refuse pricing *field* (``float8=...``, ``compile=true``) where a kind's estimator left one of its
+    KindWork figures *names* unstated."""
+    if rows.any():
+        for name in names:
+            missing = [kind for kind, value in zip(model.kinds, k[name], strict=True) if np.isnan(value)]
+            if missing:
+                raise Unpriced(f"{field}: the FLOPs estimator of layer kind(s) {', '.join(missing)} states no "
+                               f"{name} (KindWork), which prices it; price without {field} or with an estimator "
+                               f"stating it")
+
+
+def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows", cols: Mapping[str, Any],
+                    split: np.ndarray):
+    """Under ``float8``: each kind's Linear FLOPs priced at the fp8 peak ``(N, K)``, and the bytes the casts move
+    in the forward and the backward ``(N, K)`` (one layer, one micro-batch, one device).
+
+    A cast (torchao ``hp_tensor_to_float8_dynamic``) reads its high-precision tensor for the amax, then reads it
+    again and writes it as fp8: ``2 w + 1`` bytes an element at the compute width ``w``. A linear casts its
+    input and weight in the forward, and in the backward its output gradient twice (for the input's gradient and
+    the weight's), its weight and its saved input again (torchao ``matmul_with_hp_or_float8_args``); both
+    recipes alike (rowwise's row scales are vectors, left out). Activations and weights a TP rank holds are
+    cast (torchao's Float8 TP styles cast before SP's all-gather: ``float8_tensor_parallel.py``). Under
+    ``float8_all_gather`` (FSDP2) the weight shard is cast before each gather and the gathered weight is fp8
+    already: the matmuls cast no weight. Left out: the scales' all-reduce and the casts' launch overheads.
+    """
+    on = (np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none"))[:, None]
+    zeros = np.zeros((len(rows.tp), len(model.kinds)))
+    if not on.any():
+        return zeros, zeros, zeros
+    _stated(model, k, _LOW_PRECISION_WORK[:3], on, "float8=tensorwise/rowwise")
+    shard = sharding_rules.sharding(cols)
+    fp8_gather = (np.asarray(cols["float8_all_gather"], dtype=bool) & shard.fsdp)[:, None]
+    weight = k["dense_parameters"][None, :] / rows.tp[:, None]
+    shard_weight = weight / shard.dense_ways[:, None]
+    cast = 2.0 * rows.compute_bytes[:, None] + 1.0
+    inputs = k["float8_input_elements_per_token"] * split
+    grads = k["float8_output_elements_per_token"] * split
+    weight_fwd = np.where(fp8_gather, shard_weight, weight)
+    weight_bwd = np.where(fp8_gather, np.where(shard.keeps_gathered[:, None], 0.0, shard_weight), weight)
+    flops = np.where(on, k["float8_mm_flops_per_token"] * split, 0.0)
+    return (flops, np.where(on, cast * (inputs + weight_fwd), 0.0),
+            np.where(on, cast * (2.0 * grads + inputs + weight_bwd), 0.0))
 
 
 # ---------------------------------------------------------------------------
@@ -284,9 +356,13 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     recompute adds the forward (``full``), the census's measured shares of
     the matmuls (``selective``; without them the core attention, as
     Megatron's selective recompute) or the scores (``core_attention``).
+    Under ``float8`` the Float8 linears' FLOPs run at the fp8 peak and their
+    casts add elementwise bytes (:func:`_float8_linears`); under ``compile``
+    the elementwise bytes are the fused count (:func:`_elementwise_elements`).
     Keys: ``forward``, ``backward``, ``recompute``, ``scores_forward``,
     ``scores_backward`` (the attention kernel's, for CP ring overlap),
-    ``selective_measured``.
+    ``matmul_forward``, ``matmul_backward`` (the matmuls', for async TP's
+    overlap), ``selective_measured``.
     """
     eff = efficiencies(hardware)[0] if eff is None else eff
     rows = _rows(cols, hardware) if rows is None else rows
@@ -303,18 +379,24 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     linrec = k["linrec_flops_per_token"] * split
     weights = rows.param_bytes[:, None] * (k["dense_parameters"] / tp + k["routed_parameters"]
                                            / (rows.ep * rows.etp)[:, None] + k["replicated_parameters"])
-    elementwise = rows.compute_bytes[:, None] * tokens * (k["elementwise_elements_per_token"] / tp
-                                                          + k["replicated_elements_per_token"] / np.where(sp, tp, 1.0))
+    elementwise = rows.compute_bytes[:, None] * tokens * _elementwise_elements(model, k, cols, tp, sp)
+    fp8_mm, cast_fwd, cast_bwd = _float8_linears(model, k, rows, cols, split)
+    refusal = float8_refusal(hardware) if fp8_mm.any() else None
+    if refusal:
+        raise InvalidValue(refusal)
+    fp8_peak = hardware.peak_flops("fp8") if fp8_mm.any() else 1.0
+    mm_seconds = (mm - fp8_mm) / peak + fp8_mm / fp8_peak  # at efficiency 1
 
     def matmul(passes, key):
-        return np.maximum(passes * mm / (peak * eff[key]), passes * weights / (hbm * eff["memory"]))
+        return np.maximum(passes * mm_seconds / eff[key], passes * weights / (hbm * eff["memory"]))
 
-    fwd_mm = matmul(1.0, "matmul")
+    fwd_mm, bwd_mm = matmul(1.0, "matmul"), matmul(2.0, "matmul_backward")
     fwd_scores = scores / (peak * eff["attention"])
     bwd_scores = 2.0 * scores / (peak * eff["attention_backward"])
-    forward = fwd_mm + fwd_scores + linrec / (peak * eff["linrec"]) + elementwise / (hbm * eff["memory"])
-    backward = (matmul(2.0, "matmul_backward") + bwd_scores + 2.0 * linrec / (peak * eff["linrec_backward"])
-                + 2.0 * elementwise / (hbm * eff["memory_backward"]))
+    forward = (fwd_mm + fwd_scores + linrec / (peak * eff["linrec"])
+               + (elementwise + cast_fwd) / (hbm * eff["memory"]))
+    backward = (bwd_mm + bwd_scores + 2.0 * linrec / (peak * eff["linrec_backward"])
+                + (2.0 * elementwise + cast_bwd) / (hbm * eff["memory_backward"]))
     att_share = np.divide(attention_mm, mm, out=np.zeros_like(mm), where=mm > 0)
     share_att = k["recomputed_attention_mm_share"][None, :]
     share_other = k["recomputed_other_mm_share"][None, :]
@@ -326,7 +408,21 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
                        [forward, selective, fwd_scores], 0.0)
     return {"forward": forward, "backward": backward, "recompute": recompute,
             "scores_forward": fwd_scores, "scores_backward": bwd_scores,
+            "matmul_forward": fwd_mm, "matmul_backward": bwd_mm,
             "selective_measured": np.broadcast_to(measured, forward.shape)}
+
+
+def _elementwise_elements(model: ModelWork, k: Mapping[str, np.ndarray], cols: Mapping[str, Any], tp, sp):
+    """``(N, K)`` elementwise elements a token on one TP rank: eager's, or under ``compile`` each pointwise chain
+    fused (the KindWork's compiled figures: reads and writes once a chain)."""
+    tp_split = np.where(sp, tp, 1.0)
+    eager = k["elementwise_elements_per_token"] / tp + k["replicated_elements_per_token"] / tp_split
+    compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
+    if not compiled.any():
+        return eager
+    _stated(model, k, _LOW_PRECISION_WORK[3:], compiled, "compile=true")
+    fused = k["compiled_elementwise_elements_per_token"] / tp + k["compiled_replicated_elements_per_token"] / tp_split
+    return np.where(compiled, fused, eager)
 
 
 def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep: np.ndarray, hardware: Hardware,
@@ -365,9 +461,14 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     ep_msg = (tokens * etp / tp * h * width * rows.imbalance)[:, None] * k["experts_per_token"][None, :]
     ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None])  # dispatch, combine
     overlapped = overlaps_ep[:, None]
-    exposed_fwd = tp_fwd + cp_fwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["forward"]), ep_pass)
-    exposed_bwd = tp_fwd + cp_bwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["backward"]),
-                                                     ep_pass)
+    # async TP: the collective matmuls hide the TP all-gathers and reduce-scatters behind the pass's matmuls
+    async_tp = np.asarray(cols["async_tp"], dtype=bool)[:, None]
+    tp_exposed_fwd = np.where(async_tp, np.maximum(0.0, tp_fwd - layer["matmul_forward"]), tp_fwd)
+    tp_exposed_bwd = np.where(async_tp, np.maximum(0.0, tp_fwd - layer["matmul_backward"]), tp_fwd)
+    exposed_fwd = tp_exposed_fwd + cp_fwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["forward"]),
+                                                             ep_pass)
+    exposed_bwd = tp_exposed_bwd + cp_bwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["backward"]),
+                                                             ep_pass)
     full = (np.asarray(cols["recompute"]) == RECOMPUTE.index("full"))[:, None]
     if full.any():
         comm_extra = np.where(full, tp_fwd + cp_fwd + ep_pass, 0.0)
@@ -416,8 +517,18 @@ def _rank_parameters(model: ModelWork, rows: _Rows, counts, where: placement_rul
     return dense, routed
 
 
+def _fp8_gathered(model: ModelWork, cols, shard: sharding_rules.Sharding, counts, rows: _Rows) -> Optional[np.ndarray]:
+    """``(N, R)`` of a rank's dense parameters, those FSDP2 gathers as fp8 under ``float8_all_gather`` (the Float8
+    linears' weights: the kinds' TP-split parameters); None where no row gathers any."""
+    fp8 = np.asarray(cols["float8_all_gather"], dtype=bool) & shard.fsdp
+    if not fp8.any():
+        return None
+    linears = np.einsum("srk,k->sr", counts, _kind_arrays(model)["dense_parameters"]) / rows.tp[:, None]
+    return np.where(fp8[:, None], linears, 0.0)
+
+
 def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, routed_params, hardware: Hardware,
-                   eff, coll) -> Dict[str, np.ndarray]:
+                   eff, coll, fp8_gathered: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """``(N, R)`` seconds of the data-parallel collectives: a micro-batch's FSDP ones, and the step's.
 
     Under FSDP or ZeRO-3 (parameters sharded) every micro-batch gathers the
@@ -430,6 +541,7 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
     all-reduced, or under ZeRO 1/2 reduce-scattered over the shard group
     (the shards all-reduced over its replicas) and the updated parameters
     all-gathered; routed experts over their expert-data-parallel group.
+    *fp8_gathered*: of the dense parameters, those FSDP gathers at one byte an element (``float8_all_gather``).
     """
     tp = rows.tp
     gathers = shard.sharded["parameters"]
@@ -447,7 +559,9 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
 
     g = gathers[:, None]
     z = distributed_optimizer[:, None]
-    fsdp_gather = np.where(g, run("all_gather", param_bytes, group, bw_sh, lat_sh)
+    gathered_bytes = param_bytes if fp8_gathered is None else \
+        param_bytes - fp8_gathered * (rows.param_bytes[:, None] - DTYPE_BYTES[DTYPE_NAMES.index("fp8")])
+    fsdp_gather = np.where(g, run("all_gather", gathered_bytes, group, bw_sh, lat_sh)
                            + run("all_gather", eparam_bytes, experts, bw_edp, lat_edp), 0.0)
     fsdp_scatter = np.where(g, run("reduce_scatter", grad_bytes, group, bw_sh, lat_sh)
                             + run("reduce_scatter", egrad_bytes, experts, bw_edp, lat_edp), 0.0)
@@ -657,7 +771,8 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     real_rank = np.arange(counts.shape[1])[None, :] < rows.pp[:, None]
     rank = _rank_compute(model, rows, cols, where, counts, schedules, hardware, eff, coll)
     dense_params, routed_params = _rank_parameters(model, rows, counts, where, rank["head_split"])
-    dp = _data_parallel(rows, shard, dense_params, routed_params, hardware, eff, coll)
+    dp = _data_parallel(rows, shard, dense_params, routed_params, hardware, eff, coll,
+                        _fp8_gathered(model, cols, shard, counts, rows))
     # the backward's gathers: none where FSDP keeps each layer's parameters gathered since its forward
     gather_b = np.where(shard.keeps_gathered[:, None], 0.0, dp["fsdp_gather"])
     fsdp_exposed_f = np.maximum(0.0, dp["fsdp_gather"] - rank["compute_f"])
@@ -696,7 +811,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
               "pp_send_seconds": pipe["send"]}
     provenance = _derived(("provenance", model.source, tuple(coll.values())), hardware,
                           lambda hw: _provenance(model, eff, eff_sources, coll, hw))
-    return _results(model, rows, seconds, detail, provenance)
+    return _results(model, rows, seconds, detail, provenance, _float8_model_flops(model, rows, cols, hardware))
 
 
 def distinct(values) -> Tuple[np.ndarray, np.ndarray]:
@@ -735,16 +850,33 @@ def _offload_provenance(hardware: Hardware) -> str:
             f"optimizer {cpu:g} parameters/s a node{default}")
 
 
+def _float8_model_flops(model: ModelWork, rows: _Rows, cols, hardware: Hardware) -> Optional[Tuple[np.ndarray, float]]:
+    """Under ``float8``: ``(N,)`` of a sequence's training model FLOPs (three times the forward's), those of the
+    Float8 linears, and the fp8 peak; None where no row runs float8."""
+    on = np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none")
+    if not on.any():
+        return None
+    counts = model.layer_counts()
+    per_token = sum(count * float(model.work[kind].float8_mm_flops_per_token or 0.0) for kind, count in counts.items())
+    return np.where(on, 3.0 * per_token * rows.seq, 0.0), hardware.peak_flops("fp8")
+
+
 def _results(model: ModelWork, rows: _Rows, seconds: Mapping[str, np.ndarray], detail: Dict[str, Any],
-             provenance: Mapping[str, str]) -> TimeArrays:
-    """The step's arrays with its throughput and MFU (three times the forward's model FLOPs, no recompute)."""
+             provenance: Mapping[str, str], float8: Optional[Tuple[np.ndarray, float]] = None) -> TimeArrays:
+    """The step's arrays with its throughput and MFU (three times the forward's model FLOPs, no recompute, over
+    the compute dtype's peak; under ``float8`` the Float8 linears' FLOPs over the fp8 peak, so that MFU is the
+    step's share of the time the model's FLOPs take at the peaks they run at)."""
     step, s = seconds["step_seconds"], rows.seq
     sequences = rows.dp * rows.fsdp * rows.micro_batches * rows.micro_batch
     one_seq = len(s) > 0 and s.min() == s.max()  # the resolver prices one sequence length a call: one evaluation
     model_flops = 3.0 * model.forward_flops_per_sequence(s[:1] if one_seq else s) * sequences
     devices = rows.dp * rows.fsdp * rows.cp * rows.tp * rows.pp
     detail["model_flops"] = model_flops
-    return TimeArrays(tokens_per_second=sequences * s / step, mfu=model_flops / (step * devices * rows.peak_flops),
+    at_peak = model_flops / rows.peak_flops
+    if float8 is not None:
+        fp8_flops = float8[0] * sequences
+        at_peak = at_peak - fp8_flops / rows.peak_flops + fp8_flops / float8[1]
+    return TimeArrays(tokens_per_second=sequences * s / step, mfu=at_peak / (step * devices),
                       provenance=provenance, detail=detail, **seconds)
 
 

@@ -34,6 +34,14 @@ ROTARY_ELEMENTS = 10      # rotate_half (negate, concatenate), two products with
 RESIDUAL_ELEMENTS = 3     # two reads, one write
 GATED_ACT_ELEMENTS = 5    # SiLU (read, write), times up (two reads, one write)
 PLAIN_ACT_ELEMENTS = {"gelu_new": 16, "gelu_fast": 16, "quick_gelu": 8}  # Python-composed GELUs; fused ones: 2
+# Under torch.compile (Strategy.compile) each chain of pointwise ops between matmuls reads its inputs and writes
+# its outputs once: a norm, a rotary embedding 2 elements an element (read, write), a gated activation 3 (gate and
+# up read, the product written), a plain one 2; a layer's two norms and two residual adds 9 elements a hidden
+# element (the first norm 2; the residual add fused with the second norm: both inputs read, the sum and the
+# normed output written, 4; the last residual add 3, the block's end: torchtitan compiles block by block).
+FUSED_NORM_ELEMENTS = 2
+FUSED_ROTARY_ELEMENTS = 2
+FUSED_LAYER_NORMS_AND_RESIDUALS = 9
 # Chunk of the chunked delta-rule kernel (fla, Transformers' torch_chunk_gated_delta_rule).
 LINREC_CHUNK = 64
 
@@ -52,12 +60,16 @@ def _act_elements(info: LayerKind) -> int:
     return PLAIN_ACT_ELEMENTS.get(info.activation, 2)
 
 
+def _fused_act_elements(info: LayerKind) -> int:
+    return 3 if info.gated_mlp else 2
+
+
 def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     """The matmul widths of one layer of *kind*: what analytic_flops and kind_work count."""
     h = spec.hidden_size
     out: Dict[str, Any] = {"matmuls": {}, "score_per_pair": 0.0, "linrec_per_token": 0.0,
                            "query_elements": 0, "kv_elements": 0, "has_attention": True, "experts_per_token": 0,
-                           "elementwise": 0.0, "replicated": 0.0}
+                           "elementwise": 0.0, "replicated": 0.0, "fused_elementwise": 0.0, "fused_replicated": 0.0}
     mm = out["matmuls"]  # part -> list of (in, out, tokens_multiplier)
     info = spec.kind(kind)
     rotary = info.rotary
@@ -79,6 +91,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
         out["linrec_per_token"] = float(hv * (4 * dk * dv + 2 * LINREC_CHUNK * (dk + dv)))
         out["has_attention"] = False
         out["elementwise"] += 4 * value_dim + 2 * (2 * key_dim + 2 * value_dim)  # gating, norm, conv
+        out["fused_elementwise"] += 4 * value_dim + 2 * (2 * key_dim + 2 * value_dim)  # priced as eager
     else:
         heads = spec.num_attention_heads
         if info.latent:
@@ -96,6 +109,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             out["query_elements"] = heads * qk
             out["kv_elements"] = heads * (qk + vdim)
             out["elementwise"] += ROTARY_ELEMENTS * (heads + 1) * rope if rotary else 0
+            out["fused_elementwise"] += FUSED_ROTARY_ELEMENTS * (heads + 1) * rope if rotary else 0
         else:
             d = spec.resolved_head_dim
             kv = spec.num_key_value_heads or heads
@@ -105,8 +119,10 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             out["query_elements"] = heads * d
             out["kv_elements"] = 2 * kv * d
             out["elementwise"] += ROTARY_ELEMENTS * (heads + kv) * d if rotary else 0
+            out["fused_elementwise"] += FUSED_ROTARY_ELEMENTS * (heads + kv) * d if rotary else 0
             if info.qk_norm:
                 out["elementwise"] += NORM_ELEMENTS * (heads + kv) * d
+                out["fused_elementwise"] += FUSED_NORM_ELEMENTS * (heads + kv) * d
     matrices = info.mlp_matrices
     if info.routed:
         width = spec.moe_intermediate_size or spec.intermediate_size
@@ -122,17 +138,21 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
         out["experts_per_token"] = top_k
         act = top_k * width + shared_width
         out["elementwise"] += _act_elements(info) * act + 4 * top_k * h  # activation, (un)permute
+        out["fused_elementwise"] += _fused_act_elements(info) * act + 4 * top_k * h  # copies as eager
     else:
         width = spec.intermediate_size
         if not width:
             raise Unpriced(f"layer kind {kind!r} of {spec.name!r} has a dense MLP but no intermediate_size")
         mm["ffn"] = [(h, width, 1)] * (matrices - 1) + [(width, h, 1)]
         out["elementwise"] += _act_elements(info) * width
+        out["fused_elementwise"] += _fused_act_elements(info) * width
     if info.mtp:
         mm["mtp"] = [(2 * h, h, 1)]
         out["replicated"] += 2 * NORM_ELEMENTS * h
+        out["fused_replicated"] += 2 * FUSED_NORM_ELEMENTS * h
     # two norms and two residual adds over the hidden width
     out["replicated"] += 2 * NORM_ELEMENTS * h + 2 * RESIDUAL_ELEMENTS * h
+    out["fused_replicated"] += FUSED_LAYER_NORMS_AND_RESIDUALS * h
     # activation elements a token the matmuls read and write (their weights aside), by part
     out["matmul_io"] = {part: sum((i + o) * mult for i, o, mult in matmuls) for part, matmuls in mm.items()}
     return out
@@ -221,6 +241,10 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
     else:
         source += "; analytic traffic"
     dense = sum(v for p, v in params.items() if p in TP_PARTS)
+    # the Linear layers torchao's float8 converts: the TP-split parts (attention projections, dense and shared
+    # MLP), their FLOPs and the input and output widths of their matmuls; None where no shapes are known
+    linears = [m for p in TP_PARTS for m in shapes["matmuls"].get(p, ())]
+    shaped = shapes["fused_elementwise"] is not None
     routed_params = sum(v for p, v in params.items() if p in ROUTED_PARTS)
     replicated = sum(params.values()) - dense - routed_params
     return KindWork(
@@ -236,6 +260,11 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         query_elements_per_token=int(shapes["query_elements"]), kv_elements_per_token=int(shapes["kv_elements"]),
         experts_per_token=int(shapes["experts_per_token"] if spec.num_experts else 0),
         has_attention=bool(shapes["has_attention"] and scores > 0),
+        float8_mm_flops_per_token=sum(per_token.get(p, 0.0) for p in TP_PARTS) if shaped else None,
+        float8_input_elements_per_token=float(sum(i * m for i, _, m in linears)) if shaped else None,
+        float8_output_elements_per_token=float(sum(o * m for _, o, m in linears)) if shaped else None,
+        compiled_elementwise_elements_per_token=shapes["fused_elementwise"],
+        compiled_replicated_elements_per_token=shapes["fused_replicated"],
     )
 
 
@@ -282,7 +311,8 @@ def _generic_shapes(spec: ModelSpec) -> Dict[str, Any]:
     kv = spec.num_key_value_heads or heads
     return {"matmuls": {}, "score_per_pair": 0.0, "linrec_per_token": 0.0, "query_elements": heads * d,
             "kv_elements": 2 * kv * d, "has_attention": True, "experts_per_token": spec.num_experts_per_tok or 0,
-            "elementwise": 0.0, "replicated": 0.0, "matmul_io": {}}
+            "elementwise": 0.0, "replicated": 0.0, "matmul_io": {}, "fused_elementwise": None,
+            "fused_replicated": None}
 
 
 

@@ -51,7 +51,7 @@ INT_FLAGS = (
     "max-position-embeddings", "moe-layer-freq", "moe-shared-expert-intermediate-size")
 FLOAT_FLAGS = ("attention-dropout", "hidden-dropout", "rotary-base", "norm-epsilon")
 STR_FLAGS = ("recompute-granularity", "recompute-method", "normalization", "position-embedding-type", "optimizer",
-             "tokenizer-type")
+             "tokenizer-type", "fp8-format", "fp8-recipe")
 LIST_FLAGS = ("cp-comm-type",)
 BOOL_FLAGS = (
     "sequence-parallel", "use-distributed-optimizer", "bf16", "fp16", "swiglu", "group-query-attention",
@@ -60,10 +60,9 @@ BOOL_FLAGS = (
 
 # Flags with a bearing on the cost that are not priced or not read yet: refused by name, with the fix.
 REFUSED: Mapping[str, str] = {
-    "fp8-format": "float8 training is not priced yet; remove --fp8-format and the --fp8-* flags in a copy to "
-                  "price it in bf16",
-    "fp8-recipe": "float8 training is not priced yet; remove the --fp8-* flags in a copy to price it in bf16",
-    "fp8-param-gather": "float8 training is not priced yet; remove the --fp8-* flags in a copy to price it in bf16",
+    "fp8-param-gather": "fp8 primary weights (Transformer Engine's fp8 parameters, gathered in fp8 by the distributed "
+                        "optimizer) are not priced; remove --fp8-param-gather in a copy to price bf16 weights cast "
+                        "to fp8",
     "fp4-format": "fp4 training is not priced yet; remove --fp4-format in a copy to price it in bf16",
     "moe-shared-expert-gate": "a gated shared expert has no Transformers model type ndcost maps; give MODEL and "
                               "remove the flag in a copy",
@@ -110,7 +109,8 @@ IGNORED_PREFIXES = (
     "apply-layernorm-1p", "no-position-embedding", "calculate-per-token-loss", "manual-gc", "use-checkpoint-",
     "dist-ckpt", "auto-detect-ckpt-format",
     "step-batch-size-schedule", "loss-scale", "initial-loss-scale", "min-loss-scale", "hysteresis",
-    "bias-", "no-bias-", "spec", "rerun-", "check-for-nan", "accumulate-allreduce-grads-in-fp32")
+    "bias-", "no-bias-", "spec", "rerun-", "check-for-nan", "accumulate-allreduce-grads-in-fp32",
+    "fp8-amax-", "fp8-margin")  # delayed scaling's settings: refused with --fp8-recipe delayed, unused otherwise
 # Kernel and overlap choices: they bear on the cost, but ndcost prices them from the runtime profile and the
 # time model, not from the flag; reported as such.
 KERNEL_PREFIXES = (
@@ -406,6 +406,7 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
     if tp > 1:
         defaults.append("Megatron-LM splits the vocabulary over tp: vocab_parallel=true")
     fields.update(_precision(v, defaults))
+    fields.update(_float8(v, defaults))
     optimizer = v.text("optimizer", "adam")
     if optimizer not in ("adam", "sgd"):
         raise v.refuse("--optimizer", f"{optimizer!r} is not priced (adam and sgd are)", "price adam: set "
@@ -466,6 +467,31 @@ def _precision(v: _Values, defaults: List[str]) -> Dict[str, Any]:
     grad = "bf16" if bf16 and v.switch("grad-reduce-in-bf16") else "fp32"
     defaults.append(f"--{half}: {half} parameters, {grad} main gradients, fp32 main parameters and optimizer states")
     return {"param_dtype": half, "grad_dtype": grad, "master_dtype": "fp32", "optimizer_dtype": "fp32"}
+
+
+def _float8(v: _Values, defaults: List[str]) -> Dict[str, Any]:
+    """``--fp8-format`` with ``--fp8-recipe tensorwise`` (Transformer Engine's Float8CurrentScaling: per-tensor
+    scales from the tensor's own amax, as torchao's tensorwise dynamic scaling) is ``float8=tensorwise``; TE's
+    other recipes are refused: ``delayed`` (the default) scales from an amax history, ``mxfp8`` and ``blockwise``
+    scale blocks. e4m3 and hybrid (e5m2 gradients) move the same bytes."""
+    form = v.text("fp8-format")
+    recipe = v.text("fp8-recipe", "delayed")
+    if form is None:
+        if v.present("fp8-recipe"):
+            defaults.append("--fp8-recipe without --fp8-format: float8 off (Megatron-LM's args.fp8 is None)")
+        return {}
+    if form not in ("e4m3", "hybrid"):
+        raise v.refuse("--fp8-format", f"expected e4m3 or hybrid, got {form!r}", "give --fp8-format hybrid")
+    if recipe == "delayed":
+        raise v.refuse("--fp8-recipe", "delayed scaling (the default) scales from an amax history of "
+                       "--fp8-amax-history-len steps, which ndcost's float8 (dynamic scaling) does not price",
+                       "give --fp8-recipe tensorwise (current scaling) in a copy")
+    if recipe != "tensorwise":
+        raise v.refuse("--fp8-recipe", f"{recipe!r} (block-scaled) is not priced", "give --fp8-recipe tensorwise "
+                       "in a copy")
+    defaults.append(f"--fp8-format {form} --fp8-recipe tensorwise: Transformer Engine's current scaling, priced as "
+                    "float8=tensorwise (the layers' linears in fp8, the head and router at the compute dtype)")
+    return {"float8": "tensorwise"}
 
 
 def _model(v: _Values, tp: int) -> Tuple[Optional[Dict[str, Any]], List[str]]:
@@ -607,12 +633,16 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
         raise _refuse_write("recompute_layers", s.recompute_layers, "Megatron-LM counts recomputed layers only "
                             "with recompute=full")
     for name in ("pp_layers", "offload_params", "offload_activations", "moe_imbalance", "allocator_overhead",
-                 "reshard_after_forward", "shard_mesh"):  # the distributed optimizer shards over dp * cp: dp_cp
+                 "reshard_after_forward", "shard_mesh", "float8_all_gather", "compile", "async_tp"):
+        # the distributed optimizer shards over dp * cp: dp_cp; Megatron-LM runs no torch.compile nor FSDP2
         default = Strategy().to_dict()[name]
         if getattr(s, name) != default:
             raise _refuse_write(name, getattr(s, name), "no Megatron-LM flag says this (leave it at its default)")
     if s.optimizer not in ("adamw", "sgd"):
         raise _refuse_write("optimizer", s.optimizer, "Megatron-LM's --optimizer is written for adamw or sgd")
+    if s.float8 not in ("none", "tensorwise"):
+        raise _refuse_write("float8", s.float8, "Transformer Engine's recipes under Megatron-LM price as "
+                            "tensorwise only (--fp8-recipe tensorwise)")
     dtypes = (s.param_dtype, s.compute_dtype, s.grad_dtype, s.optimizer_dtype, s.master_dtype)
     if dtypes not in _MEGATRON_DTYPES:
         raise _refuse_write("param_dtype", s.param_dtype, "Megatron-LM's precisions are --bf16 or --fp16 "
@@ -648,6 +678,8 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
         flags.append("--optimizer sgd")
     if s.offload_optimizer:
         flags.append("--optimizer-cpu-offload")
+    if s.float8 == "tensorwise":
+        flags.append("--fp8-format hybrid --fp8-recipe tensorwise")
     return flags
 
 

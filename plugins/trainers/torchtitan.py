@@ -33,9 +33,18 @@ the last commit with TOML job files; older files' ``[training] compile`` and
   parameters, gradients and optimizer states in ``training.dtype`` (fp32
   by default), computed in ``mixed_precision_param``; no master copy.
 
-Refused by name (not priced yet): torch.compile, float8/MX converters, async
-TP, the memory-budget checkpointing mode, the all-to-all CP rotation, the
-zero-bubble and looped-BFS schedules, TorchFT.
+- Float8: the ``float8`` converter (``[model] converters``, or 2024's
+  ``[float8] enable_float8_linear``) with its ``recipe_name`` (unset:
+  tensorwise) and ``enable_fsdp_float8_all_gather`` (``[quantize.linear.float8]``
+  at 238fa99, ``[float8]`` before) as ``float8`` and ``float8_all_gather``;
+  ``[compile] enable`` with ``"model"`` among its components (or the older
+  ``[training] compile``) as ``compile``; ``enable_async_tensor_parallel`` with
+  TP as ``async_tp``.
+
+Refused by name (not priced yet): MX and grouped-GEMM float8 converters,
+float8 emulation and ``rowwise_with_gw_hp``, the memory-budget checkpointing
+mode, the all-to-all CP rotation, the zero-bubble and looped-BFS schedules,
+TorchFT.
 """
 from __future__ import annotations
 
@@ -90,10 +99,17 @@ _READ = {
                     "module_fqns_per_model_part", "context_parallel_degree", "context_parallel_rotate_method",
                     "expert_parallel_degree", "expert_tensor_parallel_degree", "fsdp_reshard_after_forward"),
     "activation_checkpoint": ("mode", "selective_ac_option"),
-    "compile": ("enable",),
+    "compile": ("enable", "components", "backend"),
     "fault_tolerance": ("enable",),
-    "float8": ("enable_float8_linear",),  # torchtitan before [model] converters (2024)
+    # torchtitan of 2024 switched Float8 on here; of 2025 ([model] converters = ["float8"]) set it here; at 238fa99
+    # it is [quantize.linear.float8] (components/quantization/float8.py, config/job_config.py Float8Linear)
+    "float8": ("enable_float8_linear", "recipe_name", "enable_fsdp_float8_all_gather",
+               "precompute_float8_dynamic_scale_for_fsdp", "filter_fqns", "emulate", "moe_fqns"),
 }
+# the Float8Linear converter's names: [model] converters = ["float8"] (2025), "quantize.linear.float8" (238fa99)
+FLOAT8_CONVERTERS = ("float8", "quantize.linear.float8")
+# filter_fqns ndcost prices: the head and the MoE router stay at the compute dtype under ndcost's float8
+_FLOAT8_KEPT = ("output", "router.gate")
 # older files keep pipeline and context parallelism under [experimental]
 _EXPERIMENTAL = ("pipeline_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
                  "context_parallel_degree")
@@ -107,9 +123,12 @@ class _File:
         self.read: List[str] = []
 
     def section(self, name: str) -> Dict[str, Any]:
-        value = self.data.get(name, {})
-        if not isinstance(value, dict):
-            raise self.error(f"[{name}]", f"{value!r} is not a table", f"write it as a [{name}] section")
+        """The table *name*; a dotted name (``quantize.linear.float8``) is a nested table."""
+        value: Any = self.data
+        for part in name.split("."):
+            value = value.get(part, {}) if isinstance(value, dict) else value
+            if not isinstance(value, dict):
+                raise self.error(f"[{name}]", f"{value!r} is not a table", f"write it as a [{name}] section")
         return value
 
     def get(self, section: str, key: str, default: Any = None) -> Any:
@@ -117,7 +136,8 @@ class _File:
         if key not in table and section == "parallelism" and key in _EXPERIMENTAL:
             section, table = "experimental", self.section("experimental")
         if key in table:
-            self.read.append(f"[{section}] {key}")
+            top, _, rest = section.partition(".")  # named as ignored() names a nested table's leaves
+            self.read.append(f"[{top}] {rest + '.' if rest else ''}{key}")
             return table[key]
         return default
 
@@ -182,24 +202,10 @@ def _model(f: _File, model: Any) -> Tuple[Any, int]:
 def _refusals(f: _File) -> None:
     """Refuse, in one line, every setting the file turns on that ndcost does not price yet."""
     found = []
-    converters = f.get("model", "converters", [])
-    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
-        raise f.error("[model] converters", f"{converters!r} is not a list of names", 'give e.g. ["float8"]')
-    if converters:
-        found.append((f"[model] converters = {converters}", "float8/MX training",
-                      "remove the converters"))
-    if boolean(KIND, f.path, "[float8] enable_float8_linear", f.get("float8", "enable_float8_linear", False)):
-        found.append(("[float8] enable_float8_linear = true", "float8/MX training",
-                      "set enable_float8_linear = false"))
-    compile_on = f.get("compile", "enable", False)
-    if boolean(KIND, f.path, "[compile] enable", compile_on):
-        found.append(("[compile] enable = true", "torch.compile", "set [compile] enable = false"))
-    if boolean(KIND, f.path, "[training] compile", f.get("training", "compile", False)):
-        found.append(("[training] compile = true", "torch.compile", "set [training] compile = false"))
-    if boolean(KIND, f.path, "[parallelism] enable_async_tensor_parallel",
-               f.get("parallelism", "enable_async_tensor_parallel", False)):
-        found.append(("[parallelism] enable_async_tensor_parallel = true", "async TP",
-                      "set enable_async_tensor_parallel = false"))
+    other = [c for c in _converters(f) if c not in FLOAT8_CONVERTERS]
+    if other:
+        found.append((f"[model] converters = {other}", "MX and grouped-GEMM float8 training",
+                      f"keep only {' or '.join(map(repr, FLOAT8_CONVERTERS))} among the converters"))
     if boolean(KIND, f.path, "[fault_tolerance] enable", f.get("fault_tolerance", "enable", False)):
         found.append(("[fault_tolerance] enable = true", "TorchFT", "set [fault_tolerance] enable = false"))
     if found:
@@ -207,6 +213,71 @@ def _refusals(f: _File) -> None:
         what = ", ".join(dict.fromkeys(what for _, what, _ in found))
         fixes = " and ".join(fix for _, _, fix in found)
         raise f.error(fields, f"{what} not priced yet", f"{fixes} in a copy to price it eagerly in bf16/fp32")
+
+
+def _converters(f: _File) -> List[str]:
+    converters = f.get("model", "converters", [])
+    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
+        raise f.error("[model] converters", f"{converters!r} is not a list of names", 'give e.g. ["float8"]')
+    return converters
+
+
+def _low_precision(f: _File, p: Dict[str, int]) -> Tuple[Dict[str, Any], List[str]]:
+    """Float8 (torchao's Float8Linear through the converter), torch.compile and async TP as strategy fields."""
+    fields: Dict[str, Any] = {}
+    notes: List[str] = []
+    legacy = boolean(KIND, f.path, "[float8] enable_float8_linear", f.get("float8", "enable_float8_linear", False))
+    if legacy or set(_converters(f)) & set(FLOAT8_CONVERTERS):
+        table = "quantize.linear.float8" if f.section("quantize.linear.float8") else "float8"
+        for key, why in (("emulate", "emulation runs no fp8 GEMM"),
+                         ("moe_fqns", "float8 grouped GEMMs of the routed experts are not priced")):
+            if f.get(table, key, False):
+                raise f.error(f"[{table}] {key}", why, f"remove {key} in a copy")
+        recipe = f.get(table, "recipe_name")
+        if recipe not in (None, "tensorwise", "rowwise"):
+            raise f.error(f"[{table}] recipe_name", f"{recipe!r} is not priced (rowwise_with_gw_hp keeps the weight "
+                          "gradient's GEMM in high precision)", 'give "tensorwise" or "rowwise", or leave it unset')
+        gather = boolean(KIND, f.path, f"[{table}] enable_fsdp_float8_all_gather",
+                         f.get(table, "enable_fsdp_float8_all_gather", False))
+        if gather and recipe is not None:
+            raise f.error(f"[{table}] enable_fsdp_float8_all_gather", "torchtitan asserts it away with a "
+                          "recipe_name", "leave recipe_name unset (tensorwise) or set the all-gather to false")
+        fields["float8"] = recipe or "tensorwise"
+        if recipe is None:
+            notes.append("Float8 without recipe_name: tensorwise dynamic scaling (torchtitan's default config)")
+        if gather and p["shard"] > 1:  # torchtitan: enable_fsdp_float8_all_gather and dp_shard_enabled
+            fields["float8_all_gather"] = True
+        elif gather:
+            notes.append("enable_fsdp_float8_all_gather without data_parallel_shard_degree > 1: torchtitan turns "
+                         "it off")
+        f.get(table, "precompute_float8_dynamic_scale_for_fsdp")  # the scales' one all-reduce: not priced
+        filtered = [] if legacy else f.get(table, "filter_fqns", [])
+        if not isinstance(filtered, list) or any(fqn not in _FLOAT8_KEPT for fqn in filtered):
+            raise f.error(f"[{table}] filter_fqns", f"{filtered!r}: ndcost's float8 converts every attention and "
+                          f"MLP linear and keeps {' and '.join(_FLOAT8_KEPT)} at the compute dtype",
+                          f"give a list of {', '.join(map(repr, _FLOAT8_KEPT))} in a copy")
+        if "output" not in filtered and not legacy:
+            notes.append("filter_fqns leaves the output head to Float8; ndcost prices the head at compute_dtype")
+    backend = f.get("compile", "backend", "inductor")
+    compiled = boolean(KIND, f.path, "[compile] enable", f.get("compile", "enable", False))
+    components = f.get("compile", "components", ["model", "loss"])
+    if not isinstance(components, list) or not all(isinstance(c, str) for c in components):
+        raise f.error("[compile] components", f"{components!r} is not a list of names", 'give ["model", "loss"]')
+    if compiled and backend != "inductor":
+        raise f.error("[compile] backend", f"{backend!r}: ndcost's compile prices inductor's fusion",
+                      'give "inductor"')
+    if compiled and "model" not in components:
+        notes.append(f"[compile] components = {components}: the loss compiled alone is priced eagerly")
+    old = boolean(KIND, f.path, "[training] compile", f.get("training", "compile", False))
+    if (compiled and "model" in components) or old:
+        fields["compile"] = True
+    if boolean(KIND, f.path, "[parallelism] enable_async_tensor_parallel",
+               f.get("parallelism", "enable_async_tensor_parallel", False)) and p["tp"] > 1:
+        if not fields.get("compile"):
+            raise f.error("[parallelism] enable_async_tensor_parallel", "torchtitan refuses async TP without "
+                          "compiling the model", "set [compile] enable = true (components with \"model\")")
+        fields["async_tp"] = True
+    return fields, notes
 
 
 def _degrees(f: _File, devices: Optional[int]) -> Dict[str, int]:
@@ -444,6 +515,9 @@ def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConf
     fields.update(recompute)
     defaults += notes
     fields.update(_precision(f))
+    low, notes = _low_precision(f, p)
+    fields.update(low)
+    defaults += notes
     policy = f.get("parallelism", "fsdp_reshard_after_forward", "default")
     if policy not in ("default", "always", "never"):
         raise f.error("[parallelism] fsdp_reshard_after_forward", f"{policy!r} is not a policy",
@@ -494,7 +568,10 @@ def write(strategy: Strategy, *, model: Any, global_batch: Optional[int]) -> str
     dp_degree = s.dp * s.fsdp
     lines = ["# written by ndcost (search --emit torchtitan): the parallel layout, batch, checkpointing and",
              "# precision of one strategy; the rest of a job (dataset, optimizer settings, checkpoints) is",
-             "# torchtitan's defaults", "", "[model]", f'name = "{name}"', f'flavor = "{flavor}"', "",
+             "# torchtitan's defaults", "", "[model]", f'name = "{name}"', f'flavor = "{flavor}"']
+    if s.float8 != "none":
+        lines.append('converters = ["quantize.linear.float8"]')
+    lines += ["",
              "[optimizer]", f'name = "{_OPTIMIZER_NAMES[s.optimizer]}"', "", "[training]"]
     parallel = [f"data_parallel_replicate_degree = {s.dp}", f"data_parallel_shard_degree = {s.fsdp}",
                 f"tensor_parallel_degree = {s.tp}", f"context_parallel_degree = {s.cp}",
@@ -502,6 +579,7 @@ def write(strategy: Strategy, *, model: Any, global_batch: Optional[int]) -> str
                 f"expert_tensor_parallel_degree = {s.etp}"]
     if s.tp > 1:
         parallel.append(f"disable_loss_parallel = {'false' if s.vocab_parallel else 'true'}")
+        parallel.append(f"enable_async_tensor_parallel = {'true' if s.async_tp else 'false'}")
     if s.pp > 1:
         local = s.micro_batch * s.num_micro_batches  # one schedule a step: no gradient accumulation
         split = s.pp_layers or _even(layers, s.pp * s.vpp)
@@ -536,7 +614,11 @@ def write(strategy: Strategy, *, model: Any, global_batch: Optional[int]) -> str
         lines += ['mode = "selective"', f'selective_ac_option = "{_period(layers, s.recompute_layers)}"']
     else:
         lines.append(f'mode = "{s.recompute}"')
-    lines += ["", "[compile]", "enable = false", ""]
+    lines += ["", "[compile]", f"enable = {'true' if s.compile else 'false'}", 'components = ["model", "loss"]', ""]
+    if s.float8 != "none":
+        lines += ["[quantize.linear.float8]"] + ([] if s.float8 == "tensorwise" else [f'recipe_name = "{s.float8}"'])
+        lines += [f"enable_fsdp_float8_all_gather = {'true' if s.float8_all_gather else 'false'}",
+                  'filter_fqns = ["output", "router.gate"]', ""]
     return "\n".join(lines)
 
 
@@ -595,6 +677,9 @@ def _check_writable(s: Strategy) -> None:
         (s.offload_params != s.offload_optimizer, "offload_params without offload_optimizer (or the reverse)",
          "FSDP2's CPUOffloadPolicy offloads both"),
         (s.offload_activations, "offload_activations=true", "torchtitan's job has no activation offload"),
+        (s.float8_all_gather and s.fsdp == 1, "float8_all_gather=true with fsdp=1",
+         "torchtitan gathers fp8 only with data_parallel_shard_degree > 1"),
+        (s.async_tp and s.tp == 1, "async_tp=true with tp=1", "torchtitan's async TP needs TP"),
         (s.moe_imbalance != default.moe_imbalance or s.allocator_overhead != default.allocator_overhead,
          "moe_imbalance or allocator_overhead", "they are ndcost's assumptions, not torchtitan settings"),
     ]

@@ -1,0 +1,233 @@
+"""Float8 linears, torch.compile and async TP (Strategy.float8, float8_all_gather, compile, async_tp), by hand.
+
+Every expected figure is derived here from a Llama-3-8B layer's shapes (hidden 4096, 32 query and 8 key-value
+heads of 128, MLP 14336, SwiGLU) and the hardware file's peaks and efficiencies, not read off the code under test:
+torchao's Float8Linear (torchao/float8/float8_linear.py, matmul_with_hp_or_float8_args) casts a linear's input and
+weight in the forward and its output gradient twice, its weight and its saved input in the backward, each cast an
+amax read and a read and fp8 write (2 w + 1 bytes an element at the compute width w).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ndcost
+from ndcost.compose import time as ct
+from ndcost.errors import InvalidValue
+from ndcost.layer import LayerKind
+from ndcost.plugins.estimators import flops as analytic
+from ndcost.values import LayerGroup, ModelSpec, Strategy
+
+H, Q, KV, D, FFN = 4096, 32, 8, 128, 14336
+# a token's FLOPs through the Linear layers: q and o (H x 4096), k and v (H x 1024), gate, up and down (H x FFN)
+LINEAR_FLOPS = 2 * (2 * H * Q * D + 2 * H * KV * D) + 2 * 3 * H * FFN
+LINEAR_WEIGHTS = 2 * H * Q * D + 2 * H * KV * D + 3 * H * FFN
+INPUTS = 3 * H + Q * D + 2 * H + FFN          # q, k, v read H; o reads 4096; gate and up read H; down reads FFN
+OUTPUTS = Q * D + 2 * KV * D + H + 2 * FFN + H  # q 4096, k and v 1024, o H; gate and up FFN; down H
+SCORE_FLOPS_PER_PAIR = 4 * Q * D               # Q K^T and P V, 2 FLOPs a multiply-add
+
+
+def llama_spec(layers=32):
+    return ModelSpec(name="llama-3-8b", model_type="llama", family="llama", hidden_size=H, vocab_size=128256,
+                     layers=(LayerGroup(kind="dense", count=layers),), num_attention_heads=Q,
+                     num_key_value_heads=KV, head_dim=D, intermediate_size=FFN,
+                     kind_specs={"dense": LayerKind(attention="gqa", mlp="dense")}, attention_bias=False,
+                     mlp_bias=False)
+
+
+@pytest.fixture(scope="module")
+def h100(registry):
+    return registry.get("hardware/h100")
+
+
+@pytest.fixture(scope="module")
+def work():
+    return analytic.model_work(llama_spec(), 4096)
+
+
+def _layer(work, hardware, text):
+    cols = ct.strategy_columns([Strategy.parse(text)])
+    return {k: float(np.asarray(v)[0, 0]) for k, v in ct.layer_seconds(work, cols, hardware).items()}
+
+
+def test_the_shapes_are_the_layers():
+    assert LINEAR_WEIGHTS == 218_103_808  # Llama-3-8B: 6.98 B parameters in 32 layers' linears
+    w = analytic.kind_work(llama_spec(1), "dense", 4096)
+    assert w.float8_mm_flops_per_token == LINEAR_FLOPS
+    assert w.float8_input_elements_per_token == INPUTS and w.float8_output_elements_per_token == OUTPUTS
+    assert w.dense_parameters == LINEAR_WEIGHTS
+
+
+def test_float8_forward_matmuls_at_the_fp8_peak_and_the_scores_at_bf16(h100, work):
+    """forward matmul seconds = linears' FLOPs / (fp8 peak x matmul efficiency); the attention kernel's stay at
+    the bf16 peak x attention efficiency."""
+    seq = 4096
+    tokens = seq  # one sequence, tp 1, cp 1
+    fp8, bf16 = 1978.9e12, 989.4e12  # specs/hardware/h100.yaml
+    eff_mm, eff_att = 0.75, 0.60
+    base = f"seq={seq},param_dtype=bf16"
+    plain, low = _layer(work, h100, base), _layer(work, h100, base + ",float8=tensorwise")
+    assert plain["matmul_forward"] == pytest.approx(LINEAR_FLOPS * tokens / (bf16 * eff_mm), rel=1e-12)
+    assert low["matmul_forward"] == pytest.approx(LINEAR_FLOPS * tokens / (fp8 * eff_mm), rel=1e-12)
+    pairs = seq * (seq + 1) / 2
+    expected_scores = SCORE_FLOPS_PER_PAIR * pairs / (bf16 * eff_att)
+    assert low["scores_forward"] == pytest.approx(expected_scores, rel=1e-12) == plain["scores_forward"]
+    # the backward's matmuls: twice the forward's FLOPs at the backward efficiency
+    assert low["matmul_backward"] == pytest.approx(2 * LINEAR_FLOPS * tokens / (fp8 * 0.70), rel=1e-12)
+
+
+def test_float8_casts_move_2w_plus_1_bytes_an_element(h100, work):
+    """The forward adds the input's and the weight's casts, the backward two of the output gradient, the weight
+    and the input again: (2 * 2 + 1) bytes an element at bf16, over HBM at the memory efficiency."""
+    seq, hbm, eff = 4096, 3.35e12, 0.70
+    base = f"seq={seq},param_dtype=bf16"
+    plain, low = _layer(work, h100, base), _layer(work, h100, base + ",float8=tensorwise")
+    cast_fwd = 5 * (INPUTS * seq + LINEAR_WEIGHTS)
+    cast_bwd = 5 * (2 * OUTPUTS * seq + INPUTS * seq + LINEAR_WEIGHTS)
+    assert low["forward"] - plain["forward"] == pytest.approx(
+        low["matmul_forward"] - plain["matmul_forward"] + cast_fwd / (hbm * eff), rel=1e-9)
+    assert low["backward"] - plain["backward"] == pytest.approx(
+        low["matmul_backward"] - plain["matmul_backward"] + cast_bwd / (hbm * eff), rel=1e-9)
+    # the two recipes are priced alike
+    assert _layer(work, h100, base + ",float8=rowwise") == low
+
+
+def test_float8_all_gather_casts_the_shard_before_each_gather(h100, work):
+    """Under FSDP2's fp8 all-gather the weight is cast on the shard (1/8 of it at fsdp=8), once for the forward's
+    gather and once for the backward's; the matmuls cast no weight."""
+    seq, hbm, eff = 4096, 3.35e12, 0.70
+    base = f"fsdp=8,seq={seq},param_dtype=bf16,float8=tensorwise"
+    whole, gathered = _layer(work, h100, base), _layer(work, h100, base + ",float8_all_gather=true")
+    saved = 5 * LINEAR_WEIGHTS * (1 - 1 / 8)
+    assert whole["forward"] - gathered["forward"] == pytest.approx(saved / (hbm * eff), rel=1e-9)
+    assert whole["backward"] - gathered["backward"] == pytest.approx(saved / (hbm * eff), rel=1e-9)
+
+
+def test_float8_all_gather_halves_the_gathered_linears(registry):
+    """bf16 parameters gathered as fp8: the linears' 218,103,808 elements of a layer move and are held at one
+    byte, not two (norms at two). FSDP2 holds two layers gathered in the backward (the layer and the prefetched
+    one), all 32 under reshard_after_forward=false."""
+    model = ndcost.resolve("llama-3.1-8b", hardware="h100", census="off")
+    for extra, layers in (("", 2), (",reshard_after_forward=false", 32)):
+        text = "fsdp=8,seq=512,param_dtype=bf16,float8=tensorwise" + extra
+        plain, fp8 = model.evaluate(text), model.evaluate(text + ",float8_all_gather=true")
+        saved = (plain.stages[0].bytes_by_category["communication"]
+                 - fp8.stages[0].bytes_by_category["communication"])
+        assert saved == layers * LINEAR_WEIGHTS * (2 - 1)
+
+
+def test_float8_all_gather_gathers_one_byte_an_element(h100, work):
+    """The FSDP all-gather's bytes: (linears x 1 + the rest x 2) beside all x 2, through the same collective."""
+    coll = ct._collectives()
+    cols = ct.strategy_columns([Strategy.parse("fsdp=8,seq=512,param_dtype=bf16,float8=tensorwise,"
+                                               "float8_all_gather=true")])
+    rows = ct._rows(cols, h100)
+    from ndcost.compose import sharding
+    shard = sharding.sharding(cols)
+    layers = np.array([[[32.0]]])
+    dense = np.array([[32.0 * (LINEAR_WEIGHTS + 2 * H)]])  # 32 layers' linears and their two norms (no ends)
+    eff = ct.efficiencies(h100)[0]
+    fp8 = ct._fp8_gathered(work, cols, shard, layers, rows)
+    assert fp8[0, 0] == 32 * LINEAR_WEIGHTS
+    priced = ct._data_parallel(rows, shard, dense, np.zeros((1, 1)), h100, eff, coll, fp8)["fsdp_gather"]
+    # the same gather of bf16 parameters moving as many bytes: 32 (linears / 2 + norms) elements at 2 bytes
+    same_bytes = np.array([[32.0 * (LINEAR_WEIGHTS / 2 + 2 * H)]])
+    expected = ct._data_parallel(rows, shard, same_bytes, np.zeros((1, 1)), h100, eff, coll)["fsdp_gather"]
+    assert priced[0, 0] == pytest.approx(float(expected[0, 0]), rel=1e-12)
+    plain = ct._data_parallel(rows, shard, dense, np.zeros((1, 1)), h100, eff, coll)["fsdp_gather"]
+    assert plain[0, 0] > priced[0, 0]
+
+
+def test_compile_fuses_each_pointwise_chain(h100, work):
+    """Eager Llama layer: two RMSNorms of 18 elements an element, two residual adds of 3, rotary on q and k of
+    10, SwiGLU of 5; compiled: the norms and adds 9 a hidden element, rotary 2, SwiGLU 3."""
+    seq, hbm, eff = 4096, 3.35e12, 0.70
+    eager_elements = (2 * 18 + 2 * 3) * H + 10 * (Q + KV) * D + 5 * FFN
+    fused_elements = 9 * H + 2 * (Q + KV) * D + 3 * FFN
+    base = f"seq={seq},param_dtype=bf16"
+    plain, compiled = _layer(work, h100, base), _layer(work, h100, base + ",compile=true")
+    saved = 2 * seq * (eager_elements - fused_elements)  # bf16 bytes
+    assert plain["forward"] - compiled["forward"] == pytest.approx(saved / (hbm * eff), rel=1e-9)
+    assert plain["backward"] - compiled["backward"] == pytest.approx(2 * saved / (hbm * eff), rel=1e-9)
+    assert compiled["matmul_forward"] == plain["matmul_forward"]
+
+
+def test_async_tp_exposes_what_the_matmuls_do_not_hide(h100, work):
+    """exposed TP a pass = max(0, TP collectives - the layer's matmuls of that pass); without async TP all of it."""
+    for text in ("tp=8,sp=true,seq=8192,compile=true", "tp=8,sp=true,seq=256,compile=true"):
+        cols = ct.strategy_columns([Strategy.parse(text)])
+        sync = ct.strategy_columns([Strategy.parse(text + ",async_tp=true")])
+        rows = ct._rows(cols, h100)
+        eff = ct.efficiencies(h100)[0]
+        layer = ct.layer_seconds(work, sync, h100, eff, rows)
+        coll = ct._collectives()
+        overlaps = np.zeros(1, dtype=bool)
+        plain = ct._layer_communication(work, rows, cols, layer, overlaps, h100, eff, coll)
+        hidden = ct._layer_communication(work, ct._rows(sync, h100), sync, layer, overlaps, h100, eff, coll)
+        tp_comm = plain["exposed_fwd"][0, 0]  # no CP, no EP: the exposed is the TP collectives
+        assert plain["comm_fwd"][0, 0] == tp_comm == hidden["comm_fwd"][0, 0]
+        assert hidden["exposed_fwd"][0, 0] == pytest.approx(max(0.0, tp_comm - layer["matmul_forward"][0, 0]))
+        assert hidden["exposed_bwd"][0, 0] == pytest.approx(max(0.0, tp_comm - layer["matmul_backward"][0, 0]))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("tp=2,sp=true,async_tp=true,seq=8", "async_tp=true needs compile=true"),
+    ("tp=2,compile=true,async_tp=true,seq=8", "async_tp=true needs sp=true"),
+    ("fsdp=8,float8=rowwise,float8_all_gather=true,seq=8", "float8_all_gather=true needs float8=tensorwise"),
+    ("float8=tensorwise,compute_dtype=fp8,seq=8", "float8 with compute_dtype=fp8"),
+    ("float8=fp8,seq=8", "Strategy.float8: 'fp8' is not allowed; allowed: none, tensorwise, rowwise"),
+])
+def test_combinations_no_run_makes_are_refused(text, message):
+    with pytest.raises(InvalidValue, match=message):
+        Strategy.parse(text)
+    # the column codec says the same of the same row
+    from ndcost import columns
+    fields = dict(item.split("=") for item in text.split(","))
+    batch = columns.encode({k: [v] for k, v in fields.items()}, ct.registry_names())
+    assert message in batch.reason_array()[0]
+
+
+def test_float8_on_hardware_without_an_fp8_peak_is_refused_naming_it():
+    model = ndcost.resolve("llama-3.1-8b", hardware="a100", census="off")
+    result = model.evaluate_many(["fsdp=8,seq=4096,float8=tensorwise", "fsdp=8,seq=4096"])
+    assert not result.valid[0] and result.valid[1]
+    assert "hardware 'a100' states no fp8 peak" in result.reason[0] and "use float8=none" in result.reason[0]
+
+
+def test_evaluate_is_evaluate_many_with_the_new_fields():
+    model = ndcost.resolve("llama-3.1-8b", hardware="h100", census="off")
+    texts = ["fsdp=8,seq=4096,float8=tensorwise,float8_all_gather=true,compile=true",
+             "fsdp=4,tp=2,sp=true,seq=4096,compile=true,async_tp=true,float8=rowwise", "fsdp=8,seq=4096"]
+    many = model.evaluate_many(texts)
+    for i, text in enumerate(texts):
+        one = model.evaluate(text)
+        assert one.peak_bytes == int(many.peak_bytes[i])
+        assert one.time.step_seconds == pytest.approx(float(many.time["step_seconds"][i]), rel=1e-12)
+
+
+def test_an_estimator_stating_no_float8_or_compiled_figures_leaves_them_unpriced(h100, work):
+    """A KindWork from an estimator that predates the fields (None) prices neither float8 nor compile."""
+    import attrs
+
+    from ndcost.errors import Unpriced
+    old = attrs.evolve(work, work={"dense": attrs.evolve(
+        work.work["dense"], float8_mm_flops_per_token=None, compiled_elementwise_elements_per_token=None)})
+    ct.step_time(old, [Strategy.parse("fsdp=8,seq=4096")], h100)  # the eager bf16 step still prices
+    with pytest.raises(Unpriced, match="float8=tensorwise/rowwise: the FLOPs estimator of layer kind"):
+        ct.step_time(old, [Strategy.parse("fsdp=8,seq=4096,float8=tensorwise")], h100)
+    with pytest.raises(Unpriced, match="states no compiled_elementwise_elements_per_token"):
+        ct.step_time(old, [Strategy.parse("fsdp=8,seq=4096,compile=true")], h100)
+
+
+def test_mfu_counts_the_float8_linears_against_the_fp8_peak(h100, work):
+    """MFU = time the model's FLOPs take at their peaks / (step x devices): under float8 the 32 layers'
+    Linear FLOPs (three passes) at the fp8 peak, the rest at bf16's; it stays in (0, 1] where the GEMMs run
+    faster than the bf16 peak."""
+    seq, fp8, bf16 = 4096, 1978.9e12, 989.4e12
+    priced = ct.step_time(work, [Strategy.parse(f"seq={seq},micro_batch=2,param_dtype=bf16,float8=tensorwise")],
+                          h100)
+    model_flops = 3 * float(work.forward_flops_per_sequence(seq)) * 2
+    linears = 3 * 32 * LINEAR_FLOPS * seq * 2
+    expected = ((model_flops - linears) / bf16 + linears / fp8) / float(priced.step_seconds[0])
+    assert float(priced.mfu[0]) == pytest.approx(expected, rel=1e-12)
+    assert 0 < float(priced.mfu[0]) <= 1
