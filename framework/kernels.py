@@ -98,7 +98,7 @@ def _fractions(owner: str, key: str, value: Any, shape: Tuple[int, ...]) -> np.n
     bad = ~(np.isfinite(array) & (array > 0) & (array <= 1))
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise InvalidValue(f"{owner}: kernel_tables.{key}{list(where)} = {array[where]!r} is outside (0, 1] "
+        raise InvalidValue(f"{owner}: kernel_tables.{key}{list(where)} = {float(array[where])!r} is outside (0, 1] "
                            f"(achieved over peak)")
     array.setflags(write=False)
     return array
