@@ -280,33 +280,42 @@ def _matmul_inverse_efficiency(model: ModelWork, rows: "_Rows", cols: Mapping[st
     ``efficiency.matmul`` (``matmul_backward``).
     """
     k = _kind_arrays(model)
+    codes = np.asarray(cols["compute_dtype"], dtype=np.int64)
+    # the shapes depend on these alone: priced once for each distinct row (a search repeats them)
+    key = np.zeros(len(codes), dtype=np.int64)
+    for column in (rows.tokens, rows.tp, rows.ep, rows.etp, rows.imbalance, codes):  # one code a row, mixed radix
+        found, at = distinct(column)
+        key = key * len(found) + at
+        if len(found) > 1 and int(key.max()) > 1 << 40:  # kept compact, far from overflowing
+            key = distinct(key)[1]
+    keys, inverse = distinct(key)
+    first = np.zeros(len(keys), dtype=np.int64)
+    first[inverse[::-1]] = np.arange(len(key))[::-1]  # a row of each distinct key
+    distinct_rows = np.stack([rows.tokens, rows.tp, rows.ep, rows.etp, rows.imbalance, codes], axis=1)[first]
+    tokens, tp, ep, etp, imbalance = (distinct_rows[:, i, None, None] for i in range(5))
     tables = _kernel_tables(hardware)
     routed = k["gemm_routed"][None]
-    tokens, ep = rows.tokens[:, None, None], rows.ep[:, None, None]
-    m = np.maximum(1.0, np.where(routed, tokens * k["gemm_tokens"] * ep * rows.imbalance[:, None, None]
-                                 / k["gemm_experts"], tokens))
-    ways = np.where(routed, rows.etp[:, None, None], rows.tp[:, None, None])
+    m = np.maximum(1.0, np.where(routed, tokens * k["gemm_tokens"] * ep * imbalance / k["gemm_experts"], tokens))
+    ways = np.where(routed, etp, tp)
     split = k["gemm_split"][None]
     n = k["gemm_out"] / np.where(split == GEMM_SPLITS.index("column"), ways, 1.0)
     kk = k["gemm_in"] / np.where(split == GEMM_SPLITS.index("row"), ways, 1.0)
     groups = np.where(routed, np.maximum(1.0, k["gemm_experts"] / ep), 1.0)
+    m, n, kk, groups = np.broadcast_arrays(m, n, kk, groups)
     inverse_f, inverse_b = np.empty(m.shape), np.empty(m.shape)
-    codes = np.asarray(cols["compute_dtype"], dtype=np.int64)
-    for code in np.unique(codes).tolist():  # a loop over the compute dtypes a batch uses
-        at = slice(None) if len(codes) and codes[0] == code and (codes == code).all() else codes == code
-        dtype = DTYPE_NAMES[code]
+    dtype_codes = distinct_rows[:, 5].astype(np.int64)
+    for code in np.unique(dtype_codes).tolist():  # a loop over the compute dtypes a batch uses
+        at = dtype_codes == code
 
-        def efficiency(mm, nn, kd, key, at=at, dtype=dtype):
+        def efficiency(mm, nn, kd, key, at=at, dtype=DTYPE_NAMES[code]):
             return kernels.gemm_efficiency(hardware, tables, dtype, mm[at], nn[at], kd[at], stated=eff[key],
-                                           groups=groups if groups.shape[0] == 1 else groups[at])
-        mb, nb, kb = np.broadcast_arrays(m, n, kk)
-        inverse_f[at] = 1.0 / efficiency(mb, nb, kb, "matmul")
-        inverse_b[at] = (1.0 / efficiency(mb, kb, nb, "matmul_backward")
-                         + 1.0 / efficiency(nb, kb, mb, "matmul_backward"))
+                                           groups=groups[at])
+        inverse_f[at] = 1.0 / efficiency(m, n, kk, "matmul")
+        inverse_b[at] = 1.0 / efficiency(m, kk, n, "matmul_backward") + 1.0 / efficiency(n, kk, m, "matmul_backward")
     unshaped = ~k["gemm_shaped"][None]                                # (1, K, 3)
-    forward = np.einsum("nkg,kgc->nkc", inverse_f, k["gemm_weight"]) + unshaped / eff["matmul"]
-    backward = np.einsum("nkg,kgc->nkc", inverse_b, k["gemm_weight"]) + unshaped * 2.0 / eff["matmul_backward"]
-    return forward, backward
+    forward = np.einsum("ukg,kgc->ukc", inverse_f, k["gemm_weight"]) + unshaped / eff["matmul"]
+    backward = np.einsum("ukg,kgc->ukc", inverse_b, k["gemm_weight"]) + unshaped * 2.0 / eff["matmul_backward"]
+    return forward[inverse], backward[inverse]
 
 
 def _launch_bound(model: ModelWork, rows: "_Rows", hardware: Hardware) -> Tuple[np.ndarray, np.ndarray]:
