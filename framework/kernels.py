@@ -177,7 +177,8 @@ def table_gemm_efficiency(table: GemmTable, m, n, k) -> np.ndarray:
     return np.asarray(out)
 
 
-def _shape_factor(m, n, k, sm_count: Optional[int], ridge_flops_per_byte: float, element_bytes: float, groups=1.0):
+def _shape_factor(m, n, k, sm_count: Optional[int], ridge_flops_per_byte: float, element_bytes: float,
+                  groups: Any = 1.0) -> Any:
     tiles = groups * np.ceil(m / GEMM_TILE) * np.ceil(n / GEMM_TILE)
     slots = np.ceil(tiles / sm_count) * sm_count if sm_count else tiles  # whole waves of tiles
     waves = groups * m * n / (slots * GEMM_TILE * GEMM_TILE)
@@ -205,7 +206,7 @@ def prior_gemm_efficiency(m, n, k, *, stated: float, sm_count: Optional[int], pe
     """
     ridge = peak_flops_per_second / hbm_bytes_per_second
     m, n, k = (np.asarray(v, dtype=np.float64) for v in (m, n, k))
-    reference = float(_shape_factor(*(float(v) for v in REFERENCE_GEMM), sm_count, ridge, element_bytes))
+    reference = float(_shape_factor(*REFERENCE_GEMM, sm_count, ridge, element_bytes))
     return np.minimum(1.0, stated * _shape_factor(m, n, k, sm_count, ridge, element_bytes, groups) / reference)
 
 

@@ -18,8 +18,9 @@ schedules and optimizer states by code, as :func:`ndcost.compose.memory.compose`
 Collectives are the registered ``collective/<name>`` plugins; :data:`OVERLAP_RULES` say what each hides.
 
 Known limitations: the CPU (but a CPU optimizer's step and eager dispatch of the layers' kernels) and the data
-loader are not priced; the embedding's, head's, loss's and optimizer's launches are not counted; groups sharing a link do not contend; the expert TP collectives and the vocabulary-parallel loss's
-small all-reduces are not priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
+loader are not priced; the embedding's, head's, loss's and optimizer's launches are not counted; groups sharing
+a link do not contend; the expert TP collectives and the vocabulary-parallel loss's small all-reduces are not
+priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
 """
 from __future__ import annotations
 
@@ -852,11 +853,12 @@ def _provenance(model: ModelWork, eff, eff_sources, coll, hardware: Hardware) ->
 def _kernel_provenance(model: ModelWork, hardware: Hardware) -> str:
     """Where the GEMM, elementwise and launch figures came from, and which kinds' matmuls have no shapes."""
     tables = _kernel_tables(hardware)
-    measured = sorted(tables.gemm) if tables is not None else []
     sms = f"{hardware.sm_count} SMs" if hardware.sm_count else "no sm_count: tile quantization only"
-    gemm = (f"GEMMs by shape: kernel_tables ({', '.join(measured)}; {tables.source}), else " if measured
-            else "GEMMs by shape: ") + (f"the prior (128 x 128 tile waves over {sms}, times the roofline on "
-                                        f"intensity, {'x'.join(map(str, kernels.REFERENCE_GEMM))} at efficiency.matmul)")
+    gemm = "GEMMs by shape: "
+    if tables is not None and tables.gemm:
+        gemm += f"kernel_tables ({', '.join(sorted(tables.gemm))}; {tables.source}), else "
+    gemm += (f"the prior (128 x 128 tile waves over {sms}, times the roofline on intensity, "
+             f"{'x'.join(map(str, kernels.REFERENCE_GEMM))} at efficiency.matmul)")
     unshaped = [kind for kind in model.kinds if not model.work[kind].gemms]
     if unshaped:
         gemm += f"; no GEMM shapes, constant efficiency.matmul: {', '.join(unshaped)}"
