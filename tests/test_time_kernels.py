@@ -285,3 +285,17 @@ def test_evaluate_equals_evaluate_many_with_tables(h200):
         one = model.evaluate(strategy).time
         assert one.step_seconds == pytest.approx(float(batch.time["step_seconds"][i]), rel=1e-12)
     assert "kernel_tables (bf16; made up for the test)" in batch.time["provenance"]["kernels"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-8b"])
+def test_analytic_launches_equal_the_census_count(name):
+    """The census counts the kernels Transformers' own layer launches on fake tensors: the analytic count of a
+    Llama layer (38) and of a Qwen3 layer (38 and its q and k RMSNorms, 16 more) equal it."""
+    pytest.importorskip("torch")
+    import ndcost
+    analytic_work = ndcost.resolve(name, census="off").model_work(4096).work["dense"]
+    census_work = ndcost.resolve(name, census="auto").model_work(4096).work["dense"]
+    assert "census launches" in census_work.source
+    assert analytic_work.launches_per_layer == census_work.launches_per_layer == {"llama-3.1-8b": 38,
+                                                                                  "qwen3-8b": 54}[name]

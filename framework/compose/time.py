@@ -291,7 +291,7 @@ def _matmul_inverse_efficiency(model: ModelWork, rows: "_Rows", cols: Mapping[st
             key = distinct(key)[1]
     keys, inverse = distinct(key)
     first = np.zeros(len(keys), dtype=np.int64)
-    first[inverse[::-1]] = np.arange(len(key))[::-1]  # a row of each distinct key
+    first[inverse] = np.arange(len(key))  # a row of each distinct key (any: the rows of a key agree)
     distinct_rows = np.stack([rows.tokens, rows.tp, rows.ep, rows.etp, rows.imbalance, codes], axis=1)[first]
     tokens, tp, ep, etp, imbalance = (distinct_rows[:, i, None, None] for i in range(5))
     tables = _kernel_tables(hardware)
@@ -865,7 +865,8 @@ def _kernel_provenance(model: ModelWork, hardware: Hardware) -> str:
     elementwise = ("elementwise by bytes a kernel: kernel_tables" if tables is not None and tables.elementwise
                    is not None else "elementwise: constant efficiency.memory")
     launch, dispatch, source = kernels.launch_costs(tables)
-    counted = {kind: "census" if "census launches" in model.work[kind].source else "analytic" for kind in model.kinds}
+    counted = {kind: "not counted" if not model.work[kind].launches_per_layer else
+               "census" if "census launches" in model.work[kind].source else "analytic" for kind in model.kinds}
     return (f"{gemm}; {elementwise}; a layer's pass >= its launches x max(launch {launch:g} s, dispatch "
             f"{dispatch:g} s) ({source}), forward launches "
             + ", ".join(f"{kind}: {model.work[kind].launches_per_layer:g} ({counted[kind]})" for kind in model.kinds)

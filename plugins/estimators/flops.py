@@ -248,8 +248,9 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
     always the analytic ones: with measured FLOPs the time model reads only
     their distribution within each op class (the census counts FLOPs, not
     shapes); a kind the formulas cannot shape has none (a constant
-    efficiency prices it). Launches are the census's where it counted them,
-    else the analytic count of the eager modules.
+    efficiency prices it). Launches are the census's where it counted them
+    (less a chunked recurrence's loop, counted at the analytic rate a token so
+    it scales with the sequence), else the analytic count of the eager modules.
     """
     measured = record is not None and bool(getattr(record, "flops_by_part", None))
     try:
@@ -287,8 +288,8 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         source += "; analytic traffic"
     launches, launches_per_token = float(shapes["launches"]), float(shapes["launches_per_token"])
     counted = (getattr(record, "traffic", None) or {}).get("launches") if record is not None else None
-    if counted:  # the census's count at its own sequence length (a chunked loop's launches not rescaled)
-        launches, launches_per_token = float(sum(counted.values())), 0.0
+    if counted:  # the census's count at its sequence length; a chunked loop's share rescales at the analytic rate
+        launches = max(0.0, float(sum(counted.values())) - launches_per_token * int(record.seq))
         source += "; census launches"
     else:
         source += "; analytic launches"
