@@ -177,13 +177,13 @@ def table_gemm_efficiency(table: GemmTable, m, n, k) -> np.ndarray:
     return np.asarray(out)
 
 
-def _shape_factor(m, n, k, sm_count: Optional[int], ridge_flops_per_byte: float, element_bytes: float,
+def _shape_factor(m, n, k, sm_count: Optional[int], bytes_per_flop: float, element_bytes: float,
                   groups: Any = 1.0) -> Any:
     tiles = groups * np.ceil(m / GEMM_TILE) * np.ceil(n / GEMM_TILE)
     slots = np.ceil(tiles / sm_count) * sm_count if sm_count else tiles  # whole waves of tiles
     waves = groups * m * n / (slots * GEMM_TILE * GEMM_TILE)
     intensity = 2.0 * m * n * k / (element_bytes * (m * k + k * n + m * n))
-    return waves * np.minimum(1.0, intensity / ridge_flops_per_byte)
+    return waves * np.minimum(1.0, intensity * bytes_per_flop)  # intensity / ridge, the ridge peak / HBM
 
 
 def prior_gemm_efficiency(m, n, k, *, stated: float, sm_count: Optional[int], peak_flops_per_second: float,
@@ -204,10 +204,10 @@ def prior_gemm_efficiency(m, n, k, *, stated: float, sm_count: Optional[int], pe
     Left out: split-K and stream-K schedules and the other tile shapes a library picks for awkward
     shapes (the prior is pessimistic there), L2 reuse, the epilogue, clock changes under load.
     """
-    ridge = peak_flops_per_second / hbm_bytes_per_second
+    bytes_per_flop = np.float64(hbm_bytes_per_second) / np.float64(peak_flops_per_second)  # inf, not an error
     m, n, k = (np.asarray(v, dtype=np.float64) for v in (m, n, k))
-    reference = float(_shape_factor(*REFERENCE_GEMM, sm_count, ridge, element_bytes))
-    return np.minimum(1.0, stated * _shape_factor(m, n, k, sm_count, ridge, element_bytes, groups) / reference)
+    reference = _shape_factor(*REFERENCE_GEMM, sm_count, bytes_per_flop, element_bytes)
+    return np.minimum(1.0, stated * _shape_factor(m, n, k, sm_count, bytes_per_flop, element_bytes, groups) / reference)
 
 
 def gemm_efficiency(hardware: Any, tables: Optional[KernelTables], dtype: str, m, n, k, *, stated: float,

@@ -817,7 +817,8 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     detail = {"stage_seconds": stage, "busiest_rank": pipe["busiest"], "forward_seconds": pick(forward),
               "backward_seconds": pick(backward), "grad_sync_seconds": pick(dp["grad_step"]),
               "pp_send_seconds": pipe["send"]}
-    provenance = _derived(("provenance", model.source, tuple(coll.values())), hardware,
+    kinds = _derived("kernel_kinds", model, _kernel_kinds)  # what of the model the provenance reads beyond its source
+    provenance = _derived(("provenance", model.source, kinds, tuple(coll.values())), hardware,
                           lambda hw: _provenance(model, eff, eff_sources, coll, hw))
     return _results(model, rows, seconds, detail, provenance)
 
@@ -859,18 +860,25 @@ def _kernel_provenance(model: ModelWork, hardware: Hardware) -> str:
         gemm += f"kernel_tables ({', '.join(sorted(tables.gemm))}; {tables.source}), else "
     gemm += (f"the prior (128 x 128 tile waves over {sms}, times the roofline on intensity, "
              f"{'x'.join(map(str, kernels.REFERENCE_GEMM))} at efficiency.matmul)")
-    unshaped = [kind for kind in model.kinds if not model.work[kind].gemms]
+    unshaped, launches = _derived("kernel_kinds", model, _kernel_kinds)
     if unshaped:
-        gemm += f"; no GEMM shapes, constant efficiency.matmul: {', '.join(unshaped)}"
+        gemm += f"; no GEMM shapes, constant efficiency.matmul: {unshaped}"
     elementwise = ("elementwise by bytes a kernel: kernel_tables" if tables is not None and tables.elementwise
                    is not None else "elementwise: constant efficiency.memory")
     launch, dispatch, source = kernels.launch_costs(tables)
-    counted = {kind: "not counted" if not model.work[kind].launches_per_layer else
-               "census" if "census launches" in model.work[kind].source else "analytic" for kind in model.kinds}
     return (f"{gemm}; {elementwise}; a layer's pass >= its launches x max(launch {launch:g} s, dispatch "
-            f"{dispatch:g} s) ({source}), forward launches "
-            + ", ".join(f"{kind}: {model.work[kind].launches_per_layer:g} ({counted[kind]})" for kind in model.kinds)
-            + ", backward twice the forward's")
+            f"{dispatch:g} s) ({source}), forward launches {launches}, backward twice the forward's")
+
+
+def _kernel_kinds(model: ModelWork) -> Tuple[str, str]:
+    """The kinds without GEMM shapes, and each kind's forward launches and where they were counted."""
+    def counted(work):
+        if not work.launches_per_layer:
+            return "not counted"
+        return "census" if "census launches" in work.source else "analytic"
+    return (", ".join(kind for kind in model.kinds if not model.work[kind].gemms),
+            ", ".join(f"{kind}: {model.work[kind].launches_per_layer:g} ({counted(model.work[kind])})"
+                      for kind in model.kinds))
 
 
 def _offload_provenance(hardware: Hardware) -> str:
