@@ -32,7 +32,7 @@ KERNEL_TABLE_KEYS = ("gemm", "elementwise", "launch_seconds", "dispatch_seconds"
 GEMM_AXES = ("m", "n", "k")
 
 # The output tile the prior quantizes on: CUTLASS's and cuBLAS's common 128 x 128 tensor-core tile
-# (CUTLASS docs/efficient_gemm.md, "Hierarchical structure": a threadblock computes one output tile).
+# (CUTLASS media/docs/efficient_gemm.md, "Hierarchical Structure": a threadblock computes one output tile).
 GEMM_TILE = 128
 # The "large square GEMM" whose prior lands exactly at the hardware's stated efficiency.matmul.
 REFERENCE_GEMM = (8192, 8192, 8192)
