@@ -27,6 +27,7 @@ import attrs
 import numpy as np
 
 from ndcost.errors import InvalidValue
+from ndcost.values import DTYPES
 
 KERNEL_TABLE_KEYS = ("gemm", "elementwise", "launch_seconds", "dispatch_seconds", "source")
 GEMM_AXES = ("m", "n", "k")
@@ -217,7 +218,6 @@ def gemm_efficiency(hardware: Any, tables: Optional[KernelTables], dtype: str, m
     table = tables.gemm.get(dtype) if tables is not None else None
     if table is not None:
         return table_gemm_efficiency(table, m, n, k)
-    from ndcost.values import DTYPES
     return prior_gemm_efficiency(m, n, k, stated=stated, sm_count=hardware.sm_count,
                                  peak_flops_per_second=hardware.peak_flops(dtype),
                                  hbm_bytes_per_second=float(hardware.hbm_bytes_per_second),
