@@ -46,6 +46,11 @@ def _optional_non_negative_int(instance, attribute, value):
         non_negative_int(instance, attribute, value)
 
 
+def _optional_positive_int(instance, attribute, value):
+    if value is not None:
+        positive_int(instance, attribute, value)
+
+
 def _optional_count():
     """A width or count a family may leave unstated (None), never a negative or fractional one."""
     return attrs.field(default=None, validator=_optional_non_negative_int)
@@ -830,7 +835,9 @@ class Hardware:
     ``host_to_device_bytes_per_second`` is one device's host link (PCIe) in one direction, None where
     unstated (offloading is then refused); ``cpu_optimizer_parameters_per_second`` the parameters a node's
     host CPUs step a second with a CPU optimizer (every device of the node shares them), by default the
-    ZeRO-Offload paper's CPU-Adam figure (:data:`CPU_ADAM_PARAMETERS_PER_SECOND`).
+    ZeRO-Offload paper's CPU-Adam figure (:data:`CPU_ADAM_PARAMETERS_PER_SECOND`). ``sm_count`` is the
+    device's streaming multiprocessors (compute units), the waves of the GEMM prior; ``kernel_tables`` its
+    measured kernel figures (:mod:`ndcost.kernels`, checked here), None where unstated (the priors apply).
     """
 
     name: str
@@ -844,6 +851,8 @@ class Hardware:
     cpu_optimizer_parameters_per_second: float = attrs.field(default=CPU_ADAM_PARAMETERS_PER_SECOND,
                                                              converter=_to_float)
     description: str = ""
+    sm_count: Optional[int] = attrs.field(default=None, validator=_optional_positive_int)
+    kernel_tables: Optional[Mapping[str, Any]] = None
 
     def __attrs_post_init__(self):
         _check_name("hardware", self.name)
@@ -869,6 +878,9 @@ class Hardware:
         for level in self.network:
             if not isinstance(level, NetworkLevel):
                 raise InvalidValue(f"{owner}: network must hold NetworkLevel values, got {level!r}")
+        if self.kernel_tables is not None:
+            from ndcost.kernels import parse_kernel_tables
+            parse_kernel_tables(owner, self.kernel_tables)
 
     def peak_flops(self, dtype: str) -> float:
         try:

@@ -40,6 +40,47 @@ def window_pairs(seq, window):
 # ---------------------------------------------------------------------------
 # one layer kind's work
 # ---------------------------------------------------------------------------
+GEMM_CLASSES = ("attention", "other", "routed")  # the KindWork FLOPs field each prices
+GEMM_SPLITS = ("none", "column", "row")          # what TP (ETP for routed experts) divides: nothing, out, in
+
+
+def _one_of(choices):
+    def check(instance, attribute, value):
+        if value not in choices:
+            raise InvalidValue(f"Gemm.{attribute.name} must be one of {', '.join(choices)}, got {value!r}")
+    return check
+
+
+def _positive(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidValue(f"Gemm.{attribute.name} must be a positive integer, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Gemm:
+    """One projection shape of a layer, ``y = x W^T`` with ``W`` of ``out_features x in_features``, at TP 1.
+
+    ``count`` such GEMMs a layer; ``split`` is how tensor parallelism
+    divides it (``column``: ``out / tp``; ``row``: ``in / tp``). A
+    ``routed`` one (op class) is an expert's: ``tokens_per_token`` experts
+    a token (top-k) over ``experts`` experts, so each expert multiplies
+    the tokens routed to it (``M`` in :func:`ndcost.compose.time.layer_seconds`).
+    """
+
+    op_class: str = attrs.field(validator=_one_of(GEMM_CLASSES))
+    in_features: int = attrs.field(validator=_positive)
+    out_features: int = attrs.field(validator=_positive)
+    count: int = attrs.field(default=1, validator=_positive)
+    split: str = attrs.field(default="none", validator=_one_of(GEMM_SPLITS))
+    tokens_per_token: int = attrs.field(default=1, validator=_positive)
+    experts: int = attrs.field(default=1, validator=_positive)
+
+    @property
+    def flops_per_token(self) -> float:
+        """Forward FLOPs a token of the layer's input, all ``count`` of them, at TP 1."""
+        return 2.0 * self.count * self.tokens_per_token * self.in_features * self.out_features
+
+
 @attrs.frozen(kw_only=True)
 class KindWork:
     """One layer kind's forward work, per token or per pair of tokens, at TP 1 and CP 1.
@@ -48,7 +89,10 @@ class KindWork:
     routed experts' matmuls (scaled by ``moe_imbalance``). Elementwise bytes
     are in elements per token (times the compute dtype's width): those
     tensor parallelism splits, and those it splits only under sequence
-    parallelism (norms and residual adds over the hidden width).
+    parallelism (norms and residual adds over the hidden width). ``gemms``
+    are the matmul shapes whose efficiency prices those FLOPs (their share
+    of each class, not their totals, is read where the FLOPs were measured);
+    ``launches_*`` the kernels a forward launches, which bound a pass below.
     """
 
     kind: str
@@ -79,6 +123,9 @@ class KindWork:
     # those TP splits only under SP, as the eager pair above); None: unknown
     compiled_elementwise_elements_per_token: Optional[float] = None
     compiled_replicated_elements_per_token: Optional[float] = None
+    gemms: Tuple[Gemm, ...] = ()       # the matmul shapes (empty: unknown, a constant efficiency prices them)
+    launches_per_layer: float = 0.0    # kernels a forward launches, at TP 1
+    launches_per_token: float = 0.0    # more of them for each token of a sequence (a chunked recurrence's loop)
 
     def forward_flops(self, seq, *, all_pairs: bool = False):
         """This kind's forward FLOPs on one sequence of *seq* tokens (vectorized)."""

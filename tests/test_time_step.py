@@ -19,12 +19,13 @@ WITHIN, ACROSS = 100e9, 10e9
 
 
 def toy_hardware(per_node=8, peak=1e15, hbm=1e12, memory=1.0):
-    """Round numbers, no latency, efficiency 1 for everything but the memory class."""
+    """Round numbers, no latency, no launch or dispatch cost, efficiency 1 for everything but the memory class."""
     return Hardware(name="toy", memory_bytes=1 << 40, hbm_bytes_per_second=hbm, peak_flops_per_second={"bf16": peak},
                     devices_per_node=per_node,
                     network=(NetworkLevel(name="within_node", bytes_per_second=WITHIN),
                              NetworkLevel(name="across_nodes", bytes_per_second=ACROSS)),
-                    efficiency={k: 1.0 for k in ct.EFFICIENCY_KEYS} | {"memory": memory, "memory_backward": memory})
+                    efficiency={k: 1.0 for k in ct.EFFICIENCY_KEYS} | {"memory": memory, "memory_backward": memory},
+                    kernel_tables={"launch_seconds": 0.0, "dispatch_seconds": 0.0, "source": "toy: no launch cost"})
 
 
 def toy_spec(layers=2, hidden=1024, heads=8, vocab=1000):

@@ -142,6 +142,9 @@ def _write_hardware(hardware, efficiency, path) -> None:
            "cpu_optimizer_parameters_per_second": hardware.cpu_optimizer_parameters_per_second}
     if hardware.host_to_device_bytes_per_second is not None:
         doc["host_to_device_bytes_per_second"] = hardware.host_to_device_bytes_per_second
+    for name in ("sm_count", "kernel_tables"):  # what prices GEMMs by shape and launches, kept as stated
+        if getattr(hardware, name) is not None:
+            doc[name] = getattr(hardware, name)
     with open(path, "w") as handle:
         handle.write("# written by `ndcost calibrate`; efficiencies fitted from measured layer times\n")
         yaml.safe_dump(doc, handle, sort_keys=False)

@@ -17,9 +17,10 @@ compute dtype's peak. Columns are the memory model's (:func:`ndcost.columns.enco
 schedules and optimizer states by code, as :func:`ndcost.compose.memory.compose` receives them.
 Collectives are the registered ``collective/<name>`` plugins; :data:`OVERLAP_RULES` say what each hides.
 
-Known limitations: kernel launch overheads, the CPU (but a CPU optimizer's step) and the data loader are not
-priced; groups sharing a link do not contend; the expert TP collectives and the vocabulary-parallel loss's
-small all-reduces are not priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
+Known limitations: the CPU (but a CPU optimizer's step and eager dispatch of the layers' kernels) and the data
+loader are not priced; the embedding's, head's, loss's and optimizer's launches are not counted; groups sharing
+a link do not contend; the expert TP collectives and the vocabulary-parallel loss's small all-reduces are not
+priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Sequence, T
 import attrs
 import numpy as np
 
-from ndcost import columns, manager
+from ndcost import columns, kernels, manager
 from ndcost.columns import DTYPE_BYTES, DTYPE_NAMES
 from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
@@ -45,7 +46,7 @@ from ndcost.values import (
     TimeBreakdown,
     frozen_mapping,
 )
-from ndcost.work import NORM_ELEMENTS, ModelWork, window_pairs
+from ndcost.work import GEMM_CLASSES, GEMM_SPLITS, NORM_ELEMENTS, ModelWork, window_pairs
 
 __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS", "OVERLAP_RULES", "COLLECTIVES",
            "TimeArrays", "efficiencies", "strategy_columns", "layer_seconds", "step_time", "attach"]
@@ -233,6 +234,12 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
               "query_elements_per_token", "kv_elements_per_token", "experts_per_token")
     out = {f: np.array([float(getattr(model.work[k], f)) for k in model.kinds]) for f in fields}
     out["has_attention"] = np.array([model.work[k].has_attention for k in model.kinds])
+    out["launches_per_layer"] = np.array([float(model.work[k].launches_per_layer) for k in model.kinds])
+    out["launches_per_token"] = np.array([float(model.work[k].launches_per_token) for k in model.kinds])
+    # the forward's elementwise kernels: all but a kernel a GEMM and the attention kernel (at least one)
+    out["elementwise_launches"] = np.maximum(1.0, out["launches_per_layer"] - out["has_attention"] - np.array(
+        [float(sum(g.count for g in model.work[k].gemms)) for k in model.kinds]))
+    out.update(_gemm_arrays(model))
     for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share") + _LOW_PRECISION_WORK:
         out[name] = np.array([np.nan if getattr(model.work[k], name) is None else float(getattr(model.work[k], name))
                               for k in model.kinds])
@@ -301,6 +308,105 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
             np.where(on, cast * (2.0 * grads + inputs + weight_bwd), 0.0))
 
 
+def _gemm_arrays(model: ModelWork) -> Dict[str, np.ndarray]:
+    """The kinds' GEMM shapes as ``(K, G)`` arrays (padded with weightless 1 x 1 GEMMs), and ``gemm_weight``
+    ``(K, G, 3)``: each GEMM's share of its kind's FLOPs of each op class (:data:`GEMM_CLASSES`)."""
+    width = max([len(model.work[k].gemms) for k in model.kinds] + [1])
+    out = {name: np.ones((len(model.kinds), width)) for name in ("gemm_in", "gemm_out", "gemm_tokens", "gemm_experts")}
+    out["gemm_split"] = np.zeros((len(model.kinds), width), dtype=np.int64)
+    out["gemm_routed"] = np.zeros((len(model.kinds), width), dtype=bool)
+    weight = np.zeros((len(model.kinds), width, len(GEMM_CLASSES)))
+    for i, kind in enumerate(model.kinds):  # once a ModelWork, over its kinds' handful of shapes
+        for j, g in enumerate(model.work[kind].gemms):
+            out["gemm_in"][i, j], out["gemm_out"][i, j] = g.in_features, g.out_features
+            out["gemm_tokens"][i, j], out["gemm_experts"][i, j] = g.tokens_per_token, g.experts
+            out["gemm_split"][i, j] = GEMM_SPLITS.index(g.split)
+            out["gemm_routed"][i, j] = g.op_class == "routed"
+            weight[i, j, GEMM_CLASSES.index(g.op_class)] = g.flops_per_token
+    totals = weight.sum(axis=1, keepdims=True)
+    out["gemm_weight"] = np.divide(weight, totals, out=np.zeros_like(weight), where=totals > 0)
+    out["gemm_shaped"] = totals[:, 0, :] > 0  # (K, 3): the classes whose shapes are known
+    return out
+
+
+def _kernel_tables(hardware: Hardware) -> Optional[kernels.KernelTables]:
+    """The hardware's kernel tables, read once a Hardware (None: it states none)."""
+    if hardware.kernel_tables is None:
+        return None
+    return _derived("kernel_tables", hardware,
+                    lambda hw: kernels.parse_kernel_tables(f"hardware {hw.name!r}", hw.kernel_tables))
+
+
+def _matmul_inverse_efficiency(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any], hardware: Hardware,
+                               eff: Mapping[str, float]) -> Tuple[np.ndarray, np.ndarray]:
+    """``(N, K, 3)`` the forward's and the backward's seconds a matmul FLOP of each op class, times the peak.
+
+    Each of a kind's GEMMs at its shape on a rank (:func:`ndcost.kernels.gemm_efficiency`), weighted by its
+    share of the class's FLOPs: ``sum_g share_g / efficiency_g``; the backward runs the input gradient
+    ``(M, in, out)`` and the weight gradient ``(out, in, M)`` (``m, n, k``), each the forward's FLOPs, so
+    its figure sums both. ``M`` is the micro-batch's tokens on a CP rank (every TP rank multiplies them all,
+    gathered under SP); ``column`` GEMMs split ``out`` and ``row`` ones ``in`` over TP. A routed GEMM's
+    ``M`` is the tokens an expert receives: the EP group's tokens at ``tokens_per_token`` experts each,
+    spread evenly over the ``experts`` and scaled by ``moe_imbalance`` (the busiest rank's), ``tokens x
+    tokens_per_token x ep x imbalance / experts``; its width splits over ETP and the rank's ``experts / ep``
+    experts run as one grouped GEMM. A class whose shapes are unknown takes the constant
+    ``efficiency.matmul`` (``matmul_backward``).
+    """
+    k = _kind_arrays(model)
+    codes = np.asarray(cols["compute_dtype"], dtype=np.int64)
+    # the shapes depend on these alone: priced once for each distinct row (a search repeats them)
+    key = np.zeros(len(codes), dtype=np.int64)
+    for column in (rows.tokens, rows.tp, rows.ep, rows.etp, rows.imbalance, codes):  # one code a row, mixed radix
+        found, at = distinct(column)
+        key = key * len(found) + at
+        if len(found) > 1 and int(key.max()) > 1 << 40:  # kept compact, far from overflowing
+            key = distinct(key)[1]
+    keys, inverse = distinct(key)
+    first = np.zeros(len(keys), dtype=np.int64)
+    first[inverse] = np.arange(len(key))  # a row of each distinct key (any: the rows of a key agree)
+    distinct_rows = np.stack([rows.tokens, rows.tp, rows.ep, rows.etp, rows.imbalance, codes], axis=1)[first]
+    tokens, tp, ep, etp, imbalance = (distinct_rows[:, i, None, None] for i in range(5))
+    tables = _kernel_tables(hardware)
+    routed = k["gemm_routed"][None]
+    m = np.maximum(1.0, np.where(routed, tokens * k["gemm_tokens"] * ep * imbalance / k["gemm_experts"], tokens))
+    ways = np.where(routed, etp, tp)
+    split = k["gemm_split"][None]
+    n = k["gemm_out"] / np.where(split == GEMM_SPLITS.index("column"), ways, 1.0)
+    kk = k["gemm_in"] / np.where(split == GEMM_SPLITS.index("row"), ways, 1.0)
+    groups = np.where(routed, np.maximum(1.0, k["gemm_experts"] / ep), 1.0)
+    m, n, kk, groups = np.broadcast_arrays(m, n, kk, groups)
+    inverse_f, inverse_b = np.empty(m.shape), np.empty(m.shape)
+    dtype_codes = distinct_rows[:, 5].astype(np.int64)
+    for code in np.unique(dtype_codes).tolist():  # a loop over the compute dtypes a batch uses
+        at = dtype_codes == code
+
+        def efficiency(mm, nn, kd, key, at=at, dtype=DTYPE_NAMES[code]):
+            return kernels.gemm_efficiency(hardware, tables, dtype, mm[at], nn[at], kd[at], stated=eff[key],
+                                           groups=groups[at])
+        inverse_f[at] = 1.0 / efficiency(m, n, kk, "matmul")
+        inverse_b[at] = 1.0 / efficiency(m, kk, n, "matmul_backward") + 1.0 / efficiency(n, kk, m, "matmul_backward")
+    unshaped = ~k["gemm_shaped"][None]                                # (1, K, 3)
+    forward = np.einsum("ukg,kgc->ukc", inverse_f, k["gemm_weight"]) + unshaped / eff["matmul"]
+    backward = np.einsum("ukg,kgc->ukc", inverse_b, k["gemm_weight"]) + unshaped * 2.0 / eff["matmul_backward"]
+    return forward[inverse], backward[inverse]
+
+
+def _launch_bound(model: ModelWork, rows: "_Rows", hardware: Hardware) -> Tuple[np.ndarray, np.ndarray]:
+    """``(N, K)`` the least seconds a layer's forward and backward can take for the kernels they launch.
+
+    ``launches x max(launch_seconds, dispatch_seconds)``: every kernel occupies the GPU at least
+    ``launch_seconds``, and eager PyTorch dispatches them one by one from the host at
+    ``dispatch_seconds`` each. A forward launches the kind's ``launches_per_layer`` (the census's count, else
+    the eager modules' analytic one) and ``launches_per_token`` for each token of the rank's sequence; the
+    backward twice the forward's (no census counts the backward's).
+    """
+    k = _kind_arrays(model)
+    launch, dispatch, _ = kernels.launch_costs(_kernel_tables(hardware))
+    forward = k["launches_per_layer"] + k["launches_per_token"] * (rows.seq / rows.cp)[:, None]
+    floor = forward * max(launch, dispatch)
+    return floor, 2.0 * floor
+
+
 # ---------------------------------------------------------------------------
 # the steps
 # ---------------------------------------------------------------------------
@@ -359,6 +465,15 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     Under ``float8`` the Float8 linears' FLOPs run at the fp8 peak and their
     casts add elementwise bytes (:func:`_float8_linears`); under ``compile``
     the elementwise bytes are the fused count (:func:`_elementwise_elements`).
+    Each matmul is priced at its shape's efficiency
+    (:func:`_matmul_inverse_efficiency`: the hardware's ``kernel_tables``,
+    else the prior of :func:`ndcost.kernels.prior_gemm_efficiency`), and
+    elementwise kernels at the efficiency of their mean size where the
+    hardware has an elementwise table. A pass takes at least its kernels'
+    launch bound (:func:`_launch_bound`): ``forward = max(roofline,
+    launches x max(launch_seconds, dispatch_seconds))``, the backward's with
+    twice the launches; full recompute repeats the forward, selective and
+    core-attention recompute their roofline share only.
     Keys: ``forward``, ``backward``, ``recompute``, ``scores_forward``,
     ``scores_backward`` (the attention kernel's, for CP ring overlap),
     ``matmul_forward``, ``matmul_backward`` (the matmuls', for async TP's
@@ -373,8 +488,10 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     tokens = rows.tokens[:, None]
     split = tokens / tp
     attention_mm = k["attention_mm_flops_per_token"] * split
-    mm = attention_mm + k["other_mm_flops_per_token"] * split + k["routed_mm_flops_per_token"] * split * \
-        rows.imbalance[:, None]
+    by_class = np.stack([attention_mm, k["other_mm_flops_per_token"] * split,
+                         k["routed_mm_flops_per_token"] * split * rows.imbalance[:, None]], axis=-1)  # GEMM_CLASSES
+    mm = by_class.sum(axis=-1)
+    inverse_f, inverse_b = _matmul_inverse_efficiency(model, rows, cols, hardware, eff)
     scores = k["score_flops_per_pair"] * window_pairs(s, k["window"]) * b / (tp * cp)
     linrec = k["linrec_flops_per_token"] * split
     weights = rows.param_bytes[:, None] * (k["dense_parameters"] / tp + k["routed_parameters"]
@@ -385,18 +502,30 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     if refusal:
         raise InvalidValue(refusal)
     fp8_peak = hardware.peak_flops("fp8") if fp8_mm.any() else 1.0
-    mm_seconds = (mm - fp8_mm) / peak + fp8_mm / fp8_peak  # at efficiency 1
 
-    def matmul(passes, key):
-        return np.maximum(passes * mm_seconds / eff[key], passes * weights / (hbm * eff["memory"]))
+    def matmul(passes, inverse):
+        # the Float8 linears' share of the attention and other classes runs at the fp8 peak, at the compute
+        # dtype's shape efficiency (an fp8 row of kernel_tables is not read)
+        per_class = by_class * inverse
+        dense = per_class[..., 0] + per_class[..., 1]
+        fp8_share = np.divide(fp8_mm, by_class[..., 0] + by_class[..., 1], out=np.zeros_like(fp8_mm),
+                              where=fp8_mm > 0)
+        seconds = per_class.sum(axis=-1) / peak + fp8_share * dense * (1.0 / fp8_peak - 1.0 / peak)
+        return np.maximum(seconds, passes * weights / (hbm * eff["memory"]))
 
-    fwd_mm, bwd_mm = matmul(1.0, "matmul"), matmul(2.0, "matmul_backward")
+    tables = _kernel_tables(hardware)
+    per_kernel = elementwise / k["elementwise_launches"]
+    fwd_mm, bwd_mm = matmul(1.0, inverse_f), matmul(2.0, inverse_b)
     fwd_scores = scores / (peak * eff["attention"])
     bwd_scores = 2.0 * scores / (peak * eff["attention_backward"])
-    forward = (fwd_mm + fwd_scores + linrec / (peak * eff["linrec"])
-               + (elementwise + cast_fwd) / (hbm * eff["memory"]))
-    backward = (bwd_mm + bwd_scores + 2.0 * linrec / (peak * eff["linrec_backward"])
-                + (2.0 * elementwise + cast_bwd) / (hbm * eff["memory_backward"]))
+    floor_f, floor_b = _launch_bound(model, rows, hardware)
+    roofline_f = (fwd_mm + fwd_scores + linrec / (peak * eff["linrec"])
+                  + (elementwise + cast_fwd) / (hbm * kernels.elementwise_efficiency(tables, per_kernel,
+                                                                                     stated=eff["memory"])))
+    roofline_b = (bwd_mm + bwd_scores + 2.0 * linrec / (peak * eff["linrec_backward"])
+                  + (2.0 * elementwise + cast_bwd) / (hbm * kernels.elementwise_efficiency(
+                      tables, per_kernel, stated=eff["memory_backward"])))
+    forward, backward = np.maximum(roofline_f, floor_f), np.maximum(roofline_b, floor_b)
     att_share = np.divide(attention_mm, mm, out=np.zeros_like(mm), where=mm > 0)
     share_att = k["recomputed_attention_mm_share"][None, :]
     share_other = k["recomputed_other_mm_share"][None, :]
@@ -809,7 +938,8 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     detail = {"stage_seconds": stage, "busiest_rank": pipe["busiest"], "forward_seconds": pick(forward),
               "backward_seconds": pick(backward), "grad_sync_seconds": pick(dp["grad_step"]),
               "pp_send_seconds": pipe["send"]}
-    provenance = _derived(("provenance", model.source, tuple(coll.values())), hardware,
+    kinds = _derived("kernel_kinds", model, _kernel_kinds)  # what of the model the provenance reads beyond its source
+    provenance = _derived(("provenance", model.source, kinds, tuple(coll.values())), hardware,
                           lambda hw: _provenance(model, eff, eff_sources, coll, hw))
     return _results(model, rows, seconds, detail, provenance, _float8_model_flops(model, rows, cols, hardware))
 
@@ -833,12 +963,43 @@ def _provenance(model: ModelWork, eff, eff_sources, coll, hardware: Hardware) ->
     return {
         "compute": f"roofline per op class; flops: {model.source}",
         "efficiency": ", ".join(f"{key}={eff[key]:g} ({eff_sources[key]})" for key in EFFICIENCY_KEYS),
+        "kernels": _kernel_provenance(model, hardware),
         "communication": "collective/" + ", collective/".join(sorted(coll)),
         "overlap": "; ".join(f"{use}: {rule}" for use, rule in OVERLAP_RULES.items()),
         "hardware": f"hardware/{hardware.name}",
         "offload": _offload_provenance(hardware),
         "model": "ndcost.compose.time",
     }
+
+
+def _kernel_provenance(model: ModelWork, hardware: Hardware) -> str:
+    """Where the GEMM, elementwise and launch figures came from, and which kinds' matmuls have no shapes."""
+    tables = _kernel_tables(hardware)
+    sms = f"{hardware.sm_count} SMs" if hardware.sm_count else "no sm_count: tile quantization only"
+    gemm = "GEMMs by shape: "
+    if tables is not None and tables.gemm:
+        gemm += f"kernel_tables ({', '.join(sorted(tables.gemm))}; {tables.source}), else "
+    gemm += (f"the prior (128 x 128 tile waves over {sms}, times the roofline on intensity, "
+             f"{'x'.join(map(str, kernels.REFERENCE_GEMM))} at efficiency.matmul)")
+    unshaped, launches = _derived("kernel_kinds", model, _kernel_kinds)
+    if unshaped:
+        gemm += f"; no GEMM shapes, constant efficiency.matmul: {unshaped}"
+    elementwise = ("elementwise by bytes a kernel: kernel_tables" if tables is not None and tables.elementwise
+                   is not None else "elementwise: constant efficiency.memory")
+    launch, dispatch, source = kernels.launch_costs(tables)
+    return (f"{gemm}; {elementwise}; a layer's pass >= its launches x max(launch {launch:g} s, dispatch "
+            f"{dispatch:g} s) ({source}), forward launches {launches}, backward twice the forward's")
+
+
+def _kernel_kinds(model: ModelWork) -> Tuple[str, str]:
+    """The kinds without GEMM shapes, and each kind's forward launches and where they were counted."""
+    def counted(work):
+        if not work.launches_per_layer:
+            return "not counted"
+        return "census" if "census launches" in work.source else "analytic"
+    return (", ".join(kind for kind in model.kinds if not model.work[kind].gemms),
+            ", ".join(f"{kind}: {model.work[kind].launches_per_layer:g} ({counted(model.work[kind])})"
+                      for kind in model.kinds))
 
 
 def _offload_provenance(hardware: Hardware) -> str:

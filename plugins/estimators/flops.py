@@ -20,7 +20,7 @@ from ndcost.errors import InvalidValue, Unpriced
 from ndcost.hookspecs import hookimpl
 from ndcost.layer import LayerKind
 from ndcost.values import FLOP_PARTS, ModelSpec
-from ndcost.work import NORM_ELEMENTS, KindWork, ModelWork, window_pairs
+from ndcost.work import NORM_ELEMENTS, Gemm, KindWork, ModelWork, window_pairs
 
 # The census's parts, by the op class the time model prices them as.
 _ATTENTION_MM_PARTS = ("attention",)
@@ -45,6 +45,22 @@ FUSED_LAYER_NORMS_AND_RESIDUALS = 9
 # Chunk of the chunked delta-rule kernel (fla, Transformers' torch_chunk_gated_delta_rule).
 LINREC_CHUNK = 64
 
+# Analytic kernel launches of a forward, counted from Transformers' eager modules (the census counts the real
+# ones where it runs; tests/test_census.py checks these counts on LlamaDecoderLayer): an RMSNorm casts up,
+# squares, means, adds eps, takes rsqrt, multiplies, casts back and scales by its weight.
+NORM_LAUNCHES = 8
+ROTARY_LAUNCHES = 5         # a rotated tensor: x * cos, rotate_half's neg and cat, * sin, the sum
+ACT_LAUNCHES = {"gated": 2, "gelu_new": 8, "gelu_fast": 8, "quick_gelu": 3}  # gated: act and the product; else 1
+# Qwen3NextGatedDeltaNet.forward and torch_chunk_gated_delta_rule (Transformers 5.x), outside the projections:
+# the convolution and its SiLU, the gates (sigmoid; exp, softplus, products), fp32 copies, the q/k l2 norms,
+# padding, the chunk's decays and masks, two triangular solves, the gated RMSNorm: about 60 (an estimate);
+# then each chunk of 64 tokens: four matmuls, a subtraction, two adds, a product and the output's copy.
+LINEAR_ATTENTION_LAUNCHES = 60
+LINREC_LAUNCHES_PER_CHUNK = 9
+# An eager MoE block outside its expert matmuls (an estimate): the router's softmax, top-k and renormalization
+# (3), the tokens' sort, counts and offsets, gather, the weighting and scatter back (8).
+MOE_ROUTING_LAUNCHES = 11
+
 
 # ---------------------------------------------------------------------------
 # analytic FLOPs from a ModelSpec
@@ -64,13 +80,33 @@ def _fused_act_elements(info: LayerKind) -> int:
     return 3 if info.gated_mlp else 2
 
 
+def _act_launches(info: LayerKind) -> int:
+    return ACT_LAUNCHES["gated"] if info.gated_mlp else ACT_LAUNCHES.get(info.activation, 1)
+
+
+def _gemms(mm: Mapping[str, Any], splits: Mapping[str, Any], experts: int) -> Tuple[Gemm, ...]:
+    """The matmuls as :class:`Gemm` shapes, same shapes of a part merged into one with their count."""
+    counted: Dict[Tuple[Any, ...], int] = {}
+    for part, matmuls in mm.items():
+        op_class = "attention" if part in _ATTENTION_MM_PARTS else "routed" if part in ROUTED_PARTS else "other"
+        for (i, o, mult), split in zip(matmuls, splits[part], strict=True):
+            key = (op_class, i, o, split, mult)
+            counted[key] = counted.get(key, 0) + 1
+    return tuple(Gemm(op_class=c, in_features=int(i), out_features=int(o), count=n, split=split,
+                      tokens_per_token=int(mult), experts=experts if c == "routed" else 1)
+                 for (c, i, o, split, mult), n in counted.items())
+
+
 def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
-    """The matmul widths of one layer of *kind*: what analytic_flops and kind_work count."""
+    """The matmul widths of one layer of *kind*, and its forward's kernel launches (Transformers' eager
+    modules): what analytic_flops and kind_work count."""
     h = spec.hidden_size
     out: Dict[str, Any] = {"matmuls": {}, "score_per_pair": 0.0, "linrec_per_token": 0.0,
                            "query_elements": 0, "kv_elements": 0, "has_attention": True, "experts_per_token": 0,
-                           "elementwise": 0.0, "replicated": 0.0, "fused_elementwise": 0.0, "fused_replicated": 0.0}
+                           "elementwise": 0.0, "replicated": 0.0, "fused_elementwise": 0.0, "fused_replicated": 0.0,
+                           "splits": {}, "launches": 0, "launches_per_token": 0.0}
     mm = out["matmuls"]  # part -> list of (in, out, tokens_multiplier)
+    splits = out["splits"]  # part -> how TP splits each of mm[part]: none, column, row
     info = spec.kind(kind)
     rotary = info.rotary
     if info.attention_class == "other":
@@ -87,6 +123,9 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
                            f"states no linear_key_head_dim / linear_value_head_dim; a census prices it")
         key_dim, value_dim = hk * dk, hv * dv
         mm["attention"] = [(h, 2 * key_dim + 2 * value_dim, 1), (h, 2 * hv, 1), (value_dim, h, 1)]
+        splits["attention"] = ["column", "column", "row"]
+        out["launches"] += LINEAR_ATTENTION_LAUNCHES
+        out["launches_per_token"] = LINREC_LAUNCHES_PER_CHUNK / LINREC_CHUNK
         # chunked delta rule: state update and readout (4 dk dv a head) plus the intra-chunk products
         out["linrec_per_token"] = float(hv * (4 * dk * dv + 2 * LINREC_CHUNK * (dk + dv)))
         out["has_attention"] = False
@@ -99,12 +138,18 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             nope = spec.qk_nope_head_dim or 0
             vdim = spec.v_head_dim or spec.resolved_head_dim
             qk = nope + rope
-            if spec.q_lora_rank:
+            if spec.q_lora_rank:  # the down-projections are replicated (Megatron's MLA), the up ones split
                 mm["attention"] = [(h, spec.q_lora_rank, 1), (spec.q_lora_rank, heads * qk, 1)]
+                splits["attention"] = ["none", "column"]
+                out["launches"] += NORM_LAUNCHES
             else:
                 mm["attention"] = [(h, heads * qk, 1)]
+                splits["attention"] = ["column"]
             mm["attention"] += [(h, spec.kv_lora_rank + rope, 1), (spec.kv_lora_rank, heads * (nope + vdim), 1),
                                 (heads * vdim, h, 1)]
+            splits["attention"] += ["none", "column", "row"]
+            # the kv norm, rotary on the rope parts of q and k, the key's concatenation, the kernel
+            out["launches"] += NORM_LAUNCHES + (2 * ROTARY_LAUNCHES if rotary else 0) + 2 + 1
             out["score_per_pair"] = float(2 * heads * qk + 2 * heads * vdim)
             out["query_elements"] = heads * qk
             out["kv_elements"] = heads * (qk + vdim)
@@ -115,6 +160,10 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             kv = spec.num_key_value_heads or heads
             gate = 2 if info.output_gate else 1  # a gate fused into the query projection
             mm["attention"] = [(h, gate * heads * d, 1), (h, kv * d, 1), (h, kv * d, 1), (heads * d, h, 1)]
+            splits["attention"] = ["column", "column", "column", "row"]
+            # rotary on q and k, q/k norms, the kernel, an output gate's sigmoid and product
+            out["launches"] += ((2 * ROTARY_LAUNCHES if rotary else 0) + (2 * NORM_LAUNCHES if info.qk_norm else 0)
+                                + 1 + (2 if info.output_gate else 0))
             out["score_per_pair"] = float(4 * heads * d)
             out["query_elements"] = heads * d
             out["kv_elements"] = 2 * kv * d
@@ -131,10 +180,15 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             raise Unpriced(f"layer kind {kind!r} of {spec.name!r} has experts but no moe_intermediate_size")
         mm["routed"] = [(h, width, top_k)] * (matrices - 1) + [(width, h, top_k)]
         mm["router"] = [(h, spec.num_experts, 1)]
+        splits["routed"] = ["column"] * (matrices - 1) + ["row"]
+        splits["router"] = ["none"]
         shared_width = spec.shared_expert_intermediate_size or (
             (spec.num_shared_experts or 0) * width)
+        out["launches"] += MOE_ROUTING_LAUNCHES + _act_launches(info)
         if shared_width:
             mm["shared"] = [(h, shared_width, 1)] * (matrices - 1) + [(shared_width, h, 1)]
+            splits["shared"] = ["column"] * (matrices - 1) + ["row"]
+            out["launches"] += _act_launches(info) + 1  # and its sum with the routed output
         out["experts_per_token"] = top_k
         act = top_k * width + shared_width
         out["elementwise"] += _act_elements(info) * act + 4 * top_k * h  # activation, (un)permute
@@ -144,15 +198,21 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
         if not width:
             raise Unpriced(f"layer kind {kind!r} of {spec.name!r} has a dense MLP but no intermediate_size")
         mm["ffn"] = [(h, width, 1)] * (matrices - 1) + [(width, h, 1)]
+        splits["ffn"] = ["column"] * (matrices - 1) + ["row"]
         out["elementwise"] += _act_elements(info) * width
         out["fused_elementwise"] += _fused_act_elements(info) * width
+        out["launches"] += _act_launches(info)
     if info.mtp:
         mm["mtp"] = [(2 * h, h, 1)]
+        splits["mtp"] = ["none"]
         out["replicated"] += 2 * NORM_ELEMENTS * h
         out["fused_replicated"] += 2 * FUSED_NORM_ELEMENTS * h
+        out["launches"] += 2 * NORM_LAUNCHES + 1  # its two input norms and their concatenation
     # two norms and two residual adds over the hidden width
     out["replicated"] += 2 * NORM_ELEMENTS * h + 2 * RESIDUAL_ELEMENTS * h
     out["fused_replicated"] += FUSED_LAYER_NORMS_AND_RESIDUALS * h
+    out["launches"] += 2 * NORM_LAUNCHES + 2 + sum(len(matmuls) for matmuls in mm.values())  # a kernel a matmul
+    out["gemms"] = _gemms(mm, splits, spec.num_experts or 1)
     # activation elements a token the matmuls read and write (their weights aside), by part
     out["matmul_io"] = {part: sum((i + o) * mult for i, o, mult in matmuls) for part, matmuls in mm.items()}
     return out
@@ -204,7 +264,13 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
     and per-pair figures, so strategies at other sequence lengths rescale them
     exactly (matmuls are linear in tokens, scores in pairs). *parameters* is
     one layer's parameters by part (``ndcost.models.parameters(spec).by_kind``);
-    without it they are counted from the same shapes.
+    without it they are counted from the same shapes. The GEMM shapes are
+    always the analytic ones: with measured FLOPs the time model reads only
+    their distribution within each op class (the census counts FLOPs, not
+    shapes); a kind the formulas cannot shape has none (a constant
+    efficiency prices it). Launches are the census's where it counted them
+    (less a chunked recurrence's loop, counted at the analytic rate a token so
+    it scales with the sequence), else the analytic count of the eager modules.
     """
     measured = record is not None and bool(getattr(record, "flops_by_part", None))
     try:
@@ -240,6 +306,13 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         source += "; census traffic"
     else:
         source += "; analytic traffic"
+    launches, launches_per_token = float(shapes["launches"]), float(shapes["launches_per_token"])
+    counted = (getattr(record, "traffic", None) or {}).get("launches") if record is not None else None
+    if counted:  # the census's count at its sequence length; a chunked loop's share rescales at the analytic rate
+        launches = max(0.0, float(sum(counted.values())) - launches_per_token * int(record.seq))
+        source += "; census launches"
+    else:
+        source += "; analytic launches"
     dense = sum(v for p, v in params.items() if p in TP_PARTS)
     # the Linear layers torchao's float8 converts: the TP-split parts (attention projections, dense and shared
     # MLP), their FLOPs and the input and output widths of their matmuls; None where no shapes are known
@@ -265,6 +338,7 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         float8_output_elements_per_token=float(sum(o * m for _, o, m in linears)) if shaped else None,
         compiled_elementwise_elements_per_token=shapes["fused_elementwise"],
         compiled_replicated_elements_per_token=shapes["fused_replicated"],
+        gemms=tuple(shapes["gemms"]), launches_per_layer=launches, launches_per_token=launches_per_token,
     )
 
 
@@ -312,7 +386,7 @@ def _generic_shapes(spec: ModelSpec) -> Dict[str, Any]:
     return {"matmuls": {}, "score_per_pair": 0.0, "linrec_per_token": 0.0, "query_elements": heads * d,
             "kv_elements": 2 * kv * d, "has_attention": True, "experts_per_token": spec.num_experts_per_tok or 0,
             "elementwise": 0.0, "replicated": 0.0, "matmul_io": {}, "fused_elementwise": None,
-            "fused_replicated": None}
+            "fused_replicated": None, "gemms": (), "launches": 0, "launches_per_token": 0.0}
 
 
 
