@@ -52,6 +52,19 @@ def _act_elements(info: LayerKind) -> int:
     return PLAIN_ACT_ELEMENTS.get(info.activation, 2)
 
 
+def _family_elements(spec: ModelSpec) -> Dict[str, Any]:
+    """A norm's and the rotary's elements an element, and whether a QK-norm is a head's, for *spec*'s family.
+
+    The Llama figures above unless the family states others (``Family.elementwise_elements``); a QK-norm
+    over the whole projection where its op-record values say so (``qk_norm_per_head``: 0).
+    """
+    from ndcost.models import family_for
+    from ndcost.plugins.op_records import family_values
+    stated = dict(getattr(family_for(spec.model_type), "elementwise_elements", None) or {})
+    return {"norm": stated.get("norm", NORM_ELEMENTS), "rotary": stated.get("rotary", ROTARY_ELEMENTS),
+            "qk_norm_per_head": bool(family_values(spec).get("qk_norm_per_head", 1))}
+
+
 def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     """The matmul widths of one layer of *kind*: what analytic_flops and kind_work count."""
     h = spec.hidden_size
@@ -61,6 +74,8 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     mm = out["matmuls"]  # part -> list of (in, out, tokens_multiplier)
     info = spec.kind(kind)
     rotary = info.rotary
+    family = _family_elements(spec)
+    norm_elements, rotary_elements = family["norm"], family["rotary"]
     if info.attention_class == "other":
         raise Unpriced(f"layer kind {kind!r} of {spec.name!r}: no analytic FLOPs for attention {info.attention!r}; "
                        f"run the census (census='auto') to measure them")
@@ -95,7 +110,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             out["score_per_pair"] = float(2 * heads * qk + 2 * heads * vdim)
             out["query_elements"] = heads * qk
             out["kv_elements"] = heads * (qk + vdim)
-            out["elementwise"] += ROTARY_ELEMENTS * (heads + 1) * rope if rotary else 0
+            out["elementwise"] += rotary_elements * (heads + 1) * rope if rotary else 0
         else:
             d = spec.resolved_head_dim
             kv = spec.num_key_value_heads or heads
@@ -104,9 +119,9 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             out["score_per_pair"] = float(4 * heads * d)
             out["query_elements"] = heads * d
             out["kv_elements"] = 2 * kv * d
-            out["elementwise"] += ROTARY_ELEMENTS * (heads + kv) * d if rotary else 0
-            if info.qk_norm:
-                out["elementwise"] += NORM_ELEMENTS * (heads + kv) * d
+            out["elementwise"] += rotary_elements * (heads + kv) * d if rotary else 0
+            if info.qk_norm:  # a norm over the whole projection is one module the census counts with the norms
+                out["elementwise" if family["qk_norm_per_head"] else "replicated"] += norm_elements * (heads + kv) * d
     matrices = info.mlp_matrices
     if info.routed:
         width = spec.moe_intermediate_size or spec.intermediate_size
@@ -130,9 +145,9 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
         out["elementwise"] += _act_elements(info) * width
     if info.mtp:
         mm["mtp"] = [(2 * h, h, 1)]
-        out["replicated"] += 2 * NORM_ELEMENTS * h
+        out["replicated"] += 2 * norm_elements * h
     # two norms and two residual adds over the hidden width
-    out["replicated"] += 2 * NORM_ELEMENTS * h + 2 * RESIDUAL_ELEMENTS * h
+    out["replicated"] += 2 * norm_elements * h + 2 * RESIDUAL_ELEMENTS * h
     # activation elements a token the matmuls read and write (their weights aside), by part
     out["matmul_io"] = {part: sum((i + o) * mult for i, o, mult in matmuls) for part, matmuls in mm.items()}
     return out
