@@ -197,3 +197,11 @@ def test_no_shipped_model_s_parameters_are_flagged(name):
     rows = _parameter_rows(spec, parameters(spec), manager.registry())
     assert [r for r in rows if r.flagged] == []
     assert all(r.census is not None for r in rows if r.kind == "model")
+
+
+def test_help_prints_the_default_threshold(capsys):
+    """argparse %-formats help strings: the threshold's percent sign must be escaped (it raised ValueError)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["verify", "--help"])
+    assert exit_info.value.code == 0
+    assert "(default 0.02, i.e. 2%)" in " ".join(capsys.readouterr().out.split())
