@@ -373,14 +373,20 @@ def test_mla_widths():
     s = 1024
     values = R.values_for(deepseek(), "moe", seq=s, attention="sdpa")
     assert (values["kv_heads"], values["dk"], values["dv"]) == (128, 192, 128)
-    # queries and keys 128 heads of 128 + 64, values 128 of 128, the input 7168; the rotary cos and sin of
-    # the 64-wide rotary part (bf16)
-    assert R.slot_bytes(values, "qkv") == s * 7168 * 2 + s * 128 * (192 + 192 + 128) * 2 + s * 2 * 64 * 2
+    # queries and keys 128 heads of 128 + 64, the input 7168; the values a slice of kv_b_proj's output,
+    # whose whole storage (128 heads of 128 non-rotary key + 128 value) SDPA's save keeps; the rotary cos
+    # and sin of the 64-wide rotary part (bf16)
+    assert R.slot_bytes(values, "qkv") == (s * 7168 * 2 + s * 128 * (192 + 192 + (128 + 128)) * 2
+                                           + s * 2 * 64 * 2)
+    # SDPA's output (128 heads of 128), laid out as the concatenated query, and the output projection's
+    # contiguous copy of it; the core's recompute drops the first
+    assert R.slot_bytes(values, "proj") == 2 * s * 128 * 128 * 2
+    assert R.slot_bytes(values, "proj", "core_attention") == s * 128 * 128 * 2
     # latents: the query latent's norm (fp32 input and bf16 normalized, 6 bytes an element, and an fp32
-    # rsqrt a token) and up-projection input (1536 wide), the kv latent's (512), the rotary key (64)
-    assert R.slot_bytes(values, "mla") == s * (1536 * 6 + 4 + 1536 * 2 + 512 * 6 + 4 + 512 * 2 + 64 * 2)
+    # rsqrt a token) and up-projection input (1536 wide), the kv latent's (512)
+    assert R.slot_bytes(values, "mla") == s * (1536 * 6 + 4 + 1536 * 2 + 512 * 6 + 4 + 512 * 2)
     no_q_latent = R.values_for(deepseek(), "moe", seq=s, overrides={"q_lora": 0})
-    assert R.slot_bytes(no_q_latent, "mla") == s * (512 * 6 + 4 + 512 * 2 + 64 * 2)
+    assert R.slot_bytes(no_q_latent, "mla") == s * (512 * 6 + 4 + 512 * 2)
 
 
 def test_linear_attention_layers():
