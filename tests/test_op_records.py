@@ -402,15 +402,16 @@ def test_linear_attention_layers():
     assert R.slot_bytes(values, "linrec") == (s * 32 * (2 * 128 + 128) * 2 + s * 2 * 32 * 4 +
                                               s // 64 * 32 * 128 * 128 * 4) // tp
     assert R.ops_bytes(values)["linrec"] == R.slot_bytes(values, "linrec")
-    # two hidden norms (6 bytes an element, 4 a token each), and the gated norm's input and gate
-    assert R.slot_bytes(values, "norm") == 2 * s * (2048 * 6 + 4) + s * 2 * 32 * 128 * 2 // tp
+    # two hidden norms (Qwen3NextRMSNorm scales in fp32 by 1 + weight: its fp32 input and fp32 scaled tensor,
+    # 8 bytes an element, and an fp32 rsqrt a token each), and the gated norm's input and gate
+    assert R.slot_bytes(values, "norm") == 2 * s * (2048 * 8 + 4) + s * 2 * 32 * 128 * 2 // tp
     full = R.values_for(qwen3_next(), "full_attention", seq=s, tp=tp, attention="sdpa")
     assert full["qk_norm"] == 1 and full["output_gate"] == 1
     # output gate: its sigmoid and the attention output it scales (16 heads of 256), over TP
     assert R.slot_bytes(full, "proj") == (s * 16 * 256 * 2 + 2 * s * 16 * 256 * 2) // tp
-    # QK-norm per head: the queries' and keys' (16 + 2 heads of 256) 6 bytes an element and an rsqrt a head,
+    # QK-norm per head: the queries' and keys' (16 + 2 heads of 256) 8 bytes an element and an rsqrt a head,
     # over TP
-    assert R.slot_bytes(full, "norm") == 2 * s * (2048 * 6 + 4) + (s * 18 * 256 * 6 + s * 18 * 4) // tp
+    assert R.slot_bytes(full, "norm") == 2 * s * (2048 * 8 + 4) + (s * 18 * 256 * 8 + s * 18 * 4) // tp
 
 
 def test_fused_attention_keeps_statistics_not_scores():
