@@ -31,6 +31,7 @@ _LINREC_PARTS = ("linrec",)
 # runtime, hf-cuda) run them; the census measures the real figure where it runs. An RMSNorm upcasts to
 # fp32, squares, averages, scales, casts back and multiplies by its weight: 18 elements an element.
 ROTARY_ELEMENTS = 10      # rotate_half (negate, concatenate), two products with cos and sin, their sum
+ROTARY_TABLE_READS = 4    # and a token's cos and sin, each read by the queries' product and the keys'
 RESIDUAL_ELEMENTS = 3     # two reads, one write
 GATED_ACT_ELEMENTS = 5    # SiLU (read, write), times up (two reads, one write)
 PLAIN_ACT_ELEMENTS = {"gelu_new": 16, "gelu_fast": 16, "quick_gelu": 8}  # Python-composed GELUs; fused ones: 2
@@ -55,13 +56,15 @@ def _act_elements(info: LayerKind) -> int:
 def _family_elements(spec: ModelSpec) -> Dict[str, Any]:
     """A norm's and the rotary's elements an element, and whether a QK-norm is a head's, for *spec*'s family.
 
-    The Llama figures above unless the family states others (``Family.elementwise_elements``); a QK-norm
+    The Llama figures above unless the family states others (``Family.elementwise_elements``;
+    ``rotary_table``: 2-byte elements a cos or sin element, 2 where fp32); a QK-norm
     over the whole projection where its op-record values say so (``qk_norm_per_head``: 0).
     """
     from ndcost.models import family_for
     from ndcost.plugins.op_records import family_values
     stated = dict(getattr(family_for(spec.model_type), "elementwise_elements", None) or {})
     return {"norm": stated.get("norm", NORM_ELEMENTS), "rotary": stated.get("rotary", ROTARY_ELEMENTS),
+            "rotary_table": stated.get("rotary_table", 1),
             "qk_norm_per_head": bool(family_values(spec).get("qk_norm_per_head", 1))}
 
 
@@ -76,6 +79,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     rotary = info.rotary
     family = _family_elements(spec)
     norm_elements, rotary_elements = family["norm"], family["rotary"]
+    table_reads = ROTARY_TABLE_READS * family["rotary_table"]  # 2-byte elements a rotated width
     if info.attention_class == "other":
         raise Unpriced(f"layer kind {kind!r} of {spec.name!r}: no analytic FLOPs for attention {info.attention!r}; "
                        f"run the census (census='auto') to measure them")
@@ -110,7 +114,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             out["score_per_pair"] = float(2 * heads * qk + 2 * heads * vdim)
             out["query_elements"] = heads * qk
             out["kv_elements"] = heads * (qk + vdim)
-            out["elementwise"] += rotary_elements * (heads + 1) * rope if rotary else 0
+            out["elementwise"] += (rotary_elements * (heads + 1) + table_reads) * rope if rotary else 0
         else:
             d = spec.resolved_head_dim
             kv = spec.num_key_value_heads or heads
@@ -119,7 +123,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             out["score_per_pair"] = float(4 * heads * d)
             out["query_elements"] = heads * d
             out["kv_elements"] = 2 * kv * d
-            out["elementwise"] += rotary_elements * (heads + kv) * d if rotary else 0
+            out["elementwise"] += (rotary_elements * (heads + kv) + table_reads) * d if rotary else 0
             if info.qk_norm:  # a norm over the whole projection is one module the census counts with the norms
                 out["elementwise" if family["qk_norm_per_head"] else "replicated"] += norm_elements * (heads + kv) * d
     matrices = info.mlp_matrices

@@ -70,8 +70,8 @@ class Olmo2Family(DecoderFamily):
     # Their traffic in 2-byte elements an element (Llama's: 18 and 10, ndcost.plugins.estimators.flops). The
     # norm: to(float32) 3, pow 4, mean 2, x * rsqrt 4, the fp32 weight multiply 4, to(dtype) 3: 20. The
     # rotary, q * cos promoting to fp32: q * cos 3, rotate_half's neg 1 and cat 2, times sin 3, their fp32
-    # sum 6, to(dtype) 3: 18.
-    elementwise_elements: Mapping[str, int] = {"norm": 20, "rotary": 18}
+    # sum 6, to(dtype) 3: 18; and each fp32 table element read is two 2-byte elements.
+    elementwise_elements: Mapping[str, int] = {"norm": 20, "rotary": 18, "rotary_table": 2}
     # Olmo2Config's defaults (transformers/models/olmo2/configuration_olmo2.py), so a
     # config.json that states only what differs reads the same as Transformers reads it.
     defaults: Mapping[str, Any] = dict(
