@@ -352,6 +352,13 @@ class Family:
     # ``_supports_sdpa``): where not, a runtime that asks for SDPA runs its fallback (eager, scores
     # materialized), and the op records' formulas must price that, without importing transformers.
     supports_sdpa: bool = True
+    # Op-record values (specs/op_records.yaml) where the family's modules keep other than the records'
+    # defaults, e.g. ``{"norm_bytes": 8}`` for an RMSNorm multiplying its weight in fp32 (OLMo-2).
+    op_record_values: Mapping[str, float] = {}
+    # Elementwise traffic in 2-byte elements an element where the family's modules move other than
+    # Transformers' Llama modules (plugins/estimators/flops.py): ``norm`` (18), ``rotary`` (10), ``rotary_table``
+    # (1: a bf16 cos or sin element; 2 where fp32).
+    elementwise_elements: Mapping[str, int] = {}
     # Transformers' defaults of the fields the family reads, so a config.json
     # written with only its differences reads the same.
     defaults: Mapping[str, Any] = {}

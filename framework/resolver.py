@@ -383,8 +383,7 @@ class CostModel:
         tables = memory.RecordTables.build(kinds, seq, records, output, selective_fallback=sel_fallback,
                                            routed_share=routed_share, provenance=prov)
         if core_kept:
-            tables = attrs.evolve(tables, dropped=np.array([core_kept[k][0] for k in kinds]),
-                                  dropped_tp=np.array([core_kept[k][1] for k in kinds]))
+            tables = tables.with_core_attention(kinds, core_kept)
         return tables
 
     def _activation_estimator(self, name: str) -> Any:

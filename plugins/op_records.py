@@ -827,6 +827,7 @@ def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropou
 
     out["act_widths"] = 3 if info.gated_mlp else 1
     out["qk_norm"] = int(info.qk_norm)
+    out["rotary"] = int(info.rotary and not info.linear)
     out["output_gate"] = int(info.output_gate)
     if info.layer_norms is not None:
         out["n_norms"] = info.layer_norms
@@ -849,7 +850,19 @@ def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropou
         out["lin_vh"] = _need(spec, kind, "linear_num_value_heads", spec.linear_num_value_heads)
         out["lin_dk"] = _need(spec, kind, "linear_key_head_dim", spec.linear_key_head_dim)
         out["lin_dv"] = _need(spec, kind, "linear_value_head_dim", spec.linear_value_head_dim)
+    out.update(family_values(spec))
     return out
+
+
+def family_values(spec: ModelSpec) -> Dict[str, Number]:
+    """What *spec*'s family states its modules keep where they differ from the records' defaults.
+
+    ``Family.op_record_values`` (an RMSNorm multiplying its weight in fp32 keeps
+    8 bytes an element, not LlamaRMSNorm's 6; see the head of specs/op_records.yaml).
+    """
+    from ndcost.models import family_for
+    family = family_for(spec.model_type)
+    return dict(getattr(family, "op_record_values", None) or {})
 
 
 def runtime_attention(spec: ModelSpec, profile: Any) -> str:

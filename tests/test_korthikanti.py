@@ -63,7 +63,8 @@ def paper_values(s, b, h, a, t, sp=False):
     return R.values_for(gpt2_spec(h, a), "dense", seq=s, micro_batch=b, tp=t, sp=sp,
                         attention="eager",   # scores materialized
                         dropout=True,        # attention and hidden dropout
-                        overrides={"bytes_act": 2, "bytes_mask": 1})
+                        # a norm keeps its 16-bit input and no statistics (the paper's LayerNorm)
+                        overrides={"bytes_act": 2, "bytes_mask": 1, "norm_bytes": 2, "norm_row_bytes": 0})
 
 
 def no_parallelism(s, b, h, a):
@@ -153,7 +154,8 @@ def test_section_4_1_breakdown(s, b, h, a, t):
 @pytest.mark.parametrize("s, b, h, a, t", CASES)
 def test_per_token_record_composes_to_the_table(s, b, h, a, t):
     """formula_record's per-token figures at TP 1: a rank keeps saved + saved_tp/t; under SP all over t."""
-    record = R.formula_record(gpt2_spec(h, a), "dense", s, attention="eager", dropout=True)
+    record = R.formula_record(gpt2_spec(h, a), "dense", s, attention="eager", dropout=True,
+                              overrides={"norm_bytes": 2, "norm_row_bytes": 0})  # the paper's LayerNorm
     assert record.source == "op_records" and record.seq == s and record.kind == "dense"
     tokens = s * b
     saved, split = F(record.saved_per_token), F(record.saved_tp_per_token)
@@ -193,8 +195,11 @@ def test_a_gpt2_config_through_the_families_loader():
     s, b, t = 2048, 2, 4
     kind = spec.kinds[0]
     values = R.values_for(spec, kind, seq=s, micro_batch=b, tp=t, attention="eager")  # dropout read: 0.1
-    assert R.total_bytes(values) == tensor_parallel(s, b, 1024, 16, t)
-    assert R.total_bytes(values, "selective") == tensor_parallel_selective(s, b, 1024, 16, t)
+    # and what the paper leaves out, which the gpt2 family states: its two LayerNorms' fp32 mean and rstd
+    # a token (native_layer_norm), 2 * 8 bytes, not split by TP
+    stats = 16 * s * b
+    assert R.total_bytes(values) == tensor_parallel(s, b, 1024, 16, t) + stats
+    assert R.total_bytes(values, "selective") == tensor_parallel_selective(s, b, 1024, 16, t) + stats
 
 
 # ---------------------------------------------------------------------------
@@ -217,22 +222,24 @@ def test_census_off_prices_the_runtimes_attention_kernel(t):
     """hf-cuda runs GPT-2 under SDPA: no scores, the fp32 log-sum-exp instead; hf-cuda-eager is the paper.
 
     Under SDPA the score slot keeps a head's fp32 statistic per query (4 bytes) where eager keeps
-    5as bytes per token (softmax output, dropout mask, dropped-out probabilities): sbh(10 + 24/t) + 4abs/t.
+    5as bytes per token (softmax output, dropout mask, dropped-out probabilities): sbh(10 + 24/t) + 4abs/t,
+    and the kernel's philox seed and offset (two int64, 16 bytes a layer). Beside the paper either way:
+    GPT-2's two LayerNorms' fp32 mean and rstd, 16 bytes a token (the paper leaves them out).
     """
     transformers = pytest.importorskip("transformers")
     s, b, h, a = 1024, 1, 256, 8
     config = transformers.GPT2Config(n_embd=h, n_head=a, n_layer=2, n_positions=s, vocab_size=1000,
                                      bos_token_id=0, eos_token_id=0)  # dropout 0.1: GPT-2's defaults
-    sbh = s * b * h
+    sbh, stats = s * b * h, 16 * s * b
     eager, said = _resolved_layer(config, "hf-cuda-eager", t, seq=s)
     assert said.startswith("eager")
-    assert eager[0] == tensor_parallel(s, b, h, a, t)
+    assert eager[0] == tensor_parallel(s, b, h, a, t) + stats
     sdpa, said = _resolved_layer(config, "hf-cuda", t, seq=s)
     assert said.startswith("sdpa")
-    assert sdpa[0] == sbh * (10 + F(24, t)) + F(4 * a * s * b, t)
-    # core-attention recompute drops the statistics too: the paper's selective figure either way
+    assert sdpa[0] == sbh * (10 + F(24, t)) + F(4 * a * s * b, t) + 16 + stats
+    # core-attention recompute drops the statistics and the RNG state too: the paper's selective figure
     selective, _ = _resolved_layer(config, "hf-cuda", t, seq=s, recompute="core_attention")
-    assert selective[0] == tensor_parallel_selective(s, b, h, a, t)
+    assert selective[0] == tensor_parallel_selective(s, b, h, a, t) + stats
 
 
 @pytest.mark.slow
@@ -255,7 +262,7 @@ def test_census_off_prices_eager_attention_where_the_model_refuses_sdpa():
     sdpa, said = _resolved_layer(llama, "hf-cuda", 1, seq=s)
     assert said.startswith("sdpa")
     eager, _ = _resolved_layer(llama, "hf-cuda-eager", 1, seq=s)
-    assert eager[0] - sdpa[0] == s * a * s * 2 - s * a * 4
+    assert eager[0] - sdpa[0] == s * a * s * 2 - s * a * 4 - 16  # and SDPA's philox seed and offset
 
 
 @pytest.mark.slow

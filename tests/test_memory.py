@@ -435,3 +435,19 @@ def test_schedules_refuse_what_they_do_not_model():
     # the V: rank 0 holds the first and the last virtual stage, so the embedding and the head
     assert cost.stages[0].bytes_by_category["output"] > 0
     assert cost.stages[1].bytes_by_category["output"] == 0
+
+
+def test_core_attention_drop_above_what_a_hand_made_record_keeps_is_capped_not_negative():
+    """The formulas' attention core (eager: the bf16 softmax output, 2 a s bytes a token, split by TP) beside a
+    record keeping less than that split by TP: the whole split share is recomputed, none below zero, and the
+    provenance says so. At s = 4096, 2 * 16 * 4096 = 131,072 bytes a token exceed SAVED_TP = 40,960."""
+    s = 4096
+    assert 2 * A * s > SAVED_TP
+    cm = cost_model(llama_spec(), llama_counts(), s)
+    cost = cm.evaluate(Strategy.parse(f"recompute=core_attention,seq={s}"))
+    stage = cost.stages[0]
+    # what is kept: the record's unsplit bytes, every layer, one micro-batch of s tokens
+    assert stage.bytes_by_category["activations"] == L * s * SAVED
+    assert "exceeds what the record keeps" in cost.provenance["records"][s]["core_attention_capped"]["dense"]
+    plain = cm.evaluate(Strategy.parse(f"recompute=none,seq={s}")).stages[0]
+    assert plain.bytes_by_category["activations"] == L * s * (SAVED + SAVED_TP)

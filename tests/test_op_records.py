@@ -303,8 +303,9 @@ def test_gathered_kv(tp):
     assert R.gathered_kv_bytes(R.values_for(llama(), "dense", seq=s, cp=1, tp=tp)) == 0
     tokens = s // cp
     assert R.slot_bytes(gather, "qkv", only="gathered_kv") == tokens * per_token
-    # the rank's own share: input 4096 wide (whole under TP without SP), Q 32x128, K and V 8x128 each, over TP
-    own = tokens * 4096 * 2 + tokens * (32 + 8 + 8) * 128 * 2 // tp
+    # the rank's own share: input 4096 wide (whole under TP without SP), Q 32x128, K and V 8x128 each, over TP;
+    # the rotary cos and sin (128 wide each, bf16), which q * cos and rotate_half(q) * sin keep, not split
+    own = tokens * 4096 * 2 + tokens * (32 + 8 + 8) * 128 * 2 // tp + tokens * 2 * 128 * 2
     assert R.slot_bytes(ulysses, "qkv") == own
     assert R.slot_bytes(gather, "qkv") == own + tokens * per_token
 
@@ -329,8 +330,9 @@ def test_gated_and_ungated_feed_forwards():
     assert R.slot_bytes(llama_values, "ffn") == s * 4096 * 2 + s * 3 * 14336 * 2 // tp + s * 14336 * 2 // tp
     # GeLU: input; the GeLU's input (4h); the down projection's input (4h)
     assert R.slot_bytes(gpt2_values, "ffn") == s * 1024 * 2 + s * 4096 * 2 // tp + s * 4096 * 2 // tp
-    # RMS norms of GQA Llama: two hidden-wide inputs; no QK-norm
-    assert R.slot_bytes(llama_values, "norm") == 2 * s * 4096 * 2
+    # RMS norms of GQA Llama, two hidden-wide LlamaRMSNorms: each its fp32 input (4 bytes) and 16-bit
+    # normalized tensor (2) an element and its fp32 rsqrt (4) a token; no QK-norm
+    assert R.slot_bytes(llama_values, "norm") == 2 * s * (4096 * (4 + 2) + 4)
 
 
 def test_gpt2_without_n_inner_reads_four_h():
@@ -362,21 +364,29 @@ def test_moe_slots_read_experts_top_k_and_dropless_factor():
     assert dense["hff"] == 18432 and set(R.layer_slots(dense)) >= {"ffn"} and "routed" not in R.layer_slots(dense)
     mtp = R.values_for(deepseek(), "mtp", seq=s)
     assert mtp["moe"] == 1 and mtp["mtp"] == 1 and R.layer_slots(mtp)["mtp"] == "mtp"
-    # the MTP glue: the embedding's and the hidden state's norm inputs, and their concatenation
-    assert R.slot_bytes(mtp, "mtp") == s * 2 * h * 2 + s * 2 * h * 2
+    # the MTP glue: the embedding's and the hidden state's norms (LlamaRMSNorm-like: 6 bytes an element, 4 a
+    # token each), and their concatenation
+    assert R.slot_bytes(mtp, "mtp") == s * 2 * (h * 6 + 4) + s * 2 * h * 2
 
 
 def test_mla_widths():
     s = 1024
     values = R.values_for(deepseek(), "moe", seq=s, attention="sdpa")
     assert (values["kv_heads"], values["dk"], values["dv"]) == (128, 192, 128)
-    # queries and keys 128 heads of 128 + 64, values 128 of 128, the input 7168
-    assert R.slot_bytes(values, "qkv") == s * 7168 * 2 + s * 128 * (192 + 192 + 128) * 2
-    # latents: the query latent's norm input and up-projection input (1536 each), the kv latent's (512
-    # each), the rotary key (64)
-    assert R.slot_bytes(values, "mla") == s * (2 * 1536 + 2 * 512 + 64) * 2
+    # queries and keys 128 heads of 128 + 64, the input 7168; the values a slice of kv_b_proj's output,
+    # whose whole storage (128 heads of 128 non-rotary key + 128 value) SDPA's save keeps; the rotary cos
+    # and sin of the 64-wide rotary part (bf16)
+    assert R.slot_bytes(values, "qkv") == (s * 7168 * 2 + s * 128 * (192 + 192 + (128 + 128)) * 2
+                                           + s * 2 * 64 * 2)
+    # SDPA's output (128 heads of 128), laid out as the concatenated query, and the output projection's
+    # contiguous copy of it; the core's recompute drops the first
+    assert R.slot_bytes(values, "proj") == 2 * s * 128 * 128 * 2
+    assert R.slot_bytes(values, "proj", "core_attention") == s * 128 * 128 * 2
+    # latents: the query latent's norm (fp32 input and bf16 normalized, 6 bytes an element, and an fp32
+    # rsqrt a token) and up-projection input (1536 wide), the kv latent's (512)
+    assert R.slot_bytes(values, "mla") == s * (1536 * 6 + 4 + 1536 * 2 + 512 * 6 + 4 + 512 * 2)
     no_q_latent = R.values_for(deepseek(), "moe", seq=s, overrides={"q_lora": 0})
-    assert R.slot_bytes(no_q_latent, "mla") == s * (2 * 512 + 64) * 2
+    assert R.slot_bytes(no_q_latent, "mla") == s * (512 * 6 + 4 + 512 * 2)
 
 
 def test_linear_attention_layers():
@@ -392,21 +402,24 @@ def test_linear_attention_layers():
     assert R.slot_bytes(values, "linrec") == (s * 32 * (2 * 128 + 128) * 2 + s * 2 * 32 * 4 +
                                               s // 64 * 32 * 128 * 128 * 4) // tp
     assert R.ops_bytes(values)["linrec"] == R.slot_bytes(values, "linrec")
-    # two hidden norms, and the gated norm's input and gate
-    assert R.slot_bytes(values, "norm") == 2 * s * 2048 * 2 + s * 2 * 32 * 128 * 2 // tp
+    # two hidden norms (Qwen3NextRMSNorm scales in fp32 by 1 + weight: its fp32 input and fp32 scaled tensor,
+    # 8 bytes an element, and an fp32 rsqrt a token each), and the gated norm's input and gate
+    assert R.slot_bytes(values, "norm") == 2 * s * (2048 * 8 + 4) + s * 2 * 32 * 128 * 2 // tp
     full = R.values_for(qwen3_next(), "full_attention", seq=s, tp=tp, attention="sdpa")
     assert full["qk_norm"] == 1 and full["output_gate"] == 1
     # output gate: its sigmoid and the attention output it scales (16 heads of 256), over TP
     assert R.slot_bytes(full, "proj") == (s * 16 * 256 * 2 + 2 * s * 16 * 256 * 2) // tp
-    # QK-norm: the queries' and keys' inputs (16 + 2 heads of 256), over TP
-    assert R.slot_bytes(full, "norm") == 2 * s * 2048 * 2 + s * 18 * 256 * 2 // tp
+    # QK-norm per head: the queries' and keys' (16 + 2 heads of 256) 8 bytes an element and an rsqrt a head,
+    # over TP
+    assert R.slot_bytes(full, "norm") == 2 * s * (2048 * 8 + 4) + (s * 18 * 256 * 8 + s * 18 * 4) // tp
 
 
 def test_fused_attention_keeps_statistics_not_scores():
     s, a = 4096, 16
     values = R.values_for(gpt2(), "dense", seq=s, attention="sdpa", dropout=True)
-    # the kernel's fp32 log-sum-exp a head a token; no mask (a fused dropout keeps its seed)
-    assert R.slot_bytes(values, "score") == s * a * 4
+    # the kernel's fp32 log-sum-exp a head a token; no mask: a fused dropout keeps its philox seed and
+    # offset, two int64 a call
+    assert R.slot_bytes(values, "score") == s * a * 4 + 16
     assert R.slot_bytes(values, "score", "core_attention") == 0
 
 
@@ -519,7 +532,7 @@ def test_runtime_attention_follows_the_profile_and_the_familys_sdpa_support(regi
     assert R.runtime_attention(llama_spec, None) == "eager"   # no profile: the published formulas' assumption
     # a fused NPU kernel keeps a head's statistics, never the scores
     values = R.values_for(llama(), "dense", seq=1024, attention="npu_fusion_attention")
-    assert R.slot_bytes(values, "score") == 1024 * 32 * 4
+    assert R.slot_bytes(values, "score") == 1024 * 32 * 4 + 16  # and its dropout's seed and offset
     odd = profile_from_mapping({"name": "odd", "attention": "paged_magic"})
     with pytest.raises(InvalidValue, match="runtime 'odd' runs attention 'paged_magic'"):
         R.runtime_attention(llama_spec, odd)

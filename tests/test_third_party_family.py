@@ -270,6 +270,22 @@ def test_ndcost_verify_runs_on_it_and_its_parameters_agree_with_transformers(olm
 
 
 @pytest.mark.slow
+def test_ndcost_verify_strict_passes_on_it_and_the_formulas_keep_what_was_derived_by_hand(olmo2, census_config,
+                                                                                         capsys):
+    """The op records under the plugin's op_record_values (Olmo2RMSNorm's fp32 weight multiply, QK-norm over the
+    whole projection, fp32 rotary tables) and elementwise_elements: every row agrees with the census, and the
+    formulas' bytes are the hand derivation above (SDPA's 16 bytes of RNG state a layer included)."""
+    from ndcost.cli import main
+
+    assert main(["verify", str(census_config), "--seq", str(CENSUS_SEQ), "--json", "--strict"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert not any(r["flagged"] for r in rows)
+    saved = {r["quantity"]: r for r in rows if r["kind"] == "dense"}
+    assert saved["saved_tp_per_token"]["formula"] == CENSUS_SAVED_TP
+    assert saved["saved_per_token"]["formula"] == pytest.approx(CENSUS_SAVED, abs=1e-9)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_counts_equal_transformers_on_the_meta_device(olmo2, name):
     config = olmo2_config(**SMALL[name])

@@ -383,3 +383,30 @@ def test_any_script_is_read_or_refused_with_an_ndcost_error(text):
             trainer_format("megatron").read(str(path), devices=8)
         except NdcostError:
             pass
+
+
+def test_a_llama_shape_with_hidden_dropout_prices_transformers_layer_and_says_what_it_leaves_out(tmp_path):
+    """Megatron-LM's --hidden-dropout (default 0.1) has no counterpart in Transformers' LlamaDecoderLayer.
+
+    LlamaConfig has no hidden_dropout field and the layer builds no dropout module (checked here on the meta
+    device), so the census keeps no mask: the model read carries no hidden dropout (the formulas would
+    otherwise price masks the census does not) and the defaults say what is left out, 2 h bytes a token a
+    layer (a 1-byte mask after the attention and after the MLP), h = 4096 here.
+    """
+    from _helpers import file_variant
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    script = file_variant(DATA / "llama3_8b_bf16_tp2_cp2.sh", "--hidden-dropout 0.0", "--hidden-dropout 0.1",
+                          tmp_path / "llama3_8b_hidden_dropout.sh")
+    config = from_config("megatron", script, devices=64)
+    assert "hidden_dropout" not in config.model
+    assert load_model(config.model).kind("dense").hidden_dropout == 0
+    assert any("--hidden-dropout 0.1 not priced" in d and "8192 bytes a token a layer" in d for d in config.defaults)
+    assert "hidden_dropout" not in transformers.LlamaConfig().to_dict()
+    with torch.device("meta"):
+        layer = transformers.models.llama.modeling_llama.LlamaDecoderLayer(
+            transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4), 0)
+    assert not any(isinstance(m, torch.nn.Dropout) for m in layer.modules())
+    # at 0.0, as the script states, nothing is left out
+    assert not any("--hidden-dropout" in d for d in read("llama3_8b_bf16_tp2_cp2.sh", 64).defaults)

@@ -19,7 +19,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--runtime", default="hf-cuda", help="runtime profile (runtime/<name>; default hf-cuda)")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                         help=f"relative difference above which bytes and FLOPs are flagged (default "
-                             f"{DEFAULT_THRESHOLD}, i.e. {DEFAULT_THRESHOLD:.0%}); parameters are flagged on any "
+                             f"{DEFAULT_THRESHOLD}, i.e. {DEFAULT_THRESHOLD * 100:g}%%); parameters are flagged on any "
                              f"difference")
     parser.add_argument("--strict", action="store_true", help="exit 1 when any row is flagged")
     parser.add_argument("--no-cache", action="store_true", help="measure again instead of reading the census cache")

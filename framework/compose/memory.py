@@ -301,6 +301,28 @@ class RecordTables:
                    out_reserved_tp=_nan(output.reserved_working_tp_per_token),
                    provenance=dict(provenance or {}))
 
+    def with_core_attention(self, kinds: Sequence[str],
+                            dropped: Mapping[str, Tuple[float, float]]) -> "RecordTables":
+        """The core-attention drop from *dropped* (``{kind: (bytes a token not split, split by TP)}``, the
+        formulas' attention core), each share capped at what the record keeps of it; why, by kind capped, in
+        the provenance's ``core_attention_capped``.
+
+        The drop and the record may come from different estimators (the formulas beside a census or a
+        hand-made record): a drop above what the record keeps would price negative activations, so the
+        record's own bytes bound it (the whole share recomputed).
+        """
+        out = {"dropped": self.dropped.copy(), "dropped_tp": self.dropped_tp.copy()}
+        capped: Dict[str, str] = {}
+        for i, kind in enumerate(kinds):
+            for name, kept in (("dropped", "saved"), ("dropped_tp", "saved_tp")):
+                share, held = float(dropped[kind][name == "dropped_tp"]), float(getattr(self, kept)[i])
+                out[name][i] = min(share, held)
+                if share > held:
+                    capped[kind] = (f"the formulas' attention core ({share:g} bytes a token in {kept}) exceeds "
+                                    f"what the record keeps ({held:g}): all of it recomputed")
+        provenance = dict(self.provenance, core_attention_capped=capped) if capped else self.provenance
+        return attrs.evolve(self, **out, provenance=provenance)
+
 
 def stack_records(tables: Sequence[RecordTables]) -> Dict[str, np.ndarray]:
     """``{field: (n_seq, K) or (n_seq,) array}`` over several sequence lengths."""

@@ -87,20 +87,26 @@ def _unavailable(exc: Exception) -> NdcostError:
 def analytic_output_record(spec: ModelSpec, seq: int) -> KindRecord:
     """The output layer where no census measured it: final norm, head, Transformers' fp32 loss (bf16 run).
 
-    Kept per token: the final norm's input and the head's input (16-bit,
-    ``2 h`` each) and the loss's fp32 log-softmax (``4 V``, the part a
-    vocabulary-parallel loss splits). The backward peaks inside the
-    log-softmax's backward: its kept output, the incoming fp32 gradient and
-    the fp32 gradient it makes (``4 V + 4 V + 4 V``); the logits' 16-bit
-    gradient comes after the kept output is freed. The census of
-    Transformers' loss measures the same ``12 V`` (a Llama at 2048 tokens).
-    Norms that keep an fp32 copy of their input (Llama's RMSNorm) keep ``4 h``
-    more than this counts.
+    Kept per token: what the final norm keeps (``norm_bytes`` an element and
+    ``norm_row_bytes`` a token, the family's, see specs/op_records.yaml: 6 h + 4
+    for LlamaRMSNorm), the head's 16-bit input (``2 h``), the loss's int64 shifted
+    labels (8: ForCausalLMLoss pads and shifts them, a new tensor nll_loss keeps)
+    and its fp32 log-softmax (``4 V``, the part a vocabulary-parallel loss
+    splits). The backward peaks inside the log-softmax's backward: the norm's and
+    the head's saves, its kept output, the incoming fp32 gradient and the fp32
+    gradient it makes (``4 V + 4 V + 4 V``); the logits' 16-bit gradient comes
+    after the kept output is freed. The census of Transformers' loss measures the
+    same ``12 V`` (a Llama at 2048 tokens). Left out: the loss's scalars (bytes a
+    sequence, not a token).
     """
+    from ndcost.plugins import op_records
+    values = op_records.Values(op_records.family_values(spec), op_records.load_op_records(),
+                               label=f"model {spec.name!r} output layer")
     h, vocab = spec.hidden_size, spec.vocab_size
+    norm_and_head = (values["norm_bytes"] + values["bytes_act"]) * h + values["norm_row_bytes"]
     return KindRecord(kind="output", seq=int(seq), source="analytic output layer (ndcost.plugins.estimators)",
-                      saved_per_token=float(4 * h), saved_tp_per_token=float(4 * vocab),
-                      working_per_token=float(4 * h), working_tp_per_token=float(12 * vocab))
+                      saved_per_token=float(norm_and_head + 8), saved_tp_per_token=float(4 * vocab),
+                      working_per_token=float(norm_and_head), working_tp_per_token=float(12 * vocab))
 
 
 @attrs.frozen(kw_only=True)

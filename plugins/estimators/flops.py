@@ -31,6 +31,7 @@ _LINREC_PARTS = ("linrec",)
 # runtime, hf-cuda) run them; the census measures the real figure where it runs. An RMSNorm upcasts to
 # fp32, squares, averages, scales, casts back and multiplies by its weight: 18 elements an element.
 ROTARY_ELEMENTS = 10      # rotate_half (negate, concatenate), two products with cos and sin, their sum
+ROTARY_TABLE_READS = 4    # and a token's cos and sin, each read by the queries' product and the keys'
 RESIDUAL_ELEMENTS = 3     # two reads, one write
 GATED_ACT_ELEMENTS = 5    # SiLU (read, write), times up (two reads, one write)
 PLAIN_ACT_ELEMENTS = {"gelu_new": 16, "gelu_fast": 16, "quick_gelu": 8}  # Python-composed GELUs; fused ones: 2
@@ -40,7 +41,7 @@ PLAIN_ACT_ELEMENTS = {"gelu_new": 16, "gelu_fast": 16, "quick_gelu": 8}  # Pytho
 # element (the first norm 2; the residual add fused with the second norm: both inputs read, the sum and the
 # normed output written, 4; the last residual add 3, the block's end: torchtitan compiles block by block).
 FUSED_NORM_ELEMENTS = 2
-FUSED_ROTARY_ELEMENTS = 2
+FUSED_ROTARY_ELEMENTS = 2  # the cos and sin tables' reads left out
 FUSED_LAYER_NORMS_AND_RESIDUALS = 9
 # Chunk of the chunked delta-rule kernel (fla, Transformers' torch_chunk_gated_delta_rule).
 LINREC_CHUNK = 64
@@ -97,6 +98,21 @@ def _gemms(mm: Mapping[str, Any], splits: Mapping[str, Any], experts: int) -> Tu
                  for (c, i, o, split, mult), n in counted.items())
 
 
+def _family_elements(spec: ModelSpec) -> Dict[str, Any]:
+    """A norm's and the rotary's elements an element, and whether a QK-norm is a head's, for *spec*'s family.
+
+    The Llama figures above unless the family states others (``Family.elementwise_elements``;
+    ``rotary_table``: 2-byte elements a cos or sin element, 2 where fp32); a QK-norm
+    over the whole projection where its op-record values say so (``qk_norm_per_head``: 0).
+    """
+    from ndcost.models import family_for
+    from ndcost.plugins.op_records import family_values
+    stated = dict(getattr(family_for(spec.model_type), "elementwise_elements", None) or {})
+    return {"norm": stated.get("norm", NORM_ELEMENTS), "rotary": stated.get("rotary", ROTARY_ELEMENTS),
+            "rotary_table": stated.get("rotary_table", 1),
+            "qk_norm_per_head": bool(family_values(spec).get("qk_norm_per_head", 1))}
+
+
 def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     """The matmul widths of one layer of *kind*, and its forward's kernel launches (Transformers' eager
     modules): what analytic_flops and kind_work count."""
@@ -109,6 +125,9 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     splits = out["splits"]  # part -> how TP splits each of mm[part]: none, column, row
     info = spec.kind(kind)
     rotary = info.rotary
+    family = _family_elements(spec)
+    norm_elements, rotary_elements = family["norm"], family["rotary"]
+    table_reads = ROTARY_TABLE_READS * family["rotary_table"]  # 2-byte elements a rotated width
     if info.attention_class == "other":
         raise Unpriced(f"layer kind {kind!r} of {spec.name!r}: no analytic FLOPs for attention {info.attention!r}; "
                        f"run the census (census='auto') to measure them")
@@ -153,7 +172,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             out["score_per_pair"] = float(2 * heads * qk + 2 * heads * vdim)
             out["query_elements"] = heads * qk
             out["kv_elements"] = heads * (qk + vdim)
-            out["elementwise"] += ROTARY_ELEMENTS * (heads + 1) * rope if rotary else 0
+            out["elementwise"] += (rotary_elements * (heads + 1) + table_reads) * rope if rotary else 0
             out["fused_elementwise"] += FUSED_ROTARY_ELEMENTS * (heads + 1) * rope if rotary else 0
         else:
             d = spec.resolved_head_dim
@@ -167,11 +186,12 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             out["score_per_pair"] = float(4 * heads * d)
             out["query_elements"] = heads * d
             out["kv_elements"] = 2 * kv * d
-            out["elementwise"] += ROTARY_ELEMENTS * (heads + kv) * d if rotary else 0
+            out["elementwise"] += (rotary_elements * (heads + kv) + table_reads) * d if rotary else 0
             out["fused_elementwise"] += FUSED_ROTARY_ELEMENTS * (heads + kv) * d if rotary else 0
-            if info.qk_norm:
-                out["elementwise"] += NORM_ELEMENTS * (heads + kv) * d
-                out["fused_elementwise"] += FUSED_NORM_ELEMENTS * (heads + kv) * d
+            if info.qk_norm:  # a norm over the whole projection is one module the census counts with the norms
+                out["elementwise" if family["qk_norm_per_head"] else "replicated"] += norm_elements * (heads + kv) * d
+                out["fused_elementwise" if family["qk_norm_per_head"] else "fused_replicated"] += \
+                    FUSED_NORM_ELEMENTS * (heads + kv) * d
     matrices = info.mlp_matrices
     if info.routed:
         width = spec.moe_intermediate_size or spec.intermediate_size
@@ -205,11 +225,11 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     if info.mtp:
         mm["mtp"] = [(2 * h, h, 1)]
         splits["mtp"] = ["none"]
-        out["replicated"] += 2 * NORM_ELEMENTS * h
+        out["replicated"] += 2 * norm_elements * h
         out["fused_replicated"] += 2 * FUSED_NORM_ELEMENTS * h
         out["launches"] += 2 * NORM_LAUNCHES + 1  # its two input norms and their concatenation
     # two norms and two residual adds over the hidden width
-    out["replicated"] += 2 * NORM_ELEMENTS * h + 2 * RESIDUAL_ELEMENTS * h
+    out["replicated"] += 2 * norm_elements * h + 2 * RESIDUAL_ELEMENTS * h
     out["fused_replicated"] += FUSED_LAYER_NORMS_AND_RESIDUALS * h
     out["launches"] += 2 * NORM_LAUNCHES + 2 + sum(len(matmuls) for matmuls in mm.values())  # a kernel a matmul
     out["gemms"] = _gemms(mm, splits, spec.num_experts or 1)

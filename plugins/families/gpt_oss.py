@@ -20,6 +20,10 @@ class GptOssFamily(DecoderFamily):
     name = "gpt_oss"
     model_types = ("gpt_oss",)
     supports_sdpa = False  # its sinks: GptOssPreTrainedModel refuses SDPA, so hf-cuda runs eager attention
+    # GptOssRMSNorm returns (weight * x).to(dtype): the weight multiply keeps the fp32 normalized tensor (8 bytes
+    # an element with the fp32 input, not LlamaRMSNorm's 6), and moves 20 two-byte elements an element, not 18
+    op_record_values = {"norm_bytes": 8}
+    elementwise_elements = {"norm": 20}
     defaults = dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880,
                     intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
                     tie_word_embeddings=False, max_position_embeddings=131072, num_experts_per_tok=4,

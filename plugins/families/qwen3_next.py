@@ -50,6 +50,10 @@ def linear_fields(r):
 class Qwen3NextFamily(DecoderFamily):
     name = "qwen3_next"
     model_types = ("qwen3_next",)
+    # Qwen3NextRMSNorm scales by (1 + weight) in fp32 before casting back: it keeps the fp32 normalized tensor
+    # (8 bytes an element with the fp32 input, not LlamaRMSNorm's 6), and moves 20 two-byte elements an element
+    op_record_values = {"norm_bytes": 8}
+    elementwise_elements = {"norm": 20}
     defaults = dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=48,
                     num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=32768,
                     tie_word_embeddings=False, attention_bias=False, head_dim=256, linear_conv_kernel_dim=4,

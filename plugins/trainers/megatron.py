@@ -541,9 +541,17 @@ def _model(v: _Values, tp: int) -> Tuple[Optional[Dict[str, Any]], List[str]]:
         "max_position_embeddings": max_positions, "tie_word_embeddings": tied}
     shape = f"--normalization {norm}, --position-embedding-type {position}, swiglu {swiglu}"
     if norm == "RMSNorm" and position == "rope" and swiglu:
+        # No hidden_dropout: the Transformers decoder layers these map to (Llama, Qwen2/3, Mixtral, Qwen3-MoE,
+        # GLM-4-MoE) apply none, and their configs have no such field, so the census (which runs them) keeps
+        # no mask; passed on, the key would have the formulas alone price masks the census does not.
         config.update(num_key_value_heads=groups, head_dim=head_dim, intermediate_size=ffn, rms_norm_eps=eps,
-                      hidden_act="silu", attention_dropout=attention_dropout, hidden_dropout=hidden_dropout,
+                      hidden_act="silu", attention_dropout=attention_dropout,
                       rope_parameters={"rope_type": "default", "rope_theta": v.number("rotary-base", 10000.0)})
+        if hidden_dropout:
+            notes.append(f"--hidden-dropout {hidden_dropout:g} not priced: ndcost prices Transformers' decoder "
+                         f"layer for this shape, which has no hidden dropout; Megatron-LM keeps a 1-byte mask "
+                         f"of the hidden width after the attention and after the MLP ({2 * hidden} bytes a "
+                         f"token a layer more; 0 with --hidden-dropout 0)")
         if experts is None:
             if qk_norm:
                 if bias or qkv_bias:

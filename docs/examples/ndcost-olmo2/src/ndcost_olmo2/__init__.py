@@ -62,6 +62,16 @@ class Olmo2Family(DecoderFamily):
     model_types = ("olmo2",)
     stack_census = False  # one Olmo2DecoderLayer runs alone
     supports_sdpa = True  # Olmo2PreTrainedModel._supports_sdpa: hf-cuda runs SDPA
+    # What its modules keep beside the op records' Llama defaults (specs/op_records.yaml), from
+    # modeling_olmo2.py: Olmo2RMSNorm returns (weight * x).to(dtype), so its weight multiply keeps the fp32
+    # normalized tensor (4 bytes an element beside the fp32 input's 4); q_norm and k_norm normalize the whole
+    # projections (a row a token each); Olmo2RotaryEmbedding returns cos and sin in fp32, which q * cos keeps.
+    op_record_values: Mapping[str, float] = {"norm_bytes": 8, "qk_norm_per_head": 0, "rotary_bytes": 4}
+    # Their traffic in 2-byte elements an element (Llama's: 18 and 10, ndcost.plugins.estimators.flops). The
+    # norm: to(float32) 3, pow 4, mean 2, x * rsqrt 4, the fp32 weight multiply 4, to(dtype) 3: 20. The
+    # rotary, q * cos promoting to fp32: q * cos 3, rotate_half's neg 1 and cat 2, times sin 3, their fp32
+    # sum 6, to(dtype) 3: 18; and each fp32 table element read is two 2-byte elements.
+    elementwise_elements: Mapping[str, int] = {"norm": 20, "rotary": 18, "rotary_table": 2}
     # Olmo2Config's defaults (transformers/models/olmo2/configuration_olmo2.py), so a
     # config.json that states only what differs reads the same as Transformers reads it.
     defaults: Mapping[str, Any] = dict(
