@@ -759,6 +759,8 @@ def _check_memory_bytes(instance, attribute, value):
 # order Ren et al. 2021, ZeRO-Offload (arXiv:2101.06840, Table 3) report for their test node's host CPUs (the figure
 # was taken from that table without re-checking it here). A hardware file states its own host's figure where known.
 CPU_ADAM_PARAMETERS_PER_SECOND = 10e9 / 2.57
+# NVLink SHARP generations NCCL prices apart (nvlsEfficiency in NCCL's src/graph/tuning.cc); None: no NVLS
+NVLS_ARCHITECTURES = (None, "hopper", "blackwell")
 
 
 @attrs.frozen(kw_only=True)
@@ -771,6 +773,10 @@ class Hardware:
     unstated (offloading is then refused); ``cpu_optimizer_parameters_per_second`` the parameters a node's
     host CPUs step a second with a CPU optimizer (every device of the node shares them), by default the
     ZeRO-Offload paper's CPU-Adam figure (:data:`CPU_ADAM_PARAMETERS_PER_SECOND`).
+    ``nvlink_domain_devices``: the devices one NVLink fabric joins (whole nodes; by default one node, 72 on a
+    GB200 NVL72 rack); ``nics_per_node``: a node's network interfaces, the ``across_nodes`` level's bandwidth
+    being one's (by default one a device); ``nvls_architecture``: ``hopper`` or ``blackwell`` where the NVLink
+    switches reduce in-switch (NVLS, NVLink SHARP), picking NCCL's NVLS constants; None without.
     """
 
     name: str
@@ -784,6 +790,10 @@ class Hardware:
     cpu_optimizer_parameters_per_second: float = attrs.field(default=CPU_ADAM_PARAMETERS_PER_SECOND,
                                                              converter=_to_float)
     description: str = ""
+    nvlink_domain_devices: int = attrs.field(default=attrs.Factory(lambda self: self.devices_per_node,
+                                                                   takes_self=True))
+    nics_per_node: int = attrs.field(default=attrs.Factory(lambda self: self.devices_per_node, takes_self=True))
+    nvls_architecture: Optional[str] = None
 
     def __attrs_post_init__(self):
         _check_name("hardware", self.name)
@@ -809,6 +819,14 @@ class Hardware:
         for level in self.network:
             if not isinstance(level, NetworkLevel):
                 raise InvalidValue(f"{owner}: network must hold NetworkLevel values, got {level!r}")
+        for field in ("nvlink_domain_devices", "nics_per_node"):
+            positive_int(self, attrs.fields_dict(Hardware)[field], getattr(self, field))
+        if self.nvlink_domain_devices % self.devices_per_node:
+            raise InvalidValue(f"{owner}: nvlink_domain_devices {self.nvlink_domain_devices} is not a whole number "
+                               f"of nodes of {self.devices_per_node} devices; state a multiple of devices_per_node")
+        if self.nvls_architecture not in NVLS_ARCHITECTURES:
+            raise InvalidValue(f"{owner}: nvls_architecture {self.nvls_architecture!r} is not one of "
+                               f"{', '.join(map(str, NVLS_ARCHITECTURES))} (omit it where the switches lack NVLS)")
 
     def peak_flops(self, dtype: str) -> float:
         try:
