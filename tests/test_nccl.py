@@ -166,8 +166,8 @@ def test_fsdp2_exposes_the_first_gather_and_the_last_scatter_per_layer():
     moe_layer = collective(4 * h * h + 2 * h + experts * h) + collective(experts * 3 * h * moe_inter)  # + routed
     roots = (collective(1000 * h), collective(1000 * h + h))                     # embedding; head, final norm
     layer = ct.layer_seconds(work, ct.strategy_columns([Strategy.parse(text)]), hw)
-    forward = dict(zip(work.kinds, layer["forward"][0]))
-    backward = dict(zip(work.kinds, layer["backward"][0]))
+    forward = dict(zip(work.kinds, layer["forward"][0], strict=True))
+    backward = dict(zip(work.kinds, layer["backward"][0], strict=True))
     for rank, (kind, g) in enumerate((("dense", dense_layer), ("moe", moe_layer))):
         f, b = forward[kind], backward[kind]
         exposed_f = roots[rank] + g + max(0.0, g - f)

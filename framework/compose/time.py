@@ -18,8 +18,9 @@ schedules and optimizer states by code, as :func:`ndcost.compose.memory.compose`
 Collectives are the registered ``collective/<name>`` plugins; :data:`OVERLAP_RULES` say what each hides.
 
 Known limitations: kernel launch overheads, the CPU (but a CPU optimizer's step) and the data loader are not
-priced; groups of different kinds sharing a link do not contend; the expert TP collectives and the vocabulary-parallel loss's
-small all-reduces are not priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
+priced; groups of different kinds sharing a link do not contend; the expert TP collectives and the
+vocabulary-parallel loss's small all-reduces are not priced; moe imbalance scales the busiest rank's routed work
+and all-to-all volume.
 """
 from __future__ import annotations
 
