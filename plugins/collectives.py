@@ -87,12 +87,13 @@ def _zero_where_alone(n, seconds, message_bytes):
     return np.where((n > 1.0) & (message_bytes > 0), seconds, 0.0)
 
 
-def _alone(n, *operands):
-    """Zeros of the collective's shape where no group (*n*, as :func:`_n` makes it) has a peer, else None:
-    a batch of one strategy then skips the arithmetic whose every figure would be zeroed."""
-    if (n > 1.0).any():
+def _alone(n, message_bytes, *operands):
+    """Zeros of the collective's shape where no group (*n*, as :func:`_n` makes it) has a peer or no message
+    has a byte (a dense model's expert collectives), else None: the arithmetic whose every figure would be
+    zeroed is skipped."""
+    if (n > 1.0).any() and np.any(message_bytes):
         return None
-    return np.zeros(np.broadcast(n, *operands).shape)
+    return np.zeros(np.broadcast(n, message_bytes, *operands).shape)
 
 
 def _ring(s, n, nodes, bandwidth, latency, all_reduce: bool):
@@ -101,23 +102,38 @@ def _ring(s, n, nodes, bandwidth, latency, all_reduce: bool):
     across = nodes > 1.0
     inter = (2.0 if all_reduce else 1.0) * (nodes - 1.0)
     one_a_node = n <= nodes
+    data = s * (steps / (n * bandwidth))                  # Simple's data term; a protocol divides it by its factor
     best = None
-    for p in range(3):
+    for p in range(3):  # the latencies on the group's shape, then two passes over the messages a protocol
         intra = np.where(across, max(NVLINK_LATENCY_US["ring"][p], NET_OVERHEAD_US[p]) * _US,
                          NVLINK_LATENCY_US["ring"][p] * _US + latency)
         cross = (np.where(one_a_node, NET_LATENCY_US["tree"][p], NET_LATENCY_US["ring"][p]) * _US
                  + (2.0 if p == 2 else 1.0) * latency)
-        seconds = (BASE_LATENCY_US["ring"][p] * _US + (steps - inter) * intra + inter * cross
-                   + steps / n * s / (bandwidth * RING_BANDWIDTH_FACTOR[p]))
-        best = seconds if best is None else np.minimum(best, seconds)
+        fixed = BASE_LATENCY_US["ring"][p] * _US + (steps - inter) * intra + inter * cross
+        seconds = data + fixed if p == 2 else data * (1.0 / RING_BANDWIDTH_FACTOR[p]) + fixed
+        best = np.asarray(seconds) if best is None else np.minimum(best, seconds, out=best if best.ndim else None)
     return best
 
 
-def _tree(s, n, nodes, bandwidth, latency):
-    """The fastest protocol's tree all-reduce: a chain within a node, a double binary tree across."""
+def _tree(s, n, nodes, bandwidth, latency, ring):
+    """The fastest protocol's tree all-reduce (a chain within a node, a double binary tree across) where it beats
+    *ring*, else *ring*; priced only where its least latency and data could beat the ring."""
     across = nodes > 1.0
     per_node = np.floor(n / nodes)
     log_nodes = np.floor(np.log2(nodes))
+    latencies = []
+    for p in range(3):
+        intra = NVLINK_LATENCY_US["tree"][p] * _US + np.where(across, 0.0, latency)
+        cross = NET_LATENCY_US["tree"][p] * _US + (2.0 if p == 2 else 1.0) * latency
+        latencies.append(BASE_LATENCY_US["tree"][p] * _US + 2.0 * ((per_node - 1.0) * intra + log_nodes * cross))
+    data = 2.0 * s / (bandwidth * TREE_BANDWIDTH)        # Simple's, uncorrected: no protocol moves it faster
+    candidate = np.minimum(np.minimum(latencies[0], latencies[1]), latencies[2]) + data < ring
+    if not candidate.any():
+        return ring
+    shape = np.broadcast(s, ring).shape
+    where = np.broadcast_to(candidate, shape)
+    pick = [np.broadcast_to(a, shape)[where] for a in (s, data, across, *latencies)]
+    s, data, across, latencies = pick[0], pick[1], pick[2], pick[3:]
     size = np.floor(np.log2(np.maximum(s, 1.0) / 64.0))  # log2i(nBytes >> 6), -1 below 64 bytes
     corrected = (size >= 0) & (size < TREE_CORRECTION.shape[1])
     column = np.clip(size, 0, TREE_CORRECTION.shape[1] - 1).astype(np.int64)
@@ -125,12 +141,11 @@ def _tree(s, n, nodes, bandwidth, latency):
     for p in range(3):
         factor = np.where(across, TREE_PROTOCOL_FACTOR_NODES[p], TREE_PROTOCOL_FACTOR_ONE_NODE[p])
         correction = np.where(corrected, TREE_CORRECTION[p][column], 1.0)
-        intra = NVLINK_LATENCY_US["tree"][p] * _US + np.where(across, 0.0, latency)
-        cross = NET_LATENCY_US["tree"][p] * _US + (2.0 if p == 2 else 1.0) * latency
-        seconds = (BASE_LATENCY_US["tree"][p] * _US + 2.0 * ((per_node - 1.0) * intra + log_nodes * cross)
-                   + 2.0 * s / (bandwidth * TREE_BANDWIDTH * factor * correction))
+        seconds = latencies[p] + data / (factor * correction)
         best = seconds if best is None else np.minimum(best, seconds)
-    return best
+    out = np.array(np.broadcast_to(ring, shape), dtype=np.float64)
+    out[where] = np.minimum(out[where], best)
+    return out
 
 
 def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
@@ -143,8 +158,8 @@ def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seco
         return alone
     s = np.asarray(message_bytes, dtype=np.float64)
     nodes = np.asarray(nodes, dtype=np.float64)
-    best = np.minimum(_ring(s, n, nodes, bytes_per_second, latency_seconds, True),
-                      _tree(s, n, nodes, bytes_per_second, latency_seconds))
+    best = _tree(s, n, nodes, bytes_per_second, latency_seconds,
+                 _ring(s, n, nodes, bytes_per_second, latency_seconds, True))
     nvls = np.asarray(nvls_efficiency, dtype=np.float64)
     usable = (nvls > 0.0) & (nodes <= 1.0)
     if usable.any():
@@ -155,7 +170,8 @@ def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seco
 
 
 def all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
-    """NCCL's ring all-gather ending with *message_bytes* (the full tensor) on each member, fastest protocol."""
+    """NCCL's ring all-gather ending with *message_bytes* (the full tensor) on each member, fastest protocol; as
+    ``reduce_scatter_seconds``, the reduce-scatter of the full tensor each member starts with."""
     n = _n(group_size)
     alone = _alone(n, message_bytes, bytes_per_second, latency_seconds, nodes)
     if alone is not None:
@@ -165,11 +181,9 @@ def all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seco
                                       latency_seconds, False), s)
 
 
-def reduce_scatter_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1,
-                           nvls_efficiency=0.0):
-    """NCCL's ring reduce-scatter of *message_bytes* (the full tensor) each member starts with: the all-gather's."""
-    return all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, nodes=nodes,
-                              nvls_efficiency=nvls_efficiency)
+# NCCL's ring prices a reduce-scatter as the all-gather of the same bytes: one function, so the time model,
+# seeing the two registered alike, prices the pair once where their bytes agree
+reduce_scatter_seconds = all_gather_seconds
 
 
 def _p2p_step_seconds(nodes, latency_seconds):

@@ -473,23 +473,47 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
     param_bytes, grad_bytes = dense_params * rows.param_bytes[:, None], dense_params * rows.grad_bytes[:, None]
     eparam_bytes, egrad_bytes = routed_params * rows.param_bytes[:, None], routed_params * rows.grad_bytes[:, None]
 
-    def run(name, message, size, link):
-        bandwidth, latency, keywords = link
-        return coll[name](message, size[:, None], bandwidth[:, None], latency[:, None],
-                          **{key: value[:, None] for key, value in keywords.items()})
+    def run(name, needed, message, size, link):
+        return _run_rows(coll[name], needed, message, size, link)
 
     g = gathers[:, None]
     z = distributed_optimizer[:, None]
-    shard_sum = run("all_reduce", grad_bytes / group[:, None], shard.shard_replicas, link_rest)
-    dense_grad_step = np.where(
-        g, shard_sum,
-        np.where(z, run("reduce_scatter", grad_bytes, group, link_sh) + shard_sum,
-                 run("all_reduce", grad_bytes, replicas, link_dp)))
-    expert_grad_step = np.where(g, 0.0, np.where(z, run("reduce_scatter", egrad_bytes, experts, link_edp),
-                                                 run("all_reduce", egrad_bytes, experts, link_edp)))
-    param_step = np.where(z, run("all_gather", param_bytes, group, link_sh)
-                          + run("all_gather", eparam_bytes, experts, link_edp), 0.0)
+    plain = ~gathers & ~distributed_optimizer
+    shard_sum = run("all_reduce", ~plain, grad_bytes / group[:, None], shard.shard_replicas, link_rest)
+    scatter, escatter = (run("reduce_scatter", distributed_optimizer, grad_bytes, group, link_sh),
+                         run("reduce_scatter", distributed_optimizer, egrad_bytes, experts, link_edp))
+    dense_grad_step = np.where(g, shard_sum, np.where(z, scatter + shard_sum,
+                                                      run("all_reduce", plain, grad_bytes, replicas, link_dp)))
+    expert_grad_step = np.where(g, 0.0, np.where(z, escatter, run("all_reduce", plain, egrad_bytes, experts,
+                                                                  link_edp)))
+    if _scatter_is_gather(coll, rows):  # the same bytes through the same function
+        gather, egather = scatter, escatter
+    else:
+        gather, egather = (run("all_gather", distributed_optimizer, param_bytes, group, link_sh),
+                           run("all_gather", distributed_optimizer, eparam_bytes, experts, link_edp))
+    param_step = np.where(z, gather + egather, 0.0)
     return {"grad_step": dense_grad_step + expert_grad_step, "param_step": param_step}
+
+
+def _run_rows(seconds, needed, message, size, link) -> np.ndarray:
+    """``(N, M)`` the collective *seconds* of ``(N, M)`` messages over each row's group (*size*, *link*:
+    :func:`group_link`'s, ``(N,)`` each), priced on the rows *needed* only, 0 on the others."""
+    bandwidth, latency, keywords = link
+    if needed.all():
+        return seconds(message, size[:, None], bandwidth[:, None], latency[:, None],
+                       **{key: value[:, None] for key, value in keywords.items()})
+    out = np.zeros(np.shape(message))
+    picked = np.flatnonzero(needed)
+    if len(picked):
+        out[picked] = seconds(message[picked], size[picked, None], bandwidth[picked, None], latency[picked, None],
+                              **{key: value[picked, None] for key, value in keywords.items()})
+    return out
+
+
+def _scatter_is_gather(coll, rows: _Rows) -> bool:
+    """Whether a reduce-scatter of the gradients costs what the all-gather of the parameters does: one function
+    registered for both (NCCL's ring, the built-in) and gradients as wide as parameters in every row."""
+    return coll["reduce_scatter"] is coll["all_gather"] and bool(np.array_equal(rows.param_bytes, rows.grad_bytes))
 
 
 def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts, where: placement_rules.RankPlacement,
@@ -514,24 +538,24 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
         zeros = np.zeros((n, ranks))
         return {"gathers": zeros, "scatters": zeros, "exposed_f": zeros, "exposed_b": zeros}
     k = _kind_arrays(model)
-    bw_sh, lat_sh, link_sh = group_link(hardware, shard.shard_stride, shard.dense_ways, eff)
-    bw_edp, lat_edp, link_edp = group_link(hardware, rows.etp * rows.ep, shard.expert_replicas, eff)
+    link_sh = group_link(hardware, shard.shard_stride, shard.dense_ways, eff)
+    link_edp = group_link(hardware, rows.etp * rows.ep, shard.expert_replicas, eff)
 
-    def run(name, elements, width, size, bandwidth, latency, link):  # one collective of *elements* a row and kind
-        return coll[name](elements * width[:, None], size[:, None], bandwidth[:, None], latency[:, None],
-                          **{key: value[:, None] for key, value in link.items()})
+    def run(name, elements, width, size, link):  # one collective of *elements* a row and kind, where FSDP runs
+        return _run_rows(coll[name], gathers, elements * width[:, None], size, link)
 
     dense = k["dense_parameters"][None, :] / rows.tp[:, None] + k["replicated_parameters"][None, :]  # (N, K)
     routed = np.broadcast_to(k["routed_parameters"][None, :] / (rows.ep * rows.etp)[:, None], dense.shape)
-    gather = (run("all_gather", dense, rows.param_bytes, shard.dense_ways, bw_sh, lat_sh, link_sh)
-              + run("all_gather", routed, rows.param_bytes, shard.expert_replicas, bw_edp, lat_edp, link_edp))
-    scatter = (run("reduce_scatter", dense, rows.grad_bytes, shard.dense_ways, bw_sh, lat_sh, link_sh)
-               + run("reduce_scatter", routed, rows.grad_bytes, shard.expert_replicas, bw_edp, lat_edp, link_edp))
+    gather = (run("all_gather", dense, rows.param_bytes, shard.dense_ways, link_sh)
+              + run("all_gather", routed, rows.param_bytes, shard.expert_replicas, link_edp))
+    same = _scatter_is_gather(coll, rows)
+    scatter = gather if same else (run("reduce_scatter", dense, rows.grad_bytes, shard.dense_ways, link_sh)
+                                   + run("reduce_scatter", routed, rows.grad_bytes, shard.expert_replicas, link_edp))
     gather_b = np.where(shard.keeps_gathered[:, None], 0.0, gather)
     root = (where.has_embedding * (model.embedding_parameters / rank["head_split"])[:, None]
             + where.has_head * (model.head_parameters / rank["head_split"] + model.final_norm_parameters)[:, None])
-    root_gather = run("all_gather", root, rows.param_bytes, shard.dense_ways, bw_sh, lat_sh, link_sh)
-    root_scatter = run("reduce_scatter", root, rows.grad_bytes, shard.dense_ways, bw_sh, lat_sh, link_sh)
+    root_gather = run("all_gather", root, rows.param_bytes, shard.dense_ways, link_sh)
+    root_scatter = root_gather if same else run("reduce_scatter", root, rows.grad_bytes, shard.dense_ways, link_sh)
     layers = counts.sum(axis=2)                                                      # (N, R)
 
     def total(per_layer):                                                            # (N, K) or (N, R, K) -> (N, R)
