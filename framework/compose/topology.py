@@ -42,9 +42,9 @@ def nvls_efficiency(architecture) -> float:
     return NVLS_EFFICIENCY[architecture] * (channels - 1) / channels
 
 
-
 def spans_nodes(stride, size, devices_per_node):
-    """Whether a group of *size* members *stride* ranks apart crosses a node boundary (vectorized)."""
+    """Whether a group of *size* members *stride* ranks apart crosses a boundary of *devices_per_node* devices
+    (a node's, or an NVLink domain's: :func:`group_link` passes the domain) (vectorized)."""
     stride = np.asarray(stride, dtype=np.int64)
     size = np.asarray(size, dtype=np.int64)
     return (size > 1) & (stride * size > int(devices_per_node))
