@@ -836,9 +836,17 @@ def _provenance(model: ModelWork, eff, eff_sources, coll, hardware: Hardware) ->
         "communication": "collective/" + ", collective/".join(sorted(coll)),
         "overlap": "; ".join(f"{use}: {rule}" for use, rule in OVERLAP_RULES.items()),
         "hardware": f"hardware/{hardware.name}",
+        "network": _network_provenance(hardware),
         "offload": _offload_provenance(hardware),
         "model": "ndcost.compose.time",
     }
+
+
+def _network_provenance(hardware: Hardware) -> str:
+    return (f"NVLink domain of {hardware.nvlink_domain_devices} devices, {hardware.nics_per_node} NICs a node of "
+            f"{hardware.devices_per_node} (ndcost.compose.topology: hierarchical rings across domains, a node's "
+            f"NICs shared by its groups); NVLS {hardware.nvls_architecture or 'none'}; the built-in collectives "
+            f"are NCCL's tuning model (src/graph/tuning.cc, NVIDIA/nccl 5067397c)")
 
 
 def _offload_provenance(hardware: Hardware) -> str:
