@@ -137,6 +137,14 @@ def test_a_four_argument_plugin_is_still_called(registry):
     assert wrapped(1e9, 2, 1e9, 0.0, nodes=2, nvls_efficiency=0.5) == 0.0
     assert ct._with_link_keywords(c.all_reduce_seconds) is c.all_reduce_seconds
 
+    class Unhashable:  # a callable object, as a plugin may register
+        __hash__ = None
+
+        def __call__(self, message_bytes, group_size, bytes_per_second, latency_seconds):
+            return message_bytes / bytes_per_second
+
+    assert ct._with_link_keywords(Unhashable())(2e9, 2, 1e9, 0.0, nodes=1, nvls_efficiency=0.0) == 2.0
+
 
 def test_fsdp2_exposes_the_first_gather_and_the_last_scatter_per_layer():
     """FSDP 2 over two stages of one kind each (2 dense layers, then 2 MoE layers): on each rank the root's gather

@@ -24,7 +24,6 @@ and all-to-all volume.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import weakref
 from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Sequence, Tuple
@@ -201,7 +200,6 @@ def _collectives() -> Dict[str, Any]:
 _LINK_KEYWORDS = ("nodes", "nvls_efficiency")
 
 
-@functools.lru_cache(maxsize=64)
 def _with_link_keywords(seconds: Callable[..., Any]) -> Callable[..., Any]:
     try:
         parameters = inspect.signature(seconds).parameters.values()
