@@ -96,28 +96,38 @@ def _alone(n, message_bytes, *operands):
     return np.zeros(np.broadcast(n, message_bytes, *operands).shape)
 
 
-def _ring(s, n, nodes, bandwidth, latency, all_reduce: bool):
-    """The fastest protocol's ring: NCCL's ring latency (``nsteps`` steps, those across nodes at NET's) and data."""
+def _ring_latencies(n, nodes, latency, all_reduce: bool):
+    """NCCL's ring latency by protocol (LL, LL128, Simple) on the group's shape: ``nsteps`` steps, those across
+    nodes at NET's (the tree's with one member a node), those within at least the network's post overhead."""
     steps = (2.0 if all_reduce else 1.0) * (n - 1.0)
     across = nodes > 1.0
     inter = (2.0 if all_reduce else 1.0) * (nodes - 1.0)
     one_a_node = n <= nodes
-    data = s * (steps / (n * bandwidth))                  # Simple's data term; a protocol divides it by its factor
-    best = None
-    for p in range(3):  # the latencies on the group's shape, then two passes over the messages a protocol
+    out = []
+    for p in range(3):
         intra = np.where(across, max(NVLINK_LATENCY_US["ring"][p], NET_OVERHEAD_US[p]) * _US,
                          NVLINK_LATENCY_US["ring"][p] * _US + latency)
         cross = (np.where(one_a_node, NET_LATENCY_US["tree"][p], NET_LATENCY_US["ring"][p]) * _US
                  + (2.0 if p == 2 else 1.0) * latency)
-        fixed = BASE_LATENCY_US["ring"][p] * _US + (steps - inter) * intra + inter * cross
+        out.append(BASE_LATENCY_US["ring"][p] * _US + (steps - inter) * intra + inter * cross)
+    return out
+
+
+def _ring(s, n, latencies, bandwidth, all_reduce: bool):
+    """The fastest protocol's ring: *latencies* (:func:`_ring_latencies`) and the data over the protocol's bus."""
+    steps = (2.0 if all_reduce else 1.0) * (n - 1.0)
+    data = s * (steps / (n * bandwidth))                  # Simple's data term; a protocol divides it by its factor
+    best = None
+    for p, fixed in enumerate(latencies):  # two passes over the messages a protocol
         seconds = data + fixed if p == 2 else data * (1.0 / RING_BANDWIDTH_FACTOR[p]) + fixed
         best = np.asarray(seconds) if best is None else np.minimum(best, seconds, out=best if best.ndim else None)
     return best
 
 
-def _tree(s, n, nodes, bandwidth, latency, ring):
+def _tree(s, n, nodes, bandwidth, latency, ring, ring_simple_latency):
     """The fastest protocol's tree all-reduce (a chain within a node, a double binary tree across) where it beats
-    *ring*, else *ring*; priced only where its least latency and data could beat the ring."""
+    *ring*, else *ring*; priced only on messages below the size past which even its least latency and
+    uncorrected Simple data lose to the Simple ring (*ring_simple_latency*)."""
     across = nodes > 1.0
     per_node = np.floor(n / nodes)
     log_nodes = np.floor(np.log2(nodes))
@@ -126,14 +136,18 @@ def _tree(s, n, nodes, bandwidth, latency, ring):
         intra = NVLINK_LATENCY_US["tree"][p] * _US + np.where(across, 0.0, latency)
         cross = NET_LATENCY_US["tree"][p] * _US + (2.0 if p == 2 else 1.0) * latency
         latencies.append(BASE_LATENCY_US["tree"][p] * _US + 2.0 * ((per_node - 1.0) * intra + log_nodes * cross))
-    data = 2.0 * s / (bandwidth * TREE_BANDWIDTH)        # Simple's, uncorrected: no protocol moves it faster
-    candidate = np.minimum(np.minimum(latencies[0], latencies[1]), latencies[2]) + data < ring
+    # tree >= least latency + 2 S / (0.92 B) (no protocol or correction moves it faster); the Simple ring is
+    # latency + 2 (n - 1) / n * S / B: past this S (on the group's shape) the tree never wins
+    slope = 2.0 / (bandwidth * TREE_BANDWIDTH) - 2.0 * (n - 1.0) / (n * bandwidth)
+    least = np.minimum(np.minimum(latencies[0], latencies[1]), latencies[2])
+    candidate = s < (ring_simple_latency - least) / slope
     if not candidate.any():
         return ring
     shape = np.broadcast(s, ring).shape
     where = np.broadcast_to(candidate, shape)
-    pick = [np.broadcast_to(a, shape)[where] for a in (s, data, across, *latencies)]
-    s, data, across, latencies = pick[0], pick[1], pick[2], pick[3:]
+    pick = [np.broadcast_to(a, shape)[where] for a in (s, bandwidth, across, *latencies)]
+    s, across, latencies = pick[0], pick[2], pick[3:]
+    data = 2.0 * s / (pick[1] * TREE_BANDWIDTH)
     size = np.floor(np.log2(np.maximum(s, 1.0) / 64.0))  # log2i(nBytes >> 6), -1 below 64 bytes
     corrected = (size >= 0) & (size < TREE_CORRECTION.shape[1])
     column = np.clip(size, 0, TREE_CORRECTION.shape[1] - 1).astype(np.int64)
@@ -158,8 +172,9 @@ def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seco
         return alone
     s = np.asarray(message_bytes, dtype=np.float64)
     nodes = np.asarray(nodes, dtype=np.float64)
-    best = _tree(s, n, nodes, bytes_per_second, latency_seconds,
-                 _ring(s, n, nodes, bytes_per_second, latency_seconds, True))
+    latencies = _ring_latencies(n, nodes, latency_seconds, True)
+    best = _tree(s, n, nodes, bytes_per_second, latency_seconds, _ring(s, n, latencies, bytes_per_second, True),
+                 latencies[2])
     nvls = np.asarray(nvls_efficiency, dtype=np.float64)
     usable = (nvls > 0.0) & (nodes <= 1.0)
     if usable.any():
@@ -177,8 +192,8 @@ def all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seco
     if alone is not None:
         return alone
     s = np.asarray(message_bytes, dtype=np.float64)
-    return _zero_where_alone(n, _ring(s, n, np.asarray(nodes, dtype=np.float64), bytes_per_second,
-                                      latency_seconds, False), s)
+    latencies = _ring_latencies(n, np.asarray(nodes, dtype=np.float64), latency_seconds, False)
+    return _zero_where_alone(n, _ring(s, n, latencies, bytes_per_second, False), s)
 
 
 # NCCL's ring prices a reduce-scatter as the all-gather of the same bytes: one function, so the time model,
