@@ -257,10 +257,11 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
     grid, prod = grid[devices % prod == 0], prod[devices % prod == 0]
     split = {"dp": grid[:, 0], "fsdp": grid[:, 1], "cp": grid[:, 2], "tp": grid[:, 3], "pp": devices // prod}
     alive = np.ones(len(prod), dtype=bool)
-    node = int(hardware.devices_per_node)
+    node = int(hardware.nvlink_domain_devices)  # "within a node": on NVLink (a node, or a GB200 NVL72 rack)
     checks = [("tp", np.isin(split["tp"], tp_ok), tp_why),
               ("tp within a node", ~np.full(len(prod), within_node) | (split["tp"] <= node),
-               f"tp over more than the {node} devices of a {hardware.name} node (search across nodes to keep it)"),
+               f"tp over more than the {node} devices of a {hardware.name} NVLink domain (search across nodes "
+               f"to keep it)"),
               ("pp", np.isin(split["pp"], pp_ok), pp_why),
               ("cp", np.isin(split["cp"], cp_ok), cp_why),
               ("batch", global_batch % (split["dp"] * split["fsdp"]) == 0,
@@ -293,7 +294,7 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
     layouts = _keep(layouts, ranks % (layouts["ep"] * layouts["etp"]) == 0)
     if within_node and (layouts["etp"] > node).any():
         pruning.append(Pruning(step="etp within a node", removed=int((layouts["etp"] > node).sum()), of="layouts",
-                               reason=f"etp over more than the {node} devices of a {hardware.name} node (the "
+                               reason=f"etp over more than the {node} devices of a {hardware.name} NVLink domain (the "
                                       f"time model does not price expert-TP collectives; search across nodes to "
                                       f"keep it)"))
         layouts = _keep(layouts, layouts["etp"] <= node)

@@ -824,6 +824,8 @@ def _check_memory_bytes(instance, attribute, value):
 # order Ren et al. 2021, ZeRO-Offload (arXiv:2101.06840, Table 3) report for their test node's host CPUs (the figure
 # was taken from that table without re-checking it here). A hardware file states its own host's figure where known.
 CPU_ADAM_PARAMETERS_PER_SECOND = 10e9 / 2.57
+# NVLink SHARP generations NCCL prices apart (nvlsEfficiency in NCCL's src/graph/tuning.cc); None: no NVLS
+NVLS_ARCHITECTURES = (None, "hopper", "blackwell")
 
 
 @attrs.frozen(kw_only=True)
@@ -838,6 +840,10 @@ class Hardware:
     ZeRO-Offload paper's CPU-Adam figure (:data:`CPU_ADAM_PARAMETERS_PER_SECOND`). ``sm_count`` is the
     device's streaming multiprocessors (compute units), the waves of the GEMM prior; ``kernel_tables`` its
     measured kernel figures (:mod:`ndcost.kernels`, checked here), None where unstated (the priors apply).
+    ``nvlink_domain_devices``: the devices one NVLink fabric joins (whole nodes; by default one node, 72 on a
+    GB200 NVL72 rack); ``nics_per_node``: a node's network interfaces, the ``across_nodes`` level's bandwidth
+    being one's (by default one a device); ``nvls_architecture``: ``hopper`` or ``blackwell`` where the NVLink
+    switches reduce in-switch (NVLS, NVLink SHARP), picking NCCL's NVLS constants; None without.
     """
 
     name: str
@@ -853,6 +859,10 @@ class Hardware:
     description: str = ""
     sm_count: Optional[int] = attrs.field(default=None, validator=_optional_positive_int)
     kernel_tables: Optional[Mapping[str, Any]] = None
+    nvlink_domain_devices: int = attrs.field(default=attrs.Factory(lambda self: self.devices_per_node,
+                                                                   takes_self=True))
+    nics_per_node: int = attrs.field(default=attrs.Factory(lambda self: self.devices_per_node, takes_self=True))
+    nvls_architecture: Optional[str] = None
 
     def __attrs_post_init__(self):
         _check_name("hardware", self.name)
@@ -881,6 +891,14 @@ class Hardware:
         if self.kernel_tables is not None:
             from ndcost.kernels import parse_kernel_tables
             parse_kernel_tables(owner, self.kernel_tables)
+        for field in ("nvlink_domain_devices", "nics_per_node"):
+            positive_int(self, attrs.fields_dict(Hardware)[field], getattr(self, field))
+        if self.nvlink_domain_devices % self.devices_per_node:
+            raise InvalidValue(f"{owner}: nvlink_domain_devices {self.nvlink_domain_devices} is not a whole number "
+                               f"of nodes of {self.devices_per_node} devices; state a multiple of devices_per_node")
+        if self.nvls_architecture not in NVLS_ARCHITECTURES:
+            raise InvalidValue(f"{owner}: nvls_architecture {self.nvls_architecture!r} is not one of "
+                               f"{', '.join(map(str, NVLS_ARCHITECTURES))} (omit it where the switches lack NVLS)")
 
     def peak_flops(self, dtype: str) -> float:
         try:

@@ -1,40 +1,53 @@
-"""Collectives: their time on a group of devices, the group's place on the topology, and overlap rules.
+"""Collectives: their time on a group of devices, priced as NCCL's tuner prices them, and overlap rules.
 
 Each collective primitive is registered as ``collective/<name>`` (``all_reduce``,
 ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``send_recv``); the time
 model looks them up once per batch, so a plugin may override one (for a
 hierarchical all-reduce, say) with ``override=True``. Every ``seconds``
-function is vectorized: numpy arrays in, numpy arrays out.
+function is vectorized: numpy arrays in, numpy arrays out. Its signature is
+``seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0)``;
+a plugin without the two keywords is called with the first four only.
 
 Volumes (``message_bytes``) are what one device of the group holds:
-- all-reduce: the tensor every member holds and every member ends with
-  (each member sends and receives ``2 (n - 1) / n`` of it on a ring);
+- all-reduce: the tensor every member holds and every member ends with;
 - all-gather: the gathered (full) tensor; reduce-scatter: the full tensor
-  before it is scattered (each member sends ``(n - 1) / n`` of it);
-- all-to-all: the bytes a member holds before the exchange; it keeps
-  ``1 / n`` and sends the rest;
+  before it is scattered (NCCL's tuner sizes both by it: ``ncclFuncMaxSendRecvCount``, src/include/enqueue.h);
+- all-to-all: the bytes a member holds before the exchange; it keeps ``1 / n`` and sends the rest;
 - send/recv: the message.
 
-Algorithms (the bus-bandwidth factors are NCCL's, ``nccl-tests/doc/PERFORMANCE.md``):
-- ring all-reduce ``2 (n - 1) / n * S / B + 2 (n - 1) * latency``; tree (double
-  binary tree) all-reduce ``2 * S / B + 2 * ceil(log2 n) * latency``; the
-  faster of the two is taken, as the library's tuner picks;
-- ring all-gather / reduce-scatter ``(n - 1) / n * S / B + (n - 1) * latency``;
-- all-to-all (pairwise exchange) ``(n - 1) / n * S / B + (n - 1) * latency``;
-- send/recv ``S / B + latency``.
-``B`` is the bandwidth per device of the slowest network level the group
-spans, times that level's efficiency (``collective_within_node`` or
-``collective_across_nodes`` in the hardware's ``efficiency``).
+The model is NCCL's own (``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` in ``src/graph/tuning.cc``,
+NVIDIA/nccl at commit 5067397c2676d5aed50042fc39e5c8ee96eb0027): each (algorithm, protocol) has a base latency
+and a latency a step (``hwLatencies``: NVLink within a domain, NET across), its bus bandwidth is the link's
+times the protocol's factor, and the tuner takes the fastest ``latency + bytes / algorithm bandwidth``:
+- ring (every collective NCCL tunes): ``nsteps`` steps, ``2 (n - 1)`` for all-reduce and ``n - 1`` for
+  all-gather / reduce-scatter, of which ``2 (nodes - 1)`` (``nodes - 1``) cross nodes; the data term is
+  ``nsteps / n * S / (B * factor)``, factor 0.5 for LL (8-byte lines, 4 bytes data), 0.92 for LL128 (the code's
+  figure; its comment says 120/128), 1.0 for Simple. Across nodes a step within the node costs at least the
+  network's post overhead (1 us, 3 us for Simple: an Intel host's, ``getNetOverhead``), and with one member a
+  node the steps across take the tree's NET latency;
+- tree (all-reduce only; a double binary tree across nodes, a chain within): ``2 ((ppn - 1) intra + floor(log2
+  nodes) inter)`` latency, data ``2 S / (B * 0.92 * factor)`` with factor 1/3.8 for LL, 7/9 for LL128 on one
+  node (120/128 across), 1.0 for Simple, times NCCL's size correction (``treeCorrectionFactor``);
+- NVLS (all-reduce within one NVLink domain that has NVLink SHARP: in-switch reduction): 25 us
+  (``hwLatencies[NVLINK][NVLS][Simple]``, no base), data ``(n - 1) / n * S / (B * nvls_efficiency)``, where
+  ``nvls_efficiency`` is :func:`ndcost.compose.topology.nvls_efficiency`'s (``nvlsEfficiency`` times
+  ``(channels - 1) / channels``), the NVLS graph taken to have the ring's bandwidth. NCCL prices NVLS
+  all-gather / reduce-scatter as ``S / (B * nvls_efficiency * (n - 1) / n)`` (no algorithm-bandwidth ratio),
+  which under that assumption never beats the ring, so they are not priced; nor is NVLS across nodes (it
+  needs CollNet/SHARP switches, off by default) or NVLS-tree.
+``B`` is the group's bus bandwidth, :func:`ndcost.compose.topology.group_link`'s: the slower of its legs
+(NVLink within its domain, its share of the NICs across), efficiency applied; ``latency_seconds`` is the link's
+own latency beyond NCCL's constants (NCCL's ``latencyInter``, the network device's stated latency, which it
+adds to each step across nodes and again for Simple's flush): added to each step that crosses that level.
 
-Which network level a group spans (and so ``B`` and the latency) is
-:func:`ndcost.compose.topology.group_link`'s rule; what each use of a
-collective hides behind compute is the time model's
-(:data:`ndcost.compose.time.OVERLAP_RULES`).
+All-to-all and send/recv are point-to-point in NCCL, outside its tuner: a send costs a Simple ring step
+(``baseLatencies`` + ``hwLatencies``, NVLink or NET) and ``S / B``; an all-to-all ``n - 1`` rounds of pairs
+(``p2pSchedule``, src/init.cc) after one base latency, and ``(n - 1) / n * S / B``.
 
-Known limitations: no contention between groups sharing a link (a TP group and
-a DP group on the same NVLink both get the full bandwidth), no hierarchical
-(intra-node then inter-node) algorithms, and the expert TP (``etp``)
-collectives inside expert layers are not priced.
+Left out: NCCL's channel counts and their per-channel caps (``llMaxBws``, ``perChMax*Bws``), the Simple ring's
+plateau factor across nodes, PAT, CollNet, the expert TP (``etp``) collectives inside expert layers. Which
+network level a group spans is :mod:`ndcost.compose.topology`'s rule; what each use of a collective hides
+behind compute is the time model's (:data:`ndcost.compose.time.OVERLAP_RULES`).
 """
 from __future__ import annotations
 
@@ -45,74 +58,182 @@ import numpy as np
 
 from ndcost.hookspecs import hookimpl
 
+_US = 1e-6
+# tuning.cc ncclTunerConstantsDefaults, microseconds, by protocol (LL, LL128, Simple)
+BASE_LATENCY_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4)}
+NVLINK_LATENCY_US = {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": 25.0}
+NET_LATENCY_US = {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0)}
+NET_OVERHEAD_US = (1.0, 1.0, 3.0)  # getNetOverhead (x86 Intel and the default: 1 us), three times for Simple
+RING_BANDWIDTH_FACTOR = (0.5, 0.92, 1.0)
+TREE_BANDWIDTH = 0.92  # every tree all-reduce's busBw * .92
+TREE_PROTOCOL_FACTOR_ONE_NODE = (1.0 / 3.8, 7.0 / 9.0, 1.0)
+TREE_PROTOCOL_FACTOR_NODES = (1.0 / 3.8, 120.0 / 128.0, 1.0)
+# treeCorrectionFactor[protocol][log2(bytes / 64)], 64 B to 256 MB; applied below 2**23 (logSize < 23)
+TREE_CORRECTION = np.array([
+    [1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0],
+    [1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0],
+    [.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9],
+])
+TREE_CORRECTION.setflags(write=False)
+
 
 def _n(group_size):
     return np.maximum(np.asarray(group_size, dtype=np.float64), 1.0)
 
 
-def _zero_where_alone(n, seconds):
-    """*seconds* where the group (*n*, as :func:`_n` makes it) has a peer, else 0."""
-    return np.where(n > 1.0, seconds, 0.0)
+def _zero_where_alone(n, seconds, message_bytes):
+    """*seconds* where the group (*n*, as :func:`_n` makes it) has a peer and there is something to move, else 0
+    (NCCL returns at once from a collective of no bytes)."""
+    return np.where((n > 1.0) & (message_bytes > 0), seconds, 0.0)
 
 
-def _alone(n, *operands):
-    """Zeros of the collective's shape where no group (*n*, as :func:`_n` makes it) has a peer, else None:
-    a batch of one strategy then skips the arithmetic whose every figure would be zeroed."""
-    if (n > 1.0).any():
+def _alone(n, message_bytes, *operands):
+    """Zeros of the collective's shape where no group (*n*, as :func:`_n` makes it) has a peer or no message
+    has a byte (a dense model's expert collectives), else None: the arithmetic whose every figure would be
+    zeroed is skipped."""
+    if (n > 1.0).any() and np.any(message_bytes):
         return None
-    return np.zeros(np.broadcast(n, *operands).shape)
+    return np.zeros(np.broadcast(n, message_bytes, *operands).shape)
 
 
-def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seconds):
-    """The faster of a ring and a double binary tree all-reduce of *message_bytes* on each member."""
+def _ring_latencies(n, nodes, latency, all_reduce: bool):
+    """NCCL's ring latency by protocol (LL, LL128, Simple) on the group's shape: ``nsteps`` steps, those across
+    nodes at NET's (the tree's with one member a node), those within at least the network's post overhead."""
+    steps = (2.0 if all_reduce else 1.0) * (n - 1.0)
+    across = nodes > 1.0
+    inter = (2.0 if all_reduce else 1.0) * (nodes - 1.0)
+    one_a_node = n <= nodes
+    out = []
+    for p in range(3):
+        intra = np.where(across, max(NVLINK_LATENCY_US["ring"][p], NET_OVERHEAD_US[p]) * _US,
+                         NVLINK_LATENCY_US["ring"][p] * _US + latency)
+        cross = (np.where(one_a_node, NET_LATENCY_US["tree"][p], NET_LATENCY_US["ring"][p]) * _US
+                 + (2.0 if p == 2 else 1.0) * latency)
+        out.append(BASE_LATENCY_US["ring"][p] * _US + (steps - inter) * intra + inter * cross)
+    return out
+
+
+def _ring(s, n, latencies, bandwidth, all_reduce: bool):
+    """The fastest protocol's ring: *latencies* (:func:`_ring_latencies`) and the data over the protocol's bus."""
+    steps = (2.0 if all_reduce else 1.0) * (n - 1.0)
+    data = s * (steps / (n * bandwidth))                  # Simple's data term; a protocol divides it by its factor
+    best = None
+    for p, fixed in enumerate(latencies):  # two passes over the messages a protocol
+        seconds = data + fixed if p == 2 else data * (1.0 / RING_BANDWIDTH_FACTOR[p]) + fixed
+        best = np.asarray(seconds) if best is None else np.minimum(best, seconds, out=best if best.ndim else None)
+    return best
+
+
+def _tree(s, n, nodes, bandwidth, latency, ring, ring_simple_latency):
+    """The fastest protocol's tree all-reduce (a chain within a node, a double binary tree across) where it beats
+    *ring*, else *ring*; priced only on messages below the size past which even its least latency and
+    uncorrected Simple data lose to the Simple ring (*ring_simple_latency*)."""
+    across = nodes > 1.0
+    per_node = np.floor(n / nodes)
+    log_nodes = np.floor(np.log2(nodes))
+    latencies = []
+    for p in range(3):
+        intra = NVLINK_LATENCY_US["tree"][p] * _US + np.where(across, 0.0, latency)
+        cross = NET_LATENCY_US["tree"][p] * _US + (2.0 if p == 2 else 1.0) * latency
+        latencies.append(BASE_LATENCY_US["tree"][p] * _US + 2.0 * ((per_node - 1.0) * intra + log_nodes * cross))
+    # tree >= least latency + 2 S / (0.92 B) (no protocol or correction moves it faster); the Simple ring is
+    # latency + 2 (n - 1) / n * S / B: past this S (on the group's shape) the tree never wins
+    slope = 2.0 / (bandwidth * TREE_BANDWIDTH) - 2.0 * (n - 1.0) / (n * bandwidth)
+    least = np.minimum(np.minimum(latencies[0], latencies[1]), latencies[2])
+    candidate = s < (ring_simple_latency - least) / slope
+    if not candidate.any():
+        return ring
+    shape = np.broadcast(s, ring).shape
+    where = np.broadcast_to(candidate, shape)
+    pick = [np.broadcast_to(a, shape)[where] for a in (s, bandwidth, across, *latencies)]
+    s, across, latencies = pick[0], pick[2], pick[3:]
+    data = 2.0 * s / (pick[1] * TREE_BANDWIDTH)
+    size = np.floor(np.log2(np.maximum(s, 1.0) / 64.0))  # log2i(nBytes >> 6), -1 below 64 bytes
+    corrected = (size >= 0) & (size < TREE_CORRECTION.shape[1])
+    column = np.clip(size, 0, TREE_CORRECTION.shape[1] - 1).astype(np.int64)
+    best = None
+    for p in range(3):
+        factor = np.where(across, TREE_PROTOCOL_FACTOR_NODES[p], TREE_PROTOCOL_FACTOR_ONE_NODE[p])
+        correction = np.where(corrected, TREE_CORRECTION[p][column], 1.0)
+        seconds = latencies[p] + data / (factor * correction)
+        best = seconds if best is None else np.minimum(best, seconds)
+    out = np.array(np.broadcast_to(ring, shape), dtype=np.float64)
+    out[where] = np.minimum(out[where], best)
+    return out
+
+
+def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
+    """The fastest of NCCL's ring, tree and (within one NVLink domain with ``nvls_efficiency > 0``) NVLS
+    all-reduce of *message_bytes* on each member, each at its fastest protocol; *nodes*: the NVLink domains
+    the group spans (NCCL's ``nNodes``)."""
     n = _n(group_size)
-    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds)
+    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds, nodes, nvls_efficiency)
     if alone is not None:
         return alone
     s = np.asarray(message_bytes, dtype=np.float64)
-    ring = 2.0 * (n - 1.0) / n * s / bytes_per_second + 2.0 * (n - 1.0) * latency_seconds
-    tree = 2.0 * s / bytes_per_second + 2.0 * np.ceil(np.log2(n)) * latency_seconds
-    return _zero_where_alone(n, np.minimum(ring, tree))
+    nodes = np.asarray(nodes, dtype=np.float64)
+    latencies = _ring_latencies(n, nodes, latency_seconds, True)
+    best = _tree(s, n, nodes, bytes_per_second, latency_seconds, _ring(s, n, latencies, bytes_per_second, True),
+                 latencies[2])
+    nvls = np.asarray(nvls_efficiency, dtype=np.float64)
+    usable = (nvls > 0.0) & (nodes <= 1.0)
+    if usable.any():
+        bus = bytes_per_second * np.where(usable, nvls, 1.0)
+        in_switch = NVLINK_LATENCY_US["nvls"] * _US + latency_seconds + (n - 1.0) / n * s / bus
+        best = np.where(usable, np.minimum(best, in_switch), best)
+    return _zero_where_alone(n, best, s)
 
 
-def all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seconds):
-    """A ring all-gather ending with *message_bytes* (the full tensor) on each member."""
+def all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
+    """NCCL's ring all-gather ending with *message_bytes* (the full tensor) on each member, fastest protocol; as
+    ``reduce_scatter_seconds``, the reduce-scatter of the full tensor each member starts with."""
     n = _n(group_size)
-    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds)
+    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds, nodes)
     if alone is not None:
         return alone
     s = np.asarray(message_bytes, dtype=np.float64)
-    return _zero_where_alone(n, (n - 1.0) / n * s / bytes_per_second + (n - 1.0) * latency_seconds)
+    latencies = _ring_latencies(n, np.asarray(nodes, dtype=np.float64), latency_seconds, False)
+    return _zero_where_alone(n, _ring(s, n, latencies, bytes_per_second, False), s)
 
 
-def reduce_scatter_seconds(message_bytes, group_size, bytes_per_second, latency_seconds):
-    """A ring reduce-scatter of *message_bytes* (the full tensor) each member starts with."""
-    return all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seconds)
+# NCCL's ring prices a reduce-scatter as the all-gather of the same bytes: one function, so the time model,
+# seeing the two registered alike, prices the pair once where their bytes agree
+reduce_scatter_seconds = all_gather_seconds
 
 
-def all_to_all_seconds(message_bytes, group_size, bytes_per_second, latency_seconds):
-    """A pairwise all-to-all of the *message_bytes* each member holds (it keeps 1/n of them)."""
+def _p2p_step_seconds(nodes, latency_seconds):
+    """One point-to-point round: a Simple ring step's latency over NVLink, or NET across nodes, and the link's."""
+    hop = np.where(np.asarray(nodes) > 1, NET_LATENCY_US["ring"][2], NVLINK_LATENCY_US["ring"][2]) * _US
+    return hop + latency_seconds
+
+
+def all_to_all_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
+    """A pairwise all-to-all of the *message_bytes* each member holds (it keeps 1/n of them): n - 1 rounds."""
     n = _n(group_size)
-    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds)
+    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds, nodes)
     if alone is not None:
         return alone
     s = np.asarray(message_bytes, dtype=np.float64)
-    return _zero_where_alone(n, (n - 1.0) / n * s / bytes_per_second + (n - 1.0) * latency_seconds)
+    seconds = (BASE_LATENCY_US["ring"][2] * _US + (n - 1.0) * _p2p_step_seconds(nodes, latency_seconds)
+               + (n - 1.0) / n * s / bytes_per_second)
+    return _zero_where_alone(n, seconds, s)
 
 
-def send_recv_seconds(message_bytes, group_size, bytes_per_second, latency_seconds):
-    """One point-to-point message (``group_size`` 1 means no peer, no time)."""
+def send_recv_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
+    """One point-to-point message (``group_size`` 1 means no peer, no time); *nodes* > 1: it crosses nodes."""
     n = _n(group_size)
-    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds)
+    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds, nodes)
     if alone is not None:
         return alone
     s = np.asarray(message_bytes, dtype=np.float64)
-    return _zero_where_alone(n, s / bytes_per_second + latency_seconds)
+    seconds = BASE_LATENCY_US["ring"][2] * _US + _p2p_step_seconds(nodes, latency_seconds) + s / bytes_per_second
+    return _zero_where_alone(n, seconds, s)
 
 
 @attrs.frozen(kw_only=True)
 class Collective:
-    """A collective primitive: ``seconds(message_bytes, group_size, bytes_per_second, latency_seconds)``."""
+    """A collective primitive: ``seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1,
+    nvls_efficiency=0.0)`` (a third party's may take the first four only)."""
 
     name: str
     seconds: Callable[..., Any] = attrs.field(repr=False)
@@ -121,13 +242,13 @@ class Collective:
 
 BUILTIN = (
     Collective(name="all_reduce", seconds=all_reduce_seconds,
-               description="ring or double binary tree, whichever is faster"),
+               description="NCCL's ring, tree or NVLS, whichever its tuner finds fastest, at the fastest protocol"),
     Collective(name="all_gather", seconds=all_gather_seconds,
-               description="ring; message is the gathered tensor"),
+               description="NCCL's ring at the fastest protocol; message is the gathered tensor"),
     Collective(name="reduce_scatter", seconds=reduce_scatter_seconds,
-               description="ring; message is the full tensor before the scatter"),
+               description="NCCL's ring at the fastest protocol; message is the full tensor before the scatter"),
     Collective(name="all_to_all", seconds=all_to_all_seconds,
-               description="pairwise exchange; message is what a member holds"),
+               description="pairwise exchange, n - 1 rounds; message is what a member holds"),
     Collective(name="send_recv", seconds=send_recv_seconds,
                description="point to point"),
 )

@@ -101,6 +101,8 @@ def test_cli_json_and_output(layer_file, tmp_path, capsys):
     written = load_hardware_yaml(out)
     assert written.name == "h200_mine"   # named after its file, so an estimate on it does not say h200
     assert written.efficiency["matmul"] == pytest.approx(data["efficiency"]["matmul"], abs=1e-4)
+    # the network's shape travels with it: NVLink domain, NICs, NVLS
+    assert (written.nvlink_domain_devices, written.nics_per_node, written.nvls_architecture) == (8, 8, "hopper")
 
 
 @pytest.mark.slow

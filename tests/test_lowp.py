@@ -117,25 +117,32 @@ def test_float8_all_gather_halves_the_gathered_linears(registry):
 
 
 def test_float8_all_gather_gathers_one_byte_an_element(h100, work):
-    """The FSDP all-gather's bytes: (linears x 1 + the rest x 2) beside all x 2, through the same collective."""
-    coll = ct._collectives()
-    cols = ct.strategy_columns([Strategy.parse("fsdp=8,seq=512,param_dtype=bf16,float8=tensorwise,"
-                                               "float8_all_gather=true")])
-    rows = ct._rows(cols, h100)
+    """A layer's FSDP all-gather: (linears x 1 + its two norms x 2) bytes under float8_all_gather, beside all of them
+    at 2 bytes, through the same collective: 32 layers, each gathered for the forward and again for the backward,
+    no root (neither embedding nor head on the rank), no compute to hide behind."""
+    from types import SimpleNamespace
+
     from ndcost.compose import sharding
-    shard = sharding.sharding(cols)
-    layers = np.array([[[32.0]]])
-    dense = np.array([[32.0 * (LINEAR_WEIGHTS + 2 * H)]])  # 32 layers' linears and their two norms (no ends)
+
+    coll = ct._collectives()
     eff = ct.efficiencies(h100)[0]
-    fp8 = ct._fp8_gathered(work, cols, shard, layers, rows)
-    assert fp8[0, 0] == 32 * LINEAR_WEIGHTS
-    priced = ct._data_parallel(rows, shard, dense, np.zeros((1, 1)), h100, eff, coll, fp8)["fsdp_gather"]
-    # the same gather of bf16 parameters moving as many bytes: 32 (linears / 2 + norms) elements at 2 bytes
-    same_bytes = np.array([[32.0 * (LINEAR_WEIGHTS / 2 + 2 * H)]])
-    expected = ct._data_parallel(rows, shard, same_bytes, np.zeros((1, 1)), h100, eff, coll)["fsdp_gather"]
-    assert priced[0, 0] == pytest.approx(float(expected[0, 0]), rel=1e-12)
-    plain = ct._data_parallel(rows, shard, dense, np.zeros((1, 1)), h100, eff, coll)["fsdp_gather"]
-    assert plain[0, 0] > priced[0, 0]
+    counts = np.array([[[32.0]]])
+    place = SimpleNamespace(has_embedding=np.zeros((1, 1), dtype=bool), has_head=np.zeros((1, 1), dtype=bool))
+    rank = {"head_split": np.ones(1), "layer_forward": np.zeros((1, 1)), "layer_backward": np.zeros((1, 1, 1))}
+    cols = ct.strategy_columns([Strategy.parse("fsdp=8,seq=512,param_dtype=bf16,float8=tensorwise")])
+    rows, shard = ct._rows(cols, h100), sharding.sharding(cols)
+    link = ct.group_link(h100, shard.shard_stride, shard.dense_ways, eff)
+
+    def gathers(fp8):
+        return float(ct._fsdp(work, rows, shard, counts, place, rank, h100, eff, coll, np.array([fp8]))["gathers"][0, 0])
+
+    def by_hand(layer_bytes):
+        return 2 * 32 * float(ct._run_rows(coll["all_gather"], np.array([True]), np.array([[layer_bytes]]),
+                                           shard.dense_ways, link)[0, 0])
+
+    assert gathers(True) == pytest.approx(by_hand(LINEAR_WEIGHTS * 1 + 2 * H * 2), rel=1e-12)
+    assert gathers(False) == pytest.approx(by_hand((LINEAR_WEIGHTS + 2 * H) * 2), rel=1e-12)
+    assert gathers(False) > gathers(True)
 
 
 def test_compile_fuses_each_pointwise_chain(h100, work):

@@ -21,7 +21,7 @@ from ndcost.plugins.estimators import flops as analytic
 from ndcost.values import LayerGroup, ModelSpec, Strategy
 
 from test_memory import records
-from test_time_step import WITHIN, toy_hardware, toy_parameters, toy_spec
+from test_time_step import BASE, STEP, WITHIN, toy_hardware, toy_parameters, toy_spec
 
 # Llama-3.1-8B: 32 layers, hidden 4096, 32 query heads and 8 KV heads of 128, intermediate 14336, vocabulary 128256
 H, A, KV, DH, I, V, L = 4096, 32, 8, 128, 14336, 128256, 32
@@ -178,35 +178,41 @@ def _time(*texts):
 
 def test_reshard_after_forward_false_drops_the_backward_gather():
     """FSDP 2, three micro-batches, bf16: each gathers the parameters for its forward and its backward and
-    reduce-scatters the gradients, half of each sent (``test_fsdp_and_zero1_volumes``); kept gathered, the
-    backward's gather goes: 3 x 2 of them instead of 3 x 3."""
-    one = (1 / 2) * toy_parameters(toy_spec()) * 2 / WITHIN
+    reduce-scatters the gradients, half of each sent (``test_fsdp_and_zero1_volumes``), a layer at a time
+    (each a 1-step Simple ring, BASE + STEP), the root (embedding, head, norm) gathered once; kept gathered,
+    the backward's 2 layer gathers go."""
+    spec = toy_spec()
+    one = (1 / 2) * toy_parameters(spec) * 2 / WITHIN
+    root = (1 / 2) * (2 * spec.vocab_size * spec.hidden_size + spec.hidden_size) * 2 / WITHIN
     r = _time("seq=512,fsdp=2,num_micro_batches=3", "seq=512,fsdp=2,num_micro_batches=3,reshard_after_forward=false")
-    assert r.communication_seconds[0] == pytest.approx(3 * 3 * one, rel=1e-12)
-    assert r.communication_seconds[1] == pytest.approx(3 * 2 * one, rel=1e-12)
-    assert r.communication_seconds[0] - r.communication_seconds[1] == pytest.approx(3 * one, rel=1e-12)
+    assert r.communication_seconds[0] == pytest.approx(3 * (3 * one - root + 8 * (BASE + STEP)), rel=1e-12)
+    assert r.communication_seconds[1] == pytest.approx(3 * (2 * one + 6 * (BASE + STEP)), rel=1e-12)
 
 
 def test_gradients_reduced_over_every_replica_under_shard_mesh_dp():
     """ZeRO-1, dp 2 x cp 2 (toy parameters P, bf16 gradients 2P bytes). dp_cp: one reduce-scatter over the 4
     ranks, 3/4 of 2P sent. dp: a reduce-scatter over the 2 dp ranks (1/2 of 2P), then the cp pair all-reduces
-    its half (a ring all-reduce of P bytes over 2 sends 2 (1/2) P)."""
+    its half (a ring all-reduce of P bytes over 2 sends 2 (1/2) P). Each a Simple ring: BASE and a STEP each of
+    its 3, 1 and 2 steps."""
     P_toy = toy_parameters(toy_spec())
     r = _time("seq=512,dp=2,cp=2,zero=1", "seq=512,dp=2,cp=2,zero=1,shard_mesh=dp")
-    assert r.detail["grad_sync_seconds"][0] == pytest.approx((3 / 4) * 2 * P_toy / WITHIN, rel=1e-12)
-    assert r.detail["grad_sync_seconds"][1] == pytest.approx(((1 / 2) * 2 * P_toy + P_toy) / WITHIN, rel=1e-12)
+    assert r.detail["grad_sync_seconds"][0] == pytest.approx((3 / 4) * 2 * P_toy / WITHIN + BASE + 3 * STEP,
+                                                             rel=1e-12)
+    assert r.detail["grad_sync_seconds"][1] == pytest.approx(((1 / 2) * 2 * P_toy + P_toy) / WITHIN
+                                                             + 2 * BASE + 3 * STEP, rel=1e-12)
 
 
 def test_hsdp_over_the_cp_ranks_reduces_over_the_replicas():
     """dp 2, cp 2, shard_mesh=fsdp_cp: the gathers and reduce-scatters run over the cp pair, then the 2 replicas
     all-reduce their half of the gradients (P bytes, a ring over 2 sends P); FSDP 1 CP 2 (no replicas) reduces
-    nothing more, and its gathers match ZeRO-3's over the same 2 ranks."""
+    nothing more, and its gathers match ZeRO-3's over the same 2 ranks. The all-reduce: a 2-step Simple ring."""
     P_toy = toy_parameters(toy_spec())
     r = _time("seq=512,dp=2,cp=2,shard_mesh=fsdp_cp", "seq=512,cp=2,shard_mesh=fsdp_cp", "seq=512,cp=2,zero=3")
-    assert r.detail["grad_sync_seconds"][0] == pytest.approx(P_toy / WITHIN, rel=1e-12)
+    all_reduce = P_toy / WITHIN + BASE + 2 * STEP
+    assert r.detail["grad_sync_seconds"][0] == pytest.approx(all_reduce, rel=1e-12)
     assert r.detail["grad_sync_seconds"][1] == 0.0
     assert r.communication_seconds[1] == pytest.approx(r.communication_seconds[2], rel=1e-12)
-    assert r.communication_seconds[0] - r.communication_seconds[1] == pytest.approx(P_toy / WITHIN, rel=1e-12)
+    assert r.communication_seconds[0] - r.communication_seconds[1] == pytest.approx(all_reduce, rel=1e-12)
 
 
 # ---------------------------------------------------------------------------

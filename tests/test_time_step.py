@@ -18,10 +18,15 @@ TIME_KEYS = {"step_seconds", "tokens_per_second", "mfu", "compute_seconds", "com
 WITHIN, ACROSS = 100e9, 10e9
 
 
-def toy_hardware(per_node=8, peak=1e15, hbm=1e12, memory=1.0):
-    """Round numbers, no latency, no launch or dispatch cost, efficiency 1 for everything but the memory class."""
+# NCCL's constants (src/graph/tuning.cc, tests/test_nccl.py): a Simple ring's base latency and step on NVLink
+BASE, STEP = 8.4e-6, 3.4e-6
+
+
+def toy_hardware(per_node=8, peak=1e15, hbm=1e12, memory=1.0, nics=None):
+    """Round numbers, no link latency beyond NCCL's, no launch or dispatch cost, efficiency 1 for everything
+    but the memory class."""
     return Hardware(name="toy", memory_bytes=1 << 40, hbm_bytes_per_second=hbm, peak_flops_per_second={"bf16": peak},
-                    devices_per_node=per_node,
+                    devices_per_node=per_node, nics_per_node=per_node if nics is None else nics,
                     network=(NetworkLevel(name="within_node", bytes_per_second=WITHIN),
                              NetworkLevel(name="across_nodes", bytes_per_second=ACROSS)),
                     efficiency={k: 1.0 for k in ct.EFFICIENCY_KEYS} | {"memory": memory, "memory_backward": memory},
@@ -93,9 +98,11 @@ def test_unpriced_time_is_said_not_zeroed(capsys):
 # placement: TP innermost, then CP, then DP, then PP
 # ---------------------------------------------------------------------------
 def _crosses(strategy, measure):
-    """How much slower *measure* is on 8-device nodes than on one node holding every device: 1 within, 10 across."""
+    """How much slower *measure* is on 8-device nodes than on one node holding every device: 1 within, and
+    across several times slower (one NIC a node, shared by its groups: a group gets its members'
+    share of it at a tenth of NVLink; NCCL's latencies dilute the ratio of small messages)."""
     work = analytic.model_work(toy_spec(), 1024)
-    nodes = ct.step_time(work, [Strategy.parse(strategy)], toy_hardware(per_node=8))
+    nodes = ct.step_time(work, [Strategy.parse(strategy)], toy_hardware(per_node=8, nics=1))
     one = ct.step_time(work, [Strategy.parse(strategy)], toy_hardware(per_node=1 << 20))
     return measure(nodes) / measure(one)
 
@@ -118,7 +125,7 @@ def not_grad(r):
 
 def test_placement_tp_innermost():
     assert _crosses("seq=1024,tp=8", comm) == pytest.approx(1.0)
-    assert _crosses("seq=1024,tp=16", comm) == pytest.approx(WITHIN / ACROSS)
+    assert _crosses("seq=1024,tp=16", comm) > 3
 
 
 def test_placement_cp_next_to_tp():
@@ -127,16 +134,16 @@ def test_placement_cp_next_to_tp():
     assert _crosses("seq=1024,tp=4,cp=4", not_grad) > 1.5
     # CP inside DP: CP 8 (stride 1) stays in the node while the gradient reduction over dp x cp = 16 crosses
     assert _crosses("seq=1024,cp=8,dp=2", not_grad) == pytest.approx(1.0)
-    assert _crosses("seq=1024,cp=8,dp=2", grad) == pytest.approx(WITHIN / ACROSS)
+    assert _crosses("seq=1024,cp=8,dp=2", grad) > 3
 
 
 def test_placement_dp_then_pp_outermost():
     # TP 2 x CP 2 x DP 2 fill a node: the gradient reduction stays inside, PP's sends cross
     assert _crosses("seq=1024,tp=2,cp=2,dp=2,pp=2,num_micro_batches=4", grad) == pytest.approx(1.0)
-    assert _crosses("seq=1024,tp=2,cp=2,dp=2,pp=2,num_micro_batches=4", send) == pytest.approx(WITHIN / ACROSS)
+    assert _crosses("seq=1024,tp=2,cp=2,dp=2,pp=2,num_micro_batches=4", send) > 3
     # DP 4 x PP 2 in one node: PP (stride 4) stays inside
     assert _crosses("seq=1024,dp=4,pp=2,num_micro_batches=4", send) == pytest.approx(1.0)
-    assert _crosses("seq=1024,tp=4,dp=4", grad) == pytest.approx(WITHIN / ACROSS)
+    assert _crosses("seq=1024,tp=4,dp=4", grad) > 3
 
 
 # ---------------------------------------------------------------------------
@@ -149,8 +156,8 @@ def test_ulysses_volume():
     r = ct.step_time(analytic.model_work(spec, 1024), [Strategy.parse("seq=1024,cp=2,cp_algo=ulysses")],
                      toy_hardware(peak=1e12))  # slow compute: the gradient reduction hides behind the backward
     message = 512 * 2 * (2 * 1024 + 2 * 1024)
-    a2a = (1 / 2) * message / WITHIN
-    grads = 2 * (1 / 2) * toy_parameters(spec) * 2 / WITHIN   # the CP pair all-reduces its gradients
+    a2a = (1 / 2) * message / WITHIN + BASE + STEP                       # one round of pairs
+    grads = 2 * (1 / 2) * toy_parameters(spec) * 2 / WITHIN + BASE + 2 * STEP  # the CP pair's gradient all-reduce
     assert r.communication_seconds[0] == pytest.approx(2 * a2a + grads, rel=1e-12)
     # none of it overlapped
     assert r.exposed_communication_seconds[0] == pytest.approx(2 * a2a, rel=1e-12)
@@ -170,7 +177,7 @@ def test_step_by_hand_under_ulysses():
     layer = 2 * tokens * (4 * h * h + 3 * h * inter) + 4 * (heads // 2) * d * s * (s + 1) / 2
     head = 2 * tokens * h * vocab
     compute = 3 * (layer + head) / peak
-    all_to_alls = 2 * (1 / 2) * (tokens * 2 * (2 * h + 2 * h)) / WITHIN
+    all_to_alls = 2 * ((1 / 2) * (tokens * 2 * (2 * h + 2 * h)) / WITHIN + BASE + STEP)
     r = ct.step_time(analytic.model_work(spec, s), [Strategy.parse("seq=1024,cp=2,cp_algo=ulysses")],
                      toy_hardware(peak=peak, hbm=1e30))
     assert r.step_seconds[0] == pytest.approx(compute + all_to_alls, rel=1e-12)
@@ -180,16 +187,20 @@ def test_step_by_hand_under_ulysses():
 
 def test_fsdp_and_zero1_volumes():
     """FSDP 2: each micro-batch gathers the parameters for the forward and again for the backward and
-    reduce-scatters the gradients (bf16, half of each sent); ZeRO-1 over DP 2: a reduce-scatter of the gradients
-    and an all-gather of the updated parameters a step, the all-reduce's volume."""
+    reduce-scatters the gradients (bf16, half of each sent), a layer at a time: the root's (embedding, head,
+    norm) and 2 layers' gathers forward, 2 layers' backward, 2 layers' and the root's scatters, each a 1-step
+    Simple ring; ZeRO-1 over DP 2: a reduce-scatter of the gradients and an all-gather of the updated
+    parameters a step, the all-reduce's volume."""
     spec = toy_spec()
     work = analytic.model_work(spec, 512)
     P = toy_parameters(spec)
     one = (1 / 2) * P * 2 / WITHIN
     r = ct.step_time(work, [Strategy.parse("seq=512,fsdp=2,num_micro_batches=3"),
                             Strategy.parse("seq=512,dp=2,zero=1,num_micro_batches=3")], toy_hardware())
-    assert r.communication_seconds[0] == pytest.approx(3 * 3 * one, rel=1e-12)
-    assert r.communication_seconds[1] == pytest.approx(2 * one, rel=1e-12)
+    h, vocab = spec.hidden_size, spec.vocab_size
+    root = (1 / 2) * (2 * vocab * h + h) * 2 / WITHIN                    # the root stays gathered for the backward
+    assert r.communication_seconds[0] == pytest.approx(3 * (3 * one - root + 8 * (BASE + STEP)), rel=1e-12)
+    assert r.communication_seconds[1] == pytest.approx(2 * one + 2 * (BASE + STEP), rel=1e-12)
 
 
 # ---------------------------------------------------------------------------

@@ -139,7 +139,10 @@ def _write_hardware(hardware, efficiency, path) -> None:
            "network": {level.name: {"bytes_per_second": level.bytes_per_second,
                                     "latency_seconds": level.latency_seconds} for level in hardware.network},
            "efficiency": {k: round(float(v), 4) for k, v in efficiency.items()},
-           "cpu_optimizer_parameters_per_second": hardware.cpu_optimizer_parameters_per_second}
+           "cpu_optimizer_parameters_per_second": hardware.cpu_optimizer_parameters_per_second,
+           "nvlink_domain_devices": hardware.nvlink_domain_devices, "nics_per_node": hardware.nics_per_node}
+    if hardware.nvls_architecture is not None:
+        doc["nvls_architecture"] = hardware.nvls_architecture
     if hardware.host_to_device_bytes_per_second is not None:
         doc["host_to_device_bytes_per_second"] = hardware.host_to_device_bytes_per_second
     for name in ("sm_count", "kernel_tables"):  # what prices GEMMs by shape and launches, kept as stated

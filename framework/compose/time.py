@@ -18,12 +18,13 @@ schedules and optimizer states by code, as :func:`ndcost.compose.memory.compose`
 Collectives are the registered ``collective/<name>`` plugins; :data:`OVERLAP_RULES` say what each hides.
 
 Known limitations: the CPU (but a CPU optimizer's step and eager dispatch of the layers' kernels) and the data
-loader are not priced; the embedding's, head's, loss's and optimizer's launches are not counted; groups sharing
-a link do not contend; the expert TP collectives and the vocabulary-parallel loss's small all-reduces are not
-priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
+loader are not priced; the embedding's, head's, loss's and optimizer's launches are not counted; groups of
+different kinds sharing a link do not contend; the expert TP collectives and the vocabulary-parallel loss's small
+all-reduces are not priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
 """
 from __future__ import annotations
 
+import inspect
 import weakref
 from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Sequence, Tuple
 
@@ -80,8 +81,10 @@ EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 # - dp_grad: gradient all-reduce (reduce-scatter under ZeRO >= 1) over dp * fsdp * cp, once a step, bucketed
 #   behind the last micro-batch's backward (PyTorch DDP's reducer); a shard's replicas (HSDP's) reduce it.
 # - dp_param: ZeRO 1/2's all-gather of the updated parameters, behind the next step's first forward.
-# - fsdp: FSDP / ZeRO-3 gathers and reduce-scatters a micro-batch, prefetched behind its forward and backward
-#   (no backward gather under reshard_after_forward=false).
+# - fsdp: FSDP / ZeRO-3 gathers and reduce-scatters a layer at a time as FSDP2 schedules them (_fsdp: one layer
+#   prefetched, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py): each gather behind the previous
+#   layer's pass, each reduce-scatter behind the next layer's backward (no backward gather under
+#   reshard_after_forward=false); the root's gather and scatter, the first gather and the last scatter exposed.
 # - pp: activation and gradient sends, hidden in the steady state; 2 (p * v - 1) on the fill and drain path.
 # - offload_*: host-device copies over the device's host link (Hardware.host_to_device_bytes_per_second), each
 #   direction its own: save_on_cpu's copies hide behind the pass's compute; FSDP2's CPUOffloadPolicy copies a
@@ -96,7 +99,9 @@ OVERLAP_RULES: Mapping[str, str] = {
     "ep": "exposed, except under dualpipev: overlapped with the layer's compute of the pass",
     "dp_grad": "overlapped with the last micro-batch's backward; the excess is exposed",
     "dp_param": "overlapped with the next step's first forward; the excess is exposed",
-    "fsdp": "prefetched: overlapped with the micro-batch's forward / backward; the excess is exposed",
+    "fsdp": "FSDP2's one-layer prefetch: each layer's gather overlapped with the previous layer's compute of the "
+            "pass, each reduce-scatter with the next layer's backward, per layer (the excess exposed); the root's "
+            "gather and scatter, a pass's first gather and the backward's last reduce-scatter exposed",
     "pp": "overlapped in the steady state; 2 (p * v - 1) sends on the fill and drain path are exposed",
     "offload_activations": "copies out in the forward, back in the backward, overlapped with that pass's compute; "
                            "the excess is exposed",
@@ -197,9 +202,29 @@ def _peak_flops(hardware: Hardware, compute_dtype: np.ndarray) -> np.ndarray:
 
 
 def _collectives() -> Dict[str, Any]:
-    """The registered ``collective/<name>`` plugins' ``seconds`` functions."""
+    """The registered ``collective/<name>`` plugins' ``seconds`` functions, each taking the link's keywords
+    (``nodes``, ``nvls_efficiency``: :func:`ndcost.compose.topology.group_link`'s); one written before them
+    (four arguments only) is called without them."""
     registry = manager.registry()
-    return {name: registry.get(f"collective/{name}").seconds for name in COLLECTIVES}
+    return {name: _with_link_keywords(registry.get(f"collective/{name}").seconds) for name in COLLECTIVES}
+
+
+_LINK_KEYWORDS = ("nodes", "nvls_efficiency")
+
+
+def _with_link_keywords(seconds: Callable[..., Any]) -> Callable[..., Any]:
+    try:
+        parameters = inspect.signature(seconds).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: the four arguments only
+        parameters = ()  # type: ignore[assignment]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters) or \
+            set(_LINK_KEYWORDS) <= {p.name for p in parameters}:
+        return seconds
+
+    def four_arguments(message_bytes, group_size, bytes_per_second, latency_seconds, **_link):
+        return seconds(message_bytes, group_size, bytes_per_second, latency_seconds)
+
+    return four_arguments
 
 
 _DERIVED: Dict[Tuple[Hashable, int], Tuple[Any, Any]] = {}
@@ -570,25 +595,28 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     tp, cp, ep, etp, tokens = rows.tp, rows.cp, rows.ep, rows.etp, rows.tokens
     k = _kind_arrays(model)
     hidden_msg = tokens * h * width                                    # a TP rank's activations of a layer
-    bw_tp, lat_tp = group_link(hardware, np.ones(n), tp, eff)
-    tp_sp = coll["all_gather"](hidden_msg, tp, bw_tp, lat_tp) + coll["reduce_scatter"](hidden_msg, tp, bw_tp, lat_tp)
-    tp_pass = 2.0 * np.where(rows.sp, tp_sp, coll["all_reduce"](hidden_msg, tp, bw_tp, lat_tp))
+    bw_tp, lat_tp, link_tp = group_link(hardware, np.ones(n), tp, eff)
+    tp_sp = (coll["all_gather"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
+             + coll["reduce_scatter"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
+    tp_pass = 2.0 * np.where(rows.sp, tp_sp, coll["all_reduce"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
     tp_fwd = np.broadcast_to(tp_pass[:, None], (n, len(model.kinds)))
-    bw_cp, lat_cp = group_link(hardware, tp, cp, eff)
+    bw_cp, lat_cp, link_cp = group_link(hardware, tp, cp, eff, ring=False)
+    link_cp = {key: value[:, None] for key, value in link_cp.items()}
     cp_ring = (cp > 1)[:, None] * (cp - 1.0)[:, None] * (
         coll["send_recv"]((tokens * width / tp)[:, None] * k["kv_elements_per_token"][None, :], 2.0,
-                          bw_cp[:, None], lat_cp[:, None]))
+                          bw_cp[:, None], lat_cp[:, None], **link_cp))
     cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
                                                        + k["kv_elements_per_token"])[None, :]
-    cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None])
+    cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
     ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
     cp_fwd = np.where(k["has_attention"][None, :], np.where(ulysses, cp_ulysses, cp_ring), 0.0)
     cp_bwd = np.where(ulysses, 1.0, 2.0) * cp_fwd
     cp_fwd_exposed = np.where(ulysses, cp_fwd, np.maximum(0.0, cp_fwd - layer["scores_forward"]))
     cp_bwd_exposed = np.where(ulysses, cp_bwd, np.maximum(0.0, cp_bwd - layer["scores_backward"]))
-    bw_ep, lat_ep = group_link(hardware, etp, ep, eff)
+    bw_ep, lat_ep, link_ep = group_link(hardware, etp, ep, eff, ring=False)
     ep_msg = (tokens * etp / tp * h * width * rows.imbalance)[:, None] * k["experts_per_token"][None, :]
-    ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None])  # dispatch, combine
+    ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None],  # dispatch, combine
+                                       **{key: value[:, None] for key, value in link_ep.items()})
     overlapped = overlaps_ep[:, None]
     # async TP: the collective matmuls hide the TP all-gathers and reduce-scatters behind the pass's matmuls
     async_tp = np.asarray(cols["async_tp"], dtype=bool)[:, None]
@@ -646,18 +674,14 @@ def _rank_parameters(model: ModelWork, rows: _Rows, counts, where: placement_rul
     return dense, routed
 
 
-def _fp8_gathered(model: ModelWork, cols, shard: sharding_rules.Sharding, counts, rows: _Rows) -> Optional[np.ndarray]:
-    """``(N, R)`` of a rank's dense parameters, those FSDP2 gathers as fp8 under ``float8_all_gather`` (the Float8
-    linears' weights: the kinds' TP-split parameters); None where no row gathers any."""
-    fp8 = np.asarray(cols["float8_all_gather"], dtype=bool) & shard.fsdp
-    if not fp8.any():
-        return None
-    linears = np.einsum("srk,k->sr", counts, _kind_arrays(model)["dense_parameters"]) / rows.tp[:, None]
-    return np.where(fp8[:, None], linears, 0.0)
+def _fp8_gathered(cols, shard: sharding_rules.Sharding) -> np.ndarray:
+    """``(N,)`` whether FSDP2 gathers the Float8 linears' weights (a kind's TP-split parameters) in fp8, one byte
+    an element (``float8_all_gather``)."""
+    return np.asarray(cols["float8_all_gather"], dtype=bool) & shard.fsdp
 
 
 def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, routed_params, hardware: Hardware,
-                   eff, coll, fp8_gathered: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+                   eff, coll) -> Dict[str, np.ndarray]:
     """``(N, R)`` seconds of the data-parallel collectives: a micro-batch's FSDP ones, and the step's.
 
     Under FSDP or ZeRO-3 (parameters sharded) every micro-batch gathers the
@@ -670,41 +694,129 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
     all-reduced, or under ZeRO 1/2 reduce-scattered over the shard group
     (the shards all-reduced over its replicas) and the updated parameters
     all-gathered; routed experts over their expert-data-parallel group.
-    *fp8_gathered*: of the dense parameters, those FSDP gathers at one byte an element (``float8_all_gather``).
     """
     tp = rows.tp
     gathers = shard.sharded["parameters"]
     distributed_optimizer = ~gathers & shard.sharded["optimizer_states"]
     group, replicas, experts = shard.dense_ways, shard.replicas, shard.expert_replicas
-    bw_sh, lat_sh = group_link(hardware, shard.shard_stride, group, eff)
-    bw_rest, lat_rest = group_link(hardware, shard.replica_stride, shard.shard_replicas, eff)
-    bw_dp, lat_dp = group_link(hardware, tp, replicas, eff)
-    bw_edp, lat_edp = group_link(hardware, rows.etp * rows.ep, experts, eff)
+    link_sh = group_link(hardware, shard.shard_stride, group, eff)
+    link_rest = group_link(hardware, shard.replica_stride, shard.shard_replicas, eff)
+    link_dp = group_link(hardware, tp, replicas, eff)
+    link_edp = group_link(hardware, rows.etp * rows.ep, experts, eff)
     param_bytes, grad_bytes = dense_params * rows.param_bytes[:, None], dense_params * rows.grad_bytes[:, None]
     eparam_bytes, egrad_bytes = routed_params * rows.param_bytes[:, None], routed_params * rows.grad_bytes[:, None]
 
-    def run(name, message, size, bandwidth, latency):
-        return coll[name](message, size[:, None], bandwidth[:, None], latency[:, None])
+    def run(name, needed, message, size, link):
+        return _run_rows(coll[name], needed, message, size, link)
 
     g = gathers[:, None]
     z = distributed_optimizer[:, None]
-    gathered_bytes = param_bytes if fp8_gathered is None else \
-        param_bytes - fp8_gathered * (rows.param_bytes[:, None] - DTYPE_BYTES[DTYPE_NAMES.index("fp8")])
-    fsdp_gather = np.where(g, run("all_gather", gathered_bytes, group, bw_sh, lat_sh)
-                           + run("all_gather", eparam_bytes, experts, bw_edp, lat_edp), 0.0)
-    fsdp_scatter = np.where(g, run("reduce_scatter", grad_bytes, group, bw_sh, lat_sh)
-                            + run("reduce_scatter", egrad_bytes, experts, bw_edp, lat_edp), 0.0)
-    shard_sum = run("all_reduce", grad_bytes / group[:, None], shard.shard_replicas, bw_rest, lat_rest)
-    dense_grad_step = np.where(
-        g, shard_sum,
-        np.where(z, run("reduce_scatter", grad_bytes, group, bw_sh, lat_sh) + shard_sum,
-                 run("all_reduce", grad_bytes, replicas, bw_dp, lat_dp)))
-    expert_grad_step = np.where(g, 0.0, np.where(z, run("reduce_scatter", egrad_bytes, experts, bw_edp, lat_edp),
-                                                 run("all_reduce", egrad_bytes, experts, bw_edp, lat_edp)))
-    param_step = np.where(z, run("all_gather", param_bytes, group, bw_sh, lat_sh)
-                          + run("all_gather", eparam_bytes, experts, bw_edp, lat_edp), 0.0)
-    return {"fsdp_gather": fsdp_gather, "fsdp_scatter": fsdp_scatter,
-            "grad_step": dense_grad_step + expert_grad_step, "param_step": param_step}
+    plain = ~gathers & ~distributed_optimizer
+    shard_sum = run("all_reduce", ~plain, grad_bytes / group[:, None], shard.shard_replicas, link_rest)
+    scatter, escatter = (run("reduce_scatter", distributed_optimizer, grad_bytes, group, link_sh),
+                         run("reduce_scatter", distributed_optimizer, egrad_bytes, experts, link_edp))
+    dense_grad_step = np.where(g, shard_sum, np.where(z, scatter + shard_sum,
+                                                      run("all_reduce", plain, grad_bytes, replicas, link_dp)))
+    expert_grad_step = np.where(g, 0.0, np.where(z, escatter, run("all_reduce", plain, egrad_bytes, experts,
+                                                                  link_edp)))
+    if _scatter_is_gather(coll, rows):  # the same bytes through the same function
+        gather, egather = scatter, escatter
+    else:
+        gather, egather = (run("all_gather", distributed_optimizer, param_bytes, group, link_sh),
+                           run("all_gather", distributed_optimizer, eparam_bytes, experts, link_edp))
+    param_step = np.where(z, gather + egather, 0.0)
+    return {"grad_step": dense_grad_step + expert_grad_step, "param_step": param_step}
+
+
+def _run_rows(seconds, needed, message, size, link) -> np.ndarray:
+    """``(N, M)`` the collective *seconds* of ``(N, M)`` messages over each row's group (*size*, *link*:
+    :func:`group_link`'s, ``(N,)`` each), priced on the rows *needed* only, 0 on the others."""
+    bandwidth, latency, keywords = link
+    if needed.all():
+        return seconds(message, size[:, None], bandwidth[:, None], latency[:, None],
+                       **{key: value[:, None] for key, value in keywords.items()})
+    out = np.zeros(np.shape(message))
+    picked = np.flatnonzero(needed)
+    if len(picked):
+        out[picked] = seconds(message[picked], size[picked, None], bandwidth[picked, None], latency[picked, None],
+                              **{key: value[picked, None] for key, value in keywords.items()})
+    return out
+
+
+def _scatter_is_gather(coll, rows: _Rows) -> bool:
+    """Whether a reduce-scatter of the gradients costs what the all-gather of the parameters does: one function
+    registered for both (NCCL's ring, the built-in) and gradients as wide as parameters in every row."""
+    return coll["reduce_scatter"] is coll["all_gather"] and bool(np.array_equal(rows.param_bytes, rows.grad_bytes))
+
+
+def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts, where: placement_rules.RankPlacement,
+          rank, hardware: Hardware, eff, coll, fp8_gather: np.ndarray) -> Dict[str, np.ndarray]:
+    """``(N, R)`` seconds a micro-batch of FSDP / ZeRO-3's per-layer gathers and reduce-scatters, all of them and
+    the exposed ones, as FSDP2 schedules them (``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`` and
+    ``_fsdp_state.py``; torchtitan's ``apply_fsdp`` wraps each block, the root holding embedding, norm and head).
+
+    One layer's gather is prefetched while the layer before it runs: in the forward the root's gather (embedding,
+    head, final norm) and the first layer's are exposed, layer ``i``'s gather hides behind layer ``i - 1``'s
+    forward only up to that layer's compute; in the backward layer ``i``'s gather (none under
+    ``reshard_after_forward=false``) and layer ``i + 2``'s reduce-scatter run behind layer ``i + 1``'s backward,
+    the last layer's gather and the first's reduce-scatter, and the root's (the root is not resharded after
+    forward, ``fully_shard``'s docstring), exposed. Layers of a kind are alike, so a rank's sum is its counts
+    times each kind's per-layer excess; a neighbour of another kind is taken as of the layer's own kind, and the
+    first and last layers' terms as the rank's layer-weighted mean (exact on a rank of one kind). Left out: the
+    gathers and scatters sharing links with TP/EP traffic, and torchtitan's unresharded last block.
+    Parameters are gathered at the compute width, as the memory model holds them (FSDP2's
+    ``MixedPrecisionPolicy.param_dtype`` casts the shard before the all-gather); under *fp8_gather*
+    (``float8_all_gather``, ``(N,)``) a kind's Float8 linears (its TP-split parameters) at one byte.
+    """
+    gathers = shard.sharded["parameters"]
+    n, ranks, kinds = counts.shape
+    if not gathers.any():
+        zeros = np.zeros((n, ranks))
+        return {"gathers": zeros, "scatters": zeros, "exposed_f": zeros, "exposed_b": zeros}
+    k = _kind_arrays(model)
+    link_sh = group_link(hardware, shard.shard_stride, shard.dense_ways, eff)
+    link_edp = group_link(hardware, rows.etp * rows.ep, shard.expert_replicas, eff)
+
+    def run(name, elements, width, size, link):  # one collective of *elements* a row and kind, where FSDP runs
+        return _run_rows(coll[name], gathers, elements * width[:, None], size, link)
+
+    linears = k["dense_parameters"][None, :] / rows.tp[:, None]
+    dense = linears + k["replicated_parameters"][None, :]                            # (N, K)
+    routed = np.broadcast_to(k["routed_parameters"][None, :] / (rows.ep * rows.etp)[:, None], dense.shape)
+    width = rows.compute_bytes
+    # in elements at the compute width: the linears gathered in fp8 count 1 / width of theirs
+    gathered = dense - np.where(fp8_gather[:, None], linears * (1.0 - 1.0 / width[:, None]), 0.0)
+    gather = (run("all_gather", gathered, width, shard.dense_ways, link_sh)
+              + run("all_gather", routed, width, shard.expert_replicas, link_edp))
+    same = _scatter_is_gather(coll, rows) and not fp8_gather.any() and bool(np.array_equal(width, rows.grad_bytes))
+    scatter = gather if same else (run("reduce_scatter", dense, rows.grad_bytes, shard.dense_ways, link_sh)
+                                   + run("reduce_scatter", routed, rows.grad_bytes, shard.expert_replicas, link_edp))
+    gather_b = np.where(shard.keeps_gathered[:, None], 0.0, gather)
+    root = (where.has_embedding * (model.embedding_parameters / rank["head_split"])[:, None]
+            + where.has_head * (model.head_parameters / rank["head_split"] + model.final_norm_parameters)[:, None])
+    root_gather = run("all_gather", root, width, shard.dense_ways, link_sh)
+    root_scatter = root_gather if same else run("reduce_scatter", root, rows.grad_bytes, shard.dense_ways, link_sh)
+    layers = counts.sum(axis=2)                                                      # (N, R)
+
+    def total(per_layer):                                                            # (N, K) or (N, R, K) -> (N, R)
+        per_layer = np.broadcast_to(per_layer if per_layer.ndim == 3 else per_layer[:, None, :], counts.shape)
+        return np.einsum("srk,srk->sr", counts, per_layer)
+
+    def mean(per_layer):                                                             # the rank's layer mean
+        return np.divide(total(per_layer), layers, out=np.zeros_like(layers), where=layers > 0)
+
+    forward, backward = rank["layer_forward"][:, None, :], rank["layer_backward"]    # (N, 1, K), (N, R, K)
+    g, gb, rs = gather[:, None, :], gather_b[:, None, :], scatter[:, None, :]
+    excess_f = np.maximum(0.0, g - forward)
+    exposed_f = np.where(layers > 0, mean(g) + total(excess_f) - mean(excess_f), 0.0) + root_gather
+    both = np.maximum(0.0, gb + rs - backward)
+    many = (mean(gb) + mean(rs) + total(both) - 2.0 * mean(both) + mean(np.maximum(0.0, gb - backward))
+            + mean(np.maximum(0.0, rs - backward)))
+    exposed_b = np.where(layers > 1, many, np.where(layers > 0, mean(gb) + mean(rs), 0.0)) + root_scatter
+    g_rows, rg = gathers[:, None], shard.keeps_gathered[:, None]
+    return {"gathers": np.where(g_rows, total(g) * np.where(rg, 1.0, 2.0) + root_gather, 0.0),
+            "scatters": np.where(g_rows, total(rs) + root_scatter, 0.0),
+            "exposed_f": np.where(g_rows, exposed_f, 0.0), "exposed_b": np.where(g_rows, exposed_b, 0.0)}
 
 
 def _pipeline(model: ModelWork, rows: _Rows, cols, schedules, stage, hardware: Hardware, eff, coll):
@@ -718,8 +830,8 @@ def _pipeline(model: ModelWork, rows: _Rows, cols, schedules, stage, hardware: H
     """
     pp, vpp = rows.pp, rows.vpp
     message = rows.tokens * float(model.hidden_size) * rows.compute_bytes / np.where(rows.sp, rows.tp, 1.0)
-    bw_pp, lat_pp = group_link(hardware, rows.tp * rows.cp * rows.dp * rows.fsdp, pp, eff)
-    send = np.where(pp > 1, coll["send_recv"](message, pp, bw_pp, lat_pp), 0.0)
+    bw_pp, lat_pp, link_pp = group_link(hardware, rows.tp * rows.cp * rows.dp * rows.fsdp, pp, eff, ring=False)
+    send = np.where(pp > 1, coll["send_recv"](message, pp, bw_pp, lat_pp, nodes=link_pp["nodes"]), 0.0)
     busiest = np.argmax(stage, axis=1)
     idle = stage.sum(axis=1) - stage[np.arange(len(pp)), busiest]
     steps = np.zeros(len(pp))
@@ -849,6 +961,9 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
         "exposed_f": per_rank(comm["exposed_fwd"]),
         "exposed_b": per_rank(comm["exposed_bwd"]) + fraction * per_rank(comm["exposed_extra"]),
         "head_split": ends["head_split"],
+        # one layer of each kind a micro-batch, the backward with the rank's recompute: FSDP's prefetch hides behind it
+        "layer_forward": layer["forward"],
+        "layer_backward": layer["backward"][:, None, :] + fraction[:, :, None] * layer["recompute"][:, None, :],
     }
 
 
@@ -900,12 +1015,9 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     real_rank = np.arange(counts.shape[1])[None, :] < rows.pp[:, None]
     rank = _rank_compute(model, rows, cols, where, counts, schedules, hardware, eff, coll)
     dense_params, routed_params = _rank_parameters(model, rows, counts, where, rank["head_split"])
-    dp = _data_parallel(rows, shard, dense_params, routed_params, hardware, eff, coll,
-                        _fp8_gathered(model, cols, shard, counts, rows))
-    # the backward's gathers: none where FSDP keeps each layer's parameters gathered since its forward
-    gather_b = np.where(shard.keeps_gathered[:, None], 0.0, dp["fsdp_gather"])
-    fsdp_exposed_f = np.maximum(0.0, dp["fsdp_gather"] - rank["compute_f"])
-    fsdp_exposed_b = np.maximum(0.0, gather_b + dp["fsdp_scatter"] - rank["compute_b"])
+    dp = _data_parallel(rows, shard, dense_params, routed_params, hardware, eff, coll)
+    fsdp = _fsdp(model, rows, shard, counts, where, rank, hardware, eff, coll, _fp8_gathered(cols, shard))
+    fsdp_exposed_f, fsdp_exposed_b = fsdp["exposed_f"], fsdp["exposed_b"]
     off = _offload_seconds(rows, cols, shard, dense_params, routed_params, rank, offloaded_activations, real_rank,
                            hardware)
     forward = rank["compute_f"] + rank["exposed_f"] + fsdp_exposed_f + off["exposed_f"]
@@ -924,9 +1036,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
     exposed = (m * (pick(rank["exposed_f"]) + pick(rank["exposed_b"]) + pick(fsdp_exposed_f) + pick(fsdp_exposed_b))
                + grad_exposed + param_exposed + pipe["pp_exposed"])
-    gathers_a_micro_batch = np.where(shard.keeps_gathered, 1.0, 2.0)  # the forward's, and the backward's
-    communication = (m * (pick(rank["comm_layers"]) + pick(dp["fsdp_gather"]) * gathers_a_micro_batch
-                          + pick(dp["fsdp_scatter"])
+    communication = (m * (pick(rank["comm_layers"]) + pick(fsdp["gathers"]) + pick(fsdp["scatters"])
                           + pipe["pp_comm"]) + pick(dp["grad_step"]) + pick(dp["param_step"]))
     exposed_offload = m * (pick(off["exposed_f"]) + pick(off["exposed_b"])) + offload_step
     seconds = {"compute_seconds": compute, "exposed_communication_seconds": exposed,
@@ -937,7 +1047,8 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
                "step_seconds": compute + exposed + pipe["bubble"] + optimizer + exposed_offload}
     detail = {"stage_seconds": stage, "busiest_rank": pipe["busiest"], "forward_seconds": pick(forward),
               "backward_seconds": pick(backward), "grad_sync_seconds": pick(dp["grad_step"]),
-              "pp_send_seconds": pipe["send"]}
+              "pp_send_seconds": pipe["send"], "fsdp_exposed_forward_seconds": fsdp_exposed_f,
+              "fsdp_exposed_backward_seconds": fsdp_exposed_b}
     kinds = _derived("kernel_kinds", model, _kernel_kinds)  # what of the model the provenance reads beyond its source
     provenance = _derived(("provenance", model.source, kinds, tuple(coll.values())), hardware,
                           lambda hw: _provenance(model, eff, eff_sources, coll, hw))
@@ -967,6 +1078,7 @@ def _provenance(model: ModelWork, eff, eff_sources, coll, hardware: Hardware) ->
         "communication": "collective/" + ", collective/".join(sorted(coll)),
         "overlap": "; ".join(f"{use}: {rule}" for use, rule in OVERLAP_RULES.items()),
         "hardware": f"hardware/{hardware.name}",
+        "network": _network_provenance(hardware),
         "offload": _offload_provenance(hardware),
         "model": "ndcost.compose.time",
     }
@@ -1000,6 +1112,13 @@ def _kernel_kinds(model: ModelWork) -> Tuple[str, str]:
     return (", ".join(kind for kind in model.kinds if not model.work[kind].gemms),
             ", ".join(f"{kind}: {model.work[kind].launches_per_layer:g} ({counted(model.work[kind])})"
                       for kind in model.kinds))
+
+
+def _network_provenance(hardware: Hardware) -> str:
+    return (f"NVLink domain of {hardware.nvlink_domain_devices} devices, {hardware.nics_per_node} NICs a node of "
+            f"{hardware.devices_per_node} (ndcost.compose.topology: hierarchical rings across domains, a node's "
+            f"NICs shared by its groups); NVLS {hardware.nvls_architecture or 'none'}; the built-in collectives "
+            f"are NCCL's tuning model (src/graph/tuning.cc, NVIDIA/nccl 5067397c)")
 
 
 def _offload_provenance(hardware: Hardware) -> str:

@@ -1,4 +1,4 @@
-"""Where a group of ranks sits on the network: the level it spans, its bandwidth and latency.
+"""Where a group of ranks sits on the network: the level it spans, its bus bandwidth and latency.
 
 Ranks are numbered with tensor parallelism innermost, then context
 parallelism, then data parallelism (FSDP's shard dimension inside the
@@ -7,10 +7,16 @@ re-split the ``dp * fsdp * cp * tp`` ranks as ``etp`` innermost, then ``ep``,
 then expert data parallelism (Megatron-LM's ``RankGenerator`` order in
 ``megatron/core/parallel_state.py``). A group whose members are ``stride``
 ranks apart and that has ``size`` members spans ``stride * size``
-consecutive ranks: it stays within a node when that is at most
-``devices_per_node``, and otherwise crosses nodes, where every member's
-traffic goes through its own network interface at the ``across_nodes``
-bandwidth (a ring's slowest link).
+consecutive ranks: it stays on NVLink when that is at most the NVLink domain
+(``Hardware.nvlink_domain_devices``: a node, or a GB200 NVL72 rack), and otherwise crosses domains.
+
+Across domains (NCCL's ``nNodes``: the domains a group spans) a ring is hierarchical, as NCCL builds it: it
+crosses each domain's boundary once a channel, its channels spread over the NICs its members own (rail-optimised:
+a GPU's traffic leaves through its own NIC, ``src/graph/search.cc``), so its bus bandwidth is the slower of two
+legs: NVLink within the domain, and ``m * nics_per_node / devices_per_node`` NICs at the ``across_nodes``
+bandwidth, ``m`` the group's members in one domain -- the NICs of a node shared alike by the node's concurrent
+groups of that kind (every rank is in one). A group with one member a domain has no NVLink leg. Left out:
+traffic of different kinds of group (a TP and a DP group) sharing a link at once, and switch oversubscription.
 """
 from __future__ import annotations
 
@@ -20,18 +26,37 @@ import numpy as np
 
 from ndcost.errors import Unpriced
 
-__all__ = ["spans_nodes", "group_link", "worst_node_total"]
+__all__ = ["spans_nodes", "group_link", "nvls_efficiency", "worst_node_total"]
+
+# NCCL's nvlsEfficiency by architecture (src/graph/tuning.cc) and the NVLS channels it opens on one NVLink
+# domain (src/transport/nvls.cc NVLS_NCHANNELS_SM90, NVLS_NCHANNELS_SM100_NVL), NVIDIA/nccl at 5067397c
+NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
+NVLS_CHANNELS = {"hopper": 16, "blackwell": 24}
+
+
+def nvls_efficiency(architecture) -> float:
+    """The NVLS bus bandwidth's fraction of the link on *architecture* (``Hardware.nvls_architecture``), 0 without."""
+    if architecture is None:
+        return 0.0
+    channels = NVLS_CHANNELS[architecture]
+    return NVLS_EFFICIENCY[architecture] * (channels - 1) / channels
 
 
 def spans_nodes(stride, size, devices_per_node):
-    """Whether a group of *size* members *stride* ranks apart crosses a node boundary (vectorized)."""
+    """Whether a group of *size* members *stride* ranks apart crosses a boundary of *devices_per_node* devices
+    (a node's, or an NVLink domain's: :func:`group_link` passes the domain) (vectorized)."""
     stride = np.asarray(stride, dtype=np.int64)
     size = np.asarray(size, dtype=np.int64)
     return (size > 1) & (stride * size > int(devices_per_node))
 
 
-def group_link(hardware, stride, size, efficiency: Mapping[str, float]):
-    """Bandwidth (bytes/s, efficiency applied) and latency of the slowest level a group spans (vectorized).
+def group_link(hardware, stride, size, efficiency: Mapping[str, float], *, ring: bool = True):
+    """``(bytes_per_second, latency_seconds, link)`` of a group (vectorized): its bus bandwidth (the slower leg,
+    efficiency applied), the latency of the slowest level it spans, and the collectives' keywords (``nodes``:
+    the NVLink domains it spans; ``nvls_efficiency``: NVLS's bus factor within a domain that has it, else 0).
+
+    ``ring=False`` prices point-to-point traffic (all-to-all, sends): across domains each device's own share of
+    its node's NICs, ``nics_per_node / devices_per_node`` of one, since each member sends its own bytes.
 
     A hardware with a single network level uses it for both; one with none
     cannot price communication, which is refused naming the fix.
@@ -42,11 +67,23 @@ def group_link(hardware, stride, size, efficiency: Mapping[str, float]):
                        f"add 'network: {{within_node: {{bytes_per_second: ...}}, across_nodes: {{...}}}}' to its YAML")
     inner = levels.get("within_node") or next(iter(levels.values()))
     outer = levels.get("across_nodes") or inner
-    across = spans_nodes(stride, size, hardware.devices_per_node)
-    bandwidth = np.where(across, outer.bytes_per_second * efficiency["collective_across_nodes"],
-                         inner.bytes_per_second * efficiency["collective_within_node"])
+    stride = np.asarray(stride, dtype=np.int64)
+    size = np.asarray(size, dtype=np.int64)
+    domain = int(hardware.nvlink_domain_devices)
+    across = spans_nodes(stride, size, domain)
+    nvlink = inner.bytes_per_second * efficiency["collective_within_node"]
+    if not across.any():  # every group on NVLink: the common batch, skipping the NIC arithmetic
+        nvls = np.where(size > 1, nvls_efficiency(hardware.nvls_architecture), 0.0)
+        return np.full(np.shape(across), nvlink), np.full(np.shape(across), inner.latency_seconds), \
+            {"nodes": np.ones(np.shape(across)), "nvls_efficiency": nvls}
+    per_domain = np.where(across, np.clip(domain // np.maximum(stride, 1), 1, np.maximum(size, 1)), size)
+    nodes = np.where(across, -(-size // per_domain), 1).astype(np.float64)
+    nics = (per_domain if ring else 1) * (int(hardware.nics_per_node) / int(hardware.devices_per_node))
+    network = outer.bytes_per_second * efficiency["collective_across_nodes"] * nics
+    bandwidth = np.where(across, np.where(ring & (per_domain > 1), np.minimum(nvlink, network), network), nvlink)
     latency = np.where(across, outer.latency_seconds, inner.latency_seconds)
-    return bandwidth, latency
+    nvls = np.where(~across & (size > 1), nvls_efficiency(hardware.nvls_architecture), 0.0)
+    return bandwidth, latency, {"nodes": nodes, "nvls_efficiency": nvls}
 
 
 def worst_node_total(per_stage, stage_devices, stages, devices_per_node):
