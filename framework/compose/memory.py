@@ -218,6 +218,10 @@ class RecordTables:
     reserved_layer_tp: np.ndarray
     reserved_working: np.ndarray  # and the rest at a stage's working peak
     reserved_working_tp: np.ndarray
+    reserved_selective_layer: np.ndarray  # the same under the selective checkpoint policy (nan: not simulated)
+    reserved_selective_layer_tp: np.ndarray
+    reserved_selective_working: np.ndarray
+    reserved_selective_working_tp: np.ndarray
     out_saved: float
     out_saved_tp: float
     out_working: float        # nan: unpriced
@@ -234,7 +238,8 @@ class RecordTables:
                   "selective_tp", "dropped",
                   "dropped_tp", "routed", "routed_tp", "routed_tokens", "routed_width",
                   "autocast_saved", "autocast_saved_tp", "autocast_working", "autocast_working_tp", "reserved_layer",
-                  "reserved_layer_tp", "reserved_working", "reserved_working_tp")
+                  "reserved_layer_tp", "reserved_working", "reserved_working_tp", "reserved_selective_layer",
+                  "reserved_selective_layer_tp", "reserved_selective_working", "reserved_selective_working_tp")
     SCALAR_FIELDS = ("out_saved", "out_saved_tp", "out_working", "out_working_tp", "out_autocast_saved",
                      "out_autocast_saved_tp", "out_autocast_working", "out_autocast_working_tp", "out_reserved",
                      "out_reserved_tp")
@@ -275,7 +280,9 @@ class RecordTables:
                                         and sel.selective_per_token is not None else np.nan)
             cols["dropped"].append(float(sum(r.ops.get(op, 0.0) for op in core_ops)))
             cols["dropped_tp"].append(float(sum(r.ops_tp.get(op, 0.0) for op in core_ops)))
-            for name, figure in (("reserved_layer", "reserved_per_layer"), ("reserved_working", "reserved_working")):
+            for name, figure in (("reserved_layer", "reserved_per_layer"), ("reserved_working", "reserved_working"),
+                                 ("reserved_selective_layer", "reserved_selective_per_layer"),
+                                 ("reserved_selective_working", "reserved_selective_working")):
                 value, value_tp = (getattr(r, f"{figure}_per_token", None), getattr(r, f"{figure}_tp_per_token", None))
                 cols[name].append(_nan(value if value_tp is not None else None))
                 cols[f"{name}_tp"].append(_nan(value_tp if value is not None else None))
@@ -335,12 +342,12 @@ class Composed:
 
 # why a row's reserved bytes are not claimed (Composed.reserved_unclaimed - 1)
 RESERVED_UNCLAIMED = (
-    "no allocator simulation for some layer kind (the census replays its events; the formulas, op records, "
-    "a stack census and census records cached before it state none)",
-    "recompute=selective and core_attention are not simulated by the allocator (plain layers and full recompute "
-    "are)",
-    "offloading and fp32 parameters under autocast change the allocation events the census replayed (simulated "
-    "with bf16 parameters and nothing offloaded)",
+    "no allocator simulation for some layer kind under this recompute mode (the census replays its events, "
+    "plain and under the selective policy; the formulas, op records, a stack census and census records cached "
+    "before it state none)",
+    "recompute=core_attention is not simulated by the allocator (plain layers, full and selective recompute are)",
+    "fp32 parameters under autocast change the allocation events the census replayed (simulated with bf16 "
+    "parameters)",
 )
 
 MOMENTS = ("output backward", "last layer backward", "end of backward", "embedding backward", "optimizer step")
@@ -904,13 +911,17 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     reserves beyond them: parameters, master copy, optimizer states, gradients, the output layer's and
     the communication buffers each as one large block (2 MiB multiples; per-tensor rounding, under 2 MiB
     a tensor, is left out); each kept layer's steady excess and, once, the working peak's (the census's
-    replay of its events, :func:`ndcost.allocator.stack_excess`), of the kind whose figure is largest;
-    on the head's stage the output layer's own (its replay alone, split by tp under ``vocab_parallel``);
-    a full-recompute layer's kept input as packed into segments (:func:`ndcost.allocator.packed_reserved_bytes`,
-    as if allocated alone). The layers' excess is added whichever moment the stage peaks at (the
-    allocator keeps its segments cached to the optimizer step) and never below zero. Left out: the
-    excess scales per token from the census's sequence length (a segment's rounding does not), and
-    ``moe_imbalance``, CP's gathered keys and values and ``etp`` do not change it.
+    replay of its events, :func:`ndcost.allocator.stack_excess`; a selective-recompute layer's from the
+    replay of its selective passes), of the kind whose figure is largest; on the head's stage the output
+    layer's own (its replay alone, split by tp under ``vocab_parallel``); a full-recompute layer's kept
+    input as packed into segments (:func:`ndcost.allocator.packed_reserved_bytes`, as if allocated alone).
+    The layers' excess is added whichever moment the stage peaks at (the allocator keeps its segments
+    cached to the optimizer step) and never below zero. Offloading: the persistent blocks offloaded are
+    off the device already (their bytes are 0); under ``offload_activations`` the kept layers' excess and
+    the packed inputs go (what they save leaves the device as it is saved, and the blocks it freed are
+    reused by the next layer), the working peak's stays. Left out: the excess scales per token from the
+    census's sequence length (a segment's rounding does not), and ``moe_imbalance``, CP's gathered keys
+    and values and ``etp`` do not change it.
     """
     def row(name):
         return recs[name][seq_index]
@@ -920,42 +931,53 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     def at_tp(x, x_tp):
         return batch.tokens[:, None] * np.where(sp[:, None], (x + x_tp) / t[:, None], x + x_tp / t[:, None])
 
+    mode = cols["recompute"]
+    full = (mode == RECOMPUTE.index("full"))[:, None]
+    selective = mode == RECOMPUTE.index("selective")
     per_layer = at_tp(row("reserved_layer"), row("reserved_layer_tp"))
     working = at_tp(row("reserved_working"), row("reserved_working_tp"))
+    sel_layer = at_tp(row("reserved_selective_layer"), row("reserved_selective_layer_tp"))
+    sel_working = at_tp(row("reserved_selective_working"), row("reserved_selective_working_tp"))
     n, ranks = stage_peak.shape
     activations, recomputed = np.zeros((n, ranks)), np.zeros((n, ranks), dtype=np.int64)
     working_most = np.full((n, ranks), -np.inf)
     unknown = np.zeros(n, dtype=bool)
     for k in range(K):  # a loop over kinds, never layers
         present = where.layers[k].sum(axis=2) > 0
+        redone = where.recomputed[k].sum(axis=2) > 0
         unknown |= (present & (np.isnan(per_layer[:, k]) | np.isnan(working[:, k]))[:, None]).any(axis=1)
+        unknown |= selective & (redone & (np.isnan(sel_layer[:, k]) | np.isnan(sel_working[:, k]))[:, None]).any(
+            axis=1)
         plain = ((where.layers[k] - where.recomputed[k]) * held).sum(axis=2)
-        activations = activations + plain * nan_to_zero(per_layer[:, k])[:, None]
-        recomputed = recomputed + (where.recomputed[k] * held).sum(axis=2)
-        working_most = np.where(present, np.maximum(working_most, nan_to_zero(working[:, k])[:, None]), working_most)
+        redone_held = (where.recomputed[k] * held).sum(axis=2)
+        activations = activations + plain * nan_to_zero(per_layer[:, k])[:, None] + np.where(
+            selective[:, None], redone_held * nan_to_zero(sel_layer[:, k])[:, None], 0.0)
+        recomputed = recomputed + redone_held
+        kind_working = np.where(present & ~(selective[:, None] & redone), nan_to_zero(working[:, k])[:, None],
+                                -np.inf)
+        kind_working = np.where(selective[:, None] & redone,
+                                np.maximum(kind_working, nan_to_zero(sel_working[:, k])[:, None]), kind_working)
+        working_most = np.maximum(working_most, kind_working)
     vocab_parallel = cols["vocab_parallel"].astype(bool)
     x, x_tp = recs["out_reserved"][seq_index], recs["out_reserved_tp"][seq_index]
     output = batch.tokens * np.where(vocab_parallel, np.where(sp, (x + x_tp) / t, x + x_tp / t), x + x_tp)
     unknown |= (where.has_head & np.isnan(output)[:, None]).any(axis=1)
     output = np.where(where.has_head, nan_to_zero(output)[:, None], 0.0)
-    mode = cols["recompute"]
-    full = (mode == RECOMPUTE.index("full"))[:, None]
-    unsimulated = ((recomputed > 0) & ~full).any(axis=1)
+    unsimulated = ((recomputed > 0) & ~full & ~selective[:, None]).any(axis=1)
     input_bytes = whole(model.hidden_size * batch.residual_bytes * batch.tokens / np.where(sp, t, 1.0)).astype(
         np.int64)[:, None]
     inputs = np.where(full & (recomputed > 0), packed_reserved_bytes(recomputed, np.maximum(input_bytes, 1))
                       - recomputed * input_bytes, 0)
-    layers = activations + inputs + np.where(np.isfinite(working_most), working_most, 0.0) + output
+    offloaded = np.asarray(cols["offload_activations"], dtype=bool)[:, None]
+    layers = (np.where(offloaded, 0.0, activations + inputs) + np.where(np.isfinite(working_most), working_most, 0.0)
+              + output)
     blocks = np.zeros((n, ranks), dtype=np.int64)
     for name in ("parameters", "master", "optimizer_states", "gradients", "communication"):
         held_bytes = stage_bytes[:, :, CATEGORIES.index(name)]
         blocks = blocks + large_block_bytes(held_bytes) - held_bytes
     allocated = stage_peak - stage_bytes[:, :, CATEGORIES.index("allocator")]
     reserved = allocated + blocks + whole(np.maximum(layers, 0.0)).astype(np.int64)
-    replayed_otherwise = (_fp32_autocast(batch) | np.asarray(cols["offload_optimizer"], dtype=bool)
-                          | np.asarray(cols["offload_params"], dtype=bool)
-                          | np.asarray(cols["offload_activations"], dtype=bool))
-    unclaimed = np.where(unknown, 1, np.where(unsimulated, 2, np.where(replayed_otherwise, 3, 0)))
+    unclaimed = np.where(unknown, 1, np.where(unsimulated, 2, np.where(_fp32_autocast(batch), 3, 0)))
     reserved = np.where((unclaimed > 0)[:, None], -1, np.where(stage_exists, reserved, 0))
     return reserved, unclaimed
 

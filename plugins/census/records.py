@@ -160,6 +160,11 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
     per_layer, per_layer_tp = split(plain_1.stack_excess.per_layer_bytes, plain_2.stack_excess.per_layer_bytes, seq)
     reserved_working, reserved_working_tp = split(plain_1.stack_excess.working_bytes,
                                                   plain_2.stack_excess.working_bytes, seq)
+    reserved_selective = {}  # the selective passes' events replayed alike
+    for name, figure in (("per_layer", "per_layer_bytes"), ("working", "working_bytes")):
+        (reserved_selective[f"reserved_selective_{name}_per_token"],
+         reserved_selective[f"reserved_selective_{name}_tp_per_token"]) = split(
+            getattr(sel_1.stack_excess, figure), getattr(sel_2.stack_excess, figure), seq)
     ops, ops_tp = {}, {}
     for op in OPS:
         if op in plain_1.ops_bytes or op in plain_2.ops_bytes:
@@ -175,6 +180,7 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         **autocast,
         reserved_per_layer_per_token=per_layer, reserved_per_layer_tp_per_token=per_layer_tp,
         reserved_working_per_token=reserved_working, reserved_working_tp_per_token=reserved_working_tp,
+        **reserved_selective,
         selective_per_token=selective, selective_tp_per_token=selective_tp,
         recomputed_attention_mm_share=ledger.share(attention=True) if ledger else 0.0,
         recomputed_other_mm_share=ledger.share(attention=False) if ledger else 0.0,
