@@ -202,3 +202,92 @@ def test_evaluate_many_matches_evaluate(selective):
     for i, text in enumerate(texts):
         single = selective.evaluate(Strategy.parse(text)).reserved_bytes
         assert (None if batch.reserved_bytes[i] < 0 else int(batch.reserved_bytes[i])) == single
+
+
+# -- fits: reserved bytes plus the CUDA context within the device's memory ---------------------------------
+CONTEXT = 512 * MIB
+
+
+def _device(memory_bytes):
+    from ndcost import manager
+    return attrs.evolve(manager.registry().get("hardware/h200"), memory_bytes=memory_bytes,
+                        cuda_context_bytes=CONTEXT)
+
+
+def test_fits_flips_at_the_memory_less_the_context_on_reserved_bytes(simulated):
+    stage = simulated.evaluate(Strategy.parse(f"seq={S},optimizer=adamw")).stages[0]
+    # reserved by hand, as test_plain_layers_add_their_steady_excess_and_the_working_excess_once derives it
+    reserved = stage.peak_bytes + _blocks(stage) + 19_181_568
+    assert stage.reserved_bytes == reserved and reserved > stage.peak_bytes
+    strategy = [Strategy.parse(f"seq={S},optimizer=adamw")]
+    for memory, fits in ((reserved + CONTEXT, True), (reserved + CONTEXT - 1, False),
+                         (stage.peak_bytes + CONTEXT, False)):  # the last fitted on allocated bytes before
+        batch = simulated.evaluate_many(strategy, hardware=_device(memory))
+        assert bool(batch.fits[0]) is fits and batch.fits_basis[0] == "reserved"
+    cost = simulated.evaluate(strategy[0], hardware=_device(reserved + CONTEXT))
+    assert cost.fits is True and cost.to_dict()["fits_basis"] == "reserved"
+
+
+def test_fits_judges_the_allocated_peak_where_reserved_is_not_claimed():
+    model = cost_model(llama_spec(), llama_counts(), S, output=False)  # no replay figures: nothing claimed
+    strategy = [Strategy.parse(f"seq={S}")]
+    peak = int(model.evaluate_many(strategy).peak_bytes[0])
+    for memory, fits in ((peak + CONTEXT, True), (peak + CONTEXT - 1, False)):
+        batch = model.evaluate_many(strategy, hardware=_device(memory))
+        assert bool(batch.fits[0]) is fits and batch.fits_basis[0] == "allocated" and batch.reserved_bytes[0] == -1
+
+
+def test_search_drops_exactly_what_does_not_fit_on_reserved_bytes(selective):
+    """The micro-batch bound and the persistent bound prune no strategy whose reserved bytes fit: the
+    search's answer is every strategy of the space that fits, priced one by one, fastest first."""
+    import numpy as np
+
+    from ndcost.resolver import fits_rule
+    from ndcost.search import _space, _with_inner, search
+
+    layouts, inner = _space(selective, selective.hardware, 2, 8, S, (0.5,), [])
+    cols = _with_inner(layouts, inner, S)
+    batch = selective.evaluate_many({k: v for k, v in cols.items() if not k.startswith("_")})
+    valid = batch.valid
+    assert valid.sum() > 50 and (batch.reserved_bytes[valid] >= 0).all()
+    # a cap between the allocated and the reserved bytes of many rows: the two rules disagree on them
+    cap = int(np.median(batch.reserved_bytes[valid]))
+    between = valid & (batch.peak_bytes <= cap) & (batch.reserved_bytes > cap)
+    assert between.any()
+    fits, _ = fits_rule(valid, batch.peak_bytes, batch.reserved_bytes, cap)
+    result = search(selective, devices=2, global_batch=8, seq=S, memory_cap_bytes=cap, top=10 ** 6, progress=False)
+    assert result.priced < len(valid)  # the micro-batch bound skipped some
+    assert result.fitting == int(fits.sum())
+    rows = np.flatnonzero(fits)
+    expected = rows[np.lexsort((rows, batch.peak_bytes[rows], batch.time["step_seconds"][rows]))]
+    assert [c.reserved_bytes for c in result.candidates] == [int(batch.reserved_bytes[i]) for i in expected]
+    assert all(c.reserved_bytes <= cap for c in result.candidates)
+
+
+# -- the hardware's CUDA context ---------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [-1, 1.5, "512MiB", True, None])
+def test_a_cuda_context_not_a_whole_number_of_bytes_is_refused(value):
+    from ndcost.errors import InvalidValue
+    with pytest.raises(InvalidValue, match="cuda_context_bytes"):
+        attrs.evolve(_device(80 * 2 ** 30), cuda_context_bytes=value)
+
+
+def test_a_cuda_context_as_large_as_the_memory_is_refused():
+    from ndcost.errors import InvalidValue
+    with pytest.raises(InvalidValue, match="not below memory_bytes"):
+        _device(CONTEXT)
+
+
+def test_every_shipped_hardware_states_its_context_and_a_yaml_float_reads_as_bytes(tmp_path):
+    from ndcost import manager
+    from ndcost.specio import load_hardware_yaml
+    registry = manager.registry()
+    for name in registry.names("hardware"):
+        hw = registry.get(f"hardware/{name}")
+        # between 256 MiB and 2 GiB: the figures the specs cite (docs/guides/searchers.md, section 6)
+        assert 256 * MIB <= hw.cuda_context_bytes <= 2 ** 31, name
+        assert hw.usable_memory_bytes == hw.memory_bytes - hw.cuda_context_bytes
+    spec = tmp_path / "gpu.yaml"
+    spec.write_text("name: gpu\nmemory_bytes: 8.0e+10\ncuda_context_bytes: 5.36870912e+8\nhbm_bytes_per_second: 1e12\n"
+                    "peak_flops_per_second: {bf16: 1e14}\ndevices_per_node: 8\nnetwork: {}\n")
+    assert load_hardware_yaml(spec).cuda_context_bytes == 536_870_912
