@@ -55,6 +55,12 @@ class KindRecord:
     reserved_selective_per_layer_tp_per_token: Optional[float] = None
     reserved_selective_working_per_token: Optional[float] = None
     reserved_selective_working_tp_per_token: Optional[float] = None
+    # And with fp32 parameters under 16-bit autocast (the census's autocast pass replayed). None: not simulated,
+    # and such a strategy claims no reserved figure.
+    autocast_reserved_per_layer_per_token: Optional[float] = None
+    autocast_reserved_per_layer_tp_per_token: Optional[float] = None
+    autocast_reserved_working_per_token: Optional[float] = None
+    autocast_reserved_working_tp_per_token: Optional[float] = None
     selective_per_token: Optional[float] = None
     selective_tp_per_token: Optional[float] = None
     recomputed_attention_mm_share: Optional[float] = None

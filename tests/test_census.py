@@ -386,17 +386,20 @@ def test_megatron_core_attention_policy_keeps_attention_inputs():
 
 @pytest.mark.slow
 def test_the_selective_passes_are_replayed_through_the_allocator():
-    """The record's selective reserved figures are the selective passes' stack replays, TP split alike."""
+    """The record's selective and autocast reserved figures are those passes' stack replays, TP split alike."""
     prof = profile()
     record = records.census_groups(small_llama(), [LayerGroup(kind="dense", count=1)], S, "hf-cuda",
                                    use_cache=False, progress=None)["dense"]
-    at = {tp: records._measure_selective(tp_config(small_llama(), tp), 0, S, prof, records.policy_for(prof),
-                                         False)[0].stack_excess for tp in (1, 2)}
-    for name, figure in (("per_layer", "per_layer_bytes"), ("working", "working_bytes")):
-        one, two = getattr(at[1], figure), getattr(at[2], figure)
-        x, x_tp = (getattr(record, f"reserved_selective_{name}{part}_per_token") for part in ("", "_tp"))
-        # x + x_tp at TP 1 and x + x_tp / 2 at TP 2 give back the two replays' bytes (records.split)
-        assert (x + x_tp) * S == pytest.approx(one) and (x + x_tp / 2) * S == pytest.approx(two)
+    passes = {"reserved_selective": lambda config: records._measure_selective(
+        config, 0, S, prof, records.policy_for(prof), False)[0],
+        "autocast_reserved": lambda config: records._measure_plain(config, 0, S, prof, autocast=True)}
+    for prefix, run in passes.items():
+        at = {tp: run(tp_config(small_llama(), tp)).stack_excess for tp in (1, 2)}
+        for name, figure in (("per_layer", "per_layer_bytes"), ("working", "working_bytes")):
+            one, two = getattr(at[1], figure), getattr(at[2], figure)
+            x, x_tp = (getattr(record, f"{prefix}_{name}{part}_per_token") for part in ("", "_tp"))
+            # x + x_tp at TP 1 and x + x_tp / 2 at TP 2 give back the two replays' bytes (records.split)
+            assert (x + x_tp) * S == pytest.approx(one) and (x + x_tp / 2) * S == pytest.approx(two)
     # the checkpoint keeps the input and the policy's outputs, not the plain layer's saved set: another replay
     assert (record.reserved_selective_per_layer_per_token, record.reserved_selective_working_per_token) != (
         record.reserved_per_layer_per_token, record.reserved_working_per_token)

@@ -114,7 +114,8 @@ def test_nothing_simulated_claims_nothing(layers, output):
 
 
 SEL_LAYER, SEL_LAYER_TP, SEL_WORKING, SEL_WORKING_TP = 128.0, 64.0, 4096.0, 1024.0
-SELECTIVE = dict(reserved_selective_per_layer_per_token=SEL_LAYER, reserved_selective_per_layer_tp_per_token=SEL_LAYER_TP,
+SELECTIVE = dict(reserved_selective_per_layer_per_token=SEL_LAYER,
+                 reserved_selective_per_layer_tp_per_token=SEL_LAYER_TP,
                  reserved_selective_working_per_token=SEL_WORKING,
                  reserved_selective_working_tp_per_token=SEL_WORKING_TP)
 
@@ -141,8 +142,8 @@ def test_selective_layers_add_the_selective_replays_excess(selective):
     # half the layers recomputed: 4 plain and 4 selective layers; the working excess the larger of the two
     # kinds of layer's, max(1024 + 2048, 4096 + 1024) = 5120 a token
     stage = selective.evaluate(Strategy.parse(f"seq={S},recompute=selective,recompute_layers=4")).stages[0]
-    layers = (4 * S * (PER_LAYER + PER_LAYER_TP) + 4 * S * (SEL_LAYER + SEL_LAYER_TP) + S * (SEL_WORKING + SEL_WORKING_TP)
-              + S * (OUTPUT + OUTPUT_TP))
+    layers = (4 * S * (PER_LAYER + PER_LAYER_TP) + 4 * S * (SEL_LAYER + SEL_LAYER_TP)
+              + S * (SEL_WORKING + SEL_WORKING_TP) + S * (OUTPUT + OUTPUT_TP))
     assert stage.reserved_bytes == stage.peak_bytes + _blocks(stage) + layers
 
 
@@ -166,6 +167,30 @@ def test_offloaded_states_leave_no_block_on_the_device(selective):
     assert stage.bytes_by_category["optimizer_states"] == 0 and stage.bytes_by_category["master"] == 0
     layers = 8 * S * (PER_LAYER + PER_LAYER_TP) + S * (WORKING + WORKING_TP) + S * (OUTPUT + OUTPUT_TP)
     assert stage.reserved_bytes == stage.peak_bytes + _blocks(stage) + layers
+
+
+A_LAYER, A_LAYER_TP, A_WORKING, A_WORKING_TP, A_OUTPUT, A_OUTPUT_TP = 512.0, 256.0, 2048.0, 512.0, 300.0, 60.0
+AUTOCAST = dict(autocast_reserved_per_layer_per_token=A_LAYER, autocast_reserved_per_layer_tp_per_token=A_LAYER_TP,
+                autocast_reserved_working_per_token=A_WORKING, autocast_reserved_working_tp_per_token=A_WORKING_TP)
+FP32 = f"seq={S},param_dtype=fp32,compute_dtype=bf16"
+
+
+def test_fp32_autocast_takes_the_autocast_passs_replay(selective):
+    from ndcost.resolver import CostModel
+    assert "autocast" in selective.evaluate(Strategy.parse(FP32)).reserved_reason  # no autocast replay stated
+    kinds, out = records(S, **SIMULATED, **SELECTIVE, **AUTOCAST)
+    out = attrs.evolve(out, reserved_working_per_token=OUTPUT, reserved_working_tp_per_token=OUTPUT_TP,
+                       autocast_reserved_working_per_token=A_OUTPUT, autocast_reserved_working_tp_per_token=A_OUTPUT_TP)
+    model = CostModel.from_records(llama_spec(), llama_counts(), {S: (kinds, out)})
+    cost = model.evaluate(Strategy.parse(FP32))
+    stage = cost.stages[0]
+    assert cost.fits_basis == "reserved"
+    layers = 8 * S * (A_LAYER + A_LAYER_TP) + S * (A_WORKING + A_WORKING_TP) + S * (A_OUTPUT + A_OUTPUT_TP)
+    assert stage.reserved_bytes == stage.peak_bytes + _blocks(stage) + layers
+    # the selective passes ran bf16 parameters: not the run's events
+    cost = model.evaluate(Strategy.parse(FP32 + ",recompute=selective"))
+    assert cost.reserved_bytes is None and "autocast" in cost.reserved_reason
+    assert model.evaluate(Strategy.parse(FP32 + ",recompute=full")).reserved_bytes is not None
 
 
 def test_a_checkpointed_layers_events_replayed_by_hand():

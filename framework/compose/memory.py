@@ -222,6 +222,10 @@ class RecordTables:
     reserved_selective_layer_tp: np.ndarray
     reserved_selective_working: np.ndarray
     reserved_selective_working_tp: np.ndarray
+    autocast_reserved_layer: np.ndarray  # and with fp32 parameters under autocast (nan: not simulated)
+    autocast_reserved_layer_tp: np.ndarray
+    autocast_reserved_working: np.ndarray
+    autocast_reserved_working_tp: np.ndarray
     out_saved: float
     out_saved_tp: float
     out_working: float        # nan: unpriced
@@ -232,6 +236,8 @@ class RecordTables:
     out_autocast_working_tp: float
     out_reserved: float       # the output layer's reserved above allocated bytes (nan: not simulated)
     out_reserved_tp: float
+    out_autocast_reserved: float  # the same with fp32 parameters under autocast (nan: not simulated)
+    out_autocast_reserved_tp: float
     provenance: Mapping[str, Any] = attrs.field(factory=dict)
 
     ROW_FIELDS = ("saved", "saved_tp", "working", "working_tp", "working_input", "grad_share", "selective",
@@ -239,10 +245,12 @@ class RecordTables:
                   "dropped_tp", "routed", "routed_tp", "routed_tokens", "routed_width",
                   "autocast_saved", "autocast_saved_tp", "autocast_working", "autocast_working_tp", "reserved_layer",
                   "reserved_layer_tp", "reserved_working", "reserved_working_tp", "reserved_selective_layer",
-                  "reserved_selective_layer_tp", "reserved_selective_working", "reserved_selective_working_tp")
+                  "reserved_selective_layer_tp", "reserved_selective_working", "reserved_selective_working_tp",
+                  "autocast_reserved_layer", "autocast_reserved_layer_tp", "autocast_reserved_working",
+                  "autocast_reserved_working_tp")
     SCALAR_FIELDS = ("out_saved", "out_saved_tp", "out_working", "out_working_tp", "out_autocast_saved",
                      "out_autocast_saved_tp", "out_autocast_working", "out_autocast_working_tp", "out_reserved",
-                     "out_reserved_tp")
+                     "out_reserved_tp", "out_autocast_reserved", "out_autocast_reserved_tp")
 
     @classmethod
     def build(cls, kinds: Sequence[str], seq: int, records: Mapping[str, Any], output: Any,
@@ -282,7 +290,9 @@ class RecordTables:
             cols["dropped_tp"].append(float(sum(r.ops_tp.get(op, 0.0) for op in core_ops)))
             for name, figure in (("reserved_layer", "reserved_per_layer"), ("reserved_working", "reserved_working"),
                                  ("reserved_selective_layer", "reserved_selective_per_layer"),
-                                 ("reserved_selective_working", "reserved_selective_working")):
+                                 ("reserved_selective_working", "reserved_selective_working"),
+                                 ("autocast_reserved_layer", "autocast_reserved_per_layer"),
+                                 ("autocast_reserved_working", "autocast_reserved_working")):
                 value, value_tp = (getattr(r, f"{figure}_per_token", None), getattr(r, f"{figure}_tp_per_token", None))
                 cols[name].append(_nan(value if value_tp is not None else None))
                 cols[f"{name}_tp"].append(_nan(value_tp if value is not None else None))
@@ -306,6 +316,9 @@ class RecordTables:
                    out_reserved=_nan(output.reserved_working_per_token if output.reserved_working_tp_per_token
                                      is not None else None),
                    out_reserved_tp=_nan(output.reserved_working_tp_per_token),
+                   out_autocast_reserved=_nan(output.autocast_reserved_working_per_token
+                                              if output.autocast_reserved_working_tp_per_token is not None else None),
+                   out_autocast_reserved_tp=_nan(output.autocast_reserved_working_tp_per_token),
                    provenance=dict(provenance or {}))
 
 
@@ -346,8 +359,8 @@ RESERVED_UNCLAIMED = (
     "plain and under the selective policy; the formulas, op records, a stack census and census records cached "
     "before it state none)",
     "recompute=core_attention is not simulated by the allocator (plain layers, full and selective recompute are)",
-    "fp32 parameters under autocast change the allocation events the census replayed (simulated with bf16 "
-    "parameters)",
+    "fp32 parameters under autocast: the census's autocast pass is replayed for plain layers and full recompute, "
+    "not for some layer kind here (or the output layer) nor under recompute=selective",
 )
 
 MOMENTS = ("output backward", "last layer backward", "end of backward", "embedding backward", "optimizer step")
@@ -916,15 +929,22 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     layer's own (its replay alone, split by tp under ``vocab_parallel``); a full-recompute layer's kept
     input as packed into segments (:func:`ndcost.allocator.packed_reserved_bytes`, as if allocated alone).
     The layers' excess is added whichever moment the stage peaks at (the allocator keeps its segments
-    cached to the optimizer step) and never below zero. Offloading: the persistent blocks offloaded are
+    cached to the optimizer step) and never below zero. Under fp32 parameters and autocast the figures are
+    the census's autocast pass's replays. Offloading: the persistent blocks offloaded are
     off the device already (their bytes are 0); under ``offload_activations`` the kept layers' excess and
     the packed inputs go (what they save leaves the device as it is saved, and the blocks it freed are
     reused by the next layer), the working peak's stays. Left out: the excess scales per token from the
     census's sequence length (a segment's rounding does not), and ``moe_imbalance``, CP's gathered keys
     and values and ``etp`` do not change it.
     """
-    def row(name):
-        return recs[name][seq_index]
+    fp32_autocast = _fp32_autocast(batch)
+
+    def row(name, autocast_name=None):  # the autocast pass's replay where the row runs fp32 parameters under it
+        values = recs[name][seq_index]
+        if autocast_name is None:
+            return values
+        return np.where(fp32_autocast[:, None] if values.ndim == 2 else fp32_autocast,
+                        recs[autocast_name][seq_index], values)
 
     t, sp, K = batch.tp, batch.sp, len(model.kinds)
 
@@ -934,8 +954,10 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     mode = cols["recompute"]
     full = (mode == RECOMPUTE.index("full"))[:, None]
     selective = mode == RECOMPUTE.index("selective")
-    per_layer = at_tp(row("reserved_layer"), row("reserved_layer_tp"))
-    working = at_tp(row("reserved_working"), row("reserved_working_tp"))
+    per_layer = at_tp(row("reserved_layer", "autocast_reserved_layer"),
+                      row("reserved_layer_tp", "autocast_reserved_layer_tp"))
+    working = at_tp(row("reserved_working", "autocast_reserved_working"),
+                    row("reserved_working_tp", "autocast_reserved_working_tp"))
     sel_layer = at_tp(row("reserved_selective_layer"), row("reserved_selective_layer_tp"))
     sel_working = at_tp(row("reserved_selective_working"), row("reserved_selective_working_tp"))
     n, ranks = stage_peak.shape
@@ -959,7 +981,7 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
                                 np.maximum(kind_working, nan_to_zero(sel_working[:, k])[:, None]), kind_working)
         working_most = np.maximum(working_most, kind_working)
     vocab_parallel = cols["vocab_parallel"].astype(bool)
-    x, x_tp = recs["out_reserved"][seq_index], recs["out_reserved_tp"][seq_index]
+    x, x_tp = row("out_reserved", "out_autocast_reserved"), row("out_reserved_tp", "out_autocast_reserved_tp")
     output = batch.tokens * np.where(vocab_parallel, np.where(sp, (x + x_tp) / t, x + x_tp / t), x + x_tp)
     unknown |= (where.has_head & np.isnan(output)[:, None]).any(axis=1)
     output = np.where(where.has_head, nan_to_zero(output)[:, None], 0.0)
@@ -977,7 +999,9 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
         blocks = blocks + large_block_bytes(held_bytes) - held_bytes
     allocated = stage_peak - stage_bytes[:, :, CATEGORIES.index("allocator")]
     reserved = allocated + blocks + whole(np.maximum(layers, 0.0)).astype(np.int64)
-    unclaimed = np.where(unknown, 1, np.where(unsimulated, 2, np.where(_fp32_autocast(batch), 3, 0)))
+    # under fp32 autocast the selective passes (run with bf16 parameters) are not the run's
+    autocast_unknown = fp32_autocast & (unknown | (selective & (recomputed > 0).any(axis=1)))
+    unclaimed = np.where(unknown & ~fp32_autocast, 1, np.where(unsimulated, 2, np.where(autocast_unknown, 3, 0)))
     reserved = np.where((unclaimed > 0)[:, None], -1, np.where(stage_exists, reserved, 0))
     return reserved, unclaimed
 
