@@ -386,12 +386,14 @@ def test_megatron_core_attention_policy_keeps_attention_inputs():
 
 @pytest.mark.slow
 def test_the_selective_passes_are_replayed_through_the_allocator():
-    """The record's selective and autocast reserved figures are those passes' stack replays, TP split alike."""
+    """The record's selective, core-attention and autocast reserved figures are those passes' stack replays."""
     prof = profile()
     record = records.census_groups(small_llama(), [LayerGroup(kind="dense", count=1)], S, "hf-cuda",
                                    use_cache=False, progress=None)["dense"]
     passes = {"reserved_selective": lambda config: records._measure_selective(
         config, 0, S, prof, records.policy_for(prof), False)[0],
+        "reserved_core_attention": lambda config: records._measure_selective(
+            config, 0, S, prof, records.core_attention_policy(), False)[0],
         "autocast_reserved": lambda config: records._measure_plain(config, 0, S, prof, autocast=True)}
     for prefix, run in passes.items():
         at = {tp: run(tp_config(small_llama(), tp)).stack_excess for tp in (1, 2)}

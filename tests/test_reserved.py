@@ -147,12 +147,26 @@ def test_selective_layers_add_the_selective_replays_excess(selective):
     assert stage.reserved_bytes == stage.peak_bytes + _blocks(stage) + layers
 
 
-def test_core_attention_recompute_claims_nothing():
+CORE_LAYER, CORE_LAYER_TP, CORE_WORKING, CORE_WORKING_TP = 192.0, 320.0, 768.0, 256.0
+CORE = dict(reserved_core_attention_per_layer_per_token=CORE_LAYER,
+            reserved_core_attention_per_layer_tp_per_token=CORE_LAYER_TP,
+            reserved_core_attention_working_per_token=CORE_WORKING,
+            reserved_core_attention_working_tp_per_token=CORE_WORKING_TP)
+
+
+def test_core_attention_layers_add_the_core_attention_replays_excess():
     # under core_attention test_memory's records come out with negative activations (the row refused by the
     # invariants, a matter of those records); a larger saved figure prices the row
+    text = f"seq={S},recompute=core_attention,recompute_layers=4"
     model = cost_model(llama_spec(), llama_counts(), S, saved_per_token=1e5, **SIMULATED, **SELECTIVE)
-    cost = model.evaluate(Strategy.parse(f"seq={S},recompute=core_attention"))
-    assert cost.reserved_bytes is None and "recompute=core_attention" in cost.reserved_reason
+    cost = model.evaluate(Strategy.parse(text))
+    assert cost.reserved_bytes is None and "under this recompute mode" in cost.reserved_reason
+    model = cost_model(llama_spec(), llama_counts(), S, saved_per_token=1e5, **SIMULATED, **SELECTIVE, **CORE)
+    stage = model.evaluate(Strategy.parse(text)).stages[0]
+    # 4 plain layers and 4 under the core-attention policy; the working excess the larger, 1024 + 2048 a token
+    layers = (4 * S * (PER_LAYER + PER_LAYER_TP) + 4 * S * (CORE_LAYER + CORE_LAYER_TP) + S * (WORKING + WORKING_TP)
+              + S * (OUTPUT + OUTPUT_TP))
+    assert stage.reserved_bytes == stage.peak_bytes + _blocks(stage) + layers
 
 
 def test_offloaded_activations_take_the_kept_layers_excess_with_them(selective):

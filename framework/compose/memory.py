@@ -222,6 +222,10 @@ class RecordTables:
     reserved_selective_layer_tp: np.ndarray
     reserved_selective_working: np.ndarray
     reserved_selective_working_tp: np.ndarray
+    reserved_core_attention_layer: np.ndarray  # and under core-attention recompute (nan: not simulated)
+    reserved_core_attention_layer_tp: np.ndarray
+    reserved_core_attention_working: np.ndarray
+    reserved_core_attention_working_tp: np.ndarray
     autocast_reserved_layer: np.ndarray  # and with fp32 parameters under autocast (nan: not simulated)
     autocast_reserved_layer_tp: np.ndarray
     autocast_reserved_working: np.ndarray
@@ -246,6 +250,8 @@ class RecordTables:
                   "autocast_saved", "autocast_saved_tp", "autocast_working", "autocast_working_tp", "reserved_layer",
                   "reserved_layer_tp", "reserved_working", "reserved_working_tp", "reserved_selective_layer",
                   "reserved_selective_layer_tp", "reserved_selective_working", "reserved_selective_working_tp",
+                  "reserved_core_attention_layer", "reserved_core_attention_layer_tp",
+                  "reserved_core_attention_working", "reserved_core_attention_working_tp",
                   "autocast_reserved_layer", "autocast_reserved_layer_tp", "autocast_reserved_working",
                   "autocast_reserved_working_tp")
     SCALAR_FIELDS = ("out_saved", "out_saved_tp", "out_working", "out_working_tp", "out_autocast_saved",
@@ -291,6 +297,8 @@ class RecordTables:
             for name, figure in (("reserved_layer", "reserved_per_layer"), ("reserved_working", "reserved_working"),
                                  ("reserved_selective_layer", "reserved_selective_per_layer"),
                                  ("reserved_selective_working", "reserved_selective_working"),
+                                 ("reserved_core_attention_layer", "reserved_core_attention_per_layer"),
+                                 ("reserved_core_attention_working", "reserved_core_attention_working"),
                                  ("autocast_reserved_layer", "autocast_reserved_per_layer"),
                                  ("autocast_reserved_working", "autocast_reserved_working")):
                 value, value_tp = (getattr(r, f"{figure}_per_token", None), getattr(r, f"{figure}_tp_per_token", None))
@@ -356,11 +364,10 @@ class Composed:
 # why a row's reserved bytes are not claimed (Composed.reserved_unclaimed - 1)
 RESERVED_UNCLAIMED = (
     "no allocator simulation for some layer kind under this recompute mode (the census replays its events, "
-    "plain and under the selective policy; the formulas, op records, a stack census and census records cached "
-    "before it state none)",
-    "recompute=core_attention is not simulated by the allocator (plain layers, full and selective recompute are)",
+    "plain and under the selective and core-attention policies; the formulas, op records, a stack census and "
+    "census records cached before it state none)",
     "fp32 parameters under autocast: the census's autocast pass is replayed for plain layers and full recompute, "
-    "not for some layer kind here (or the output layer) nor under recompute=selective",
+    "not for some layer kind here (or the output layer) nor under recompute=selective or core_attention",
 )
 
 MOMENTS = ("output backward", "last layer backward", "end of backward", "embedding backward", "optimizer step")
@@ -924,9 +931,9 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     reserves beyond them: parameters, master copy, optimizer states, gradients, the output layer's and
     the communication buffers each as one large block (2 MiB multiples; per-tensor rounding, under 2 MiB
     a tensor, is left out); each kept layer's steady excess and, once, the working peak's (the census's
-    replay of its events, :func:`ndcost.allocator.stack_excess`; a selective-recompute layer's from the
-    replay of its selective passes), of the kind whose figure is largest; on the head's stage the output
-    layer's own (its replay alone, split by tp under ``vocab_parallel``); a full-recompute layer's kept
+    replay of its events, :func:`ndcost.allocator.stack_excess`; a selective or core-attention recompute
+    layer's from the replay of that policy's passes), of the kind whose figure is largest; on the head's
+    stage the output layer's own (its replay alone, split by tp under ``vocab_parallel``); a full-recompute layer's kept
     input as packed into segments (:func:`ndcost.allocator.packed_reserved_bytes`, as if allocated alone).
     The layers' excess is added whichever moment the stage peaks at (the allocator keeps its segments
     cached to the optimizer step) and never below zero. Under fp32 parameters and autocast the figures are
@@ -953,13 +960,18 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
 
     mode = cols["recompute"]
     full = (mode == RECOMPUTE.index("full"))[:, None]
-    selective = mode == RECOMPUTE.index("selective")
+    core = mode == RECOMPUTE.index("core_attention")
+    policed = core | (mode == RECOMPUTE.index("selective"))  # rows whose recomputed layers run a policy
     per_layer = at_tp(row("reserved_layer", "autocast_reserved_layer"),
                       row("reserved_layer_tp", "autocast_reserved_layer_tp"))
     working = at_tp(row("reserved_working", "autocast_reserved_working"),
                     row("reserved_working_tp", "autocast_reserved_working_tp"))
-    sel_layer = at_tp(row("reserved_selective_layer"), row("reserved_selective_layer_tp"))
-    sel_working = at_tp(row("reserved_selective_working"), row("reserved_selective_working_tp"))
+
+    def policy(name):
+        return np.where(core[:, None], row(f"reserved_core_attention_{name}"), row(f"reserved_selective_{name}"))
+
+    sel_layer = at_tp(policy("layer"), policy("layer_tp"))
+    sel_working = at_tp(policy("working"), policy("working_tp"))
     n, ranks = stage_peak.shape
     activations, recomputed = np.zeros((n, ranks)), np.zeros((n, ranks), dtype=np.int64)
     working_most = np.full((n, ranks), -np.inf)
@@ -968,24 +980,24 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
         present = where.layers[k].sum(axis=2) > 0
         redone = where.recomputed[k].sum(axis=2) > 0
         unknown |= (present & (np.isnan(per_layer[:, k]) | np.isnan(working[:, k]))[:, None]).any(axis=1)
-        unknown |= selective & (redone & (np.isnan(sel_layer[:, k]) | np.isnan(sel_working[:, k]))[:, None]).any(
+        unknown |= policed & (redone & (np.isnan(sel_layer[:, k]) | np.isnan(sel_working[:, k]))[:, None]).any(
             axis=1)
         plain = ((where.layers[k] - where.recomputed[k]) * held).sum(axis=2)
         redone_held = (where.recomputed[k] * held).sum(axis=2)
         activations = activations + plain * nan_to_zero(per_layer[:, k])[:, None] + np.where(
-            selective[:, None], redone_held * nan_to_zero(sel_layer[:, k])[:, None], 0.0)
+            policed[:, None], redone_held * nan_to_zero(sel_layer[:, k])[:, None], 0.0)
         recomputed = recomputed + redone_held
-        kind_working = np.where(present & ~(selective[:, None] & redone), nan_to_zero(working[:, k])[:, None],
-                                -np.inf)
-        kind_working = np.where(selective[:, None] & redone,
-                                np.maximum(kind_working, nan_to_zero(sel_working[:, k])[:, None]), kind_working)
-        working_most = np.maximum(working_most, kind_working)
+        # the working peak's excess: a plain (or fully recomputed) layer's, and a policy's recomputed layer's
+        by_policy = policed[:, None] & redone
+        as_plain = present & ~(by_policy & (plain == 0))
+        working_most = np.where(as_plain, np.maximum(working_most, nan_to_zero(working[:, k])[:, None]), working_most)
+        working_most = np.where(by_policy, np.maximum(working_most, nan_to_zero(sel_working[:, k])[:, None]),
+                                working_most)
     vocab_parallel = cols["vocab_parallel"].astype(bool)
     x, x_tp = row("out_reserved", "out_autocast_reserved"), row("out_reserved_tp", "out_autocast_reserved_tp")
     output = batch.tokens * np.where(vocab_parallel, np.where(sp, (x + x_tp) / t, x + x_tp / t), x + x_tp)
     unknown |= (where.has_head & np.isnan(output)[:, None]).any(axis=1)
     output = np.where(where.has_head, nan_to_zero(output)[:, None], 0.0)
-    unsimulated = ((recomputed > 0) & ~full & ~selective[:, None]).any(axis=1)
     input_bytes = whole(model.hidden_size * batch.residual_bytes * batch.tokens / np.where(sp, t, 1.0)).astype(
         np.int64)[:, None]
     inputs = np.where(full & (recomputed > 0), packed_reserved_bytes(recomputed, np.maximum(input_bytes, 1))
@@ -999,9 +1011,9 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
         blocks = blocks + large_block_bytes(held_bytes) - held_bytes
     allocated = stage_peak - stage_bytes[:, :, CATEGORIES.index("allocator")]
     reserved = allocated + blocks + whole(np.maximum(layers, 0.0)).astype(np.int64)
-    # under fp32 autocast the selective passes (run with bf16 parameters) are not the run's
-    autocast_unknown = fp32_autocast & (unknown | (selective & (recomputed > 0).any(axis=1)))
-    unclaimed = np.where(unknown & ~fp32_autocast, 1, np.where(unsimulated, 2, np.where(autocast_unknown, 3, 0)))
+    # under fp32 autocast the policies' passes (run with bf16 parameters) are not the run's
+    autocast_unknown = fp32_autocast & (unknown | (policed & (recomputed > 0).any(axis=1)))
+    unclaimed = np.where(unknown & ~fp32_autocast, 1, np.where(autocast_unknown, 2, 0))
     reserved = np.where((unclaimed > 0)[:, None], -1, np.where(stage_exists, reserved, 0))
     return reserved, unclaimed
 

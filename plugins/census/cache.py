@@ -132,7 +132,9 @@ _SHARES = ("working_grad_share", "recomputed_attention_mm_share", "recomputed_ot
 _RESERVED = ("reserved_per_layer_per_token", "reserved_per_layer_tp_per_token", "reserved_working_per_token",
              "reserved_working_tp_per_token", "reserved_selective_per_layer_per_token",
              "reserved_selective_per_layer_tp_per_token", "reserved_selective_working_per_token",
-             "reserved_selective_working_tp_per_token", "autocast_reserved_per_layer_per_token",
+             "reserved_selective_working_tp_per_token", "reserved_core_attention_per_layer_per_token",
+             "reserved_core_attention_per_layer_tp_per_token", "reserved_core_attention_working_per_token",
+             "reserved_core_attention_working_tp_per_token", "autocast_reserved_per_layer_per_token",
              "autocast_reserved_per_layer_tp_per_token", "autocast_reserved_working_per_token",
              "autocast_reserved_working_tp_per_token")
 _COUNTS = ("flops_by_part", "flops_all_pairs_by_part")

@@ -108,6 +108,12 @@ def reserved_figures(one: Any, two: Any, seq: int, prefix: str = "reserved",
     return out
 
 
+def core_attention_policy() -> Any:
+    """The policy ``recompute=core_attention`` runs (Megatron-LM's ``recompute_modules=[core_attn]``)."""
+    from ndcost import manager
+    return manager.registry().get("checkpoint_policy/megatron-core-attention")
+
+
 def autocast_figures(measure_at: Callable[[Any], Any], one: Any, two: Any, seq: int,
                      not_measured: Callable[[str], None], alone: bool = False) -> Dict[str, Optional[float]]:
     """KindRecord's ``autocast_*`` fields from *measure_at* (a Measured) at the TP 1 and TP 2 configs,
@@ -169,6 +175,10 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
     sel_1, ledger = _measure_selective(one, layer_index, seq, runtime, policy, True)
     refuse_selective_above_plain(config, kind, runtime, policy, sel_1.saved_bytes, plain_1.saved_bytes, seq)
     sel_2, _ = _measure_selective(two, layer_index, seq, runtime, policy, False)
+    core_1, core_2 = sel_1, sel_2  # recompute=core_attention's events: the core-attention policy's passes
+    if policy.scope != "core_attention":
+        core = core_attention_policy()
+        core_1, core_2 = (_measure_selective(each, layer_index, seq, runtime, core, False)[0] for each in (one, two))
     counted = _count(one, layer_index, seq, runtime)
     saved, saved_tp = split(plain_1.saved_bytes, plain_2.saved_bytes, seq)
     working, working_tp = split(plain_1.working_bytes, plain_2.working_bytes, seq)
@@ -189,6 +199,7 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         working_grad_share=plain_1.working_grad_bytes / plain_1.grad_bytes if plain_1.grad_bytes else None,
         **autocast,
         **reserved_figures(plain_1, plain_2, seq), **reserved_figures(sel_1, sel_2, seq, "reserved_selective"),
+        **reserved_figures(core_1, core_2, seq, "reserved_core_attention"),
         selective_per_token=selective, selective_tp_per_token=selective_tp,
         recomputed_attention_mm_share=ledger.share(attention=True) if ledger else 0.0,
         recomputed_other_mm_share=ledger.share(attention=False) if ledger else 0.0,
