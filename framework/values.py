@@ -781,8 +781,9 @@ class Hardware:
     host CPUs step a second with a CPU optimizer (every device of the node shares them), by default the
     ZeRO-Offload paper's CPU-Adam figure (:data:`CPU_ADAM_PARAMETERS_PER_SECOND`).
     ``cuda_context_bytes`` is the device memory a training process holds outside PyTorch's caching allocator
-    (the CUDA context and the kernels' module images; 0 where a spec does not state it): what fits is judged
-    against ``memory_bytes - cuda_context_bytes`` (:attr:`usable_memory_bytes`).
+    (the CUDA context and the kernels' module images; cuBLAS workspaces are inside the allocator, NCCL's
+    buffers are left out; 0 where a spec does not state it): what fits is judged against ``memory_bytes -
+    cuda_context_bytes`` (:attr:`usable_memory_bytes`; docs/guides/searchers.md, section 6).
     """
 
     name: str
