@@ -23,6 +23,8 @@ Under offload_optimizer, offload_params or offload_activations a `host:` line gi
 a device fills (its worst stage's) and a node's devices together; the step line the offload copies.
   reserved       (--wide) what PyTorch's caching allocator reserves for the peak, simulated
                  (ndcost.allocator, in place of allocator_overhead); "-" where nothing was simulated
+The peak line judges fits: the reserved bytes (the peak where reserved is not claimed) against the
+hardware's memory less its CUDA context (cuda_context_bytes, held outside the allocator).
 By default (100 columns) optim is master + optimizer_states, other is communication + allocator;
 --wide shows every category. The header names the dtypes and the optimizer priced. `ndcost fields`
 lists every strategy field; `ndcost list models|hardware|runtimes|schedules|optimizers` the names.

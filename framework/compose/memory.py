@@ -933,11 +933,11 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     a tensor, is left out); each kept layer's steady excess and, once, the working peak's (the census's
     replay of its events, :func:`ndcost.allocator.stack_excess`; a selective or core-attention recompute
     layer's from the replay of that policy's passes), of the kind whose figure is largest; on the head's
-    stage the output layer's own (its replay alone, split by tp under ``vocab_parallel``); a full-recompute layer's kept
-    input as packed into segments (:func:`ndcost.allocator.packed_reserved_bytes`, as if allocated alone).
-    The layers' excess is added whichever moment the stage peaks at (the allocator keeps its segments
-    cached to the optimizer step) and never below zero. Under fp32 parameters and autocast the figures are
-    the census's autocast pass's replays. Offloading: the persistent blocks offloaded are
+    stage the output layer's own (its replay alone, split by tp under ``vocab_parallel``); a full-recompute
+    layer's kept input as packed into segments (:func:`ndcost.allocator.packed_reserved_bytes`, as if
+    allocated alone). The layers' excess is added whichever moment the stage peaks at (the allocator keeps
+    its segments cached to the optimizer step) and never below zero. Under fp32 parameters and autocast
+    the figures are the census's autocast pass's replays. Offloading: the persistent blocks offloaded are
     off the device already (their bytes are 0); under ``offload_activations`` the kept layers' excess and
     the packed inputs go (what they save leaves the device as it is saved, and the blocks it freed are
     reused by the next layer), the working peak's stays. Left out: the excess scales per token from the
