@@ -175,10 +175,15 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
     sel_1, ledger = _measure_selective(one, layer_index, seq, runtime, policy, True)
     refuse_selective_above_plain(config, kind, runtime, policy, sel_1.saved_bytes, plain_1.saved_bytes, seq)
     sel_2, _ = _measure_selective(two, layer_index, seq, runtime, policy, False)
-    core_1, core_2 = sel_1, sel_2  # recompute=core_attention's events: the core-attention policy's passes
-    if policy.scope != "core_attention":
-        core = core_attention_policy()
-        core_1, core_2 = (_measure_selective(each, layer_index, seq, runtime, core, False)[0] for each in (one, two))
+    core = {}  # recompute=core_attention's events: the core-attention policy's passes replayed
+    try:
+        core_1, core_2 = (sel_1, sel_2) if policy.scope == "core_attention" else (
+            _measure_selective(each, layer_index, seq, runtime, core_attention_policy(), False)[0]
+            for each in (one, two))
+        core = reserved_figures(core_1, core_2, seq, "reserved_core_attention")
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:  # no claim, as autocast_figures
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        say(f"  {kind}: core-attention recompute not replayed ({type(exc).__name__}: {first})")
     counted = _count(one, layer_index, seq, runtime)
     saved, saved_tp = split(plain_1.saved_bytes, plain_2.saved_bytes, seq)
     working, working_tp = split(plain_1.working_bytes, plain_2.working_bytes, seq)
@@ -199,7 +204,7 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         working_grad_share=plain_1.working_grad_bytes / plain_1.grad_bytes if plain_1.grad_bytes else None,
         **autocast,
         **reserved_figures(plain_1, plain_2, seq), **reserved_figures(sel_1, sel_2, seq, "reserved_selective"),
-        **reserved_figures(core_1, core_2, seq, "reserved_core_attention"),
+        **core,
         selective_per_token=selective, selective_tp_per_token=selective_tp,
         recomputed_attention_mm_share=ledger.share(attention=True) if ledger else 0.0,
         recomputed_other_mm_share=ledger.share(attention=False) if ledger else 0.0,
