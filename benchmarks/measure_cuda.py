@@ -19,13 +19,26 @@ picks on CUDA, and records:
   AdamW whose states are in the parameters' dtype, ``max_memory_allocated``
   during a steady-state step (setups (a) and (b) of tests/test_resolver.py).
 
+- ``cuda_context``: the device memory the process holds outside PyTorch's caching
+  allocator (``Hardware.cuda_context_bytes``): the process's own device memory
+  (NVML's per-process figure where ``pynvml`` is installed, else the device's
+  ``total - free`` from ``torch.cuda.mem_get_info``, which counts other
+  processes' too) less ``torch.cuda.memory_reserved``, after ``torch.cuda.init()``
+  and again after a first bf16 matmul, SDPA forward and backward and
+  cross-entropy (the kernels a training step loads lazily). cuBLAS's workspace
+  is the allocator's (``getCurrentCUDABlasHandle`` takes it through
+  ``c10::cuda::CUDACachingAllocator``), so it shows in ``memory_reserved`` and
+  not here. It runs first, before any other case touches the device.
+
 What it leaves out: allocator fragmentation (allocated, not reserved, bytes
-are reported) and the CUDA context.
+are reported), NCCL's buffers (no process group is made), and the kernels of
+cases other than ``cuda_context``'s few in its context figure.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -396,6 +409,46 @@ def measure_output(name: str, factory, vocab: int, seq: int, dtype=torch.bfloat1
             "saved_tensors": listing}
 
 
+def _process_device_bytes() -> Dict[str, Any]:
+    """This process's device memory: NVML's per-process figure, else the device's used bytes (all processes)."""
+    free, total = torch.cuda.mem_get_info()
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if process.pid == os.getpid() and process.usedGpuMemory is not None:
+                return {"bytes": int(process.usedGpuMemory), "source": "nvml, this process"}
+    except Exception as exc:  # no pynvml, or a container NVML cannot see the pid in
+        return {"bytes": int(total - free), "source": f"mem_get_info total - free, every process ({exc!r})"}
+    return {"bytes": int(total - free), "source": "mem_get_info total - free, every process (pid not in NVML)"}
+
+
+def measure_cuda_context(seq: int) -> Dict[str, Any]:
+    """The device memory outside the caching allocator, bare and once a step's first kernels have loaded."""
+    if not torch.cuda.is_available():
+        return {"case": "cuda_context", "skipped": "no CUDA device"}
+    torch.cuda.init()
+    bare = _process_device_bytes()
+    bare_reserved = torch.cuda.memory_reserved()
+    device = _device()
+    a = torch.randn(seq, 4096, device=device, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16, requires_grad=True)
+    q = (a @ b).view(1, seq, 32, 128).transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    logits = out.transpose(1, 2).reshape(seq, 4096)[:, :1024].float()
+    torch.nn.functional.cross_entropy(logits, torch.zeros(seq, dtype=torch.long, device=device)).backward()
+    _sync()
+    loaded = _process_device_bytes()
+    reserved = torch.cuda.memory_reserved()
+    return {"case": "cuda_context", "device": torch.cuda.get_device_name(),
+            "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "(unset: torch sets LAZY)"),
+            "bare": {"process_bytes": bare["bytes"], "memory_reserved": bare_reserved,
+                     "cuda_context_bytes": bare["bytes"] - bare_reserved, "source": bare["source"]},
+            "after_first_kernels": {"process_bytes": loaded["bytes"], "memory_reserved": reserved,
+                                    "cuda_context_bytes": loaded["bytes"] - reserved, "source": loaded["source"]}}
+
+
 def measure_model(name: str, factory, seq: int, param_dtype, checkpointing: bool) -> Dict[str, Any]:
     from transformers import AutoModelForCausalLM
     config = factory()
@@ -476,7 +529,7 @@ def main(argv=None) -> int:
             return
         started = time.time()
         try:
-            record = measure(_shrunk(factory) if args.small else factory)
+            record = measure(_shrunk(factory) if args.small and factory is not None else factory)
             results.setdefault(section, []).append(record)
             print(f"{name}: ok in {time.time() - started:.1f}s", file=sys.stderr, flush=True)
         except Exception as exc:  # one family must not cost the others
@@ -485,6 +538,7 @@ def main(argv=None) -> int:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
+    run("cuda_context", "cuda_context", None, lambda f: measure_cuda_context(seq))  # first: a fresh context
     for name, factory, index in LAYER_CASES:
         run("layers", name, factory, lambda f, n=name, i=index: measure_layer(n, f, i, seq))
     for name, factory, index, window in MASKED_CASES:

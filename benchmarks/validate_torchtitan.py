@@ -89,7 +89,7 @@ def _price(config: Any, hardware: str, census: str) -> Dict[str, Any]:
     cost = model.evaluate(config.strategy)
     time = cost.time
     return {"strategy": str(config.strategy), "valid": bool(cost.valid), "reason": cost.reason,
-            "fits": bool(cost.valid and cost.peak_bytes <= model.hardware.memory_bytes),
+            "fits": bool(cost.valid and cost.fits), "fits_basis": cost.fits_basis,
             "tokens_per_second_per_gpu": None if time is None else time.tokens_per_second / config.devices,
             "peak_bytes": int(cost.peak_bytes), "memory_gib": cost.peak_bytes / GIB,
             "mfu": None if time is None else time.mfu}

@@ -124,4 +124,8 @@ def enforce(result: Any) -> Any:
             if isinstance(values, np.ndarray):
                 time[name] = values.copy()
                 time[name][index] = np.nan
-    return attrs.evolve(result, valid=valid, reason=reason, fits=result.fits & valid, time=time)
+    basis = result.fits_basis
+    if basis is not None:
+        basis = basis.copy()
+        basis[index] = ""
+    return attrs.evolve(result, valid=valid, reason=reason, fits=result.fits & valid, fits_basis=basis, time=time)

@@ -48,6 +48,24 @@ class KindRecord:
     reserved_per_layer_tp_per_token: Optional[float] = None
     reserved_working_per_token: Optional[float] = None
     reserved_working_tp_per_token: Optional[float] = None
+    # The same under the runtime's selective checkpoint policy (the census's selective passes replayed: the
+    # checkpoint's kept tensors, the backward's recomputation). None: not simulated, and recompute=selective
+    # claims no reserved figure.
+    reserved_selective_per_layer_per_token: Optional[float] = None
+    reserved_selective_per_layer_tp_per_token: Optional[float] = None
+    reserved_selective_working_per_token: Optional[float] = None
+    reserved_selective_working_tp_per_token: Optional[float] = None
+    # And under Megatron-LM's core-attention recompute (checkpoint_policy/megatron-core-attention's pass replayed).
+    reserved_core_attention_per_layer_per_token: Optional[float] = None
+    reserved_core_attention_per_layer_tp_per_token: Optional[float] = None
+    reserved_core_attention_working_per_token: Optional[float] = None
+    reserved_core_attention_working_tp_per_token: Optional[float] = None
+    # And with fp32 parameters under 16-bit autocast (the census's autocast pass replayed). None: not simulated,
+    # and such a strategy claims no reserved figure.
+    autocast_reserved_per_layer_per_token: Optional[float] = None
+    autocast_reserved_per_layer_tp_per_token: Optional[float] = None
+    autocast_reserved_working_per_token: Optional[float] = None
+    autocast_reserved_working_tp_per_token: Optional[float] = None
     selective_per_token: Optional[float] = None
     selective_tp_per_token: Optional[float] = None
     recomputed_attention_mm_share: Optional[float] = None

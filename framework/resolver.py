@@ -126,6 +126,10 @@ class BatchResult:
     stage_reserved_bytes: Optional[np.ndarray] = None
     reserved_bytes: Optional[np.ndarray] = None
     reserved_reason: Optional[np.ndarray] = None
+    # what ``fits`` judged (N,): "reserved" (reserved_bytes + cuda_context_bytes <= memory_bytes), "allocated"
+    # (peak_bytes in its place where reserved is not claimed), "" in invalid rows; the context subtracted
+    fits_basis: Optional[np.ndarray] = None
+    cuda_context_bytes: int = 0
 
     def __len__(self) -> int:
         return len(self.peak_bytes)
@@ -154,8 +158,10 @@ class BatchResult:
             if _TIME_BREAKDOWN_FIELDS <= set(self.time):
                 time = TimeBreakdown(**{f: float(self.time[f][row]) for f in _TIME_BREAKDOWN_FIELDS},
                                      provenance=self.time.get("provenance", {}) or {})
+        basis = "" if self.fits_basis is None else str(self.fits_basis[row])
         return StrategyCost(strategy=strategy, stages=tuple(stages), peak_bytes=int(self.peak_bytes[row]),  # type: ignore[arg-type]  # attrs plugin: converter typing
                             valid=bool(self.valid[row]), reason=str(self.reason[row]), time=time,
+                            fits=bool(self.fits[row]) if self.valid[row] else None, fits_basis=basis,
                             host_bytes=int(self.host_bytes[row]),
                             host_bytes_per_node=int(self.host_bytes_per_node[row]),
                             reserved_bytes=reserved, reserved_reason=reserved_reason, provenance=self.provenance)
@@ -168,6 +174,24 @@ class BatchResult:
             return None, "the batch was priced without the allocator simulation"
         value = int(self.reserved_bytes[row])
         return (value, "") if value >= 0 else (None, str(self.reserved_reason[row]))
+
+
+FITS_BASES = ("allocated", "reserved")
+
+
+def fits_rule(valid: np.ndarray, peak_bytes: np.ndarray, reserved_bytes: np.ndarray,
+              usable_bytes: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Whether each row fits in *usable_bytes*, and on what basis: its reserved bytes, or where they are not
+    claimed (-1) its allocated peak (a lower bound of what it reserves).
+
+    A run fails when the caching allocator cannot reserve more, so reserved bytes are what must fit, in the
+    device's memory less what is held outside the allocator (``Hardware.usable_memory_bytes``: the CUDA
+    context). NCCL's own buffers are left out (docs/guides/searchers.md, section 6).
+    """
+    claimed = reserved_bytes >= 0
+    needed = np.where(claimed, reserved_bytes, peak_bytes)
+    basis = np.array(("",) + FITS_BASES, dtype=object)[np.where(valid, 1 + claimed, 0)]
+    return valid & (needed <= usable_bytes), basis
 
 
 # ---------------------------------------------------------------------------
@@ -638,6 +662,7 @@ class CostModel:
         unclaimed = full["reserved_unclaimed"]
         reserved = np.where(valid & (unclaimed == 0), full["stage_reserved_bytes"].max(axis=1, initial=0), -1)
         reserved_reason = np.array([""] + list(memory.RESERVED_UNCLAIMED), dtype=object)[unclaimed]
+        fits, fits_basis = fits_rule(valid, peak, reserved, int(hw.usable_memory_bytes))
         result = BatchResult(
             categories=tuple(MEMORY_CATEGORIES), peak_bytes=peak, stage_bytes=full["stage_bytes"],
             stage_peak_bytes=full["stage_peak_bytes"], num_stages=num_stages, stage_layers=full["stage_layers"],
@@ -648,9 +673,9 @@ class CostModel:
             host_bytes_per_node=full["host_bytes_per_node"],
             stage_offloaded_activation_bytes=full["stage_offloaded_activation_bytes"], kinds=self.tables.kinds,
             valid=valid, reason=reason,
-            fits=valid & (peak <= hw.memory_bytes), memory_bytes=int(hw.memory_bytes), provenance=prov,
+            fits=fits, memory_bytes=int(hw.memory_bytes), provenance=prov,
             stage_reserved_bytes=full["stage_reserved_bytes"], reserved_bytes=reserved,
-            reserved_reason=reserved_reason)
+            reserved_reason=reserved_reason, fits_basis=fits_basis, cuda_context_bytes=int(hw.cuda_context_bytes))
         return self._attach_time(result, batch, hw)
 
     def _attach_time(self, result: BatchResult, batch: columns.StrategyColumns, hardware: Hardware) -> BatchResult:

@@ -22,13 +22,17 @@ columns and priced by :meth:`ndcost.resolver.CostModel.evaluate_many` (the searc
   sizes of a strategy that does not fit are skipped (a larger ``micro_batch`` keeps ``micro_batch`` times
   the in-flight micro-batches, ``min(in_flight * micro_batch, local batch)`` under every built-in schedule,
   so the peak does not fall); ``exhaustive=True`` prices them all (``tests/test_search.py`` checks the two agree);
-- dropped after pricing: rows ``evaluate_many`` refuses, and peaks above the cap.
+- dropped after pricing: rows ``evaluate_many`` refuses, and those that do not fit the cap on the resolver's rule
+  (:func:`ndcost.resolver.fits_rule`: reserved bytes, or the allocated peak where reserved is not claimed).
 
 Left out (documented, never guessed): uneven ``pp_layers`` splits (a ``pp * vpp`` that does not divide the
 layers is refused, as ``evaluate_many`` refuses it), ZeRO with ``dp * cp == 1`` and ``vocab_parallel`` or
 ``sp`` with ``tp == 1`` (each the same cost as without), dtypes, optimizers and ``moe_imbalance`` (the
 strategy's defaults). ``reserved_bytes`` is what the caching allocator simulation reserves
-(:mod:`ndcost.allocator`; ``None`` where not claimed); fitting is judged on allocated bytes (``peak_bytes``).
+(:mod:`ndcost.allocator`; ``None`` where not claimed). The cap is the bytes a device's allocator may reserve
+(default the hardware's memory less its CUDA context, ``Hardware.usable_memory_bytes``). Both bounds above
+compare allocated bytes (without ``allocator_overhead``'s guess) with it: they are below the reserved bytes
+the composition claims and the peak it judges otherwise, so neither drops a strategy that fits.
 
 ``workers=N`` prices the chunks in N local processes; ``scheduler="tcp://..."`` on a Dask distributed
 cluster (the ``dask`` extra). Either gives the single-process answer, whatever the chunks: ties in step
@@ -58,6 +62,7 @@ CHUNK_ROWS = 1 << 17  # strategies priced in one evaluate_many call (and sent to
 RECOMPUTE_LAYER_FRACTIONS: Tuple[float, ...] = (0.5,)
 # Held at every moment a stage can peak at (compose/memory.py, _peak's base): a lower bound of the peak.
 _PERSISTENT = tuple(MEMORY_CATEGORIES.index(c) for c in ("parameters", "master", "optimizer_states"))
+_ALLOCATOR = MEMORY_CATEGORIES.index("allocator")  # allocator_overhead's guess, above the allocated bytes
 _LAYOUT_FIELDS = ("dp", "fsdp", "cp", "tp", "pp", "vpp", "schedule", "ep", "etp", "zero", "vocab_parallel",
                   "reshard_after_forward")
 _STRATEGY_COLUMNS = _LAYOUT_FIELDS + ("sp", "cp_algo", "micro_batch", "num_micro_batches", "recompute",
@@ -449,6 +454,12 @@ def _model_for(job: _Job):
     return _holding(_MODELS[key], job.held)
 
 
+def _allocated_bytes(result: Any) -> np.ndarray:
+    """Each row's most allocated bytes a stage (``allocator_overhead``'s guess left out): a lower bound of both
+    what it reserves and its peak, that does not fall as ``micro_batch`` rises."""
+    return (result.stage_peak_bytes - result.stage_bytes[:, :, _ALLOCATOR]).max(axis=1, initial=0)
+
+
 def _price(job: _Job, model: Any = None) -> _Summary:
     """Expand one chunk of layouts, price it and keep what the merge needs (the best rows, counts, reasons)."""
     model = _model_for(job) if model is None else model
@@ -477,11 +488,12 @@ def _price(job: _Job, model: Any = None) -> _Summary:
             reserved[rows] = result.reserved_bytes
         for f in times:
             times[f][rows] = result.time[f]
-        over[group[rows[result.valid & (result.peak_bytes > job.cap_bytes)]]] = True
+        over[group[rows[result.valid & (_allocated_bytes(result) > job.cap_bytes)]]] = True
     skipped = int(n - priced.sum())
     valid &= priced
     step = times["step_seconds"]
-    fits = valid & (peak <= job.cap_bytes)
+    from ndcost.resolver import fits_rule
+    fits, _ = fits_rule(valid, peak, reserved, job.cap_bytes)
     reasons: Tuple[Tuple[str, int], ...] = ()
     if not valid[priced].all():
         text, counts = np.unique(np.asarray(reason[priced & ~valid], dtype=str), return_counts=True)
@@ -673,7 +685,7 @@ def search_grid(model: Any, *, devices: Iterable[int], hardware: Iterable[Any], 
 
 def _search_one(model, reference, devices: int, hw_name: Any, hw, global_batch: int, seq: int,
                 options: SearchSettings) -> SearchResult:
-    cap = options.memory_cap_bytes or int(hw.memory_bytes)
+    cap = options.memory_cap_bytes or int(hw.usable_memory_bytes)
     pruning: List[Pruning] = []
     where = f"{model.spec.name} on {devices} {hw.name}"
     layouts, inner = _space(model, hw, devices, global_batch, seq, options.recompute_layer_fractions, pruning,
@@ -724,7 +736,8 @@ def _search_one(model, reference, devices: int, hw_name: Any, hw, global_batch: 
     peaks = [s.min_peak_bytes for s in summaries if s.min_peak_bytes >= 0]
     if valid > fitting:
         pruning.append(Pruning(step="memory", removed=valid - fitting, of="strategies",
-                               reason=f"peak above the cap of {cap / GIB:.1f} GiB"))
+                               reason=f"reserved bytes (or the allocated peak where reserved is not claimed) "
+                                      f"above the cap of {cap / GIB:.1f} GiB"))
     if not fitting:
         raise NoValidStrategy(_nothing_message(where, global_batch, seq, cap, pruning, peaks, min_bound))
     candidates = _merge(summaries, options.top, devices, hw.name, options.tokens, options.price_per_gpu_hour,

@@ -103,9 +103,9 @@ def load_yaml(text: str, where: str = "YAML text") -> Any:
 
 
 REQUIRED = ("name", "memory_bytes", "hbm_bytes_per_second", "peak_flops_per_second", "devices_per_node", "network")
-OPTIONAL = ("efficiency", "host_to_device_bytes_per_second", "cpu_optimizer_parameters_per_second", "description",
-            "sm_count", "kernel_tables",
-            "nvlink_domain_devices", "nics_per_node", "nvls_architecture")
+OPTIONAL = ("efficiency", "host_to_device_bytes_per_second", "cpu_optimizer_parameters_per_second",
+            "cuda_context_bytes", "description", "sm_count", "kernel_tables", "nvlink_domain_devices", "nics_per_node",
+            "nvls_architecture")
 LEVEL_FIELDS = ("bytes_per_second", "latency_seconds")
 
 
@@ -126,9 +126,10 @@ def hardware_from_mapping(data: Mapping[str, Any], where: str = "<mapping>") -> 
         raise InvalidValue(f"hardware spec {where}: network must map a level (within_node, across_nodes) to "
                            f"{{bytes_per_second: ..., latency_seconds: ...}}, got {network!r}")
     fields = {k: v for k, v in data.items() if k != "network"}
-    memory = fields["memory_bytes"]
-    if isinstance(memory, float) and math.isfinite(memory) and memory == int(memory):
-        fields["memory_bytes"] = int(memory)  # YAML reads 8.0e+10 as a float
+    for name in ("memory_bytes", "cuda_context_bytes"):
+        value = fields.get(name)
+        if isinstance(value, float) and math.isfinite(value) and value == int(value):
+            fields[name] = int(value)  # YAML reads 8.0e+10 as a float
     try:
         levels = []
         for name, level in network.items():

@@ -820,6 +820,15 @@ def _check_memory_bytes(instance, attribute, value):
     positive_int(instance, attribute, value)
 
 
+def _check_cuda_context_bytes(instance, attribute, value):
+    if isinstance(value, str):
+        check_number(f"hardware {instance.name!r}", "cuda_context_bytes", value, "bytes (an integer)",
+                     zero_allowed=True)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidValue(f"hardware {instance.name!r}: cuda_context_bytes must be a whole number of bytes, 0 or "
+                           f"more (for example 536870912 for 512 MiB), got {value!r}")
+
+
 # A prior, not a measurement of any shipped host: DeepSpeed's CPU-Adam stepping 10 billion parameters in 2.57 s, the
 # order Ren et al. 2021, ZeRO-Offload (arXiv:2101.06840, Table 3) report for their test node's host CPUs (the figure
 # was taken from that table without re-checking it here). A hardware file states its own host's figure where known.
@@ -844,6 +853,10 @@ class Hardware:
     GB200 NVL72 rack); ``nics_per_node``: a node's network interfaces, the ``across_nodes`` level's bandwidth
     being one's (by default one a device); ``nvls_architecture``: ``hopper`` or ``blackwell`` where the NVLink
     switches reduce in-switch (NVLS, NVLink SHARP), picking NCCL's NVLS constants; None without.
+    ``cuda_context_bytes`` is the device memory a training process holds outside PyTorch's caching allocator
+    (the CUDA context and the kernels' module images; cuBLAS workspaces are inside the allocator, NCCL's
+    buffers are left out; 0 where a spec does not state it): what fits is judged against ``memory_bytes -
+    cuda_context_bytes`` (:attr:`usable_memory_bytes`; docs/guides/searchers.md, section 6).
     """
 
     name: str
@@ -856,6 +869,7 @@ class Hardware:
     host_to_device_bytes_per_second: Optional[float] = attrs.field(default=None, converter=_to_float)
     cpu_optimizer_parameters_per_second: float = attrs.field(default=CPU_ADAM_PARAMETERS_PER_SECOND,
                                                              converter=_to_float)
+    cuda_context_bytes: int = attrs.field(default=0, validator=_check_cuda_context_bytes)
     description: str = ""
     sm_count: Optional[int] = attrs.field(default=None, validator=_optional_positive_int)
     kernel_tables: Optional[Mapping[str, Any]] = None
@@ -867,6 +881,10 @@ class Hardware:
     def __attrs_post_init__(self):
         _check_name("hardware", self.name)
         owner = f"hardware {self.name!r}"
+        if self.cuda_context_bytes >= self.memory_bytes:
+            raise InvalidValue(f"{owner}: cuda_context_bytes={self.cuda_context_bytes} is not below memory_bytes="
+                               f"{self.memory_bytes}; state the context's bytes (about 5.4e+8 on an H100), not the "
+                               f"device's")
         check_number(owner, "hbm_bytes_per_second", self.hbm_bytes_per_second, "bytes per second")
         if self.host_to_device_bytes_per_second is not None:
             check_number(owner, "host_to_device_bytes_per_second", self.host_to_device_bytes_per_second,
@@ -899,6 +917,11 @@ class Hardware:
         if self.nvls_architecture not in NVLS_ARCHITECTURES:
             raise InvalidValue(f"{owner}: nvls_architecture {self.nvls_architecture!r} is not one of "
                                f"{', '.join(map(str, NVLS_ARCHITECTURES))} (omit it where the switches lack NVLS)")
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """The bytes PyTorch's allocator can reserve: the device's memory less the CUDA context."""
+        return self.memory_bytes - self.cuda_context_bytes
 
     def peak_flops(self, dtype: str) -> float:
         try:
@@ -979,6 +1002,10 @@ class StrategyCost:
     # the most any stage's caching allocator reserves (ndcost.allocator); None with the reason where not claimed
     reserved_bytes: Optional[int] = None
     reserved_reason: str = ""
+    # whether it fits the device (None where not judged) and on what: "reserved" (reserved_bytes plus the
+    # hardware's cuda_context_bytes) or "allocated" (peak_bytes in its place, where reserved is not claimed)
+    fits: Optional[bool] = None
+    fits_basis: str = ""
     provenance: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def sources(self) -> Dict[str, str]:
@@ -1032,7 +1059,8 @@ class StrategyCost:
     def to_dict(self) -> Dict[str, Any]:
         out = {"strategy": str(self.strategy), "valid": self.valid, "reason": self.reason,
                "peak_bytes": self.peak_bytes, "reserved_bytes": self.reserved_bytes,
-               "reserved_reason": self.reserved_reason, "host_bytes": self.host_bytes,
+               "reserved_reason": self.reserved_reason, "fits": self.fits, "fits_basis": self.fits_basis,
+               "host_bytes": self.host_bytes,
                "host_bytes_per_node": self.host_bytes_per_node, "stages": [s.to_dict() for s in self.stages],
                "provenance": dict(self.provenance), "sources": self.sources()}
         if self.time is not None:

@@ -139,7 +139,10 @@ def check_batch(result: Any, rows: int) -> None:
     for i in np.flatnonzero(~valid):
         assert isinstance(reason[i], str) and reason[i].strip(), f"row {i} is invalid without a reason"
         assert result.peak_bytes[i] == 0 and not result.fits[i]
-    assert (np.asarray(result.fits) == (valid & (result.peak_bytes <= result.memory_bytes))).all()
+    # fits: reserved bytes (the allocated peak where reserved is not claimed) within the memory less the context
+    needed = np.where(result.reserved_bytes >= 0, result.reserved_bytes, result.peak_bytes)
+    usable = result.memory_bytes - result.cuda_context_bytes
+    assert (np.asarray(result.fits) == (valid & (needed <= usable))).all()
     if result.time is not None:
         for i in np.flatnonzero(valid):
             check_time({k: v[i] for k, v in result.time.items() if k != "provenance"}, f"row {i}")

@@ -384,6 +384,29 @@ def test_megatron_core_attention_policy_keeps_attention_inputs():
     assert kept.saved_bytes == plain_bytes - 4 * HEADS * S - 16
 
 
+@pytest.mark.slow
+def test_the_selective_passes_are_replayed_through_the_allocator():
+    """The record's selective, core-attention and autocast reserved figures are those passes' stack replays."""
+    prof = profile()
+    record = records.census_groups(small_llama(), [LayerGroup(kind="dense", count=1)], S, "hf-cuda",
+                                   use_cache=False, progress=None)["dense"]
+    passes = {"reserved_selective": lambda config: records._measure_selective(
+        config, 0, S, prof, records.policy_for(prof), False)[0],
+        "reserved_core_attention": lambda config: records._measure_selective(
+            config, 0, S, prof, records.core_attention_policy(), False)[0],
+        "autocast_reserved": lambda config: records._measure_plain(config, 0, S, prof, autocast=True)}
+    for prefix, run in passes.items():
+        at = {tp: run(tp_config(small_llama(), tp)).stack_excess for tp in (1, 2)}
+        for name, figure in (("per_layer", "per_layer_bytes"), ("working", "working_bytes")):
+            one, two = getattr(at[1], figure), getattr(at[2], figure)
+            x, x_tp = (getattr(record, f"{prefix}_{name}{part}_per_token") for part in ("", "_tp"))
+            # x + x_tp at TP 1 and x + x_tp / 2 at TP 2 give back the two replays' bytes (records.split)
+            assert (x + x_tp) * S == pytest.approx(one) and (x + x_tp / 2) * S == pytest.approx(two)
+    # the checkpoint keeps the input and the policy's outputs, not the plain layer's saved set: another replay
+    assert (record.reserved_selective_per_layer_per_token, record.reserved_selective_working_per_token) != (
+        record.reserved_per_layer_per_token, record.reserved_working_per_token)
+
+
 # -- FLOPs by part -------------------------------------------------------------------------------
 def test_flops_by_part_by_hand():
     record = records.census_groups(small_llama(), [LayerGroup(kind="dense", count=1)], S, "hf-cuda",

@@ -31,8 +31,9 @@ step = batch.time["step_seconds"]  # NaN where a row is invalid
 for i in np.flatnonzero(~batch.valid):
     print(f"refused: tp={tp[i]}: {batch.reason[i]}")
 
-# 5. Fitting is judged on allocated bytes; batch.reserved_bytes (-1 where not claimed) is what the simulated
-#    caching allocator reserves, a lower bound on max_memory_reserved (docs/guides/searchers.md, section 6).
+# 5. batch.reserved_bytes (-1 where not claimed) is what the simulated caching allocator reserves, a lower
+#    bound on max_memory_reserved; batch.fits judges it (the peak where not claimed, batch.fits_basis says
+#    which) plus the hardware's CUDA context against its memory (docs/guides/searchers.md, section 6).
 fits = batch.fits
 best = np.flatnonzero(fits)[np.argmin(step[fits])]
 print(f"best of the table: row {best}, tp={tp[best]}, recompute={table['recompute'][best]}: "

@@ -23,6 +23,8 @@ Under offload_optimizer, offload_params or offload_activations a `host:` line gi
 a device fills (its worst stage's) and a node's devices together; the step line the offload copies.
   reserved       (--wide) what PyTorch's caching allocator reserves for the peak, simulated
                  (ndcost.allocator, in place of allocator_overhead); "-" where nothing was simulated
+The peak line judges fits: the reserved bytes (the peak where reserved is not claimed) against the
+hardware's memory less its CUDA context (cuda_context_bytes, held outside the allocator).
 By default (100 columns) optim is master + optimizer_states, other is communication + allocator;
 --wide shows every category. The header names the dtypes and the optimizer priced. `ndcost fields`
 lists every strategy field; `ndcost list models|hardware|runtimes|schedules|optimizers` the names.
@@ -97,7 +99,8 @@ def run(args):
                 dtypes={"parameters": strategy.param_dtype, "compute": strategy.compute, "gradients": strategy.grad,
                         "master": strategy.master_dtype, "optimizer_states": strategy.optimizer_state_dtype},
                 optimizer=strategy.optimizer,
-                memory_bytes=int(hardware.memory_bytes), fits=cost.peak_bytes <= hardware.memory_bytes)
+                memory_bytes=int(hardware.memory_bytes), cuda_context_bytes=int(hardware.cuda_context_bytes),
+                usable_memory_bytes=int(hardware.usable_memory_bytes))
 
     categories = list(cost.stages[0].bytes_by_category) if cost.stages else []
     if args.wide:
@@ -123,9 +126,13 @@ def run(args):
     if not args.wide:
         lines.append("optim = master + optimizer_states, other = communication + allocator (--wide: each)")
     peak_stage = max(cost.stages, key=lambda s: s.peak_bytes).stage if cost.stages else 0
-    verdict = "fits" if data["fits"] else "does NOT fit"
+    verdict = "fits" if cost.fits else "does NOT fit"
+    judged = (f"its reserved {cost.reserved_bytes / _GIB:.2f} GiB" if cost.fits_basis == "reserved"
+              else "its allocated peak (reserved not claimed)")
     lines.append(f"peak: {cost.peak_bytes / _GIB:.2f} GiB ({cost.peak_bytes:,} bytes) on stage {peak_stage}; "
-                 f"{verdict} in {hardware.memory_bytes / _GIB:.1f} GiB")
+                 f"{verdict}: {judged} against {hardware.usable_memory_bytes / _GIB:.2f} GiB usable "
+                 f"({hardware.memory_bytes / _GIB:.1f} GiB less {hardware.cuda_context_bytes / 2 ** 20:,.0f} MiB "
+                 f"of CUDA context)")
     if cost.host_bytes:
         lines.append(f"host: {cost.host_bytes / _GIB:.2f} GiB a device ({cost.host_bytes:,} bytes; stages "
                      + ", ".join(_gib(s.host_bytes) for s in cost.stages) + f" GiB), "

@@ -24,7 +24,8 @@ def add_arguments(parser) -> None:
                         help="sequences a step (dp * fsdp * micro_batch * num_micro_batches)")
     parser.add_argument("--seq", required=True, type=int, metavar="S", help="tokens a sequence")
     parser.add_argument("--memory-cap", type=float, metavar="GiB",
-                        help="peak memory a device may hold (default: the hardware's usable memory)")
+                        help="memory a device's caching allocator may reserve (default: the hardware's memory "
+                             "less its CUDA context, cuda_context_bytes)")
     parser.add_argument("--top", type=int, default=10, metavar="K", help="how many to show (default 10)")
     parser.add_argument("--csv", action="store_true", help="write CSV (the --json columns) to stdout")
     parser.add_argument("--plot", metavar="OUT.png",
@@ -202,7 +203,8 @@ def _render(result: Any) -> str:
         f"{result.model} on {result.devices} x {result.hardware}, global batch {result.global_batch:,} x "
         f"{result.seq:,} tokens, cap {result.memory_cap_bytes / _GIB:.1f} GiB: {result.priced:,} strategies "
         f"priced, {result.valid:,} run, {result.fitting:,} fit; best {len(result.candidates)} by step time. "
-        f"Peak is allocated bytes; reserved_bytes (--json) is the simulated caching allocator's.", _WIDTH)
+        f"Peak is allocated bytes; reserved_bytes (--json) is the simulated caching allocator's, what fits "
+        f"is judged on (the peak where it is not claimed).", _WIDTH)
     head = ["#", "peak GiB", "step s", "tokens/s", "MFU"]
     extra = result.tokens is not None
     if extra:

@@ -218,6 +218,18 @@ class RecordTables:
     reserved_layer_tp: np.ndarray
     reserved_working: np.ndarray  # and the rest at a stage's working peak
     reserved_working_tp: np.ndarray
+    reserved_selective_layer: np.ndarray  # the same under the selective checkpoint policy (nan: not simulated)
+    reserved_selective_layer_tp: np.ndarray
+    reserved_selective_working: np.ndarray
+    reserved_selective_working_tp: np.ndarray
+    reserved_core_attention_layer: np.ndarray  # and under core-attention recompute (nan: not simulated)
+    reserved_core_attention_layer_tp: np.ndarray
+    reserved_core_attention_working: np.ndarray
+    reserved_core_attention_working_tp: np.ndarray
+    autocast_reserved_layer: np.ndarray  # and with fp32 parameters under autocast (nan: not simulated)
+    autocast_reserved_layer_tp: np.ndarray
+    autocast_reserved_working: np.ndarray
+    autocast_reserved_working_tp: np.ndarray
     out_saved: float
     out_saved_tp: float
     out_working: float        # nan: unpriced
@@ -228,16 +240,23 @@ class RecordTables:
     out_autocast_working_tp: float
     out_reserved: float       # the output layer's reserved above allocated bytes (nan: not simulated)
     out_reserved_tp: float
+    out_autocast_reserved: float  # the same with fp32 parameters under autocast (nan: not simulated)
+    out_autocast_reserved_tp: float
     provenance: Mapping[str, Any] = attrs.field(factory=dict)
 
     ROW_FIELDS = ("saved", "saved_tp", "working", "working_tp", "working_input", "grad_share", "selective",
                   "selective_tp", "dropped",
                   "dropped_tp", "routed", "routed_tp", "routed_tokens", "routed_width",
                   "autocast_saved", "autocast_saved_tp", "autocast_working", "autocast_working_tp", "reserved_layer",
-                  "reserved_layer_tp", "reserved_working", "reserved_working_tp")
+                  "reserved_layer_tp", "reserved_working", "reserved_working_tp", "reserved_selective_layer",
+                  "reserved_selective_layer_tp", "reserved_selective_working", "reserved_selective_working_tp",
+                  "reserved_core_attention_layer", "reserved_core_attention_layer_tp",
+                  "reserved_core_attention_working", "reserved_core_attention_working_tp",
+                  "autocast_reserved_layer", "autocast_reserved_layer_tp", "autocast_reserved_working",
+                  "autocast_reserved_working_tp")
     SCALAR_FIELDS = ("out_saved", "out_saved_tp", "out_working", "out_working_tp", "out_autocast_saved",
                      "out_autocast_saved_tp", "out_autocast_working", "out_autocast_working_tp", "out_reserved",
-                     "out_reserved_tp")
+                     "out_reserved_tp", "out_autocast_reserved", "out_autocast_reserved_tp")
 
     @classmethod
     def build(cls, kinds: Sequence[str], seq: int, records: Mapping[str, Any], output: Any,
@@ -275,7 +294,13 @@ class RecordTables:
                                         and sel.selective_per_token is not None else np.nan)
             cols["dropped"].append(float(sum(r.ops.get(op, 0.0) for op in core_ops)))
             cols["dropped_tp"].append(float(sum(r.ops_tp.get(op, 0.0) for op in core_ops)))
-            for name, figure in (("reserved_layer", "reserved_per_layer"), ("reserved_working", "reserved_working")):
+            for name, figure in (("reserved_layer", "reserved_per_layer"), ("reserved_working", "reserved_working"),
+                                 ("reserved_selective_layer", "reserved_selective_per_layer"),
+                                 ("reserved_selective_working", "reserved_selective_working"),
+                                 ("reserved_core_attention_layer", "reserved_core_attention_per_layer"),
+                                 ("reserved_core_attention_working", "reserved_core_attention_working"),
+                                 ("autocast_reserved_layer", "autocast_reserved_per_layer"),
+                                 ("autocast_reserved_working", "autocast_reserved_working")):
                 value, value_tp = (getattr(r, f"{figure}_per_token", None), getattr(r, f"{figure}_tp_per_token", None))
                 cols[name].append(_nan(value if value_tp is not None else None))
                 cols[f"{name}_tp"].append(_nan(value_tp if value is not None else None))
@@ -299,6 +324,9 @@ class RecordTables:
                    out_reserved=_nan(output.reserved_working_per_token if output.reserved_working_tp_per_token
                                      is not None else None),
                    out_reserved_tp=_nan(output.reserved_working_tp_per_token),
+                   out_autocast_reserved=_nan(output.autocast_reserved_working_per_token
+                                              if output.autocast_reserved_working_tp_per_token is not None else None),
+                   out_autocast_reserved_tp=_nan(output.autocast_reserved_working_tp_per_token),
                    provenance=dict(provenance or {}))
 
     def with_core_attention(self, kinds: Sequence[str],
@@ -357,12 +385,11 @@ class Composed:
 
 # why a row's reserved bytes are not claimed (Composed.reserved_unclaimed - 1)
 RESERVED_UNCLAIMED = (
-    "no allocator simulation for some layer kind (the census replays its events; the formulas, op records, "
-    "a stack census and census records cached before it state none)",
-    "recompute=selective and core_attention are not simulated by the allocator (plain layers and full recompute "
-    "are)",
-    "offloading and fp32 parameters under autocast change the allocation events the census replayed (simulated "
-    "with bf16 parameters and nothing offloaded)",
+    "no allocator simulation for some layer kind under this recompute mode (the census replays its events, "
+    "plain and under the selective and core-attention policies; the formulas, op records, a stack census and "
+    "census records cached before it state none)",
+    "fp32 parameters under autocast: the census's autocast pass is replayed for plain layers and full recompute, "
+    "not for some layer kind here (or the output layer) nor under recompute=selective or core_attention",
 )
 
 MOMENTS = ("output backward", "last layer backward", "end of backward", "embedding backward", "optimizer step")
@@ -944,58 +971,89 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     reserves beyond them: parameters, master copy, optimizer states, gradients, the output layer's and
     the communication buffers each as one large block (2 MiB multiples; per-tensor rounding, under 2 MiB
     a tensor, is left out); each kept layer's steady excess and, once, the working peak's (the census's
-    replay of its events, :func:`ndcost.allocator.stack_excess`), of the kind whose figure is largest;
-    on the head's stage the output layer's own (its replay alone, split by tp under ``vocab_parallel``);
-    a full-recompute layer's kept input as packed into segments (:func:`ndcost.allocator.packed_reserved_bytes`,
-    as if allocated alone). The layers' excess is added whichever moment the stage peaks at (the
-    allocator keeps its segments cached to the optimizer step) and never below zero. Left out: the
-    excess scales per token from the census's sequence length (a segment's rounding does not), and
-    ``moe_imbalance``, CP's gathered keys and values and ``etp`` do not change it.
+    replay of its events, :func:`ndcost.allocator.stack_excess`; a selective or core-attention recompute
+    layer's from the replay of that policy's passes), of the kind whose figure is largest; on the head's
+    stage the output layer's own (its replay alone, split by tp under ``vocab_parallel``); a full-recompute
+    layer's kept input as packed into segments (:func:`ndcost.allocator.packed_reserved_bytes`, as if
+    allocated alone). The layers' excess is added whichever moment the stage peaks at (the allocator keeps
+    its segments cached to the optimizer step) and never below zero. Under fp32 parameters and autocast
+    the figures are the census's autocast pass's replays. Offloading: the persistent blocks offloaded are
+    off the device already (their bytes are 0); under ``offload_activations`` the kept layers' excess and
+    the packed inputs go (what they save leaves the device as it is saved, and the blocks it freed are
+    reused by the next layer), the working peak's stays. Left out: the excess scales per token from the
+    census's sequence length (a segment's rounding does not), and ``moe_imbalance``, CP's gathered keys
+    and values and ``etp`` do not change it.
     """
-    def row(name):
-        return recs[name][seq_index]
+    fp32_autocast = _fp32_autocast(batch)
+
+    def row(name, autocast_name=None):  # the autocast pass's replay where the row runs fp32 parameters under it
+        values = recs[name][seq_index]
+        if autocast_name is None:
+            return values
+        return np.where(fp32_autocast[:, None] if values.ndim == 2 else fp32_autocast,
+                        recs[autocast_name][seq_index], values)
 
     t, sp, K = batch.tp, batch.sp, len(model.kinds)
 
     def at_tp(x, x_tp):
         return batch.tokens[:, None] * np.where(sp[:, None], (x + x_tp) / t[:, None], x + x_tp / t[:, None])
 
-    per_layer = at_tp(row("reserved_layer"), row("reserved_layer_tp"))
-    working = at_tp(row("reserved_working"), row("reserved_working_tp"))
+    mode = cols["recompute"]
+    full = (mode == RECOMPUTE.index("full"))[:, None]
+    core = mode == RECOMPUTE.index("core_attention")
+    policed = core | (mode == RECOMPUTE.index("selective"))  # rows whose recomputed layers run a policy
+    per_layer = at_tp(row("reserved_layer", "autocast_reserved_layer"),
+                      row("reserved_layer_tp", "autocast_reserved_layer_tp"))
+    working = at_tp(row("reserved_working", "autocast_reserved_working"),
+                    row("reserved_working_tp", "autocast_reserved_working_tp"))
+
+    def policy(name):
+        return np.where(core[:, None], row(f"reserved_core_attention_{name}"), row(f"reserved_selective_{name}"))
+
+    sel_layer = at_tp(policy("layer"), policy("layer_tp"))
+    sel_working = at_tp(policy("working"), policy("working_tp"))
     n, ranks = stage_peak.shape
     activations, recomputed = np.zeros((n, ranks)), np.zeros((n, ranks), dtype=np.int64)
     working_most = np.full((n, ranks), -np.inf)
     unknown = np.zeros(n, dtype=bool)
     for k in range(K):  # a loop over kinds, never layers
         present = where.layers[k].sum(axis=2) > 0
+        redone = where.recomputed[k].sum(axis=2) > 0
         unknown |= (present & (np.isnan(per_layer[:, k]) | np.isnan(working[:, k]))[:, None]).any(axis=1)
+        unknown |= policed & (redone & (np.isnan(sel_layer[:, k]) | np.isnan(sel_working[:, k]))[:, None]).any(
+            axis=1)
         plain = ((where.layers[k] - where.recomputed[k]) * held).sum(axis=2)
-        activations = activations + plain * nan_to_zero(per_layer[:, k])[:, None]
-        recomputed = recomputed + (where.recomputed[k] * held).sum(axis=2)
-        working_most = np.where(present, np.maximum(working_most, nan_to_zero(working[:, k])[:, None]), working_most)
+        redone_held = (where.recomputed[k] * held).sum(axis=2)
+        activations = activations + plain * nan_to_zero(per_layer[:, k])[:, None] + np.where(
+            policed[:, None], redone_held * nan_to_zero(sel_layer[:, k])[:, None], 0.0)
+        recomputed = recomputed + redone_held
+        # the working peak's excess: a plain (or fully recomputed) layer's, and a policy's recomputed layer's
+        by_policy = policed[:, None] & redone
+        as_plain = present & ~(by_policy & (plain == 0))
+        working_most = np.where(as_plain, np.maximum(working_most, nan_to_zero(working[:, k])[:, None]), working_most)
+        working_most = np.where(by_policy, np.maximum(working_most, nan_to_zero(sel_working[:, k])[:, None]),
+                                working_most)
     vocab_parallel = cols["vocab_parallel"].astype(bool)
-    x, x_tp = recs["out_reserved"][seq_index], recs["out_reserved_tp"][seq_index]
+    x, x_tp = row("out_reserved", "out_autocast_reserved"), row("out_reserved_tp", "out_autocast_reserved_tp")
     output = batch.tokens * np.where(vocab_parallel, np.where(sp, (x + x_tp) / t, x + x_tp / t), x + x_tp)
     unknown |= (where.has_head & np.isnan(output)[:, None]).any(axis=1)
     output = np.where(where.has_head, nan_to_zero(output)[:, None], 0.0)
-    mode = cols["recompute"]
-    full = (mode == RECOMPUTE.index("full"))[:, None]
-    unsimulated = ((recomputed > 0) & ~full).any(axis=1)
     input_bytes = whole(model.hidden_size * batch.residual_bytes * batch.tokens / np.where(sp, t, 1.0)).astype(
         np.int64)[:, None]
     inputs = np.where(full & (recomputed > 0), packed_reserved_bytes(recomputed, np.maximum(input_bytes, 1))
                       - recomputed * input_bytes, 0)
-    layers = activations + inputs + np.where(np.isfinite(working_most), working_most, 0.0) + output
+    offloaded = np.asarray(cols["offload_activations"], dtype=bool)[:, None]
+    layers = (np.where(offloaded, 0.0, activations + inputs) + np.where(np.isfinite(working_most), working_most, 0.0)
+              + output)
     blocks = np.zeros((n, ranks), dtype=np.int64)
     for name in ("parameters", "master", "optimizer_states", "gradients", "communication"):
         held_bytes = stage_bytes[:, :, CATEGORIES.index(name)]
         blocks = blocks + large_block_bytes(held_bytes) - held_bytes
     allocated = stage_peak - stage_bytes[:, :, CATEGORIES.index("allocator")]
     reserved = allocated + blocks + whole(np.maximum(layers, 0.0)).astype(np.int64)
-    replayed_otherwise = (_fp32_autocast(batch) | np.asarray(cols["offload_optimizer"], dtype=bool)
-                          | np.asarray(cols["offload_params"], dtype=bool)
-                          | np.asarray(cols["offload_activations"], dtype=bool))
-    unclaimed = np.where(unknown, 1, np.where(unsimulated, 2, np.where(replayed_otherwise, 3, 0)))
+    # under fp32 autocast the policies' passes (run with bf16 parameters) are not the run's
+    autocast_unknown = fp32_autocast & (unknown | (policed & (recomputed > 0).any(axis=1)))
+    unclaimed = np.where(unknown & ~fp32_autocast, 1, np.where(autocast_unknown, 2, 0))
     reserved = np.where((unclaimed > 0)[:, None], -1, np.where(stage_exists, reserved, 0))
     return reserved, unclaimed
 

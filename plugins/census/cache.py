@@ -38,7 +38,7 @@ import attrs
 from ndcost.records import KindRecord
 
 # Bumped whenever the census's rules change what it measures.
-CENSUS_VERSION = 7
+CENSUS_VERSION = 8
 
 # Config fields of the whole model, not of one layer: left out of a layer kind's key.
 STACK_FIELDS = frozenset({
@@ -130,7 +130,13 @@ _PAIRS = (("saved_per_token", "saved_tp_per_token"), ("working_per_token", "work
 _BYTES = ("working_input_per_token",)
 _SHARES = ("working_grad_share", "recomputed_attention_mm_share", "recomputed_other_mm_share")
 _RESERVED = ("reserved_per_layer_per_token", "reserved_per_layer_tp_per_token", "reserved_working_per_token",
-             "reserved_working_tp_per_token")
+             "reserved_working_tp_per_token", "reserved_selective_per_layer_per_token",
+             "reserved_selective_per_layer_tp_per_token", "reserved_selective_working_per_token",
+             "reserved_selective_working_tp_per_token", "reserved_core_attention_per_layer_per_token",
+             "reserved_core_attention_per_layer_tp_per_token", "reserved_core_attention_working_per_token",
+             "reserved_core_attention_working_tp_per_token", "autocast_reserved_per_layer_per_token",
+             "autocast_reserved_per_layer_tp_per_token", "autocast_reserved_working_per_token",
+             "autocast_reserved_working_tp_per_token")
 _COUNTS = ("flops_by_part", "flops_all_pairs_by_part")
 
 _unwritable: Set[str] = set()  # cache directories already warned about in this process

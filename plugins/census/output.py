@@ -180,7 +180,7 @@ def measure_output(config: Any, seq: int, runtime: Any, autocast: bool = False):
 
 def census_output(config: Any, seq: int, runtime: Any) -> KindRecord:
     """The output layer's KindRecord; its TP part is what a vocabulary-parallel split divides."""
-    from ndcost.plugins.census.records import SOURCE, autocast_figures, split
+    from ndcost.plugins.census.records import SOURCE, autocast_figures, reserved_figures, split
 
     config = text_config(config)
     half = copy.deepcopy(config)
@@ -194,11 +194,10 @@ def census_output(config: Any, seq: int, runtime: Any) -> KindRecord:
     saved, saved_tp = split(one.saved_bytes, two.saved_bytes, seq)
     working, working_tp = split(one.working_bytes, two.working_bytes, seq)
     autocast = autocast_figures(lambda each: measure_output(each, seq, runtime, autocast=True)[0], config, half,
-                                seq, lambda why: None)
+                                seq, lambda why: None, alone=True)
     # the caching allocator's reserved bytes above allocated ones over the layer's forward and backward
-    reserved, reserved_tp = split(one.alone_excess_bytes, two.alone_excess_bytes, seq)
     return KindRecord(kind=KIND, seq=seq, source=SOURCE, saved_per_token=saved, saved_tp_per_token=saved_tp,
                       working_per_token=working, working_tp_per_token=working_tp, **autocast,
-                      reserved_working_per_token=reserved, reserved_working_tp_per_token=reserved_tp,
+                      **reserved_figures(one, two, seq, alone=True),
                       flops_by_part=counted.flops, flops_all_pairs_by_part=counted.all_pairs_flops,
                       traffic=counted.traffic())

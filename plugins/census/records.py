@@ -92,9 +92,32 @@ def policy_for(runtime: Any) -> Any:
     return manager.registry().get(f"checkpoint_policy/{runtime.selective_policy}")
 
 
+def reserved_figures(one: Any, two: Any, seq: int, prefix: str = "reserved",
+                     alone: bool = False) -> Dict[str, Optional[float]]:
+    """KindRecord's ``<prefix>_per_layer`` and ``<prefix>_working`` fields (each with its TP part) from two
+    Measured, at TP 1 and TP 2: their allocation events' stack replay (``Measured.stack_excess``), or with
+    *alone* the one replay's excess as the working figure alone (the output layer's)."""
+    if alone:
+        pairs = [("working", one.alone_excess_bytes, two.alone_excess_bytes)]
+    else:
+        pairs = [(name, getattr(one.stack_excess, figure), getattr(two.stack_excess, figure))
+                 for name, figure in (("per_layer", "per_layer_bytes"), ("working", "working_bytes"))]
+    out: Dict[str, Optional[float]] = {}
+    for name, at_1, at_2 in pairs:
+        out[f"{prefix}_{name}_per_token"], out[f"{prefix}_{name}_tp_per_token"] = split(at_1, at_2, seq)
+    return out
+
+
+def core_attention_policy() -> Any:
+    """The policy ``recompute=core_attention`` runs (Megatron-LM's ``recompute_modules=[core_attn]``)."""
+    from ndcost import manager
+    return manager.registry().get("checkpoint_policy/megatron-core-attention")
+
+
 def autocast_figures(measure_at: Callable[[Any], Any], one: Any, two: Any, seq: int,
-                     not_measured: Callable[[str], None]) -> Dict[str, Optional[float]]:
-    """KindRecord's ``autocast_*`` fields from *measure_at* (a Measured) at the TP 1 and TP 2 configs.
+                     not_measured: Callable[[str], None], alone: bool = False) -> Dict[str, Optional[float]]:
+    """KindRecord's ``autocast_*`` fields from *measure_at* (a Measured) at the TP 1 and TP 2 configs,
+    the replay of its events among them (:func:`reserved_figures`, *alone* as there).
 
     Empty where the layer does not run under CPU autocast with fp32
     parameters (Transformers' grouped_mm experts take bf16 operands only, and
@@ -111,6 +134,7 @@ def autocast_figures(measure_at: Callable[[Any], Any], one: Any, two: Any, seq: 
     for name in ("saved", "working"):
         out[f"autocast_{name}_per_token"], out[f"autocast_{name}_tp_per_token"] = split(
             getattr(at_1, f"{name}_bytes"), getattr(at_2, f"{name}_bytes"), seq)
+    out.update(reserved_figures(at_1, at_2, seq, "autocast_reserved", alone))
     return out
 
 
@@ -151,15 +175,21 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
     sel_1, ledger = _measure_selective(one, layer_index, seq, runtime, policy, True)
     refuse_selective_above_plain(config, kind, runtime, policy, sel_1.saved_bytes, plain_1.saved_bytes, seq)
     sel_2, _ = _measure_selective(two, layer_index, seq, runtime, policy, False)
+    core = {}  # recompute=core_attention's events: the core-attention policy's passes replayed
+    try:
+        core_1, core_2 = (sel_1, sel_2) if policy.scope == "core_attention" else (
+            _measure_selective(each, layer_index, seq, runtime, core_attention_policy(), False)[0]
+            for each in (one, two))
+        core = reserved_figures(core_1, core_2, seq, "reserved_core_attention")
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:  # no claim, as autocast_figures
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        say(f"  {kind}: core-attention recompute not replayed ({type(exc).__name__}: {first})")
     counted = _count(one, layer_index, seq, runtime)
     saved, saved_tp = split(plain_1.saved_bytes, plain_2.saved_bytes, seq)
     working, working_tp = split(plain_1.working_bytes, plain_2.working_bytes, seq)
     autocast = autocast_figures(lambda tp_config: _measure_plain(tp_config, layer_index, seq, runtime, autocast=True),
                                  one, two, seq, lambda why: say(f"  {kind}: not measured under autocast ({why})"))
     selective, selective_tp = split(sel_1.saved_bytes, sel_2.saved_bytes, seq)
-    per_layer, per_layer_tp = split(plain_1.stack_excess.per_layer_bytes, plain_2.stack_excess.per_layer_bytes, seq)
-    reserved_working, reserved_working_tp = split(plain_1.stack_excess.working_bytes,
-                                                  plain_2.stack_excess.working_bytes, seq)
     ops, ops_tp = {}, {}
     for op in OPS:
         if op in plain_1.ops_bytes or op in plain_2.ops_bytes:
@@ -173,8 +203,8 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         working_input_per_token=plain_1.inputs_left_out_bytes / seq,
         working_grad_share=plain_1.working_grad_bytes / plain_1.grad_bytes if plain_1.grad_bytes else None,
         **autocast,
-        reserved_per_layer_per_token=per_layer, reserved_per_layer_tp_per_token=per_layer_tp,
-        reserved_working_per_token=reserved_working, reserved_working_tp_per_token=reserved_working_tp,
+        **reserved_figures(plain_1, plain_2, seq), **reserved_figures(sel_1, sel_2, seq, "reserved_selective"),
+        **core,
         selective_per_token=selective, selective_tp_per_token=selective_tp,
         recomputed_attention_mm_share=ledger.share(attention=True) if ledger else 0.0,
         recomputed_other_mm_share=ledger.share(attention=False) if ledger else 0.0,
