@@ -7,7 +7,8 @@ December 2024 edition's Tables 1 to 6 on H100, and the 2024 edition's 64-A100 Ll
 stored beside it). Each row is written as a torchtitan job TOML and read by ndcost's torchtitan reader
 (``ndcost.from_config("torchtitan", path, devices=N)``), so torchtitan's semantics are the reader's: FSDP over
 ``dp_shard * cp`` (``shard_mesh=fsdp_cp`` where dp_shard is 1), loss parallel with TP, fp32 parameters computed
-in bf16. The strategy is priced by ``ndcost.resolve(model, hardware=h100|a100, census="off")`` (``--census auto``
+in bf16. The strategy is priced by ``ndcost.resolve(model, hardware=h100-hbm2e-500w|a100, census="off")``
+(``--census auto``
 measures the layers instead of the op records: slower, and different activation bytes under selective
 checkpointing).
 
@@ -19,10 +20,12 @@ tokens/s per GPU is over the priced rows (and, for comparison, over the rows usi
 Float8's all-gather (``enable_fsdp_float8_all_gather``) is on where the row says so (the 405B rows: torchtitan's
 ``train_configs/llama3_405b.toml`` of the time turns it on), else off, torchtitan's default.
 
-What it leaves out: published memory is torchtitan's ``max_memory_reserved`` (the caching allocator's
-reserve) while ndcost predicts allocated bytes; torchtitan's H100s are 96 GB HBM2e parts at 500 W, while
-``h100`` is ndcost's SXM datasheet part; the fields the tables do not state (sequence length, selective
-checkpointing option, micro-batch size) are taken from torchtitan's configs of the time (``assumed`` per row).
+Published memory is torchtitan's ``max_memory_reserved`` (the caching allocator's reserve): it is set beside
+ndcost's reserved bytes where ndcost claims them (a census replayed the layers' allocations), else beside its
+allocated peak (``memory_basis``). The H100 rows are priced on ``h100-hbm2e-500w``, the 96 GB HBM2e part at
+500 W those runs used, whose peaks are assumed (the TorchTitan paper: between the SXM's and the NVL's).
+What it leaves out: the fields the tables do not state (sequence length, selective checkpointing option,
+micro-batch size) are taken from torchtitan's configs of the time (``assumed`` per row).
 """
 from __future__ import annotations
 
@@ -91,7 +94,10 @@ def _price(config: Any, hardware: str, census: str) -> Dict[str, Any]:
     return {"strategy": str(config.strategy), "valid": bool(cost.valid), "reason": cost.reason,
             "fits": bool(cost.valid and cost.fits), "fits_basis": cost.fits_basis,
             "tokens_per_second_per_gpu": None if time is None else time.tokens_per_second / config.devices,
-            "peak_bytes": int(cost.peak_bytes), "memory_gib": cost.peak_bytes / GIB,
+            "peak_bytes": int(cost.peak_bytes), "reserved_bytes": cost.reserved_bytes,
+            # torchtitan publishes max_memory_reserved: ndcost's reserved bytes where it claims them
+            "memory_basis": "allocated" if cost.reserved_bytes is None else "reserved",
+            "memory_gib": (cost.peak_bytes if cost.reserved_bytes is None else cost.reserved_bytes) / GIB,
             "mfu": None if time is None else time.mfu}
 
 

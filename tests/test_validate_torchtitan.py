@@ -53,7 +53,7 @@ def test_the_data_file_parses_and_names_its_sources():
         first = _excerpt(name).splitlines()[0]
         assert source["commit"] in first and "docs/performance.md" in first
     for row in ROWS:
-        assert row["source"] in DOC["sources"] and row["hardware"] in ("h100", "a100")
+        assert row["source"] in DOC["sources"] and row["hardware"] in ("h100-hbm2e-500w", "a100")
         assert row["dp_shard"] * row["cp"] * row["tp"] * row["pp"] == row["gpus"], row["id"]
 
 
