@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional
 
 import ndcost
 from ndcost import kernels, manager
+from ndcost.compose import time as time_model
 from ndcost.plugins import calibration
 from ndcost.specio import read_text
 
@@ -86,7 +87,7 @@ def evaluate_layers(census: str, hw: Dict[str, Any], only: Optional[str] = None)
     """Each layer of bench_time_h200.json, forward and forward plus backward, beside the time model."""
     measurements, _, _ = calibration.read_measurements(LAYERS, census=census)
     h200 = hw["fitted"]
-    eff = ndcost.compose.time.efficiencies(h200)[0]
+    eff = time_model.efficiencies(h200)[0]
     out = []
     for m in measurements:
         if only and not fnmatch.fnmatch(f"layer {m.label}", only):

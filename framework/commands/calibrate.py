@@ -115,7 +115,7 @@ def run(args):
                              r["model_forward_backward_seconds"] * 1e3] for r in result.rows],
                            ["measurement", "fwd ms", "model fwd ms", "fwd+bwd ms", "model fwd+bwd ms"], align="lrrrr")
     notes = [f"fit error, root mean square of log(model / measured) over the {len(fitted_on)} measurements "
-             f"fitted on: {result.rms_log_error_prior:.2%} with {hardware.name}'s efficiencies, "
+             f"fitted on: {result.rms_log_error_prior:.2%} with {hardware.name}'s efficiencies and launch costs, "
              f"{result.rms_log_error_fitted:.2%} fitted"]
     if result.left_out:
         notes.append(f"left out (the fit misses them by more than {result.tolerance:.0%}: outside what the time "
