@@ -118,9 +118,8 @@ def evaluate(census: str = "auto", only: Optional[str] = None) -> Dict[str, Any]
     rows += evaluate_layers(census, hw, only)
     measured = [r["measured_seconds"] for r in rows]
     return {"rows": rows, "census": census,
-            "launch_costs": {name: dict(zip(("launch_seconds", "dispatch_seconds"),
-                                            kernels.launch_costs(calibration._tables_of(h))[:2], strict=True))
-                             for name, h in hw.items()},
+            "launch_costs": {name: dict(zip(("launch_seconds", "dispatch_seconds"), calibration.launch_costs_of(h),
+                                            strict=True)) for name, h in hw.items()},
             "spearman_time": {name: spearman([r[f"predicted_seconds_{name}"] for r in rows], measured)
                               for name in hw},
             "spearman_time_steps": {name: spearman([r[f"predicted_seconds_{name}"] for r in steps],

@@ -312,7 +312,6 @@ def fit(measurements: Sequence[Measurement], hardware, classes: Optional[Sequenc
     efficiency the others share.
     """
     from ndcost.compose import time as time_model
-    from ndcost.kernels import launch_costs
 
     if not (isinstance(tolerance, (int, float)) and 0 < tolerance < 1):
         raise InvalidValue(f"tolerance must be a number between 0 and 1 (a share of the measured time), "
@@ -335,12 +334,17 @@ def fit(measurements: Sequence[Measurement], hardware, classes: Optional[Sequenc
         names = tuple(c for j, c in enumerate(candidates) if sensitive[:, j].any())
     if not names and not pinned and not fit_dispatch:
         raise InvalidValue("no efficiency class affects the measured times; check the measurements' layers")
-    kept = _consensus(problem, names, iterations, tolerance) if names else list(range(len(measurements)))
+    if names:
+        kept = _consensus(problem, names, iterations, tolerance)
+    elif fit_dispatch:  # no efficiency fitted: the layers the hardware's own price within the tolerance
+        kept = [i for i, miss in enumerate(problem.misses(np.zeros(0), ())) if miss <= tolerance]
+    else:
+        kept = list(range(len(measurements)))
     x = problem.solve(names, kept, iterations)
     efficiency = dict(prior)
     for name, value in zip(names, x, strict=True):
         efficiency[name] = prior[name] * math.exp(value)
-    launch, dispatch, _ = launch_costs(_tables_of(hardware))
+    launch, dispatch = launch_costs_of(hardware)
     fitted_hardware, on_dispatch, note = hardware, [], "not fitted (--classes leaves it out)"
     if fit_dispatch:
         per_launch, on_dispatch, note = _fit_dispatch(measurements, hardware, efficiency, kept, tolerance,
@@ -355,7 +359,7 @@ def fit(measurements: Sequence[Measurement], hardware, classes: Optional[Sequenc
                            f"the measurements are faster than {hardware.name!r}'s peaks allow; check the hardware "
                            f"(--hardware) and that the measured layer is the one named")
     fitted_on = [measurements[i] for i in sorted(set(kept) | set(on_dispatch))]
-    launch_fitted, dispatch_fitted, _ = launch_costs(_tables_of(fitted_hardware))
+    launch_fitted, dispatch_fitted = launch_costs_of(fitted_hardware)
     return Fit(hardware=hardware.name, efficiency=efficiency, prior=stated,
                fitted=tuple(pinned) + names + ((DISPATCH,) if on_dispatch else ()),
                rows=tuple(validation_rows(measurements, fitted_hardware, efficiency)), pinned=tuple(pinned),
@@ -367,9 +371,11 @@ def fit(measurements: Sequence[Measurement], hardware, classes: Optional[Sequenc
                dispatch_fitted_on=tuple(measurements[i].label for i in on_dispatch), dispatch_note=note)
 
 
-def _tables_of(hardware):
-    from ndcost.kernels import parse_kernel_tables
-    return None if hardware.kernel_tables is None else parse_kernel_tables(hardware.name, hardware.kernel_tables)
+def launch_costs_of(hardware) -> Tuple[float, float]:
+    """*hardware*'s (launch_seconds, dispatch_seconds): its ``kernel_tables``' figures, else the priors."""
+    from ndcost.kernels import launch_costs, parse_kernel_tables
+    tables = None if hardware.kernel_tables is None else parse_kernel_tables(hardware.name, hardware.kernel_tables)
+    return launch_costs(tables)[:2]
 
 
 def with_launch_costs(hardware, launch_seconds: float, dispatch_seconds: float):

@@ -209,6 +209,11 @@ def test_dispatch_is_recovered_beside_the_efficiencies(h200):
     short = fit.rows[-1]  # priced at its launches: the measured figures back
     assert short["model_forward_seconds"] == pytest.approx(38 * 3.1e-5, rel=1e-9)
     assert short["model_forward_backward_seconds"] == pytest.approx(3 * 38 * 3.1e-5, rel=1e-9)
+    # --classes: dispatch alone (the efficiencies the hardware's), or the efficiencies alone (dispatch kept)
+    alone = cal.fit(_dispatch_set(h200, dict(h200.efficiency), 3.1e-5), h200, classes=["dispatch_seconds"])
+    assert alone.dispatch_seconds[1] == pytest.approx(3.1e-5, rel=1e-9) and alone.fitted == ("dispatch_seconds",)
+    kept = cal.fit(_dispatch_set(h200, truth, 3.1e-5), h200, classes=["memory", "memory_backward"])
+    assert kept.dispatch_seconds[1] == h200.kernel_tables["dispatch_seconds"] and kept.left_out == ("llama3_8b@128",)
 
 
 def test_no_launch_bound_row_leaves_dispatch_at_its_prior_and_says_so(h200):
