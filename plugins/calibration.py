@@ -22,7 +22,8 @@ The forward measurement involves only the forward classes (``matmul``,
 ``attention``, ``memory``, ``linrec``), the backward (forward plus backward
 less forward) only the ``*_backward`` ones, so each pass is fitted on its own.
 ``dispatch_seconds``, the per-launch floor of a pass, is fitted beside them on
-the launch-bound layers (:func:`_fit_dispatch`). The plugin registers the method as ``calibration/min_norm_log``.
+the launch-bound layers (:func:`_fit_dispatch`). The plugin registers the
+method as ``calibration/min_norm_log``.
 """
 from __future__ import annotations
 
@@ -309,7 +310,8 @@ def fit(measurements: Sequence[Measurement], hardware, classes: Optional[Sequenc
     (:func:`_consensus`): a measurement the fit misses by more than
     *tolerance* (in log time) is left out and reported, so layers the time
     model does not price (launch-bound, MoE routing, ...) cannot decide an
-    efficiency the others share.
+    efficiency the others share. Unless *classes* leaves it out, ``dispatch_seconds`` is fitted on the
+    launch-bound measurements among those left out (:func:`_fit_dispatch`).
     """
     from ndcost.compose import time as time_model
 
@@ -395,13 +397,13 @@ def _fit_dispatch(measurements: Sequence[Measurement], hardware, efficiency: Map
     larger of the two seconds does): the two cannot be told apart by layer timings, and the larger is fitted,
     as ``dispatch_seconds``. The candidates are the measurements the efficiency fit left out for being slower
     than their roofline (under the fitted efficiencies, launches free) by more than *tolerance*; each implies
-    ``measured / launches`` (the geometric mean over its passes), and one implying more than the fitted
-    measurements' own ``measured / launches`` allow (their floor would then exceed them by more than
+    ``measured / launches`` (the geometric mean over its passes that slow), and one implying more than the
+    fitted measurements' own ``measured / launches`` allow (their floor would then exceed them by more than
     *tolerance*) is slower for another reason. The rest are fitted on the consensus rule of
     :func:`_consensus`: from their median, those within *tolerance* kept, refitted (the geometric mean, the
-    least squares in log time) until the set settles; fewer than three are all fitted. Without a candidate
-    the figure stays at *prior*. The launch counts are the model's own (the figure times the launches).
-    """
+    least squares in log time) until the set settles; fewer than three, or no majority, all fitted. Without
+    a candidate the figure stays at *prior*. The launch counts are the model's own (the figure times the
+    launches)."""
     free = with_launch_costs(hardware, 0.0, 0.0)
     unit = with_launch_costs(hardware, 0.0, 1.0)  # every pass launch-bound at one second a launch: its launches
     passes = []  # (index, measured seconds, roofline seconds, launches) of every measured pass
@@ -419,17 +421,20 @@ def _fit_dispatch(measurements: Sequence[Measurement], hardware, efficiency: Map
     if not alone:
         return prior, [], (f"kept at {prior:.3g} s: no measurement is launch-bound (none the efficiencies leave "
                            f"more than {tolerance:.0%} slower than its roofline within {ceiling:.3g} s a launch)")
-    chosen = sorted(alone)
-    if len(chosen) >= 3:
-        start = float(np.median([alone[i] for i in chosen]))
-        for _ in range(len(chosen)):
-            now = [i for i in sorted(alone) if abs(alone[i] - start) <= tolerance]
-            if now == chosen or not now:
+    everyone = chosen = sorted(alone)
+    if len(everyone) >= 3:
+        start = float(np.median([alone[i] for i in everyone]))
+        for _ in range(len(everyone)):
+            now = [i for i in everyone if abs(alone[i] - start) <= tolerance]
+            if now == chosen:
+                break
+            if 2 * len(now) <= len(everyone):
+                chosen = everyone
                 break
             chosen = now
             start = float(np.mean([v for i in chosen for v in implied[i]]))
     logs = [v for i in chosen for v in implied[i]]
-    seconds = min(math.exp(float(np.mean(logs))), ceiling)
+    seconds = math.exp(float(np.mean(logs)))
     return seconds, chosen, f"fitted on {len(logs)} launch-bound pass(es), at most {ceiling:.3g} s a launch"
 
 
@@ -616,6 +621,7 @@ def ndcost_register(register):
     register("calibration/min_norm_log", fit)
     register("calibration/read_measurements", read_measurements)
     register("calibration/validation_rows", validation_rows)
+    register("calibration/with_launch_costs", with_launch_costs)
     register("calibration/check_kernel_tables", check_kernel_tables)
     from ndcost.plugins import kernel_tables  # kernel tables fitted from measured kernels or a trace
     register("calibration/kernel_measurements", kernel_tables.read_kernel_measurements)

@@ -91,7 +91,9 @@ def run(args):
     result = method(measurements, hardware, classes=classes, components=components, tolerance=args.tolerance)
     if len(shown) != len(measurements):
         validation_rows = registry.get("calibration/validation_rows")
-        result = attrs.evolve(result, rows=tuple(validation_rows(shown, hardware, result.efficiency)))
+        fitted = registry.get("calibration/with_launch_costs")(hardware, result.launch_seconds[1],
+                                                                result.dispatch_seconds[1])
+        result = attrs.evolve(result, rows=tuple(validation_rows(shown, fitted, result.efficiency)))
     data = result.to_dict()
     if args.output:
         _write_hardware(hardware, result, args.output, args.measurements)
@@ -104,7 +106,7 @@ def run(args):
     text = f"hardware {hardware.name}: efficiencies fitted by {result.method}\n"
     text += table(rows, ["class", "prior", "efficiency", "moved", "how"], align="lrrrl")
     (launch_prior, launch), (dispatch_prior, dispatch) = result.launch_seconds, result.dispatch_seconds
-    text += (f"\ndispatch_seconds {dispatch_prior:.3g} -> {dispatch:.3g} s ({dispatch / dispatch_prior - 1:+.0%}), "
+    text += (f"\ndispatch_seconds {dispatch_prior:.3g} -> {dispatch:.3g} s ({_moved(dispatch_prior, dispatch)}), "
              f"{result.dispatch_note}" + (f": {', '.join(result.dispatch_fitted_on)}" if result.dispatch_fitted_on
                                           else "") +
              f"\nlaunch_seconds {launch_prior:.3g} -> {launch:.3g} s (only the larger of the two prices a pass: "
