@@ -21,7 +21,9 @@ not price cannot move an efficiency the others share.
 The forward measurement involves only the forward classes (``matmul``,
 ``attention``, ``memory``, ``linrec``), the backward (forward plus backward
 less forward) only the ``*_backward`` ones, so each pass is fitted on its own.
-The plugin registers the method as ``calibration/min_norm_log``.
+``dispatch_seconds``, the per-launch floor of a pass, is fitted beside them on
+the launch-bound layers (:func:`_fit_dispatch`). The plugin registers the
+method as ``calibration/min_norm_log``.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from ndcost.values import check_number
 
 FORWARD_CLASSES = ("matmul", "attention", "linrec", "memory")
 BACKWARD_CLASSES = tuple(f"{c}_backward" for c in FORWARD_CLASSES)
+DISPATCH = "dispatch_seconds"  # fitted beside the classes (in --classes too); launch_seconds cannot be told apart
 
 
 @attrs.frozen(kw_only=True)
@@ -88,6 +91,10 @@ class Fit:
     tolerance: float = 0.10              # |log(model / measured)| beyond which a measurement is left out
     rms_log_error_prior: float = 0.0     # over the passes fitted on, under the hardware's stated efficiencies
     rms_log_error_fitted: float = 0.0    # the same under the fitted ones
+    launch_seconds: Tuple[float, float] = (0.0, 0.0)    # (hardware's, fitted): the GPU's floor a kernel
+    dispatch_seconds: Tuple[float, float] = (0.0, 0.0)  # (hardware's, fitted): the host's per eager op
+    dispatch_fitted_on: Tuple[str, ...] = ()  # labels of the launch-bound measurements dispatch was fitted on
+    dispatch_note: str = ""                   # how dispatch was fitted, or why it kept the hardware's figure
 
     @property
     def change(self) -> Dict[str, float]:
@@ -101,10 +108,15 @@ class Fit:
                 "efficiency_change_fraction": self.change, "left_out": list(self.left_out),
                 "tolerance": self.tolerance, "rms_log_error_prior": self.rms_log_error_prior,
                 "rms_log_error_fitted": self.rms_log_error_fitted,
+                "launch_seconds": self.launch_seconds[1], "launch_seconds_prior": self.launch_seconds[0],
+                "dispatch_seconds": self.dispatch_seconds[1], "dispatch_seconds_prior": self.dispatch_seconds[0],
+                "dispatch_fitted_on": list(self.dispatch_fitted_on), "dispatch_note": self.dispatch_note,
                 "measurements": [dict(r) for r in self.rows]}
 
     def yaml_block(self) -> str:
         lines = ["efficiency:"] + [f"  {k}: {v:.4f}" for k, v in self.efficiency.items()]
+        lines += ["kernel_tables:", f"  launch_seconds: {self.launch_seconds[1]:.3g}",
+                  f"  dispatch_seconds: {self.dispatch_seconds[1]:.3g}"]
         return "\n".join(lines)
 
 
@@ -298,7 +310,8 @@ def fit(measurements: Sequence[Measurement], hardware, classes: Optional[Sequenc
     (:func:`_consensus`): a measurement the fit misses by more than
     *tolerance* (in log time) is left out and reported, so layers the time
     model does not price (launch-bound, MoE routing, ...) cannot decide an
-    efficiency the others share.
+    efficiency the others share. Unless *classes* leaves it out, ``dispatch_seconds`` is fitted on the
+    launch-bound measurements among those left out (:func:`_fit_dispatch`).
     """
     from ndcost.compose import time as time_model
 
@@ -308,34 +321,121 @@ def fit(measurements: Sequence[Measurement], hardware, classes: Optional[Sequenc
     stated, _ = time_model.efficiencies(hardware)
     pinned = pinned_efficiencies(components, hardware)
     prior = {**stated, **pinned}
-    candidates = tuple(c for c in (classes or FORWARD_CLASSES + BACKWARD_CLASSES) if c not in pinned)
+    fit_dispatch = classes is None or DISPATCH in classes
+    candidates = tuple(c for c in (classes or FORWARD_CLASSES + BACKWARD_CLASSES) if c not in pinned and c != DISPATCH)
     unknown = sorted(set(candidates) - set(FORWARD_CLASSES + BACKWARD_CLASSES))
     if unknown:
         raise InvalidValue(f"cannot fit efficiency class(es) {', '.join(unknown)}; fittable: "
-                           f"{', '.join(FORWARD_CLASSES + BACKWARD_CLASSES)}")
-    problem = _Problem(hardware, prior, measurements)
+                           f"{', '.join(FORWARD_CLASSES + BACKWARD_CLASSES + (DISPATCH,))}")
+    # with dispatch fitted, the efficiencies' consensus is found with launches free, so a launch-bound layer is
+    # left to the dispatch fit whatever figure the hardware states now (the fit reproduces itself)
+    problem = _Problem(with_launch_costs(hardware, 0.0, 0.0) if fit_dispatch else hardware, prior, measurements)
     names: Tuple[str, ...] = ()
     if problem.targets and candidates:  # the classes some measurement is sensitive to
         sensitive = np.abs(problem.jacobian(np.zeros(len(candidates)), candidates)) > 1e-9
         names = tuple(c for j, c in enumerate(candidates) if sensitive[:, j].any())
-    if not names and not pinned:
+    if not names and not pinned and not fit_dispatch:
         raise InvalidValue("no efficiency class affects the measured times; check the measurements' layers")
-    kept = _consensus(problem, names, iterations, tolerance) if names else list(range(len(measurements)))
+    if names:
+        kept = _consensus(problem, names, iterations, tolerance)
+    elif fit_dispatch:  # no efficiency fitted: the layers the hardware's own price within the tolerance
+        kept = [i for i, miss in enumerate(problem.misses(np.zeros(0), ())) if miss <= tolerance]
+    else:
+        kept = list(range(len(measurements)))
     x = problem.solve(names, kept, iterations)
     efficiency = dict(prior)
     for name, value in zip(names, x, strict=True):
         efficiency[name] = prior[name] * math.exp(value)
+    launch, dispatch = launch_costs_of(hardware)
+    fitted_hardware, on_dispatch, note = hardware, [], "not fitted (--classes leaves it out)"
+    if fit_dispatch:
+        per_launch, on_dispatch, note = _fit_dispatch(measurements, hardware, efficiency, kept, tolerance,
+                                                      max(launch, dispatch))
+        fitted_hardware = with_launch_costs(hardware, min(launch, per_launch), per_launch)
+        if on_dispatch:  # the efficiencies refitted under the fitted floor (it binds none of their passes)
+            x = _Problem(fitted_hardware, prior, measurements).solve(names, kept, iterations)
+            efficiency.update({n: prior[n] * math.exp(v) for n, v in zip(names, x, strict=True)})
     too_high = {k: v for k, v in efficiency.items() if v > 1.0}
     if too_high:
         raise InvalidValue(f"the fit needs efficiencies above 1 ({', '.join(f'{k}={v:.3f}' for k, v in too_high.items())}): "
                            f"the measurements are faster than {hardware.name!r}'s peaks allow; check the hardware "
                            f"(--hardware) and that the measured layer is the one named")
-    fitted_on = [measurements[i] for i in kept]
-    return Fit(hardware=hardware.name, efficiency=efficiency, prior=stated, fitted=tuple(pinned) + names,
-               rows=tuple(validation_rows(measurements, hardware, efficiency)), pinned=tuple(pinned),
-               left_out=tuple(m.label for i, m in enumerate(measurements) if i not in kept), tolerance=tolerance,
+    fitted_on = [measurements[i] for i in sorted(set(kept) | set(on_dispatch))]
+    launch_fitted, dispatch_fitted = launch_costs_of(fitted_hardware)
+    return Fit(hardware=hardware.name, efficiency=efficiency, prior=stated,
+               fitted=tuple(pinned) + names + ((DISPATCH,) if on_dispatch else ()),
+               rows=tuple(validation_rows(measurements, fitted_hardware, efficiency)), pinned=tuple(pinned),
+               left_out=tuple(m.label for i, m in enumerate(measurements) if i not in kept and i not in on_dispatch),
+               tolerance=tolerance,
                rms_log_error_prior=rms_log_error(fitted_on, hardware, stated),
-               rms_log_error_fitted=rms_log_error(fitted_on, hardware, efficiency))
+               rms_log_error_fitted=rms_log_error(fitted_on, fitted_hardware, efficiency),
+               launch_seconds=(launch, launch_fitted), dispatch_seconds=(dispatch, dispatch_fitted),
+               dispatch_fitted_on=tuple(measurements[i].label for i in on_dispatch), dispatch_note=note)
+
+
+def launch_costs_of(hardware) -> Tuple[float, float]:
+    """*hardware*'s (launch_seconds, dispatch_seconds): its ``kernel_tables``' figures, else the priors."""
+    from ndcost.kernels import launch_costs, parse_kernel_tables
+    tables = None if hardware.kernel_tables is None else parse_kernel_tables(hardware.name, hardware.kernel_tables)
+    return launch_costs(tables)[:2]
+
+
+def with_launch_costs(hardware, launch_seconds: float, dispatch_seconds: float):
+    """*hardware* with its ``kernel_tables`` stating these launch and dispatch seconds (the rest kept)."""
+    tables = dict(hardware.kernel_tables or {})
+    tables.setdefault("source", "ndcost calibrate")
+    return attrs.evolve(hardware, kernel_tables={**tables, "launch_seconds": float(launch_seconds),
+                                                  "dispatch_seconds": float(dispatch_seconds)})
+
+
+def _fit_dispatch(measurements: Sequence[Measurement], hardware, efficiency: Mapping[str, float],
+                  kept: Sequence[int], tolerance: float, prior: float) -> Tuple[float, List[int], str]:
+    """The per-launch seconds of a pass, fitted on the launch-bound measurements: (seconds, their indices, how).
+
+    A pass takes ``max(roofline, launches x max(launch_seconds, dispatch_seconds))`` (``compose/time.py``
+    ``_launch_bound``), so a pass is either roofline-bound (the efficiencies price it) or launch-bound (only the
+    larger of the two seconds does): the two cannot be told apart by layer timings, and the larger is fitted,
+    as ``dispatch_seconds``. The candidates are the measurements the efficiency fit left out for being slower
+    than their roofline (under the fitted efficiencies, launches free) by more than *tolerance*; each implies
+    ``measured / launches`` (the geometric mean over its passes that slow), and one implying more than the
+    fitted measurements' own ``measured / launches`` allow (their floor would then exceed them by more than
+    *tolerance*) is slower for another reason. The rest are fitted on the consensus rule of
+    :func:`_consensus`: from their median, those within *tolerance* kept, refitted (the geometric mean, the
+    least squares in log time) until the set settles; fewer than three, or no majority, all fitted. Without
+    a candidate the figure stays at *prior*. The launch counts are the model's own (the figure times the
+    launches)."""
+    free = with_launch_costs(hardware, 0.0, 0.0)
+    unit = with_launch_costs(hardware, 0.0, 1.0)  # every pass launch-bound at one second a launch: its launches
+    passes = []  # (index, measured seconds, roofline seconds, launches) of every measured pass
+    for i, m in enumerate(measurements):
+        roof, launches = layer_times(m, free, efficiency), layer_times(m, unit, efficiency)
+        for p, seconds in ((0, m.forward_seconds), (1, m.backward_seconds)):
+            if seconds is not None and launches[p] > 0:
+                passes.append((i, seconds, roof[p], launches[p]))
+    ceiling = min((s / n for i, s, _, n in passes if i in kept), default=math.inf) * math.exp(tolerance)
+    implied: Dict[int, List[float]] = {}
+    for i, seconds, roof, launches in passes:
+        if i not in kept and math.log(seconds / roof) > tolerance:
+            implied.setdefault(i, []).append(math.log(seconds / launches))
+    alone = {i: float(np.mean(v)) for i, v in implied.items() if math.exp(np.mean(v)) <= ceiling}
+    if not alone:
+        return prior, [], (f"kept at {prior:.3g} s: no measurement is launch-bound (none the efficiencies leave "
+                           f"more than {tolerance:.0%} slower than its roofline within {ceiling:.3g} s a launch)")
+    everyone = chosen = sorted(alone)
+    if len(everyone) >= 3:
+        start = float(np.median([alone[i] for i in everyone]))
+        for _ in range(len(everyone)):
+            now = [i for i in everyone if abs(alone[i] - start) <= tolerance]
+            if now == chosen:
+                break
+            if 2 * len(now) <= len(everyone):
+                chosen = everyone
+                break
+            chosen = now
+            start = float(np.mean([v for i in chosen for v in implied[i]]))
+    logs = [v for i in chosen for v in implied[i]]
+    seconds = math.exp(float(np.mean(logs)))
+    return seconds, chosen, f"fitted on {len(logs)} launch-bound pass(es), at most {ceiling:.3g} s a launch"
 
 
 class _Problem:
@@ -521,6 +621,7 @@ def ndcost_register(register):
     register("calibration/min_norm_log", fit)
     register("calibration/read_measurements", read_measurements)
     register("calibration/validation_rows", validation_rows)
+    register("calibration/with_launch_costs", with_launch_costs)
     register("calibration/check_kernel_tables", check_kernel_tables)
     from ndcost.plugins import kernel_tables  # kernel tables fitted from measured kernels or a trace
     register("calibration/kernel_measurements", kernel_tables.read_kernel_measurements)

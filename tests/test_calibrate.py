@@ -171,3 +171,69 @@ def test_a_device_name_is_matched_against_every_registered_hardware(registry):
     mine.freeze()
     assert cal._hardware_of_device("NVIDIA H200 NVL", mine) == "h200-nvl"
     assert cal._hardware_of_device("NVIDIA H200", mine) == "h200"
+
+
+# Transformers' eager LlamaDecoderLayer launches, counted by hand: two RMSNorms of 8 kernels (pow, mean, add,
+# rsqrt, mul, two casts, the weight's mul), rotary on q and k of 5 each (x * cos, rotate_half's neg and cat,
+# * sin, the sum), 7 matmuls, SDPA, SiLU and the gate's product, two residual adds: 16 + 10 + 7 + 1 + 2 + 2.
+LLAMA_LAYER_LAUNCHES = 38
+
+
+def _dispatch_set(h200, truth, dispatch_seconds):
+    """Bench layers timed as the model prices them under *truth* (launches free: none is launch-bound), and
+    Llama-3-8B's layer at 128 tokens launch-bound at *dispatch_seconds*: 38 launches forward, 76 backward
+    (compose/time.py prices the backward's as twice the forward's), written out by hand."""
+    import attrs
+    found, _, _ = cal.read_measurements(str(BENCH), census="off")
+    dense = [m for m in found if m.label in ("llama3_8b@2048", "llama3_8b@4096", "llama3_8b@8192",
+                                             "qwen3_8b@4096")]
+    free = cal.with_launch_costs(h200, 0.0, 0.0)
+    rows = []
+    for m in dense:
+        fwd, bwd = cal.layer_times(m, free, truth)
+        rows.append(attrs.evolve(m, forward_seconds=fwd, forward_backward_seconds=fwd + bwd))
+    short = attrs.evolve(dense[0], seq=128, work=None, label="llama3_8b@128",
+                         forward_seconds=LLAMA_LAYER_LAUNCHES * dispatch_seconds,
+                         forward_backward_seconds=3 * LLAMA_LAYER_LAUNCHES * dispatch_seconds)
+    return rows + [short]
+
+
+def test_dispatch_is_recovered_beside_the_efficiencies(h200):
+    truth = dict(h200.efficiency, memory=0.45, memory_backward=0.40)
+    fit = cal.fit(_dispatch_set(h200, truth, 3.1e-5), h200, classes=["memory", "memory_backward", "dispatch_seconds"])
+    assert fit.dispatch_seconds == (h200.kernel_tables["dispatch_seconds"], pytest.approx(3.1e-5, rel=1e-9))
+    assert fit.dispatch_fitted_on == ("llama3_8b@128",) and "dispatch_seconds" in fit.fitted
+    assert fit.efficiency["memory"] == pytest.approx(0.45, rel=1e-6)
+    assert fit.efficiency["memory_backward"] == pytest.approx(0.40, rel=1e-6)
+    assert fit.left_out == () and fit.rms_log_error_fitted < 1e-6
+    short = fit.rows[-1]  # priced at its launches: the measured figures back
+    assert short["model_forward_seconds"] == pytest.approx(38 * 3.1e-5, rel=1e-9)
+    assert short["model_forward_backward_seconds"] == pytest.approx(3 * 38 * 3.1e-5, rel=1e-9)
+    # --classes: dispatch alone (the efficiencies the hardware's), or the efficiencies alone (dispatch kept)
+    alone = cal.fit(_dispatch_set(h200, dict(h200.efficiency), 3.1e-5), h200, classes=["dispatch_seconds"])
+    assert alone.dispatch_seconds[1] == pytest.approx(3.1e-5, rel=1e-9) and alone.fitted == ("dispatch_seconds",)
+    kept = cal.fit(_dispatch_set(h200, truth, 3.1e-5), h200, classes=["memory", "memory_backward"])
+    assert kept.dispatch_seconds[1] == h200.kernel_tables["dispatch_seconds"] and kept.left_out == ("llama3_8b@128",)
+
+
+def test_no_launch_bound_row_leaves_dispatch_at_its_prior_and_says_so(h200):
+    truth = dict(h200.efficiency, memory=0.45, memory_backward=0.40)
+    fit = cal.fit(_dispatch_set(h200, truth, 3.1e-5)[:-1], h200)
+    prior = h200.kernel_tables["dispatch_seconds"]
+    assert fit.dispatch_seconds == (prior, prior) and fit.dispatch_fitted_on == ()
+    assert "dispatch_seconds" not in fit.fitted and "no measurement is launch-bound" in fit.dispatch_note
+
+
+@pytest.mark.slow
+def test_cli_writes_the_fitted_dispatch_into_kernel_tables(tmp_path, capsys):
+    """On the benchmark as docs/calibration.md runs it, the fit reproduces the shipped figure; --output
+    writes it with its source."""
+    from ndcost.cli import main
+    out = tmp_path / "h200_mine.yaml"
+    assert main(["calibrate", str(BENCH), "--hardware", "h200", "--json", "--output", str(out)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["dispatch_fitted_on"] == ["llama3_8b@1024", "qwen3_30b_a3b_moe@4096"]
+    assert data["dispatch_seconds"] == pytest.approx(3.92e-5, rel=0.01)
+    written = load_hardware_yaml(out)
+    assert written.kernel_tables["dispatch_seconds"] == pytest.approx(data["dispatch_seconds"], rel=1e-12)
+    assert "llama3_8b@1024" in written.kernel_tables["source"]

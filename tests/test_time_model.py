@@ -291,8 +291,12 @@ def test_moe_expert_parallel_and_dualpipev(h200):
     np.testing.assert_allclose(r.step_seconds, total, rtol=1e-12)
     # DualPipeV overlaps the all-to-alls with compute: less of the communication is exposed
     assert r.exposed_communication_seconds[1] < r.exposed_communication_seconds[0]
-    # imbalance loads the busiest rank's experts and its all-to-alls
-    assert r.compute_seconds[2] > r.compute_seconds[0]
+    # imbalance loads the busiest rank's experts and its all-to-alls; this toy's layer is launch-bound at the
+    # H200's fitted dispatch (50 launches x 39.2 us), so its experts' load shows with the launches free
+    assert r.compute_seconds[2] >= r.compute_seconds[0]
+    free = attrs.evolve(h200, kernel_tables={"launch_seconds": 0.0, "dispatch_seconds": 0.0, "source": "test"})
+    roofline = ct.step_time(work, strategies, free)
+    assert roofline.compute_seconds[2] > roofline.compute_seconds[0]
     assert r.communication_seconds[2] > r.communication_seconds[0]
     # routed experts count at top-k a token in the model FLOPs, whatever the imbalance
     assert r.detail["model_flops"][2] == r.detail["model_flops"][0]

@@ -91,10 +91,12 @@ def run(args):
     result = method(measurements, hardware, classes=classes, components=components, tolerance=args.tolerance)
     if len(shown) != len(measurements):
         validation_rows = registry.get("calibration/validation_rows")
-        result = attrs.evolve(result, rows=tuple(validation_rows(shown, hardware, result.efficiency)))
+        fitted = registry.get("calibration/with_launch_costs")(hardware, result.launch_seconds[1],
+                                                                result.dispatch_seconds[1])
+        result = attrs.evolve(result, rows=tuple(validation_rows(shown, fitted, result.efficiency)))
     data = result.to_dict()
     if args.output:
-        _write_hardware(hardware, result.efficiency, args.output)
+        _write_hardware(hardware, result, args.output, args.measurements)
         data["written"] = args.output
     fitted_on = {m.label for m in measurements} - set(result.left_out)
     data["fitted_on"] = sorted(fitted_on)
@@ -103,13 +105,19 @@ def run(args):
             for k, v in result.efficiency.items()]
     text = f"hardware {hardware.name}: efficiencies fitted by {result.method}\n"
     text += table(rows, ["class", "prior", "efficiency", "moved", "how"], align="lrrrl")
+    (launch_prior, launch), (dispatch_prior, dispatch) = result.launch_seconds, result.dispatch_seconds
+    text += (f"\ndispatch_seconds {dispatch_prior:.3g} -> {dispatch:.3g} s ({_moved(dispatch_prior, dispatch)}), "
+             f"{result.dispatch_note}" + (f": {', '.join(result.dispatch_fitted_on)}" if result.dispatch_fitted_on
+                                          else "") +
+             f"\nlaunch_seconds {launch_prior:.3g} -> {launch:.3g} s (only the larger of the two prices a pass: "
+             f"layer timings cannot tell them apart)")
     text += "\n\n" + table([[_row_label(r["label"], fitted_on, result.left_out),
                              r["measured_forward_seconds"] * 1e3, r["model_forward_seconds"] * 1e3,
                              (r["measured_forward_backward_seconds"] or float("nan")) * 1e3,
                              r["model_forward_backward_seconds"] * 1e3] for r in result.rows],
                            ["measurement", "fwd ms", "model fwd ms", "fwd+bwd ms", "model fwd+bwd ms"], align="lrrrr")
     notes = [f"fit error, root mean square of log(model / measured) over the {len(fitted_on)} measurements "
-             f"fitted on: {result.rms_log_error_prior:.2%} with {hardware.name}'s efficiencies, "
+             f"fitted on: {result.rms_log_error_prior:.2%} with {hardware.name}'s efficiencies and launch costs, "
              f"{result.rms_log_error_fitted:.2%} fitted"]
     if result.left_out:
         notes.append(f"left out (the fit misses them by more than {result.tolerance:.0%}: outside what the time "
@@ -125,8 +133,10 @@ def _row_label(label, fitted_on, left_out) -> str:
     return label + ("" if label in fitted_on else " (left out)" if label in left_out else " (not fitted)")
 
 
-def _write_hardware(hardware, efficiency, path) -> None:
-    """The hardware's spec with *efficiency*, named after the file (an estimate on it says whose figures)."""
+def _write_hardware(hardware, result, path, sources) -> None:
+    """The hardware's spec with the fit's efficiencies and launch costs, named after the file (an estimate on it
+    says whose figures); ``kernel_tables.source`` says what the launch costs were fitted on and when."""
+    import datetime
     from pathlib import Path
 
     import yaml
@@ -138,16 +148,25 @@ def _write_hardware(hardware, efficiency, path) -> None:
            "devices_per_node": hardware.devices_per_node,
            "network": {level.name: {"bytes_per_second": level.bytes_per_second,
                                     "latency_seconds": level.latency_seconds} for level in hardware.network},
-           "efficiency": {k: round(float(v), 4) for k, v in efficiency.items()},
+           "efficiency": {k: round(float(v), 4) for k, v in result.efficiency.items()},
            "cpu_optimizer_parameters_per_second": hardware.cpu_optimizer_parameters_per_second,
            "nvlink_domain_devices": hardware.nvlink_domain_devices, "nics_per_node": hardware.nics_per_node}
     if hardware.nvls_architecture is not None:
         doc["nvls_architecture"] = hardware.nvls_architecture
     if hardware.host_to_device_bytes_per_second is not None:
         doc["host_to_device_bytes_per_second"] = hardware.host_to_device_bytes_per_second
-    for name in ("sm_count", "kernel_tables"):  # what prices GEMMs by shape and launches, kept as stated
-        if getattr(hardware, name) is not None:
-            doc[name] = getattr(hardware, name)
+    if hardware.sm_count is not None:  # what prices GEMMs by shape, kept as stated
+        doc["sm_count"] = hardware.sm_count
+    tables = dict(hardware.kernel_tables or {})
+    if result.dispatch_fitted_on:
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+        tables.update(launch_seconds=float(result.launch_seconds[1]),
+                      dispatch_seconds=float(result.dispatch_seconds[1]),
+                      source=f"launch and dispatch fitted by ndcost calibrate on {when} from {', '.join(sources)}: "
+                             f"{', '.join(result.dispatch_fitted_on)}" + (f"; {tables['source']}" if "source" in tables
+                                                                          else ""))
+    if tables:
+        doc["kernel_tables"] = tables
     with open(path, "w") as handle:
         handle.write("# written by `ndcost calibrate`; efficiencies fitted from measured layer times\n")
         yaml.safe_dump(doc, handle, sort_keys=False)

@@ -1,0 +1,49 @@
+"""The time model prices a backward's launches as twice the forward's (compose/time.py ``_launch_bound``; the
+census counts the forward's only). Checked here against Transformers' own eager LlamaDecoderLayer: every aten op
+it dispatches on the CPU, forward and backward, views aside (they launch no kernel)."""
+from __future__ import annotations
+
+import pytest
+
+VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "permute", "unsqueeze", "squeeze", "slice", "select",
+         "as_strided", "alias", "reshape", "detach", "split", "split_with_sizes", "unbind", "_reshape_alias"}
+
+
+@pytest.mark.slow
+def test_the_backward_dispatches_about_twice_the_forwards_ops():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers.models.llama import modeling_llama
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.kernels = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.kernels += func._opname not in VIEWS
+            return func(*args, **(kwargs or {}))
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=16, num_hidden_layers=1, vocab_size=100)
+    config._attn_implementation = "sdpa"
+    layer = modeling_llama.LlamaDecoderLayer(config, 0).to(torch.bfloat16)
+    x = torch.randn(1, 32, 64, dtype=torch.bfloat16, requires_grad=True)
+    positions = torch.arange(32)[None]
+    rotary = tuple(t.to(torch.bfloat16) for t in modeling_llama.LlamaRotaryEmbedding(config)(x, positions))
+    counts = []
+    for _ in range(2):  # the second backward accumulates into the gradients the first made (a training step's)
+        forward, backward = Ops(), Ops()
+        with forward:
+            out = layer(x, position_embeddings=rotary, position_ids=positions)
+        out = out[0] if isinstance(out, tuple) else out
+        with backward:
+            out.backward(torch.ones_like(out))
+        counts.append((forward.kernels, backward.kernels))
+    # the forward is the analytic count by hand (plugins/estimators/flops.py, tests/test_time_kernels.py): 38
+    assert counts[0][0] == counts[1][0] == 38
+    # the backward: 71 ops, 81 with the 9 parameters' and the input's gradients accumulated, 1.87x and 2.13x
+    assert counts[1][1] == counts[0][1] + 10
+    for forward_kernels, backward_kernels in counts:
+        assert 1.8 < backward_kernels / forward_kernels < 2.2
