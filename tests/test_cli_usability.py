@@ -276,8 +276,9 @@ def test_the_consensus_recovers_known_efficiencies_past_an_outlier(tmp_path, reg
     layer alone (a tolerance nothing exceeds), least squares is pulled off them."""
     from ndcost.plugins import calibration as cal
 
-    # at the launch priors (10 us): the 1024-token layer is then roofline-bound, so its slowness pulls the efficiency
-    h200 = attrs.evolve(registry.get("hardware/h200"), kernel_tables=None)
+    # at a dispatch of 10 us an op: the 1024-token layer is then roofline-bound, so its slowness pulls the efficiency
+    h200 = attrs.evolve(registry.get("hardware/h200"), kernel_tables={
+        "launch_seconds": 2.0e-6, "dispatch_seconds": 1.0e-5, "source": "this test: every layer roofline-bound"})
     truth = dict(h200.efficiency, memory=0.40, memory_backward=0.35)
     measurements = []
     for seq in (1024, 2048, 4096, 8192):

@@ -210,16 +210,17 @@ def test_analytic_launches_are_the_eager_llama_layers():
 
 def test_a_tiny_model_is_dispatch_bound(h200):
     """Two layers of width 64 at 16 tokens: microseconds of GPU work, so each pass is its launches x the
-    dispatch prior (10 us): 38 x 10 us forward, twice that backward; the shipped H200 at its fitted 39.2 us."""
+    dispatch figure: the shipped H200's fitted 39.2 us, which is also the prior of a device stating none
+    (dispatch is the host's): 38 x 39.2 us forward, twice that backward."""
     work = analytic.model_work(tiny_llama(), 16)
     assert _layer(work, h200, seq=16)["forward"][0, 0] == pytest.approx(38 * 3.92e-5, rel=1e-12)
     h200 = attrs.evolve(h200, kernel_tables=None)  # the priors
     layer = _layer(work, h200, seq=16)
-    assert layer["forward"][0, 0] == pytest.approx(38 * 1.0e-5, rel=1e-12)
-    assert layer["backward"][0, 0] == pytest.approx(76 * 1.0e-5, rel=1e-12)
+    assert layer["forward"][0, 0] == pytest.approx(38 * 3.92e-5, rel=1e-12)
+    assert layer["backward"][0, 0] == pytest.approx(76 * 3.92e-5, rel=1e-12)
     assert layer["recompute"][0, 0] == 0.0
     full = _layer(work, h200, seq=16, recompute="full")
-    assert full["recompute"][0, 0] == pytest.approx(38 * 1.0e-5, rel=1e-12)
+    assert full["recompute"][0, 0] == pytest.approx(38 * 3.92e-5, rel=1e-12)
     # a table's figures replace the priors: launch 4 us, dispatch 1 us -> the GPU floor, 38 x 4 us
     stated = _with_tables(h200, _tables(launch_seconds=4.0e-6, dispatch_seconds=1.0e-6))
     assert _layer(work, stated, seq=16)["forward"][0, 0] == pytest.approx(38 * 4.0e-6, rel=1e-12)
