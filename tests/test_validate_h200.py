@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 import ndcost
-from ndcost import kernels
 from ndcost.compose import time as time_model
 from ndcost.plugins import calibration as cal
 
@@ -37,7 +36,7 @@ def test_one_step_row_is_ndcosts_estimate_beside_the_measurement(registry):
     cost = ndcost.resolve(STEP["config"], hardware=h200, census="off").evaluate(strategy)
     assert row["predicted_peak_bytes"] == cost.peak_bytes
     assert row["predicted_seconds_fitted"] == cost.time.step_seconds
-    prior = cal.with_launch_costs(h200, kernels.PRIOR_LAUNCH_SECONDS, kernels.PRIOR_DISPATCH_SECONDS)
+    prior = cal.with_launch_costs(h200, 2.0e-6, 1.0e-5)  # "prior": the round figures before the fit
     at_prior = ndcost.resolve(STEP["config"], hardware=prior, census="off").evaluate(strategy)
     assert row["predicted_seconds_prior"] == at_prior.time.step_seconds
     assert row["time_error_fitted"] == pytest.approx(cost.time.step_seconds / row["measured_seconds"] - 1)
