@@ -39,7 +39,6 @@ import numpy as np
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
 from ndcost.specio import read_text
-from ndcost.values import check_number
 
 FORWARD_CLASSES = ("matmul", "attention", "linrec", "memory")
 BACKWARD_CLASSES = tuple(f"{c}_backward" for c in FORWARD_CLASSES)
@@ -552,68 +551,15 @@ def validation_rows(measurements: Sequence[Measurement], hardware, efficiency: M
 # ---------------------------------------------------------------------------
 # kernel tables (the hardware YAML's ``kernel_tables``; fitted in ndcost.plugins.kernel_tables)
 # ---------------------------------------------------------------------------
-KERNEL_TABLE_KEYS = ("gemm", "elementwise", "launch_seconds", "dispatch_seconds", "source")
-GEMM_AXES = ("m", "n", "k")
-
-
 def check_kernel_tables(tables: Any, owner: str) -> None:
-    """Refuse *tables* unless they follow the ``kernel_tables`` schema (docs/calibration.md, "Kernel tables").
+    """Refuse *tables* unless they follow the ``kernel_tables`` schema (docs/calibration.md, "Kernel tables"):
+    the time model's own rule (:func:`ndcost.kernels.parse_kernel_tables`), but ``source`` may be left out
+    here (the tables a fit starts from or is building state none until written)."""
+    from ndcost.kernels import parse_kernel_tables
 
-    ``gemm`` maps a dtype to ``m``, ``n``, ``k`` (increasing positive integers, a log2 grid) and
-    ``efficiency`` (len(m) x len(n) x len(k) fractions of the dtype's peak, each in (0, 1]);
-    ``elementwise`` holds ``bytes`` (increasing positive integers) and one ``efficiency`` a bytes value
-    (a fraction of HBM bandwidth); ``launch_seconds`` and ``dispatch_seconds`` are seconds (>= 0) a
-    kernel and an eager op; ``source`` says where the figures came from. Every key is optional.
-    """
-    where = f"{owner}: kernel_tables"
-    if not isinstance(tables, Mapping):
-        raise InvalidValue(f"{where} must be a mapping of {', '.join(KERNEL_TABLE_KEYS)}, got {tables!r}")
-    unknown = sorted(str(k) for k in tables if k not in KERNEL_TABLE_KEYS)
-    if unknown:
-        raise InvalidValue(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(KERNEL_TABLE_KEYS)}")
-    gemm = tables.get("gemm", {})
-    if not isinstance(gemm, Mapping):
-        raise InvalidValue(f"{where}.gemm must map a dtype (bf16, ...) to its table, got {gemm!r}")
-    for dtype, table in gemm.items():
-        field = f"kernel_tables.gemm.{dtype}"
-        if not isinstance(table, Mapping) or set(table) != {*GEMM_AXES, "efficiency"}:
-            raise InvalidValue(f"{owner}: {field} must hold exactly m, n, k and efficiency, got "
-                               f"{sorted(table) if isinstance(table, Mapping) else table!r}")
-        shape = tuple(len(_grid_axis(table[axis], f"{owner}: {field}.{axis}")) for axis in GEMM_AXES)
-        _check_fractions(table["efficiency"], shape, owner, f"{field}.efficiency")
-    if "elementwise" in tables:
-        table = tables["elementwise"]
-        if not isinstance(table, Mapping) or set(table) != {"bytes", "efficiency"}:
-            raise InvalidValue(f"{where}.elementwise must hold exactly bytes and efficiency, got {table!r}")
-        shape = (len(_grid_axis(table["bytes"], f"{where}.elementwise.bytes")),)
-        _check_fractions(table["efficiency"], shape, owner, "kernel_tables.elementwise.efficiency")
-    for key in ("launch_seconds", "dispatch_seconds"):
-        if key in tables:
-            check_number(owner, f"kernel_tables.{key}", tables[key], "seconds", zero_allowed=True)
-    if "source" in tables and not isinstance(tables["source"], str):
-        raise InvalidValue(f"{where}.source must be a string saying where the figures came from, "
-                           f"got {tables['source']!r}")
-
-
-def _grid_axis(values: Any, at: str) -> List[int]:
-    if (not isinstance(values, (list, tuple)) or not values
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)):
-        raise InvalidValue(f"{at} must be a non-empty list of positive integers, got {values!r}")
-    if any(b <= a for a, b in zip(values, values[1:], strict=False)):
-        raise InvalidValue(f"{at} must increase strictly, got {list(values)}")
-    return list(values)
-
-
-def _check_fractions(values: Any, shape: Tuple[int, ...], owner: str, at: str) -> None:
-    """*values* nested lists of *shape*, each a fraction of the peak in (0, 1]."""
-    if not shape:
-        check_number(owner, at, values, "a fraction of the peak, (0, 1]", at_most=1.0)
-        return
-    if not isinstance(values, (list, tuple)) or len(values) != shape[0]:
-        raise InvalidValue(f"{owner}: {at} must be a list of {shape[0]} (the grid's length on that axis), got "
-                           f"{values if not isinstance(values, (list, tuple)) else f'{len(values)} entries'}")
-    for i, item in enumerate(values):
-        _check_fractions(item, shape[1:], owner, f"{at}[{i}]")
+    if isinstance(tables, Mapping) and "source" not in tables:
+        tables = {**tables, "source": "not stated yet"}
+    parse_kernel_tables(owner, tables)
 
 
 @hookimpl

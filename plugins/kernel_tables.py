@@ -27,8 +27,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import attrs
 import numpy as np
 
+from ndcost import kernels
 from ndcost.errors import InvalidValue
-from ndcost.plugins.calibration import GEMM_AXES, check_kernel_tables
+from ndcost.kernels import GEMM_AXES
+from ndcost.plugins.calibration import check_kernel_tables
 from ndcost.specio import read_text
 
 DEFAULT_GEMM_GRID = {"m": (256, 1024, 4096, 16384), "n": (1024, 4096, 16384), "k": (1024, 4096, 16384)}
@@ -229,33 +231,22 @@ def _nearest(axis: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.abs(np.log2(values)[:, None] - np.log2(axis)[None, :]).argmin(axis=1)
 
 
-def _weights(axis: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Lower node, upper node and the upper's weight of each value, linear in log2 and clamped to the grid."""
-    logs, x = np.log2(axis), np.clip(np.log2(values), np.log2(axis[0]), np.log2(axis[-1]))
-    if len(axis) == 1:
-        zero = np.zeros(len(values), dtype=int)
-        return zero, zero, np.zeros(len(values))
-    low = np.clip(np.searchsorted(logs, x, side="right") - 1, 0, len(axis) - 2)
-    return low, low + 1, (x - logs[low]) / (logs[low + 1] - logs[low])
-
-
 def interpolate(table: Mapping[str, Any], shapes: np.ndarray) -> np.ndarray:
-    """A GEMM table's efficiency at each (m, n, k) row of *shapes*: trilinear in log2 space, clamped."""
-    eff = np.asarray(table["efficiency"], dtype=float)
-    (lm, um, wm), (ln, un, wn), (lk, uk, wk) = (_weights(np.asarray(table[a], dtype=float), shapes[:, j])
-                                                for j, a in enumerate(GEMM_AXES))
-    out = np.zeros(len(shapes))
-    for im, fm in ((lm, 1 - wm), (um, wm)):
-        for jn, fn in ((ln, 1 - wn), (un, wn)):
-            for kk, fk in ((lk, 1 - wk), (uk, wk)):
-                out += fm * fn * fk * eff[im, jn, kk]
-    return out
+    """A GEMM table's efficiency at each (m, n, k) row of *shapes*: the time model's own reading
+    (:func:`ndcost.kernels.table_gemm_efficiency`) of a table not checked yet (a fit's cells may pass 1)."""
+    axes = [np.log2(np.asarray(table[axis], dtype=float)) for axis in GEMM_AXES]
+    gemm = kernels.GemmTable(log2_m=axes[0], log2_n=axes[1], log2_k=axes[2],
+                             efficiency=np.asarray(table["efficiency"], dtype=float))
+    return kernels.table_gemm_efficiency(gemm, shapes[:, 0], shapes[:, 1], shapes[:, 2])
 
 
 def _interpolate_1d(table: Mapping[str, Any], moved: np.ndarray) -> np.ndarray:
-    low, up, w = _weights(np.asarray(table["bytes"], dtype=float), np.asarray(moved, dtype=float))
-    eff = np.asarray(table["efficiency"], dtype=float)
-    return (1 - w) * eff[low] + w * eff[up]
+    """An elementwise table's efficiency at *moved* bytes, as the time model reads it."""
+    elementwise = kernels.ElementwiseTable(log2_bytes=np.log2(np.asarray(table["bytes"], dtype=float)),
+                                           efficiency=np.asarray(table["efficiency"], dtype=float))
+    tables = kernels.KernelTables(gemm={}, elementwise=elementwise, launch_seconds=None, dispatch_seconds=None,
+                                  source="")
+    return kernels.elementwise_efficiency(tables, moved, stated=1.0)
 
 
 def as_plain(value: Any) -> Any:

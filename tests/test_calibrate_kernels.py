@@ -286,10 +286,11 @@ def test_check_kernel_tables_takes_the_schema_and_names_what_is_wrong():
             "launch_seconds": 4.0e-6, "dispatch_seconds": 1.2e-5, "source": "by hand"}
     check_kernel_tables(good, "hardware 'x'")
     bad = [({**good, "sdpa": {}}, "unknown key"),
-           ({**good, "gemm": {"bf16": {**good["gemm"]["bf16"], "efficiency": [[[0.5] * 3] * 3] * 3}}}, "list of 4"),
-           ({**good, "gemm": {"bf16": {**good["gemm"]["bf16"], "m": [256, 256, 4096, 16384]}}}, "increase"),
+           ({**good, "gemm": {"bf16": {**good["gemm"]["bf16"], "efficiency": [[[0.5] * 3] * 3] * 3}}},
+            "make it 4 x 3 x 3"),
+           ({**good, "gemm": {"bf16": {**good["gemm"]["bf16"], "m": [256, 256, 4096, 16384]}}}, "increasing"),
            ({**good, "elementwise": {"bytes": good["elementwise"]["bytes"], "efficiency": [0.2, 0.5, 0.8, 1.5]}},
-            "at most 1"),
+            r"outside \(0, 1\]"),
            ({**good, "launch_seconds": -1.0}, "launch_seconds"),
            ({**good, "gemm": {"bf16": {"m": [1], "n": [1]}}}, "exactly m, n, k")]
     for tables, words in bad:
