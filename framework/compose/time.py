@@ -682,18 +682,16 @@ def _fp8_gathered(cols, shard: sharding_rules.Sharding) -> np.ndarray:
 
 def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, routed_params, hardware: Hardware,
                    eff, coll) -> Dict[str, np.ndarray]:
-    """``(N, R)`` seconds of the data-parallel collectives: a micro-batch's FSDP ones, and the step's.
+    """``(N, R)`` seconds of the step's data-parallel collectives (a micro-batch's FSDP / ZeRO-3 gathers and
+    reduce-scatters are :func:`_fsdp`'s).
 
-    Under FSDP or ZeRO-3 (parameters sharded) every micro-batch gathers the
-    parameters for the forward and again for the backward (:func:`step_time`
-    drops the backward's where FSDP keeps them gathered,
-    ``reshard_after_forward=false``) and reduce-scatters the gradients over the
-    shard group (:mod:`ndcost.compose.sharding`), whose replicas then
-    all-reduce their shards (HSDP's dp; the cp ranks under
-    ``shard_mesh=dp``). Otherwise once a step the gradients are
-    all-reduced, or under ZeRO 1/2 reduce-scattered over the shard group
-    (the shards all-reduced over its replicas) and the updated parameters
-    all-gathered; routed experts over their expert-data-parallel group.
+    Under FSDP or ZeRO-3 (parameters sharded) the reduce-scattered gradient
+    shards are all-reduced over the shard group's replicas (HSDP's dp; the cp
+    ranks under ``shard_mesh=dp``; :mod:`ndcost.compose.sharding`). Otherwise
+    once a step the gradients are all-reduced, or under ZeRO 1/2
+    reduce-scattered over the shard group (the shards all-reduced over its
+    replicas) and the updated parameters all-gathered; routed experts over
+    their expert-data-parallel group.
     """
     tp = rows.tp
     gathers = shard.sharded["parameters"]
