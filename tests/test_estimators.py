@@ -114,8 +114,10 @@ def test_without_the_census_extra_the_formulas_price_and_say_so_once(monkeypatch
     cannot run, the formulas price, stderr says so once, the provenance says why."""
     import importlib.util
 
-    from ndcost import resolver
+    from ndcost import manager, resolver
     from ndcost.plugins import census
+
+    manager.registry()  # built before the patches: a registry first built under them would keep no_torch for good
 
     def no_torch(*args, **kwargs):
         raise ImportError("No module named 'torch'")
