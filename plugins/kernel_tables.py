@@ -494,6 +494,16 @@ def _elementwise_bytes(name: str, dims: Any, types: Any) -> Optional[int]:
     return read + out * tensors[0][1]
 
 
+def _consecutive(events: List[Mapping[str, Any]]):
+    """Each pair of events one after the other on the same stream or thread (``pid``, ``tid``), by start time."""
+    lanes: Dict[Tuple[Any, Any], List[Mapping[str, Any]]] = {}
+    for e in events:
+        lanes.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for members in lanes.values():
+        members.sort(key=lambda e: float(e["ts"]))
+        yield from zip(members, members[1:], strict=False)
+
+
 def _timeline(device: List[Mapping[str, Any]], launches: List[Mapping[str, Any]]
               ) -> Tuple[Optional[float], int, Optional[float], int]:
     """The launch floor and dispatch seconds of a GPU timeline, and the pairs behind each (see read_trace)."""
@@ -502,26 +512,12 @@ def _timeline(device: List[Mapping[str, Any]], launches: List[Mapping[str, Any]]
                   if "correlation" in e.get("args", {})}
     kernel_end = {e["args"]["correlation"]: float(e["ts"]) + float(e["dur"]) for e in kernels
                   if "correlation" in e.get("args", {})}
-    fed = []
-    streams: Dict[Tuple[Any, Any], List[Mapping[str, Any]]] = {}
-    for e in kernels:
-        streams.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-    for members in streams.values():
-        members.sort(key=lambda e: float(e["ts"]))
-        for first, second in zip(members, members[1:], strict=False):
-            queued = launch_end.get(second.get("args", {}).get("correlation"))
-            if queued is not None and queued <= float(first["ts"]) + float(first["dur"]):
-                fed.append((float(second["ts"]) - float(first["ts"])) * 1e-6)
-    starved = []
-    threads: Dict[Tuple[Any, Any], List[Mapping[str, Any]]] = {}
-    for e in launches:
-        threads.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-    for members in threads.values():
-        members.sort(key=lambda e: float(e["ts"]))
-        for first, second in zip(members, members[1:], strict=False):
-            done = kernel_end.get(first.get("args", {}).get("correlation"))
-            if done is not None and done <= float(second["ts"]):
-                starved.append((float(second["ts"]) - float(first["ts"])) * 1e-6)
+    fed = [(float(second["ts"]) - float(first["ts"])) * 1e-6 for first, second in _consecutive(kernels)
+           if (queued := launch_end.get(second.get("args", {}).get("correlation"))) is not None
+           and queued <= float(first["ts"]) + float(first["dur"])]
+    starved = [(float(second["ts"]) - float(first["ts"])) * 1e-6 for first, second in _consecutive(launches)
+               if (done := kernel_end.get(first.get("args", {}).get("correlation"))) is not None
+               and done <= float(second["ts"])]
     launch = float(np.percentile(fed, 5)) if len(fed) >= MIN_TIMELINE_PAIRS else None
     dispatch = float(np.median(starved)) if len(starved) >= MIN_TIMELINE_PAIRS else None
     return launch, len(fed), dispatch, len(starved)
