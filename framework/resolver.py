@@ -817,7 +817,8 @@ class CostModel:
 
 def _hardware_checks(batch: columns.StrategyColumns, hardware: Hardware) -> None:
     """Rows computing in a dtype *hardware* states no peak for are refused (a loop over the dtypes used), rows
-    offloading to a host whose link *hardware* does not state, and float8 rows where it states no fp8 peak."""
+    offloading to a host whose link *hardware* does not state, float8 rows where it states no fp8 peak, and
+    async TP over more devices than its NVLink domain."""
     if hardware.host_to_device_bytes_per_second is None:
         for name in ("offload_optimizer", "offload_params", "offload_activations"):
             batch.refuse(batch.cols[name], f"{name}=true: hardware {hardware.name!r} states no "
@@ -826,6 +827,9 @@ def _hardware_checks(batch: columns.StrategyColumns, hardware: Hardware) -> None
     refusal = time_model.float8_refusal(hardware)
     if refusal:
         batch.refuse(batch.cols["float8"] != FLOAT8_RECIPES.index("none"), refusal)
+    tp = batch.cols["tp"]
+    batch.refuse(np.asarray(batch.cols["async_tp"], dtype=bool) & (tp > int(hardware.nvlink_domain_devices)),
+                 lambda i: time_model.async_tp_refusal(hardware, int(tp[i])))
     codes = batch.cols["compute_dtype"]
     for code in np.unique(codes).tolist():
         dtype = columns.DTYPE_NAMES[code]

@@ -689,9 +689,10 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                 "are not priced either way",
                         synonyms=("torch_compile", "compile_model", "enable_compile", "inductor")),
     "async_tp": FieldDoc(meaning="async tensor parallelism (torchtitan enable_async_tensor_parallel, torch "
-                                 "_micro_pipeline_tp): the TP all-gathers and reduce-scatters overlap the layer's "
-                                 "matmuls of the same pass, exposed TP = max(0, TP collectives - matmuls); needs "
-                                 "compile and sp",
+                                 "_micro_pipeline_tp): SP's all-gathers and reduce-scatters fused with their "
+                                 "matmuls, tp pieces a collective, each shard's NVLink pull behind a piece's matmul "
+                                 "(the backward's summed input gradients still NCCL's); needs compile, sp and tp "
+                                 "within an NVLink domain",
                          synonyms=("enable_async_tensor_parallel", "async_tensor_parallel", "tp_comm_overlap",
                                    "micro_pipeline_tp")),
 })

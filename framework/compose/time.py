@@ -72,8 +72,8 @@ EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 # Each use of a collective and what the step counts of it as exposed (added to the step), in provenance:
 # - tp: TP all-reduces (all-gathers and reduce-scatters under SP), two a layer each pass; no TP overlap assumed,
 #   but under async_tp (torch._inductor.config._micro_pipeline_tp: torch/_inductor/fx_passes/micro_pipeline_tp.py
-#   makes each all-gather + matmul and matmul + reduce-scatter a chunked collective matmul) they hide behind the
-#   layer's matmuls of the pass.
+#   makes an all-gather + matmul or matmul + reduce-scatter one op of torch/distributed/_symmetric_memory/
+#   __init__.py) a fused collective's shards are pulled while the matmul's other pieces run (_async_tp).
 # - cp_ring: K/V blocks passed (and their gradients in the backward) hide behind the layer's attention kernel.
 # - cp_ulysses: the all-to-alls of queries, keys, values and the output (their gradients in the backward).
 # - ep: dispatch and combine all-to-alls; a schedule with overlaps_expert_communication (DualPipeV, DeepSeek-V3
@@ -92,8 +92,13 @@ EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 #   (arXiv:2101.06840 section 4.1) overlaps the gradients' copy out with the backward, while the CPU step and
 #   the updated parameters' copy in wait for each other (its optional one-step delayed update is not priced).
 OVERLAP_RULES: Mapping[str, str] = {
-    "tp": "exposed: none overlapped; under async_tp overlapped with the layer's matmuls of the pass, the excess "
-          "exposed",
+    "tp": "exposed: none overlapped; under async_tp torch's micro-pipelined collective matmuls "
+          "(torch/distributed/_symmetric_memory/__init__.py _pipelined_all_gather_and_consume, "
+          "_pipelined_produce_and_all2all; the pairs torch/_inductor/fx_passes/micro_pipeline_tp.py fuses): SP's "
+          "all-gathers before and reduce-scatters after the TP-split matmuls, the backward's output-gradient "
+          "all-gathers and single-matmul input-gradient reduce-scatters, each op tp pieces of M / tp rows, "
+          "c + (tp - 1) max(c, x) (c a piece's matmuls, x a shard's NVLink pull) plus the local shard's copy or "
+          "the partials' sum, exposed beyond the same matmuls unfused; the rest exposed",
     "cp_ring": "overlapped with the layer's attention kernel of the same pass; the excess is exposed",
     "cp_ulysses": "exposed: none overlapped",
     "ep": "exposed, except under dualpipev: overlapped with the layer's compute of the pass",
@@ -501,8 +506,7 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     core-attention recompute their roofline share only.
     Keys: ``forward``, ``backward``, ``recompute``, ``scores_forward``,
     ``scores_backward`` (the attention kernel's, for CP ring overlap),
-    ``matmul_forward``, ``matmul_backward`` (the matmuls', for async TP's
-    overlap), ``selective_measured``.
+    ``matmul_forward``, ``matmul_backward`` (the matmuls'), ``selective_measured``.
     """
     eff = efficiencies(hardware)[0] if eff is None else eff
     rows = _rows(cols, hardware) if rows is None else rows
@@ -579,12 +583,144 @@ def _elementwise_elements(model: ModelWork, k: Mapping[str, np.ndarray], cols: M
     return np.where(compiled, fused, eager)
 
 
+def async_tp_refusal(hardware: Hardware, tp: int) -> str:
+    """Why ``async_tp`` cannot run a TP group of *tp* devices on *hardware*: one beyond an NVLink domain."""
+    domain = int(hardware.nvlink_domain_devices)
+    return (f"async_tp=true with tp={tp}: torch's symmetric memory reaches peers within one NVLink domain "
+            f"({domain} devices on hardware {hardware.name!r}); use tp <= {domain} or async_tp=false")
+
+
+def _async_tp_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
+    """The GEMMs async TP fuses with SP's collectives, made once a ModelWork: ``fused`` ``(4, K, G)`` masks (the
+    attention's all-gather consumers and reduce-scatter producers, then the MLP's, :data:`ASYNC_TP_GROUPS`),
+    each GEMM's weight elements ``(K, G)`` and the GEMMs each all-gather feeds ``(2, K)`` (counted)."""
+    k = _kind_arrays(model)
+    h = float(model.hidden_size)
+    column = k["gemm_split"] == GEMM_SPLITS.index("column")
+    row = k["gemm_split"] == GEMM_SPLITS.index("row")
+    masks = []
+    for c in (GEMM_CLASSES.index("attention"), GEMM_CLASSES.index("other")):
+        member = k["gemm_weight"][..., c] > 0
+        masks += [member & column & (k["gemm_in"] == h), member & row & (k["gemm_out"] == h)]
+    weights, counts = np.zeros(k["gemm_in"].shape), np.zeros(k["gemm_in"].shape)
+    for i, kind in enumerate(model.kinds):  # once a ModelWork, over its kinds' handful of shapes
+        for j, g in enumerate(model.work[kind].gemms):
+            weights[i, j], counts[i, j] = float(g.count * g.in_features * g.out_features), float(g.count)
+    fused = np.stack(masks)
+    out = {"fused": fused, "weights": weights, "consumers": (fused[0::2] * counts).sum(axis=-1)}
+    for array in out.values():
+        array.setflags(write=False)
+    return frozen_mapping(out)
+
+
+# async TP's four forward collectives, in _async_tp_arrays' order: what each fuses with
+ASYNC_TP_GROUPS = ("all_gather", "reduce_scatter", "all_gather", "reduce_scatter")
+
+
+def _async_tp(model: ModelWork, rows: _Rows, cols, hardware: Hardware, eff, coll, hidden_msg, link, on):
+    """Under ``async_tp`` (rows *on*), a layer's TP collectives and their exposed seconds, ``(N, K)`` each:
+    ``comm_fwd``, ``exposed_fwd``, ``comm_bwd``, ``exposed_bwd``, as torch's micro-pipelined TP runs them.
+
+    torch.compile's pass (torch/_inductor/fx_passes/micro_pipeline_tp.py) fuses an all-gather with the matmuls
+    taking its result as their left operand, and a reduce-scatter with the one matmul producing its input; the
+    fused ops (torch/distributed/_symmetric_memory/__init__.py) cut the ``M`` rows into ``tp`` pieces:
+    ``_pipelined_all_gather_and_consume`` copies the local shard into the symmetric buffer (a barrier; not
+    overlapped, its comment says), multiplies it while the next shard is pulled from its peer, and pulls each
+    remote shard while the previous one is multiplied; ``_pipelined_produce_and_all2all`` multiplies each
+    peer's chunk, which the peer pulls while the next is multiplied, the local chunk last, then sums the ``tp``
+    partials. Both alternate two streams so that one piece's matmul runs beside the next's (their comments:
+    "computation/computation overlapping ... reducing quantization inefficiency"): a piece's ``M / tp`` rows
+    run at the efficiency of a GEMM of two pieces' rows. With ``c`` one piece's matmuls (no faster than
+    reading their weights) and ``x`` one shard's pull, the op takes ``c + (tp - 1) max(c, x)`` plus the local
+    copy (``2`` shard bytes through HBM) or the sum (``(1 + 1 / tp)`` hidden bytes); what it takes beyond the
+    same matmuls unfused is exposed. Fused: the column-split GEMMs reading the hidden width (QKV, gate and up)
+    with SP's all-gathers, the row-split GEMMs writing it (output and down projections) with its
+    reduce-scatters, forward and recomputed forward alike; in the backward the output gradient's all-gather
+    with those row GEMMs' input gradient, and the input gradient's reduce-scatter only where one GEMM
+    consumed the all-gather (several GEMMs' gradients are summed before it: no producing matmul). A
+    collective without such GEMMs, or one not fused, is NCCL's, exposed. A pull is a copy engine's
+    ``copy_`` from the peer's buffer over NVLink at the within-node link's bytes per second times
+    ``efficiency.collective_within_node`` (no ring steps, no protocol factor). Left out: the barriers' latency,
+    the copy of the local shard into the gathered output (overlapped with the last piece), the copies' HBM
+    traffic slowing the matmuls.
+    """
+    k, a = _kind_arrays(model), _async_tp_arrays(model)
+    across = on & (rows.tp > int(hardware.nvlink_domain_devices))
+    if across.any():
+        raise InvalidValue(async_tp_refusal(hardware, int(rows.tp[across][0])))
+    tp, tokens = rows.tp[:, None, None], rows.tokens[:, None, None]
+    piece_rows = tokens * np.minimum(2.0, tp) / tp  # the rows of the two pieces sharing the SMs
+    split = k["gemm_split"][None]
+    n = k["gemm_out"] / np.where(split == GEMM_SPLITS.index("column"), tp, 1.0)
+    kk = k["gemm_in"] / np.where(split == GEMM_SPLITS.index("row"), tp, 1.0)
+    m_whole, m_piece, n, kk = np.broadcast_arrays(np.maximum(1.0, tokens), np.maximum(1.0, piece_rows), n, kk)
+    inverse = {name: np.empty(m_whole.shape) for name in ("fwd", "fwd_piece", "bwd", "bwd_piece")}
+    tables = _kernel_tables(hardware)
+    codes = np.asarray(cols["compute_dtype"], dtype=np.int64)
+    for code in np.unique(codes).tolist():  # a loop over the compute dtypes a batch uses
+        at = codes == code
+
+        def efficiency(mm, nn, kd, key, at=at, dtype=DTYPE_NAMES[code]):
+            return kernels.gemm_efficiency(hardware, tables, dtype, mm[at], nn[at], kd[at], stated=eff[key])
+        inverse["fwd"][at] = 1.0 / efficiency(m_whole, n, kk, "matmul")
+        inverse["fwd_piece"][at] = 1.0 / efficiency(m_piece, n, kk, "matmul")
+        inverse["bwd"][at] = 1.0 / efficiency(m_whole, kk, n, "matmul_backward")  # the input gradient's
+        inverse["bwd_piece"][at] = 1.0 / efficiency(m_piece, kk, n, "matmul_backward")
+    # a GEMM's FLOPs a token: its share of its class's (the estimator's totals), as layer_seconds prices them
+    class_flops = np.stack([k["attention_mm_flops_per_token"], k["other_mm_flops_per_token"],
+                            k["routed_mm_flops_per_token"]], axis=-1)
+    flops = np.einsum("kgc,kc->kg", k["gemm_weight"], class_flops)[None] * tokens / tp   # (N, K, G) a rank's
+    split_tokens = rows.tokens[:, None] / rows.tp[:, None]
+    dense = (k["attention_mm_flops_per_token"] + k["other_mm_flops_per_token"]) * split_tokens
+    fp8_mm = _float8_linears(model, k, rows, cols, split_tokens)[0]
+    peak = rows.peak_flops[:, None]
+    fp8_share = np.divide(fp8_mm, dense, out=np.zeros_like(fp8_mm), where=fp8_mm > 0)
+    per_flop = 1.0 / peak + (fp8_share * (1.0 / hardware.peak_flops("fp8") - 1.0 / peak) if fp8_mm.any() else 0.0)
+    hbm = float(hardware.hbm_bytes_per_second) * eff["memory"]
+    weight_seconds = a["weights"][None] / tp * rows.param_bytes[:, None, None] / hbm     # (N, K, G) one read
+
+    def seconds(mask, inv, pieces):  # (N, K) the masked GEMMs: whole (pieces 1) or one of tp pieces
+        run = np.einsum("nkg,kg->nk", flops * inv, mask) / pieces * per_flop
+        return np.maximum(run, np.einsum("nkg,kg->nk", weight_seconds, mask))
+
+    bw, lat, _ = link
+    p = rows.tp[:, None]
+    shard = (hidden_msg / rows.tp)[:, None]
+    pull = shard / bw[:, None] + lat[:, None]
+    fixed = {"all_gather": 2.0 * shard / hbm, "reduce_scatter": (hidden_msg[:, None] + shard) / hbm}
+    nccl = {name: np.broadcast_to(coll[name](hidden_msg, rows.tp, bw, lat, **link[2])[:, None], p.shape)
+            for name in ("all_gather", "reduce_scatter")}
+
+    def fused(name, mask, inv, inv_piece):  # (comm, exposed) of one collective; NCCL's where nothing fuses
+        piece, whole = seconds(mask, inv_piece, p), seconds(mask, inv, 1.0)
+        total = piece + (p - 1.0) * np.maximum(piece, pull) + fixed[name]
+        has = mask.any(axis=-1)[None]
+        comm = np.where(has, (p - 1.0) * pull + fixed[name], nccl[name])
+        return comm, np.where(has, np.maximum(0.0, total - whole), nccl[name])
+
+    out = {key: np.zeros((len(rows.tp), len(model.kinds))) for key in ("comm_fwd", "exposed_fwd", "comm_bwd",
+                                                                        "exposed_bwd")}
+    for g, name in enumerate(ASYNC_TP_GROUPS):  # four collectives a layer
+        comm, exposed = fused(name, a["fused"][g], inverse["fwd"], inverse["fwd_piece"])
+        out["comm_fwd"] += comm
+        out["exposed_fwd"] += exposed
+        if name == "reduce_scatter":  # its backward: the output gradient's all-gather before the input gradient
+            comm, exposed = fused("all_gather", a["fused"][g], inverse["bwd"], inverse["bwd_piece"])
+        else:  # the input gradient's reduce-scatter: fused where one GEMM's gradient feeds it
+            single = a["fused"][g] & (a["consumers"][g // 2] == 1.0)[:, None]
+            comm, exposed = fused("reduce_scatter", single, inverse["bwd"], inverse["bwd_piece"])
+        out["comm_bwd"] += comm
+        out["exposed_bwd"] += exposed
+    return {key: np.where((rows.tp > 1)[:, None], value, 0.0) for key, value in out.items()}
+
+
 def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep: np.ndarray, hardware: Hardware,
                          eff, coll) -> Dict[str, np.ndarray]:
     """Each kind's per-layer collectives a micro-batch, ``(N, K)`` seconds: all of them and the exposed ones.
 
     TP: two sync points a layer each pass (all-reduce, or all-gather and
-    reduce-scatter under SP: the same volume). CP ring: ``cp - 1`` K/V
+    reduce-scatter under SP: the same volume; under ``async_tp`` the collective
+    matmuls of :func:`_async_tp`). CP ring: ``cp - 1`` K/V
     passes, hidden behind the attention kernel; its backward passes K/V and
     their gradients (twice the bytes). Ulysses: all-to-alls of queries, keys,
     values and the output, the backward's the same bytes transposed. EP:
@@ -599,7 +735,14 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     tp_sp = (coll["all_gather"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
              + coll["reduce_scatter"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
     tp_pass = 2.0 * np.where(rows.sp, tp_sp, coll["all_reduce"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
-    tp_fwd = np.broadcast_to(tp_pass[:, None], (n, len(model.kinds)))
+    tp_fwd = tp_bwd = tp_exposed_fwd = tp_exposed_bwd = np.broadcast_to(tp_pass[:, None], (n, len(model.kinds)))
+    async_tp = np.asarray(cols["async_tp"], dtype=bool)
+    if async_tp.any():  # the collective matmuls of torch's micro-pipelined TP
+        fused = _async_tp(model, rows, cols, hardware, eff, coll, hidden_msg, (bw_tp, lat_tp, link_tp), async_tp)
+        on = async_tp[:, None]
+        tp_fwd, tp_bwd = np.where(on, fused["comm_fwd"], tp_fwd), np.where(on, fused["comm_bwd"], tp_bwd)
+        tp_exposed_fwd = np.where(on, fused["exposed_fwd"], tp_exposed_fwd)
+        tp_exposed_bwd = np.where(on, fused["exposed_bwd"], tp_exposed_bwd)
     bw_cp, lat_cp, link_cp = group_link(hardware, tp, cp, eff, ring=False)
     link_cp = {key: value[:, None] for key, value in link_cp.items()}
     cp_ring = (cp > 1)[:, None] * (cp - 1.0)[:, None] * (
@@ -618,10 +761,6 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None],  # dispatch, combine
                                        **{key: value[:, None] for key, value in link_ep.items()})
     overlapped = overlaps_ep[:, None]
-    # async TP: the collective matmuls hide the TP all-gathers and reduce-scatters behind the pass's matmuls
-    async_tp = np.asarray(cols["async_tp"], dtype=bool)[:, None]
-    tp_exposed_fwd = np.where(async_tp, np.maximum(0.0, tp_fwd - layer["matmul_forward"]), tp_fwd)
-    tp_exposed_bwd = np.where(async_tp, np.maximum(0.0, tp_fwd - layer["matmul_backward"]), tp_fwd)
     exposed_fwd = tp_exposed_fwd + cp_fwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["forward"]),
                                                              ep_pass)
     exposed_bwd = tp_exposed_bwd + cp_bwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["backward"]),
@@ -632,7 +771,7 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
         exposed_extra = np.where(full, exposed_fwd, 0.0)
     else:
         comm_extra = exposed_extra = np.zeros_like(tp_fwd)
-    return {"comm_fwd": tp_fwd + cp_fwd + ep_pass, "comm_bwd": tp_fwd + cp_bwd + ep_pass,
+    return {"comm_fwd": tp_fwd + cp_fwd + ep_pass, "comm_bwd": tp_bwd + cp_bwd + ep_pass,
             "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd, "comm_extra": comm_extra,
             "exposed_extra": exposed_extra}
 
