@@ -632,8 +632,9 @@ def _async_tp(model: ModelWork, rows: _Rows, cols, hardware: Hardware, eff, coll
     "computation/computation overlapping ... reducing quantization inefficiency"): a piece's ``M / tp`` rows
     run at the efficiency of a GEMM of two pieces' rows. With ``c`` one piece's matmuls (no faster than
     reading their weights) and ``x`` one shard's pull, the op takes ``c + (tp - 1) max(c, x)`` plus the local
-    copy (``2`` shard bytes through HBM) or the sum (``(1 + 1 / tp)`` hidden bytes); what it takes beyond the
-    same matmuls unfused is exposed. Fused: the column-split GEMMs reading the hidden width (QKV, gate and up)
+    copy (``2`` shard bytes through HBM at ``efficiency.memory``) or the sum (``(1 + 1 / tp)`` hidden bytes);
+    what it takes beyond the same matmuls unfused is exposed, its ``tp - 1`` pulls and the copy or sum its
+    communication. Fused: the column-split GEMMs reading the hidden width (QKV, gate and up)
     with SP's all-gathers, the row-split GEMMs writing it (output and down projections) with its
     reduce-scatters, forward and recomputed forward alike; in the backward the output gradient's all-gather
     with those row GEMMs' input gradient, and the input gradient's reduce-scatter only where one GEMM
