@@ -37,6 +37,7 @@ from ndcost.specio import load_hardware_yaml
 from ndcost.values import (
     CP_ALGOS,
     FLOAT8_RECIPES,
+    GRADIENT_SYNC,
     MEMORY_CATEGORIES,
     SHARD_MESHES,
     Hardware,
@@ -794,6 +795,17 @@ class CostModel:
                      "reshard_after_forward=false is FSDP's (fully_shard); ZeRO-3 regathers a module for its "
                      "backward as ndcost prices it: use reshard_after_forward=true with zero=3, or FSDP (fsdp=N) "
                      "with reshard_after_forward=false")
+        # DeepSpeed's engine.no_sync asserts "no_sync context manager is incompatible with gradient partitioning
+        # logic of ZeRO stage 2/3" (deepspeed/runtime/engine.py); its ZeRO-1 reduces at the accumulation boundary
+        sync = c["gradient_sync"]
+        batch.refuse((sync == GRADIENT_SYNC.index("last_micro_batch")) & (c["zero"] >= 2),
+                     lambda i: f"gradient_sync=last_micro_batch with zero={c['zero'][i]}: ZeRO-2/3 partition the "
+                               f"gradients as each micro-batch's backward makes them (DeepSpeed's no_sync refuses "
+                               f"it); use gradient_sync=auto, or FSDP (fsdp=N) to defer the reduce-scatter")
+        batch.refuse((sync == GRADIENT_SYNC.index("every_micro_batch")) & (c["zero"] == 1),
+                     "gradient_sync=every_micro_batch with zero=1: ZeRO-1 keeps whole gradients and reduces them once, "
+                     "at the accumulation boundary (DeepSpeed, Megatron-LM's distributed optimizer); use "
+                     "gradient_sync=auto, or zero=2 to reduce-scatter every micro-batch")
         # FSDP2's CPUOffloadPolicy and ZeRO-Infinity's offload_param copy the sharded parameters to the device
         # to gather them, and the optimizer steps them where they live: on the host
         gathered = sharding_of(c).fsdp | (c["zero"] >= 3)

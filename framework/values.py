@@ -186,6 +186,7 @@ CP_ALGOS = ("ring", "ulysses", "colossal", "hybrid")
 RECOMPUTE = ("none", "full", "selective", "core_attention")
 SHARD_MESHES = ("dp_cp", "dp", "fsdp_cp")
 FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")  # torchao Float8LinearConfig.from_recipe_name, dynamic scaling
+GRADIENT_SYNC = ("auto", "every_micro_batch", "last_micro_batch")
 
 
 def _column(convert: Any, kind: str, **facts: Any) -> Any:
@@ -387,6 +388,7 @@ class Strategy:
     float8_all_gather: bool = attrs.field(default=False, converter=_bool_field("float8_all_gather"))
     compile: bool = attrs.field(default=False, converter=_bool_field("compile"))
     async_tp: bool = attrs.field(default=False, converter=_bool_field("async_tp"))
+    gradient_sync: str = attrs.field(default="auto", converter=_choice("gradient_sync", GRADIENT_SYNC))
 
     def __init__(self, *args: Any, **fields: Any) -> None:
         # attrs' own __init__ would answer an unknown or positional field with a bare TypeError;
@@ -695,6 +697,22 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                  "within an NVLink domain",
                          synonyms=("enable_async_tensor_parallel", "async_tensor_parallel", "tp_comm_overlap",
                                    "micro_pipeline_tp")),
+    "gradient_sync": FieldDoc(meaning="when the data-parallel ranks reduce the gradients a step accumulates. auto: "
+                                      "each engine's own: FSDP / ZeRO-3 reduce-scatter a layer's gradients as each "
+                                      "micro-batch's backward makes them, DDP and ZeRO 1 / 2 reduce once, behind "
+                                      "the last micro-batch's backward (DDP's no_sync, Megatron-LM's grad buffers). "
+                                      "every_micro_batch: FSDP / ZeRO-3 as auto; DDP all-reduces, ZeRO-2 "
+                                      "reduce-scatters (DeepSpeed's, every micro-step) after each micro-batch's "
+                                      "backward; refused with zero=1 (it reduces at the accumulation boundary). "
+                                      "last_micro_batch: DDP and ZeRO-1 as auto; FSDP as torch.distributed."
+                                      "pipelining runs it (torchtitan with pp > 1: set_requires_gradient_sync(False) "
+                                      "and set_reshard_after_backward(False) until the last micro-batch): the "
+                                      "stage's gradients held whole in grad_dtype (FSDP2's reduce dtype) from the "
+                                      "first backward, its layers kept gathered, one reduce-scatter of them all "
+                                      "after the last backward; refused with zero=2 or 3 (DeepSpeed's no_sync "
+                                      "refuses gradient partitioning)",
+                              synonyms=("no_sync", "requires_gradient_sync", "grad_sync", "gradient_reduction",
+                                        "reduce_grads")),
 })
 
 

@@ -114,7 +114,14 @@ def test_pipeline_split_is_torchtitans():
         micro_batch=1,            # pipeline_parallel_microbatch_size 1
         num_micro_batches=8,      # local_batch_size 8 / 1
         reshard_after_forward=False,  # fsdp_reshard_after_forward "default" with PP: not resharded
+        gradient_sync="last_micro_batch",  # torch.distributed.pipelining: FSDP's reduce-scatter once a step
         seq=8192, recompute="full", **MIXED)
+    assert any("gradient_sync=last_micro_batch" in d for d in config.defaults)
+
+
+def test_fsdp_without_pp_reduces_every_micro_batch():
+    # torchtitan's accumulation loop without PP leaves FSDP's gradient sync on: the default, auto
+    assert read("llama3_8b_hsdp.toml").strategy.gradient_sync == "auto"
 
 
 def test_a_model_given_beside_the_file_replaces_the_flavor():
@@ -206,10 +213,12 @@ ROUND_TRIPS = [
     ("llama-3.1-8b", "dp=2,cp=4,shard_mesh=fsdp_cp,seq=8192,reshard_after_forward=false"),
     ("llama-3.1-8b", "fsdp=8,offload_params=true,offload_optimizer=true,seq=2048"),
     ("llama-3.1-8b", "fsdp=4,cp=2,tp=2,sp=true,vocab_parallel=false,seq=8192,reshard_after_forward=false"),
-    ("llama-3.1-8b", "pp=2,schedule=gpipe,pp_layers=15/17,micro_batch=2,num_micro_batches=4,seq=4096,fsdp=2"),
+    ("llama-3.1-8b", "pp=2,schedule=gpipe,pp_layers=15/17,micro_batch=2,num_micro_batches=4,seq=4096,fsdp=2,"
+                     "gradient_sync=last_micro_batch"),
     ("llama-3.1-70b", "fsdp=2,tp=8,sp=true,vocab_parallel=true,pp=4,vpp=2,schedule=interleaved,"
                       "pp_layers=10/11/10/10/10/10/10/9,num_micro_batches=8,seq=8192,recompute=full,"
-                      "reshard_after_forward=false,param_dtype=fp32,compute_dtype=bf16"),
+                      "reshard_after_forward=false,param_dtype=fp32,compute_dtype=bf16,"
+                      "gradient_sync=last_micro_batch"),
     ("llama-3.1-70b", "tp=8,sp=true,vocab_parallel=true,pp=8,vpp=2,schedule=dualpipev,"
                       "pp_layers=" + "/".join(["5"] * 16) + ",num_micro_batches=16,seq=4096"),
     ("deepseek-v3", "fsdp=8,tp=8,sp=true,vocab_parallel=true,ep=8,seq=4096,recompute=full"),
@@ -260,6 +269,9 @@ def test_equal_dtypes_stated_or_not_write_the_same_file():
     ("llama-3.1-8b", "tp=8,sp=true,seq=4096,float8=tensorwise,float8_all_gather=true",
      "float8_all_gather=true with fsdp=1"),
     ("mixtral-8x7b", "fsdp=8,seq=4096", "model 'mixtral-8x7b'"),
+    ("llama-3.1-8b", "pp=2,fsdp=2,num_micro_batches=4,seq=4096", "gradient_sync=auto with pp=2"),
+    ("llama-3.1-8b", "fsdp=8,num_micro_batches=2,seq=4096,gradient_sync=last_micro_batch",
+     "gradient_sync=last_micro_batch with pp=1"),
 ])
 def test_write_refuses_what_torchtitan_cannot_say(model, text, message):
     with pytest.raises(InvalidValue) as info:

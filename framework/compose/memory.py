@@ -24,10 +24,11 @@ kind of its first or last layer; TP splits parameters evenly (row-parallel biase
 down-projections too); activation records are used at the dtype they were taken in; the share of a
 layer's gradients made by its working moment is the census's at TP 1; under sharded gradients and
 accumulation a layer's transient gradients before they are added in are not counted (the
-embedding's aside); the embedding's sort scratch is an upper bound (one row a token); under a pipeline
-PyTorch's schedules (``torch/distributed/pipelining/stage.py``, ``backward_maybe_with_nosync``) keep FSDP's
-gradients whole and its parameters gathered after each backward until the last micro-batch's: counted as
-outside a pipeline (gradients sharded, a layer resharded after its backward).
+embedding's aside); the embedding's sort scratch is an upper bound (one row a token). FSDP under
+``gradient_sync=last_micro_batch`` (PyTorch's pipeline stages, ``torch/distributed/pipelining/stage.py``
+``backward_maybe_with_nosync``) holds the stage's gradients whole and its layers gathered from the first
+backward to the step's reduce-scatter; the reduce-scatter's own moment (one parameter group's flat buffer
+beside the rest) is not one of ``MOMENTS``.
 """
 from __future__ import annotations
 
@@ -447,6 +448,11 @@ def _batch(cols: Mapping[str, Any]) -> _Batch:
                   residual_bytes=np.where(autocast, param_bytes, compute_bytes), sharding=shard)
 
 
+def _whole_gradients(batch: _Batch) -> np.ndarray:
+    """(N,) bool: the backward holds each gradient whole (not sharded, or FSDP deferring its reduce-scatter)."""
+    return ~batch.sharding.sharded["gradients"] | batch.sharding.defers_reduce
+
+
 _HELD_ONE_ROW: Dict[Tuple[int, int], Tuple[placement_rules.Placement, np.ndarray]] = {}
 
 
@@ -561,6 +567,11 @@ def _persistent_bytes(params: _StageParameters, batch: _Batch, cols, states_per_
         "embedding_gradients": per_device(params.embedding_gradient, no_routed, "gradients")
         * batch.grad_bytes[:, None],
         "optimizer_shard_elements": states,  # the parameters this device's optimizer steps
+        # under gradient_sync=last_micro_batch FSDP2 accumulates each gradient unsharded (FSDPParam.
+        # unsharded_accumulated_grad, in the reduce dtype: torchtitan's mixed_precision_reduce, ndcost's grad_dtype)
+        "gradients_whole": (params.dense + params.routed) * batch.grad_bytes[:, None],
+        "head_gradients_whole": params.head_gradient * batch.grad_bytes[:, None],
+        "embedding_gradients_whole": params.embedding_gradient * batch.grad_bytes[:, None],
     }
 
 
@@ -668,7 +679,7 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
     kinds = where.layers.shape[0]
     accumulating = (cols["num_micro_batches"] * cols["vpp"]).astype(np.int64)[:, None] * np.ones(
         (1, ranks), dtype=np.int64) > held.sum(axis=2)
-    share_rows = ~accumulating & ~batch.sharding.sharded["gradients"][:, None]
+    share_rows = ~accumulating & _whole_gradients(batch)[:, None]
     held_float = held.astype(np.float64)
     out = {name: np.zeros((n, ranks)) for name in ("activations", "one_micro_batch", "excess", "working_layer",
                                                    "made_last", "pending_end")}
@@ -743,7 +754,12 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     from its forward to its backward, where FSDP2's post-backward reshards
     it: at the loss and the last layer's backward the stage holds all its
     layers gathered (the prefetched one among them), at the first layer's
-    one layer, as with resharding. Plus the largest of
+    one layer, as with resharding. Under ``gradient_sync=last_micro_batch``
+    (``set_reshard_after_backward(False)``) no backward reshards: at the last
+    layer's backward and the end the stage holds all its layers gathered
+    (with ``reshard_after_forward=true`` exact where a backward follows a
+    backward, GPipe's; an upper bound by the layers a forward just resharded
+    under 1F1B), and no gradient waits in a reduce-scatter buffer. Plus the largest of
     SP's gathered layer input, EP's dispatch and combine buffers and CP's KV
     blocks in flight (TP without SP all-reduces in place: no buffer).
     """
@@ -763,16 +779,19 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     head_grad_whole = params.head_gradient * grad
     zero3_buffer = np.maximum(largest, root) * (compute + grad)
     fsdp2, keeps = batch.sharding.fsdp[:, None], batch.sharding.keeps_gathered[:, None]
+    defers = batch.sharding.defers_reduce[:, None]
     two_layers = np.minimum(sum(layers) if K else np.zeros((n, ranks), dtype=np.int64), 2)
     gathered_layers = largest_gathered * two_layers
-    if keeps.any():  # every layer of the stage gathered, kept since its forward
+    at_end_layers = head_grad_whole + np.maximum(largest_gathered + largest * grad, params.embedding_gradient * grad)
+    if keeps.any() or defers.any():  # every layer of the stage gathered, kept since its forward or a backward
         stage_layers = sum(layers[k] * layer_gathered[k][:, None] for k in range(K))
-        gathered_layers = np.where(keeps, stage_layers, gathered_layers)
+        gathered_layers = np.where(keeps | defers, stage_layers, gathered_layers)
+        at_end_layers = np.where(defers, stage_layers, at_end_layers)
+    # under gradient_sync=last_micro_batch no gradient waits in a reduce-scatter buffer: the gradients hold them
+    waiting = np.where(defers, 0.0, head_grad_whole + largest * grad)
     at_loss = np.where(fsdp2, gathered_root + np.where(keeps, gathered_layers, 0), zero3_buffer)
-    at_last = np.where(fsdp2, gathered_root + head_grad_whole + gathered_layers + largest * grad,
-                       zero3_buffer)
-    at_end = np.where(fsdp2, gathered_root + head_grad_whole
-                      + np.maximum(largest_gathered + largest * grad, params.embedding_gradient * grad), zero3_buffer)
+    at_last = np.where(fsdp2, gathered_root + gathered_layers + waiting, zero3_buffer)
+    at_end = np.where(fsdp2, gathered_root + at_end_layers, zero3_buffer)
     t, sp, tokens = batch.tp, batch.sp, batch.tokens
     tp_buffer = np.where(sp & (batch.tp_int > 1), tokens * model.hidden_size * batch.compute_bytes, 0.0)
     moe_on_rank = sum(layers[k] * int(model.is_moe[k]) for k in range(K)) > 0 if K else np.zeros((n, ranks), bool)
@@ -879,23 +898,30 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     first layer, PyTorch CUDA's fp32 sums by row above
     ``EMBEDDING_SORT_MIN_TOKENS`` indices); the optimizer step. A rank that
     has run a backward before holds every gradient throughout; under FSDP2 a
-    layer's gradient is sharded after its backward, the root's at the end.
+    layer's gradient is sharded after its backward, the root's at the end,
+    but under ``gradient_sync=last_micro_batch`` every gradient is held whole
+    (in ``grad_dtype``) to the step's reduce-scatter: the optimizer step holds
+    the shards.
     """
     accumulating, hidden = stage.accumulating, model.hidden_size
     zeros = np.zeros(accumulating.shape)
-    fsdp2 = batch.sharding.fsdp[:, None]
-    grads_all = whole(persistent["gradients"])
-    root_late = np.where(fsdp2, whole(persistent["head_gradients"]), 0.0)
-    grads_first = np.where(accumulating, grads_all, whole(persistent["head_gradients"]) - root_late)
-    grads_last = np.where(accumulating, grads_all, grads_all - whole(persistent["embedding_gradients"]) - root_late)
+    defers = batch.sharding.defers_reduce[:, None]
+    fsdp2 = batch.sharding.fsdp[:, None] & ~defers  # a layer's gradient reduce-scattered after its backward
+
+    def held(name):  # a gradient category as the backward holds it
+        return whole(np.where(defers, persistent[f"{name}_whole"], persistent[name]))
+
+    grads_all = held("gradients")
+    root_late = np.where(fsdp2, held("head_gradients"), 0.0)
+    grads_first = np.where(accumulating, grads_all, held("head_gradients") - root_late)
+    grads_last = np.where(accumulating, grads_all, grads_all - held("embedding_gradients") - root_late)
     others = whole(other_outputs)
     # the embedding's arriving gradient is the rank's whole sequence (SP gathers it); where a gradient exists
     # already (accumulation, a tied head's) the new one is held before it is added in
     vocab_rows = ceil_div(np.int64(model.embedding // max(hidden, 1)), params.vocab_split)
     tokens = batch.tokens
     sort_rows = np.where(tokens > EMBEDDING_SORT_MIN_TOKENS, np.minimum(tokens, vocab_rows), 0.0)
-    embedding_whole = np.where(~batch.sharding.sharded["gradients"], params.embedding * batch.grad_bytes,
-                               0.0)[:, None]
+    embedding_whole = np.where(_whole_gradients(batch), params.embedding * batch.grad_bytes, 0.0)[:, None]
     embedding_working = ((tokens * hidden * batch.compute_bytes
                           + (4.0 * hidden * sort_rows if embedding_sort_scratch else 0.0))[:, None]
                          + np.where(accumulating | model.tied, embedding_whole, 0.0))
@@ -911,8 +937,8 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
              working=whole(stage.working_layer), output=others, communication=at_end),
         dict(gradients=np.where(fsdp2 & ~accumulating, grads_last, grads_all), activations=others_kept,
              working=whole(embedding_working), output=others, communication=at_end),
-        dict(gradients=grads_all, activations=zeros, working=whole(persistent["step_temporaries"]), output=zeros,
-             communication=zeros),
+        dict(gradients=whole(persistent["gradients"]), activations=zeros, working=whole(persistent["step_temporaries"]),
+             output=zeros, communication=zeros),
     ]
 
 

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 
-from ndcost.values import SHARD_MESHES
+from ndcost.values import GRADIENT_SYNC, SHARD_MESHES
 
 __all__ = ["TP_PARTS", "REPLICATED_PARTS", "ROUTED_PARTS", "MATMUL_PARTS", "SHARDED_FROM_ZERO", "Sharding",
            "sharding"]
@@ -59,6 +59,8 @@ class Sharding:
     fsdp: np.ndarray             # (N,) bool: FSDP2 shards (fsdp > 1, or shard_mesh=fsdp_cp with cp > 1)
     keeps_gathered: np.ndarray   # (N,) bool: FSDP with reshard_after_forward=false (a layer's gathered
     #                              parameters held from its forward to its backward)
+    defers_reduce: np.ndarray    # (N,) bool: FSDP with gradient_sync=last_micro_batch (torch.distributed.pipelining's
+    #                              stage backward: gradients whole and layers gathered to one reduce-scatter a step)
     sharded: Mapping[str, np.ndarray]  # category -> (N,) bool: the ZeRO stage or FSDP shards it
 
     def ways(self, category: str) -> np.ndarray:
@@ -75,11 +77,12 @@ class Sharding:
 
 
 _DP_ONLY, _FSDP_CP = SHARD_MESHES.index("dp"), SHARD_MESHES.index("fsdp_cp")
+_LAST_MICRO_BATCH = GRADIENT_SYNC.index("last_micro_batch")
 
 
 def sharding(cols: Mapping[str, Any]) -> Sharding:
     """The :class:`Sharding` of a batch's columns (``dp``, ``fsdp``, ``cp``, ``tp``, ``ep``, ``etp``, ``zero``,
-    ``shard_mesh``, ``reshard_after_forward``).
+    ``shard_mesh``, ``reshard_after_forward``, ``gradient_sync``).
 
     Known limitation: where the shard group is not every replica (HSDP,
     ``shard_mesh=dp`` with ``cp > 1``) the memory model splits the routed
@@ -106,4 +109,5 @@ def sharding(cols: Mapping[str, Any]) -> Sharding:
                     expert_replicas=replicas * tp / ep_etp, shard_replicas=replicas // dense_ways,
                     shard_stride=tp * cp // cp_ways, replica_stride=replica_stride, fsdp=fsdp_on,
                     keeps_gathered=fsdp_on & ~np.asarray(cols["reshard_after_forward"]).astype(bool),
+                    defers_reduce=fsdp_on & (np.asarray(cols["gradient_sync"]) == _LAST_MICRO_BATCH),
                     sharded=sharded)

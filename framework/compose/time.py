@@ -42,6 +42,7 @@ from ndcost.values import (
     CP_ALGOS,
     CPU_ADAM_PARAMETERS_PER_SECOND,
     FLOAT8_RECIPES,
+    GRADIENT_SYNC,
     RECOMPUTE,
     Hardware,
     TimeBreakdown,
@@ -85,6 +86,9 @@ EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 #   prefetched, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py): each gather behind the previous
 #   layer's pass, each reduce-scatter behind the next layer's backward (no backward gather under
 #   reshard_after_forward=false); the root's gather and scatter, the first gather and the last scatter exposed.
+#   Under gradient_sync=last_micro_batch (torch.distributed.pipelining's stage backward) the stage's reduce-scatter
+#   runs once, after its last backward, the compute stream waiting for it (_fsdp_state.py
+#   _root_post_backward_final_callback): exposed.
 # - pp: activation and gradient sends, hidden in the steady state; 2 (p * v - 1) on the fill and drain path.
 # - offload_*: host-device copies over the device's host link (Hardware.host_to_device_bytes_per_second), each
 #   direction its own: save_on_cpu's copies hide behind the pass's compute; FSDP2's CPUOffloadPolicy copies a
@@ -102,11 +106,15 @@ OVERLAP_RULES: Mapping[str, str] = {
     "cp_ring": "overlapped with the layer's attention kernel of the same pass; the excess is exposed",
     "cp_ulysses": "exposed: none overlapped",
     "ep": "exposed, except under dualpipev: overlapped with the layer's compute of the pass",
-    "dp_grad": "overlapped with the last micro-batch's backward; the excess is exposed",
+    "dp_grad": "overlapped with the last micro-batch's backward (under gradient_sync=every_micro_batch DDP's and "
+               "ZeRO-2's with each micro-batch's); the excess is exposed; after FSDP's deferred reduce-scatter "
+               "(gradient_sync=last_micro_batch) exposed",
     "dp_param": "overlapped with the next step's first forward; the excess is exposed",
     "fsdp": "FSDP2's one-layer prefetch: each layer's gather overlapped with the previous layer's compute of the "
             "pass, each reduce-scatter with the next layer's backward, per layer (the excess exposed); the root's "
-            "gather and scatter, a pass's first gather and the backward's last reduce-scatter exposed",
+            "gather and scatter, a pass's first gather and the backward's last reduce-scatter exposed; under "
+            "gradient_sync=last_micro_batch one reduce-scatter a step after the last backward, exposed, and the "
+            "layers gathered once a step under reshard_after_forward=false",
     "pp": "overlapped in the steady state; 2 (p * v - 1) sends on the fill and drain path are exposed",
     "offload_activations": "copies out in the forward, back in the backward, overlapped with that pass's compute; "
                            "the excess is exposed",
@@ -905,12 +913,24 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     Parameters are gathered at the compute width, as the memory model holds them (FSDP2's
     ``MixedPrecisionPolicy.param_dtype`` casts the shard before the all-gather); under *fp8_gather*
     (``float8_all_gather``, ``(N,)``) a kind's Float8 linears (its TP-split parameters) at one byte.
+
+    Under ``gradient_sync=last_micro_batch`` (``shard.defers_reduce``; ``torch/distributed/pipelining/stage.py``:
+    every micro-batch's backward runs with ``set_requires_gradient_sync(False)`` and
+    ``set_reshard_after_backward(False)``, then each parameter group's ``post_backward`` once) nothing is
+    reduce-scattered a micro-batch: ``step_comm`` / ``step_exposed`` ``(N, R)`` hold the step's one
+    reduce-scatter of the stage's layers and root, exposed whole (``_root_post_backward_final_callback`` makes
+    the compute stream wait for it, ``torch/distributed/fsdp/_fully_shard/_fsdp_state.py``; the other ranks'
+    drain in 1F1B would hide some of theirs, not credited), and the root's gather; under
+    ``reshard_after_forward=false`` the layers too are gathered once a step, in the first micro-batch's forward
+    (its prefetch as above), else each micro-batch's forward and backward gather them as without PP (a forward
+    right after a backward finds its layers still gathered: an upper bound).
     """
     gathers = shard.sharded["parameters"]
     n, ranks, kinds = counts.shape
     if not gathers.any():
         zeros = np.zeros((n, ranks))
-        return {"gathers": zeros, "scatters": zeros, "exposed_f": zeros, "exposed_b": zeros}
+        return {"gathers": zeros, "scatters": zeros, "exposed_f": zeros, "exposed_b": zeros, "step_comm": zeros,
+                "step_exposed": zeros}
     k = _kind_arrays(model)
     link_sh = group_link(hardware, shard.shard_stride, shard.dense_ways, eff)
     link_edp = group_link(hardware, rows.etp * rows.ep, shard.expert_replicas, eff)
@@ -946,15 +966,32 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     forward, backward = rank["layer_forward"][:, None, :], rank["layer_backward"]    # (N, 1, K), (N, R, K)
     g, gb, rs = gather[:, None, :], gather_b[:, None, :], scatter[:, None, :]
     excess_f = np.maximum(0.0, g - forward)
-    exposed_f = np.where(layers > 0, mean(g) + total(excess_f) - mean(excess_f), 0.0) + root_gather
+    layers_f = np.where(layers > 0, mean(g) + total(excess_f) - mean(excess_f), 0.0)  # a forward's layer gathers
+    exposed_f = layers_f + root_gather
     both = np.maximum(0.0, gb + rs - backward)
     many = (mean(gb) + mean(rs) + total(both) - 2.0 * mean(both) + mean(np.maximum(0.0, gb - backward))
             + mean(np.maximum(0.0, rs - backward)))
     exposed_b = np.where(layers > 1, many, np.where(layers > 0, mean(gb) + mean(rs), 0.0)) + root_scatter
     g_rows, rg = gathers[:, None], shard.keeps_gathered[:, None]
-    return {"gathers": np.where(g_rows, total(g) * np.where(rg, 1.0, 2.0) + root_gather, 0.0),
-            "scatters": np.where(g_rows, total(rs) + root_scatter, 0.0),
-            "exposed_f": np.where(g_rows, exposed_f, 0.0), "exposed_b": np.where(g_rows, exposed_b, 0.0)}
+    gathers_f_b = total(g) * np.where(rg, 1.0, 2.0) + root_gather
+    scatters = total(rs) + root_scatter
+    step_comm = step_exposed = np.zeros((n, ranks))
+    if shard.defers_reduce.any():
+        # gradient_sync=last_micro_batch: the root and, under keeps_gathered, the layers gathered once a step
+        # (the first micro-batch's forward); one reduce-scatter of the stage, exposed whole
+        d = shard.defers_reduce[:, None]
+        once = d & rg
+        excess_b = np.maximum(0.0, gb - backward)
+        gathers_b = np.where(layers > 0, mean(gb) + total(excess_b) - mean(excess_b), 0.0)
+        step_comm = np.where(d, scatters + root_gather + np.where(rg, total(g), 0.0), 0.0)
+        step_exposed = np.where(d, scatters + root_gather + np.where(rg, layers_f, 0.0), 0.0)
+        exposed_f = np.where(once, 0.0, np.where(d, layers_f, exposed_f))
+        exposed_b = np.where(d, gathers_b, exposed_b)
+        gathers_f_b = np.where(once, 0.0, np.where(d, 2.0 * total(g), gathers_f_b))
+        scatters = np.where(d, 0.0, scatters)
+    return {"gathers": np.where(g_rows, gathers_f_b, 0.0), "scatters": np.where(g_rows, scatters, 0.0),
+            "exposed_f": np.where(g_rows, exposed_f, 0.0), "exposed_b": np.where(g_rows, exposed_b, 0.0),
+            "step_comm": step_comm, "step_exposed": step_exposed}
 
 
 def _pipeline(model: ModelWork, rows: _Rows, cols, schedules, stage, hardware: Hardware, eff, coll):
@@ -1162,7 +1199,12 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     backward = rank["compute_b"] + rank["exposed_b"] + fsdp_exposed_b + off["exposed_b"]
     stage = np.where(real_rank, forward + backward, 0.0)
     pipe = _pipeline(model, rows, cols, schedules, stage, hardware, eff, coll)
-    grad_exposed = np.where(real_rank, np.maximum(0.0, dp["grad_step"] - backward), 0.0).max(axis=1)
+    # a shard's all-reduce over its replicas follows FSDP's deferred reduce-scatter, after the backward (exposed);
+    # DDP and ZeRO-2 under gradient_sync=every_micro_batch reduce behind each micro-batch's backward
+    hidden_by = np.where(shard.defers_reduce[:, None], 0.0, backward)
+    reductions = np.where((np.asarray(cols["gradient_sync"]) == GRADIENT_SYNC.index("every_micro_batch"))
+                          & ~shard.sharded["parameters"], rows.micro_batches, 1.0)
+    grad_exposed = reductions * np.where(real_rank, np.maximum(0.0, dp["grad_step"] - hidden_by), 0.0).max(axis=1)
     param_exposed = np.where(real_rank, np.maximum(0.0, dp["param_step"] - forward), 0.0).max(axis=1)
     states = np.asarray(states_per_parameter, dtype=np.float64)[np.asarray(cols["optimizer"])]
     optimizer = _optimizer_seconds(rows, shard, dense_params, routed_params, states, real_rank, hardware, eff)
@@ -1173,9 +1215,10 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     pick = lambda a: a[busiest]  # noqa: E731
     compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
     exposed = (m * (pick(rank["exposed_f"]) + pick(rank["exposed_b"]) + pick(fsdp_exposed_f) + pick(fsdp_exposed_b))
-               + grad_exposed + param_exposed + pipe["pp_exposed"])
+               + pick(fsdp["step_exposed"]) + grad_exposed + param_exposed + pipe["pp_exposed"])
     communication = (m * (pick(rank["comm_layers"]) + pick(fsdp["gathers"]) + pick(fsdp["scatters"])
-                          + pipe["pp_comm"]) + pick(dp["grad_step"]) + pick(dp["param_step"]))
+                          + pipe["pp_comm"]) + pick(fsdp["step_comm"]) + reductions * pick(dp["grad_step"])
+                     + pick(dp["param_step"]))
     exposed_offload = m * (pick(off["exposed_f"]) + pick(off["exposed_b"])) + offload_step
     seconds = {"compute_seconds": compute, "exposed_communication_seconds": exposed,
                "communication_seconds": communication, "bubble_seconds": pipe["bubble"],

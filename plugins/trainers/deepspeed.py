@@ -362,7 +362,7 @@ def _document(s: Strategy, global_batch: Optional[int]) -> Dict[str, Any]:
         raise _refuse_write("offload_params", "true", f"DeepSpeed offloads parameters under ZeRO-3 only "
                             f"(zero={s.zero})")
     for name in ("pp_layers", "moe_imbalance", "allocator_overhead", "shard_mesh", "reshard_after_forward",
-                 "float8", "float8_all_gather", "compile", "async_tp"):
+                 "float8", "float8_all_gather", "compile", "async_tp", "gradient_sync"):
         default = Strategy().to_dict()[name]
         if getattr(s, name) != default:
             raise _refuse_write(name, getattr(s, name), "no DeepSpeed config field says this")

@@ -641,7 +641,7 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
         raise _refuse_write("recompute_layers", s.recompute_layers, "Megatron-LM counts recomputed layers only "
                             "with recompute=full")
     for name in ("pp_layers", "offload_params", "offload_activations", "moe_imbalance", "allocator_overhead",
-                 "reshard_after_forward", "shard_mesh", "float8_all_gather", "compile", "async_tp"):
+                 "reshard_after_forward", "shard_mesh", "float8_all_gather", "compile", "async_tp", "gradient_sync"):
         # the distributed optimizer shards over dp * cp: dp_cp; Megatron-LM runs no torch.compile nor FSDP2
         default = Strategy().to_dict()[name]
         if getattr(s, name) != default:

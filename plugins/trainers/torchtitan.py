@@ -526,6 +526,12 @@ def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConf
         fields["reshard_after_forward"] = False
         if policy == "default":
             defaults.append('fsdp_reshard_after_forward = "default" with PP: no resharding after the forward')
+    if shards and p["pp"] > 1:
+        # torch.distributed.pipelining's stage backward turns FSDP's gradient sync and post-backward reshard off
+        # until the last micro-batch (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync)
+        fields["gradient_sync"] = "last_micro_batch"
+        defaults.append("FSDP under PP: gradients reduce-scattered once, after the last micro-batch's backward "
+                        "(torch.distributed.pipelining): gradient_sync=last_micro_batch")
     if boolean(KIND, f.path, "[training] enable_cpu_offload", f.get("training", "enable_cpu_offload", False)):
         fields["offload_params"] = fields["offload_optimizer"] = True  # FSDP2 CPUOffloadPolicy
     optimizer = _name(KIND, f.path, "[optimizer] name", f.get("optimizer", "name", "AdamW"))
@@ -674,6 +680,10 @@ def _check_writable(s: Strategy) -> None:
          "mixed precision stores fp32 parameters: param_dtype=fp32,compute_dtype=bf16)"),
         (not s.reshard_after_forward and not (s.fsdp > 1 or s.cp > 1), "reshard_after_forward=false without FSDP",
          "nothing is gathered"),
+        (s.gradient_sync != ("last_micro_batch" if s.pp > 1 and (s.fsdp > 1 or s.cp > 1) else "auto"),
+         f"gradient_sync={s.gradient_sync} with pp={s.pp}", "torchtitan's FSDP reduce-scatters every micro-batch "
+         "without PP and once a step with it (torch.distributed.pipelining): gradient_sync=auto without PP, "
+         "last_micro_batch with PP and FSDP"),
         (s.offload_params != s.offload_optimizer, "offload_params without offload_optimizer (or the reverse)",
          "FSDP2's CPUOffloadPolicy offloads both"),
         (s.offload_activations, "offload_activations=true", "torchtitan's job has no activation offload"),
