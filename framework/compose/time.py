@@ -539,9 +539,10 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     launch bound (:func:`_launch_bound`): ``forward = max(roofline,
     launches x max(launch_seconds, dispatch_seconds))``, the backward's with
     twice the launches; full recompute repeats the forward's roofline,
-    selective and core-attention recompute their roofline share, each at
-    least checkpoint's host floor, and a checkpointed layer's forward
-    (``checkpointed_forward``) its own (:func:`_launch_bound`).
+    selective and core-attention recompute their roofline share, the
+    recompute and the backward together at least their floors together
+    (checkpoint's host work in the recompute's), and a checkpointed layer's
+    forward (``checkpointed_forward``) at least its own (:func:`_launch_bound`).
     Keys: ``forward``, ``backward``, ``recompute``, ``checkpointed_forward``, ``scores_forward``,
     ``scores_backward`` (the attention kernel's, for CP ring overlap),
     ``matmul_forward``, ``matmul_backward`` (the matmuls', for async TP's
@@ -601,8 +602,11 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     selective = np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
                          + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_scores)
     mode = np.asarray(cols["recompute"])[:, None]
-    recompute = np.maximum(select([mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention")],
-                                  [roofline_f, selective, fwd_scores], 0.0), floor["recompute"])
+    # a layer's recompute runs at the start of its backward: the two are one stretch of the GPU's queue and of the
+    # host's dispatch, bounded together (the host, running ahead, hides its recompute's work behind a long backward)
+    roofline_r = select([mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention")],
+                        [roofline_f, selective, fwd_scores], 0.0)
+    recompute = np.maximum(roofline_r + roofline_b, floor["recompute"] + floor["backward"]) - backward
     return {"forward": forward, "backward": backward, "recompute": recompute,
             "checkpointed_forward": np.maximum(roofline_f, floor["checkpointed_forward"]),
             "scores_forward": fwd_scores, "scores_backward": bwd_scores,
