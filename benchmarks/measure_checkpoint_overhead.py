@@ -31,9 +31,9 @@ the backward's with the gradients accumulating, a training step's), the tensors 
 an op and the backward's per-op cost over the forward's.
 
 On ``meta`` no kernel runs, but many ops' meta functions are Python (``torch/_refs``, ``torch/_prims``)
-where CUDA's are C++: a meta op costs several times a real one, so the meta ratios are diluted; ``cpu`` runs
-the C++ kernels on tiny tensors, the nearer to a CUDA host's dispatch. Both are recorded: checkpoint's own
-host seconds (the forward's pack hooks) agree on the two, the denominators do not.
+where CUDA's are C++: a meta op costs several times a real one and the layer dispatches more of them, so the
+meta ratios are diluted; ``cpu`` runs the C++ kernels on tiny tensors, the nearer to a CUDA host's dispatch
+(the time model prices the CPU rows, ``ndcost.compose.time.CHECKPOINT_HOST_RATIOS``). Both are recorded.
 """
 from __future__ import annotations
 

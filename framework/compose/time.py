@@ -17,10 +17,11 @@ compute dtype's peak. Columns are the memory model's (:func:`ndcost.columns.enco
 schedules and optimizer states by code, as :func:`ndcost.compose.memory.compose` receives them.
 Collectives are the registered ``collective/<name>`` plugins; :data:`OVERLAP_RULES` say what each hides.
 
-Known limitations: the CPU (but a CPU optimizer's step and eager dispatch of the layers' kernels) and the data
-loader are not priced; the embedding's, head's, loss's and optimizer's launches are not counted; groups of
-different kinds sharing a link do not contend; the expert TP collectives and the vocabulary-parallel loss's small
-all-reduces are not priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
+Known limitations: the CPU (but a CPU optimizer's step, eager dispatch of the layers' kernels and activation
+checkpointing's host work) and the data loader are not priced; the embedding's, head's, loss's and optimizer's
+launches are not counted; groups of different kinds sharing a link do not contend; the expert TP collectives and
+the vocabulary-parallel loss's small all-reduces are not priced; moe imbalance scales the busiest rank's routed
+work and all-to-all volume.
 """
 from __future__ import annotations
 
@@ -421,8 +422,9 @@ def _matmul_inverse_efficiency(model: ModelWork, rows: "_Rows", cols: Mapping[st
 # LlamaDecoderLayer and Qwen3MoeDecoderLayer (benchmarks/data/checkpoint_overhead.json, the CPU rows: the two
 # layers' mean, each within 10% of it). torch.utils.checkpoint's non-reentrant saved-tensor hooks pack every
 # saved tensor in the forward; the backward's first unpack runs the recompute in its own frame, its pack hooks
-# filling the holders; under create_selective_checkpoint_contexts a TorchDispatchMode calls the policy on every
-# op of the forward and of the recompute (torch/utils/checkpoint.py). Per mode (forward, backward's recompute):
+# filling the holders (_checkpoint_hook); under create_selective_checkpoint_contexts a TorchDispatchMode calls the
+# policy on every op of the forward and of the recompute (_CachingTorchDispatchMode, _CachedTorchDispatchMode;
+# torch/utils/checkpoint.py). Per mode (forward, backward's recompute):
 # the forward's host seconds over the plain forward's, and the recompute's (its hooks and the unpacks
 # included) in plain forwards.
 CHECKPOINT_HOST_RATIOS: Mapping[str, Tuple[float, float]] = frozen_mapping({
@@ -445,9 +447,9 @@ def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any],
     checkpointed layer ``checkpointed_forward`` and ``recompute``: the host's part scaled by
     :data:`CHECKPOINT_HOST_RATIOS` (``core_attention``: :data:`CORE_ATTENTION_HOST_OPS` plain ops a layer with
     attention); a selective or core-attention recompute's own kernels' GPU floor is left out (its roofline
-    share prices them). Under ``compile`` torch.compile traces the checkpoint into its graph (dynamo's
-    ``tag_activation_checkpoint``; the partitioner recomputes): no hooks, no dispatch mode, a full recompute
-    at the plain forward's floor.
+    share prices them). Under ``compile`` torch.compile traces the checkpoint into its graph
+    (``tag_activation_checkpoint``, torch/_higher_order_ops/wrap.py; the partitioner recomputes): no hooks, no
+    dispatch mode, a full recompute at the plain forward's floor.
     """
     k = _kind_arrays(model)
     launch, dispatch, _ = kernels.launch_costs(_kernel_tables(hardware))
