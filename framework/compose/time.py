@@ -471,7 +471,7 @@ def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any],
     checkpointed = select([full & eager, selective & eager, core & eager], [host(full_f), host(sel_f), floor + core_f],
                           floor)
     recompute = select([full & eager, full, selective & eager, core & eager],
-                       [host(full_r), floor, forward * dispatch * sel_r, np.broadcast_to(core_r, floor.shape)], 0.0)
+                       [host(full_r), floor, forward * dispatch * sel_r, core_r], 0.0)
     return {"forward": floor, "backward": 2.0 * floor, "checkpointed_forward": checkpointed, "recompute": recompute}
 
 
