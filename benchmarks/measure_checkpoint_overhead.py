@@ -21,8 +21,10 @@ counts) forward, and backward, under four modes:
 - ``core_attention``: only the attention function under a plain checkpoint (Megatron-LM's
   ``recompute_modules=[core_attn]``; ``ndcost.plugins.census.selective._core_attention_checkpointed``).
 
-The rounds interleave the modes (a shared machine's load drifts alike over all), and each figure is the
-median over the rounds after a warm-up. Per mode: ``forward_host_ratio``, the forward's host seconds over
+Each figure is the calling thread's CPU seconds (``time.thread_time``: one intra-op thread, and autograd runs
+a CPU or meta backward on the thread that calls it), so a shared machine's other work is left out; the rounds
+interleave the modes, and each figure is the least over the rounds after a warm-up (``--statistic median``
+takes the median). Per mode: ``forward_host_ratio``, the forward's host seconds over
 the plain forward's, and ``recompute_host_ratio``, what the backward takes beyond the plain backward over
 the plain forward (the recompute, its hooks and the unpacks): the ratios are to the plain step's host cost
 per op, the quantity that carries from this host to a GPU's (a step's ops are the same). The plain mode
@@ -138,7 +140,7 @@ def _counts(hidden, call) -> Dict[str, int]:
     return {"forward_ops": forward.ops, "backward_ops": backward.ops, "saved_tensors": saved[0]}
 
 
-def measure_layer(name: str, device: str, repeats: int, tiny: bool) -> Dict[str, Any]:
+def measure_layer(name: str, device: str, repeats: int, tiny: bool, statistic: str = "min") -> Dict[str, Any]:
     """One layer's host seconds under every mode on *device*, and the ratios to the plain step's."""
     import torch
     seq = 8 if tiny else 16
@@ -148,11 +150,11 @@ def measure_layer(name: str, device: str, repeats: int, tiny: bool) -> Dict[str,
     def step(mode: str) -> Tuple[float, float]:
         run, context = modes[mode]
         with context():
-            start = time.perf_counter()
+            start = time.thread_time()
             out = run(hidden)
-            mid = time.perf_counter()
+            mid = time.thread_time()
             out.backward(torch.ones_like(out))
-            end = time.perf_counter()
+            end = time.thread_time()
         return mid - start, end - mid
 
     warm = max(2, repeats // 5)
@@ -164,11 +166,12 @@ def measure_layer(name: str, device: str, repeats: int, tiny: bool) -> Dict[str,
                 samples[mode].append(timed)
     layer.zero_grad(set_to_none=False)
     counts = _counts(hidden, call)
-    median = {m: (statistics.median(s[0] for s in samples[m]), statistics.median(s[1] for s in samples[m]))
-              for m in MODES}
-    plain_f, plain_b = median["plain"]
+    pick = min if statistic == "min" else statistics.median
+    figure = {m: (pick(s[0] for s in samples[m]), pick(s[1] for s in samples[m])) for m in MODES}
+    plain_f, plain_b = figure["plain"]
     out: Dict[str, Any] = {
         "layer": name, "device": device, "seq": seq, "hidden_size": int(hidden.shape[-1]), "repeats": repeats,
+        "statistic": statistic,
         **counts,
         "forward_seconds_per_op": plain_f / counts["forward_ops"],
         "backward_seconds_per_op": plain_b / counts["backward_ops"],
@@ -176,7 +179,7 @@ def measure_layer(name: str, device: str, repeats: int, tiny: bool) -> Dict[str,
         "modes": {},
     }
     for mode in MODES:
-        f, b = median[mode]
+        f, b = figure[mode]
         extra = f + b - plain_f - plain_b - (plain_f if mode == "full" else 0.0)  # beyond the ops it reruns
         out["modes"][mode] = {
             "forward_seconds": f, "backward_seconds": b,
@@ -198,12 +201,13 @@ def provenance() -> Dict[str, Any]:
             "transformers": transformers.__version__}
 
 
-def measure(layers: Sequence[str], devices: Sequence[str], repeats: int, tiny: bool) -> Dict[str, Any]:
+def measure(layers: Sequence[str], devices: Sequence[str], repeats: int, tiny: bool,
+            statistic: str = "min") -> Dict[str, Any]:
     import torch
     torch.set_num_threads(1)  # one host thread dispatches, as a GPU step's does
     torch.manual_seed(0)
     return {"provenance": provenance(), "tiny": tiny,
-            "rows": [measure_layer(name, device, repeats, tiny) for device in devices for name in layers]}
+            "rows": [measure_layer(name, device, repeats, tiny, statistic) for device in devices for name in layers]}
 
 
 def _table(doc: Dict[str, Any]) -> str:
@@ -232,11 +236,14 @@ def main(argv: Sequence[str] = None) -> int:
     parser.add_argument("--layers", default=",".join(LAYERS), help=f"comma-separated, of {', '.join(LAYERS)}")
     parser.add_argument("--repeats", type=int, default=60, help="timed rounds of every mode (default 60)")
     parser.add_argument("--tiny", action="store_true", help="tinier layers and 5 rounds (the test's)")
+    parser.add_argument("--statistic", choices=("min", "median"), default="min",
+                        help="each figure over the rounds (default min: a shared machine's load only adds)")
     args = parser.parse_args(argv)
     repeats = 5 if args.tiny else args.repeats
     if repeats < 1:
         raise SystemExit("--repeats: at least 1")
-    doc = measure([n for n in args.layers.split(",") if n], args.device or ["cpu", "meta"], repeats, args.tiny)
+    doc = measure([n for n in args.layers.split(",") if n], args.device or ["cpu", "meta"], repeats, args.tiny,
+                  args.statistic)
     text = json.dumps(doc, indent=1)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
