@@ -13,7 +13,8 @@ counts) forward, and backward, under four modes:
 - ``plain``: no checkpoint;
 - ``full``: ``torch.utils.checkpoint.checkpoint(layer, use_reentrant=False)``, as Transformers 5's
   ``gradient_checkpointing_enable`` (``modeling_utils.py``: ``{"use_reentrant": False}`` by default) and
-  torchtitan's ``ptd_checkpoint_wrapper`` run it: saved-tensor hooks pack every saved tensor in the forward,
+  torchtitan's ``ptd_checkpoint_wrapper`` (``torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py``:
+  ``CheckpointImpl.NO_REENTRANT`` by default) run it: saved-tensor hooks pack every saved tensor in the forward,
   the backward's first unpack runs the recompute in its own frame, whose pack hooks fill the holders;
 - ``selective``: the same under ``create_selective_checkpoint_contexts`` with torchtitan's op-level policy
   (``checkpoint_policy/torchtitan``, the runtime profiles' ``selective_policy``): a TorchDispatchMode sees
