@@ -17,10 +17,11 @@ compute dtype's peak. Columns are the memory model's (:func:`ndcost.columns.enco
 schedules and optimizer states by code, as :func:`ndcost.compose.memory.compose` receives them.
 Collectives are the registered ``collective/<name>`` plugins; :data:`OVERLAP_RULES` say what each hides.
 
-Known limitations: the CPU (but a CPU optimizer's step and eager dispatch of the layers' kernels) and the data
-loader are not priced; the embedding's, head's, loss's and optimizer's launches are not counted; groups of
-different kinds sharing a link do not contend; the expert TP collectives and the vocabulary-parallel loss's small
-all-reduces are not priced; moe imbalance scales the busiest rank's routed work and all-to-all volume.
+Known limitations: the CPU (but a CPU optimizer's step, eager dispatch of the layers' kernels and activation
+checkpointing's host work) and the data loader are not priced; the embedding's, head's, loss's and optimizer's
+launches are not counted; groups of different kinds sharing a link do not contend; the expert TP collectives and
+the vocabulary-parallel loss's small all-reduces are not priced; moe imbalance scales the busiest rank's routed
+work and all-to-all volume.
 """
 from __future__ import annotations
 
@@ -429,20 +430,63 @@ def _matmul_inverse_efficiency(model: ModelWork, rows: "_Rows", cols: Mapping[st
     return forward[inverse], backward[inverse]
 
 
-def _launch_bound(model: ModelWork, rows: "_Rows", hardware: Hardware) -> Tuple[np.ndarray, np.ndarray]:
-    """``(N, K)`` the least seconds a layer's forward and backward can take for the kernels they launch.
+# Activation checkpointing's host work, as ratios to the plain forward's host seconds (the launch floor's
+# launches x dispatch_seconds), measured by benchmarks/measure_checkpoint_overhead.py on Transformers' eager
+# LlamaDecoderLayer and Qwen3MoeDecoderLayer (benchmarks/data/checkpoint_overhead.json, the CPU rows: the two
+# layers' mean, each within 10% of it). torch.utils.checkpoint's non-reentrant saved-tensor hooks pack every
+# saved tensor in the forward; the backward's first unpack runs the recompute in its own frame, its pack hooks
+# filling the holders (_checkpoint_hook); under create_selective_checkpoint_contexts a TorchDispatchMode calls the
+# policy on every op of the forward and of the recompute (_CachingTorchDispatchMode, _CachedTorchDispatchMode;
+# torch/utils/checkpoint.py). Per mode (forward, backward's recompute):
+# the forward's host seconds over the plain forward's, and the recompute's (its hooks and the unpacks
+# included) in plain forwards.
+CHECKPOINT_HOST_RATIOS: Mapping[str, Tuple[float, float]] = frozen_mapping({
+    "full": (1.50, 1.90), "selective": (3.67, 3.49)})
+# recompute=core_attention checkpoints the attention function alone: its host work is a layer's attention's, near
+# the same in plain ops whatever the layer's (Llama 35 and Qwen3-MoE 45 of its 38 and 71 forward ops' seconds;
+# the mean: 15.3 in the forward, 24.7 in the backward's recompute, the SDPA call rerun included), not a share of
+# its ops.
+CORE_ATTENTION_HOST_OPS: Tuple[float, float] = (15.3, 24.7)
+
+
+def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any],
+                  hardware: Hardware) -> Dict[str, np.ndarray]:
+    """``(N, K)`` the least seconds a layer's passes can take for the kernels they launch and the host's work.
 
     ``launches x max(launch_seconds, dispatch_seconds)``: every kernel occupies the GPU at least
     ``launch_seconds``, and eager PyTorch dispatches them one by one from the host at
     ``dispatch_seconds`` each. A forward launches the kind's ``launches_per_layer`` (the census's count, else
     the eager modules' analytic one) and ``launches_per_token`` for each token of the rank's sequence; the
-    backward twice the forward's (no census counts the backward's).
+    backward twice the forward's (no census counts the backward's). Keys ``forward``, ``backward``, and for a
+    checkpointed layer ``checkpointed_forward`` and ``recompute``: the host's part scaled by
+    :data:`CHECKPOINT_HOST_RATIOS` (``core_attention``: :data:`CORE_ATTENTION_HOST_OPS` plain ops a layer with
+    attention); a selective or core-attention recompute's own kernels' GPU floor is left out (its roofline
+    share prices them). Under ``compile`` torch.compile traces the checkpoint into its graph
+    (``tag_activation_checkpoint``, torch/_higher_order_ops/wrap.py; the partitioner recomputes): no hooks, no
+    dispatch mode, a full recompute at the plain forward's floor.
     """
     k = _kind_arrays(model)
     launch, dispatch, _ = kernels.launch_costs(_kernel_tables(hardware))
     forward = k["launches_per_layer"] + k["launches_per_token"] * (rows.seq / rows.cp)[:, None]
     floor = forward * max(launch, dispatch)
-    return floor, 2.0 * floor
+    mode = np.asarray(cols["recompute"])[:, None]
+    compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
+    full, selective, core = (mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention"))
+    eager = ~compiled
+    if not (full | selective | core).any():
+        return {"forward": floor, "backward": 2.0 * floor, "checkpointed_forward": floor,
+                "recompute": np.zeros_like(floor)}
+
+    def host(ratio):
+        return forward * np.maximum(launch, dispatch * ratio)
+    attention_ops = np.where(k["has_attention"][None, :], dispatch, 0.0)
+    core_f, core_r = (ops * attention_ops for ops in CORE_ATTENTION_HOST_OPS)
+    (full_f, full_r), (sel_f, sel_r) = CHECKPOINT_HOST_RATIOS["full"], CHECKPOINT_HOST_RATIOS["selective"]
+    checkpointed = select([full & eager, selective & eager, core & eager], [host(full_f), host(sel_f), floor + core_f],
+                          floor)
+    recompute = select([full & eager, full, selective & eager, core & eager],
+                       [host(full_r), floor, forward * dispatch * sel_r, core_r], 0.0)
+    return {"forward": floor, "backward": 2.0 * floor, "checkpointed_forward": checkpointed, "recompute": recompute}
 
 
 # ---------------------------------------------------------------------------
@@ -510,9 +554,12 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     hardware has an elementwise table. A pass takes at least its kernels'
     launch bound (:func:`_launch_bound`): ``forward = max(roofline,
     launches x max(launch_seconds, dispatch_seconds))``, the backward's with
-    twice the launches; full recompute repeats the forward, selective and
-    core-attention recompute their roofline share only.
-    Keys: ``forward``, ``backward``, ``recompute``, ``scores_forward``,
+    twice the launches; full recompute repeats the forward's roofline,
+    selective and core-attention recompute their roofline share, the
+    recompute and the backward together at least their floors together
+    (checkpoint's host work in the recompute's), and a checkpointed layer's
+    forward (``checkpointed_forward``) at least its own (:func:`_launch_bound`).
+    Keys: ``forward``, ``backward``, ``recompute``, ``checkpointed_forward``, ``scores_forward``,
     ``scores_backward`` (the attention kernel's, for CP ring overlap),
     ``matmul_forward``, ``matmul_backward`` (the matmuls'), ``selective_measured``.
     """
@@ -555,14 +602,14 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     fwd_mm, bwd_mm = matmul(1.0, inverse_f), matmul(2.0, inverse_b)
     fwd_scores = scores / (peak * eff["attention"])
     bwd_scores = 2.0 * scores / (peak * eff["attention_backward"])
-    floor_f, floor_b = _launch_bound(model, rows, hardware)
+    floor = _launch_bound(model, rows, cols, hardware)
     roofline_f = (fwd_mm + fwd_scores + linrec / (peak * eff["linrec"])
                   + (elementwise + cast_fwd) / (hbm * kernels.elementwise_efficiency(tables, per_kernel,
                                                                                      stated=eff["memory"])))
     roofline_b = (bwd_mm + bwd_scores + 2.0 * linrec / (peak * eff["linrec_backward"])
                   + (2.0 * elementwise + cast_bwd) / (hbm * kernels.elementwise_efficiency(
                       tables, per_kernel, stated=eff["memory_backward"])))
-    forward, backward = np.maximum(roofline_f, floor_f), np.maximum(roofline_b, floor_b)
+    forward, backward = np.maximum(roofline_f, floor["forward"]), np.maximum(roofline_b, floor["backward"])
     att_share = np.divide(attention_mm, mm, out=np.zeros_like(mm), where=mm > 0)
     share_att = k["recomputed_attention_mm_share"][None, :]
     share_other = k["recomputed_other_mm_share"][None, :]
@@ -570,9 +617,13 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     selective = np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
                          + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_scores)
     mode = np.asarray(cols["recompute"])[:, None]
-    recompute = select([mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention")],
-                       [forward, selective, fwd_scores], 0.0)
+    # a layer's recompute runs at the start of its backward: the two are one stretch of the GPU's queue and of the
+    # host's dispatch, bounded together (the host, running ahead, hides its recompute's work behind a long backward)
+    roofline_r = select([mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention")],
+                        [roofline_f, selective, fwd_scores], 0.0)
+    recompute = np.maximum(roofline_r + roofline_b, floor["recompute"] + floor["backward"]) - backward
     return {"forward": forward, "backward": backward, "recompute": recompute,
+            "checkpointed_forward": np.maximum(roofline_f, floor["checkpointed_forward"]),
             "scores_forward": fwd_scores, "scores_backward": bwd_scores,
             "matmul_forward": fwd_mm, "matmul_backward": bwd_mm,
             "selective_measured": np.broadcast_to(measured, forward.shape)}
@@ -1111,7 +1162,8 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
     """``(N, R)`` seconds a micro-batch on each rank: compute forward and backward, layer collectives, exposed ones.
 
     ``recompute_layers`` recomputes that share of a rank's layers (``vpp``
-    chunks of them), the rest keeping their activations.
+    chunks of them), the rest keeping their activations: only that share
+    pays the recompute and the checkpointed forward's host work.
     """
     def per_rank(per_layer):                                           # (N, K) -> (N, R)
         return np.einsum("srk,sk->sr", counts, per_layer)
@@ -1128,7 +1180,8 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
                                                                  where=layers_on_rank > 0)))
     is_first, is_head = where.has_embedding, where.has_head
     return {
-        "compute_f": per_rank(layer["forward"]) + is_first * ends["embed_fwd"][:, None]
+        "compute_f": per_rank(layer["forward"]) + fraction * per_rank(layer["checkpointed_forward"] - layer["forward"])
+        + is_first * ends["embed_fwd"][:, None]
         + is_head * ends["head_fwd"][:, None],
         "compute_b": (per_rank(layer["backward"]) + fraction * per_rank(layer["recompute"])
                       + is_first * ends["embed_bwd"][:, None] + is_head * ends["head_bwd"][:, None]),
@@ -1281,7 +1334,9 @@ def _kernel_provenance(model: ModelWork, hardware: Hardware) -> str:
                    is not None else "elementwise: constant efficiency.memory")
     launch, dispatch, source = kernels.launch_costs(tables)
     return (f"{gemm}; {elementwise}; a layer's pass >= its launches x max(launch {launch:g} s, dispatch "
-            f"{dispatch:g} s) ({source}), forward launches {launches}, backward twice the forward's")
+            f"{dispatch:g} s) ({source}), forward launches {launches}, backward twice the forward's; checkpoint's host "
+            f"work (eager) {dict(CHECKPOINT_HOST_RATIOS)} plain forwards (forward, recompute), core_attention "
+            f"{CORE_ATTENTION_HOST_OPS} plain ops a layer with attention")
 
 
 def _kernel_kinds(model: ModelWork) -> Tuple[str, str]:
