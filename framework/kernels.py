@@ -419,27 +419,30 @@ def prior_attention_efficiency(seq, batch_heads, *, plateau: float, sm_count: Op
     prologue and epilogue against its loop over key blocks (short sequences run below the plateau even at full
     waves), the causal mask's diagonal blocks, and the imbalance of causal blocks' unequal loops within a wave.
     """
+    return plateau * _query_block_waves(seq, batch_heads, sm_count)
+
+
+def _query_block_waves(seq, batch_heads, sm_count: Optional[int]) -> np.ndarray:
     blocks = np.asarray(batch_heads, dtype=np.float64) * np.ceil(np.asarray(seq, dtype=np.float64)
                                                                  / ATTENTION_QUERY_BLOCK)
     if not sm_count:
-        return np.full(blocks.shape, plateau)
-    return plateau * blocks / (np.ceil(blocks / sm_count) * sm_count)
+        return np.ones(blocks.shape)
+    return blocks / (np.ceil(blocks / sm_count) * sm_count)
 
 
 def attention_efficiency(hardware: Any, tables: Optional[KernelTables], kernel: str, dtype: str, seq, batch_heads,
-                         head_dim, causal, *, stated: Tuple[float, float]) -> Tuple[np.ndarray, np.ndarray]:
+                         head_dim, causal, *, stated: Tuple[float, float]) -> Tuple[Any, Any]:
     """(forward, backward) achieved / peak of attention *kernel* (a ``kernel_tables.attention`` name, see
     :func:`attention_kernel`) on *seq*-long query blocks of *batch_heads* heads: the kernel's measured curves for
-    *dtype*, else the prior on its plateau, else *stated* (``efficiency.attention``, ``attention_backward``)."""
+    *dtype*, else the prior on its plateau, else *stated* (``efficiency.attention``, ``attention_backward``, as
+    scalars); arrays broadcast against the inputs."""
     entry = tables.attention.get(kernel) if tables is not None else None
-    shape = np.broadcast_shapes(np.shape(seq), np.shape(batch_heads), np.shape(head_dim), np.shape(causal))
     if entry is not None and dtype in entry.curves:
         return table_attention_efficiency(entry.curves[dtype], seq, batch_heads, head_dim, causal)
     if entry is not None and entry.plateau is not None:
-        return tuple(np.broadcast_to(prior_attention_efficiency(seq, batch_heads, plateau=p,  # type: ignore[return-value]
-                                                                sm_count=hardware.sm_count), shape)
-                     for p in entry.plateau)
-    return np.full(shape, stated[0]), np.full(shape, stated[1])
+        waves = _query_block_waves(seq, batch_heads, hardware.sm_count)
+        return entry.plateau[0] * waves, entry.plateau[1] * waves
+    return stated
 
 
 def attention_source(tables: Optional[KernelTables], kernel: str, dtype: str) -> str:

@@ -193,6 +193,22 @@ def test_without_a_kernel_or_a_table_the_constant_prices_the_scores():
     assert layer["scores_forward"][0, 0] == pytest.approx(_scores(4096) / (PEAK * 0.6))
 
 
+def test_rows_and_kinds_of_a_batch_each_take_their_own_kernel():
+    """A bf16 row runs flash (the plateau), an fp32 row the efficient kernel (the constant) in one batch; a kind
+    without heads keeps the constant beside one with them."""
+    box = _box(_flash(plateau={"forward": 0.35, "backward": 0.30}))
+    work = _work()
+    dense = work.work["dense"]
+    two = attrs.evolve(work, kinds=("dense", "bare"), layer_runs=(("dense", 1), ("bare", 1)),
+                       work={"dense": dense, "bare": attrs.evolve(dense, kind="bare", attention_heads=0)})
+    cols = ct.strategy_columns([Strategy(seq=4096), Strategy(seq=4096, compute_dtype="fp32")])
+    forward = ct.layer_seconds(two, cols, box)["scores_forward"]
+    assert forward[0, 0] == pytest.approx(_scores(4096) / (PEAK * 0.35 * 128 / 132))
+    assert forward[0, 1] == pytest.approx(_scores(4096) / (PEAK * 0.6))
+    assert forward[1, 0] == pytest.approx(_scores(4096) / (PEAK / 16 * 0.6))
+    assert forward[1, 1] == pytest.approx(_scores(4096) / (PEAK / 16 * 0.6))
+
+
 def test_eager_scores_are_batched_matmuls_and_softmax_bytes():
     # a GEMM table at 0.5 everywhere: every batched matmul of the scores runs at half the peak
     flat = {"m": [16, 4096], "n": [16, 4096], "k": [16, 4096], "efficiency": [[[0.5] * 2] * 2] * 2}

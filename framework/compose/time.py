@@ -596,29 +596,56 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
     steps' launches.
     """
     peak = rows.peak_flops[:, None]
-    forward = scores / (peak * eff["attention"])
-    backward = 2.0 * scores / (peak * eff["attention_backward"])
+    tables = _kernel_tables(hardware)
+    order = kernels.DEFAULT_SDPA_BACKENDS if tables is None else tables.sdpa_backends
     k = _kind_arrays(model)
-    shaped = k["attention_heads"] > 0
-    if not model.attention_kernel or not shaped.any():
+    groups = _derived(("attention_kernels", order), model, lambda m: _attention_groups(m, k, order))
+    codes = np.asarray(cols["compute_dtype"])
+    one_dtype = bool((codes == codes[0]).all())
+    if one_dtype and len(groups[DTYPE_NAMES[int(codes[0])]]) == 1 \
+            and isinstance(groups[DTYPE_NAMES[int(codes[0])]][0][1], slice):
+        forward = backward = None    # one kernel prices every kind: nothing keeps the constant
+    else:
+        forward = scores / (peak * eff["attention"])
+        backward = 2.0 * scores / (peak * eff["attention_backward"])
+    if not any(groups.values()):
         return forward, backward
+    ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
+    cp, seq = rows.cp[:, None], rows.seq[:, None]
+    head_split = np.where(ulysses, cp, 1.0)
+    seq_q = seq / (cp / head_split)
+    heads = (rows.micro_batch[:, None] / (rows.tp[:, None] * head_split)) * k["attention_heads"]
+    for code in [int(codes[0])] if one_dtype else np.unique(codes).tolist():  # the compute dtypes a batch uses
+        dtype = DTYPE_NAMES[code]
+        at = slice(None) if one_dtype else codes == code
+        for name, kinds, d, dv in groups[dtype]:  # and the kernels its kinds run (one a kind)
+            cell = (at, kinds) if isinstance(at, slice) or isinstance(kinds, slice) else np.ix_(at, kinds)
+            if name == "eager":
+                f, b = _eager_scores(hardware, tables, dtype, eff, scores[cell], seq_q[at], seq[at], heads[cell],
+                                     d, dv, peak[at], rows.compute_bytes[at][:, None])
+            else:
+                ef, eb = kernels.attention_efficiency(hardware, tables, name, dtype, seq_q[at], heads[cell], d, True,
+                                                      stated=(eff["attention"], eff["attention_backward"]))
+                f, b = scores[cell] / (peak[at] * ef), 2.0 * scores[cell] / (peak[at] * eb)
+            if forward is None:
+                return f, b
+            forward[cell], backward[cell] = f, b
+    return forward, backward
     tables = _kernel_tables(hardware)
     order = kernels.DEFAULT_SDPA_BACKENDS if tables is None else tables.sdpa_backends
     ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
     cp, seq = rows.cp[:, None], rows.seq[:, None]
-    seq_q = np.where(ulysses, seq, seq / cp)
-    heads = rows.micro_batch[:, None] * k["attention_heads"] / (rows.tp[:, None] * np.where(ulysses, cp, 1.0))
+    head_split = np.where(ulysses, cp, 1.0)
+    seq_q = seq / (cp / head_split)
+    heads = (rows.micro_batch[:, None] / (rows.tp[:, None] * head_split)) * k["attention_heads"]
     codes = np.asarray(cols["compute_dtype"])
-    for code in np.unique(codes).tolist():  # a loop over the compute dtypes a batch uses
-        dtype, at = DTYPE_NAMES[code], codes == code
-        names = [kernels.attention_kernel(model.attention_kernel, dtype, int(d), int(dv), order)
-                 for d, dv in zip(k["attention_head_dim"], k["attention_value_head_dim"], strict=True)]
-        for name in sorted(set(names)):  # and the kernels its kinds run (at most one a kind)
-            kinds = shaped & np.array([n == name for n in names])
-            if not kinds.any():
-                continue
-            cell = np.ix_(at, kinds)
-            d, dv = k["attention_head_dim"][kinds], k["attention_value_head_dim"][kinds]
+    groups = _derived(("attention_kernels", order), model, lambda m: _attention_groups(m, k, order))
+    one_dtype = bool((codes == codes[0]).all())
+    for code in [int(codes[0])] if one_dtype else np.unique(codes).tolist():  # the compute dtypes a batch uses
+        dtype = DTYPE_NAMES[code]
+        at = slice(None) if one_dtype else codes == code
+        for name, kinds, d, dv in groups[dtype]:  # and the kernels its kinds run (one a kind)
+            cell = (at, kinds) if isinstance(at, slice) or isinstance(kinds, slice) else np.ix_(at, kinds)
             if name == "eager":
                 f, b = _eager_scores(hardware, tables, dtype, eff, scores[cell], seq_q[at], seq[at], heads[cell],
                                      d, dv, peak[at], rows.compute_bytes[at][:, None])
@@ -628,6 +655,22 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
                 f, b = scores[cell] / (peak[at] * ef), 2.0 * scores[cell] / (peak[at] * eb)
             forward[cell], backward[cell] = f, b
     return forward, backward
+
+
+def _attention_groups(model: ModelWork, k: Mapping[str, np.ndarray], order: Tuple[str, ...]):
+    """Per compute dtype, each attention kernel the model's kinds with heads run under SDPA order *order*:
+    ``(kernel, kinds, head_dim, value_head_dim)``, *kinds* a slice where every kind runs it, else a mask."""
+    shaped = (k["attention_heads"] > 0) & bool(model.attention_kernel)
+    out = {}
+    for dtype in DTYPE_NAMES:
+        names = [kernels.attention_kernel(model.attention_kernel, dtype, int(d), int(dv), order)
+                 for d, dv in zip(k["attention_head_dim"], k["attention_value_head_dim"], strict=True)]
+        out[dtype] = []
+        for name in sorted({n for n, on in zip(names, shaped, strict=True) if on}):
+            kinds = shaped & np.array([n == name for n in names])
+            out[dtype].append((name, slice(None) if kinds.all() else kinds, k["attention_head_dim"][kinds],
+                               k["attention_value_head_dim"][kinds]))
+    return out
 
 
 def _eager_scores(hardware: Hardware, tables, dtype: str, eff, scores, seq_q, seq_k, heads, d, dv, peak, width):
