@@ -602,14 +602,13 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
     groups = _derived(("attention_kernels", order), model, lambda m: _attention_groups(m, k, order))
     codes = np.asarray(cols["compute_dtype"])
     one_dtype = bool((codes == codes[0]).all())
-    if one_dtype and len(groups[DTYPE_NAMES[int(codes[0])]]) == 1 \
-            and isinstance(groups[DTYPE_NAMES[int(codes[0])]][0][1], slice):
-        forward = backward = None    # one kernel prices every kind: nothing keeps the constant
-    else:
+    first = groups[DTYPE_NAMES[int(codes[0])]]
+    covered = one_dtype and len(first) == 1 and isinstance(first[0][1], slice)  # one kernel prices every kind
+    if not covered:
         forward = scores / (peak * eff["attention"])
         backward = 2.0 * scores / (peak * eff["attention_backward"])
-    if not any(groups.values()):
-        return forward, backward
+        if not any(groups.values()):
+            return forward, backward
     ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
     cp, seq = rows.cp[:, None], rows.seq[:, None]
     head_split = np.where(ulysses, cp, 1.0)
@@ -627,7 +626,7 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
                 ef, eb = kernels.attention_efficiency(hardware, tables, name, dtype, seq_q[at], heads[cell], d, True,
                                                       stated=(eff["attention"], eff["attention_backward"]))
                 f, b = scores[cell] / (peak[at] * ef), 2.0 * scores[cell] / (peak[at] * eb)
-            if forward is None:
+            if covered:
                 return f, b
             forward[cell], backward[cell] = f, b
     return forward, backward
@@ -661,7 +660,7 @@ def _attention_groups(model: ModelWork, k: Mapping[str, np.ndarray], order: Tupl
     """Per compute dtype, each attention kernel the model's kinds with heads run under SDPA order *order*:
     ``(kernel, kinds, head_dim, value_head_dim)``, *kinds* a slice where every kind runs it, else a mask."""
     shaped = (k["attention_heads"] > 0) & bool(model.attention_kernel)
-    out = {}
+    out: Dict[str, list] = {}
     for dtype in DTYPE_NAMES:
         names = [kernels.attention_kernel(model.attention_kernel, dtype, int(d), int(dv), order)
                  for d, dv in zip(k["attention_head_dim"], k["attention_value_head_dim"], strict=True)]
