@@ -214,8 +214,8 @@ def test_eager_scores_are_batched_matmuls_and_softmax_bytes():
     flat = {"m": [16, 4096], "n": [16, 4096], "k": [16, 4096], "efficiency": [[[0.5] * 2] * 2] * 2}
     box = _box({"gemm": {"bf16": flat}, "source": "flat"})
     layer = _layer(_work(kernel="eager"), box, seq=4096)
-    scores = _scores(4096)                 # the estimator's FLOPs (the analytic one's: causal pairs)
-    softmax = 20 * 4 * 4096 * 4096         # 20 bytes a score, every one of the 4 heads' s x s (eager masks)
+    scores = 4 * 4 * 16 * 4096 * 4096      # eager masks, it skips nothing: 2 s s (d + d_v) a head, every pair
+    softmax = 20 * 4 * 4096 * 4096         # 20 bytes a score, every one of the 4 heads' s x s
     assert layer["scores_forward"][0, 0] == pytest.approx(scores / (PEAK * 0.5) + softmax / (HBM * 0.8))
     assert layer["scores_backward"][0, 0] == pytest.approx(2 * scores / (PEAK * 0.5) + softmax / (HBM * 0.7))
 

@@ -586,11 +586,11 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
     ``seq / cp`` tokens under ring CP (each of the ``cp`` steps runs the kernel on them against one block of
     ``seq / cp`` keys: the efficiency is that block's) and the whole sequence under Ulysses (the heads split
     ``cp`` ways instead); its heads ``micro_batch x heads / tp``. A fused kernel takes
-    :func:`ndcost.kernels.attention_efficiency` (measured curves, the plateau prior, else the constant). Eager
-    attention runs two batched matmuls at their GEMM efficiency (``Q K^T``: ``s_q x s x d``, ``P V``:
-    ``s_q x d_v x s``, the backward's four products likewise) and its softmax's elementwise bytes
-    (:data:`EAGER_SOFTMAX_BYTES_PER_SCORE` over every ``s_q x s`` score: eager masks, it skips nothing). The FLOPs
-    are the estimator's (the census counts eager's every pair, the analytic count the causal ones). A kind
+    :func:`ndcost.kernels.attention_efficiency` (measured curves, the plateau prior, else the constant) on the
+    estimator's FLOPs. Eager attention is priced as what it runs (:func:`_eager_scores`): two batched matmuls
+    over every ``s_q x s`` pair at their GEMM efficiency (``Q K^T``: ``s_q x s x d``, ``P V``: ``s_q x d_v x s``,
+    the backward's four products likewise) and its softmax's elementwise bytes; left out there, the extra
+    elementwise ops a family's own eager function adds (GPT-OSS's sinks: a concatenation, a max). A kind
     without heads (``KindWork.attention_heads`` 0), or a model without a runtime kernel, keeps
     ``efficiency.attention`` and ``attention_backward``. Left out: the ring's partial-output merges and its
     steps' launches.
@@ -620,8 +620,8 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
         for name, kinds, d, dv in groups[dtype]:  # and the kernels its kinds run (one a kind)
             cell = (at, kinds) if isinstance(at, slice) or isinstance(kinds, slice) else np.ix_(at, kinds)
             if name == "eager":
-                f, b = _eager_scores(hardware, tables, dtype, eff, scores[cell], seq_q[at], seq[at], heads[cell],
-                                     d, dv, peak[at], rows.compute_bytes[at][:, None])
+                f, b = _eager_scores(hardware, tables, dtype, eff, seq_q[at], seq[at], heads[cell], d, dv, peak[at],
+                                     rows.compute_bytes[at][:, None])
             else:
                 ef, eb = kernels.attention_efficiency(hardware, tables, name, dtype, seq_q[at], heads[cell], d, True,
                                                       stated=(eff["attention"], eff["attention_backward"]))
@@ -646,8 +646,8 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
         for name, kinds, d, dv in groups[dtype]:  # and the kernels its kinds run (one a kind)
             cell = (at, kinds) if isinstance(at, slice) or isinstance(kinds, slice) else np.ix_(at, kinds)
             if name == "eager":
-                f, b = _eager_scores(hardware, tables, dtype, eff, scores[cell], seq_q[at], seq[at], heads[cell],
-                                     d, dv, peak[at], rows.compute_bytes[at][:, None])
+                f, b = _eager_scores(hardware, tables, dtype, eff, seq_q[at], seq[at], heads[cell], d, dv, peak[at],
+                                     rows.compute_bytes[at][:, None])
             else:
                 ef, eb = kernels.attention_efficiency(hardware, tables, name, dtype, seq_q[at], heads[cell], d, True,
                                                       stated=(eff["attention"], eff["attention_backward"]))
@@ -672,20 +672,22 @@ def _attention_groups(model: ModelWork, k: Mapping[str, np.ndarray], order: Tupl
     return out
 
 
-def _eager_scores(hardware: Hardware, tables, dtype: str, eff, scores, seq_q, seq_k, heads, d, dv, peak, width):
-    """Eager attention's forward and backward seconds: its batched matmuls at their shapes' GEMM efficiency
-    (the FLOPs split between ``Q K^T`` and ``P V`` as ``d : d_v``) and its softmax's bytes (see
-    :func:`_scores_seconds`)."""
+def _eager_scores(hardware: Hardware, tables, dtype: str, eff, seq_q, seq_k, heads, d, dv, peak, width):
+    """Eager attention's forward and backward seconds: its batched matmuls over every ``s_q x s_k`` pair (eager
+    masks, it skips nothing: ``2 s_q s_k d`` FLOPs a head for ``Q K^T``, ``2 s_q s_k d_v`` for ``P V``, the
+    backward's four products each its forward's) at their shapes' GEMM efficiency, and its softmax's bytes
+    (:data:`EAGER_SOFTMAX_BYTES_PER_SCORE` a score)."""
     def inverse(m, n, kk, key):
         return 1.0 / kernels.gemm_efficiency(hardware, tables, dtype, m, n, kk, stated=eff[key], groups=heads)
 
-    qk = d / (d + dv)
-    forward = scores * (qk * inverse(seq_q, seq_k, d, "matmul") + (1.0 - qk) * inverse(seq_q, dv, seq_k, "matmul"))
-    backward = scores * (qk * (inverse(seq_q, d, seq_k, "matmul_backward")           # dQ = dS K
-                               + inverse(seq_k, d, seq_q, "matmul_backward"))        # dK = dS^T Q
-                         + (1.0 - qk) * (inverse(seq_q, seq_k, dv, "matmul_backward")  # dP = dO V^T
-                                         + inverse(seq_k, dv, seq_q, "matmul_backward")))  # dV = P^T dO
-    moved = EAGER_SOFTMAX_BYTES_PER_SCORE * width / 2.0 * heads * seq_q * seq_k
+    pairs = heads * seq_q * seq_k
+    qk, pv = 2.0 * pairs * d, 2.0 * pairs * dv
+    forward = qk * inverse(seq_q, seq_k, d, "matmul") + pv * inverse(seq_q, dv, seq_k, "matmul")
+    backward = (qk * (inverse(seq_q, d, seq_k, "matmul_backward")             # dQ = dS K
+                      + inverse(seq_k, d, seq_q, "matmul_backward"))          # dK = dS^T Q
+                + pv * (inverse(seq_q, seq_k, dv, "matmul_backward")          # dP = dO V^T
+                        + inverse(seq_k, dv, seq_q, "matmul_backward")))      # dV = P^T dO
+    moved = EAGER_SOFTMAX_BYTES_PER_SCORE * width / 2.0 * pairs
     hbm = float(hardware.hbm_bytes_per_second)
     per_kernel = moved / EAGER_SOFTMAX_KERNELS
     return (forward / peak + moved / (hbm * kernels.elementwise_efficiency(tables, per_kernel, stated=eff["memory"])),
