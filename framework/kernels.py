@@ -23,6 +23,7 @@ Schema (docs/calibration.md, "Kernel tables")::
           bf16:                                                      # measured rows, per dtype
             - {seq: 4096, heads: 32, head_dim: 128, causal: true, forward: 0.55, backward: 0.40}
           source: "..."
+      sdpa_backends: [flash, efficient]                              # the order SDPA tries its backends
       elementwise: {bytes: [...], efficiency: [...]}                 # achieved / HBM bandwidth
       launch_seconds: 4.0e-6
       dispatch_seconds: 1.2e-5
@@ -54,7 +55,8 @@ REFERENCE_GEMM = (8192, 8192, 8192)
 # The query rows one thread block of an attention kernel takes: FlashAttention-2's kBlockM for head widths up
 # to 128 (flash-attention csrc/flash_attn/src/flash_fwd_launch_template.h, run_mha_fwd_hdim64/128 on sm80+;
 # PyTorch's flash backend vendors these kernels, aten/src/ATen/native/transformers/cuda/flash_attn); its grid is
-# (query blocks, batch, heads), one block an SM at a time at these widths.
+# (query blocks, batch, heads). The prior assumes one resident block an SM (from memory, not read off the
+# launch: where an SM holds two, the waves are half as many).
 ATTENTION_QUERY_BLOCK = 128
 SDPA_BACKENDS = ("cudnn", "flash", "efficient", "math")
 # PyTorch's default order (sdp_utils.cpp ``priority_order``: flash, efficient, math, cudnn; math never reached
@@ -103,7 +105,7 @@ class AttentionCurve:
 
 
 @attrs.frozen(kw_only=True, eq=False)
-class AttentionKernel:
+class AttentionKernelTable:
     """An attention kernel's figures on a hardware: its measured curves per dtype, its prior's plateau
     (forward, backward achieved / peak at full occupancy; None where unstated) and their source."""
 
@@ -121,7 +123,7 @@ class KernelTables:
     launch_seconds: Optional[float]
     dispatch_seconds: Optional[float]
     source: str
-    attention: Mapping[str, AttentionKernel] = attrs.field(factory=dict)
+    attention: Mapping[str, AttentionKernelTable] = attrs.field(factory=dict)
     sdpa_backends: Tuple[str, ...] = DEFAULT_SDPA_BACKENDS
 
 
@@ -201,7 +203,7 @@ def _attention_rows(owner: str, key: str, rows: Any) -> Tuple[AttentionCurve, ..
     return tuple(out)
 
 
-def _attention(owner: str, data: Any) -> Dict[str, AttentionKernel]:
+def _attention(owner: str, data: Any) -> Dict[str, AttentionKernelTable]:
     if not isinstance(data, Mapping):
         raise InvalidValue(f"{owner}: kernel_tables.attention must map a kernel name (flash, efficient, ...) to its "
                            f"plateau, rows per dtype and source, got {data!r}")
@@ -228,7 +230,7 @@ def _attention(owner: str, data: Any) -> Dict[str, AttentionKernel]:
         curves = {str(d): _attention_rows(owner, f"{key}.{d}", rows) for d, rows in entry.items() if d in DTYPES}
         if plateau is None and not curves:
             raise InvalidValue(f"{owner}: kernel_tables.{key} states neither a plateau nor rows; give one or drop it")
-        out[str(kernel)] = AttentionKernel(curves=curves, plateau=plateau, source=source.strip())
+        out[str(kernel)] = AttentionKernelTable(curves=curves, plateau=plateau, source=source.strip())
     return out
 
 

@@ -630,30 +630,6 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
                 return f, b
             forward[cell], backward[cell] = f, b
     return forward, backward
-    tables = _kernel_tables(hardware)
-    order = kernels.DEFAULT_SDPA_BACKENDS if tables is None else tables.sdpa_backends
-    ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
-    cp, seq = rows.cp[:, None], rows.seq[:, None]
-    head_split = np.where(ulysses, cp, 1.0)
-    seq_q = seq / (cp / head_split)
-    heads = (rows.micro_batch[:, None] / (rows.tp[:, None] * head_split)) * k["attention_heads"]
-    codes = np.asarray(cols["compute_dtype"])
-    groups = _derived(("attention_kernels", order), model, lambda m: _attention_groups(m, k, order))
-    one_dtype = bool((codes == codes[0]).all())
-    for code in [int(codes[0])] if one_dtype else np.unique(codes).tolist():  # the compute dtypes a batch uses
-        dtype = DTYPE_NAMES[code]
-        at = slice(None) if one_dtype else codes == code
-        for name, kinds, d, dv in groups[dtype]:  # and the kernels its kinds run (one a kind)
-            cell = (at, kinds) if isinstance(at, slice) or isinstance(kinds, slice) else np.ix_(at, kinds)
-            if name == "eager":
-                f, b = _eager_scores(hardware, tables, dtype, eff, seq_q[at], seq[at], heads[cell], d, dv, peak[at],
-                                     rows.compute_bytes[at][:, None])
-            else:
-                ef, eb = kernels.attention_efficiency(hardware, tables, name, dtype, seq_q[at], heads[cell], d, True,
-                                                      stated=(eff["attention"], eff["attention_backward"]))
-                f, b = scores[cell] / (peak[at] * ef), 2.0 * scores[cell] / (peak[at] * eb)
-            forward[cell], backward[cell] = f, b
-    return forward, backward
 
 
 def _attention_groups(model: ModelWork, k: Mapping[str, np.ndarray], order: Tuple[str, ...]):
