@@ -16,7 +16,8 @@ What it records, every raw timing kept in the JSON (``--out``) beside the tables
 - ``grouped_gemm``: ``torch._grouped_mm`` (where present) of experts x tokens per expert, bf16;
 - ``sdpa``: ``scaled_dot_product_attention`` under each of ``sdpa_kernel``'s flash, efficient and cudnn
   backends, by sequence, heads, head_dim and causal, forward and forward plus backward (batch 1);
-  its FLOPs count 4 b h s^2 d forward (half of it causal) and twice that backward, as the time model does;
+  its FLOPs count 4 b h s^2 d forward (half of it causal) and twice that backward; ``ndcost calibrate
+  --kernels`` fits each shape's row of ``kernel_tables.attention.<backend>.bf16`` from the timings;
 - ``elementwise``: a copy (``dst.copy_(src)``, 2 N bytes moved) and an add (``torch.add(a, b, out=c)``,
   3 N) of bf16 tensors swept by bytes moved; efficiency = bytes / seconds / HBM bandwidth;
 - ``launch``: the GPU's floor per kernel: 1000 one-element in-place adds queued behind ``torch.cuda._sleep``
@@ -186,7 +187,8 @@ def measure_sdpa(device, grid, timer, skipped) -> List[Dict[str, Any]]:
                                             "why": _one_line(exc)})
                             continue
                         flops = 4 * seq * seq * heads * head_dim // (2 if causal else 1)
-                        timings.append({"backend": name, "seq": seq, "heads": heads, "head_dim": head_dim,
+                        timings.append({"backend": name, "dtype": "bf16", "seq": seq, "heads": heads,
+                                        "head_dim": head_dim,
                                         "causal": causal, "forward_flops": flops,
                                         "forward_seconds": fwd["seconds"], "forward_samples_seconds":
                                         fwd["samples_seconds"], "forward_backward_seconds": fwd_bwd["seconds"],

@@ -1,18 +1,29 @@
-"""What a kernel achieves on a device: GEMM efficiency by shape, elementwise efficiency by size, launch costs.
+"""What a kernel achieves on a device: GEMM efficiency by shape, attention by kernel and shape, elementwise
+efficiency by size, launch costs.
 
 A hardware file may state measured figures (``kernel_tables``, parsed and
 validated by :func:`parse_kernel_tables`); where it does not, GEMMs take the
-analytic prior of :func:`prior_gemm_efficiency`, elementwise kernels the
-constant ``efficiency.memory`` and launches the round priors below. The time
-model (:func:`ndcost.compose.time.layer_seconds`) reads this module through
-:func:`gemm_efficiency`, :func:`elementwise_efficiency` and :func:`launch_costs`,
-all vectorized over numpy arrays. No torch.
+analytic prior of :func:`prior_gemm_efficiency`, an attention kernel the prior of
+:func:`prior_attention_efficiency` where the file states the kernel's plateau
+(else the constant ``efficiency.attention``), elementwise kernels the constant
+``efficiency.memory`` and launches the round priors below. The time model
+(:func:`ndcost.compose.time.layer_seconds`) reads this module through
+:func:`gemm_efficiency`, :func:`attention_efficiency`,
+:func:`elementwise_efficiency` and :func:`launch_costs`, all vectorized over
+numpy arrays. No torch.
 
 Schema (docs/calibration.md, "Kernel tables")::
 
     kernel_tables:
       gemm:
         bf16: {m: [...], n: [...], k: [...], efficiency: [[[...]]]}  # achieved / dtype peak, len(m) x len(n) x len(k)
+      attention:                                                     # per kernel (flash, efficient, ...)
+        flash:
+          plateau: {forward: 0.35, backward: 0.30}                   # the prior's full-occupancy share of peak
+          bf16:                                                      # measured rows, per dtype
+            - {seq: 4096, heads: 32, head_dim: 128, causal: true, forward: 0.55, backward: 0.40}
+          source: "..."
+      sdpa_backends: [flash, efficient]                              # the order SDPA tries its backends
       elementwise: {bytes: [...], efficiency: [...]}                 # achieved / HBM bandwidth
       launch_seconds: 4.0e-6
       dispatch_seconds: 1.2e-5
@@ -21,7 +32,7 @@ Schema (docs/calibration.md, "Kernel tables")::
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import attrs
 import numpy as np
@@ -29,14 +40,29 @@ import numpy as np
 from ndcost.errors import InvalidValue
 from ndcost.values import DTYPES
 
-KERNEL_TABLE_KEYS = ("gemm", "elementwise", "launch_seconds", "dispatch_seconds", "source")
+KERNEL_TABLE_KEYS = ("gemm", "attention", "sdpa_backends", "elementwise", "launch_seconds", "dispatch_seconds",
+                     "source")
 GEMM_AXES = ("m", "n", "k")
+ATTENTION_ROW_KEYS = ("seq", "heads", "head_dim", "causal", "forward", "backward")
+PASSES = ("forward", "backward")
 
 # The output tile the prior quantizes on: CUTLASS's and cuBLAS's common 128 x 128 tensor-core tile
 # (CUTLASS media/docs/efficient_gemm.md, "Hierarchical Structure": a threadblock computes one output tile).
 GEMM_TILE = 128
 # The "large square GEMM" whose prior lands exactly at the hardware's stated efficiency.matmul.
 REFERENCE_GEMM = (8192, 8192, 8192)
+
+# The query rows one thread block of an attention kernel takes: FlashAttention-2's kBlockM for head widths up
+# to 128 (flash-attention csrc/flash_attn/src/flash_fwd_launch_template.h, run_mha_fwd_hdim64/128 on sm80+;
+# PyTorch's flash backend vendors these kernels, aten/src/ATen/native/transformers/cuda/flash_attn); its grid is
+# (query blocks, batch, heads). The prior assumes one resident block an SM (from memory, not read off the
+# launch: where an SM holds two, the waves are half as many).
+ATTENTION_QUERY_BLOCK = 128
+SDPA_BACKENDS = ("cudnn", "flash", "efficient", "math")
+# PyTorch's default order (sdp_utils.cpp ``priority_order``: flash, efficient, math, cudnn; math never reached
+# here, as efficient takes every dtype and width a model has). A hardware file's ``sdpa_backends`` states
+# another where its torch prefers cuDNN (``check_prefer_cudnn_attention``: sm90 and sm100 with cuDNN >= 9.9).
+DEFAULT_SDPA_BACKENDS = ("flash", "efficient")
 
 # Priors where a hardware states no launch figures. A CUDA kernel occupies the GPU for at least a few
 # microseconds even when it does nothing (back-to-back empty kernels run at a few hundred thousand a second:
@@ -67,6 +93,28 @@ class ElementwiseTable:
 
 
 @attrs.frozen(kw_only=True, eq=False)
+class AttentionCurve:
+    """One (head_dim, causal, heads) slice of an attention table: efficiency by log2 seq, both passes."""
+
+    head_dim: float
+    causal: bool
+    heads: float
+    log2_seq: np.ndarray
+    forward: np.ndarray
+    backward: np.ndarray
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class AttentionKernelTable:
+    """An attention kernel's figures on a hardware: its measured curves per dtype, its prior's plateau
+    (forward, backward achieved / peak at full occupancy; None where unstated) and their source."""
+
+    curves: Mapping[str, Tuple[AttentionCurve, ...]]
+    plateau: Optional[Tuple[float, float]]
+    source: str
+
+
+@attrs.frozen(kw_only=True, eq=False)
 class KernelTables:
     """A hardware's kernel tables; what a file leaves out is None (its prior applies)."""
 
@@ -75,6 +123,8 @@ class KernelTables:
     launch_seconds: Optional[float]
     dispatch_seconds: Optional[float]
     source: str
+    attention: Mapping[str, AttentionKernelTable] = attrs.field(factory=dict)
+    sdpa_backends: Tuple[str, ...] = DEFAULT_SDPA_BACKENDS
 
 
 def _axis(owner: str, key: str, value: Any) -> np.ndarray:
@@ -115,6 +165,85 @@ def _seconds(owner: str, key: str, value: Any) -> Optional[float]:
     return float(value)
 
 
+def _fraction(owner: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and 0 < value <= 1):
+        raise InvalidValue(f"{owner}: kernel_tables.{key} = {value!r} is outside (0, 1] (achieved over peak)")
+    return float(value)
+
+
+def _attention_rows(owner: str, key: str, rows: Any) -> Tuple[AttentionCurve, ...]:
+    """A kernel's rows of one dtype, grouped by (head_dim, causal, heads) into curves over log2 seq."""
+    if not isinstance(rows, (list, tuple)) or not rows:
+        raise InvalidValue(f"{owner}: kernel_tables.{key} must be a non-empty list of rows "
+                           f"{{{', '.join(ATTENTION_ROW_KEYS)}}}, got {rows!r}")
+    groups: Dict[Tuple[float, bool, float], Dict[float, Tuple[float, float]]] = {}
+    for i, row in enumerate(rows):
+        where = f"{key}[{i}]"
+        if not isinstance(row, Mapping) or sorted(row) != sorted(ATTENTION_ROW_KEYS):
+            raise InvalidValue(f"{owner}: kernel_tables.{where} must state exactly {', '.join(ATTENTION_ROW_KEYS)}, "
+                               f"got {sorted(row) if isinstance(row, Mapping) else row!r}")
+        for name in ("seq", "heads", "head_dim"):
+            v = row[name]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidValue(f"{owner}: kernel_tables.{where}.{name} must be a positive integer, got {v!r}")
+        if not isinstance(row["causal"], bool):
+            raise InvalidValue(f"{owner}: kernel_tables.{where}.causal must be true or false, got {row['causal']!r}")
+        curve = groups.setdefault((float(row["head_dim"]), row["causal"], float(row["heads"])), {})
+        if float(row["seq"]) in curve:
+            raise InvalidValue(f"{owner}: kernel_tables.{where} repeats seq {row['seq']} at head_dim "
+                               f"{row['head_dim']}, heads {row['heads']}, causal {row['causal']}; state each once")
+        curve[float(row["seq"])] = (_fraction(owner, f"{where}.forward", row["forward"]),
+                                    _fraction(owner, f"{where}.backward", row["backward"]))
+    out = []
+    for (head_dim, causal, heads), points in sorted(groups.items()):
+        seqs = sorted(points)
+        out.append(AttentionCurve(head_dim=head_dim, causal=causal, heads=heads, log2_seq=np.log2(seqs),
+                                  forward=np.array([points[q][0] for q in seqs]),
+                                  backward=np.array([points[q][1] for q in seqs])))
+    return tuple(out)
+
+
+def _attention(owner: str, data: Any) -> Dict[str, AttentionKernelTable]:
+    if not isinstance(data, Mapping):
+        raise InvalidValue(f"{owner}: kernel_tables.attention must map a kernel name (flash, efficient, ...) to its "
+                           f"plateau, rows per dtype and source, got {data!r}")
+    out = {}
+    for kernel, entry in data.items():
+        key = f"attention.{kernel}"
+        if not isinstance(entry, Mapping):
+            raise InvalidValue(f"{owner}: kernel_tables.{key} must be a mapping of plateau, source and dtypes, "
+                               f"got {entry!r}")
+        unknown = sorted(str(k) for k in entry if k not in ("plateau", "source") and k not in DTYPES)
+        if unknown:
+            raise InvalidValue(f"{owner}: kernel_tables.{key} has unknown key(s) {', '.join(unknown)}; known: "
+                               f"plateau, source and the dtypes {', '.join(DTYPES)}")
+        source = entry.get("source")
+        if not isinstance(source, str) or not source.strip():
+            raise InvalidValue(f"{owner}: kernel_tables.{key}.source must say where its figures came from (the "
+                               f"measurement, or the paper and figure of a plateau), got {source!r}")
+        plateau = entry.get("plateau")
+        if plateau is not None:
+            if not isinstance(plateau, Mapping) or sorted(plateau) != sorted(PASSES):
+                raise InvalidValue(f"{owner}: kernel_tables.{key}.plateau must state exactly forward and backward, "
+                                   f"got {plateau!r}")
+            plateau = tuple(_fraction(owner, f"{key}.plateau.{p}", plateau[p]) for p in PASSES)
+        curves = {str(d): _attention_rows(owner, f"{key}.{d}", rows) for d, rows in entry.items() if d in DTYPES}
+        if plateau is None and not curves:
+            raise InvalidValue(f"{owner}: kernel_tables.{key} states neither a plateau nor rows; give one or drop it")
+        out[str(kernel)] = AttentionKernelTable(curves=curves, plateau=plateau, source=source.strip())
+    return out
+
+
+def _sdpa_backends(owner: str, value: Any) -> Tuple[str, ...]:
+    if value is None:
+        return DEFAULT_SDPA_BACKENDS
+    if (not isinstance(value, (list, tuple)) or not value or len(set(map(str, value))) != len(value)
+            or any(v not in SDPA_BACKENDS for v in value)):
+        raise InvalidValue(f"{owner}: kernel_tables.sdpa_backends must list SDPA's backends in the order its torch "
+                           f"tries them, each once, from {', '.join(SDPA_BACKENDS)}; got {value!r}")
+    return tuple(value)
+
+
 def parse_kernel_tables(owner: str, data: Any) -> KernelTables:
     """A hardware file's ``kernel_tables`` checked and read; errors name *owner* and the key."""
     if not isinstance(data, Mapping):
@@ -151,7 +280,8 @@ def parse_kernel_tables(owner: str, data: Any) -> KernelTables:
     return KernelTables(gemm=tables, elementwise=table_e,
                         launch_seconds=_seconds(owner, "launch_seconds", data.get("launch_seconds")),
                         dispatch_seconds=_seconds(owner, "dispatch_seconds", data.get("dispatch_seconds")),
-                        source=source.strip())
+                        source=source.strip(), attention=_attention(owner, data.get("attention") or {}),
+                        sdpa_backends=_sdpa_backends(owner, data.get("sdpa_backends")))
 
 
 # ---------------------------------------------------------------------------
@@ -224,6 +354,108 @@ def gemm_efficiency(hardware: Any, tables: Optional[KernelTables], dtype: str, m
                                  peak_flops_per_second=hardware.peak_flops(dtype),
                                  hbm_bytes_per_second=float(hardware.hbm_bytes_per_second),
                                  element_bytes=float(DTYPES[dtype]), groups=groups)
+
+
+# The runtimes' attention kernel names (specs/runtimes/*.yaml ``attention``, the registered attention_kernel/<name>)
+# whose figures another kernel_tables entry holds: Transformers' flash_attention_2 runs the flash-attn package's
+# FlashAttention-2 kernels, the ones PyTorch's SDPA flash backend vendors.
+ATTENTION_KERNEL_ALIASES = {"flash_attention_2": "flash"}
+
+
+def _sdpa_accepts(backend: str, dtype: str, head_dim: int, value_head_dim: int) -> bool:
+    """Whether SDPA's *backend* takes these inputs (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)."""
+    low_precision = dtype in ("bf16", "fp16")                   # check_dtypes_low_precision
+    if backend == "cudnn":                                      # check_cudnn_tensor_shapes: head_dim_limit 128
+        return low_precision and 0 < head_dim <= 128 and 0 < value_head_dim <= 128
+    if backend == "flash":                                      # check_head_dim_size_flash
+        return low_precision and head_dim == value_head_dim and 0 < head_dim <= 256
+    return backend in ("efficient", "math")
+
+
+def attention_kernel(runtime_kernel: str, dtype: str, head_dim: int, value_head_dim: int,
+                     sdpa_backends: Tuple[str, ...] = DEFAULT_SDPA_BACKENDS) -> str:
+    """The ``kernel_tables.attention`` entry a layer's attention runs: the runtime's kernel, for SDPA the
+    first of *sdpa_backends* that takes the inputs, as PyTorch's ``select_sdp_backend`` picks.
+
+    cuDNN and flash take fp16 / bf16 only; flash q, k and v of one head width of at most 256 (so an fp32 row
+    or MLA's 192-wide queries over 128-wide values run the efficient kernel unless cuDNN takes them), cuDNN
+    widths of at most 128. Left out: the widths' multiple-of-8 checks, cuDNN's 256 on sm90 with cuDNN >= 9.10,
+    the sm80+ checks (every CUDA hardware file ndcost ships is an A100 or later) and masks that disable flash.
+    """
+    if runtime_kernel == "sdpa":
+        return next((b for b in sdpa_backends if _sdpa_accepts(b, dtype, head_dim, value_head_dim)), "math")
+    return ATTENTION_KERNEL_ALIASES.get(runtime_kernel, runtime_kernel)
+
+
+def table_attention_efficiency(curves: Tuple[AttentionCurve, ...], seq, batch_heads, head_dim, causal
+                               ) -> Tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) efficiency of measured *curves* at each (seq, batch x heads, head_dim, causal).
+
+    The curve read is the nearest head_dim (log2; exact where measured), then the same causality where measured,
+    then the nearest heads (log2) to the kernel's batch x heads (the measurements run batch 1; the kernel's grid
+    spans both alike); along it, linear in log2 seq, clamped at its ends.
+    """
+    seq, batch_heads, head_dim, causal = np.broadcast_arrays(
+        np.asarray(seq, dtype=np.float64), np.asarray(batch_heads, dtype=np.float64),
+        np.asarray(head_dim, dtype=np.float64), np.asarray(causal, dtype=bool))
+    x = np.log2(np.maximum(seq, 1.0))
+    cost = np.stack([np.abs(np.log2(np.maximum(head_dim, 1.0)) - math.log2(c.head_dim)) * 1e6
+                     + (causal != c.causal) * 1e3
+                     + np.abs(np.log2(np.maximum(batch_heads, 1.0)) - math.log2(c.heads)) for c in curves])
+    pick = cost.argmin(axis=0)
+    forward, backward = np.empty(seq.shape), np.empty(seq.shape)
+    for i, c in enumerate(curves):  # a loop over the table's curves
+        at = pick == i
+        forward[at] = np.interp(x[at], c.log2_seq, c.forward)
+        backward[at] = np.interp(x[at], c.log2_seq, c.backward)
+    return forward, backward
+
+
+def prior_attention_efficiency(seq, batch_heads, *, plateau: float, sm_count: Optional[int]) -> np.ndarray:
+    """The analytic prior of a fused attention kernel's efficiency: ``plateau x waves``, vectorized.
+
+    The kernel's grid is ``batch x heads x ceil(seq / 128)`` query blocks (:data:`ATTENTION_QUERY_BLOCK`), one
+    an SM at a time; they run in ``ceil(blocks / sm_count)`` waves, so the busy share of the SM slots is
+    ``blocks / (ceil(blocks / sm_count) sm_count)`` (1 without ``sm_count``). *plateau* is the kernel's share of
+    the peak on a full device (the hardware file's, from the kernel's paper). Left out: each block's fixed
+    prologue and epilogue against its loop over key blocks (short sequences run below the plateau even at full
+    waves), the causal mask's diagonal blocks, and the imbalance of causal blocks' unequal loops within a wave.
+    """
+    return plateau * _query_block_waves(seq, batch_heads, sm_count)
+
+
+def _query_block_waves(seq, batch_heads, sm_count: Optional[int]) -> np.ndarray:
+    blocks = np.asarray(batch_heads, dtype=np.float64) * np.ceil(np.asarray(seq, dtype=np.float64)
+                                                                 / ATTENTION_QUERY_BLOCK)
+    if not sm_count:
+        return np.ones(blocks.shape)
+    return blocks / (np.ceil(blocks / sm_count) * sm_count)
+
+
+def attention_efficiency(hardware: Any, tables: Optional[KernelTables], kernel: str, dtype: str, seq, batch_heads,
+                         head_dim, causal, *, stated: Tuple[float, float]) -> Tuple[Any, Any]:
+    """(forward, backward) achieved / peak of attention *kernel* (a ``kernel_tables.attention`` name, see
+    :func:`attention_kernel`) on *seq*-long query blocks of *batch_heads* heads: the kernel's measured curves for
+    *dtype*, else the prior on its plateau, else *stated* (``efficiency.attention``, ``attention_backward``, as
+    scalars); arrays broadcast against the inputs."""
+    entry = tables.attention.get(kernel) if tables is not None else None
+    if entry is not None and dtype in entry.curves:
+        return table_attention_efficiency(entry.curves[dtype], seq, batch_heads, head_dim, causal)
+    if entry is not None and entry.plateau is not None:
+        waves = _query_block_waves(seq, batch_heads, hardware.sm_count)
+        return entry.plateau[0] * waves, entry.plateau[1] * waves
+    return stated
+
+
+def attention_source(tables: Optional[KernelTables], kernel: str, dtype: str) -> str:
+    """Where :func:`attention_efficiency` takes *kernel*'s figures for *dtype* from (for the provenance)."""
+    entry = tables.attention.get(kernel) if tables is not None else None
+    if entry is not None and dtype in entry.curves:
+        return f"kernel_tables.attention.{kernel}.{dtype} ({entry.source})"
+    if entry is not None and entry.plateau is not None:
+        return (f"prior: query-block waves x kernel_tables.attention.{kernel}.plateau "
+                f"{entry.plateau[0]:g} / {entry.plateau[1]:g} ({entry.source})")
+    return "efficiency.attention / attention_backward"
 
 
 def elementwise_efficiency(tables: Optional[KernelTables], bytes_per_kernel, *, stated: float):

@@ -341,9 +341,20 @@ class CostModel:
                                    f"(tried {', '.join(self._family.flops_estimators(self.spec, kind))})")
             flops = _estimator("flops", "analytic")
             merged = {**records, "output": output} if output is not None else dict(records)
-            self.resolved.model_work[seq] = flops.model_work(self.spec, seq, merged, self.parameters, works)
+            work = flops.model_work(self.spec, seq, merged, self.parameters, works)
+            self.resolved.model_work[seq] = attrs.evolve(work, attention_kernel=self._attention_kernel())
             self.resolved.flops_sources[seq] = sources
         return self.resolved.model_work[seq]
+
+    def _attention_kernel(self) -> str:
+        """The attention kernel the runtime profile runs for this model (its fallback where the family refuses
+        it), which the time model prices the scores by; "" without a profile or where none is registered."""
+        if self._profile is None:
+            return ""
+        try:
+            return str(_estimator("activations", "op_records").attention_kernel(self.spec, self._estimator_runtime))
+        except NdcostError:
+            return ""
 
     def _choose_records(self, seq: int) -> memory.RecordTables:
         built = [k for i, k in enumerate(self.tables.kinds)

@@ -126,6 +126,11 @@ class KindWork:
     gemms: Tuple[Gemm, ...] = ()       # the matmul shapes (empty: unknown, a constant efficiency prices them)
     launches_per_layer: float = 0.0    # kernels a forward launches, at TP 1
     launches_per_token: float = 0.0    # more of them for each token of a sequence (a chunked recurrence's loop)
+    # the attention kernel's shape at TP 1: query heads, a query's (and key's) and a value's width a head; 0:
+    # unknown (the constant efficiency.attention prices the scores)
+    attention_heads: int = 0
+    attention_head_dim: int = 0
+    attention_value_head_dim: int = 0
 
     def forward_flops(self, seq, *, all_pairs: bool = False):
         """This kind's forward FLOPs on one sequence of *seq* tokens (vectorized)."""
@@ -153,6 +158,7 @@ class ModelWork:
     head_flops_per_token: float = 0.0
     loss_bytes_per_token: Optional[float] = None  # the output layer's elementwise bytes (census); else analytic
     source: str = ""
+    attention_kernel: str = ""             # the runtime's attention kernel (attention_kernel/<name>); "": unknown
 
     @property
     def num_layers(self) -> int:

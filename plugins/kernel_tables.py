@@ -1,11 +1,13 @@
 """Kernel tables fitted from measured kernels or from a user's torch.profiler trace (docs/calibration.md).
 
 A hardware's ``kernel_tables`` (schema: :func:`ndcost.plugins.calibration.check_kernel_tables`) hold the
-GEMM efficiency (achieved / the dtype's peak) on an (m, n, k) log2 grid per dtype, the elementwise
+GEMM efficiency (achieved / the dtype's peak) on an (m, n, k) log2 grid per dtype, the attention kernels'
+forward and backward efficiency by (seq, heads, head_dim, causal) rows per kernel and dtype, the elementwise
 efficiency (achieved / HBM bandwidth) by bytes a kernel moves, the GPU's floor per kernel and the host's
 eager dispatch per op. Two sources give points to fit them on:
 
-- ``benchmarks/measure_kernels.py``'s JSON (:func:`read_kernel_measurements`): a sweep over the grid itself;
+- ``benchmarks/measure_kernels.py``'s JSON (:func:`read_kernel_measurements`): a sweep over the grid itself,
+  and SDPA's backends timed by shape (its ``sdpa`` section: each shape a row of its backend's table);
 - a Chrome trace of ``torch.profiler`` with ``record_shapes=True`` (:func:`read_trace`): each
   ``aten::mm`` / ``addmm`` / ``matmul`` / ``bmm`` with its "Input Dims", timed by the CUDA kernels it
   launched (matched by "External id", or the launch's correlation id) or, on a CPU-only trace, by its own
@@ -81,6 +83,27 @@ class ElementwisePoint:
 
 
 @attrs.frozen(kw_only=True)
+class AttentionPoint:
+    """One timed attention kernel (an SDPA backend) on batch 1: its forward, and its forward and backward."""
+
+    kernel: str
+    seq: int
+    heads: int
+    head_dim: int
+    causal: bool
+    forward_seconds: float
+    forward_backward_seconds: float
+    dtype: str = "bf16"
+
+    @property
+    def forward_flops(self) -> float:
+        """``Q K^T`` and ``P V`` at the pairs the time model counts: ``s (s + 1) / 2`` causal, else ``s^2``
+        (ndcost.work.causal_pairs); the backward twice these."""
+        pairs = self.seq * (self.seq + 1) / 2 if self.causal else self.seq * self.seq
+        return 4.0 * self.heads * self.head_dim * pairs
+
+
+@attrs.frozen(kw_only=True)
 class KernelPoints:
     """What a source measured: GEMM and elementwise points, the launch floor and dispatch figures (with the
     samples behind each: kernels timed, or a trace's kernel pairs; 0 where none), the grids it swept
@@ -98,6 +121,7 @@ class KernelPoints:
     elementwise_bytes: Optional[Tuple[int, ...]] = None
     skipped: Mapping[str, int] = attrs.field(factory=dict)   # why -> how many ops
     hardware: Optional[str] = None                           # the hardware the source names (measurements)
+    attention: Tuple[AttentionPoint, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -113,7 +137,8 @@ class KernelTableFit:
 
     def to_dict(self) -> Dict[str, Any]:
         return {"hardware": self.hardware, "source": self.points.source, "device": self.points.device,
-                "points": {"gemm": len(self.points.gemm), "elementwise": len(self.points.elementwise)},
+                "points": {"gemm": len(self.points.gemm), "elementwise": len(self.points.elementwise),
+                           "attention": len(self.points.attention)},
                 "skipped": dict(self.points.skipped), "cells": [dict(c) for c in self.cells],
                 "scalars": {k: dict(v) for k, v in self.scalars.items()},
                 "errors": {k: dict(v) for k, v in self.errors.items()}, "kernel_tables": self.tables}
@@ -187,6 +212,8 @@ def fit_kernel_tables(points: KernelPoints, hardware, current: Optional[Mapping[
         table_prior = current.get("elementwise") or {"bytes": grid_bytes, "efficiency": prior.tolist()}
         errors["elementwise"] = _errors(np.log(ideal / _interpolate_1d(table_prior, moved) / measured),
                                         np.log(ideal / _interpolate_1d(tables["elementwise"], moved) / measured))
+    if points.attention:
+        tables["attention"] = _fit_attention(points, hardware, current, scalar, cells, errors, skipped)
     scalars = {}
     for key, value, samples in (("launch_seconds", points.launch_seconds, points.launch_samples),
                                 ("dispatch_seconds", points.dispatch_seconds, points.dispatch_samples)):
@@ -198,6 +225,62 @@ def fit_kernel_tables(points: KernelPoints, hardware, current: Optional[Mapping[
     check_kernel_tables(tables, f"the tables fitted for hardware {hardware.name!r}")
     return KernelTableFit(hardware=hardware.name, tables=as_plain(tables), cells=tuple(cells), scalars=scalars,
                           errors=errors, points=attrs.evolve(points, skipped=skipped))
+
+
+def _fit_attention(points: KernelPoints, hardware, current: Mapping[str, Any], scalar: Mapping[str, float],
+                   cells: List[Dict[str, Any]], errors: Dict[str, Dict[str, Any]], skipped: Dict[str, int]
+                   ) -> Dict[str, Any]:
+    """The ``attention`` tables: *current*'s with a row for each shape timed, its forward efficiency the
+    points' total ideal forward seconds over their total measured, its backward's likewise (a timing's
+    backward seconds its forward and backward less its forward; the backward's FLOPs twice the forward's).
+    A shape's prior is what the time model read there before (the kernel's rows, its plateau's prior, else
+    ``efficiency.attention``)."""
+    tables = {str(name): dict(entry) for name, entry in (current.get("attention") or {}).items()}
+    before = kernels.parse_kernel_tables(f"hardware {hardware.name!r}", {**current, "source": "current"})
+    groups: Dict[Tuple[Any, ...], List[AttentionPoint]] = {}
+    for p in points.attention:
+        if p.dtype not in hardware.peak_flops_per_second:
+            why = f"{p.dtype} attention kernels (hardware {hardware.name!r} states no {p.dtype} peak)"
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
+        groups.setdefault((p.kernel, p.dtype, p.seq, p.heads, p.head_dim, p.causal), []).append(p)
+    logs_prior: List[float] = []
+    logs_fitted: List[float] = []
+    for (kernel, dtype, seq, heads, head_dim, causal), found in sorted(groups.items()):
+        peak = hardware.peak_flops(dtype)
+        ideal_f = np.array([p.forward_flops / peak for p in found])
+        measured_f = np.array([p.forward_seconds for p in found])
+        measured_b = np.array([p.forward_backward_seconds - p.forward_seconds for p in found])
+        label = f"attention {kernel} {dtype} seq {seq}, heads {heads}, head_dim {head_dim}, causal {causal}"
+        if (measured_b <= 0).any():
+            raise InvalidValue(f"{label}: forward and backward timed no longer than the forward alone; the "
+                               f"timings are noise: rerun benchmarks/measure_kernels.py on an idle GPU")
+        fitted = (ideal_f.sum() / measured_f.sum(), 2.0 * ideal_f.sum() / measured_b.sum())
+        for what, value in zip(("forward", "backward"), fitted, strict=True):
+            if not 0.0 < value <= 1.0:
+                raise InvalidValue(f"{label}: its {len(found)} point(s) ran the {what} at {value:.3f} of the peak, "
+                                   f"above 1: the hardware's peak is too low for what was measured; check --hardware")
+        prior = [float(v) for v in kernels.attention_efficiency(
+            hardware, before, kernel, dtype, seq, heads, head_dim, causal,
+            stated=(scalar["attention"], scalar["attention_backward"]))]
+        cells.append({"dtype": dtype, "kernel": kernel, "seq": seq, "heads": heads, "head_dim": head_dim,
+                      "causal": causal, "points": len(found), "prior": prior[0], "fitted": float(fitted[0]),
+                      "prior_backward": prior[1], "fitted_backward": float(fitted[1])})
+        entry = tables.setdefault(kernel, {})
+        key = (seq, heads, head_dim, causal)
+        rows = [r for r in entry.get(dtype, ()) if (r["seq"], r["heads"], r["head_dim"], r["causal"]) != key]
+        entry[dtype] = sorted(rows + [{"seq": seq, "heads": heads, "head_dim": head_dim, "causal": causal,
+                                       "forward": float(fitted[0]), "backward": float(fitted[1])}],
+                              key=lambda r: (r["head_dim"], r["causal"], r["heads"], r["seq"]))
+        old = entry.get("source")
+        entry["source"] = points.source if old in (None, points.source) else f"{points.source}; before: {old}"
+        ideal_b = 2.0 * ideal_f
+        logs_prior += list(np.log(ideal_f / prior[0] / measured_f)) + list(np.log(ideal_b / prior[1] / measured_b))
+        logs_fitted += (list(np.log(ideal_f / fitted[0] / measured_f))
+                        + list(np.log(ideal_b / fitted[1] / measured_b)))
+    if logs_prior:
+        errors["attention"] = _errors(logs_prior, logs_fitted)
+    return tables
 
 
 def _fit_cells(prior: np.ndarray, index: Tuple[np.ndarray, ...], ideal: np.ndarray, measured: np.ndarray,
@@ -284,8 +367,15 @@ def kernel_points_from_measurements(doc: Any, path: str) -> KernelPoints:
         points = tuple(ElementwisePoint(bytes=int(t["bytes"]), seconds=_seconds(t["seconds"], f"{t['op']} "
                                                                                 f"{t['bytes']} bytes"), op=t["op"])
                        for t in elementwise.get("timings", ()))
+        attention = tuple(
+            AttentionPoint(kernel=str(t["backend"]), seq=int(t["seq"]), heads=int(t["heads"]),
+                           head_dim=int(t["head_dim"]), causal=bool(t["causal"]), dtype=str(t.get("dtype", "bf16")),
+                           forward_seconds=_seconds(t["forward_seconds"], f"sdpa {t['backend']} seq {t['seq']}"),
+                           forward_backward_seconds=_seconds(t["forward_backward_seconds"],
+                                                             f"sdpa {t['backend']} seq {t['seq']} backward"))
+            for t in doc.get("sdpa", {}).get("timings", ()))
         launch, dispatch = doc.get("launch", {}), doc.get("dispatch", {})
-        return KernelPoints(
+        return KernelPoints(attention=attention,
             source=f"benchmarks/measure_kernels.py on {doc.get('device_name', doc.get('device'))}, "
                    f"torch {doc.get('torch')} ({path})",
             device=str(doc.get("device")), gemm=tuple(gemm), elementwise=points, gemm_grids=grids,

@@ -184,7 +184,8 @@ def _run_kernel_tables(args, registry):
     fit = registry.get("calibration/kernel_tables")(points, hardware, current)
     data = fit.to_dict()
     lines = [f"hardware {hardware.name}: kernel tables fitted from {points.source}: {len(points.gemm)} matmuls, "
-             f"{len(points.elementwise)} elementwise kernels, timed on {points.device}"]
+             f"{len(points.elementwise)} elementwise kernels, {len(points.attention)} attention kernels, timed on "
+             f"{points.device}"]
     gemm_cells = [c for c in fit.cells if "m" in c]
     if gemm_cells:
         lines += ["", table([[c["dtype"], c["m"], c["n"], c["k"], c["points"], c["prior"], c["fitted"],
@@ -195,6 +196,14 @@ def _run_kernel_tables(args, registry):
         lines += ["", table([["elementwise", c["bytes"], c["points"], c["prior"], c["fitted"],
                               _moved(c["prior"], c["fitted"])] for c in elementwise_cells],
                             ["kernels", "bytes", "points", "prior", "fitted", "moved"], align="lrrrrr")]
+    attention_cells = [c for c in fit.cells if "kernel" in c]
+    if attention_cells:
+        lines += ["", table([[f"{c['kernel']} {c['dtype']}", c["seq"], c["heads"], c["head_dim"],
+                              "yes" if c["causal"] else "no", c["points"],
+                              f"{c['prior']:.3f} / {c['prior_backward']:.3f}",
+                              f"{c['fitted']:.3f} / {c['fitted_backward']:.3f}"] for c in attention_cells],
+                            ["attention", "seq", "heads", "head_dim", "causal", "points", "prior fwd / bwd",
+                             "fitted fwd / bwd"], align="lrrrlrrr")]
     lines.append("")
     for key, s in fit.scalars.items():
         prior = "none" if s["prior"] is None else f"{s['prior']:.3g} s"

@@ -270,7 +270,8 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
     fields = ("attention_mm_flops_per_token", "other_mm_flops_per_token", "routed_mm_flops_per_token",
               "score_flops_per_pair", "window", "linrec_flops_per_token", "elementwise_elements_per_token",
               "replicated_elements_per_token", "dense_parameters", "routed_parameters", "replicated_parameters",
-              "query_elements_per_token", "kv_elements_per_token", "experts_per_token")
+              "query_elements_per_token", "kv_elements_per_token", "experts_per_token", "attention_heads",
+              "attention_head_dim", "attention_value_head_dim")
     out = {f: np.array([float(getattr(model.work[k], f)) for k in model.kinds]) for f in fields}
     out["has_attention"] = np.array([model.work[k].has_attention for k in model.kinds])
     out["launches_per_layer"] = np.array([float(model.work[k].launches_per_layer) for k in model.kinds])
@@ -600,8 +601,7 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     tables = _kernel_tables(hardware)
     per_kernel = elementwise / k["elementwise_launches"]
     fwd_mm, bwd_mm = matmul(1.0, inverse_f), matmul(2.0, inverse_b)
-    fwd_scores = scores / (peak * eff["attention"])
-    bwd_scores = 2.0 * scores / (peak * eff["attention_backward"])
+    fwd_scores, bwd_scores = _scores_seconds(model, rows, cols, hardware, eff, scores)
     floor = _launch_bound(model, rows, cols, hardware)
     roofline_f = (fwd_mm + fwd_scores + linrec / (peak * eff["linrec"])
                   + (elementwise + cast_fwd) / (hbm * kernels.elementwise_efficiency(tables, per_kernel,
@@ -627,6 +627,111 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
             "scores_forward": fwd_scores, "scores_backward": bwd_scores,
             "matmul_forward": fwd_mm, "matmul_backward": bwd_mm,
             "selective_measured": np.broadcast_to(measured, forward.shape)}
+
+
+# Transformers' eager_attention_forward (modeling_llama.py and the families that copy it) on a 2-byte compute dtype,
+# bytes a score element moves outside the two matmuls each pass: the forward's scaling (read, write: 4), mask add
+# (4), softmax to fp32 (read 2, write 4) and the cast back (read 4, write 2); the backward's cast to fp32 (6),
+# softmax backward (reads the fp32 gradient and output, writes 2: 10) and the scaling's (4). Dropout at p = 0
+# returns its input (torch.nn.functional.dropout); the mask's reads (a batch's, not a head's) are left out.
+EAGER_SOFTMAX_BYTES_PER_SCORE = 20.0
+EAGER_SOFTMAX_KERNELS = 4
+
+
+def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hardware: Hardware, eff,
+                    scores: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """``(N, K)`` forward and backward seconds of the attention scores (``Q K^T`` and ``P V``: *scores* FLOPs, one
+    layer and micro-batch on one device) at the efficiency of the kernel the runtime runs, on the shape it runs.
+
+    The kernel is the runtime's (``ModelWork.attention_kernel``; SDPA's backend as PyTorch picks it in the
+    hardware's ``kernel_tables.sdpa_backends`` order, :func:`ndcost.kernels.attention_kernel`), read per compute
+    dtype and kind. Its query block is the rank's
+    ``seq / cp`` tokens under ring CP (each of the ``cp`` steps runs the kernel on them against one block of
+    ``seq / cp`` keys: the efficiency is that block's) and the whole sequence under Ulysses (the heads split
+    ``cp`` ways instead); its heads ``micro_batch x heads / tp``. A fused kernel takes
+    :func:`ndcost.kernels.attention_efficiency` (measured curves, the plateau prior, else the constant) on the
+    estimator's FLOPs. Eager attention is priced as what it runs (:func:`_eager_scores`): two batched matmuls
+    over every ``s_q x s`` pair at their GEMM efficiency (``Q K^T``: ``s_q x s x d``, ``P V``: ``s_q x d_v x s``,
+    the backward's four products likewise) and its softmax's elementwise bytes; left out there, the extra
+    elementwise ops a family's own eager function adds (GPT-OSS's sinks: a concatenation, a max). A kind
+    without heads (``KindWork.attention_heads`` 0), or a model without a runtime kernel, keeps
+    ``efficiency.attention`` and ``attention_backward``. Left out: the ring's partial-output merges and its
+    steps' launches.
+    """
+    peak = rows.peak_flops[:, None]
+    tables = _kernel_tables(hardware)
+    order = kernels.DEFAULT_SDPA_BACKENDS if tables is None else tables.sdpa_backends
+    k = _kind_arrays(model)
+    groups = _derived(("attention_kernels", order), model, lambda m: _attention_groups(m, k, order))
+    codes = np.asarray(cols["compute_dtype"])
+    one_dtype = bool((codes == codes[0]).all())
+    first = groups[DTYPE_NAMES[int(codes[0])]]
+    covered = one_dtype and len(first) == 1 and isinstance(first[0][1], slice)  # one kernel prices every kind
+    if not covered:
+        forward = scores / (peak * eff["attention"])
+        backward = 2.0 * scores / (peak * eff["attention_backward"])
+        if not any(groups.values()):
+            return forward, backward
+    ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
+    cp, seq = rows.cp[:, None], rows.seq[:, None]
+    head_split = np.where(ulysses, cp, 1.0)
+    seq_q = seq / (cp / head_split)
+    heads = (rows.micro_batch[:, None] / (rows.tp[:, None] * head_split)) * k["attention_heads"]
+    for code in [int(codes[0])] if one_dtype else np.unique(codes).tolist():  # the compute dtypes a batch uses
+        dtype = DTYPE_NAMES[code]
+        at = slice(None) if one_dtype else codes == code
+        for name, kinds, d, dv in groups[dtype]:  # and the kernels its kinds run (one a kind)
+            cell = (at, kinds) if isinstance(at, slice) or isinstance(kinds, slice) else np.ix_(at, kinds)
+            if name == "eager":
+                f, b = _eager_scores(hardware, tables, dtype, eff, seq_q[at], seq[at], heads[cell], d, dv, peak[at],
+                                     rows.compute_bytes[at][:, None])
+            else:
+                ef, eb = kernels.attention_efficiency(hardware, tables, name, dtype, seq_q[at], heads[cell], d, True,
+                                                      stated=(eff["attention"], eff["attention_backward"]))
+                f, b = scores[cell] / (peak[at] * ef), 2.0 * scores[cell] / (peak[at] * eb)
+            if covered:
+                return f, b
+            forward[cell], backward[cell] = f, b
+    return forward, backward
+
+
+def _attention_groups(model: ModelWork, k: Mapping[str, np.ndarray], order: Tuple[str, ...]):
+    """Per compute dtype, each attention kernel the model's kinds with heads run under SDPA order *order*:
+    ``(kernel, kinds, head_dim, value_head_dim)``, *kinds* a slice where every kind runs it, else a mask."""
+    shaped = (k["attention_heads"] > 0) & bool(model.attention_kernel)
+    out: Dict[str, list] = {}
+    for dtype in DTYPE_NAMES:
+        names = [kernels.attention_kernel(model.attention_kernel, dtype, int(d), int(dv), order)
+                 for d, dv in zip(k["attention_head_dim"], k["attention_value_head_dim"], strict=True)]
+        out[dtype] = []
+        for name in sorted({n for n, on in zip(names, shaped, strict=True) if on}):
+            kinds = shaped & np.array([n == name for n in names])
+            out[dtype].append((name, slice(None) if kinds.all() else kinds, k["attention_head_dim"][kinds],
+                               k["attention_value_head_dim"][kinds]))
+    return out
+
+
+def _eager_scores(hardware: Hardware, tables, dtype: str, eff, seq_q, seq_k, heads, d, dv, peak, width):
+    """Eager attention's forward and backward seconds: its batched matmuls over every ``s_q x s_k`` pair (eager
+    masks, it skips nothing: ``2 s_q s_k d`` FLOPs a head for ``Q K^T``, ``2 s_q s_k d_v`` for ``P V``, the
+    backward's four products each its forward's) at their shapes' GEMM efficiency, and its softmax's bytes
+    (:data:`EAGER_SOFTMAX_BYTES_PER_SCORE` a score)."""
+    def inverse(m, n, kk, key):
+        return 1.0 / kernels.gemm_efficiency(hardware, tables, dtype, m, n, kk, stated=eff[key], groups=heads)
+
+    pairs = heads * seq_q * seq_k
+    qk, pv = 2.0 * pairs * d, 2.0 * pairs * dv
+    forward = qk * inverse(seq_q, seq_k, d, "matmul") + pv * inverse(seq_q, dv, seq_k, "matmul")
+    backward = (qk * (inverse(seq_q, d, seq_k, "matmul_backward")             # dQ = dS K
+                      + inverse(seq_k, d, seq_q, "matmul_backward"))          # dK = dS^T Q
+                + pv * (inverse(seq_q, seq_k, dv, "matmul_backward")          # dP = dO V^T
+                        + inverse(seq_k, dv, seq_q, "matmul_backward")))      # dV = P^T dO
+    moved = EAGER_SOFTMAX_BYTES_PER_SCORE * width / 2.0 * pairs
+    hbm = float(hardware.hbm_bytes_per_second)
+    per_kernel = moved / EAGER_SOFTMAX_KERNELS
+    return (forward / peak + moved / (hbm * kernels.elementwise_efficiency(tables, per_kernel, stated=eff["memory"])),
+            backward / peak + moved / (hbm * kernels.elementwise_efficiency(tables, per_kernel,
+                                                                             stated=eff["memory_backward"])))
 
 
 def _elementwise_elements(model: ModelWork, k: Mapping[str, np.ndarray], cols: Mapping[str, Any], tp, sp):
@@ -1333,10 +1438,30 @@ def _kernel_provenance(model: ModelWork, hardware: Hardware) -> str:
     elementwise = ("elementwise by bytes a kernel: kernel_tables" if tables is not None and tables.elementwise
                    is not None else "elementwise: constant efficiency.memory")
     launch, dispatch, source = kernels.launch_costs(tables)
-    return (f"{gemm}; {elementwise}; a layer's pass >= its launches x max(launch {launch:g} s, dispatch "
-            f"{dispatch:g} s) ({source}), forward launches {launches}, backward twice the forward's; checkpoint's host "
-            f"work (eager) {dict(CHECKPOINT_HOST_RATIOS)} plain forwards (forward, recompute), core_attention "
-            f"{CORE_ATTENTION_HOST_OPS} plain ops a layer with attention")
+    return (f"{gemm}; {_attention_provenance(model, tables)}; {elementwise}; a layer's pass >= its launches x "
+            f"max(launch {launch:g} s, dispatch {dispatch:g} s) ({source}), forward launches {launches}, backward "
+            f"twice the forward's; checkpoint's host work (eager) {dict(CHECKPOINT_HOST_RATIOS)} plain forwards "
+            f"(forward, recompute), core_attention {CORE_ATTENTION_HOST_OPS} plain ops a layer with attention")
+
+
+def _attention_provenance(model: ModelWork, tables: Optional[kernels.KernelTables]) -> str:
+    """Which kernel each kind's attention scores run at bf16 and where its efficiency comes from."""
+    kinds = [k for k in model.kinds if model.work[k].has_attention]
+    shaped = [k for k in kinds if model.work[k].attention_heads > 0]
+    if not model.attention_kernel or not shaped:
+        return "attention scores: constant efficiency.attention / attention_backward (no runtime kernel or shape)"
+    parts = []
+    for kind in shaped:
+        work = model.work[kind]
+        name = kernels.attention_kernel(model.attention_kernel, "bf16", work.attention_head_dim,
+                                        work.attention_value_head_dim,
+                                        kernels.DEFAULT_SDPA_BACKENDS if tables is None else tables.sdpa_backends)
+        where = ("batched matmuls at their GEMM efficiency and the softmax's bytes" if name == "eager"
+                 else kernels.attention_source(tables, name, "bf16"))
+        parts.append(f"{kind}: {name}, {where}")
+    unshaped = sorted(set(kinds) - set(shaped))
+    rest = f"; no heads, constant efficiency.attention: {', '.join(unshaped)}" if unshaped else ""
+    return f"attention scores under the runtime's {model.attention_kernel} at bf16: {'; '.join(parts)}{rest}"
 
 
 def _kernel_kinds(model: ModelWork) -> Tuple[str, str]:

@@ -120,7 +120,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     out: Dict[str, Any] = {"matmuls": {}, "score_per_pair": 0.0, "linrec_per_token": 0.0,
                            "query_elements": 0, "kv_elements": 0, "has_attention": True, "experts_per_token": 0,
                            "elementwise": 0.0, "replicated": 0.0, "fused_elementwise": 0.0, "fused_replicated": 0.0,
-                           "splits": {}, "launches": 0, "launches_per_token": 0.0}
+                           "splits": {}, "launches": 0, "launches_per_token": 0.0, "heads": (0, 0, 0)}
     mm = out["matmuls"]  # part -> list of (in, out, tokens_multiplier)
     splits = out["splits"]  # part -> how TP splits each of mm[part]: none, column, row
     info = spec.kind(kind)
@@ -170,6 +170,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             # the kv norm, rotary on the rope parts of q and k, the key's concatenation, the kernel
             out["launches"] += NORM_LAUNCHES + (2 * ROTARY_LAUNCHES if rotary else 0) + 2 + 1
             out["score_per_pair"] = float(2 * heads * qk + 2 * heads * vdim)
+            out["heads"] = (heads, qk, vdim)
             out["query_elements"] = heads * qk
             out["kv_elements"] = heads * (qk + vdim)
             out["elementwise"] += (rotary_elements * (heads + 1) + table_reads) * rope if rotary else 0
@@ -184,6 +185,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             out["launches"] += ((2 * ROTARY_LAUNCHES if rotary else 0) + (2 * NORM_LAUNCHES if info.qk_norm else 0)
                                 + 1 + (2 if info.output_gate else 0))
             out["score_per_pair"] = float(4 * heads * d)
+            out["heads"] = (heads, d, d)
             out["query_elements"] = heads * d
             out["kv_elements"] = 2 * kv * d
             out["elementwise"] += (rotary_elements * (heads + kv) + table_reads) * d if rotary else 0
@@ -359,6 +361,8 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         compiled_elementwise_elements_per_token=shapes["fused_elementwise"],
         compiled_replicated_elements_per_token=shapes["fused_replicated"],
         gemms=tuple(shapes["gemms"]), launches_per_layer=launches, launches_per_token=launches_per_token,
+        attention_heads=int(shapes["heads"][0]), attention_head_dim=int(shapes["heads"][1]),
+        attention_value_head_dim=int(shapes["heads"][2]),
     )
 
 
@@ -406,7 +410,7 @@ def _generic_shapes(spec: ModelSpec) -> Dict[str, Any]:
     return {"matmuls": {}, "score_per_pair": 0.0, "linrec_per_token": 0.0, "query_elements": heads * d,
             "kv_elements": 2 * kv * d, "has_attention": True, "experts_per_token": spec.num_experts_per_tok or 0,
             "elementwise": 0.0, "replicated": 0.0, "matmul_io": {}, "fused_elementwise": None,
-            "fused_replicated": None, "gemms": (), "launches": 0, "launches_per_token": 0.0}
+            "fused_replicated": None, "gemms": (), "launches": 0, "launches_per_token": 0.0, "heads": (0, 0, 0)}
 
 
 
