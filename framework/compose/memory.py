@@ -665,6 +665,9 @@ class _StageActivations:
     made_last: np.ndarray        # the layer's gradients made at the last layer's backward peak
     pending_end: np.ndarray      # the layer's gradients not yet made at the first layer's
     accumulating: np.ndarray     # bool: the rank has run a backward before (it holds every gradient)
+    # what save_on_cpu's copies (one a layer's save) of the tables the model hands every layer add over the
+    # one storage a micro-batch that activations count
+    shared_copies_extra: np.ndarray
 
 
 def _stage_activations(layer: _LayerActivations, where: placement_rules.Placement, held, params: _StageParameters,
@@ -712,11 +715,13 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
             out["working_layer"] = np.where(later, working, out["working_layer"])
             out["pending_end"] = np.where(later, pending, out["pending_end"])
             best_end = np.where(later, working - pending, best_end)
-    shared_one = np.zeros((n, ranks))
+    shared_one, out["shared_copies_extra"] = np.zeros((n, ranks)), np.zeros((n, ranks))
     for c in range(chunks):  # the tensors the model hands every layer: one storage a chunk and micro-batch
-        shared = np.zeros((n, ranks))
+        shared, copies = np.zeros((n, ranks)), np.zeros((n, ranks))
         for k in range(kinds):
             shared = np.maximum(shared, np.where(where.layers[k][:, :, c] > 0, layer.shared[:, k][:, None], 0.0))
+            copies = copies + where.layers[k][:, :, c] * layer.shared[:, k][:, None]
+        out["shared_copies_extra"] = out["shared_copies_extra"] + held_float[:, :, c] * (copies - shared)
         out["activations"] = out["activations"] + held_float[:, :, c] * shared
         out["one_micro_batch"] = out["one_micro_batch"] + np.where(held[:, :, c] > 0, shared, 0.0)
         shared_one = np.maximum(shared_one, np.where(held[:, :, c] > 0, shared, 0.0))
@@ -879,16 +884,20 @@ def _offload_activations(moments, stage: _StageActivations, layer: _LayerActivat
     plain = (where.layers - where.recomputed).sum(axis=3)  # (K, N, R): each rank's layers of each kind
     recomputed = where.recomputed.sum(axis=3)
     in_flight, per_micro_batch = zeros, zeros
+    # save_on_cpu copies every save, so each layer's of the tables the model hands every layer is its own copy
+    # (torch/autograd/graph.py, save_on_cpu's pack_to_cpu): the host holds them once a layer, not a stage
     for k in range(plain.shape[0]):  # a loop over kinds, never layers
         keep_plain, keep_recomputed = layer.keep_plain[:, k][:, None], layer.keep_recomputed[:, k][:, None]
-        in_flight = np.maximum(in_flight, np.maximum(np.where(plain[k] > 0, keep_plain, 0.0),
-                                                     np.where(recomputed[k] > 0, keep_recomputed, 0.0)))
-        per_micro_batch = per_micro_batch + plain[k] * keep_plain + recomputed[k] * keep_recomputed
+        shared = layer.shared[:, k][:, None]
+        in_flight = np.maximum(in_flight, np.maximum(np.where(plain[k] > 0, keep_plain + shared, 0.0),
+                                                     np.where(recomputed[k] > 0, keep_recomputed + shared, 0.0)))
+        per_micro_batch = (per_micro_batch + plain[k] * keep_plain + recomputed[k] * keep_recomputed
+                           + (plain[k] + recomputed[k]) * shared)
     offloaded = rows[:, None]
     on_device = [zeros, whole(np.minimum(stage.activations, in_flight))] + [zeros] * (len(moments) - 2)
     moments = [dict(m, activations=np.where(offloaded, kept, m["activations"]))
                for m, kept in zip(moments, on_device, strict=True)]
-    host_activations = np.where(offloaded, whole(stage.activations), 0.0)
+    host_activations = np.where(offloaded, whole(stage.activations + stage.shared_copies_extra), 0.0)
     return (moments, host_states["persistent"] + np.maximum(host_states["step"], host_activations),
             np.where(offloaded, whole(per_micro_batch), 0.0))
 
