@@ -455,7 +455,7 @@ def census_stack_selective(config: Any, seq: int, runtime: Any, policy: Any) -> 
         finally:
             for handle in handed.handles:
                 handle.remove()
-            for layer, forward in zip(layers, originals):
+            for layer, forward in zip(layers, originals, strict=True):
                 layer.forward = forward
         return [SelectiveMeasure(kept_bytes=kept[index], ledger=ledgers[index]) for index in range(len(layers))]
 
@@ -521,8 +521,8 @@ def _selective_passes(config: Any, seq: int, runtime: Any,
 
     policy = policy_for(runtime)
     try:
-        return tuple(census_stack_selective(stack_tp_config(config, tp), seq, runtime, policy)  # type: ignore
-                     for tp in (1, 2))
+        return (census_stack_selective(stack_tp_config(config, 1), seq, runtime, policy),
+                census_stack_selective(stack_tp_config(config, 2), seq, runtime, policy))
     except (CensusUnavailable, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
         say(f"  the stack under checkpoint_policy/{policy.name} not measured ({type(exc).__name__}: {first}); "
@@ -537,6 +537,7 @@ def _selective_figures(selective: Any, members: Sequence[int], plain: Sequence[L
     did not run under the policy, or where the kind keeps more under it than plain (the layer census refuses
     such a layer: the policy holds outputs no backward reads)."""
     from ndcost.plugins.census.records import split
+    from ndcost.plugins.census.selective import RecomputeLedger
 
     if selective is None:
         return {}
@@ -545,18 +546,14 @@ def _selective_figures(selective: Any, members: Sequence[int], plain: Sequence[L
     if mean_1 > sum(plain[i].kept_bytes for i in members) / len(members):
         say(f"  {kind}: keeps more under the selective policy than plain; the formulas price selective recompute")
         return {}
-    flops: Dict[Tuple[bool, bool], int] = {}
+    together = RecomputeLedger(())
     for index in members:
         for key, value in one[index].ledger.flops.items():
-            flops[key] = flops.get(key, 0) + value
-
-    def share(attention: bool) -> float:
-        again, once = flops.get((attention, True), 0), flops.get((attention, False), 0)
-        return 0.0 if again + once == 0 else again / (again + once)
-
+            together.flops[key] = together.flops.get(key, 0) + value
     selective_per_token, selective_tp_per_token = split(mean_1, mean_2, seq)
     return dict(selective_per_token=selective_per_token, selective_tp_per_token=selective_tp_per_token,
-                recomputed_attention_mm_share=share(True), recomputed_other_mm_share=share(False))
+                recomputed_attention_mm_share=together.share(attention=True),
+                recomputed_other_mm_share=together.share(attention=False))
 
 
 def stack_kind_records(config: Any, groups: Sequence[Any], seq: int, runtime: Any,
