@@ -715,18 +715,17 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
             out["working_layer"] = np.where(later, working, out["working_layer"])
             out["pending_end"] = np.where(later, pending, out["pending_end"])
             best_end = np.where(later, working - pending, best_end)
-    shared_one, out["shared_copies_extra"] = np.zeros((n, ranks)), np.zeros((n, ranks))
-    for c in range(chunks):  # the tensors the model hands every layer: one storage a chunk and micro-batch
-        shared, copies = np.zeros((n, ranks)), np.zeros((n, ranks))
-        for k in range(kinds):
-            shared = np.maximum(shared, np.where(where.layers[k][:, :, c] > 0, layer.shared[:, k][:, None], 0.0))
-            copies = copies + where.layers[k][:, :, c] * layer.shared[:, k][:, None]
-        out["shared_copies_extra"] = out["shared_copies_extra"] + held_float[:, :, c] * (copies - shared)
-        out["activations"] = out["activations"] + held_float[:, :, c] * shared
-        out["one_micro_batch"] = out["one_micro_batch"] + np.where(held[:, :, c] > 0, shared, 0.0)
-        shared_one = np.maximum(shared_one, np.where(held[:, :, c] > 0, shared, 0.0))
-    # the first layer's backward still holds its micro-batch's (freed once it has run)
-    out["working_layer"] = out["working_layer"] + shared_one
+    out["shared_copies_extra"] = np.zeros((n, ranks))
+    if layer.shared.any():  # the tensors the model hands every layer: one storage a chunk and micro-batch
+        per_kind = layer.shared.T[:, :, None, None]  # (K, N, 1, 1)
+        shared = np.where(where.layers > 0, per_kind, 0.0).max(axis=0)  # (N, R, V)
+        copies = (where.layers * per_kind).sum(axis=0)
+        in_flight = np.where(held > 0, shared, 0.0)
+        out["shared_copies_extra"] = (held_float * (copies - shared)).sum(axis=2)
+        out["activations"] = out["activations"] + (held_float * shared).sum(axis=2)
+        out["one_micro_batch"] = out["one_micro_batch"] + in_flight.sum(axis=2)
+        # the first layer's backward still holds its micro-batch's (freed once it has run)
+        out["working_layer"] = out["working_layer"] + in_flight.max(axis=2)
     out["one_micro_batch"] = np.minimum(out["one_micro_batch"], out["activations"])
     return _StageActivations(accumulating=accumulating, **out)
 
