@@ -676,3 +676,31 @@ def test_rotary_tables_are_one_storage_for_every_layer_and_the_record_states_the
     assert dict(record.shared_saved_per_token) == {"position_embeddings": 2 * D * 2}
     own = (record.saved_per_token + record.saved_tp_per_token) * S
     assert 3 * own + 2 * D * 2 * S == distinct
+
+
+@pytest.mark.slow
+def test_a_checkpointed_stack_holds_the_rotary_tables_until_its_backward():
+    """Under full recompute (Transformers' gradient checkpointing, non-reentrant) the checkpoint keeps each
+    layer's call arguments, the cos and sin among them, for the recomputation: they outlive the forward and
+    go with the backward, as without checkpointing; so the memory model counts them under every recompute."""
+    import weakref
+
+    config = small_llama(num_hidden_layers=3)
+    config._attn_implementation = "eager"
+    for checkpointed in (False, True):
+        model = transformers.LlamaForCausalLM(config).train()
+        if checkpointed:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        tables, rotary = [], model.model.rotary_emb.forward
+
+        def noted(*args, **kwargs):
+            out = rotary(*args, **kwargs)
+            tables.extend(weakref.ref(t) for t in out)
+            return out
+
+        model.model.rotary_emb.forward = noted
+        logits = model(input_ids=torch.zeros(1, 8, dtype=torch.long), use_cache=False).logits
+        assert len(tables) == 2 and all(ref() is not None for ref in tables), checkpointed
+        logits.sum().backward()
+        del logits
+        assert all(ref() is None for ref in tables), checkpointed
