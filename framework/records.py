@@ -75,6 +75,14 @@ class KindRecord:
     flops_by_part: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
     flops_all_pairs_by_part: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
     traffic: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
+    # What the layer saves of the tensors its model computes once a forward and hands to every layer, bytes a
+    # token by the layer's argument name (``position_embeddings``: Transformers' rotary cos and sin, made from
+    # one row of position ids). Every layer of a stage saves the same storage, so these bytes are in none of
+    # the figures above (nor the ops): the memory model counts each once a stage and micro-batch in flight,
+    # whatever the recompute (a checkpoint keeps them as its inputs). TP does not split them. The autocast
+    # mapping: the same with fp32 parameters under autocast (read where the autocast figures are).
+    shared_saved_per_token: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
+    autocast_shared_saved_per_token: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def to_dict(self) -> Dict[str, Any]:
         out = {}

@@ -188,6 +188,14 @@ def _record_rows(kind: str, ours: Any, theirs: Any, threshold: float, ours_why: 
                 continue
             note = ours_why if ours is None else (theirs_why if theirs is None else "")
             rows.append(_row(kind, f"{name}.{op}", "bytes/token", f, c, threshold, note))
+    # what the layer saves of the tensors its model hands every layer (the stage's, counted once there)
+    f_shared = {} if ours is None else dict(ours.shared_saved_per_token)
+    c_shared = {} if theirs is None else dict(theirs.shared_saved_per_token)
+    for handed in sorted(set(f_shared) | set(c_shared)):
+        f = None if ours is None else float(f_shared.get(handed, 0.0))
+        c = None if theirs is None else float(c_shared.get(handed, 0.0))
+        note = ours_why if ours is None else (theirs_why if theirs is None else "")
+        rows.append(_row(kind, f"shared_saved_per_token.{handed}", "bytes/token", f, c, threshold, note))
     return rows
 
 

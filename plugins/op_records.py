@@ -112,6 +112,9 @@ class Term:
     bytes: Expression
     switches: Tuple[str, ...]
     holds: Optional[Expression] = None
+    # the argument a tensor the model hands every layer comes under (the rotary cos and sin:
+    # position_embeddings): one storage for all of a stage's layers, stated apart in the KindRecord
+    shared: Optional[str] = None
 
 
 @attrs.frozen(kw_only=True)
@@ -414,7 +417,7 @@ def merge(contributions: Sequence[Tuple[str, Any]]) -> OpRecords:
             op = raw.get("op")
             term_name = str(raw.get("name") or op)
             twhere = f"{where} term {term_name!r}"
-            _check_keys(raw, ("name", "op", "split", "bytes", "switches", "holds"), twhere)
+            _check_keys(raw, ("name", "op", "split", "bytes", "switches", "holds", "shared"), twhere)
             if op not in ops:
                 close = difflib.get_close_matches(str(op), list(ops), n=3)
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -436,7 +439,7 @@ def merge(contributions: Sequence[Tuple[str, Any]]) -> OpRecords:
             label = f"slot {name!r} term {term_name!r} ({source})"
             terms.append(Term(
                 name=term_name, op=op, split=split, bytes=Expression(raw["bytes"], label),
-                switches=term_switches,
+                switches=term_switches, shared=None if raw.get("shared") is None else str(raw["shared"]),
                 holds=None if raw.get("holds") is None else Expression(raw["holds"], label + " holds")))
         slots[name] = Slot(name=name, part=part, terms=tuple(terms), holds=holds, doc=_text(entry), source=source)
 
@@ -953,15 +956,25 @@ def formula_record(spec: ModelSpec, kind: str, seq: int, *, attention: str = "ea
     parallelism; ``ops``/``ops_tp`` split them by op. ``selective_*`` is the
     layer under the formulas' selective recompute (the attention core), which
     recomputes no weight matmul (both recomputed shares 0). The backward's
-    working peak is not priced here (None).
+    working peak is not priced here (None). A term marked ``shared`` (the
+    rotary cos and sin the model hands every layer) is in none of these but
+    in ``shared_saved_per_token``, under its argument's name.
     """
     values = values_for(spec, kind, seq=seq, micro_batch=1, tp=1, sp=False, cp=1, attention=attention,
                         dropout=dropout, overrides=overrides, records=records)
+    shared_terms = {(slot.name, term.name): term.shared for slot in values.records.slots.values()
+                    for term in slot.terms if term.shared is not None}
+    shared: Dict[str, Number] = {}
 
     def by_split(switches):
         splits: Dict[str, Number] = {}
         ops: Dict[str, Dict[str, Number]] = {"sequence": {}, "tp": {}}
-        for _slot, _part, _term, op, split, value in term_bytes(values, switches):
+        for slot, _part, term, op, split, value in term_bytes(values, switches):
+            if (slot, term) in shared_terms:
+                if switches is None:
+                    name = shared_terms[slot, term]
+                    shared[name] = shared.get(name, 0) + value
+                continue
             splits[split] = splits.get(split, 0) + value
             ops[split][op] = ops[split].get(op, 0) + value
         return splits, ops
@@ -978,6 +991,7 @@ def formula_record(spec: ModelSpec, kind: str, seq: int, *, attention: str = "ea
         recomputed_other_mm_share=0.0,
         ops={op: divide(v, seq) for op, v in ops["sequence"].items()},
         ops_tp={op: divide(v, seq) for op, v in ops["tp"].items()},
+        shared_saved_per_token={name: divide(v, seq) for name, v in shared.items()},
     )
 
 

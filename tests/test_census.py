@@ -53,10 +53,14 @@ def test_calibration_llama3_8b_layer_exact():
                                       vocab_size=128256, max_position_embeddings=8192)
     record = records.census_groups(config, [LayerGroup(kind="dense", count=32)], 4096, "hf-cuda",
                                    use_cache=False, progress=None)["dense"]
-    assert (record.saved_per_token + record.saved_tp_per_token) * 4096 == 824_737_808
-    assert record.saved_per_token + record.saved_tp_per_token == pytest.approx(201_352.00390625, abs=0)
+    # the layer alone saves the rotary cos and sin its model hands every layer ([1, 1, s, 128] bf16 each), which
+    # the record states apart (a stage's layers share them)
+    assert dict(record.shared_saved_per_token) == {"position_embeddings": 2 * 128 * 2}
+    alone = record.saved_per_token + record.saved_tp_per_token + 2 * 128 * 2
+    assert alone * 4096 == 824_737_808
+    assert alone == pytest.approx(201_352.00390625, abs=0)
     # the rank of two holds what the H200 measured for the halved layer (llama3_8b_tp2)
-    assert (record.saved_per_token + record.saved_tp_per_token / 2) * 4096 == 547_651_600
+    assert (record.saved_per_token + record.saved_tp_per_token / 2 + 2 * 128 * 2) * 4096 == 547_651_600
 
 
 def _h200_cases():
@@ -232,9 +236,12 @@ def test_tp_split_property():
     config = small_llama()
     record = records.census_groups(config, [LayerGroup(kind="dense", count=4)], S, "hf-cuda",
                                    use_cache=False, progress=None)["dense"]
+    # the layer alone (plain) saves the rotary cos and sin too ([1, 1, S, D] bf16 each, not split by TP), which
+    # the record states apart
+    assert dict(record.shared_saved_per_token) == {"position_embeddings": 2 * 2 * D}
     at_two = plain(tp_config(config, 2)).saved_bytes
-    assert (record.saved_per_token + record.saved_tp_per_token / 2) * S == at_two
-    assert (record.saved_per_token + record.saved_tp_per_token) * S == plain(config).saved_bytes
+    assert (record.saved_per_token + record.saved_tp_per_token / 2 + 2 * 2 * D) * S == at_two
+    assert (record.saved_per_token + record.saved_tp_per_token + 2 * 2 * D) * S == plain(config).saved_bytes
     # the norms' fp32 upcasts and the layer input's copies are not split; the MLP's products are
     assert record.ops_tp["ffAct"] == 2 * I
     assert record.ops["normOp"] > 0 and record.ops_tp.get("normOp", 0) == 0
@@ -380,8 +387,9 @@ def test_megatron_core_attention_policy_keeps_attention_inputs():
     plain_bytes = plain(small_llama()).saved_bytes
     kept, _ = records._measure_selective(small_llama(), 0, S, prof, records.policy_for(prof), False)
     # the checkpoint keeps the attention function's inputs (q, k, v, which plain saves too) and its output
-    # is o_proj's input as before; the logsumexp and the RNG scalars are no longer kept
-    assert kept.saved_bytes == plain_bytes - 4 * HEADS * S - 16
+    # is o_proj's input as before; the logsumexp and the RNG scalars are no longer kept; the rotary cos and sin
+    # (bf16 [1, 1, S, D] each, in the layer alone's saved bytes) are the stage's
+    assert kept.saved_bytes == plain_bytes - 4 * HEADS * S - 16 - 2 * S * D * 2
 
 
 @pytest.mark.slow
@@ -609,7 +617,90 @@ def test_cli_json_shape(tmp_path, monkeypatch, capsys):
     assert set(data["kinds"]) == {"dense"} and "output" in data
     fields = {"saved_per_token", "saved_tp_per_token", "working_per_token", "working_tp_per_token",
               "selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
-              "recomputed_other_mm_share", "ops", "ops_tp", "flops_by_part", "flops_all_pairs_by_part", "traffic"}
+              "recomputed_other_mm_share", "ops", "ops_tp", "flops_by_part", "flops_all_pairs_by_part", "traffic",
+              "shared_saved_per_token"}
     assert set(data["kinds"]["dense"]) == fields
+    assert data["kinds"]["dense"]["shared_saved_per_token"] == {"position_embeddings": 2 * D * 2}  # cos, sin bf16
     assert "census" in captured.err                       # progress per kind on stderr
     assert math.isclose(sum(data["kinds"]["dense"]["ops"].values()), data["kinds"]["dense"]["saved_per_token"])
+
+
+# -- the tensors a model hands every layer ---------------------------------------------------------------------
+def _saved_by_layer(model, seq):
+    """{storage: (bytes, shape, dtype, {layers saving it})} of one forward of *model*'s real stack on the CPU,
+    parameters left out: what saved_tensors_hooks sees, storages told apart by their data pointers."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    running, saved, handles = [], {}, []
+
+    def leave(module, args, output):
+        running.pop()  # returns None: the output stands
+
+    for index, layer in enumerate(model.model.layers):
+        handles.append(layer.register_forward_pre_hook(lambda m, a, i=index: running.append(i)))
+        handles.append(layer.register_forward_hook(leave))
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if running and storage.data_ptr() not in params:
+            entry = saved.setdefault(storage.data_ptr(), (storage.nbytes(), tuple(tensor.shape), tensor.dtype, set()))
+            entry[3].add(running[-1])
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model.model(input_ids=torch.zeros(1, seq, dtype=torch.long), use_cache=False)
+    for handle in handles:
+        handle.remove()
+    return saved
+
+
+@pytest.mark.slow
+def test_rotary_tables_are_one_storage_for_every_layer_and_the_record_states_them_apart():
+    """A 3-layer LlamaForCausalLM run for real (CPU, bf16, eager attention): every layer saves the cos and sin
+    that LlamaModel.forward computes once (``self.rotary_emb``) and hands each layer, the same two storages
+    ([1, 1, s, d] views, apply_rotary_pos_emb's q * cos and rotate_half(q) * sin); nothing else is shared. The
+    census of one layer states them apart (``shared_saved_per_token``), so the stack's distinct storages are
+    three layers' own bytes and the tables once."""
+    config = small_llama(num_hidden_layers=3)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).train()
+    saved = _saved_by_layer(model, S)
+    shared = [entry for entry in saved.values() if len(entry[3]) > 1]
+    assert sorted((size, shape, dtype, tuple(sorted(layers))) for size, shape, dtype, layers in shared) == [
+        (S * D * 2, (1, 1, S, D), torch.bfloat16, (0, 1, 2))] * 2
+    distinct = sum(size for size, *_ in saved.values())
+    counted_by_layer = sum(size * len(layers) for size, _, _, layers in saved.values())
+    assert counted_by_layer - distinct == 2 * (2 * S * D * 2)  # two layers too many count the two tables
+    record = records.census_groups(config, [LayerGroup(kind="dense", count=3)], S, "hf-cuda-eager",
+                                   use_cache=False, progress=None)["dense"]
+    assert dict(record.shared_saved_per_token) == {"position_embeddings": 2 * D * 2}
+    own = (record.saved_per_token + record.saved_tp_per_token) * S
+    assert 3 * own + 2 * D * 2 * S == distinct
+
+
+@pytest.mark.slow
+def test_a_checkpointed_stack_holds_the_rotary_tables_until_its_backward():
+    """Under full recompute (Transformers' gradient checkpointing, non-reentrant) the checkpoint keeps each
+    layer's call arguments, the cos and sin among them, for the recomputation: they outlive the forward and
+    go with the backward, as without checkpointing; so the memory model counts them under every recompute."""
+    import weakref
+
+    config = small_llama(num_hidden_layers=3)
+    config._attn_implementation = "eager"
+    for checkpointed in (False, True):
+        model = transformers.LlamaForCausalLM(config).train()
+        if checkpointed:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        tables, rotary = [], model.model.rotary_emb.forward
+
+        def noted(*args, **kwargs):
+            out = rotary(*args, **kwargs)
+            tables.extend(weakref.ref(t) for t in out)
+            return out
+
+        model.model.rotary_emb.forward = noted
+        logits = model(input_ids=torch.zeros(1, 8, dtype=torch.long), use_cache=False).logits
+        assert len(tables) == 2 and all(ref() is not None for ref in tables), checkpointed
+        logits.sum().backward()
+        del logits
+        assert all(ref() is None for ref in tables), checkpointed

@@ -92,6 +92,11 @@ def test_kind_records_are_the_mean_of_their_layers(fused):
         assert record.source == "census-stack"
         assert round((record.saved_per_token + record.saved_tp_per_token) * S) == sum(members) / len(members)
         assert record.saved_tp_per_token > 0  # the heads and the experts' widths split
+        # under torchtitan's policy every layer checkpointed: it keeps less than plain, and the matmuls it
+        # recomputes are a share; its backward peaks with part of its gradients made
+        assert 0 < record.selective_per_token + record.selective_tp_per_token < \
+            record.saved_per_token + record.saved_tp_per_token
+        assert 0 <= record.recomputed_other_mm_share <= 1 and 0 < record.working_grad_share <= 1
     # the sparse kernel's scores at the pairs it gathers: query i sees min(k, i + 1 + c) entries
     # (k = window + compressed entries, c = compressed entries ahead of the window), each pair
     # costing 2 (d + d) per head; a sliding layer's k is the window alone

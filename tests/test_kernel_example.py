@@ -121,16 +121,18 @@ def test_the_census_through_the_cli(site, tmp_path):
     """``ndcost census CONFIG --runtime hf-cuda-triton-flash``: the TP 1 layer's bytes and scores' FLOPs by hand.
 
     Two RMSNorms (fp32 upcast, fp32 rstd, the bf16 normalised input, the output the next matmuls read),
-    the rotary cos and sin, q, k, v and the output at every head, the log-sum-exp, and the MLP's gate,
-    silu and up outputs and their product (down_proj's input).
+    q, k, v and the output at every head, the log-sum-exp, and the MLP's gate, silu and up outputs and
+    their product (down_proj's input); the rotary cos and sin apart.
     """
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model_type": "llama", **FIELDS}))
     kind = _cli(site, "census", str(config), "--seq", str(S), "--runtime", RUNTIME, "--no-cache",
                 "--json")["kinds"]["dense"]
     norm = 4 * S * H + 4 * S + 2 * S * H + 2 * S * H
-    layer = 2 * norm + 2 * 2 * S * D + 4 * HEADS * S * D * 2 + HEADS * LSE_QUERIES * 4 + 4 * 2 * S * I
+    layer = 2 * norm + 4 * HEADS * S * D * 2 + HEADS * LSE_QUERIES * 4 + 4 * 2 * S * I
     assert (kind["saved_per_token"] + kind["saved_tp_per_token"]) * S == pytest.approx(layer, abs=1e-6)
+    # the rotary cos and sin, which the model hands every layer: stated apart, a stage's layers share them
+    assert kind["shared_saved_per_token"] == {"position_embeddings": 2 * 2 * D}
     # the causal pairs scored, as SDPA's: 2 b a (d + d) FLOPs a pair, s (s + 1) / 2 pairs
     assert kind["flops_by_part"]["scores"] == 2 * B * HEADS * 2 * D * S * (S + 1) // 2
 

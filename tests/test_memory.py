@@ -451,3 +451,27 @@ def test_core_attention_drop_above_what_a_hand_made_record_keeps_is_capped_not_n
     assert "exceeds what the record keeps" in cost.provenance["records"][s]["core_attention_capped"]["dense"]
     plain = cm.evaluate(Strategy.parse(f"recompute=none,seq={s}")).stages[0]
     assert plain.bytes_by_category["activations"] == L * s * (SAVED + SAVED_TP)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full", "selective"])
+def test_the_tables_a_model_hands_every_layer_are_held_once_a_stage_and_micro_batch(recompute):
+    """The rotary cos and sin (KindRecord.shared_saved_per_token): every layer of a stage saves the same two
+    storages, so a stage holds them once for each micro-batch in flight, whatever the recompute (a checkpoint
+    keeps them as its input), from one row of position ids (a micro-batch of two sequences shares them)."""
+    s, rotary = 2048, 2 * DH * 2.0                        # cos and sin, bf16, one row a position
+    cm = cost_model(llama_spec(), llama_counts(), s, shared_saved_per_token={"position_embeddings": rotary})
+    kept_layer = {"none": s * (SAVED + SAVED_TP), "full": s * H * 2, "selective": s * (4_096.0 + 8_192.0)}[recompute]
+    for micro_batch in (1, 2):
+        cost = cm.evaluate(Strategy.parse(f"seq={s},recompute={recompute},micro_batch={micro_batch}"))
+        (stage,) = cost.stages
+        assert stage.provenance["moment"] == "output backward"
+        assert stage.bytes_by_category["activations"] == L * micro_batch * kept_layer + s * rotary
+    # two stages of a 1F1B pipeline over 4 micro-batches: the first holds 2 in flight, the second 1
+    cost = cm.evaluate(Strategy.parse(f"seq={s},recompute={recompute},pp=2,num_micro_batches=4"))
+    first, second = cost.stages
+    assert first.provenance["moment"] == "last layer backward"
+    assert first.bytes_by_category["activations"] == 2 * (L // 2 * kept_layer + s * rotary)
+    assert second.bytes_by_category["activations"] == L // 2 * kept_layer + s * rotary
+    # and a record without them holds none of it
+    plain = cost_model(llama_spec(), llama_counts(), s).evaluate(Strategy.parse(f"seq={s},recompute={recompute}"))
+    assert plain.stages[0].bytes_by_category["activations"] == L * kept_layer

@@ -470,13 +470,19 @@ def test_formula_records_for_every_kind(spec):
         assert record.selective_per_token + record.selective_tp_per_token <= \
             record.saved_per_token + record.saved_tp_per_token
         assert record.working_per_token is None  # the backward's peak is not priced here
-        # a rank at TP t keeps saved + saved_tp / t, what the records give at TP t
+        # a rank at TP t keeps saved + saved_tp / t, what the records give at TP t, and the rotary cos and sin
+        # the model hands every layer (the records' layer alone keeps them; the KindRecord states them apart)
+        # (bf16, 2 tables: the head width, MLA's rotary key width; a linear attention rotates nothing)
+        layer = spec.kind(kind)
+        rotary = 0 if not layer.rotary or layer.linear else 2 * 2 * (
+            spec.qk_rope_head_dim if layer.latent else spec.resolved_head_dim)
+        assert dict(record.shared_saved_per_token) == ({"position_embeddings": rotary} if rotary else {})
         values = R.values_for(spec, kind, seq=seq, tp=tp)
-        assert R.total_bytes(values) == pytest.approx(seq * (record.saved_per_token + record.saved_tp_per_token / tp),
-                                                      rel=1e-12)
+        assert R.total_bytes(values) == pytest.approx(
+            seq * (record.saved_per_token + record.saved_tp_per_token / tp + rotary), rel=1e-12)
         values_sp = R.values_for(spec, kind, seq=seq, tp=tp, sp=True)
         assert R.total_bytes(values_sp) == pytest.approx(
-            seq * (record.saved_per_token + record.saved_tp_per_token) / tp, rel=1e-12)
+            seq * (record.saved_per_token + record.saved_tp_per_token + rotary) / tp, rel=1e-12)
         assert KindRecord.from_dict(record.to_dict()) == record
 
 

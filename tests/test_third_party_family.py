@@ -216,15 +216,17 @@ def test_its_layer_kinds_and_census_settings(olmo2):
 #     its fp32 log-sum-exp, one a head (4 * 8 = 32);
 #   the MLP keeps the gate projection's output, its SiLU, the up projection's output and their product
 #     (the down projection's input): 4 * 2 * 688 = 5,504.
-# Not split: the layer's input (the q, k and v projections' input, 2 * 256) and the rotary cos and sin, in fp32
-# (Olmo2RotaryEmbedding returns them unconverted; q * cos keeps cos: 2 * 4 * 32 = 256); the two post-norms' fp32
+# Not split: the layer's input (the q, k and v projections' input, 2 * 256); the two post-norms' fp32
 # input and normalized tensor (2 * 8 * 256) and every norm's fp32 rsqrt (4 norms * 4 bytes); the MLP's input
 # (2 * 256); SDPA's philox seed and offset (16 bytes a layer).
 CENSUS_CONFIG = dict(vocab_size=1024, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
                      num_attention_heads=8, num_key_value_heads=2)
 CENSUS_SEQ = 512
 CENSUS_SAVED_TP = 2 * 4 * 256 + 2 * 4 * 64 + 2 * (256 + 64 + 64 + 256) + 4 * 8 + 4 * 2 * 688
-CENSUS_SAVED = 2 * 256 + 2 * 4 * 32 + 2 * 8 * 256 + 4 * 4 + 2 * 256 + 16 / CENSUS_SEQ
+CENSUS_SAVED = 2 * 256 + 2 * 8 * 256 + 4 * 4 + 2 * 256 + 16 / CENSUS_SEQ
+# Stated apart (the model hands them every layer: one storage a stage): the rotary cos and sin, in fp32
+# (Olmo2RotaryEmbedding returns them unconverted; q * cos keeps cos: 2 * 4 * 32 = 256)
+CENSUS_SHARED = {"position_embeddings": 2 * 4 * 32}
 # forward FLOPs: 2 S per weight of the matmuls (q, o 256 x 256; k, v 256 x 64; three 256 x 688), and the
 # causal scores and values, 2 * 2 * heads * d a query-key pair over S (S + 1) / 2 pairs
 CENSUS_FLOPS = (2 * CENSUS_SEQ * (2 * 256 * 256 + 2 * 256 * 64 + 3 * 256 * 688)
@@ -250,6 +252,7 @@ def test_ndcost_census_measures_an_olmo2_layer_as_derived_by_hand(olmo2, census_
     dense = data["kinds"]["dense"]
     assert dense["saved_tp_per_token"] == CENSUS_SAVED_TP
     assert dense["saved_per_token"] == pytest.approx(CENSUS_SAVED, abs=1e-9)
+    assert dense["shared_saved_per_token"] == CENSUS_SHARED
     assert sum(dense["flops_by_part"].values()) == CENSUS_FLOPS
 
 
@@ -283,6 +286,7 @@ def test_ndcost_verify_strict_passes_on_it_and_the_formulas_keep_what_was_derive
     saved = {r["quantity"]: r for r in rows if r["kind"] == "dense"}
     assert saved["saved_tp_per_token"]["formula"] == CENSUS_SAVED_TP
     assert saved["saved_per_token"]["formula"] == pytest.approx(CENSUS_SAVED, abs=1e-9)
+    assert saved["shared_saved_per_token.position_embeddings"]["formula"] == CENSUS_SHARED["position_embeddings"]
 
 
 @pytest.mark.slow

@@ -231,6 +231,10 @@ class RecordTables:
     autocast_reserved_layer_tp: np.ndarray
     autocast_reserved_working: np.ndarray
     autocast_reserved_working_tp: np.ndarray
+    # what a layer saves of the tensors its model hands every layer (KindRecord.shared_saved_per_token, summed
+    # over names), per token of one sequence; and with fp32 parameters under autocast (nan: not measured)
+    shared: np.ndarray
+    autocast_shared: np.ndarray
     out_saved: float
     out_saved_tp: float
     out_working: float        # nan: unpriced
@@ -254,7 +258,7 @@ class RecordTables:
                   "reserved_core_attention_layer", "reserved_core_attention_layer_tp",
                   "reserved_core_attention_working", "reserved_core_attention_working_tp",
                   "autocast_reserved_layer", "autocast_reserved_layer_tp", "autocast_reserved_working",
-                  "autocast_reserved_working_tp")
+                  "autocast_reserved_working_tp", "shared", "autocast_shared")
     SCALAR_FIELDS = ("out_saved", "out_saved_tp", "out_working", "out_working_tp", "out_autocast_saved",
                      "out_autocast_saved_tp", "out_autocast_working", "out_autocast_working_tp", "out_reserved",
                      "out_reserved_tp", "out_autocast_reserved", "out_autocast_reserved_tp")
@@ -310,6 +314,9 @@ class RecordTables:
                 cols[name].append(float(value))
             for name in AUTOCAST_FIELDS:
                 cols[f"autocast_{name}"].append(_nan(getattr(r, f"autocast_{name}_per_token", None)))
+            cols["shared"].append(float(sum(r.shared_saved_per_token.values())))
+            cols["autocast_shared"].append(float(sum(r.autocast_shared_saved_per_token.values()))
+                                           if r.autocast_saved_per_token is not None else np.nan)
         arrays = {f: np.array(v, dtype=np.float64) for f, v in cols.items()}
         arrays["selective_tp"] = np.where(np.isnan(arrays["selective"]), np.nan,
                                           np.nan_to_num(arrays["selective_tp"]))
@@ -587,6 +594,7 @@ class _LayerActivations:
     excess_recomputed: np.ndarray
     unpriced_working: np.ndarray  # (N,) bool
     unpriced_selective: np.ndarray  # (N,) bool
+    shared: np.ndarray            # what a layer saves of the tensors its model hands every layer, once a stage
 
 
 def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch) -> _LayerActivations:
@@ -601,7 +609,8 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
     selective figure, ``core_attention`` drops attBMM, softmax and dropout.
     The working figure is the census's backward peak; a full-recompute
     layer's backward adds the input its checkpoint keeps where the figure
-    leaves it out (no op of the layer saves it).
+    leaves it out (no op of the layer saves it). What the model hands every layer (the rotary tables) is
+    the stage's, not in these (``shared``, bytes a layer saves of it for one micro-batch).
     """
     fp32_autocast = _fp32_autocast(batch)[:, None]
 
@@ -649,7 +658,11 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
         working_recomputed=working_recomputed, excess_plain=np.maximum(working_plain - keep_plain, 0.0),
         excess_recomputed=np.maximum(working_recomputed - keep_recomputed, 0.0),
         unpriced_working=np.isnan(working).any(axis=1),
-        unpriced_selective=(mode == RECOMPUTE.index("selective")) & np.isnan(keep_recomputed).any(axis=1))
+        unpriced_selective=(mode == RECOMPUTE.index("selective")) & np.isnan(keep_recomputed).any(axis=1),
+        # one row of position ids: the sequence on this CP rank, whatever the micro-batch (Transformers' model
+        # makes them so where the caller passes none)
+        shared=(cols["seq"].astype(np.float64) / batch.cp)[:, None]
+        * _figure(recs["shared"][seq_index], recs["autocast_shared"][seq_index], fp32_autocast))
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -663,13 +676,19 @@ class _StageActivations:
     made_last: np.ndarray        # the layer's gradients made at the last layer's backward peak
     pending_end: np.ndarray      # the layer's gradients not yet made at the first layer's
     accumulating: np.ndarray     # bool: the rank has run a backward before (it holds every gradient)
+    # what save_on_cpu's copies (one a layer's save) of the tables the model hands every layer add over the
+    # one storage a micro-batch that activations count
+    shared_copies_extra: np.ndarray
 
 
 def _stage_activations(layer: _LayerActivations, where: placement_rules.Placement, held, params: _StageParameters,
                        batch: _Batch, cols, grad_share) -> _StageActivations:
     """Activations of every chunk's layers times the micro-batches it keeps, and the kind whose backward peaks.
 
-    A layer's backward peaks with the record's share of its own gradients
+    What the model hands every layer and they save (the rotary tables) is one storage a chunk and
+    micro-batch in flight, whatever the recompute (a checkpoint keeps it as its input): the largest of its
+    kinds' figures (kinds taking different tables, as Gemma 3's local and global rotary, count the
+    largest alone). A layer's backward peaks with the record's share of its own gradients
     made: on a first backward with whole gradients the moments count that
     share (sharded gradients: the buffers hold the layer's whole gradient;
     accumulating: every gradient exists already). The kind whose backward
@@ -707,6 +726,17 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
             out["working_layer"] = np.where(later, working, out["working_layer"])
             out["pending_end"] = np.where(later, pending, out["pending_end"])
             best_end = np.where(later, working - pending, best_end)
+    out["shared_copies_extra"] = np.zeros((n, ranks))
+    if layer.shared.any():  # the tensors the model hands every layer: one storage a chunk and micro-batch
+        per_kind = layer.shared.T[:, :, None, None]  # (K, N, 1, 1)
+        shared = np.where(where.layers > 0, per_kind, 0.0).max(axis=0)  # (N, R, V)
+        copies = (where.layers * per_kind).sum(axis=0)
+        in_flight = np.where(held > 0, shared, 0.0)
+        out["shared_copies_extra"] = (held_float * (copies - shared)).sum(axis=2)
+        out["activations"] = out["activations"] + (held_float * shared).sum(axis=2)
+        out["one_micro_batch"] = out["one_micro_batch"] + in_flight.sum(axis=2)
+        # the first layer's backward still holds its micro-batch's (freed once it has run)
+        out["working_layer"] = out["working_layer"] + in_flight.max(axis=2)
     out["one_micro_batch"] = np.minimum(out["one_micro_batch"], out["activations"])
     return _StageActivations(accumulating=accumulating, **out)
 
@@ -872,16 +902,20 @@ def _offload_activations(moments, stage: _StageActivations, layer: _LayerActivat
     plain = (where.layers - where.recomputed).sum(axis=3)  # (K, N, R): each rank's layers of each kind
     recomputed = where.recomputed.sum(axis=3)
     in_flight, per_micro_batch = zeros, zeros
+    # save_on_cpu copies every save, so each layer's of the tables the model hands every layer is its own copy
+    # (torch/autograd/graph.py, save_on_cpu's pack_to_cpu): the host holds them once a layer, not a stage
     for k in range(plain.shape[0]):  # a loop over kinds, never layers
         keep_plain, keep_recomputed = layer.keep_plain[:, k][:, None], layer.keep_recomputed[:, k][:, None]
-        in_flight = np.maximum(in_flight, np.maximum(np.where(plain[k] > 0, keep_plain, 0.0),
-                                                     np.where(recomputed[k] > 0, keep_recomputed, 0.0)))
-        per_micro_batch = per_micro_batch + plain[k] * keep_plain + recomputed[k] * keep_recomputed
+        shared = layer.shared[:, k][:, None]
+        in_flight = np.maximum(in_flight, np.maximum(np.where(plain[k] > 0, keep_plain + shared, 0.0),
+                                                     np.where(recomputed[k] > 0, keep_recomputed + shared, 0.0)))
+        per_micro_batch = (per_micro_batch + plain[k] * keep_plain + recomputed[k] * keep_recomputed
+                           + (plain[k] + recomputed[k]) * shared)
     offloaded = rows[:, None]
     on_device = [zeros, whole(np.minimum(stage.activations, in_flight))] + [zeros] * (len(moments) - 2)
     moments = [dict(m, activations=np.where(offloaded, kept, m["activations"]))
                for m, kept in zip(moments, on_device, strict=True)]
-    host_activations = np.where(offloaded, whole(stage.activations), 0.0)
+    host_activations = np.where(offloaded, whole(stage.activations + stage.shared_copies_extra), 0.0)
     return (moments, host_states["persistent"] + np.maximum(host_states["step"], host_activations),
             np.where(offloaded, whole(per_micro_batch), 0.0))
 

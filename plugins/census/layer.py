@@ -13,7 +13,7 @@ import copy
 import fnmatch
 import importlib
 import inspect
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
@@ -353,6 +353,14 @@ def run(fake: FakeLayer, hidden: Any, where: Tuple[Any, Any], mask: Any = None,
     kwargs = {name: offered[name] for name in offered if name in accepted}
     out = (call or fake.layer)(hidden, **kwargs)
     return out[0] if isinstance(out, tuple) else out
+
+
+def handed(where: Tuple[Any, Any], mask: Any = None) -> Dict[str, Any]:
+    """What the model computes once a forward and hands every layer (as :func:`run` hands it), by argument name:
+    the position ids, the rotary embeddings, the mask (those it builds)."""
+    position_ids, embeddings = where
+    offered = dict(position_ids=position_ids, position_embeddings=embeddings, attention_mask=mask)
+    return {name: value for name, value in offered.items() if value is not None}
 
 
 def hidden_input(config: Any, seq: int, requires_grad: bool = True, fp32: bool = False) -> Any:

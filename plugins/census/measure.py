@@ -23,7 +23,8 @@ import contextlib
 import functools
 import itertools
 import weakref
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Sequence, Set, Tuple
+from types import MappingProxyType
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Sequence, Set, Tuple
 
 import attrs
 
@@ -439,11 +440,16 @@ class Measured:
     stack_excess: Any = None
     # and for this layer alone, once (the output layer's figure): peak reserved less peak allocated
     alone_excess_bytes: int = 0
+    # without checkpointing, of saved_bytes and ops_bytes, the storages of the *shared* tensors (what the model
+    # hands every layer), by the name they are handed under and by op; in working_bytes too (the caller holds
+    # them); a checkpointed pass keeps none of them (empty)
+    shared_saved_bytes: Dict[str, int] = attrs.field(factory=dict)
+    shared_ops_bytes: Dict[str, int] = attrs.field(factory=dict)
 
 
 def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], Any],
             backward: Callable[[Any], None], grad_inputs: Iterable[Any] = (), checkpointed: bool = False,
-            shared: Iterable[Any] = (), ops: Any = None, extra_modes: Sequence[Any] = (),
+            shared: Mapping[str, Any] = MappingProxyType({}), ops: Any = None, extra_modes: Sequence[Any] = (),
             inputs_kept: bool = True, weight_copies: bool = False) -> Measured:
     """Two figures for one forward/backward: what the forward leaves saved for the backward, and the backward's high point.
 
@@ -452,7 +458,10 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
     end; with checkpointing, the storages live at its end but for the
     output, the parameters and the *shared* tensors (what the checkpoint and
     its policy keep, the input included unless *inputs_kept* is false, when it
-    counts only where an op saved it). The working figure is the bytes
+    counts only where an op saved it). *shared* maps a name to the tensors
+    (any nesting) the model computes once and hands every layer under it
+    (the rotary cos and sin); what the forward saves of them is stated apart
+    (``shared_saved_bytes``, ``shared_ops_bytes``). The working figure is the bytes
     live when the backward holds the most (from the forward's end on), the
     output, parameters and parameter gradients left out, and the inputs too
     unless an op saved them or a checkpoint keeps them (a real model frees
@@ -467,6 +476,8 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
     memory model prices with the parameters) are left out as they are.
     """
     torch = _torch()
+    from torch.utils._pytree import tree_flatten
+
     stored = {p.untyped_storage()._cdata for p in params}
     live = LiveBytes()
     saved: Dict[Key, int] = {}
@@ -507,7 +518,9 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
                 ops.settle()
             start = len(live.events)
             left_out = {live.key(out), *(live.key(p) for p in params), *copies}
-            not_kept = left_out | {live.key(t) for t in shared}
+            shared_keys = {name: {live.key(t) for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)}
+                           for name, tree in shared.items()}
+            not_kept = left_out | set().union(*shared_keys.values())
             # an input no op saved is freed by a real model once the forward has used it (it is the
             # previous layer's output, which nothing else holds); only a checkpoint keeps it whole
             unsaved_inputs = {live.key(t) for t in inputs} - set(saved)
@@ -540,9 +553,19 @@ def measure(params: Sequence[Any], inputs: Iterable[Any], forward: Callable[[], 
     grad_bytes = sum({live.key(p.grad): p.grad.untyped_storage().nbytes()
                       for p in params if p.grad is not None}.values())
     saved_bytes = kept if checkpointed else sum(held.values())
+    shared_saved: Dict[str, int] = {}
+    shared_ops: Dict[str, int] = {}
+    counted: Set[Key] = set()
+    for name, keys in shared_keys.items() if not checkpointed else ():
+        for key in sorted((keys & held.keys()) - counted):  # a storage handed under two names counts once
+            counted.add(key)
+            shared_saved[name] = shared_saved.get(name, 0) + held[key]
+            if key in ops_of:
+                shared_ops[ops_of[key]] = shared_ops.get(ops_of[key], 0) + held[key]
     return Measured(saved_bytes=saved_bytes,
                     working_bytes=working, working_grad_bytes=working_grads, grad_bytes=grad_bytes,
                     inputs_left_out_bytes=inputs_left_out,
                     ops_bytes=by_op, saved_tensors=tensors, packed_bytes=sum(saved.values()),
                     stack_excess=stack_excess(events[:forward_end], events[forward_end:]),
-                    alone_excess_bytes=alone.peak_reserved_bytes - alone.peak_allocated_bytes)
+                    alone_excess_bytes=alone.peak_reserved_bytes - alone.peak_allocated_bytes,
+                    shared_saved_bytes=shared_saved, shared_ops_bytes=shared_ops)

@@ -12,6 +12,12 @@ holds the most activations and parameter gradients together; the record
 states besides the share of the layer's gradients made by then (the memory
 model adds those, not all of them) and the layer's input where no op saves
 it (out of the working figure; a full-recompute checkpoint keeps it).
+
+What a layer saves of the tensors its model computes once and hands every
+layer (Transformers' rotary cos and sin, ``position_embeddings``) is one
+storage for all of a stage's layers: the record states it apart
+(``shared_saved_per_token``), out of the saved, working and per-op figures,
+and the memory model counts it once a stage and micro-batch.
 """
 from __future__ import annotations
 
@@ -63,7 +69,7 @@ def _measure_plain(config: Any, layer_index: int, seq: int, runtime: Any, autoca
         try:
             with delta_rule_followed(fake.modeling, fake.layer, stack):
                 return measure(params, (hidden,), forward, lambda out: out.backward(grad), grad_inputs=(grad,),
-                               ops=ops, weight_copies=autocast)
+                               ops=ops, weight_copies=autocast, shared=L.handed(where, mask))
         finally:
             stack.close()
 
@@ -114,8 +120,18 @@ def core_attention_policy() -> Any:
     return manager.registry().get("checkpoint_policy/megatron-core-attention")
 
 
+def own_bytes(measured: Any, figure: str) -> int:
+    """*measured*'s ``<figure>_bytes`` (saved or working) less its saves of the shared tensors (the stage's)."""
+    return getattr(measured, f"{figure}_bytes") - sum(measured.shared_saved_bytes.values())
+
+
+def shared_figure(measured: Any, seq: int) -> Dict[str, float]:
+    """KindRecord's ``shared_saved_per_token`` from *measured* (at TP 1: TP does not split them)."""
+    return {name: size / seq for name, size in sorted(measured.shared_saved_bytes.items())}
+
+
 def autocast_figures(measure_at: Callable[[Any], Any], one: Any, two: Any, seq: int,
-                     not_measured: Callable[[str], None], alone: bool = False) -> Dict[str, Optional[float]]:
+                     not_measured: Callable[[str], None], alone: bool = False) -> Dict[str, Any]:
     """KindRecord's ``autocast_*`` fields from *measure_at* (a Measured) at the TP 1 and TP 2 configs,
     the replay of its events among them (:func:`reserved_figures`, *alone* as there).
 
@@ -130,11 +146,12 @@ def autocast_figures(measure_at: Callable[[Any], Any], one: Any, two: Any, seq: 
     except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
         not_measured(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         return {}
-    out: Dict[str, Optional[float]] = {}
+    out: Dict[str, Any] = {}
     for name in ("saved", "working"):
         out[f"autocast_{name}_per_token"], out[f"autocast_{name}_tp_per_token"] = split(
-            getattr(at_1, f"{name}_bytes"), getattr(at_2, f"{name}_bytes"), seq)
+            own_bytes(at_1, name), own_bytes(at_2, name), seq)
     out.update(reserved_figures(at_1, at_2, seq, "autocast_reserved", alone))
+    out["autocast_shared_saved_per_token"] = shared_figure(at_1, seq)
     return out
 
 
@@ -185,15 +202,17 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         first = str(exc).splitlines()[0] if str(exc) else ""
         say(f"  {kind}: core-attention recompute not replayed ({type(exc).__name__}: {first})")
     counted = _count(one, layer_index, seq, runtime)
-    saved, saved_tp = split(plain_1.saved_bytes, plain_2.saved_bytes, seq)
-    working, working_tp = split(plain_1.working_bytes, plain_2.working_bytes, seq)
+    # the rotary tables every layer of a stage saves are the stage's (shared_saved_per_token), not the layer's
+    saved, saved_tp = split(own_bytes(plain_1, "saved"), own_bytes(plain_2, "saved"), seq)
+    working, working_tp = split(own_bytes(plain_1, "working"), own_bytes(plain_2, "working"), seq)
     autocast = autocast_figures(lambda tp_config: _measure_plain(tp_config, layer_index, seq, runtime, autocast=True),
                                  one, two, seq, lambda why: say(f"  {kind}: not measured under autocast ({why})"))
     selective, selective_tp = split(sel_1.saved_bytes, sel_2.saved_bytes, seq)
     ops, ops_tp = {}, {}
     for op in OPS:
         if op in plain_1.ops_bytes or op in plain_2.ops_bytes:
-            ops[op], ops_tp[op] = split(plain_1.ops_bytes.get(op, 0), plain_2.ops_bytes.get(op, 0), seq)
+            ops[op], ops_tp[op] = split(*(m.ops_bytes.get(op, 0) - m.shared_ops_bytes.get(op, 0)
+                                          for m in (plain_1, plain_2)), seq)
     say(f"  {kind}: {plain_1.saved_bytes / seq:,.1f} bytes/token saved at TP 1 "
         f"({time.perf_counter() - began:.1f} s)")
     return KindRecord(
@@ -210,7 +229,7 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         recomputed_other_mm_share=ledger.share(attention=False) if ledger else 0.0,
         ops=ops, ops_tp=ops_tp,
         flops_by_part=counted.flops, flops_all_pairs_by_part=counted.all_pairs_flops,
-        traffic=counted.traffic(),
+        traffic=counted.traffic(), shared_saved_per_token=shared_figure(plain_1, seq),
     )
 
 

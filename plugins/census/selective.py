@@ -5,7 +5,8 @@ The layer runs as a trainer wraps it: ``torch.utils.checkpoint.checkpoint``
 ``create_selective_checkpoint_contexts`` and the runtime's policy
 (``checkpoint_policy/<name>``), fresh counters for every call. The rotary
 embeddings and the mask are computed once by the model outside the layer's
-checkpoint, so they are not the layer's. What the layer keeps is what is
+checkpoint, so they are not the layer's (the memory model counts them once
+a stage: ``KindRecord.shared_saved_per_token``). What the layer keeps is what is
 live once its forward has returned: its input and what the policy saved.
 """
 from __future__ import annotations
@@ -106,7 +107,6 @@ def measure_selective(fake: L.FakeLayer, policy: Any, seq: int,
                       ledger: RecomputeLedger = None) -> Measured:
     """What *fake*'s layer keeps under *policy* (its input included), and the backward's peak."""
     import torch
-    from torch.utils._pytree import tree_flatten
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
     hidden = L.hidden_input(fake.config, seq)
@@ -114,7 +114,7 @@ def measure_selective(fake: L.FakeLayer, policy: Any, seq: int,
     where = L.positions(fake, hidden)
     mask = L.attention_mask(fake, hidden, where[0])
     params = list(fake.layer.parameters())
-    shared = [t for t in tree_flatten((where, mask))[0] if isinstance(t, torch.Tensor)]
+    shared = L.handed(where, mask)
     if policy.scope == "layer":
         stands_for = _stands_for(fake.contracts)
 
@@ -128,9 +128,8 @@ def measure_selective(fake: L.FakeLayer, policy: Any, seq: int,
     else:
         call = None
         scope = _core_attention_checkpointed()
-        # the layer itself is not checkpointed: it keeps what it saves outside the attention (the rotary
-        # tables among them, as without checkpointing), and its input only where an op saves it
-        shared = []
+        # the layer itself is not checkpointed: it keeps what it saves outside the attention, and its input
+        # only where an op saves it; the rotary tables are the stage's (KindRecord.shared_saved_per_token)
     with scope:
         return measure(params, (hidden,), lambda: L.run(fake, hidden, where, mask, call),
                        lambda out: out.backward(grad), grad_inputs=(grad,), checkpointed=True, shared=shared,

@@ -20,8 +20,13 @@ of one sequence, forward and backward:
 - each kind's record averages the layers of that kind (so the kinds'
   records, times their layer counts, add back up to the stack's total), taken
   at TP 1 and as one rank of TP 2 and split the way the single-layer census
-  splits. The stack census gives no selective figures; for these kinds the
-  formulas price selective recompute.
+  splits;
+- under the runtime's selective policy each layer runs checkpointed as a
+  trainer wraps it (:func:`census_stack_selective`), and a kind's selective
+  figures are the mean of its layers' kept bytes; its gradient share is its
+  layers' gradients made by their working moments over all of them;
+- what a layer saves of the tensors the model hands every layer (the rotary
+  tables) is stated apart (``shared_saved_per_token``): the stage's.
 
 Registered as ``census/stack``; the census calls it for a family whose
 ``stack_census`` is set, and :func:`refuse_single_layer` refuses a
@@ -124,6 +129,11 @@ class LayerMeasure:
     kept_bytes: int
     working_bytes: int
     ops_bytes: Mapping[str, int] = attrs.field(factory=dict)
+    # what it saves of the tensors the model hands every layer, by argument name (out of the figures above)
+    shared_bytes: Mapping[str, int] = attrs.field(factory=dict)
+    # the layer's parameter gradients made by its working moment, and all of them
+    working_grad_bytes: int = 0
+    grad_bytes: int = 0
 
 
 class _LayerPaths(ModuleStack):
@@ -235,6 +245,27 @@ def fake_stack(config: Any, runtime: Any, contracts: bool = True,
         yield model, loaded, modeling
 
 
+class _Handed:
+    """The storages of the tensors the model hands its decoder layers (every call argument but the hidden
+    states), by argument name, noted by forward pre-hooks (``handles``) as each layer is called."""
+
+    def __init__(self, layers: Sequence[Any], live: Any) -> None:
+        self.names: Dict[Any, str] = {}
+        self.live = live
+        self.handles = [layer.register_forward_pre_hook(self._note, with_kwargs=True) for layer in layers]
+
+    def _note(self, module: Any, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        for name, value in [*(("", a) for a in args[1:]), *kwargs.items()]:
+            if name == "hidden_states":
+                continue
+            for tensor in tree_flatten(value)[0]:
+                if isinstance(tensor, torch.Tensor) and not tensor.requires_grad:
+                    self.names.setdefault(self.live.key(tensor), name or "args")
+
+
 def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
     """What each decoder layer of *config* keeps and holds, from one forward and backward of the stack."""
     import torch
@@ -250,20 +281,35 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
         ops = SavedOps(follow, stored, contracts)
         saved_by: Dict[Any, int] = {}
         saved_op: Dict[Any, SavedBy] = {}
+        handed = _Handed(layers, live)
+        shared_by: Dict[Any, set] = {}  # a handed tensor's storage: the layers saving it
 
         def pack(tensor):
             found = ops.attribute(tensor)
             owner = follow.layer
             if owner is not None and tensor.untyped_storage()._cdata not in stored:
                 key = live.key(tensor)
-                saved_op.setdefault(key, found)
-                saved_by.setdefault(key, owner)
+                if key in handed.names:
+                    shared_by.setdefault(key, set()).add(owner)
+                else:
+                    saved_op.setdefault(key, found)
+                    saved_by.setdefault(key, owner)
             return tensor.detach()  # a graph the forward drops is freed, not held by its own output
 
         grads: List[Any] = []
-        handles = [p.register_hook(lambda grad: grads.append(live.key(grad))) for p in params if p.requires_grad]
+        owner_of = {id(p): index for index, layer in enumerate(layers) for p in layer.parameters()}
+        own_grads: List[set] = [set() for _ in layers]
+
+        def made(param: Any, grad: Any) -> None:
+            grads.append(live.key(grad))
+            if id(param) in owner_of:
+                own_grads[owner_of[id(param)]].add(live.key(grad))
+
+        handles = [p.register_hook(functools.partial(made, p)) for p in params if p.requires_grad]
+        handles += handed.handles
         kept = [0] * len(layers)
         by_op: List[Dict[str, int]] = [dict() for _ in layers]
+        shared: List[Dict[str, int]] = [dict() for _ in layers]
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(live)
@@ -281,24 +327,137 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
                     if size:
                         op = saved_op[key].op
                         by_op[index][op] = by_op[index].get(op, 0) + size
+                for key, owners in shared_by.items():
+                    for index in owners:
+                        name = handed.names[key]
+                        shared[index][name] = shared[index].get(name, 0) + live.sizes.get(key, 0)
                 out.float().sum().backward()
         finally:
             follow.close()
             for handle in handles:
                 handle.remove()
         grads.extend(live.key(param.grad) for param in params if param.grad is not None)
-        excluded = set(saved_by) | set(grads) | {key for key, _ in live.events if key[0] in stored}
+        for index, layer in enumerate(layers):
+            own_grads[index].update(live.key(p.grad) for p in layer.parameters() if p.grad is not None)
+        excluded = (set(saved_by) | set(shared_by) | set(grads)
+                    | {key for key, _ in live.events if key[0] in stored})
         # running total of the bytes live beyond every layer's saves, after each event
         beyond = [0, *itertools.accumulate(delta * (key not in excluded) for key, delta in live.events)]
         baseline = beyond[forward_end]
 
+        def running(keys: set) -> List[int]:
+            return [0, *itertools.accumulate(delta * (key in keys) for key, delta in live.events)]
+
         def layer_measure(index: int) -> LayerMeasure:
+            # the moment in its backward where its own saves (freed as it runs), the bytes beyond every layer's
+            # saves and its own gradients peak together (the layer census's rule), and its gradients made by then
             begin, end = follow.windows.get(index, (forward_end, forward_end))
-            extra = max(beyond[begin:end + 1], default=baseline) - baseline
-            return LayerMeasure(kept_bytes=kept[index], working_bytes=kept[index] + max(0, extra),
-                                ops_bytes=by_op[index])
+            own = running({key for key, owner in saved_by.items() if owner == index})
+            made = running(own_grads[index])
+            moment = max(range(begin, end + 1), key=lambda t: own[t] + beyond[t] + made[t], default=forward_end)
+            extra = beyond[moment] - baseline
+            grad_bytes = sum({live.key(p.grad): p.grad.untyped_storage().nbytes()
+                              for p in layers[index].parameters() if p.grad is not None}.values())
+            return LayerMeasure(kept_bytes=kept[index], working_bytes=own[moment] + max(0, extra),
+                                ops_bytes=by_op[index], shared_bytes=shared[index],
+                                working_grad_bytes=made[moment], grad_bytes=grad_bytes)
 
         return [layer_measure(index) for index in range(len(layers))]
+
+
+@attrs.frozen(kw_only=True)
+class SelectiveMeasure:
+    """What one decoder layer of the stack keeps under a selective policy, and the forward matmul FLOPs the
+    policy saved or recomputes (a :class:`~ndcost.plugins.census.selective.RecomputeLedger`)."""
+
+    kept_bytes: int
+    ledger: Any
+
+
+def census_stack_selective(config: Any, seq: int, runtime: Any, policy: Any) -> List[SelectiveMeasure]:
+    """What each decoder layer of *config* keeps under *policy* (a ``layer``-scoped checkpoint policy), from one
+    forward of the stack with every layer checkpointed as a trainer wraps it.
+
+    Each layer runs ``torch.utils.checkpoint.checkpoint`` (non-reentrant, RNG
+    state not preserved) with ``create_selective_checkpoint_contexts`` and the
+    policy, as the layer census's selective pass runs one layer. A layer keeps
+    what is live when the forward ends of the storages its forward made (the
+    outputs the policy saved), and its input, which the checkpoint holds; its
+    own output is the next layer's input (the last one's the final norm's).
+    The tensors the model hands every layer (the rotary tables) are the
+    stage's, not a layer's.
+    """
+    import torch
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    from ndcost.plugins.census.measure import LiveBytes, checkpoints_on_cpu
+    from ndcost.plugins.census.selective import RecomputeLedger, _stands_for, attention_storages
+
+    if policy.scope != "layer":
+        raise CensusUnavailable(f"the stack census runs layer-scoped checkpoint policies; "
+                                f"checkpoint_policy/{policy.name} is {policy.scope}-scoped")
+    with fake_stack(config, runtime) as (model, contracts, modeling):
+        layers = _decoder_layers(model)
+        stored = {p.untyped_storage()._cdata for p in model.parameters()}
+        live = LiveBytes()
+        handed = _Handed(layers, live)
+        ledgers = [RecomputeLedger(attention_storages(layer), contracts) for layer in layers]
+        stands_for = _stands_for(contracts)
+        running: List[int] = []
+        windows: Dict[int, Tuple[int, int]] = {}
+        inputs: Dict[Any, int] = {}
+        outputs: set = set()
+
+        def note(func: Any, args: Any, saved: bool, is_recompute: bool) -> None:
+            if running:
+                ledgers[running[-1]].note(func, args, saved, is_recompute)
+
+        def context_fn():
+            return create_selective_checkpoint_contexts(policy.op_policy(stands_for, note=note))
+
+        def enter(index: int, module: Any, args: Tuple[Any, ...]) -> None:
+            running.append(index)
+            windows[index] = (len(live.events), len(live.events))
+            if args and isinstance(args[0], torch.Tensor):
+                inputs.setdefault(live.key(args[0]), index)
+
+        def leave(index: int, module: Any, args: Any, output: Any) -> None:
+            running.pop()
+            windows[index] = (windows[index][0], len(live.events))
+            out = output[0] if isinstance(output, tuple) else output
+            if isinstance(out, torch.Tensor):
+                outputs.add(live.key(out))
+
+        originals = []
+        for index, layer in enumerate(layers):
+            originals.append(layer.forward)
+            layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False,
+                                              preserve_rng_state=False, context_fn=context_fn)
+            handed.handles.append(layer.register_forward_pre_hook(functools.partial(enter, index)))
+            handed.handles.append(layer.register_forward_hook(functools.partial(leave, index)))
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(checkpoints_on_cpu())
+                stack.enter_context(live)
+                out = model(input_ids=torch.zeros(1, seq, dtype=torch.long), use_cache=False)  # holds the graph
+                made_by = {}
+                for position, (key, delta) in enumerate(live.events):
+                    if delta > 0:
+                        made_by.setdefault(key, next((i for i, (b, e) in windows.items() if b <= position < e), None))
+                kept = [0] * len(layers)
+                for key, size in live.sizes.items():
+                    if key[0] in stored or key in handed.names:
+                        continue
+                    owner = inputs.get(key, None if key in outputs else made_by.get(key))
+                    if owner is not None:
+                        kept[owner] += size
+                del out
+        finally:
+            for handle in handed.handles:
+                handle.remove()
+            for layer, forward in zip(layers, originals, strict=True):
+                layer.forward = forward
+        return [SelectiveMeasure(kept_bytes=kept[index], ledger=ledgers[index]) for index in range(len(layers))]
 
 
 def count_stack(config: Any, seq: int, runtime: Any) -> List[Any]:
@@ -355,6 +514,48 @@ def _kinds(groups: Sequence[Any], build_mtp: bool = False) -> List[str]:
     return kinds
 
 
+def _selective_passes(config: Any, seq: int, runtime: Any,
+                      say: Callable[[str], None]) -> Optional[Tuple[List[SelectiveMeasure], List[SelectiveMeasure]]]:
+    """The stack under the runtime's selective policy at TP 1 and TP 2; None (said why) where it cannot run."""
+    from ndcost.plugins.census.records import policy_for
+
+    policy = policy_for(runtime)
+    try:
+        return (census_stack_selective(stack_tp_config(config, 1), seq, runtime, policy),
+                census_stack_selective(stack_tp_config(config, 2), seq, runtime, policy))
+    except (CensusUnavailable, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        say(f"  the stack under checkpoint_policy/{policy.name} not measured ({type(exc).__name__}: {first}); "
+            f"the formulas price selective recompute")
+        return None
+
+
+def _selective_figures(selective: Any, members: Sequence[int], plain: Sequence[LayerMeasure], seq: int,
+                       kind: str, say: Callable[[str], None]) -> Dict[str, Any]:
+    """A kind's ``selective_*`` and recomputed-share fields: the mean of its layers under the policy, split as
+    the saved figures are, and their ledgers' FLOPs together. Empty (the formulas price it) where the stack
+    did not run under the policy, or where the kind keeps more under it than plain (the layer census refuses
+    such a layer: the policy holds outputs no backward reads)."""
+    from ndcost.plugins.census.records import split
+    from ndcost.plugins.census.selective import RecomputeLedger
+
+    if selective is None:
+        return {}
+    one, two = selective
+    mean_1, mean_2 = (sum(each[i].kept_bytes for i in members) / len(members) for each in (one, two))
+    if mean_1 > sum(plain[i].kept_bytes for i in members) / len(members):
+        say(f"  {kind}: keeps more under the selective policy than plain; the formulas price selective recompute")
+        return {}
+    together = RecomputeLedger(())
+    for index in members:
+        for key, value in one[index].ledger.flops.items():
+            together.flops[key] = together.flops.get(key, 0) + value
+    selective_per_token, selective_tp_per_token = split(mean_1, mean_2, seq)
+    return dict(selective_per_token=selective_per_token, selective_tp_per_token=selective_tp_per_token,
+                recomputed_attention_mm_share=together.share(attention=True),
+                recomputed_other_mm_share=together.share(attention=False))
+
+
 def stack_kind_records(config: Any, groups: Sequence[Any], seq: int, runtime: Any,
                        progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """``{kind: KindRecord}`` of *config*'s stack: each kind the mean of its layers, at TP 1 and TP 2."""
@@ -370,6 +571,7 @@ def stack_kind_records(config: Any, groups: Sequence[Any], seq: int, runtime: An
     one = census_stack(stack_tp_config(config, 1), seq, runtime)
     two = census_stack(stack_tp_config(config, 2), seq, runtime)
     counted = count_stack(stack_tp_config(config, 1), seq, runtime)
+    selective = _selective_passes(config, seq, runtime, say)
     if len(one) != len(kinds):
         raise CensusUnavailable(f"the model builds {len(one)} decoder layers but its spec lists {len(kinds)}; "
                                 f"check the spec's layer groups against the config's num_hidden_layers")
@@ -397,12 +599,18 @@ def stack_kind_records(config: Any, groups: Sequence[Any], seq: int, runtime: An
         traffic = {"moved_bytes": mean_table(lambda c: c.moved_bytes),
                    "parameter_bytes": mean_table(lambda c: c.parameter_bytes),
                    "launches": mean_table(lambda c: c.launches)}
+        grads = sum(one[index].grad_bytes for index in members)
+        shared = {name: sum(one[index].shared_bytes.get(name, 0) for index in members) / len(members) / seq
+                  for name in sorted({name for index in members for name in one[index].shared_bytes})}
         out[kind] = KindRecord(kind=kind, seq=seq, source=SOURCE, saved_per_token=saved,
                                saved_tp_per_token=saved_tp, working_per_token=working,
                                working_tp_per_token=working_tp, ops=ops, ops_tp=ops_tp,
+                               working_grad_share=sum(one[i].working_grad_bytes for i in members) / grads
+                               if grads else None,
+                               **_selective_figures(selective, members, one, seq, kind, say),
                                flops_by_part=mean_table(lambda c: c.flops),
                                flops_all_pairs_by_part=mean_table(lambda c: c.all_pairs_flops),
-                               traffic=traffic)
+                               traffic=traffic, shared_saved_per_token=shared)
     say(f"  stack census done ({time.perf_counter() - began:.1f} s)")
     return out
 

@@ -1,0 +1,41 @@
+"""The stack census beside the layer census, on a family whose layers can run alone (Qwen3-MoE).
+
+The stack census (plugins/census/stack.py) measures a family whose layers cannot run alone (DeepSeek-V4) over
+the model's whole forward and backward; its selective figures, recomputed shares, gradient share and the
+tensors the model hands every layer are checked here against the layer census of the same layer
+(plugins/census/records.py), an independent path: one layer built apart, checkpointed and measured alone.
+"""
+import pytest
+
+pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from ndcost.values import LayerGroup  # noqa: E402
+
+S, D = 32, 16
+
+
+def _config():
+    return transformers.AutoConfig.for_model(
+        "qwen3_moe", hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2, head_dim=D, num_hidden_layers=2,
+        vocab_size=100, decoder_sparse_step=1, mlp_only_layers=[])
+
+
+@pytest.mark.slow
+def test_stack_census_states_the_layer_census_selective_figures_gradient_share_and_shared_tables():
+    from ndcost.plugins.census.records import census_kind, runtime_profile
+    from ndcost.plugins.census.stack import stack_kind_records
+
+    runtime = runtime_profile("hf-cuda")
+    alone = census_kind(_config(), 0, S, runtime, "moe")
+    stack = stack_kind_records(_config(), [LayerGroup(kind="moe", count=2)], S, runtime)["moe"]
+    assert stack.source == "census-stack"
+    # under torchtitan's policy, each layer checkpointed as a trainer wraps it
+    for field in ("selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
+                  "recomputed_other_mm_share", "working_grad_share"):
+        assert getattr(alone, field) is not None and getattr(stack, field) == getattr(alone, field), field
+    assert 0 < stack.working_grad_share < 1
+    # the rotary cos and sin every layer saves: bf16 [1, 1, S, D] each, once for the stack
+    assert dict(stack.shared_saved_per_token) == dict(alone.shared_saved_per_token) == {
+        "position_embeddings": 2 * D * 2}
