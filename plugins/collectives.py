@@ -96,32 +96,46 @@ def _alone(n, message_bytes, *operands):
     return np.zeros(np.broadcast(n, message_bytes, *operands).shape)
 
 
+def _by_protocol(values, ndim: int) -> np.ndarray:
+    """Per-protocol constants (LL, LL128, Simple) as a ``(3, 1, ..., 1)`` array of *ndim* + 1 axes: the protocols
+    priced at once along a leading axis (one numpy call a term rather than three)."""
+    return np.asarray(values, dtype=np.float64).reshape((3,) + (1,) * ndim)
+
+
+_RING_INTRA_ACROSS_S = tuple(max(a, b) * _US for a, b in zip(NVLINK_LATENCY_US["ring"], NET_OVERHEAD_US, strict=True))
+_RING_INTRA_S = tuple(v * _US for v in NVLINK_LATENCY_US["ring"])
+_RING_BASE_S = tuple(v * _US for v in BASE_LATENCY_US["ring"])
+_TREE_BASE_S = tuple(v * _US for v in BASE_LATENCY_US["tree"])
+_TREE_INTRA_S = tuple(v * _US for v in NVLINK_LATENCY_US["tree"])
+_TREE_NET_S = tuple(v * _US for v in NET_LATENCY_US["tree"])
+_RING_NET_S = tuple(v * _US for v in NET_LATENCY_US["ring"])
+_LINK_LATENCY_TIMES = (1.0, 1.0, 2.0)  # Simple adds the link's latency again for its flush
+
+
 def _ring_latencies(n, nodes, latency, all_reduce: bool):
-    """NCCL's ring latency by protocol (LL, LL128, Simple) on the group's shape: ``nsteps`` steps, those across
-    nodes at NET's (the tree's with one member a node), those within at least the network's post overhead."""
+    """NCCL's ring latency by protocol (LL, LL128, Simple) on the group's shape, ``(3, ...)``: ``nsteps`` steps,
+    those across nodes at NET's (the tree's with one member a node), those within at least the network's post
+    overhead."""
+    latency = np.asarray(latency, dtype=np.float64)
+    ndim = max(np.ndim(n), np.ndim(nodes), latency.ndim)
     steps = (2.0 if all_reduce else 1.0) * (n - 1.0)
     across = nodes > 1.0
     inter = (2.0 if all_reduce else 1.0) * (nodes - 1.0)
     one_a_node = n <= nodes
-    out = []
-    for p in range(3):
-        intra = np.where(across, max(NVLINK_LATENCY_US["ring"][p], NET_OVERHEAD_US[p]) * _US,
-                         NVLINK_LATENCY_US["ring"][p] * _US + latency)
-        cross = (np.where(one_a_node, NET_LATENCY_US["tree"][p], NET_LATENCY_US["ring"][p]) * _US
-                 + (2.0 if p == 2 else 1.0) * latency)
-        out.append(BASE_LATENCY_US["ring"][p] * _US + (steps - inter) * intra + inter * cross)
-    return out
+    intra = np.where(across, _by_protocol(_RING_INTRA_ACROSS_S, ndim), _by_protocol(_RING_INTRA_S, ndim) + latency)
+    cross = (np.where(one_a_node, _by_protocol(_TREE_NET_S, ndim), _by_protocol(_RING_NET_S, ndim))
+             + _by_protocol(_LINK_LATENCY_TIMES, ndim) * latency)
+    return _by_protocol(_RING_BASE_S, ndim) + (steps - inter) * intra + inter * cross
 
 
 def _ring(s, n, latencies, bandwidth, all_reduce: bool):
     """The fastest protocol's ring: *latencies* (:func:`_ring_latencies`) and the data over the protocol's bus."""
     steps = (2.0 if all_reduce else 1.0) * (n - 1.0)
-    data = s * (steps / (n * bandwidth))                  # Simple's data term; a protocol divides it by its factor
-    best = None
-    for p, fixed in enumerate(latencies):  # two passes over the messages a protocol
-        seconds = data + fixed if p == 2 else data * (1.0 / RING_BANDWIDTH_FACTOR[p]) + fixed
-        best = np.asarray(seconds) if best is None else np.minimum(best, seconds, out=best if best.ndim else None)
-    return best
+    data = np.asarray(s * (steps / (n * bandwidth)))  # Simple's data term; a protocol divides it by its factor
+    ndim = max(data.ndim, latencies.ndim - 1)
+    fixed = latencies.reshape((3,) + (1,) * (ndim - latencies.ndim + 1) + latencies.shape[1:])
+    return np.asarray((data * _by_protocol([1.0 / f for f in RING_BANDWIDTH_FACTOR[:2]] + [1.0], ndim)
+                       + fixed).min(axis=0))
 
 
 def _tree(s, n, nodes, bandwidth, latency, ring, ring_simple_latency):
@@ -131,15 +145,15 @@ def _tree(s, n, nodes, bandwidth, latency, ring, ring_simple_latency):
     across = nodes > 1.0
     per_node = np.floor(n / nodes)
     log_nodes = np.floor(np.log2(nodes))
-    latencies = []
-    for p in range(3):
-        intra = NVLINK_LATENCY_US["tree"][p] * _US + np.where(across, 0.0, latency)
-        cross = NET_LATENCY_US["tree"][p] * _US + (2.0 if p == 2 else 1.0) * latency
-        latencies.append(BASE_LATENCY_US["tree"][p] * _US + 2.0 * ((per_node - 1.0) * intra + log_nodes * cross))
+    latency = np.asarray(latency, dtype=np.float64)
+    ndim = max(np.ndim(n), np.ndim(nodes), latency.ndim)
+    intra = _by_protocol(_TREE_INTRA_S, ndim) + np.where(across, 0.0, latency)
+    cross = _by_protocol(_TREE_NET_S, ndim) + _by_protocol(_LINK_LATENCY_TIMES, ndim) * latency
+    latencies = _by_protocol(_TREE_BASE_S, ndim) + 2.0 * ((per_node - 1.0) * intra + log_nodes * cross)
     # tree >= least latency + 2 S / (0.92 B) (no protocol or correction moves it faster); the Simple ring is
     # latency + 2 (n - 1) / n * S / B: past this S (on the group's shape) the tree never wins
     slope = 2.0 / (bandwidth * TREE_BANDWIDTH) - 2.0 * (n - 1.0) / (n * bandwidth)
-    least = np.minimum(np.minimum(latencies[0], latencies[1]), latencies[2])
+    least = latencies.min(axis=0)
     candidate = s < (ring_simple_latency - least) / slope
     if not candidate.any():
         return ring

@@ -201,12 +201,20 @@ def _peak_flops(hardware: Hardware, compute_dtype: np.ndarray) -> np.ndarray:
     return table[codes]
 
 
+_COLLECTIVES_MADE: Dict[str, Any] = {}
+
+
 def _collectives() -> Dict[str, Any]:
     """The registered ``collective/<name>`` plugins' ``seconds`` functions, each taking the link's keywords
     (``nodes``, ``nvls_efficiency``: :func:`ndcost.compose.topology.group_link`'s); one written before them
-    (four arguments only) is called without them."""
+    (four arguments only) is called without them. Made again only once the registry resolves again (its
+    ``generation``): reading the signatures weighs on a batch of one strategy."""
     registry = manager.registry()
-    return {name: _with_link_keywords(registry.get(f"collective/{name}").seconds) for name in COLLECTIVES}
+    made = _COLLECTIVES_MADE.get("made")
+    if made is None or made[0] is not registry or made[1] != registry.generation:
+        wrapped = {name: _with_link_keywords(registry.get(f"collective/{name}").seconds) for name in COLLECTIVES}
+        made = _COLLECTIVES_MADE["made"] = (registry, registry.generation, wrapped)
+    return dict(made[2])
 
 
 _LINK_KEYWORDS = ("nodes", "nvls_efficiency")
