@@ -177,6 +177,10 @@ class BatchResult:
 
 
 FITS_BASES = ("allocated", "reserved")
+_FITS_BASES = np.array(("",) + FITS_BASES, dtype=object)  # indexed by 0 (invalid), 1 + claimed
+_FITS_BASES.setflags(write=False)
+_RESERVED_REASONS = np.array([""] + list(memory.RESERVED_UNCLAIMED), dtype=object)  # by reserved_unclaimed
+_RESERVED_REASONS.setflags(write=False)
 
 
 def fits_rule(valid: np.ndarray, peak_bytes: np.ndarray, reserved_bytes: np.ndarray,
@@ -190,7 +194,7 @@ def fits_rule(valid: np.ndarray, peak_bytes: np.ndarray, reserved_bytes: np.ndar
     """
     claimed = reserved_bytes >= 0
     needed = np.where(claimed, reserved_bytes, peak_bytes)
-    basis = np.array(("",) + FITS_BASES, dtype=object)[np.where(valid, 1 + claimed, 0)]
+    basis = _FITS_BASES[np.where(valid, 1 + claimed, 0)]
     return valid & (needed <= usable_bytes), basis
 
 
@@ -661,7 +665,7 @@ class CostModel:
         peak = full["peak_bytes"]
         unclaimed = full["reserved_unclaimed"]
         reserved = np.where(valid & (unclaimed == 0), full["stage_reserved_bytes"].max(axis=1, initial=0), -1)
-        reserved_reason = np.array([""] + list(memory.RESERVED_UNCLAIMED), dtype=object)[unclaimed]
+        reserved_reason = _RESERVED_REASONS[unclaimed]
         fits, fits_basis = fits_rule(valid, peak, reserved, int(hw.usable_memory_bytes))
         result = BatchResult(
             categories=tuple(MEMORY_CATEGORIES), peak_bytes=peak, stage_bytes=full["stage_bytes"],
@@ -827,7 +831,7 @@ def _hardware_checks(batch: columns.StrategyColumns, hardware: Hardware) -> None
     if refusal:
         batch.refuse(batch.cols["float8"] != FLOAT8_RECIPES.index("none"), refusal)
     codes = batch.cols["compute_dtype"]
-    for code in np.unique(codes).tolist():
+    for code in time_model.distinct(codes)[0].tolist():
         dtype = columns.DTYPE_NAMES[code]
         if dtype not in hardware.peak_flops_per_second:
             batch.refuse(codes == code, f"compute_dtype={dtype}: hardware {hardware.name!r} states no peak for it "

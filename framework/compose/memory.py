@@ -61,7 +61,7 @@ _FLOAT_MAX = float(np.finfo(np.float64).max)
 def nan_to_zero(x):
     """``np.nan_to_num`` of a float64 array (NaN to 0, an infinity to the largest finite float) in two ufuncs,
     without ``nan_to_num``'s per-call Python work (it weighs on a batch of one strategy)."""
-    return np.clip(np.where(np.isnan(x), 0.0, x), -_FLOAT_MAX, _FLOAT_MAX)
+    return np.minimum(np.maximum(np.where(np.isnan(x), 0.0, x), -_FLOAT_MAX), _FLOAT_MAX)  # np.clip's Python wrapper
 
 
 def select(conditions, choices, default):

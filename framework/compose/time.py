@@ -196,7 +196,7 @@ def _peak_flops(hardware: Hardware, compute_dtype: np.ndarray) -> np.ndarray:
     """(N,) the hardware's peak FLOP/s in each row's compute dtype (a loop over the dtypes used)."""
     codes = np.asarray(compute_dtype, dtype=np.int64)
     table = np.full(len(DTYPE_NAMES), np.nan)
-    for code in np.unique(codes).tolist():
+    for code in distinct(codes)[0].tolist():
         table[code] = hardware.peak_flops(DTYPE_NAMES[code])
     return table[codes]
 
@@ -385,8 +385,30 @@ def _matmul_inverse_efficiency(model: ModelWork, rows: "_Rows", cols: Mapping[st
     experts run as one grouped GEMM. A class whose shapes are unknown takes the constant
     ``efficiency.matmul`` (``matmul_backward``).
     """
-    k = _kind_arrays(model)
     codes = np.asarray(cols["compute_dtype"], dtype=np.int64)
+    if len(codes) != 1:
+        return _matmul_inverse_efficiency_rows(model, rows, codes, hardware, eff)
+    # one row (one strategy): its shapes' figures kept a model, hardware and shape (what they depend on alone)
+    kept = _derived("matmul_one_row", model, lambda _: {})
+    key = (id(hardware), eff["matmul"], eff["matmul_backward"], int(codes[0]),
+           *(float(column[0]) for column in (rows.tokens, rows.tp, rows.ep, rows.etp, rows.imbalance)))
+    hit = kept.get(key)
+    if hit is None or hit[0] is not hardware:
+        forward, backward = _matmul_inverse_efficiency_rows(model, rows, codes, hardware, eff)
+        forward.setflags(write=False)
+        backward.setflags(write=False)
+        if len(kept) >= _ONE_ROW_KEPT:
+            kept.clear()
+        hit = kept[key] = (hardware, forward, backward)
+    return hit[1], hit[2]
+
+
+_ONE_ROW_KEPT = 4096  # one-row figures kept a model (a search's distinct shapes)
+
+
+def _matmul_inverse_efficiency_rows(model: ModelWork, rows: "_Rows", codes: np.ndarray, hardware: Hardware,
+                                    eff: Mapping[str, float]) -> Tuple[np.ndarray, np.ndarray]:
+    k = _kind_arrays(model)
     # the shapes depend on these alone: priced once for each distinct row (a search repeats them)
     key = np.zeros(len(codes), dtype=np.int64)
     for column in (rows.tokens, rows.tp, rows.ep, rows.etp, rows.imbalance, codes):  # one code a row, mixed radix
