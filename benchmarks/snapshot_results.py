@@ -50,10 +50,10 @@ def grid(model, n: int, seed: int) -> dict:
     cols["etp"] = some(0.2, [1, 2], 1) if moe else np.ones(n, dtype=np.int64)
     cols["cp_algo"] = some(0.3, ["ulysses", "colossal", "hybrid"], "ring")
     cols["optimizer"] = some(0.3, ["adam", "sgd", "adagrad"], "adamw")
-    cols["param_dtype"] = some(0.15, ["fp32", "fp16"], "bf16")
+    cols["param_dtype"] = some(0.3, ["fp32", "fp32", "fp16"], "bf16")  # fp32 under bf16 autocast: its own figures
     cols["grad_dtype"] = some(0.2, ["fp32", "bf16"], None).astype(object)
     cols["optimizer_dtype"] = some(0.2, ["fp32", "bf16"], None).astype(object)
-    cols["compute_dtype"] = some(0.1, ["fp8", "bf16"], None).astype(object)
+    cols["compute_dtype"] = some(0.25, ["fp8", "bf16", "bf16"], None).astype(object)
     cols["moe_imbalance"] = some(0.3, [1.0, 1.25, 2.0], 1.0).astype(np.float64)
     cols["allocator_overhead"] = some(0.3, [0.0, 0.05, 0.1], 0.0).astype(np.float64)
     cols["shard_mesh"] = some(0.3, ["dp", "fsdp_cp"], "dp_cp")

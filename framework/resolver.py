@@ -586,7 +586,9 @@ class CostModel:
         R = int(c["pp"][valid].max()) if valid.any() else 1
         # the outputs of the valid rows, sorted by pipeline layout (each layout a contiguous slice)
         order = np.flatnonzero(valid)
-        if valid.any() and tables:
+        if len(order) == 1 and tables:  # one row: one layout
+            ends = np.ones(1, dtype=np.int64)
+        elif valid.any() and tables:
             layout = (c["pp"] * (int(c["vpp"].max()) + 1) + c["vpp"])[order]
             sizes = np.bincount(layout)
             if np.count_nonzero(sizes) > 1:
@@ -595,7 +597,7 @@ class CostModel:
         else:
             order, ends = order[:0], np.zeros(0, dtype=np.int64)
         priced = len(order)
-        in_order = priced == n and bool(np.all(order[1:] > order[:-1]))  # every row valid, one layout
+        in_order = priced == n and (n == 1 or bool((order[1:] > order[:-1]).all()))  # every row valid, in order
         shapes = {"stage_bytes": (R, C), "stage_peak_bytes": (R,), "stage_layers": (R,), "stage_moment": (R,),
                   "stage_kind_layers": (R, K), "peak_bytes": (), "peak_stage": (), "head_stage": (),
                   "embedding_stage": (),

@@ -553,19 +553,22 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
                                            / (rows.ep * rows.etp)[:, None] + k["replicated_parameters"])
     elementwise = rows.compute_bytes[:, None] * tokens * _elementwise_elements(model, k, cols, tp, sp)
     fp8_mm, cast_fwd, cast_bwd = _float8_linears(model, k, rows, cols, split)
-    refusal = float8_refusal(hardware) if fp8_mm.any() else None
+    fp8_on = bool(fp8_mm.any())
+    refusal = float8_refusal(hardware) if fp8_on else None
     if refusal:
         raise InvalidValue(refusal)
-    fp8_peak = hardware.peak_flops("fp8") if fp8_mm.any() else 1.0
+    fp8_peak = hardware.peak_flops("fp8") if fp8_on else 1.0
 
     def matmul(passes, inverse):
         # the Float8 linears' share of the attention and other classes runs at the fp8 peak, at the compute
         # dtype's shape efficiency (an fp8 row of kernel_tables is not read)
         per_class = by_class * inverse
-        dense = per_class[..., 0] + per_class[..., 1]
-        fp8_share = np.divide(fp8_mm, by_class[..., 0] + by_class[..., 1], out=np.zeros_like(fp8_mm),
-                              where=fp8_mm > 0)
-        seconds = per_class.sum(axis=-1) / peak + fp8_share * dense * (1.0 / fp8_peak - 1.0 / peak)
+        seconds = per_class.sum(axis=-1) / peak
+        if fp8_on:  # a batch without Float8 linears adds no share (0 of finite seconds)
+            dense = per_class[..., 0] + per_class[..., 1]
+            fp8_share = np.divide(fp8_mm, by_class[..., 0] + by_class[..., 1], out=np.zeros_like(fp8_mm),
+                                  where=fp8_mm > 0)
+            seconds = seconds + fp8_share * dense * (1.0 / fp8_peak - 1.0 / peak)
         return np.maximum(seconds, passes * weights / (hbm * eff["memory"]))
 
     tables = _kernel_tables(hardware)
