@@ -759,19 +759,22 @@ class CostModel:
         # (megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding: to a multiple of
         # make_vocab_size_divisible_by * tp), which changes the model's parameters: the model states the padded size
         vocab = spec.vocab_size
-        padded = -(-vocab // (128 * t)) * (128 * t)
         batch.refuse(c["vocab_parallel"] & (vocab % t != 0),
                      lambda i: f"vocab_parallel: tp={t[i]} does not divide vocab_size={vocab} (the embedding and "
                                f"head are split by rows over tp); give a tp that divides it, vocab_parallel=false, "
                                f"or a model whose vocab_size is the trainer's padded one (Megatron-LM pads it to a "
-                               f"multiple of make_vocab_size_divisible_by * tp: {padded[i]} at 128)")
+                               f"multiple of make_vocab_size_divisible_by * tp: {_padded(vocab, 128 * t[i])} at 128)")
         cp = c["cp"]
         seq = c["seq"]
-        batch.refuse((seq >= 1) & (seq % cp != 0), lambda i: f"cp={cp[i]} does not divide seq={seq[i]}")
+        # each check below refuses rows using a feature (cp > 1, sp, ZeRO, offloaded parameters): skipped whole
+        # where no row does, as every one of its rows would pass
+        contexts = bool(np.count_nonzero(cp > 1))
+        if contexts:
+            batch.refuse((seq >= 1) & (seq % cp != 0), lambda i: f"cp={cp[i]} does not divide seq={seq[i]}")
         # Ulysses' all-to-alls give each CP rank whole heads of every token (DeepSpeed-Ulysses, arXiv:2309.14509
         # section 3.1): the composition splits a TP rank's query heads and its key/value heads by cp
-        ulysses = (c["cp_algo"] == CP_ALGOS.index("ulysses")) & (cp > 1)
-        if ulysses.any() and (m.kv_elements_per_token > 0).any():
+        ulysses = (c["cp_algo"] == CP_ALGOS.index("ulysses")) & (cp > 1) if contexts else None
+        if contexts and ulysses.any() and (m.kv_elements_per_token > 0).any():
             query_heads = m.heads // t
             batch.refuse(ulysses & (m.heads % t == 0) & (query_heads % cp != 0),
                          lambda i: f"cp_algo=ulysses: cp={cp[i]} does not divide the {query_heads[i]} query heads a "
@@ -784,36 +787,42 @@ class CostModel:
                                    f"that divides them, or cp_algo=ring")
         # ring attention balances the causal work by cutting a sequence into 2 * cp chunks, two a rank
         # (Megatron-LM megatron/core/utils.py get_batch_on_this_cp_rank): the time model's even split of the scores
-        ring = (c["cp_algo"] == CP_ALGOS.index("ring")) & (cp > 1) & (seq >= 1) & (seq % cp == 0)
-        batch.refuse(ring & (seq % (2 * cp) != 0),
-                     lambda i: f"cp_algo=ring: seq={seq[i]} is not a multiple of 2 * cp = {2 * cp[i]} (ring "
-                               f"attention cuts a sequence into 2 * cp chunks); give a seq divisible by {2 * cp[i]}")
-        sp_bad = (seq >= 1) & c["sp"] & (seq % np.maximum(cp, 1) == 0) & ((seq // np.maximum(cp, 1)) % t != 0)
-        batch.refuse(sp_bad, lambda i: f"sp: tp={t[i]} does not divide the {seq[i] // cp[i]} tokens a CP rank holds")
-        batch.refuse((c["zero"] > 0) & (c["fsdp"] > 1),
-                     lambda i: f"zero={c['zero'][i]} with fsdp={c['fsdp'][i]}: both shard over the data-parallel "
-                               f"ranks; use zero over dp or fsdp, not both")
-        batch.refuse((c["zero"] > 0) & (c["shard_mesh"] == SHARD_MESHES.index("fsdp_cp")),
-                     lambda i: f"zero={c['zero'][i]} with shard_mesh=fsdp_cp: fsdp_cp is FSDP's mesh (fsdp * cp); "
-                               f"ZeRO shards over dp * cp (shard_mesh=dp_cp) or dp (shard_mesh=dp)")
-        batch.refuse((c["zero"] == 3) & ~c["reshard_after_forward"],
-                     "reshard_after_forward=false is FSDP's (fully_shard); ZeRO-3 regathers a module for its "
-                     "backward as ndcost prices it: use reshard_after_forward=true with zero=3, or FSDP (fsdp=N) "
-                     "with reshard_after_forward=false")
-        # FSDP2's CPUOffloadPolicy and ZeRO-Infinity's offload_param copy the sharded parameters to the device
-        # to gather them, and the optimizer steps them where they live: on the host
-        gathered = sharding_of(c).fsdp | (c["zero"] >= 3)
-        batch.refuse(c["offload_params"] & ~gathered,
-                     lambda i: f"offload_params=true with fsdp={c['fsdp'][i]}, zero={c['zero'][i]}: the parameters "
-                               f"are copied to the device as FSDP or ZeRO-3 gathers them; set fsdp > 1 or zero=3")
-        batch.refuse(c["offload_params"] & ~c["offload_optimizer"],
-                     "offload_params=true with offload_optimizer=false: the optimizer steps the parameters on the "
-                     "host, where they live (FSDP2 CPUOffloadPolicy); set offload_optimizer=true too")
+        if contexts:
+            ring = (c["cp_algo"] == CP_ALGOS.index("ring")) & (cp > 1) & (seq >= 1) & (seq % cp == 0)
+            batch.refuse(ring & (seq % (2 * cp) != 0),
+                         lambda i: f"cp_algo=ring: seq={seq[i]} is not a multiple of 2 * cp = {2 * cp[i]} (ring "
+                                   f"attention cuts a sequence into 2 * cp chunks); give a seq divisible by "
+                                   f"{2 * cp[i]}")
+        if np.count_nonzero(c["sp"]):
+            sp_bad = (seq >= 1) & c["sp"] & (seq % np.maximum(cp, 1) == 0) & ((seq // np.maximum(cp, 1)) % t != 0)
+            batch.refuse(sp_bad,
+                         lambda i: f"sp: tp={t[i]} does not divide the {seq[i] // cp[i]} tokens a CP rank holds")
+        if np.count_nonzero(c["zero"]):
+            batch.refuse((c["zero"] > 0) & (c["fsdp"] > 1),
+                         lambda i: f"zero={c['zero'][i]} with fsdp={c['fsdp'][i]}: both shard over the "
+                                   f"data-parallel ranks; use zero over dp or fsdp, not both")
+            batch.refuse((c["zero"] > 0) & (c["shard_mesh"] == SHARD_MESHES.index("fsdp_cp")),
+                         lambda i: f"zero={c['zero'][i]} with shard_mesh=fsdp_cp: fsdp_cp is FSDP's mesh (fsdp * "
+                                   f"cp); ZeRO shards over dp * cp (shard_mesh=dp_cp) or dp (shard_mesh=dp)")
+            batch.refuse((c["zero"] == 3) & ~c["reshard_after_forward"],
+                         "reshard_after_forward=false is FSDP's (fully_shard); ZeRO-3 regathers a module for its "
+                         "backward as ndcost prices it: use reshard_after_forward=true with zero=3, or FSDP "
+                         "(fsdp=N) with reshard_after_forward=false")
+        if np.count_nonzero(c["offload_params"]):
+            # FSDP2's CPUOffloadPolicy and ZeRO-Infinity's offload_param copy the sharded parameters to the device
+            # to gather them, and the optimizer steps them where they live: on the host
+            gathered = sharding_of(c).fsdp | (c["zero"] >= 3)
+            batch.refuse(c["offload_params"] & ~gathered,
+                         lambda i: f"offload_params=true with fsdp={c['fsdp'][i]}, zero={c['zero'][i]}: the "
+                                   f"parameters are copied to the device as FSDP or ZeRO-3 gathers them; set fsdp "
+                                   f"> 1 or zero=3")
+            batch.refuse(c["offload_params"] & ~c["offload_optimizer"],
+                         "offload_params=true with offload_optimizer=false: the optimizer steps the parameters on "
+                         "the host, where they live (FSDP2 CPUOffloadPolicy); set offload_optimizer=true too")
         # the schedules' own refusals, by name
-        for code, name in enumerate(names["schedule"]):
+        for code in time_model.distinct(c["schedule"])[0].tolist():  # the schedules the batch names, in code order
+            name = names["schedule"][code]
             rows = c["schedule"] == code
-            if not rows.any():
-                continue
             schedule = _registry().get(f"schedule/{name}")
             for mask, template in schedule.refusals(c["pp"], c["vpp"], c["num_micro_batches"]):
                 mask = rows & np.asarray(mask, dtype=bool)
@@ -839,6 +848,11 @@ def _hardware_checks(batch: columns.StrategyColumns, hardware: Hardware) -> None
             batch.refuse(codes == code, f"compute_dtype={dtype}: hardware {hardware.name!r} states no peak for it "
                                         f"(it states {', '.join(hardware.peak_flops_per_second)}); use one of "
                                         f"those or a hardware file that states a peak for {dtype}")
+
+
+def _padded(vocab: int, multiple: int) -> int:
+    """*vocab* rounded up to a multiple of *multiple* (Megatron-LM's padded vocabulary)."""
+    return -(-vocab // multiple) * multiple
 
 
 def _even_split(layers: int, stages: int) -> List[int]:

@@ -92,7 +92,7 @@ def _alone(n, message_bytes, *operands):
     """Zeros of the collective's shape where no group (*n*, as :func:`_n` makes it) has a peer or no message
     has a byte (a dense model's expert collectives), else None: the arithmetic whose every figure would be
     zeroed is skipped."""
-    if (n > 1.0).any() and np.any(message_bytes):
+    if np.count_nonzero(n > 1.0) and np.count_nonzero(message_bytes):  # np.any's wrappers weigh on one row
         return None
     return np.zeros(np.broadcast(n, message_bytes, *operands).shape)
 

@@ -633,23 +633,29 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
              + coll["reduce_scatter"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
     tp_pass = 2.0 * np.where(rows.sp, tp_sp, coll["all_reduce"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
     tp_fwd = np.broadcast_to(tp_pass[:, None], (n, len(model.kinds)))
-    bw_cp, lat_cp, link_cp = group_link(hardware, tp, cp, eff, ring=False)
-    link_cp = {key: value[:, None] for key, value in link_cp.items()}
-    cp_ring = (cp > 1)[:, None] * (cp - 1.0)[:, None] * (
-        coll["send_recv"]((tokens * width / tp)[:, None] * k["kv_elements_per_token"][None, :], 2.0,
-                          bw_cp[:, None], lat_cp[:, None], **link_cp))
-    cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
-                                                       + k["kv_elements_per_token"])[None, :]
-    cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
-    ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
-    cp_fwd = np.where(k["has_attention"][None, :], np.where(ulysses, cp_ulysses, cp_ring), 0.0)
-    cp_bwd = np.where(ulysses, 1.0, 2.0) * cp_fwd
-    cp_fwd_exposed = np.where(ulysses, cp_fwd, np.maximum(0.0, cp_fwd - layer["scores_forward"]))
-    cp_bwd_exposed = np.where(ulysses, cp_bwd, np.maximum(0.0, cp_bwd - layer["scores_backward"]))
-    bw_ep, lat_ep, link_ep = group_link(hardware, etp, ep, eff, ring=False)
-    ep_msg = (tokens * etp / tp * h * width * rows.imbalance)[:, None] * k["experts_per_token"][None, :]
-    ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None],  # dispatch, combine
-                                       **{key: value[:, None] for key, value in link_ep.items()})
+    if np.count_nonzero(cp > 1):
+        bw_cp, lat_cp, link_cp = group_link(hardware, tp, cp, eff, ring=False)
+        link_cp = {key: value[:, None] for key, value in link_cp.items()}
+        cp_ring = (cp > 1)[:, None] * (cp - 1.0)[:, None] * (
+            coll["send_recv"]((tokens * width / tp)[:, None] * k["kv_elements_per_token"][None, :], 2.0,
+                              bw_cp[:, None], lat_cp[:, None], **link_cp))
+        cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
+                                                           + k["kv_elements_per_token"])[None, :]
+        cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
+        ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
+        cp_fwd = np.where(k["has_attention"][None, :], np.where(ulysses, cp_ulysses, cp_ring), 0.0)
+        cp_bwd = np.where(ulysses, 1.0, 2.0) * cp_fwd
+        cp_fwd_exposed = np.where(ulysses, cp_fwd, np.maximum(0.0, cp_fwd - layer["scores_forward"]))
+        cp_bwd_exposed = np.where(ulysses, cp_bwd, np.maximum(0.0, cp_bwd - layer["scores_backward"]))
+    else:  # no row splits its sequence: no K/V pass nor all-to-all (each 0 s on a group of one)
+        cp_fwd = cp_bwd = cp_fwd_exposed = cp_bwd_exposed = np.zeros((n, len(model.kinds)))
+    if np.count_nonzero(ep > 1):
+        bw_ep, lat_ep, link_ep = group_link(hardware, etp, ep, eff, ring=False)
+        ep_msg = (tokens * etp / tp * h * width * rows.imbalance)[:, None] * k["experts_per_token"][None, :]
+        ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None],  # dispatch, combine
+                                           **{key: value[:, None] for key, value in link_ep.items()})
+    else:  # no expert parallelism: no dispatch nor combine
+        ep_pass = np.zeros((n, len(model.kinds)))
     overlapped = overlaps_ep[:, None]
     # async TP: the collective matmuls hide the TP all-gathers and reduce-scatters behind the pass's matmuls
     async_tp = np.asarray(cols["async_tp"], dtype=bool)[:, None]
@@ -763,14 +769,16 @@ def _run_rows(seconds, needed, message, size, link) -> np.ndarray:
     """``(N, M)`` the collective *seconds* of ``(N, M)`` messages over each row's group (*size*, *link*:
     :func:`group_link`'s, ``(N,)`` each), priced on the rows *needed* only, 0 on the others."""
     bandwidth, latency, keywords = link
-    if needed.all():
+    count = np.count_nonzero(needed)
+    if count == needed.size:
         return seconds(message, size[:, None], bandwidth[:, None], latency[:, None],
                        **{key: value[:, None] for key, value in keywords.items()})
     out = np.zeros(np.shape(message))
+    if not count:
+        return out
     picked = np.flatnonzero(needed)
-    if len(picked):
-        out[picked] = seconds(message[picked], size[picked, None], bandwidth[picked, None], latency[picked, None],
-                              **{key: value[picked, None] for key, value in keywords.items()})
+    out[picked] = seconds(message[picked], size[picked, None], bandwidth[picked, None], latency[picked, None],
+                          **{key: value[picked, None] for key, value in keywords.items()})
     return out
 
 
