@@ -1105,8 +1105,14 @@ def distinct(values) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def mtp_counts(model: ModelWork) -> np.ndarray:
-    """(K,) the model's MTP layers of each kind (run with the head)."""
-    return np.bincount([model.kinds.index(kind) for kind in model.mtp_kinds], minlength=len(model.kinds))
+    """(K,) the model's MTP layers of each kind (run with the head); read-only, made once a ModelWork."""
+    return _derived("mtp_counts", model, _make_mtp_counts)
+
+
+def _make_mtp_counts(model: ModelWork) -> np.ndarray:
+    counts = np.bincount([model.kinds.index(kind) for kind in model.mtp_kinds], minlength=len(model.kinds))
+    counts.setflags(write=False)
+    return counts
 
 
 def _provenance(model: ModelWork, eff, eff_sources, coll, hardware: Hardware) -> Dict[str, str]:
@@ -1180,6 +1186,16 @@ def _float8_model_flops(model: ModelWork, rows: _Rows, cols, hardware: Hardware)
     return np.where(on, 3.0 * per_token * rows.seq, 0.0), hardware.peak_flops("fp8")
 
 
+def _forward_flops_at(model: ModelWork, seq: np.ndarray) -> np.ndarray:
+    """``model.forward_flops_per_sequence(seq)`` of a ``(1,)`` *seq*, kept a ModelWork and sequence length."""
+    kept = _derived("forward_flops", model, lambda _: {})
+    key = float(seq[0])
+    if key not in kept:
+        flops = kept[key] = np.asarray(model.forward_flops_per_sequence(seq), dtype=np.float64)
+        flops.setflags(write=False)
+    return kept[key]
+
+
 def _results(model: ModelWork, rows: _Rows, seconds: Mapping[str, np.ndarray], detail: Dict[str, Any],
              provenance: Mapping[str, str], float8: Optional[Tuple[np.ndarray, float]] = None) -> TimeArrays:
     """The step's arrays with its throughput and MFU (three times the forward's model FLOPs, no recompute, over
@@ -1188,7 +1204,8 @@ def _results(model: ModelWork, rows: _Rows, seconds: Mapping[str, np.ndarray], d
     step, s = seconds["step_seconds"], rows.seq
     sequences = rows.dp * rows.fsdp * rows.micro_batches * rows.micro_batch
     one_seq = len(s) > 0 and s.min() == s.max()  # the resolver prices one sequence length a call: one evaluation
-    model_flops = 3.0 * model.forward_flops_per_sequence(s[:1] if one_seq else s) * sequences
+    forward = _forward_flops_at(model, s[:1]) if one_seq else model.forward_flops_per_sequence(s)
+    model_flops = 3.0 * forward * sequences
     devices = rows.dp * rows.fsdp * rows.cp * rows.tp * rows.pp
     detail["model_flops"] = model_flops
     at_peak = model_flops / rows.peak_flops
