@@ -37,7 +37,7 @@ def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:
     none = np.zeros(len(peak), dtype=bool)
     # each check one pass over the batch, finding its rows only where it fails somewhere
     negative = (stage_bytes < 0).any(axis=(1, 2)) if stage_bytes.size and stage_bytes.min() < 0 else none
-    sums = np.einsum("nrc->nr", stage_bytes)  # within int64: non-negative categories of rows within bound
+    sums = stage_bytes.sum(axis=2)  # within int64: non-negative categories of rows within bound
     mismatch = none if bool((sums == stage_peak).all()) else (sums != stage_peak).any(axis=1)  # both (N, R)
     most = stage_peak.max(axis=1, initial=0)
     beyond = (peak > MAX_EXACT_BYTES) | (most > MAX_EXACT_BYTES)
