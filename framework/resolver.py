@@ -773,7 +773,7 @@ class CostModel:
             batch.refuse((seq >= 1) & (seq % cp != 0), lambda i: f"cp={cp[i]} does not divide seq={seq[i]}")
         # Ulysses' all-to-alls give each CP rank whole heads of every token (DeepSpeed-Ulysses, arXiv:2309.14509
         # section 3.1): the composition splits a TP rank's query heads and its key/value heads by cp
-        ulysses = (c["cp_algo"] == CP_ALGOS.index("ulysses")) & (cp > 1) if contexts else None
+        ulysses = (c["cp_algo"] == CP_ALGOS.index("ulysses")) & (cp > 1)
         if contexts and ulysses.any() and (m.kv_elements_per_token > 0).any():
             query_heads = m.heads // t
             batch.refuse(ulysses & (m.heads % t == 0) & (query_heads % cp != 0),
