@@ -192,22 +192,29 @@ def _tree(s, n, nodes, bandwidth, tree_latencies, ring, ring_simple_latency):
     if not candidate.any():
         return ring
     shape = np.broadcast(s, ring).shape
+    latencies = latencies.reshape((3,) + (1,) * (len(shape) - latencies.ndim + 1) + latencies.shape[1:])
+    if np.count_nonzero(candidate) == np.size(candidate):  # every message a candidate (one strategy's): no picks
+        return np.minimum(np.broadcast_to(ring, shape), _tree_best(s, bandwidth, across, latencies))
     where = np.broadcast_to(candidate, shape)
-    pick = [np.broadcast_to(a, shape)[where] for a in (s, bandwidth, across, *latencies)]
-    s, across, latencies = pick[0], pick[2], pick[3:]
-    data = 2.0 * s / (pick[1] * TREE_BANDWIDTH)
+    s, bandwidth, across = (np.broadcast_to(a, shape)[where] for a in (s, bandwidth, across))
+    out = np.array(np.broadcast_to(ring, shape), dtype=np.float64)
+    out[where] = np.minimum(out[where], _tree_best(s, bandwidth, across,
+                                                   np.broadcast_to(latencies, (3,) + shape)[:, where]))
+    return out
+
+
+def _tree_best(s, bandwidth, across, latencies):
+    """The fastest protocol's tree all-reduce seconds of messages *s*, its protocols along *latencies*' first axis
+    (:func:`_tree_latencies`', as many axes beside it as the messages' broadcast shape)."""
+    ndim = latencies.ndim - 1
+    data = 2.0 * s / (bandwidth * TREE_BANDWIDTH)
     size = np.floor(np.log2(np.maximum(s, 1.0) / 64.0))  # log2i(nBytes >> 6), -1 below 64 bytes
     corrected = (size >= 0) & (size < TREE_CORRECTION.shape[1])
-    column = np.clip(size, 0, TREE_CORRECTION.shape[1] - 1).astype(np.int64)
-    best = None
-    for p in range(3):
-        factor = np.where(across, TREE_PROTOCOL_FACTOR_NODES[p], TREE_PROTOCOL_FACTOR_ONE_NODE[p])
-        correction = np.where(corrected, TREE_CORRECTION[p][column], 1.0)
-        seconds = latencies[p] + data / (factor * correction)
-        best = seconds if best is None else np.minimum(best, seconds)
-    out = np.array(np.broadcast_to(ring, shape), dtype=np.float64)
-    out[where] = np.minimum(out[where], best)
-    return out
+    column = np.minimum(np.maximum(size, 0), TREE_CORRECTION.shape[1] - 1).astype(np.int64)
+    correction = TREE_CORRECTION[:, column].reshape((3,) + (1,) * (ndim - column.ndim) + column.shape)
+    factor = np.where(across, _by_protocol(TREE_PROTOCOL_FACTOR_NODES, ndim),
+                      _by_protocol(TREE_PROTOCOL_FACTOR_ONE_NODE, ndim))
+    return (latencies + data / (factor * np.where(corrected, correction, 1.0))).min(axis=0)
 
 
 def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
