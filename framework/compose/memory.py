@@ -61,7 +61,10 @@ _FLOAT_MAX = float(np.finfo(np.float64).max)
 def nan_to_zero(x):
     """``np.nan_to_num`` of a float64 array (NaN to 0, an infinity to the largest finite float) in two ufuncs,
     without ``nan_to_num``'s per-call Python work (it weighs on a batch of one strategy)."""
-    return np.minimum(np.maximum(np.where(np.isnan(x), 0.0, x), -_FLOAT_MAX), _FLOAT_MAX)  # np.clip's Python wrapper
+    zeroed = np.where(np.isnan(x), 0.0, x)
+    if zeroed.size > 64:  # a batch: one pass, in place
+        return np.clip(zeroed, -_FLOAT_MAX, _FLOAT_MAX, out=zeroed)
+    return np.minimum(np.maximum(zeroed, -_FLOAT_MAX), _FLOAT_MAX)  # a few rows: without np.clip's Python wrapper
 
 
 def select(conditions, choices, default):
