@@ -87,7 +87,7 @@ def sharding(cols: Mapping[str, Any]) -> Sharding:
     optimizer step and expert gathers run over every expert replica
     (``expert_replicas``); elsewhere the two agree.
     """
-    if len(cols["tp"]) == 1:  # one strategy (memory, time and the resolver's checks each ask): kept by its fields
+    if np.shape(cols["tp"]) == (1,):  # one strategy (memory, time and the resolver's checks ask): kept by its fields
         key = tuple(np.asarray(cols[name]).item() for name in _READ)
         hit = _ONE_ROW.get(key)
         if hit is None:
