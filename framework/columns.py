@@ -12,6 +12,7 @@ reason and never fails the batch.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
@@ -112,7 +113,7 @@ class StrategyColumns:
 
     def refuse(self, mask, message) -> None:
         mask = np.asarray(mask, dtype=bool)
-        if mask.any():
+        if np.count_nonzero(mask):  # cheaper than .any() on the few rows of one strategy
             self.reasons.append((mask, message))
 
     def invalid(self) -> np.ndarray:
@@ -298,12 +299,14 @@ def _encode_objects(items: Sequence[Strategy], out: StrategyColumns, names: Mapp
     splits = [s.pp_layers for s in items]
     out.pp_layers = splits if any(v is not None for v in splits) else None
     for fields, dtype in ((INT_FIELDS, np.int64), (BOOL_FIELDS, bool), (FLOAT_FIELDS, np.float64)):
-        table = np.array([[-1 if v is None else v for v in (getattr(s, name) for s in items)] for name in fields],
-                         dtype=dtype).reshape(len(fields), n)
+        get = _GETTERS[fields]
+        table = np.array([[-1 if v is None else v for v in get(s)] for s in items],
+                         dtype=dtype).reshape(n, len(fields)).T.copy()  # a field's column contiguous
         out.cols.update(zip(fields, table, strict=True))
     lookups = _code_lookups(names)
-    codes = np.array([[-1 if v is None else lookup.get(v, -2) for v in (getattr(s, name) for s in items)]
-                      for name, lookup in lookups], dtype=np.int64).reshape(len(lookups), n)
+    get = _GETTERS[CODE_FIELDS]
+    codes = np.array([[-1 if v is None else lookup.get(v, -2) for v, (_, lookup) in zip(get(s), lookups, strict=True)]
+                      for s in items], dtype=np.int64).reshape(n, len(lookups)).T.copy()
     unknown = codes == -2
     if unknown.any():  # a plugin name the registry does not hold: refused by field
         for (name, _), bad in zip(lookups, unknown, strict=True):
@@ -312,6 +315,14 @@ def _encode_objects(items: Sequence[Strategy], out: StrategyColumns, names: Mapp
     out.cols.update(zip(CODE_FIELDS, codes, strict=True))
 
 
+def _getter(fields: Tuple[str, ...]):
+    """A strategy's *fields* as a tuple, in one call (``operator.attrgetter``; a tuple for a single field too)."""
+    if len(fields) == 1:
+        return lambda s, name=fields[0]: (getattr(s, name),)
+    return operator.attrgetter(*fields)
+
+
+_GETTERS = {fields: _getter(fields) for fields in (INT_FIELDS, BOOL_FIELDS, FLOAT_FIELDS, CODE_FIELDS)}
 _LOOKUPS: Dict[int, Tuple[Mapping[str, Sequence[str]], List[Tuple[str, Dict[Any, int]]]]] = {}
 
 

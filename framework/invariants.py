@@ -37,8 +37,8 @@ def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:
     none = np.zeros(len(peak), dtype=bool)
     # each check one pass over the batch, finding its rows only where it fails somewhere
     negative = (stage_bytes < 0).any(axis=(1, 2)) if stage_bytes.size and stage_bytes.min() < 0 else none
-    sums = np.einsum("nrc->nr", stage_bytes)  # within int64: non-negative categories of rows within bound
-    mismatch = none if np.array_equal(sums, stage_peak) else (sums != stage_peak).any(axis=1)
+    sums = stage_bytes.sum(axis=2)  # within int64: non-negative categories of rows within bound
+    mismatch = none if bool((sums == stage_peak).all()) else (sums != stage_peak).any(axis=1)  # both (N, R)
     most = stage_peak.max(axis=1, initial=0)
     beyond = (peak > MAX_EXACT_BYTES) | (most > MAX_EXACT_BYTES)
     top = peak != most
@@ -47,7 +47,7 @@ def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:
         moment = ((moments < 0) | (moments >= len(MOMENTS))).any(axis=1)
     host, stage_host, node_host = result.host_bytes, result.stage_host_bytes, result.host_bytes_per_node
     host_broken = none
-    if host.any() or stage_host.any() or node_host.any():  # offloading rows only
+    if np.count_nonzero(host) or np.count_nonzero(stage_host) or np.count_nonzero(node_host):  # offloading rows
         host_broken = ((stage_host < 0).any(axis=1) | (host != stage_host.max(axis=1, initial=0))
                        | (node_host < host) | (node_host > MAX_EXACT_BYTES))
     bad = valid & (negative | beyond | mismatch | top | moment | host_broken)

@@ -178,6 +178,10 @@ class BatchResult:
 
 
 FITS_BASES = ("allocated", "reserved")
+_FITS_BASES = np.array(("",) + FITS_BASES, dtype=object)  # indexed by 0 (invalid), 1 + claimed
+_FITS_BASES.setflags(write=False)
+_RESERVED_REASONS = np.array([""] + list(memory.RESERVED_UNCLAIMED), dtype=object)  # by reserved_unclaimed
+_RESERVED_REASONS.setflags(write=False)
 
 
 def fits_rule(valid: np.ndarray, peak_bytes: np.ndarray, reserved_bytes: np.ndarray,
@@ -191,7 +195,7 @@ def fits_rule(valid: np.ndarray, peak_bytes: np.ndarray, reserved_bytes: np.ndar
     """
     claimed = reserved_bytes >= 0
     needed = np.where(claimed, reserved_bytes, peak_bytes)
-    basis = np.array(("",) + FITS_BASES, dtype=object)[np.where(valid, 1 + claimed, 0)]
+    basis = _FITS_BASES[np.where(valid, 1 + claimed, 0)]
     return valid & (needed <= usable_bytes), basis
 
 
@@ -594,7 +598,9 @@ class CostModel:
         R = int(c["pp"][valid].max()) if valid.any() else 1
         # the outputs of the valid rows, sorted by pipeline layout (each layout a contiguous slice)
         order = np.flatnonzero(valid)
-        if valid.any() and tables:
+        if len(order) == 1 and tables:  # one row: one layout
+            ends = np.ones(1, dtype=np.int64)
+        elif valid.any() and tables:
             layout = (c["pp"] * (int(c["vpp"].max()) + 1) + c["vpp"])[order]
             sizes = np.bincount(layout)
             if np.count_nonzero(sizes) > 1:
@@ -603,7 +609,7 @@ class CostModel:
         else:
             order, ends = order[:0], np.zeros(0, dtype=np.int64)
         priced = len(order)
-        in_order = priced == n and bool(np.all(order[1:] > order[:-1]))  # every row valid, one layout
+        in_order = priced == n and (n == 1 or bool((order[1:] > order[:-1]).all()))  # every row valid, in order
         shapes = {"stage_bytes": (R, C), "stage_peak_bytes": (R,), "stage_layers": (R,), "stage_moment": (R,),
                   "stage_kind_layers": (R, K), "peak_bytes": (), "peak_stage": (), "head_stage": (),
                   "embedding_stage": (),
@@ -673,7 +679,7 @@ class CostModel:
         peak = full["peak_bytes"]
         unclaimed = full["reserved_unclaimed"]
         reserved = np.where(valid & (unclaimed == 0), full["stage_reserved_bytes"].max(axis=1, initial=0), -1)
-        reserved_reason = np.array([""] + list(memory.RESERVED_UNCLAIMED), dtype=object)[unclaimed]
+        reserved_reason = _RESERVED_REASONS[unclaimed]
         fits, fits_basis = fits_rule(valid, peak, reserved, int(hw.usable_memory_bytes))
         result = BatchResult(
             categories=tuple(MEMORY_CATEGORIES), peak_bytes=peak, stage_bytes=full["stage_bytes"],
@@ -765,19 +771,22 @@ class CostModel:
         # (megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding: to a multiple of
         # make_vocab_size_divisible_by * tp), which changes the model's parameters: the model states the padded size
         vocab = spec.vocab_size
-        padded = -(-vocab // (128 * t)) * (128 * t)
         batch.refuse(c["vocab_parallel"] & (vocab % t != 0),
                      lambda i: f"vocab_parallel: tp={t[i]} does not divide vocab_size={vocab} (the embedding and "
                                f"head are split by rows over tp); give a tp that divides it, vocab_parallel=false, "
                                f"or a model whose vocab_size is the trainer's padded one (Megatron-LM pads it to a "
-                               f"multiple of make_vocab_size_divisible_by * tp: {padded[i]} at 128)")
+                               f"multiple of make_vocab_size_divisible_by * tp: {_padded(vocab, 128 * t[i])} at 128)")
         cp = c["cp"]
         seq = c["seq"]
-        batch.refuse((seq >= 1) & (seq % cp != 0), lambda i: f"cp={cp[i]} does not divide seq={seq[i]}")
+        # each check below refuses rows using a feature (cp > 1, sp, ZeRO, offloaded parameters): skipped whole
+        # where no row does, as every one of its rows would pass
+        contexts = bool(np.count_nonzero(cp > 1))
+        if contexts:
+            batch.refuse((seq >= 1) & (seq % cp != 0), lambda i: f"cp={cp[i]} does not divide seq={seq[i]}")
         # Ulysses' all-to-alls give each CP rank whole heads of every token (DeepSpeed-Ulysses, arXiv:2309.14509
         # section 3.1): the composition splits a TP rank's query heads and its key/value heads by cp
         ulysses = (c["cp_algo"] == CP_ALGOS.index("ulysses")) & (cp > 1)
-        if ulysses.any() and (m.kv_elements_per_token > 0).any():
+        if contexts and ulysses.any() and (m.kv_elements_per_token > 0).any():
             query_heads = m.heads // t
             batch.refuse(ulysses & (m.heads % t == 0) & (query_heads % cp != 0),
                          lambda i: f"cp_algo=ulysses: cp={cp[i]} does not divide the {query_heads[i]} query heads a "
@@ -790,47 +799,53 @@ class CostModel:
                                    f"that divides them, or cp_algo=ring")
         # ring attention balances the causal work by cutting a sequence into 2 * cp chunks, two a rank
         # (Megatron-LM megatron/core/utils.py get_batch_on_this_cp_rank): the time model's even split of the scores
-        ring = (c["cp_algo"] == CP_ALGOS.index("ring")) & (cp > 1) & (seq >= 1) & (seq % cp == 0)
-        batch.refuse(ring & (seq % (2 * cp) != 0),
-                     lambda i: f"cp_algo=ring: seq={seq[i]} is not a multiple of 2 * cp = {2 * cp[i]} (ring "
-                               f"attention cuts a sequence into 2 * cp chunks); give a seq divisible by {2 * cp[i]}")
-        sp_bad = (seq >= 1) & c["sp"] & (seq % np.maximum(cp, 1) == 0) & ((seq // np.maximum(cp, 1)) % t != 0)
-        batch.refuse(sp_bad, lambda i: f"sp: tp={t[i]} does not divide the {seq[i] // cp[i]} tokens a CP rank holds")
-        batch.refuse((c["zero"] > 0) & (c["fsdp"] > 1),
-                     lambda i: f"zero={c['zero'][i]} with fsdp={c['fsdp'][i]}: both shard over the data-parallel "
-                               f"ranks; use zero over dp or fsdp, not both")
-        batch.refuse((c["zero"] > 0) & (c["shard_mesh"] == SHARD_MESHES.index("fsdp_cp")),
-                     lambda i: f"zero={c['zero'][i]} with shard_mesh=fsdp_cp: fsdp_cp is FSDP's mesh (fsdp * cp); "
-                               f"ZeRO shards over dp * cp (shard_mesh=dp_cp) or dp (shard_mesh=dp)")
-        batch.refuse((c["zero"] == 3) & ~c["reshard_after_forward"],
-                     "reshard_after_forward=false is FSDP's (fully_shard); ZeRO-3 regathers a module for its "
-                     "backward as ndcost prices it: use reshard_after_forward=true with zero=3, or FSDP (fsdp=N) "
-                     "with reshard_after_forward=false")
-        # DeepSpeed's engine.no_sync asserts "no_sync context manager is incompatible with gradient partitioning
-        # logic of ZeRO stage 2/3" (deepspeed/runtime/engine.py); its ZeRO-1 reduces at the accumulation boundary
-        sync = c["gradient_sync"]
-        batch.refuse((sync == GRADIENT_SYNC.index("last_micro_batch")) & (c["zero"] >= 2),
-                     lambda i: f"gradient_sync=last_micro_batch with zero={c['zero'][i]}: ZeRO-2/3 partition the "
-                               f"gradients as each micro-batch's backward makes them (DeepSpeed's no_sync refuses "
-                               f"it); use gradient_sync=auto, or FSDP (fsdp=N) to defer the reduce-scatter")
-        batch.refuse((sync == GRADIENT_SYNC.index("every_micro_batch")) & (c["zero"] == 1),
-                     "gradient_sync=every_micro_batch with zero=1: ZeRO-1 keeps whole gradients and reduces them once, "
-                     "at the accumulation boundary (DeepSpeed, Megatron-LM's distributed optimizer); use "
-                     "gradient_sync=auto, or zero=2 to reduce-scatter every micro-batch")
-        # FSDP2's CPUOffloadPolicy and ZeRO-Infinity's offload_param copy the sharded parameters to the device
-        # to gather them, and the optimizer steps them where they live: on the host
-        gathered = sharding_of(c).fsdp | (c["zero"] >= 3)
-        batch.refuse(c["offload_params"] & ~gathered,
-                     lambda i: f"offload_params=true with fsdp={c['fsdp'][i]}, zero={c['zero'][i]}: the parameters "
-                               f"are copied to the device as FSDP or ZeRO-3 gathers them; set fsdp > 1 or zero=3")
-        batch.refuse(c["offload_params"] & ~c["offload_optimizer"],
-                     "offload_params=true with offload_optimizer=false: the optimizer steps the parameters on the "
-                     "host, where they live (FSDP2 CPUOffloadPolicy); set offload_optimizer=true too")
+        if contexts:
+            ring = (c["cp_algo"] == CP_ALGOS.index("ring")) & (cp > 1) & (seq >= 1) & (seq % cp == 0)
+            batch.refuse(ring & (seq % (2 * cp) != 0),
+                         lambda i: f"cp_algo=ring: seq={seq[i]} is not a multiple of 2 * cp = {2 * cp[i]} (ring "
+                                   f"attention cuts a sequence into 2 * cp chunks); give a seq divisible by "
+                                   f"{2 * cp[i]}")
+        if np.count_nonzero(c["sp"]):
+            sp_bad = (seq >= 1) & c["sp"] & (seq % np.maximum(cp, 1) == 0) & ((seq // np.maximum(cp, 1)) % t != 0)
+            batch.refuse(sp_bad,
+                         lambda i: f"sp: tp={t[i]} does not divide the {seq[i] // cp[i]} tokens a CP rank holds")
+        if np.count_nonzero(c["zero"]):
+            batch.refuse((c["zero"] > 0) & (c["fsdp"] > 1),
+                         lambda i: f"zero={c['zero'][i]} with fsdp={c['fsdp'][i]}: both shard over the "
+                                   f"data-parallel ranks; use zero over dp or fsdp, not both")
+            batch.refuse((c["zero"] > 0) & (c["shard_mesh"] == SHARD_MESHES.index("fsdp_cp")),
+                         lambda i: f"zero={c['zero'][i]} with shard_mesh=fsdp_cp: fsdp_cp is FSDP's mesh (fsdp * "
+                                   f"cp); ZeRO shards over dp * cp (shard_mesh=dp_cp) or dp (shard_mesh=dp)")
+            batch.refuse((c["zero"] == 3) & ~c["reshard_after_forward"],
+                         "reshard_after_forward=false is FSDP's (fully_shard); ZeRO-3 regathers a module for its "
+                         "backward as ndcost prices it: use reshard_after_forward=true with zero=3, or FSDP "
+                         "(fsdp=N) with reshard_after_forward=false")
+            # DeepSpeed's engine.no_sync asserts "no_sync context manager is incompatible with gradient partitioning
+            # logic of ZeRO stage 2/3" (deepspeed/runtime/engine.py); its ZeRO-1 reduces at the accumulation boundary
+            sync = c["gradient_sync"]
+            batch.refuse((sync == GRADIENT_SYNC.index("last_micro_batch")) & (c["zero"] >= 2),
+                         lambda i: f"gradient_sync=last_micro_batch with zero={c['zero'][i]}: ZeRO-2/3 partition the "
+                                   f"gradients as each micro-batch's backward makes them (DeepSpeed's no_sync refuses "
+                                   f"it); use gradient_sync=auto, or FSDP (fsdp=N) to defer the reduce-scatter")
+            batch.refuse((sync == GRADIENT_SYNC.index("every_micro_batch")) & (c["zero"] == 1),
+                         "gradient_sync=every_micro_batch with zero=1: ZeRO-1 keeps whole gradients and reduces them "
+                         "once, at the accumulation boundary (DeepSpeed, Megatron-LM's distributed optimizer); use "
+                         "gradient_sync=auto, or zero=2 to reduce-scatter every micro-batch")
+        if np.count_nonzero(c["offload_params"]):
+            # FSDP2's CPUOffloadPolicy and ZeRO-Infinity's offload_param copy the sharded parameters to the device
+            # to gather them, and the optimizer steps them where they live: on the host
+            gathered = sharding_of(c).fsdp | (c["zero"] >= 3)
+            batch.refuse(c["offload_params"] & ~gathered,
+                         lambda i: f"offload_params=true with fsdp={c['fsdp'][i]}, zero={c['zero'][i]}: the "
+                                   f"parameters are copied to the device as FSDP or ZeRO-3 gathers them; set fsdp "
+                                   f"> 1 or zero=3")
+            batch.refuse(c["offload_params"] & ~c["offload_optimizer"],
+                         "offload_params=true with offload_optimizer=false: the optimizer steps the parameters on "
+                         "the host, where they live (FSDP2 CPUOffloadPolicy); set offload_optimizer=true too")
         # the schedules' own refusals, by name
-        for code, name in enumerate(names["schedule"]):
+        for code in time_model.distinct(c["schedule"])[0].tolist():  # the schedules the batch names, in code order
+            name = names["schedule"][code]
             rows = c["schedule"] == code
-            if not rows.any():
-                continue
             schedule = _registry().get(f"schedule/{name}")
             for mask, template in schedule.refusals(c["pp"], c["vpp"], c["num_micro_batches"]):
                 mask = rows & np.asarray(mask, dtype=bool)
@@ -854,12 +869,17 @@ def _hardware_checks(batch: columns.StrategyColumns, hardware: Hardware) -> None
     batch.refuse(np.asarray(batch.cols["async_tp"], dtype=bool) & (tp > int(hardware.nvlink_domain_devices)),
                  lambda i: time_model.async_tp_refusal(hardware, int(tp[i])))
     codes = batch.cols["compute_dtype"]
-    for code in np.unique(codes).tolist():
+    for code in time_model.distinct(codes)[0].tolist():
         dtype = columns.DTYPE_NAMES[code]
         if dtype not in hardware.peak_flops_per_second:
             batch.refuse(codes == code, f"compute_dtype={dtype}: hardware {hardware.name!r} states no peak for it "
                                         f"(it states {', '.join(hardware.peak_flops_per_second)}); use one of "
                                         f"those or a hardware file that states a peak for {dtype}")
+
+
+def _padded(vocab: int, multiple: int) -> int:
+    """*vocab* rounded up to a multiple of *multiple* (Megatron-LM's padded vocabulary)."""
+    return -(-vocab // multiple) * multiple
 
 
 def _even_split(layers: int, stages: int) -> List[int]:

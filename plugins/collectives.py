@@ -51,7 +51,8 @@ behind compute is the time model's (:data:`ndcost.compose.time.OVERLAP_RULES`).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+from typing import Any, Callable, Dict, Tuple
 
 import attrs
 import numpy as np
@@ -91,75 +92,129 @@ def _alone(n, message_bytes, *operands):
     """Zeros of the collective's shape where no group (*n*, as :func:`_n` makes it) has a peer or no message
     has a byte (a dense model's expert collectives), else None: the arithmetic whose every figure would be
     zeroed is skipped."""
-    if (n > 1.0).any() and np.any(message_bytes):
+    if np.count_nonzero(n > 1.0) and np.count_nonzero(message_bytes):  # np.any's wrappers weigh on one row
         return None
     return np.zeros(np.broadcast(n, message_bytes, *operands).shape)
 
 
+@functools.lru_cache(maxsize=None)
+def _by_protocol(values: Tuple[float, float, float], ndim: int) -> np.ndarray:
+    """Per-protocol constants (LL, LL128, Simple) as a ``(3, 1, ..., 1)`` array of *ndim* + 1 axes (read-only):
+    the protocols priced at once along a leading axis (one numpy call a term rather than three)."""
+    out = np.array(values, dtype=np.float64).reshape((3,) + (1,) * ndim)
+    out.setflags(write=False)
+    return out
+
+
+_RING_INTRA_ACROSS_S = tuple(max(a, b) * _US for a, b in zip(NVLINK_LATENCY_US["ring"], NET_OVERHEAD_US, strict=True))
+_RING_INTRA_S = tuple(v * _US for v in NVLINK_LATENCY_US["ring"])
+_RING_BASE_S = tuple(v * _US for v in BASE_LATENCY_US["ring"])
+_TREE_BASE_S = tuple(v * _US for v in BASE_LATENCY_US["tree"])
+_TREE_INTRA_S = tuple(v * _US for v in NVLINK_LATENCY_US["tree"])
+_TREE_NET_S = tuple(v * _US for v in NET_LATENCY_US["tree"])
+_RING_NET_S = tuple(v * _US for v in NET_LATENCY_US["ring"])
+_LINK_LATENCY_TIMES = (1.0, 1.0, 2.0)  # Simple adds the link's latency again for its flush
+_RING_DATA_TIMES = (1.0 / RING_BANDWIDTH_FACTOR[0], 1.0 / RING_BANDWIDTH_FACTOR[1], 1.0)  # Simple's data as it is
+
+
 def _ring_latencies(n, nodes, latency, all_reduce: bool):
-    """NCCL's ring latency by protocol (LL, LL128, Simple) on the group's shape: ``nsteps`` steps, those across
-    nodes at NET's (the tree's with one member a node), those within at least the network's post overhead."""
+    """NCCL's ring latency by protocol (LL, LL128, Simple) on the group's shape, ``(3, ...)``: ``nsteps`` steps,
+    those across nodes at NET's (the tree's with one member a node), those within at least the network's post
+    overhead."""
+    ndim = max(np.ndim(n), np.ndim(nodes), latency.ndim)
     steps = (2.0 if all_reduce else 1.0) * (n - 1.0)
     across = nodes > 1.0
     inter = (2.0 if all_reduce else 1.0) * (nodes - 1.0)
     one_a_node = n <= nodes
-    out = []
-    for p in range(3):
-        intra = np.where(across, max(NVLINK_LATENCY_US["ring"][p], NET_OVERHEAD_US[p]) * _US,
-                         NVLINK_LATENCY_US["ring"][p] * _US + latency)
-        cross = (np.where(one_a_node, NET_LATENCY_US["tree"][p], NET_LATENCY_US["ring"][p]) * _US
-                 + (2.0 if p == 2 else 1.0) * latency)
-        out.append(BASE_LATENCY_US["ring"][p] * _US + (steps - inter) * intra + inter * cross)
-    return out
+    intra = np.where(across, _by_protocol(_RING_INTRA_ACROSS_S, ndim), _by_protocol(_RING_INTRA_S, ndim) + latency)
+    cross = (np.where(one_a_node, _by_protocol(_TREE_NET_S, ndim), _by_protocol(_RING_NET_S, ndim))
+             + _by_protocol(_LINK_LATENCY_TIMES, ndim) * latency)
+    return _by_protocol(_RING_BASE_S, ndim) + (steps - inter) * intra + inter * cross
 
 
 def _ring(s, n, latencies, bandwidth, all_reduce: bool):
     """The fastest protocol's ring: *latencies* (:func:`_ring_latencies`) and the data over the protocol's bus."""
     steps = (2.0 if all_reduce else 1.0) * (n - 1.0)
-    data = s * (steps / (n * bandwidth))                  # Simple's data term; a protocol divides it by its factor
-    best = None
-    for p, fixed in enumerate(latencies):  # two passes over the messages a protocol
-        seconds = data + fixed if p == 2 else data * (1.0 / RING_BANDWIDTH_FACTOR[p]) + fixed
-        best = np.asarray(seconds) if best is None else np.minimum(best, seconds, out=best if best.ndim else None)
-    return best
+    data = np.asarray(s * (steps / (n * bandwidth)))  # Simple's data term; a protocol divides it by its factor
+    ndim = max(data.ndim, latencies.ndim - 1)
+    fixed = latencies.reshape((3,) + (1,) * (ndim - latencies.ndim + 1) + latencies.shape[1:])
+    return np.asarray((data * _by_protocol(_RING_DATA_TIMES, ndim) + fixed).min(axis=0))
 
 
-def _tree(s, n, nodes, bandwidth, latency, ring, ring_simple_latency):
-    """The fastest protocol's tree all-reduce (a chain within a node, a double binary tree across) where it beats
-    *ring*, else *ring*; priced only on messages below the size past which even its least latency and
-    uncorrected Simple data lose to the Simple ring (*ring_simple_latency*)."""
+def _tree_latencies(n, nodes, latency):
+    """NCCL's tree all-reduce latency by protocol on the group's shape, ``(3, ...)``, and the least of them."""
     across = nodes > 1.0
     per_node = np.floor(n / nodes)
     log_nodes = np.floor(np.log2(nodes))
-    latencies = []
-    for p in range(3):
-        intra = NVLINK_LATENCY_US["tree"][p] * _US + np.where(across, 0.0, latency)
-        cross = NET_LATENCY_US["tree"][p] * _US + (2.0 if p == 2 else 1.0) * latency
-        latencies.append(BASE_LATENCY_US["tree"][p] * _US + 2.0 * ((per_node - 1.0) * intra + log_nodes * cross))
+    ndim = max(np.ndim(n), np.ndim(nodes), latency.ndim)
+    intra = _by_protocol(_TREE_INTRA_S, ndim) + np.where(across, 0.0, latency)
+    cross = _by_protocol(_TREE_NET_S, ndim) + _by_protocol(_LINK_LATENCY_TIMES, ndim) * latency
+    latencies = _by_protocol(_TREE_BASE_S, ndim) + 2.0 * ((per_node - 1.0) * intra + log_nodes * cross)
+    return latencies, latencies.min(axis=0)
+
+
+_ONE_GROUP: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
+_ONE_GROUP_KEPT = 4096  # groups of one row kept (a search's few hundred shapes and links)
+
+
+def _latencies(n, nodes, latency, all_reduce: bool):
+    """:func:`_ring_latencies` and, for an all-reduce, :func:`_tree_latencies` (else None) of a group; where the
+    group is one row's (a batch of one strategy), kept by its figures, read-only."""
+    latency = np.asarray(latency, dtype=np.float64)
+    if n.size != 1 or nodes.size != 1 or latency.size != 1:
+        return _ring_latencies(n, nodes, latency, all_reduce), _tree_latencies(n, nodes, latency) if all_reduce \
+            else None
+    key = (all_reduce, n.shape, nodes.shape, latency.shape, float(n.flat[0]), float(nodes.flat[0]),
+           float(latency.flat[0]))
+    hit = _ONE_GROUP.get(key)
+    if hit is None:
+        hit = (_ring_latencies(n, nodes, latency, all_reduce), _tree_latencies(n, nodes, latency) if all_reduce
+               else None)
+        for array in (hit[0], *(hit[1] or ())):
+            array.setflags(write=False)
+        if len(_ONE_GROUP) >= _ONE_GROUP_KEPT:
+            _ONE_GROUP.clear()
+        _ONE_GROUP[key] = hit
+    return hit
+
+
+def _tree(s, n, nodes, bandwidth, tree_latencies, ring, ring_simple_latency):
+    """The fastest protocol's tree all-reduce (a chain within a node, a double binary tree across) where it beats
+    *ring*, else *ring*; priced only on messages below the size past which even its least latency and
+    uncorrected Simple data lose to the Simple ring (*ring_simple_latency*). *tree_latencies*:
+    :func:`_tree_latencies`'."""
+    across = nodes > 1.0
+    latencies, least = tree_latencies
     # tree >= least latency + 2 S / (0.92 B) (no protocol or correction moves it faster); the Simple ring is
     # latency + 2 (n - 1) / n * S / B: past this S (on the group's shape) the tree never wins
     slope = 2.0 / (bandwidth * TREE_BANDWIDTH) - 2.0 * (n - 1.0) / (n * bandwidth)
-    least = np.minimum(np.minimum(latencies[0], latencies[1]), latencies[2])
     candidate = s < (ring_simple_latency - least) / slope
     if not candidate.any():
         return ring
     shape = np.broadcast(s, ring).shape
+    latencies = latencies.reshape((3,) + (1,) * (len(shape) - latencies.ndim + 1) + latencies.shape[1:])
+    if np.count_nonzero(candidate) == np.size(candidate):  # every message a candidate (one strategy's): no picks
+        return np.minimum(np.broadcast_to(ring, shape), _tree_best(s, bandwidth, across, latencies))
     where = np.broadcast_to(candidate, shape)
-    pick = [np.broadcast_to(a, shape)[where] for a in (s, bandwidth, across, *latencies)]
-    s, across, latencies = pick[0], pick[2], pick[3:]
-    data = 2.0 * s / (pick[1] * TREE_BANDWIDTH)
+    s, bandwidth, across = (np.broadcast_to(a, shape)[where] for a in (s, bandwidth, across))
+    out = np.array(np.broadcast_to(ring, shape), dtype=np.float64)
+    out[where] = np.minimum(out[where], _tree_best(s, bandwidth, across,
+                                                   np.broadcast_to(latencies, (3,) + shape)[:, where]))
+    return out
+
+
+def _tree_best(s, bandwidth, across, latencies):
+    """The fastest protocol's tree all-reduce seconds of messages *s*, its protocols along *latencies*' first axis
+    (:func:`_tree_latencies`', as many axes beside it as the messages' broadcast shape)."""
+    ndim = latencies.ndim - 1
+    data = 2.0 * s / (bandwidth * TREE_BANDWIDTH)
     size = np.floor(np.log2(np.maximum(s, 1.0) / 64.0))  # log2i(nBytes >> 6), -1 below 64 bytes
     corrected = (size >= 0) & (size < TREE_CORRECTION.shape[1])
-    column = np.clip(size, 0, TREE_CORRECTION.shape[1] - 1).astype(np.int64)
-    best = None
-    for p in range(3):
-        factor = np.where(across, TREE_PROTOCOL_FACTOR_NODES[p], TREE_PROTOCOL_FACTOR_ONE_NODE[p])
-        correction = np.where(corrected, TREE_CORRECTION[p][column], 1.0)
-        seconds = latencies[p] + data / (factor * correction)
-        best = seconds if best is None else np.minimum(best, seconds)
-    out = np.array(np.broadcast_to(ring, shape), dtype=np.float64)
-    out[where] = np.minimum(out[where], best)
-    return out
+    column = np.minimum(np.maximum(size, 0), TREE_CORRECTION.shape[1] - 1).astype(np.int64)
+    correction = TREE_CORRECTION[:, column].reshape((3,) + (1,) * (ndim - column.ndim) + column.shape)
+    factor = np.where(across, _by_protocol(TREE_PROTOCOL_FACTOR_NODES, ndim),
+                      _by_protocol(TREE_PROTOCOL_FACTOR_ONE_NODE, ndim))
+    return (latencies + data / (factor * np.where(corrected, correction, 1.0))).min(axis=0)
 
 
 def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
@@ -172,8 +227,8 @@ def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seco
         return alone
     s = np.asarray(message_bytes, dtype=np.float64)
     nodes = np.asarray(nodes, dtype=np.float64)
-    latencies = _ring_latencies(n, nodes, latency_seconds, True)
-    best = _tree(s, n, nodes, bytes_per_second, latency_seconds, _ring(s, n, latencies, bytes_per_second, True),
+    latencies, tree_latencies = _latencies(n, nodes, latency_seconds, True)
+    best = _tree(s, n, nodes, bytes_per_second, tree_latencies, _ring(s, n, latencies, bytes_per_second, True),
                  latencies[2])
     nvls = np.asarray(nvls_efficiency, dtype=np.float64)
     usable = (nvls > 0.0) & (nodes <= 1.0)
@@ -192,7 +247,7 @@ def all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seco
     if alone is not None:
         return alone
     s = np.asarray(message_bytes, dtype=np.float64)
-    latencies = _ring_latencies(n, np.asarray(nodes, dtype=np.float64), latency_seconds, False)
+    latencies, _ = _latencies(n, np.asarray(nodes, dtype=np.float64), latency_seconds, False)
     return _zero_where_alone(n, _ring(s, n, latencies, bytes_per_second, False), s)
 
 

@@ -62,7 +62,10 @@ _FLOAT_MAX = float(np.finfo(np.float64).max)
 def nan_to_zero(x):
     """``np.nan_to_num`` of a float64 array (NaN to 0, an infinity to the largest finite float) in two ufuncs,
     without ``nan_to_num``'s per-call Python work (it weighs on a batch of one strategy)."""
-    return np.clip(np.where(np.isnan(x), 0.0, x), -_FLOAT_MAX, _FLOAT_MAX)
+    zeroed = np.where(np.isnan(x), 0.0, x)
+    if zeroed.size > 64:  # a batch: one pass, in place
+        return np.clip(zeroed, -_FLOAT_MAX, _FLOAT_MAX, out=zeroed)
+    return np.minimum(np.maximum(zeroed, -_FLOAT_MAX), _FLOAT_MAX)  # a few rows: without np.clip's Python wrapper
 
 
 def select(conditions, choices, default):
@@ -188,6 +191,8 @@ def _fp32_autocast(batch: "_Batch") -> np.ndarray:
 
 def _figure(values: np.ndarray, autocast_values: np.ndarray, fp32_autocast: np.ndarray) -> np.ndarray:
     """*values*, or the record's autocast figure where the row runs fp32 parameters under autocast and it has one."""
+    if not np.count_nonzero(fp32_autocast):  # no row runs it (the common batch): the figures as they are
+        return values
     return np.where(fp32_autocast & ~np.isnan(autocast_values), autocast_values, values)
 
 
@@ -1046,9 +1051,11 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     """
     fp32_autocast = _fp32_autocast(batch)
 
+    any_fp32_autocast = bool(np.count_nonzero(fp32_autocast))
+
     def row(name, autocast_name=None):  # the autocast pass's replay where the row runs fp32 parameters under it
         values = recs[name][seq_index]
-        if autocast_name is None:
+        if autocast_name is None or not any_fp32_autocast:
             return values
         return np.where(fp32_autocast[:, None] if values.ndim == 2 else fp32_autocast,
                         recs[autocast_name][seq_index], values)
@@ -1070,8 +1077,11 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     def policy(name):
         return np.where(core[:, None], row(f"reserved_core_attention_{name}"), row(f"reserved_selective_{name}"))
 
-    sel_layer = at_tp(policy("layer"), policy("layer_tp"))
-    sel_working = at_tp(policy("working"), policy("working_tp"))
+    if policed.any():
+        sel_layer = at_tp(policy("layer"), policy("layer_tp"))
+        sel_working = at_tp(policy("working"), policy("working_tp"))
+    else:  # no row runs a policy: every use below is masked by policed, so any figure of the shape stands in
+        sel_layer, sel_working = per_layer, working
     n, ranks = stage_peak.shape
     activations, recomputed = np.zeros((n, ranks)), np.zeros((n, ranks), dtype=np.int64)
     working_most = np.full((n, ranks), -np.inf)

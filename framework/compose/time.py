@@ -210,17 +210,25 @@ def _peak_flops(hardware: Hardware, compute_dtype: np.ndarray) -> np.ndarray:
     """(N,) the hardware's peak FLOP/s in each row's compute dtype (a loop over the dtypes used)."""
     codes = np.asarray(compute_dtype, dtype=np.int64)
     table = np.full(len(DTYPE_NAMES), np.nan)
-    for code in np.unique(codes).tolist():
+    for code in distinct(codes)[0].tolist():
         table[code] = hardware.peak_flops(DTYPE_NAMES[code])
     return table[codes]
+
+
+_COLLECTIVES_MADE: Dict[str, Any] = {}
 
 
 def _collectives() -> Dict[str, Any]:
     """The registered ``collective/<name>`` plugins' ``seconds`` functions, each taking the link's keywords
     (``nodes``, ``nvls_efficiency``: :func:`ndcost.compose.topology.group_link`'s); one written before them
-    (four arguments only) is called without them."""
+    (four arguments only) is called without them. Made again only once the registry resolves again (its
+    ``generation``): reading the signatures weighs on a batch of one strategy."""
     registry = manager.registry()
-    return {name: _with_link_keywords(registry.get(f"collective/{name}").seconds) for name in COLLECTIVES}
+    made = _COLLECTIVES_MADE.get("made")
+    if made is None or made[0] is not registry or made[1] != registry.generation:
+        wrapped = {name: _with_link_keywords(registry.get(f"collective/{name}").seconds) for name in COLLECTIVES}
+        made = _COLLECTIVES_MADE["made"] = (registry, registry.generation, wrapped)
+    return dict(made[2])
 
 
 _LINK_KEYWORDS = ("nodes", "nvls_efficiency")
@@ -392,8 +400,30 @@ def _matmul_inverse_efficiency(model: ModelWork, rows: "_Rows", cols: Mapping[st
     experts run as one grouped GEMM. A class whose shapes are unknown takes the constant
     ``efficiency.matmul`` (``matmul_backward``).
     """
-    k = _kind_arrays(model)
     codes = np.asarray(cols["compute_dtype"], dtype=np.int64)
+    if len(codes) != 1:
+        return _matmul_inverse_efficiency_rows(model, rows, codes, hardware, eff)
+    # one row (one strategy): its shapes' figures kept a model, hardware and shape (what they depend on alone)
+    kept = _derived("matmul_one_row", model, lambda _: {})
+    key = (id(hardware), eff["matmul"], eff["matmul_backward"], int(codes[0]),
+           *(float(column[0]) for column in (rows.tokens, rows.tp, rows.ep, rows.etp, rows.imbalance)))
+    hit = kept.get(key)
+    if hit is None or hit[0] is not hardware:
+        forward, backward = _matmul_inverse_efficiency_rows(model, rows, codes, hardware, eff)
+        forward.setflags(write=False)
+        backward.setflags(write=False)
+        if len(kept) >= _ONE_ROW_KEPT:
+            kept.clear()
+        hit = kept[key] = (hardware, forward, backward)
+    return hit[1], hit[2]
+
+
+_ONE_ROW_KEPT = 4096  # one-row figures kept a model (a search's distinct shapes)
+
+
+def _matmul_inverse_efficiency_rows(model: ModelWork, rows: "_Rows", codes: np.ndarray, hardware: Hardware,
+                                    eff: Mapping[str, float]) -> Tuple[np.ndarray, np.ndarray]:
+    k = _kind_arrays(model)
     # the shapes depend on these alone: priced once for each distinct row (a search repeats them)
     key = np.zeros(len(codes), dtype=np.int64)
     for column in (rows.tokens, rows.tp, rows.ep, rows.etp, rows.imbalance, codes):  # one code a row, mixed radix
@@ -583,19 +613,22 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
                                            / (rows.ep * rows.etp)[:, None] + k["replicated_parameters"])
     elementwise = rows.compute_bytes[:, None] * tokens * _elementwise_elements(model, k, cols, tp, sp)
     fp8_mm, cast_fwd, cast_bwd = _float8_linears(model, k, rows, cols, split)
-    refusal = float8_refusal(hardware) if fp8_mm.any() else None
+    fp8_on = bool(fp8_mm.any())
+    refusal = float8_refusal(hardware) if fp8_on else None
     if refusal:
         raise InvalidValue(refusal)
-    fp8_peak = hardware.peak_flops("fp8") if fp8_mm.any() else 1.0
+    fp8_peak = hardware.peak_flops("fp8") if fp8_on else 1.0
 
     def matmul(passes, inverse):
         # the Float8 linears' share of the attention and other classes runs at the fp8 peak, at the compute
         # dtype's shape efficiency (an fp8 row of kernel_tables is not read)
         per_class = by_class * inverse
-        dense = per_class[..., 0] + per_class[..., 1]
-        fp8_share = np.divide(fp8_mm, by_class[..., 0] + by_class[..., 1], out=np.zeros_like(fp8_mm),
-                              where=fp8_mm > 0)
-        seconds = per_class.sum(axis=-1) / peak + fp8_share * dense * (1.0 / fp8_peak - 1.0 / peak)
+        seconds = per_class.sum(axis=-1) / peak
+        if fp8_on:  # a batch without Float8 linears adds no share (0 of finite seconds)
+            dense = per_class[..., 0] + per_class[..., 1]
+            fp8_share = np.divide(fp8_mm, by_class[..., 0] + by_class[..., 1], out=np.zeros_like(fp8_mm),
+                                  where=fp8_mm > 0)
+            seconds = seconds + fp8_share * dense * (1.0 / fp8_peak - 1.0 / peak)
         return np.maximum(seconds, passes * weights / (hbm * eff["memory"]))
 
     tables = _kernel_tables(hardware)
@@ -908,23 +941,29 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
         tp_fwd, tp_bwd = np.where(on, fused["comm_fwd"], tp_fwd), np.where(on, fused["comm_bwd"], tp_bwd)
         tp_exposed_fwd = np.where(on, fused["exposed_fwd"], tp_exposed_fwd)
         tp_exposed_bwd = np.where(on, fused["exposed_bwd"], tp_exposed_bwd)
-    bw_cp, lat_cp, link_cp = group_link(hardware, tp, cp, eff, ring=False)
-    link_cp = {key: value[:, None] for key, value in link_cp.items()}
-    cp_ring = (cp > 1)[:, None] * (cp - 1.0)[:, None] * (
-        coll["send_recv"]((tokens * width / tp)[:, None] * k["kv_elements_per_token"][None, :], 2.0,
-                          bw_cp[:, None], lat_cp[:, None], **link_cp))
-    cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
-                                                       + k["kv_elements_per_token"])[None, :]
-    cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
-    ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
-    cp_fwd = np.where(k["has_attention"][None, :], np.where(ulysses, cp_ulysses, cp_ring), 0.0)
-    cp_bwd = np.where(ulysses, 1.0, 2.0) * cp_fwd
-    cp_fwd_exposed = np.where(ulysses, cp_fwd, np.maximum(0.0, cp_fwd - layer["scores_forward"]))
-    cp_bwd_exposed = np.where(ulysses, cp_bwd, np.maximum(0.0, cp_bwd - layer["scores_backward"]))
-    bw_ep, lat_ep, link_ep = group_link(hardware, etp, ep, eff, ring=False)
-    ep_msg = (tokens * etp / tp * h * width * rows.imbalance)[:, None] * k["experts_per_token"][None, :]
-    ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None],  # dispatch, combine
-                                       **{key: value[:, None] for key, value in link_ep.items()})
+    if np.count_nonzero(cp > 1):
+        bw_cp, lat_cp, link_cp = group_link(hardware, tp, cp, eff, ring=False)
+        link_cp = {key: value[:, None] for key, value in link_cp.items()}
+        cp_ring = (cp > 1)[:, None] * (cp - 1.0)[:, None] * (
+            coll["send_recv"]((tokens * width / tp)[:, None] * k["kv_elements_per_token"][None, :], 2.0,
+                              bw_cp[:, None], lat_cp[:, None], **link_cp))
+        cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
+                                                           + k["kv_elements_per_token"])[None, :]
+        cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
+        ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
+        cp_fwd = np.where(k["has_attention"][None, :], np.where(ulysses, cp_ulysses, cp_ring), 0.0)
+        cp_bwd = np.where(ulysses, 1.0, 2.0) * cp_fwd
+        cp_fwd_exposed = np.where(ulysses, cp_fwd, np.maximum(0.0, cp_fwd - layer["scores_forward"]))
+        cp_bwd_exposed = np.where(ulysses, cp_bwd, np.maximum(0.0, cp_bwd - layer["scores_backward"]))
+    else:  # no row splits its sequence: no K/V pass nor all-to-all (each 0 s on a group of one)
+        cp_fwd = cp_bwd = cp_fwd_exposed = cp_bwd_exposed = np.zeros((n, len(model.kinds)))
+    if np.count_nonzero(ep > 1):
+        bw_ep, lat_ep, link_ep = group_link(hardware, etp, ep, eff, ring=False)
+        ep_msg = (tokens * etp / tp * h * width * rows.imbalance)[:, None] * k["experts_per_token"][None, :]
+        ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None],  # dispatch, combine
+                                           **{key: value[:, None] for key, value in link_ep.items()})
+    else:  # no expert parallelism: no dispatch nor combine
+        ep_pass = np.zeros((n, len(model.kinds)))
     overlapped = overlaps_ep[:, None]
     exposed_fwd = tp_exposed_fwd + cp_fwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["forward"]),
                                                              ep_pass)
@@ -1034,14 +1073,16 @@ def _run_rows(seconds, needed, message, size, link) -> np.ndarray:
     """``(N, M)`` the collective *seconds* of ``(N, M)`` messages over each row's group (*size*, *link*:
     :func:`group_link`'s, ``(N,)`` each), priced on the rows *needed* only, 0 on the others."""
     bandwidth, latency, keywords = link
-    if needed.all():
+    count = np.count_nonzero(needed)
+    if count == needed.size:
         return seconds(message, size[:, None], bandwidth[:, None], latency[:, None],
                        **{key: value[:, None] for key, value in keywords.items()})
     out = np.zeros(np.shape(message))
+    if not count:
+        return out
     picked = np.flatnonzero(needed)
-    if len(picked):
-        out[picked] = seconds(message[picked], size[picked, None], bandwidth[picked, None], latency[picked, None],
-                              **{key: value[picked, None] for key, value in keywords.items()})
+    out[picked] = seconds(message[picked], size[picked, None], bandwidth[picked, None], latency[picked, None],
+                          **{key: value[picked, None] for key, value in keywords.items()})
     return out
 
 
@@ -1405,8 +1446,14 @@ def distinct(values) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def mtp_counts(model: ModelWork) -> np.ndarray:
-    """(K,) the model's MTP layers of each kind (run with the head)."""
-    return np.bincount([model.kinds.index(kind) for kind in model.mtp_kinds], minlength=len(model.kinds))
+    """(K,) the model's MTP layers of each kind (run with the head); read-only, made once a ModelWork."""
+    return _derived("mtp_counts", model, _make_mtp_counts)
+
+
+def _make_mtp_counts(model: ModelWork) -> np.ndarray:
+    counts = np.bincount([model.kinds.index(kind) for kind in model.mtp_kinds], minlength=len(model.kinds))
+    counts.setflags(write=False)
+    return counts
 
 
 def _provenance(model: ModelWork, eff, eff_sources, coll, hardware: Hardware) -> Dict[str, str]:
@@ -1502,6 +1549,16 @@ def _float8_model_flops(model: ModelWork, rows: _Rows, cols, hardware: Hardware)
     return np.where(on, 3.0 * per_token * rows.seq, 0.0), hardware.peak_flops("fp8")
 
 
+def _forward_flops_at(model: ModelWork, seq: np.ndarray) -> np.ndarray:
+    """``model.forward_flops_per_sequence(seq)`` of a ``(1,)`` *seq*, kept a ModelWork and sequence length."""
+    kept = _derived("forward_flops", model, lambda _: {})
+    key = float(seq[0])
+    if key not in kept:
+        flops = kept[key] = np.asarray(model.forward_flops_per_sequence(seq), dtype=np.float64)
+        flops.setflags(write=False)
+    return kept[key]
+
+
 def _results(model: ModelWork, rows: _Rows, seconds: Mapping[str, np.ndarray], detail: Dict[str, Any],
              provenance: Mapping[str, str], float8: Optional[Tuple[np.ndarray, float]] = None) -> TimeArrays:
     """The step's arrays with its throughput and MFU (three times the forward's model FLOPs, no recompute, over
@@ -1510,7 +1567,8 @@ def _results(model: ModelWork, rows: _Rows, seconds: Mapping[str, np.ndarray], d
     step, s = seconds["step_seconds"], rows.seq
     sequences = rows.dp * rows.fsdp * rows.micro_batches * rows.micro_batch
     one_seq = len(s) > 0 and s.min() == s.max()  # the resolver prices one sequence length a call: one evaluation
-    model_flops = 3.0 * model.forward_flops_per_sequence(s[:1] if one_seq else s) * sequences
+    forward = _forward_flops_at(model, s[:1]) if one_seq else model.forward_flops_per_sequence(s)
+    model_flops = 3.0 * forward * sequences
     devices = rows.dp * rows.fsdp * rows.cp * rows.tp * rows.pp
     detail["model_flops"] = model_flops
     at_peak = model_flops / rows.peak_flops

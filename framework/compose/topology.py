@@ -20,7 +20,7 @@ traffic of different kinds of group (a TP and a DP group) sharing a link at once
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Dict, Mapping, Tuple
 
 import numpy as np
 
@@ -61,14 +61,36 @@ def group_link(hardware, stride, size, efficiency: Mapping[str, float], *, ring:
     A hardware with a single network level uses it for both; one with none
     cannot price communication, which is refused naming the fix.
     """
+    stride = np.asarray(stride, dtype=np.int64)
+    size = np.asarray(size, dtype=np.int64)
+    if stride.size != 1 or size.size != 1:
+        return _group_link(hardware, stride, size, efficiency, ring)
+    # one group (a batch of one strategy): kept by its figures, the arrays read-only
+    key = (id(hardware), stride.shape, size.shape, int(stride.flat[0]), int(size.flat[0]), bool(ring),
+           efficiency["collective_within_node"], efficiency["collective_across_nodes"])
+    hit = _ONE_GROUP.get(key)
+    if hit is None or hit[0] is not hardware:
+        bandwidth, latency, link = _group_link(hardware, stride, size, efficiency, ring)
+        for array in (bandwidth, latency, *link.values()):
+            array.setflags(write=False)
+        if len(_ONE_GROUP) >= _ONE_GROUP_KEPT:
+            _ONE_GROUP.clear()
+        hit = _ONE_GROUP[key] = (hardware, (bandwidth, latency, link))
+    bandwidth, latency, link = hit[1]
+    return bandwidth, latency, dict(link)
+
+
+_ONE_GROUP: Dict[Tuple[Any, ...], Tuple[Any, Any]] = {}
+_ONE_GROUP_KEPT = 4096  # groups of one row kept (hardware x stride x size x kind: a search's few hundred)
+
+
+def _group_link(hardware, stride: np.ndarray, size: np.ndarray, efficiency: Mapping[str, float], ring: bool):
     levels = {level.name: level for level in hardware.network}
     if not levels:
         raise Unpriced(f"hardware {hardware.name!r} states no network levels, so no collective can be priced; "
                        f"add 'network: {{within_node: {{bytes_per_second: ...}}, across_nodes: {{...}}}}' to its YAML")
     inner = levels.get("within_node") or next(iter(levels.values()))
     outer = levels.get("across_nodes") or inner
-    stride = np.asarray(stride, dtype=np.int64)
-    size = np.asarray(size, dtype=np.int64)
     domain = int(hardware.nvlink_domain_devices)
     across = spans_nodes(stride, size, domain)
     nvlink = inner.bytes_per_second * efficiency["collective_within_node"]
