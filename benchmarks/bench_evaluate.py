@@ -7,8 +7,8 @@ Each model in ``specs/models/`` is resolved once; a few hundred varied strategie
 PP with VPP under the interleaved schedule, DP, ZeRO, FSDP, CP, SP, EP for MoE models, recompute
 modes, micro-batches, two sequence lengths) are drawn from a random grid (kept where
 ``evaluate_many`` finds them valid) and priced one ``evaluate(strategy)`` call at a time, after one
-pass that fills the record and work caches; the best of R passes is reported, by wall time and by this
-process's CPU time (the steadier figure on a shared machine). ``--census auto``
+pass over other strategies that fills the record and work caches; each of R passes prices strategies not
+priced before, and the best is reported, by wall time and by this process's CPU time (the steadier figure on a shared machine). ``--census auto``
 prices with the census (read from its disk cache after a first run); a model whose census had to
 run in this process (torch imported while drawing the strategies) is flagged, its timing unaffected.
 ``--profile NAME`` prints cProfile's top functions for that model instead. Single-threaded BLAS is
@@ -69,21 +69,25 @@ def valid_strategies(model, count: int, seed: int = 0):
 
 
 def time_model(name: str, census: str, count: int, repeat: int):
+    """Each pass prices *count* strategies the model has not priced before (distinct, none in the warm-up), so
+    what the model keeps of one strategy's figures (by its shapes) helps another only as a searcher's would."""
     import ndcost
     torch_before = "torch" in sys.modules
     model = ndcost.resolve(name, census=census)
-    strategies = valid_strategies(model, count)
-    for s in strategies:  # warm-up: records and work at every seq
+    drawn = list({str(s): s for s in valid_strategies(model, count * (repeat + 1))}.values())
+    count = min(count, len(drawn) // (repeat + 1))
+    groups = [drawn[i * count:(i + 1) * count] for i in range(repeat + 1)]
+    for s in groups[0]:  # warm-up: records and work at every seq
         model.evaluate(s)
     ran_census = not torch_before and "torch" in sys.modules
     wall = cpu = float("inf")
-    for _ in range(repeat):
+    for strategies in groups[1:]:
         start, start_cpu = time.perf_counter(), time.process_time()
         for s in strategies:
             model.evaluate(s)
         wall = min(wall, time.perf_counter() - start)
         cpu = min(cpu, time.process_time() - start_cpu)
-    return len(strategies), wall, cpu, ran_census
+    return count, wall, cpu, ran_census
 
 
 def profile(name: str, census: str, count: int) -> None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import ndcost
 from ndcost import columns
 from ndcost.errors import InvalidStrategy, NdcostError
-from ndcost.values import DTYPES
+from ndcost.values import DTYPES, GRADIENT_SYNC, SHARD_MESHES
 
 MODELS = ("llama-3.1-8b", "deepseek-v3", "qwen3.5-9b", "gpt-oss-20b")
 _RESOLVED = {}
@@ -82,6 +82,11 @@ def strategy_fields(draw, model):
         fields["compute_dtype"] = draw(st.sampled_from(["bf16", "fp16", "fp8", "fp32"]))
     if layers % (pp * vpp) or draw(st.integers(0, 3)) == 0:  # an explicit split where an even one is refused
         fields["pp_layers"] = _split(layers, pp * vpp)
+    if draw(st.integers(0, 3)) == 0:  # the sharding vocabulary: one strategy's sharding is kept by these fields
+        fields.update(shard_mesh=draw(st.sampled_from(SHARD_MESHES)), reshard_after_forward=draw(st.booleans()),
+                      gradient_sync=draw(st.sampled_from(GRADIENT_SYNC)), offload_activations=draw(st.booleans()))
+    if draw(st.integers(0, 3)) == 0:
+        fields.update(float8=draw(st.sampled_from(["none", "tensorwise", "rowwise"])), compile=draw(st.booleans()))
     if draw(st.integers(0, 3)) == 0:
         fields.update(draw(st.sampled_from(BREAKERS)))
     return fields
@@ -286,3 +291,34 @@ def test_a_collective_of_lone_groups_is_zero_of_the_batch_shape(name):
     assert mixed[0] == mixed[2] == 0.0 and (mixed[[1, 3]] > 0).all()
     for i, size in enumerate(sizes):
         assert seconds(np.full(1, 1e8), np.array([size]), 1e11, 5e-6)[0] == mixed[i]
+
+
+# every field a different value from BASE (with what it needs beside it; valid or refused alike): what evaluate keeps of one strategy (by the
+# fields a figure depends on) must never answer for a strategy differing in another field
+BASE = ("dp=2,fsdp=2,tp=2,pp=2,ep=2,sp=true,seq=2048,micro_batch=1,num_micro_batches=4,param_dtype=fp32,"
+        "compute_dtype=bf16")
+OTHER_VALUE = {"dp": 1, "fsdp": 4, "tp": 4, "pp": 4, "vpp": 2, "cp": 2, "ep": 4, "etp": 2, "zero": 1, "sp": False,
+               "cp_algo": "ulysses", "schedule": "gpipe", "micro_batch": 2, "num_micro_batches": 8, "seq": 4096,
+               "recompute": "full", "recompute_layers": 1, "vocab_parallel": True, "optimizer": "sgd",
+               "param_dtype": "bf16", "compute_dtype": "fp16", "grad_dtype": "fp32", "optimizer_dtype": "bf16",
+               "master_dtype": "fp32", "pp_layers": (20, 28), "moe_imbalance": 1.5, "allocator_overhead": 0.1,
+               "shard_mesh": "fsdp_cp", "reshard_after_forward": False, "offload_optimizer": True,
+               "offload_params": True, "offload_activations": True, "float8": "tensorwise",
+               "float8_all_gather": {"float8": "tensorwise", "float8_all_gather": True}, "compile": True,
+               "async_tp": {"async_tp": True, "compile": True}, "gradient_sync": "last_micro_batch"}
+
+
+def test_every_field_reaches_one_strategys_figures():
+    assert set(OTHER_VALUE) == {f.name for f in attrs.fields(ndcost.Strategy)}, "give the new field a value"
+    model = _model("qwen3-30b-a3b")
+    base = ndcost.Strategy.parse(BASE)
+    for name, value in OTHER_VALUE.items():
+        other = attrs.evolve(base, **(value if isinstance(value, dict) else {name: value}))
+        model.evaluate(base)  # what it keeps of the base comes first
+        single, refused = _priced(model, lambda s=other: model.evaluate(s))
+        batch = model.evaluate_many([other, base])  # two rows: the batched path, which keeps nothing by row
+        if refused:
+            assert not batch.valid[0] and refused[1].endswith(batch.reason[0]), (name, refused, batch.reason[0])
+            continue
+        assert batch.valid[0], (name, batch.reason[0])
+        assert_same_cost(single, batch.cost(0, other), exact_provenance=other.seq == base.seq)

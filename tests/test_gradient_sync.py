@@ -115,3 +115,17 @@ def test_ddp_all_reduces_each_micro_batch_under_every_micro_batch():
     r = _time("seq=512,dp=2,num_micro_batches=3", "seq=512,dp=2,num_micro_batches=3,gradient_sync=every_micro_batch")
     assert r.communication_seconds[0] > 0
     assert r.communication_seconds[1] == pytest.approx(3 * r.communication_seconds[0], rel=1e-12)
+
+
+def test_zero2_reduce_scatters_each_micro_batch_as_deepspeed_does():
+    """ZeRO-2 over 2, three micro-batches: DeepSpeed reduces its gradient buckets every micro-step into the
+    partitioned gradients (deepspeed/runtime/zero/stage_1_and_2.py), ZeRO-1 once, at the accumulation boundary;
+    so under auto ZeRO-2 runs two more reduce-scatters of the toy's gradients (one ring step over 2 ranks: one
+    + BASE + STEP each), and with one micro-batch the two stages communicate alike."""
+    spec = toy_spec()
+    one = (1 / 2) * toy_parameters(spec) * 2 / WITHIN
+    r = _time("seq=512,dp=2,zero=1,num_micro_batches=3", "seq=512,dp=2,zero=2,num_micro_batches=3",
+              "seq=512,dp=2,zero=1", "seq=512,dp=2,zero=2")
+    c = r.communication_seconds
+    assert c[1] - c[0] == pytest.approx(2 * (one + BASE + STEP), rel=1e-9)
+    assert c[3] == pytest.approx(c[2], rel=1e-12)

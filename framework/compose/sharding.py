@@ -106,7 +106,8 @@ def sharding(cols: Mapping[str, Any]) -> Sharding:
     return _sharding(cols)
 
 
-_READ = ("dp", "fsdp", "cp", "tp", "zero", "shard_mesh", "ep", "etp", "reshard_after_forward")
+# every column _sharding reads: a one-row key missing one would hand a strategy another's sharding
+_READ = ("dp", "fsdp", "cp", "tp", "zero", "shard_mesh", "ep", "etp", "reshard_after_forward", "gradient_sync")
 _ONE_ROW: Dict[Tuple[Any, ...], Sharding] = {}
 _ONE_ROW_KEPT = 4096
 

@@ -81,7 +81,9 @@ EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 # - ep: dispatch and combine all-to-alls; a schedule with overlaps_expert_communication (DualPipeV, DeepSeek-V3
 #   technical report arXiv:2412.19437 section 3.2.1) hides them behind the other micro-batch's compute.
 # - dp_grad: gradient all-reduce (reduce-scatter under ZeRO >= 1) over dp * fsdp * cp, once a step, bucketed
-#   behind the last micro-batch's backward (PyTorch DDP's reducer); a shard's replicas (HSDP's) reduce it.
+#   behind the last micro-batch's backward (PyTorch DDP's reducer); ZeRO-2 once a micro-batch, behind its backward
+#   (DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py reduces its buckets every micro-step); a shard's replicas
+#   (HSDP's) reduce it.
 # - dp_param: ZeRO 1/2's all-gather of the updated parameters, behind the next step's first forward.
 # - fsdp: FSDP / ZeRO-3 gathers and reduce-scatters a layer at a time as FSDP2 schedules them (_fsdp: one layer
 #   prefetched, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py): each gather behind the previous
@@ -107,9 +109,9 @@ OVERLAP_RULES: Mapping[str, str] = {
     "cp_ring": "overlapped with the layer's attention kernel of the same pass; the excess is exposed",
     "cp_ulysses": "exposed: none overlapped",
     "ep": "exposed, except under dualpipev: overlapped with the layer's compute of the pass",
-    "dp_grad": "overlapped with the last micro-batch's backward (under gradient_sync=every_micro_batch DDP's and "
-               "ZeRO-2's with each micro-batch's); the excess is exposed; after FSDP's deferred reduce-scatter "
-               "(gradient_sync=last_micro_batch) exposed",
+    "dp_grad": "overlapped with the last micro-batch's backward (ZeRO-2's, and DDP's under "
+               "gradient_sync=every_micro_batch, with each micro-batch's); the excess is exposed; after FSDP's "
+               "deferred reduce-scatter (gradient_sync=last_micro_batch) exposed",
     "dp_param": "overlapped with the next step's first forward; the excess is exposed",
     "fsdp": "FSDP2's one-layer prefetch: each layer's gather overlapped with the previous layer's compute of the "
             "pass, each reduce-scatter with the next layer's backward, per layer (the excess exposed); the root's "
@@ -1399,10 +1401,12 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     stage = np.where(real_rank, forward + backward, 0.0)
     pipe = _pipeline(model, rows, cols, schedules, stage, hardware, eff, coll)
     # a shard's all-reduce over its replicas follows FSDP's deferred reduce-scatter, after the backward (exposed);
-    # DDP and ZeRO-2 under gradient_sync=every_micro_batch reduce behind each micro-batch's backward
+    # DDP under gradient_sync=every_micro_batch, and ZeRO-2 always (DeepSpeed's stage_1_and_2.py reduces its
+    # buckets every micro-step into the partitioned gradients), reduce behind each micro-batch's backward
     hidden_by = np.where(shard.defers_reduce[:, None], 0.0, backward)
-    reductions = np.where((np.asarray(cols["gradient_sync"]) == GRADIENT_SYNC.index("every_micro_batch"))
-                          & ~shard.sharded["parameters"], rows.micro_batches, 1.0)
+    sync = np.asarray(cols["gradient_sync"])
+    every = (sync == GRADIENT_SYNC.index("every_micro_batch")) | (np.asarray(cols["zero"]) == 2)
+    reductions = np.where(every & ~shard.sharded["parameters"], rows.micro_batches, 1.0)
     grad_exposed = reductions * np.where(real_rank, np.maximum(0.0, dp["grad_step"] - hidden_by), 0.0).max(axis=1)
     param_exposed = np.where(real_rank, np.maximum(0.0, dp["param_step"] - forward), 0.0).max(axis=1)
     states = np.asarray(states_per_parameter, dtype=np.float64)[np.asarray(cols["optimizer"])]
