@@ -32,7 +32,7 @@ Schema (docs/calibration.md, "Kernel tables")::
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np
@@ -203,6 +203,19 @@ def _attention_rows(owner: str, key: str, rows: Any) -> Tuple[AttentionCurve, ..
     return tuple(out)
 
 
+def _known_keys(owner: str, key: str, data: Mapping, known: Sequence[str], known_text: str) -> None:
+    unknown = sorted(str(k) for k in data if k not in known)
+    if unknown:
+        raise InvalidValue(f"{owner}: kernel_tables{key} has unknown key(s) {', '.join(unknown)}; known: {known_text}")
+
+
+def _source(owner: str, key: str, data: Mapping, what: str) -> str:
+    source = data.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise InvalidValue(f"{owner}: kernel_tables{key}.source must say where {what}, got {source!r}")
+    return source.strip()
+
+
 def _attention(owner: str, data: Any) -> Dict[str, AttentionKernelTable]:
     if not isinstance(data, Mapping):
         raise InvalidValue(f"{owner}: kernel_tables.attention must map a kernel name (flash, efficient, ...) to its "
@@ -213,14 +226,10 @@ def _attention(owner: str, data: Any) -> Dict[str, AttentionKernelTable]:
         if not isinstance(entry, Mapping):
             raise InvalidValue(f"{owner}: kernel_tables.{key} must be a mapping of plateau, source and dtypes, "
                                f"got {entry!r}")
-        unknown = sorted(str(k) for k in entry if k not in ("plateau", "source") and k not in DTYPES)
-        if unknown:
-            raise InvalidValue(f"{owner}: kernel_tables.{key} has unknown key(s) {', '.join(unknown)}; known: "
-                               f"plateau, source and the dtypes {', '.join(DTYPES)}")
-        source = entry.get("source")
-        if not isinstance(source, str) or not source.strip():
-            raise InvalidValue(f"{owner}: kernel_tables.{key}.source must say where its figures came from (the "
-                               f"measurement, or the paper and figure of a plateau), got {source!r}")
+        _known_keys(owner, f".{key}", entry, ("plateau", "source", *DTYPES),
+                    f"plateau, source and the dtypes {', '.join(DTYPES)}")
+        source = _source(owner, f".{key}", entry,
+                         "its figures came from (the measurement, or the paper and figure of a plateau)")
         plateau = entry.get("plateau")
         if plateau is not None:
             if not isinstance(plateau, Mapping) or sorted(plateau) != sorted(PASSES):
@@ -230,7 +239,7 @@ def _attention(owner: str, data: Any) -> Dict[str, AttentionKernelTable]:
         curves = {str(d): _attention_rows(owner, f"{key}.{d}", rows) for d, rows in entry.items() if d in DTYPES}
         if plateau is None and not curves:
             raise InvalidValue(f"{owner}: kernel_tables.{key} states neither a plateau nor rows; give one or drop it")
-        out[str(kernel)] = AttentionKernelTable(curves=curves, plateau=plateau, source=source.strip())
+        out[str(kernel)] = AttentionKernelTable(curves=curves, plateau=plateau, source=source)
     return out
 
 
@@ -248,14 +257,9 @@ def parse_kernel_tables(owner: str, data: Any) -> KernelTables:
     """A hardware file's ``kernel_tables`` checked and read; errors name *owner* and the key."""
     if not isinstance(data, Mapping):
         raise InvalidValue(f"{owner}: kernel_tables must be a mapping of {', '.join(KERNEL_TABLE_KEYS)}, got {data!r}")
-    unknown = sorted(str(k) for k in data if k not in KERNEL_TABLE_KEYS)
-    if unknown:
-        raise InvalidValue(f"{owner}: kernel_tables has unknown key(s) {', '.join(unknown)}; "
-                           f"known: {', '.join(KERNEL_TABLE_KEYS)}")
-    source = data.get("source")
-    if not isinstance(source, str) or not source.strip():
-        raise InvalidValue(f"{owner}: kernel_tables.source must say where the figures came from (the measurement "
-                           f"and device, or 'prior: ...' with its derivation), got {source!r}")
+    _known_keys(owner, "", data, KERNEL_TABLE_KEYS, ", ".join(KERNEL_TABLE_KEYS))
+    source = _source(owner, "", data, "the figures came from (the measurement and device, or 'prior: ...' with its "
+                                      "derivation)")
     gemm = data.get("gemm") or {}
     if not isinstance(gemm, Mapping):
         raise InvalidValue(f"{owner}: kernel_tables.gemm must map a dtype (bf16, ...) to its table, got {gemm!r}")
@@ -280,7 +284,7 @@ def parse_kernel_tables(owner: str, data: Any) -> KernelTables:
     return KernelTables(gemm=tables, elementwise=table_e,
                         launch_seconds=_seconds(owner, "launch_seconds", data.get("launch_seconds")),
                         dispatch_seconds=_seconds(owner, "dispatch_seconds", data.get("dispatch_seconds")),
-                        source=source.strip(), attention=_attention(owner, data.get("attention") or {}),
+                        source=source, attention=_attention(owner, data.get("attention") or {}),
                         sdpa_backends=_sdpa_backends(owner, data.get("sdpa_backends")))
 
 
