@@ -234,7 +234,7 @@ def _fit_attention(points: KernelPoints, hardware, current: Mapping[str, Any], s
     points' total ideal forward seconds over their total measured, its backward's likewise (a timing's
     backward seconds its forward and backward less its forward; the backward's FLOPs twice the forward's).
     A shape's prior is what the time model read there before (the kernel's rows, its plateau's prior, else
-    ``efficiency.attention``)."""
+    ``efficiency.attention``). A shape whose backward took no time is skipped, counted in *skipped*."""
     tables = {str(name): dict(entry) for name, entry in (current.get("attention") or {}).items()}
     before = kernels.parse_kernel_tables(f"hardware {hardware.name!r}", {**current, "source": "current"})
     groups: Dict[Tuple[Any, ...], List[AttentionPoint]] = {}
@@ -252,9 +252,11 @@ def _fit_attention(points: KernelPoints, hardware, current: Mapping[str, Any], s
         measured_f = np.array([p.forward_seconds for p in found])
         measured_b = np.array([p.forward_backward_seconds - p.forward_seconds for p in found])
         label = f"attention {kernel} {dtype} seq {seq}, heads {heads}, head_dim {head_dim}, causal {causal}"
-        if (measured_b <= 0).any():
-            raise InvalidValue(f"{label}: forward and backward timed no longer than the forward alone; the "
-                               f"timings are noise: rerun benchmarks/measure_kernels.py on an idle GPU")
+        if (measured_b <= 0).any():  # one shape's noise (a busy device, a tiny kernel) costs that shape alone
+            why = ("attention shapes whose forward and backward timed no longer than the forward alone (noise: "
+                   "rerun benchmarks/measure_kernels.py on an idle device)")
+            skipped[why] = skipped.get(why, 0) + len(found)
+            continue
         fitted = (ideal_f.sum() / measured_f.sum(), 2.0 * ideal_f.sum() / measured_b.sum())
         for what, value in zip(("forward", "backward"), fitted, strict=True):
             if not 0.0 < value <= 1.0:
