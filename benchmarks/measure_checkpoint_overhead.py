@@ -52,9 +52,6 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 MODES = ("plain", "full", "selective", "core_attention")
 LAYERS = ("llama", "qwen3_moe")
-# ops that launch no kernel (tests/test_backward_launches.py counts the same way)
-VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "permute", "unsqueeze", "squeeze", "slice", "select",
-         "as_strided", "alias", "reshape", "detach", "split", "split_with_sizes", "unbind", "_reshape_alias"}
 
 
 def _config(name: str, tiny: bool):
@@ -117,28 +114,19 @@ def _modes(call: Callable) -> Dict[str, Tuple[Callable, Callable]]:
 def _counts(hidden, call) -> Dict[str, int]:
     """The plain step's ops (forward, backward) and the tensors its forward saves for the backward."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops += func._opname not in VIEWS
-            return func(*args, **(kwargs or {}))
-
+    from ndcost.plugins.census.measure import launch_counter
     saved = [0]
 
     def pack(t):
         saved[0] += 1
         return t
-    forward, backward = Ops(), Ops()
+    forward, backward = launch_counter(), launch_counter()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), forward:
         out = call(hidden)
     with backward:
         out.backward(torch.ones_like(out))
-    return {"forward_ops": forward.ops, "backward_ops": backward.ops, "saved_tensors": saved[0]}
+    return {"forward_ops": forward.launches, "backward_ops": backward.launches, "saved_tensors": saved[0]}
 
 
 def measure_layer(name: str, device: str, repeats: int, tiny: bool, statistic: str = "min") -> Dict[str, Any]:

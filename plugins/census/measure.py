@@ -181,6 +181,29 @@ def aliases_only(func: Any, inputs: Any, outputs: Any) -> bool:
     return all(t.untyped_storage()._cdata in given for t in returned)
 
 
+def launch_counter() -> Any:
+    """A TorchDispatchMode whose ``launches`` counts the ops run under it that launch a kernel: all but the
+    ``prim`` ops and those :func:`aliases_only` finds (the census's forward counter's rule,
+    plugins/census/flops.py), for a pass the census does not count (a backward, a checkpointed step)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class LaunchCounter(TorchDispatchMode):
+        launches = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if func.namespace != "prim":
+                tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+                returned = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+                self.launches += not aliases_only(func, tensors, returned)
+            return out
+
+    return LaunchCounter()
+
+
 def module_part(path: str, module: Any = None) -> str:
     """Which part of a decoder layer owns the module at *path* (a path inside the layer).
 
