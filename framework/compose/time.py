@@ -76,7 +76,9 @@ EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 #   but under async_tp (torch._inductor.config._micro_pipeline_tp: torch/_inductor/fx_passes/micro_pipeline_tp.py
 #   makes an all-gather + matmul or matmul + reduce-scatter one op of torch/distributed/_symmetric_memory/
 #   __init__.py) a fused collective's shards are pulled while the matmul's other pieces run (_async_tp).
-# - cp_ring: K/V blocks passed (and their gradients in the backward) hide behind the layer's attention kernel.
+# - cp_ring: torch's ring attention under its default all-gather rotation (torch/distributed/tensor/experimental/
+#   _context_parallel/_attention.py): the K/V all-gather hides behind the first step's kernel, each pass; the
+#   backward's fp32 K/V gradients, sent on after each step, behind the next step's kernel, the last exposed.
 # - cp_ulysses: the all-to-alls of queries, keys, values and the output (their gradients in the backward).
 # - ep: dispatch and combine all-to-alls; a schedule with overlaps_expert_communication (DualPipeV, DeepSeek-V3
 #   technical report arXiv:2412.19437 section 3.2.1) hides them behind the other micro-batch's compute.
@@ -106,7 +108,9 @@ OVERLAP_RULES: Mapping[str, str] = {
           "all-gathers and single-matmul input-gradient reduce-scatters, each op tp pieces of M / tp rows, "
           "c + (tp - 1) max(c, x) (c a piece's matmuls, x a shard's NVLink pull) plus the local shard's copy or "
           "the partials' sum, exposed beyond the same matmuls unfused; the rest exposed",
-    "cp_ring": "overlapped with the layer's attention kernel of the same pass; the excess is exposed",
+    "cp_ring": "torch's ring attention (_context_parallel/_attention.py, ALL_GATHER rotation): each pass's K/V "
+               "all-gather overlapped with its first step's kernel; the backward's fp32 K/V gradient sends, one a "
+               "step, each with the next step's backward kernel, the last exposed; the excess is exposed",
     "cp_ulysses": "exposed: none overlapped",
     "ep": "exposed, except under dualpipev: overlapped with the layer's compute of the pass",
     "dp_grad": "overlapped with the last micro-batch's backward (ZeRO-2's, and DDP's under "
@@ -482,15 +486,16 @@ CHECKPOINT_HOST_RATIOS: Mapping[str, Tuple[float, float]] = frozen_mapping({
 CORE_ATTENTION_HOST_OPS: Tuple[float, float] = (15.3, 24.7)
 
 
-def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any],
-                  hardware: Hardware) -> Dict[str, np.ndarray]:
+def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any], hardware: Hardware,
+                  ring_launches: Any = 0.0) -> Dict[str, np.ndarray]:
     """``(N, K)`` the least seconds a layer's passes can take for the kernels they launch and the host's work.
 
     ``launches x max(launch_seconds, dispatch_seconds)``: every kernel occupies the GPU at least
     ``launch_seconds``, and eager PyTorch dispatches them one by one from the host at
     ``dispatch_seconds`` each. A forward launches the kind's ``launches_per_layer`` (the census's count, else
-    the eager modules' analytic one) and ``launches_per_token`` for each token of the rank's sequence; the
-    backward twice the forward's (no census counts the backward's). Keys ``forward``, ``backward``, and for a
+    the eager modules' analytic one), ``launches_per_token`` for each token of the rank's sequence and ring CP's
+    *ring_launches* ``(N, K)`` (:func:`_ring_attention_work`); the backward twice the forward's (no census counts
+    the backward's). Keys ``forward``, ``backward``, and for a
     checkpointed layer ``checkpointed_forward`` and ``recompute``: the host's part scaled by
     :data:`CHECKPOINT_HOST_RATIOS` (``core_attention``: :data:`CORE_ATTENTION_HOST_OPS` plain ops a layer with
     attention); a selective or core-attention recompute's own kernels' GPU floor is left out (its roofline
@@ -500,7 +505,7 @@ def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any],
     """
     k = _kind_arrays(model)
     launch, dispatch, _ = kernels.launch_costs(_kernel_tables(hardware))
-    forward = k["launches_per_layer"] + k["launches_per_token"] * (rows.seq / rows.cp)[:, None]
+    forward = k["launches_per_layer"] + k["launches_per_token"] * (rows.seq / rows.cp)[:, None] + ring_launches
     floor = forward * max(launch, dispatch)
     mode = np.asarray(cols["recompute"])[:, None]
     compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
@@ -592,8 +597,11 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     recompute and the backward together at least their floors together
     (checkpoint's host work in the recompute's), and a checkpointed layer's
     forward (``checkpointed_forward``) at least its own (:func:`_launch_bound`).
+    Ring CP adds its steps' merges and accumulations (:func:`_ring_attention_work`: elementwise bytes at HBM,
+    their launches on the floor), rerun wherever the attention is recomputed.
     Keys: ``forward``, ``backward``, ``recompute``, ``checkpointed_forward``, ``scores_forward``,
-    ``scores_backward`` (the attention kernel's, for CP ring overlap),
+    ``scores_backward`` (the attention kernel's), ``scores_first_forward``, ``scores_first_backward`` (its
+    first ring step's, for CP ring overlap), ``ring_merges_forward``, ``ring_merges_backward``,
     ``matmul_forward``, ``matmul_backward`` (the matmuls'), ``selective_measured``.
     """
     eff = efficiencies(hardware)[0] if eff is None else eff
@@ -636,12 +644,20 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     tables = _kernel_tables(hardware)
     per_kernel = elementwise / k["elementwise_launches"]
     fwd_mm, bwd_mm = matmul(1.0, inverse_f), matmul(2.0, inverse_b)
-    fwd_scores, bwd_scores = _scores_seconds(model, rows, cols, hardware, eff, scores)
-    floor = _launch_bound(model, rows, cols, hardware)
-    roofline_f = (fwd_mm + fwd_scores + linrec / (peak * eff["linrec"])
+    fwd_scores, bwd_scores, first_fwd_scores, first_bwd_scores = _scores_seconds(model, rows, cols, hardware, eff,
+                                                                                  scores)
+    ring = _ring_attention_work(k, rows, cols)
+    floor = _launch_bound(model, rows, cols, hardware, ring["launches"])
+    ring_per_kernel = ring["forward_bytes"] / np.maximum(ring["launches"], 1.0)
+    ring_fwd = ring["forward_bytes"] / (hbm * kernels.elementwise_efficiency(tables, ring_per_kernel,
+                                                                             stated=eff["memory"]))
+    ring_bwd = ring["backward_bytes"] / (hbm * kernels.elementwise_efficiency(tables, ring_per_kernel,
+                                                                              stated=eff["memory_backward"]))
+    fwd_attention = fwd_scores + ring_fwd  # what recomputing the attention function reruns
+    roofline_f = (fwd_mm + fwd_attention + linrec / (peak * eff["linrec"])
                   + (elementwise + cast_fwd) / (hbm * kernels.elementwise_efficiency(tables, per_kernel,
                                                                                      stated=eff["memory"])))
-    roofline_b = (bwd_mm + bwd_scores + 2.0 * linrec / (peak * eff["linrec_backward"])
+    roofline_b = (bwd_mm + bwd_scores + ring_bwd + 2.0 * linrec / (peak * eff["linrec_backward"])
                   + (2.0 * elementwise + cast_bwd) / (hbm * kernels.elementwise_efficiency(
                       tables, per_kernel, stated=eff["memory_backward"])))
     forward, backward = np.maximum(roofline_f, floor["forward"]), np.maximum(roofline_b, floor["backward"])
@@ -650,16 +666,18 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     share_other = k["recomputed_other_mm_share"][None, :]
     measured = ~np.isnan(share_att) & ~np.isnan(share_other)
     selective = np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
-                         + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_scores)
+                         + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_attention)
     mode = np.asarray(cols["recompute"])[:, None]
     # a layer's recompute runs at the start of its backward: the two are one stretch of the GPU's queue and of the
     # host's dispatch, bounded together (the host, running ahead, hides its recompute's work behind a long backward)
     roofline_r = select([mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention")],
-                        [roofline_f, selective, fwd_scores], 0.0)
+                        [roofline_f, selective, fwd_attention], 0.0)
     recompute = np.maximum(roofline_r + roofline_b, floor["recompute"] + floor["backward"]) - backward
     return {"forward": forward, "backward": backward, "recompute": recompute,
             "checkpointed_forward": np.maximum(roofline_f, floor["checkpointed_forward"]),
             "scores_forward": fwd_scores, "scores_backward": bwd_scores,
+            "scores_first_forward": first_fwd_scores, "scores_first_backward": first_bwd_scores,
+            "ring_merges_forward": ring_fwd, "ring_merges_backward": ring_bwd,
             "matmul_forward": fwd_mm, "matmul_backward": bwd_mm,
             "selective_measured": np.broadcast_to(measured, forward.shape)}
 
@@ -673,25 +691,101 @@ EAGER_SOFTMAX_BYTES_PER_SCORE = 20.0
 EAGER_SOFTMAX_KERNELS = 4
 
 
+# torch's ring attention (torch/distributed/tensor/experimental/_context_parallel/_attention.py, as torchtitan runs it:
+# _cp_options' defaults, convert_to_f32 and enable_load_balance on): the kernels a forward launches beyond the
+# layer's one SDPA call, cp - 1 of them a later step (the partial-query case): its SDPA call, the K/V concatenation
+# sent on (torch.cat, before every step but the last), the output's cast to fp32 (_SDPAMerger.step), the merge's
+# eight elementwise ops (_merge_one: out - sigmoid(block_lse - lse) * (out - block_out), lse - logsigmoid(lse -
+# block_lse)) and _partial_update's two concatenations; and once a pass the keys' and values' .contiguous() copies,
+# step 0's cast and the result's cast back (its logsumexp stays fp32: no kernel)
+RING_LAUNCHES_PER_LATER_STEP = 13.0
+RING_LAUNCHES_PER_PASS = 4.0
+
+
+def _ring_attention_work(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+    """``(N, K)`` what ring CP's merges and gradient accumulations move through HBM a layer and micro-batch on one
+    device, forward and backward (``forward_bytes``, ``backward_bytes``), and the kernels the forward launches
+    beyond the layer's (``launches``); 0 without ring CP or attention.
+
+    As torch's ring runs them (``_templated_ring_attention``, ``_SDPAMerger``, ``_templated_ring_attention_backward``
+    in torch/distributed/tensor/experimental/_context_parallel/_attention.py): ``w`` the compute width, on the rank's
+    tokens over TP: ``q`` query, ``o`` output, ``kv`` key-and-value (``KindWork.kv_elements_per_token``, as SDPA
+    receives them) and ``l`` logsumexp (a head a token) elements. Forward, eager: the keys' and values'
+    ``.contiguous()`` (``2 w kv``), a K/V concatenation before each of the first ``cp - 1`` steps (``2 w kv``
+    each), step 0's cast of its output to fp32 and the result's back (``2 (w + 4) o``); each later step merges
+    its output into the fp32 running one, on all the queries (rank ``cp - 1``: the cast ``(w + 4) o``, the merge
+    ``32 o + 56 l``) or on half of them (rank 0: half that, plus ``_partial_update``'s concatenations of the whole
+    output and logsumexp, ``8 o + 8 l``). Backward, eager: fp32 accumulators zeroed (``4 (q + kv)``), the
+    copies and concatenations again, step 0's accumulation (``(8 + w) (q + kv)``), every step's concatenation of
+    the fp32 key and value gradients sent on (``8 kv``), the casts back at the end (``(4 + w) (q + kv)``); each
+    later step adds its gradients into the fp32 accumulators, whole or into one half followed by that
+    tensor's concatenation (``8`` a whole element), on the queries' half at rank 0 (with the logsumexp half's
+    ``.contiguous()``, ``4 l``) or the keys' half at rank ``cp - 1``. Each later step is priced at the slower of
+    the two ranks' (the ring waits for its slowest; the ranks between mix the two). Under ``compile`` torchtitan
+    compiles each block whole, the ring traced into the graph (``_maybe_wait``'s docstring), and each merge or
+    accumulation is one fused kernel reading its inputs and writing its result once: the forward's
+    ``(8 + w) o + 12 l`` a later step (``(8 + w / 2) o + 10 l`` at rank 0), the copies and the one
+    concatenation the all-gather sends (the rest are dead), the backward's accumulations
+    ``(8 + w) x + (8 + w / 2) y`` (the whole tensor and the halved one) and the key gradients' final cast; the
+    casts at step 0 and of the result are taken as folded into the neighbouring merge (counted at fp32: at
+    most ``2 (4 - w) o`` over). The forward's launches are counted as eager (as the layer's own are, under
+    ``compile`` too): :data:`RING_LAUNCHES_PER_PASS` and :data:`RING_LAUNCHES_PER_LATER_STEP`. Left out: the
+    all-gathered buffer's chunk views (no copies), the rotater's buffer handling on the host.
+    """
+    shape = (len(rows.cp), len(k["has_attention"]))
+    ulysses = np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses")
+    on = ((rows.cp > 1) & ~ulysses)[:, None] & k["has_attention"][None, :]
+    if not on.any():
+        zeros = np.zeros(shape)
+        return {"forward_bytes": zeros, "backward_bytes": zeros, "launches": zeros}
+    w, cp = rows.compute_bytes[:, None], rows.cp[:, None]
+    tokens = (rows.tokens / rows.tp)[:, None]
+    heads = k["attention_heads"]
+    q = tokens * k["query_elements_per_token"]
+    o = tokens * np.where(heads > 0, heads * k["attention_value_head_dim"], k["query_elements_per_token"])
+    lse = tokens * heads
+    kv = tokens * k["kv_elements_per_token"]
+    later = cp - 1.0
+    eager_f = (2.0 * w * kv * cp + 2.0 * (w + 4.0) * o
+               + later * np.maximum((w + 36.0) * o + 56.0 * lse, (w / 2.0 + 26.0) * o + 36.0 * lse))
+    eager_b = ((4.0 + (8.0 + w) + (4.0 + w)) * (q + kv) + 2.0 * w * kv * cp + 8.0 * kv * cp
+               + later * np.maximum((8.0 + w) * q + ((8.0 + w) / 2.0 + 8.0) * kv,
+                                    ((8.0 + w) / 2.0 + 8.0) * q + (8.0 + w) * kv + 4.0 * lse))
+    fused_f = 4.0 * w * kv + later * np.maximum((8.0 + w) * o + 12.0 * lse, (8.0 + w / 2.0) * o + 10.0 * lse)
+    fused_b = (4.0 * w * kv + (4.0 + w) * (q + 2.0 * kv)
+               + later * np.maximum((8.0 + w) * q + (8.0 + w / 2.0) * kv,
+                                    (8.0 + w / 2.0) * q + (8.0 + w) * kv + 4.0 * lse))
+    compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
+    return {"forward_bytes": np.where(on, np.where(compiled, fused_f, eager_f), 0.0),
+            "backward_bytes": np.where(on, np.where(compiled, fused_b, eager_b), 0.0),
+            "launches": np.where(on, RING_LAUNCHES_PER_PASS + RING_LAUNCHES_PER_LATER_STEP * later, 0.0)}
+
+
 def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hardware: Hardware, eff,
-                    scores: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+                    scores: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(N, K)`` forward and backward seconds of the attention scores (``Q K^T`` and ``P V``: *scores* FLOPs, one
-    layer and micro-batch on one device) at the efficiency of the kernel the runtime runs, on the shape it runs.
+    layer and micro-batch on one device) at the efficiency of the kernel the runtime runs, on the shape it runs,
+    and the seconds of the first of ring CP's steps of each pass (the whole pass without ring CP).
 
     The kernel is the runtime's (``ModelWork.attention_kernel``; SDPA's backend as PyTorch picks it in the
     hardware's ``kernel_tables.sdpa_backends`` order, :func:`ndcost.kernels.attention_kernel`), read per compute
-    dtype and kind. Its query block is the rank's
-    ``seq / cp`` tokens under ring CP (each of the ``cp`` steps runs the kernel on them against one block of
-    ``seq / cp`` keys: the efficiency is that block's) and the whole sequence under Ulysses (the heads split
-    ``cp`` ways instead); its heads ``micro_batch x heads / tp``. A fused kernel takes
+    dtype and kind. Under ring CP the kernel runs once a step, ``cp`` steps a pass, as torch's load-balanced
+    ring runs them (``_templated_ring_attention`` and its backward,
+    torch/distributed/tensor/experimental/_context_parallel/_attention.py; each rank holds two of the ``2 cp``
+    sequence chunks, ``_load_balancer.py``): step 0 causal on the rank's ``seq / cp`` queries and keys (``1 / cp``
+    of its pairs), each later step non-causal on half of them, rank 0 on half the queries against all the keys,
+    rank ``cp - 1`` on all the queries against half the keys; each later step is priced at the slower of the
+    two shapes (the ring waits for its slowest rank). Under Ulysses the query block is the whole sequence (the
+    heads split ``cp`` ways instead); the heads ``micro_batch x heads / tp``. A fused kernel takes
     :func:`ndcost.kernels.attention_efficiency` (measured curves, the plateau prior, else the constant) on the
     estimator's FLOPs. Eager attention is priced as what it runs (:func:`_eager_scores`): two batched matmuls
     over every ``s_q x s`` pair at their GEMM efficiency (``Q K^T``: ``s_q x s x d``, ``P V``: ``s_q x d_v x s``,
     the backward's four products likewise) and its softmax's elementwise bytes; left out there, the extra
     elementwise ops a family's own eager function adds (GPT-OSS's sinks: a concatenation, a max). A kind
     without heads (``KindWork.attention_heads`` 0), or a model without a runtime kernel, keeps
-    ``efficiency.attention`` and ``attention_backward``. Left out: the ring's partial-output merges and its
-    steps' launches.
+    ``efficiency.attention`` and ``attention_backward``; those, and eager attention (torch's ring runs the SDPA
+    kernels only), take ``1 / cp`` of the pass as the ring's first step. The ring's merges and launches are
+    :func:`_ring_attention_work`'s.
     """
     peak = rows.peak_flops[:, None]
     tables = _kernel_tables(hardware)
@@ -702,32 +796,51 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
     one_dtype = bool((codes == codes[0]).all())
     first = groups[DTYPE_NAMES[int(codes[0])]]
     covered = one_dtype and len(first) == 1 and isinstance(first[0][1], slice)  # one kernel prices every kind
+    ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
+    cp, seq = rows.cp[:, None], rows.seq[:, None]
+    ring = (cp > 1) & ~ulysses
+    any_ring = bool(ring.any())
+    first_share = np.where(ring, 1.0 / cp, 1.0)   # the ring's step 0: 1 / cp of the rank's pairs
+
+    def split(f, b):  # a pass priced at one shape, its first step 1 / cp of it under ring CP
+        return f, b, f * first_share, b * first_share
+
     if not covered:
         forward = scores / (peak * eff["attention"])
         backward = 2.0 * scores / (peak * eff["attention_backward"])
+        forward, backward, first_forward, first_backward = split(forward, backward)
         if not any(groups.values()):
-            return forward, backward
-    ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
-    cp, seq = rows.cp[:, None], rows.seq[:, None]
+            return forward, backward, first_forward, first_backward
     head_split = np.where(ulysses, cp, 1.0)
     seq_q = seq / (cp / head_split)
     heads = (rows.micro_batch[:, None] / (rows.tp[:, None] * head_split)) * k["attention_heads"]
+    stated = (eff["attention"], eff["attention_backward"])
     for code in [int(codes[0])] if one_dtype else np.unique(codes).tolist():  # the compute dtypes a batch uses
         dtype = DTYPE_NAMES[code]
         at = slice(None) if one_dtype else codes == code
         for name, kinds, d, dv in groups[dtype]:  # and the kernels its kinds run (one a kind)
             cell = (at, kinds) if isinstance(at, slice) or isinstance(kinds, slice) else np.ix_(at, kinds)
             if name == "eager":
-                f, b = _eager_scores(hardware, tables, dtype, eff, seq_q[at], seq[at], heads[cell], d, dv, peak[at],
-                                     rows.compute_bytes[at][:, None])
+                priced = split(*_eager_scores(hardware, tables, dtype, eff, seq_q[at], seq[at], heads[cell], d, dv,
+                                              peak[at], rows.compute_bytes[at][:, None]))
             else:
                 ef, eb = kernels.attention_efficiency(hardware, tables, name, dtype, seq_q[at], heads[cell], d, True,
-                                                      stated=(eff["attention"], eff["attention_backward"]))
+                                                      stated=stated)
                 f, b = scores[cell] / (peak[at] * ef), 2.0 * scores[cell] / (peak[at] * eb)
+                priced = split(f, b)
+                if any_ring:  # the later steps, non-causal: half the queries (rank 0) or all of them (rank cp - 1)
+                    hf, hb = kernels.attention_efficiency(hardware, tables, name, dtype, seq_q[at] / 2.0, heads[cell],
+                                                          d, False, stated=stated)
+                    wf, wb = kernels.attention_efficiency(hardware, tables, name, dtype, seq_q[at], heads[cell], d,
+                                                          False, stated=stated)
+                    first, later = scores[cell] * first_share[at], scores[cell] * (1.0 - first_share[at])
+                    f0, b0 = first / (peak[at] * ef), 2.0 * first / (peak[at] * eb)
+                    priced = (np.where(ring[at], f0 + later / (peak[at] * np.minimum(hf, wf)), f),
+                              np.where(ring[at], b0 + 2.0 * later / (peak[at] * np.minimum(hb, wb)), b), f0, b0)
             if covered:
-                return f, b
-            forward[cell], backward[cell] = f, b
-    return forward, backward
+                return priced
+            forward[cell], backward[cell], first_forward[cell], first_backward[cell] = priced
+    return forward, backward, first_forward, first_backward
 
 
 def _attention_groups(model: ModelWork, k: Mapping[str, np.ndarray], order: Tuple[str, ...]):
@@ -920,9 +1033,9 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
 
     TP: two sync points a layer each pass (all-reduce, or all-gather and
     reduce-scatter under SP: the same volume; under ``async_tp`` the collective
-    matmuls of :func:`_async_tp`). CP ring: ``cp - 1`` K/V
-    passes, hidden behind the attention kernel; its backward passes K/V and
-    their gradients (twice the bytes). Ulysses: all-to-alls of queries, keys,
+    matmuls of :func:`_async_tp`). CP ring: torch's ring attention's K/V
+    all-gather and, in the backward, its fp32 K/V gradients passed on each step
+    (:func:`_ring_communication`). Ulysses: all-to-alls of queries, keys,
     values and the output, the backward's the same bytes transposed. EP:
     dispatch and combine all-to-alls. ``*_extra``: what recomputing a layer's
     forward repeats (its forward collectives; full recompute only).
@@ -946,17 +1059,16 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     if np.count_nonzero(cp > 1):
         bw_cp, lat_cp, link_cp = group_link(hardware, tp, cp, eff, ring=False)
         link_cp = {key: value[:, None] for key, value in link_cp.items()}
-        cp_ring = (cp > 1)[:, None] * (cp - 1.0)[:, None] * (
-            coll["send_recv"]((tokens * width / tp)[:, None] * k["kv_elements_per_token"][None, :], 2.0,
-                              bw_cp[:, None], lat_cp[:, None], **link_cp))
+        attends = k["has_attention"][None, :]
+        ring = _ring_communication(k, rows, layer, hardware, eff, coll, (bw_cp, lat_cp, link_cp))
         cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
                                                            + k["kv_elements_per_token"])[None, :]
         cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
         ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
-        cp_fwd = np.where(k["has_attention"][None, :], np.where(ulysses, cp_ulysses, cp_ring), 0.0)
-        cp_bwd = np.where(ulysses, 1.0, 2.0) * cp_fwd
-        cp_fwd_exposed = np.where(ulysses, cp_fwd, np.maximum(0.0, cp_fwd - layer["scores_forward"]))
-        cp_bwd_exposed = np.where(ulysses, cp_bwd, np.maximum(0.0, cp_bwd - layer["scores_backward"]))
+        cp_fwd = np.where(attends, np.where(ulysses, cp_ulysses, ring["forward"]), 0.0)
+        cp_bwd = np.where(attends, np.where(ulysses, cp_ulysses, ring["backward"]), 0.0)
+        cp_fwd_exposed = np.where(attends, np.where(ulysses, cp_ulysses, ring["exposed_forward"]), 0.0)
+        cp_bwd_exposed = np.where(attends, np.where(ulysses, cp_ulysses, ring["exposed_backward"]), 0.0)
     else:  # no row splits its sequence: no K/V pass nor all-to-all (each 0 s on a group of one)
         cp_fwd = cp_bwd = cp_fwd_exposed = cp_bwd_exposed = np.zeros((n, len(model.kinds)))
     if np.count_nonzero(ep > 1):
@@ -980,6 +1092,40 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     return {"comm_fwd": tp_fwd + cp_fwd + ep_pass, "comm_bwd": tp_bwd + cp_bwd + ep_pass,
             "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd, "comm_extra": comm_extra,
             "exposed_extra": exposed_extra}
+
+
+def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, layer, hardware: Hardware, eff, coll,
+                        p2p) -> Dict[str, np.ndarray]:
+    """``(N, K)`` seconds of ring CP's collectives a layer and micro-batch, each pass's and their exposed part, as
+    torch's ring attention runs them under torchtitan's default rotation (``context_parallel_rotate_method =
+    "allgather"``, torch's ``_RotateMethod.ALL_GATHER``; torch/distributed/tensor/experimental/_context_parallel/
+    _attention.py).
+
+    Forward: ``_AllGatherRotater`` all-gathers the rank's keys and values (``kv`` elements at the compute width,
+    ``cp`` blocks gathered) once, issued before step 0's kernel and waited for before step 1's: hidden behind step
+    0's kernel only (``scores_first_forward``), the excess exposed. Backward: a second all-gather of them behind
+    step 0's backward kernel, and the key and value gradients, accumulated in fp32 (``convert_to_f32``), passed to
+    the next rank after every one of the ``cp`` steps (the ``dkv_rotater`` is always ``_AllToAllRotater``:
+    ``permute_tensor``, an ``all_to_all_single`` with one peer each way: a send and a receive); each waited for
+    after the next step's kernel, so hidden behind one later step's backward kernel, and the last, waited for
+    right after the loop, exposed. A Megatron p2p ring (``--cp-comm-type p2p``) is priced the same way: its
+    per-step sends each overlap a step, the all-gather only the first, so this bounds its exposed K/V above.
+    Left out: the gathers and sends sharing the NCCL stream and the links with each other and with FSDP's.
+    """
+    cp, width, tp = rows.cp[:, None], rows.compute_bytes[:, None], rows.tp[:, None]
+    kv = (rows.tokens[:, None] / tp) * k["kv_elements_per_token"][None, :]
+    bw_g, lat_g, link_g = group_link(hardware, rows.tp, rows.cp, eff)
+    gather = coll["all_gather"](cp * kv * width, cp, bw_g[:, None], lat_g[:, None],
+                                **{key: value[:, None] for key, value in link_g.items()})
+    bw_p, lat_p, link_p = p2p
+    dkv = coll["send_recv"](4.0 * kv, 2.0, bw_p[:, None], lat_p[:, None], **link_p)
+    later = np.maximum(cp - 1.0, 1.0)
+    later_backward = (layer["scores_backward"] - layer["scores_first_backward"]) / later  # one later step's kernel
+    on = cp > 1
+    return {"forward": np.where(on, gather, 0.0), "backward": np.where(on, gather + cp * dkv, 0.0),
+            "exposed_forward": np.where(on, np.maximum(0.0, gather - layer["scores_first_forward"]), 0.0),
+            "exposed_backward": np.where(on, np.maximum(0.0, gather - layer["scores_first_backward"])
+                                         + (cp - 1.0) * np.maximum(0.0, dkv - later_backward) + dkv, 0.0)}
 
 
 def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) -> Dict[str, np.ndarray]:
