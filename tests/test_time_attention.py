@@ -170,9 +170,13 @@ def test_scores_run_at_the_kernels_prior_on_the_block_shape():
     # micro-batch 2 x 4 heads / tp 2 = 4 heads' blocks, the FLOPs halved by TP and doubled by the batch
     layer = _layer(work, box, seq=4096, micro_batch=2, tp=2)
     assert layer["scores_forward"][0, 0] == pytest.approx(_scores(4096, tp=2, b=2) / (PEAK * 0.35 * 128 / 132))
-    # ring CP 2 at seq 2100: each step 1050 queries, 4 x ceil(1050 / 128) = 36 blocks
+    # ring CP 2 at seq 2100: step 0 on the rank's 1050 queries, 4 x ceil(1050 / 128) = 36 blocks, half the pairs;
+    # step 1 at the slower rank's shape, rank 0's 525 queries: 4 x ceil(525 / 128) = 20 blocks (rank 1's 1050: 36)
     layer = _layer(work, box, seq=2100, cp=2)
-    assert layer["scores_forward"][0, 0] == pytest.approx(_scores(2100, cp=2) / (PEAK * 0.35 * 36 / 132))
+    half = _scores(2100, cp=2) / 2
+    assert layer["scores_forward"][0, 0] == pytest.approx(half / (PEAK * 0.35 * 36 / 132)
+                                                          + half / (PEAK * 0.35 * 20 / 132))
+    assert layer["scores_first_forward"][0, 0] == pytest.approx(half / (PEAK * 0.35 * 36 / 132))
     # Ulysses CP 2: the whole sequence on 2 heads, 2 x ceil(2100 / 128) = 34 blocks
     layer = _layer(work, box, seq=2100, cp=2, cp_algo="ulysses")
     assert layer["scores_forward"][0, 0] == pytest.approx(_scores(2100, cp=2) / (PEAK * 0.35 * 34 / 132))
