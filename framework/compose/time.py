@@ -802,8 +802,8 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
     any_ring = bool(ring.any())
     first_share = np.where(ring, 1.0 / cp, 1.0)   # the ring's step 0: 1 / cp of the rank's pairs
 
-    def split(f, b):  # a pass priced at one shape, its first step 1 / cp of it under ring CP
-        return f, b, f * first_share, b * first_share
+    def split(f, b, share=first_share):  # a pass priced at one shape, its first step 1 / cp of it under ring CP
+        return f, b, f * share, b * share
 
     if not covered:
         forward = scores / (peak * eff["attention"])
@@ -822,12 +822,12 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
             cell = (at, kinds) if isinstance(at, slice) or isinstance(kinds, slice) else np.ix_(at, kinds)
             if name == "eager":
                 priced = split(*_eager_scores(hardware, tables, dtype, eff, seq_q[at], seq[at], heads[cell], d, dv,
-                                              peak[at], rows.compute_bytes[at][:, None]))
+                                              peak[at], rows.compute_bytes[at][:, None]), first_share[at])
             else:
                 ef, eb = kernels.attention_efficiency(hardware, tables, name, dtype, seq_q[at], heads[cell], d, True,
                                                       stated=stated)
                 f, b = scores[cell] / (peak[at] * ef), 2.0 * scores[cell] / (peak[at] * eb)
-                priced = split(f, b)
+                priced = split(f, b, first_share[at])
                 if any_ring:  # the later steps, non-causal: half the queries (rank 0) or all of them (rank cp - 1)
                     hf, hb = kernels.attention_efficiency(hardware, tables, name, dtype, seq_q[at] / 2.0, heads[cell],
                                                           d, False, stated=stated)
