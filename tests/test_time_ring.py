@@ -44,7 +44,7 @@ def _layer(seq=4096, **fields):
 
 # a rank's elements at seq 4096, cp 4 (1024 tokens), bf16: queries and outputs 1024 x 4 heads x 16, keys and values
 # 1024 x 2 x 2 heads x 16, logsumexp 1024 x 4 heads
-Q = O = 1024 * 4 * 16
+Q = OUT = 1024 * 4 * 16
 KV = 1024 * 2 * 2 * 16
 LSE = 1024 * 4
 W = 2  # bf16
@@ -53,16 +53,16 @@ W = 2  # bf16
 def test_eager_forward_merges_are_torchs_ops_byte_by_byte():
     # once a pass: key.contiguous(), value.contiguous() (read + write bf16), step 0's out.to(float32) (read 2,
     # write 4) and results()'s cast back (read 4, write 2)
-    once = 2 * W * KV + (W + 4) * O + (4 + W) * O
+    once = 2 * W * KV + (W + 4) * OUT + (4 + W) * OUT
     # before steps 0..2 (not the last): torch.cat([key.flatten(), value.flatten()]), read + write bf16
     cats = 3 * 2 * W * KV
     # a later step at rank cp - 1 (all the queries, half the keys): the block's cast (6), out - block_out (12),
     # sigmoid(...) * (...) (8, plus the broadcast sigmoid's 4 a logsumexp element), out - (...) (12); on the
     # logsumexp: block_lse - lse (12), sigmoid (8), lse - block_lse (12), logsigmoid (8), lse - (...) (12)
-    whole = (6 + 12 + 8 + 12) * O + (4 + 12 + 8 + 12 + 8 + 12) * LSE
+    whole = (6 + 12 + 8 + 12) * OUT + (4 + 12 + 8 + 12 + 8 + 12) * LSE
     # at rank 0 (half the queries): the same ops on half the elements, then _partial_update's torch.cat of the whole
     # fp32 output and logsumexp (read 4, write 4)
-    partial = whole / 2 + 8 * O + 8 * LSE
+    partial = whole / 2 + 8 * OUT + 8 * LSE
     assert whole > partial  # rank cp - 1 is the slower here: three later steps at its bytes
     expected = once + cats + 3 * whole
     layer = _layer(cp=4)
@@ -88,7 +88,7 @@ def test_eager_backward_accumulations_are_torchs_ops_byte_by_byte():
 def test_compiled_merges_read_and_write_each_tensor_once():
     # forward: the copies and the one concatenation the all-gather sends; a later step's fused merge reads the fp32
     # running output (4), the block's (2) and writes the fp32 output (4), and the logsumexps (4 + 4, write 4)
-    forward = 2 * W * KV + 2 * W * KV + 3 * max((4 + W + 4) * O + 12 * LSE, (4 + W / 2 + 4) * O + 10 * LSE)
+    forward = 2 * W * KV + 2 * W * KV + 3 * max((4 + W + 4) * OUT + 12 * LSE, (4 + W / 2 + 4) * OUT + 10 * LSE)
     # backward: the copies and the one concatenation, step 0's accumulation (read 2, write 4), dK/dV's final cast;
     # a later step reads the fp32 accumulator and the step's gradient and writes the accumulator (the cat fused)
     backward = (4 * W * KV + (4 + W) * (Q + KV) + (4 + W) * KV

@@ -821,8 +821,9 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
         for name, kinds, d, dv in groups[dtype]:  # and the kernels its kinds run (one a kind)
             cell = (at, kinds) if isinstance(at, slice) or isinstance(kinds, slice) else np.ix_(at, kinds)
             if name == "eager":
-                priced = split(*_eager_scores(hardware, tables, dtype, eff, seq_q[at], seq[at], heads[cell], d, dv,
-                                              peak[at], rows.compute_bytes[at][:, None]), first_share[at])
+                f, b = _eager_scores(hardware, tables, dtype, eff, seq_q[at], seq[at], heads[cell], d, dv, peak[at],
+                                     rows.compute_bytes[at][:, None])
+                priced = split(f, b, first_share[at])
             else:
                 ef, eb = kernels.attention_efficiency(hardware, tables, name, dtype, seq_q[at], heads[cell], d, True,
                                                       stated=stated)
