@@ -102,15 +102,17 @@ def test_ep_all_to_all_volume():
 
 
 def test_cp_ring_passes_kv():
-    """CP 2 ring: the KV of a rank's half sequence passes once forward and twice backward (KV and dKV)."""
+    """CP 2 ring as torch runs it: the KV of a rank's half sequence all-gathered once a pass (forward, backward),
+    and in the backward its fp32 gradients sent on after each of the 2 steps."""
     spec = _spec(layers=1)
     work = analytic.model_work(spec, 1024)
     hw = _hardware()
     r = ct.step_time(work, [Strategy.parse("seq=1024,cp=2")], hw)
     kv = 512 * 2 * 1024 * 2                     # tokens, K and V of 8 heads x 128, bf16
     grads = 2 * (1 / 2) * _params(spec) * 2     # the CP pair also reduces its gradients
-    sends = 3 * (kv / 100e9 + BASE + STEP)
-    assert r.communication_seconds[0] == pytest.approx(sends + grads / 100e9 + BASE + 2 * STEP, rel=1e-9)
+    gathers = 2 * (kv / 100e9 + BASE + STEP)    # a Simple ring of 2 gathering 2 blocks: one step of one block
+    sends = 2 * (2 * kv / 100e9 + BASE + STEP)  # dK and dV in fp32: twice the bytes
+    assert r.communication_seconds[0] == pytest.approx(gathers + sends + grads / 100e9 + BASE + 2 * STEP, rel=1e-9)
 
 
 def _params(spec):
