@@ -855,7 +855,9 @@ def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, 
     every moment, the optimizer step's included. Each is a stage boundary, ``[micro_batch, seq / cp, hidden]``
     in the residual stream's dtype, the sequence split by tp under sp (torchtitan's TP plan hands blocks
     plain local tensors sharded on the sequence: ``torchtitan/models/llama3/infra/parallelize.py``).
-    They are communication: the engine allocates them to receive into, whichever micro-batch runs.
+    They are communication: the engine allocates them to receive into, whichever micro-batch runs. Between
+    two stages on one rank (a V schedule, DualPipeV) ``set_local_fwd_input`` and ``set_local_bwd_input`` put
+    the neighbour's tensor in the buffer's place, kept as long: the same bytes.
     A received buffer is the micro-batch's input itself (``_retrieve_recv_activations`` returns
     ``info.buffer.requires_grad_()``, no copy): where the chunk's first layer keeps its input (an op saves
     it: the record's ``working_input`` is 0, or a full or selective checkpoint keeps it) the activations
@@ -869,7 +871,7 @@ def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, 
     rows = np.asarray(cols["pp_engine"]) == _TORCH_ENGINE
     if not rows.any():
         return None
-    n, ranks, chunks = held.shape
+    n = held.shape[0]
     torch_rows = (rows & (cols["pp"] > 1))[:, None, None]
     boundary = whole(model.hidden_size * batch.residual_bytes * batch.tokens / np.where(batch.sp, batch.tp, 1.0))
     receives = where.exists & ~where.first & torch_rows  # (N, R, V): the chunk receives its input
