@@ -17,15 +17,14 @@ import json
 import os
 
 import pytest
+from test_memory import records
+from test_mesh import ATTN, DH, EMB, FFN, FINAL, HEAD, KV, LAYER, NORMS, A, H, I, L, P, S, V
 
 from ndcost.errors import InvalidValue
 from ndcost.layer import LayerKind
 from ndcost.models import ParameterCount
 from ndcost.resolver import CostModel
 from ndcost.values import LayerGroup, ModelSpec, Strategy
-
-from test_memory import records
-from test_mesh import ATTN, EMB, FFN, FINAL, HEAD, LAYER, NORMS, A, DH, H, I, KV, L, P, S, V
 
 B = S * H * 2  # one micro-batch's stage boundary at micro_batch 1: 4096 tokens x 4096 wide in bf16
 
@@ -208,8 +207,8 @@ def _pipeline_worker(rank, folder, chunks):
         held = {}
         for stage in stages:
             held.update(_buffers(stage))
-        steps.append({"buffers": held, "stages": [{"first": stage.is_first, "last": stage.is_last,
-                                                    "inputs": seen[:]} for stage, seen in zip(stages, inputs)]})
+        steps.append({"buffers": held, "stages": [{"first": stage.is_first, "last": stage.is_last, "inputs": seen[:]}
+                                                   for stage, seen in zip(stages, inputs, strict=True)]})
     with open(os.path.join(folder, f"{rank}.json"), "w") as f:
         json.dump(steps, f)
     dist.destroy_process_group()
@@ -260,3 +259,67 @@ def test_pipeline_stages_buffers_beside_ndcost(tmp_path, chunks, text, alias):
             # a non-first stage's forward runs on its receive buffer itself; the first on the micro-batch's split
             assert all((p in buffers) != local["first"] for p in local["inputs"])
         assert stage.bytes_by_category["communication"] == held - aliased[stage.provenance["moment"]]
+
+
+def _fsdp_worker(rank, folder):
+    """One of 4 ranks: pp 2 x FSDP 2, fp32 parameters gathered in bf16 (FSDP2's MixedPrecisionPolicy, as torchtitan's
+    apply_fsdp sets it), a Linear a stage, two steps of 1F1B; the receive buffers' bytes and dtypes."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(folder, "store"), 4), rank=rank, world_size=4)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+    pp_rank = mesh["pp"].get_local_rank()
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH))
+    fully_shard(layer, mesh=mesh["dp"], mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                         reduce_dtype=torch.float32))
+    stage = PipelineStage(layer, pp_rank, 2, torch.device("cpu"), group=mesh["pp"].get_group())
+
+    def loss(out, target):
+        return (out.float() - target).pow(2).mean()
+
+    schedule = Schedule1F1B(stage, n_microbatches=MICRO_BATCHES, loss_fn=loss)
+    shape = (MICRO_BATCH * MICRO_BATCHES, SEQ, WIDTH)
+    x, target = torch.randn(shape), torch.randn(shape)
+    steps = []
+    for _ in range(2):
+        schedule.step(*((x,) if pp_rank == 0 else ()), **(dict(target=target, losses=[]) if pp_rank == 1 else {}))
+        infos = [i for infos in list(stage.args_recv_info.values()) + list(stage.grad_recv_info.values())
+                 for i in infos if not i.is_root_arg and i.buffer is not None]
+        steps.append({"pp_rank": pp_rank, "bytes": sum(i.buffer.numel() * i.buffer.element_size() for i in infos),
+                      "dtypes": sorted({str(i.buffer.dtype) for i in infos})})
+    with open(os.path.join(folder, f"{rank}.json"), "w") as f:
+        json.dump(steps, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp_mixed_precision_buffers_are_the_compute_dtype(tmp_path):
+    """Under FSDP2's mixed precision the stage computes with bf16 parameters, so its output, and the buffers made
+    from its metadata (the output gradient's too), are bf16 though the parameters are fp32: ndcost's residual
+    stream without autocast (param_dtype=fp32, compute_dtype=bf16 under FSDP). Each stage holds 4 buffers of a
+    bf16 boundary; beside the same strategy under pp_engine=auto, ndcost's communication at each stage's peak
+    differs by those less the one its moment counts already (1F1B pp 2: stage 0's arriving gradient at its last
+    layer's backward, stage 1's micro-batch in flight at the loss). FSDP's own buffers are the same at every
+    backward moment here, the stage's layers and root gathered (reshard_after_forward=false, no gradient waiting
+    under gradient_sync=last_micro_batch: test_gradient_sync), so the two peaks compare where their moments
+    differ (the buffers move the toy's first stage from its last layer's backward to the end of the backward)."""
+    torch = pytest.importorskip("torch")
+    torch.multiprocessing.spawn(_fsdp_worker, args=(str(tmp_path),), nprocs=4, join=True)
+    ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(4)]
+    boundary = BOUNDARY // 2  # bf16
+    for first, second in ranks:
+        assert first == second and second["dtypes"] == ["torch.bfloat16"]
+        assert second["bytes"] == MICRO_BATCHES * boundary
+    text = (f"pp=2,fsdp=2,micro_batch={MICRO_BATCH},seq={SEQ},num_micro_batches={MICRO_BATCHES},param_dtype=fp32,"
+            "compute_dtype=bf16,reshard_after_forward=false,gradient_sync=last_micro_batch")
+    torch_cost, auto = (_toy(2).evaluate(Strategy.parse(text + extra)) for extra in (",pp_engine=torch", ""))
+    for pp_rank, (t, a) in enumerate(zip(torch_cost.stages, auto.stages, strict=True)):
+        assert {t.provenance["moment"], a.provenance["moment"]} <= {LOSS, LAST, END}
+        measured = next(r[1]["bytes"] for r in ranks if r[1]["pp_rank"] == pp_rank)
+        aliased = {LAST: boundary, LOSS: boundary}.get(t.provenance["moment"], 0)
+        assert t.bytes_by_category["communication"] - a.bytes_by_category["communication"] == measured - aliased
