@@ -8,8 +8,8 @@ stage's first layer keeps its input the activations count it already for the mic
 last layer's backward working figure holds the arriving gradient: ``ndcost.compose.memory._pipeline_buffers``.
 
 The slow tests build real ``PipelineStage``s (CPU, gloo, two processes, four under FSDP) and sum the bytes of the
-buffers they made; the others check the composition on Llama-3.1-8B's shapes (``test_mesh``'s hand count and hand-made records,
-whose layer keeps its input: ``working_input_per_token`` unset).
+buffers they made; the others check the composition on Llama-3.1-8B's shapes (``test_mesh``'s hand count and
+hand-made records, whose layer keeps its input: ``working_input_per_token`` unset).
 """
 from __future__ import annotations
 
