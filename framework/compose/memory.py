@@ -866,7 +866,9 @@ def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, 
     census tracks it, ``plugins/census/measure.py``) on a rank without the head: those bytes come off here.
     The input gradient a stage sends is freed after its send (``_backward.py`` ``stage_backward`` clears
     ``.grad``): not counted. Left out: the working figure's own copy of the input at the end of the backward
-    (an upper bound by one boundary), and under ``offload_activations`` the in-flight layer's on the device.
+    (an upper bound by one boundary), under ``offload_activations`` the in-flight layer's on the device, and
+    that a schedule run once per accumulation step (torchtitan under PP) holds its own micro-batches'
+    buffers, not ``num_micro_batches`` (an upper bound by the accumulation steps, as the schedules' one flush).
     """
     rows = np.asarray(cols["pp_engine"]) == _TORCH_ENGINE
     if not rows.any():
