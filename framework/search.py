@@ -11,7 +11,7 @@ columns and priced by :meth:`ndcost.resolver.CostModel.evaluate_many` (the searc
   and their width (MoE models); ``micro_batch * num_micro_batches * dp * fsdp == global_batch``; every
   recompute mode over all of a chunk's layers and over :data:`RECOMPUTE_LAYER_FRACTIONS` of them;
   ``vocab_parallel`` where ``tp > 1``; ``reshard_after_forward=false`` and ``gradient_sync=last_micro_batch``
-  where FSDP shards and ``pp > 1`` (torchtitan's defaults there);
+  where FSDP shards and ``pp > 1`` (torchtitan's defaults there), ``pp_engine=torch`` where ``pp > 1``;
 - pruned before pricing: each field's values the model refuses (probed through ``evaluate_many`` itself,
   so the reasons are the model's own), splits whose ``dp * fsdp`` does not divide the batch, ``tp`` and
   ``etp`` groups larger than a node unless ``within_node=False`` (the time model does not price the expert-TP
@@ -64,7 +64,7 @@ RECOMPUTE_LAYER_FRACTIONS: Tuple[float, ...] = (0.5,)
 _PERSISTENT = tuple(MEMORY_CATEGORIES.index(c) for c in ("parameters", "master", "optimizer_states"))
 _ALLOCATOR = MEMORY_CATEGORIES.index("allocator")  # allocator_overhead's guess, above the allocated bytes
 _LAYOUT_FIELDS = ("dp", "fsdp", "cp", "tp", "pp", "vpp", "schedule", "ep", "etp", "zero", "vocab_parallel",
-                  "reshard_after_forward", "gradient_sync")
+                  "reshard_after_forward", "gradient_sync", "pp_engine")
 _STRATEGY_COLUMNS = _LAYOUT_FIELDS + ("sp", "cp_algo", "micro_batch", "num_micro_batches", "recompute",
                                       "recompute_layers")
 
@@ -314,6 +314,9 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
     # and its gradients reduce-scattered once a step, as torch.distributed.pipelining's stages run FSDP
     layouts = _cross(layouts, {"gradient_sync": np.array(["auto", "last_micro_batch"])})
     layouts = _keep(layouts, (layouts["gradient_sync"] == "auto") | ((layouts["fsdp"] > 1) & (layouts["pp"] > 1)))
+    # and the pipeline's receive buffers as torch.distributed.pipelining keeps them (torchtitan's engine)
+    layouts = _cross(layouts, {"pp_engine": np.array(["auto", "torch"])})
+    layouts = _keep(layouts, (layouts["pp_engine"] == "auto") | (layouts["pp"] > 1))
 
     # the options inside a layout
     modes = tuple(r for r in RECOMPUTE if r != "none")

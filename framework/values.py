@@ -187,6 +187,7 @@ RECOMPUTE = ("none", "full", "selective", "core_attention")
 SHARD_MESHES = ("dp_cp", "dp", "fsdp_cp")
 FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")  # torchao Float8LinearConfig.from_recipe_name, dynamic scaling
 GRADIENT_SYNC = ("auto", "every_micro_batch", "last_micro_batch")
+PP_ENGINES = ("auto", "megatron", "torch")
 
 
 def _column(convert: Any, kind: str, **facts: Any) -> Any:
@@ -389,6 +390,7 @@ class Strategy:
     compile: bool = attrs.field(default=False, converter=_bool_field("compile"))
     async_tp: bool = attrs.field(default=False, converter=_bool_field("async_tp"))
     gradient_sync: str = attrs.field(default="auto", converter=_choice("gradient_sync", GRADIENT_SYNC))
+    pp_engine: str = attrs.field(default="auto", converter=_choice("pp_engine", PP_ENGINES))
 
     def __init__(self, *args: Any, **fields: Any) -> None:
         # attrs' own __init__ would answer an unknown or positional field with a bare TypeError;
@@ -715,6 +717,18 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                       "refuses gradient partitioning)",
                               synonyms=("no_sync", "requires_gradient_sync", "grad_sync", "gradient_reduction",
                                         "reduce_grads")),
+    "pp_engine": FieldDoc(meaning="the pipeline engine moving activations and their gradients between stages. "
+                                  "auto: as megatron. megatron: a receive tensor a transfer, which becomes the "
+                                  "micro-batch's input (or output gradient) and is freed with it (Megatron-LM's "
+                                  "p2p_communication.py): nothing beyond the activations. torch: torch.distributed."
+                                  "pipelining's PipelineStage (torchtitan with pp > 1), which allocates once, for "
+                                  "every micro-batch of the step, a receive buffer for each local stage's input "
+                                  "(all but the first stage) and one for its output's gradient (all but the last), "
+                                  "kept across steps: num_micro_batches x a stage boundary's bytes each, "
+                                  "communication at every moment, less what the activations count of the "
+                                  "micro-batches in flight (the received buffer is their input); no effect at pp=1",
+                          synonyms=("pipeline_engine", "pp_runtime", "pipeline_runtime", "pp_backend",
+                                    "pipeline_backend")),
 })
 
 

@@ -137,7 +137,7 @@ PLAUSIBLE: Dict[str, List[str]] = {
     "offload_params": ["false", "true"], "offload_activations": ["false", "true"],
     "float8": ["none", "tensorwise", "rowwise"], "float8_all_gather": ["false", "true"],
     "compile": ["false", "true"], "async_tp": ["false", "true"],
-    "gradient_sync": ["auto", "every_micro_batch", "last_micro_batch"],
+    "gradient_sync": ["auto", "every_micro_batch", "last_micro_batch"], "pp_engine": ["auto", "megatron", "torch"],
 }
 FIELDS = Strategy.field_names()
 # the fields the bytes and seconds scale with: drawn more often

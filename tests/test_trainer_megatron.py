@@ -347,6 +347,7 @@ def test_written_model_flags_count_the_same_model(tmp_path, model, tp):
     (dict(cp=2, dp=2, zero=1, shard_mesh="dp", param_dtype="fp32"), "shard_mesh=dp"),
     (dict(compile=True, param_dtype="fp32"), "compile=True"),
     (dict(float8="rowwise", param_dtype="fp32"), "float8=rowwise"),
+    (dict(pp=2, pp_engine="torch", param_dtype="fp32"), "pp_engine=torch"),
 ])
 def test_the_writer_refuses_what_megatron_cannot_say(fields, named):
     with pytest.raises(InvalidValue, match=f"megatron writer: {named}"):

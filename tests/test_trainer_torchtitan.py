@@ -115,6 +115,7 @@ def test_pipeline_split_is_torchtitans():
         num_micro_batches=8,      # local_batch_size 8 / 1
         reshard_after_forward=False,  # fsdp_reshard_after_forward "default" with PP: not resharded
         gradient_sync="last_micro_batch",  # torch.distributed.pipelining: FSDP's reduce-scatter once a step
+        pp_engine="torch",        # and its receive buffers, one a micro-batch
         seq=8192, recompute="full", **MIXED)
     assert any("gradient_sync=last_micro_batch" in d for d in config.defaults)
 
@@ -214,13 +215,13 @@ ROUND_TRIPS = [
     ("llama-3.1-8b", "fsdp=8,offload_params=true,offload_optimizer=true,seq=2048"),
     ("llama-3.1-8b", "fsdp=4,cp=2,tp=2,sp=true,vocab_parallel=false,seq=8192,reshard_after_forward=false"),
     ("llama-3.1-8b", "pp=2,schedule=gpipe,pp_layers=15/17,micro_batch=2,num_micro_batches=4,seq=4096,fsdp=2,"
-                     "gradient_sync=last_micro_batch"),
+                     "gradient_sync=last_micro_batch,pp_engine=torch"),
     ("llama-3.1-70b", "fsdp=2,tp=8,sp=true,vocab_parallel=true,pp=4,vpp=2,schedule=interleaved,"
                       "pp_layers=10/11/10/10/10/10/10/9,num_micro_batches=8,seq=8192,recompute=full,"
                       "reshard_after_forward=false,param_dtype=fp32,compute_dtype=bf16,"
-                      "gradient_sync=last_micro_batch"),
+                      "gradient_sync=last_micro_batch,pp_engine=torch"),
     ("llama-3.1-70b", "tp=8,sp=true,vocab_parallel=true,pp=8,vpp=2,schedule=dualpipev,"
-                      "pp_layers=" + "/".join(["5"] * 16) + ",num_micro_batches=16,seq=4096"),
+                      "pp_layers=" + "/".join(["5"] * 16) + ",num_micro_batches=16,seq=4096,pp_engine=torch"),
     ("deepseek-v3", "fsdp=8,tp=8,sp=true,vocab_parallel=true,ep=8,seq=4096,recompute=full"),
     ("qwen3-30b-a3b", "fsdp=16,ep=8,etp=1,seq=4096,optimizer=adam"),
     ("llama-3.1-70b", "fsdp=32,tp=8,sp=true,vocab_parallel=true,micro_batch=16,seq=8192,recompute=full,"
@@ -242,7 +243,8 @@ def test_write_then_read_gives_the_strategy_back(tmp_path, model, text):
 
 def test_an_unstated_pipeline_split_is_written_as_ndcosts_even_one(tmp_path):
     path = tmp_path / "job.toml"
-    path.write_text(to_config("torchtitan", "pp=4,num_micro_batches=4,seq=4096", model="llama-3.1-8b"))
+    path.write_text(to_config("torchtitan", "pp=4,num_micro_batches=4,seq=4096,pp_engine=torch",
+                              model="llama-3.1-8b"))
     assert from_config("torchtitan", path).strategy.pp_layers == (8, 8, 8, 8)  # 32 layers, j * 32 // 4 before j
 
 
@@ -269,7 +271,10 @@ def test_equal_dtypes_stated_or_not_write_the_same_file():
     ("llama-3.1-8b", "tp=8,sp=true,seq=4096,float8=tensorwise,float8_all_gather=true",
      "float8_all_gather=true with fsdp=1"),
     ("mixtral-8x7b", "fsdp=8,seq=4096", "model 'mixtral-8x7b'"),
-    ("llama-3.1-8b", "pp=2,fsdp=2,num_micro_batches=4,seq=4096", "gradient_sync=auto with pp=2"),
+    ("llama-3.1-8b", "pp=2,fsdp=2,num_micro_batches=4,seq=4096,pp_engine=torch", "gradient_sync=auto with pp=2"),
+    ("llama-3.1-8b", "pp=2,fsdp=2,num_micro_batches=4,seq=4096,gradient_sync=last_micro_batch",
+     "pp_engine=auto with pp=2"),
+    ("llama-3.1-8b", "fsdp=8,seq=4096,pp_engine=torch", "pp_engine=torch with pp=1"),
     ("llama-3.1-8b", "fsdp=8,num_micro_batches=2,seq=4096,gradient_sync=last_micro_batch",
      "gradient_sync=last_micro_batch with pp=1"),
 ])

@@ -17,7 +17,7 @@ The table: GiB one device of each pipeline stage holds at the moment its bytes p
                  gradients of activations, kernel workspaces)
   output         the final norm, head and loss: logits and their gradient
   communication  buffers of collectives: FSDP / ZeRO-3 parameter gathers, sequence-, expert- and
-                 context-parallel exchanges
+                 context-parallel exchanges, the pipeline's receive buffers (pp_engine=torch)
   allocator      the caching allocator's fragmentation: allocator_overhead times the rest
 Under offload_optimizer, offload_params or offload_activations a `host:` line gives the host memory
 a device fills (its worst stage's) and a node's devices together; the step line the offload copies.

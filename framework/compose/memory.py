@@ -10,6 +10,7 @@ A map of :func:`compose` (each step's docstring says what it counts and why):
 - :func:`_stage_activations`: those over the stage's layers and micro-batches in flight;
 - :func:`_output_layer`: the final norm, head and loss;
 - :func:`_communication_buffers`: FSDP / ZeRO-3 gathers, SP / EP / CP buffers;
+- :func:`_pipeline_buffers`: ``pp_engine=torch``'s receive buffers, one a micro-batch of the step;
 - :func:`_moments`, :func:`_peak`: the five moments a stage can peak at (``MOMENTS``), the largest;
 - :func:`_reserved`: what PyTorch's caching allocator reserves for that peak (:mod:`ndcost.allocator`).
 
@@ -44,7 +45,7 @@ from ndcost.compose import sharding as sharding_rules
 from ndcost.compose import topology
 from ndcost.compose.sharding import MATMUL_PARTS, REPLICATED_PARTS, ROUTED_PARTS, TP_PARTS
 from ndcost.errors import InvalidValue, Unpriced
-from ndcost.values import CP_ALGOS, DTYPES, MEMORY_CATEGORIES, PARTS, RECOMPUTE
+from ndcost.values import CP_ALGOS, DTYPES, MEMORY_CATEGORIES, PARTS, PP_ENGINES, RECOMPUTE
 
 CATEGORIES = MEMORY_CATEGORIES
 
@@ -840,6 +841,58 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     return tuple(np.where(gathers, buffer, 0.0) + activation_buffers for buffer in (at_loss, at_last, at_end))
 
 
+_TORCH_ENGINE = PP_ENGINES.index("torch")
+
+
+def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement,
+                      held) -> Optional[List[np.ndarray]]:
+    """(N, R) bytes of ``pp_engine=torch``'s receive buffers at each of ``MOMENTS``; None where no row runs it.
+
+    ``torch/distributed/pipelining/stage.py``: ``_setup_forward_recv_info`` gives each local stage but the
+    first a receive buffer per input for every micro-batch of the step, ``_create_grad_recv_info`` each but
+    the last one per output gradient; the schedule makes them once (``schedules.py``
+    ``_initialize_pp_stages``) and ``clear_runtime_states`` clears only their ``.grad``: they are held at
+    every moment, the optimizer step's included. Each is a stage boundary, ``[micro_batch, seq / cp, hidden]``
+    in the residual stream's dtype, the sequence split by tp under sp (torchtitan's TP plan hands blocks
+    plain local tensors sharded on the sequence: ``torchtitan/models/llama3/infra/parallelize.py``).
+    They are communication: the engine allocates them to receive into, whichever micro-batch runs. Between
+    two stages on one rank (a V schedule, DualPipeV) ``set_local_fwd_input`` and ``set_local_bwd_input`` put
+    the neighbour's tensor in the buffer's place, kept as long: the same bytes.
+    A received buffer is the micro-batch's input itself (``_retrieve_recv_activations`` returns
+    ``info.buffer.requires_grad_()``, no copy): where the chunk's first layer keeps its input (an op saves
+    it: the record's ``working_input`` is 0, or a full or selective checkpoint keeps it) the activations
+    count it already for the micro-batches in flight (at the end of the backward, those but the one whose
+    backward runs), and at the last layer's backward the working figure holds the arriving gradient (the
+    census tracks it, ``plugins/census/measure.py``) on a rank without the head: those bytes come off here.
+    The input gradient a stage sends is freed after its send (``_backward.py`` ``stage_backward`` clears
+    ``.grad``): not counted. Left out: the working figure's own copy of the input at the end of the backward
+    (an upper bound by one boundary), under ``offload_activations`` the in-flight layer's on the device, and
+    that a schedule run once per accumulation step (torchtitan under PP) holds its own micro-batches'
+    buffers, not ``num_micro_batches`` (an upper bound by the accumulation steps, as the schedules' one flush).
+    """
+    rows = np.asarray(cols["pp_engine"]) == _TORCH_ENGINE
+    if not rows.any():
+        return None
+    n = held.shape[0]
+    torch_rows = (rows & (cols["pp"] > 1))[:, None, None]
+    boundary = whole(model.hidden_size * batch.residual_bytes * batch.tokens / np.where(batch.sp, batch.tp, 1.0))
+    receives = where.exists & ~where.first & torch_rows  # (N, R, V): the chunk receives its input
+    returns = where.exists & ~where.last & torch_rows    # and its output's gradient
+    per_chunk = (cols["num_micro_batches"].astype(np.float64) * boundary)[:, None]
+    buffers = per_chunk * (receives.sum(axis=2) + returns.sum(axis=2))
+    mode = cols["recompute"]
+    keeps_input = (mode == RECOMPUTE.index("full")) | (mode == RECOMPUTE.index("selective"))
+    first_kind = where.first_kind.reshape(n, -1)
+    saved = np.take_along_axis(recs["working_input"][seq_index], first_kind, axis=1).reshape(held.shape) == 0
+    checkpointed = (where.recomputed.sum(axis=0) > 0) & keeps_input[:, None, None]  # a chunk redoes its first layers
+    aliased = (receives & (saved | checkpointed) & (where.layers.sum(axis=0) > 0)
+               & ~np.asarray(cols["offload_activations"], dtype=bool)[:, None, None])
+    in_flight = (held * aliased).sum(axis=2) * boundary[:, None]
+    others = (np.maximum(held - 1, 0) * aliased).sum(axis=2) * boundary[:, None]
+    arriving = np.where(~where.has_head & torch_rows[:, :, 0] & (held.sum(axis=2) > 0), boundary[:, None], 0.0)
+    return [buffers - in_flight, buffers - in_flight - arriving, buffers - others, buffers - others, buffers]
+
+
 def _gathered_layer_bytes(model: ModelTables, params: "_StageParameters", batch: _Batch, cols) -> List[np.ndarray]:
     """Per kind, ``(N,)`` bytes of one layer's parameters as FSDP gathers them on one TP rank: at the compute
     width, but under ``float8_all_gather`` (FSDP2, torchao ``WeightWithDynamicFloat8CastTensor``) the Float8
@@ -1156,6 +1209,10 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     buffers = _communication_buffers(model, params, batch, cols, where, layers)
     moments = _moments(model, persistent, params, stage, output_bytes, other_outputs, buffers, batch, cols,
                        embedding_sort_scratch)
+    received = _pipeline_buffers(model, recs, seq_index, cols, batch, where, held)
+    if received is not None:
+        moments = [dict(m, communication=m["communication"] + extra)
+                   for m, extra in zip(moments, received, strict=True)]
     moments, host_bytes, offloaded_activations = _offload_activations(moments, stage, layer, where, cols,
                                                                       host_states)
     kept = {name: whole(persistent[name]) for name in ("parameters", "master", "optimizer_states")}

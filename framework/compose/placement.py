@@ -67,6 +67,14 @@ class LayerStack:
         run = np.minimum(np.searchsorted(self.run_ends, n, side="right") - 1, len(self.run_kind) - 1)
         return self.run_prefix[:, run] + np.where(kind == self.run_kind[run][None], (n - self.run_ends[run])[None], 0)
 
+    def kind_at(self, n: np.ndarray) -> np.ndarray:
+        """``n.shape`` int64: the kind of layer *n* (0-based; past the stack the last run's, 0 without a run)."""
+        n = np.asarray(n, dtype=np.int64)
+        if len(self.run_kind) <= 1:  # one run (a plain decoder stack) or none: no search
+            return np.full(n.shape, self.run_kind[0] if len(self.run_kind) else 0, dtype=np.int64)
+        run = np.clip(np.searchsorted(self.run_ends, n, side="right") - 1, 0, len(self.run_kind) - 1)
+        return self.run_kind[run]
+
 
 def split_bounds(splits: Sequence[Optional[Sequence[int]]]) -> Optional[np.ndarray]:
     """Each row's ``pp_layers`` as cumulative stage bounds ``(N, W)``, ``-1`` past them and on rows without one.
@@ -94,6 +102,7 @@ class Placement:
     recomputed: np.ndarray     # (K, N, R, V) int64: of the stack's layers, those the chunk recomputes
     first: np.ndarray          # (N, R, V) bool: the chunk is the first virtual stage (the embedding)
     last: np.ndarray           # (N, R, V) bool: the chunk is the last virtual stage (final norm, head, MTP)
+    first_kind: np.ndarray     # (N, R, V) int64: the kind of the chunk's first layer (its received input's reader)
 
     @functools.cached_property
     def has_embedding(self) -> np.ndarray:
@@ -223,4 +232,5 @@ def _place(stack: LayerStack, cols: Mapping[str, Any], schedules: Sequence[Any],
     if mtp_counts is not None and np.any(mtp_counts):
         layers = stack_layers + np.where(last[None], np.asarray(mtp_counts, dtype=np.int64)[:, None, None, None], 0)
     return Placement(virtual_stage=vstage, exists=exists, stack_layers=stack_layers, layers=layers,
-                     recomputed=stack.before(recompute_end) - before_start, first=first, last=last)
+                     recomputed=stack.before(recompute_end) - before_start, first=first, last=last,
+                     first_kind=stack.kind_at(start))

@@ -361,6 +361,9 @@ def _document(s: Strategy, global_batch: Optional[int]) -> Dict[str, Any]:
     if s.offload_params and s.zero != 3:
         raise _refuse_write("offload_params", "true", f"DeepSpeed offloads parameters under ZeRO-3 only "
                             f"(zero={s.zero})")
+    if s.pp_engine != "auto":
+        raise _refuse_write("pp_engine", s.pp_engine, "no DeepSpeed config field says this (its pipeline is set in "
+                            "the model code, PipelineModule): pp_engine=auto")
     for name in ("pp_layers", "moe_imbalance", "allocator_overhead", "shard_mesh", "reshard_after_forward",
                  "float8", "float8_all_gather", "compile", "async_tp", "gradient_sync"):
         default = Strategy().to_dict()[name]

@@ -640,6 +640,9 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
     if s.recompute_layers is not None and s.recompute != "full":
         raise _refuse_write("recompute_layers", s.recompute_layers, "Megatron-LM counts recomputed layers only "
                             "with recompute=full")
+    if s.pp_engine == "torch":
+        raise _refuse_write("pp_engine", "torch", "Megatron-LM's pipeline receives a tensor a transfer and frees it "
+                            "with its micro-batch (p2p_communication.py): pp_engine=auto or megatron")
     for name in ("pp_layers", "offload_params", "offload_activations", "moe_imbalance", "allocator_overhead",
                  "reshard_after_forward", "shard_mesh", "float8_all_gather", "compile", "async_tp", "gradient_sync"):
         # the distributed optimizer shards over dp * cp: dp_cp; Megatron-LM runs no torch.compile nor FSDP2

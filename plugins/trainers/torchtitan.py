@@ -532,6 +532,12 @@ def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConf
         fields["gradient_sync"] = "last_micro_batch"
         defaults.append("FSDP under PP: gradients reduce-scattered once, after the last micro-batch's backward "
                         "(torch.distributed.pipelining): gradient_sync=last_micro_batch")
+    if p["pp"] > 1:
+        # torch.distributed.pipelining's PipelineStage: a receive buffer a micro-batch for each stage input and
+        # output gradient, kept across steps (torch/distributed/pipelining/stage.py, _setup_forward_recv_info)
+        fields["pp_engine"] = "torch"
+        defaults.append("PP through torch.distributed.pipelining: a receive buffer a micro-batch, kept: "
+                        "pp_engine=torch")
     if boolean(KIND, f.path, "[training] enable_cpu_offload", f.get("training", "enable_cpu_offload", False)):
         fields["offload_params"] = fields["offload_optimizer"] = True  # FSDP2 CPUOffloadPolicy
     optimizer = _name(KIND, f.path, "[optimizer] name", f.get("optimizer", "name", "AdamW"))
@@ -684,6 +690,8 @@ def _check_writable(s: Strategy) -> None:
          f"gradient_sync={s.gradient_sync} with pp={s.pp}", "torchtitan's FSDP reduce-scatters every micro-batch "
          "without PP and once a step with it (torch.distributed.pipelining): gradient_sync=auto without PP, "
          "last_micro_batch with PP and FSDP"),
+        (s.pp_engine != ("torch" if s.pp > 1 else "auto"), f"pp_engine={s.pp_engine} with pp={s.pp}",
+         "torchtitan pipelines through torch.distributed.pipelining: pp_engine=torch with PP, auto without"),
         (s.offload_params != s.offload_optimizer, "offload_params without offload_optimizer (or the reverse)",
          "FSDP2's CPUOffloadPolicy offloads both"),
         (s.offload_activations, "offload_activations=true", "torchtitan's job has no activation offload"),
