@@ -223,11 +223,12 @@ def one_unpacked_sequence() -> Iterator[None]:
     the sequences for packed, so the model builds an explicit ``[1, 1, s, s]``
     mask where a real run of one sequence hands SDPA none (``is_causal``).
     Under that mask Transformers' SDPA path expands k and v to every head
-    (``repeat_kv``) and the kernel keeps the mask as a bias: a layer saved
-    ``4 (heads - kv heads) s d + 2 s^2`` bytes more than the layer census, which
-    builds the mask without position ids (:func:`~ndcost.plugins.census.layer.attention_mask`).
-    The census hands one sequence at positions 0 to s - 1, which the check finds
-    unpacked (None).
+    (``repeat_kv``) and the kernel keeps the mask as a bias: a layer would keep
+    ``4 (heads - kv heads) s d + 2 s^2`` bytes (bf16) more than the layer census,
+    which builds the mask without position ids (:func:`~ndcost.plugins.census.layer.attention_mask`).
+    The census hands one sequence at positions 0 to s - 1, which the check,
+    reading them, finds unpacked (None). Its only caller is the mask builders'
+    ``_preprocess_mask_arguments``.
     """
     from transformers import masking_utils
 
