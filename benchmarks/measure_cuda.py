@@ -31,7 +31,9 @@ picks on CUDA, and records:
   not here. It runs first, before any other case touches the device.
 
 What it leaves out: allocator fragmentation (allocated, not reserved, bytes
-are reported), NCCL's buffers (no process group is made), and the kernels of
+are reported; an allocated figure still counts a cached block the allocator
+hands out whole, up to 1 MiB over its tensor, so selective cases report the
+requested bytes too), NCCL's buffers (no process group is made), and the kernels of
 cases other than ``cuda_context``'s few in its context figure.
 """
 from __future__ import annotations
@@ -361,6 +363,13 @@ def _torchtitan_policy():
     return context
 
 
+def _allocated_and_requested():
+    """``memory_allocated`` (the blocks handed out) and the bytes the tensors asked for; None off CUDA."""
+    if not torch.cuda.is_available():
+        return None, None
+    return torch.cuda.memory_allocated(), torch.cuda.memory_stats().get("requested_bytes.all.current")
+
+
 def measure_selective(name: str, factory, index: int, seq: int, dtype=torch.bfloat16) -> Dict[str, Any]:
     """What a layer keeps under torchtitan's selective policy: memory held after the forward, output excluded."""
     from torch.utils.checkpoint import checkpoint
@@ -370,13 +379,17 @@ def measure_selective(name: str, factory, index: int, seq: int, dtype=torch.bflo
     inner = _layer_call(layer, rotary, hidden, seq)
     context = _torchtitan_policy()
     _sync()
-    base = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+    base, base_requested = _allocated_and_requested()
     out = checkpoint(lambda h: inner(), hidden, use_reentrant=False, context_fn=context)
     _sync()
-    held = (torch.cuda.memory_allocated() - base) if torch.cuda.is_available() else None
+    allocated, requested = _allocated_and_requested()
     out_bytes = out.numel() * out.element_size()
     return {"case": name, "seq": seq, "model_type": config.model_type,
-            "kept_after_forward_excluding_output_and_input_bytes": None if held is None else held - out_bytes,
+            "kept_after_forward_excluding_output_and_input_bytes":
+                None if allocated is None else allocated - base - out_bytes,
+            # the tensors' own bytes: no 512-byte rounding, no cached block handed out whole
+            "kept_requested_after_forward_excluding_output_and_input_bytes":
+                None if requested is None else requested - base_requested - out_bytes,
             "input_bytes": hidden.numel() * hidden.element_size(),
             "note": "the input is allocated before the baseline: add input_bytes for 'kept, input included'"}
 

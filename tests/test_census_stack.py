@@ -32,10 +32,41 @@ def test_stack_census_states_the_layer_census_selective_figures_gradient_share_a
     stack = stack_kind_records(_config(), [LayerGroup(kind="moe", count=2)], S, runtime)["moe"]
     assert stack.source == "census-stack"
     # under torchtitan's policy, each layer checkpointed as a trainer wraps it
-    for field in ("selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
+    for field in ("saved_per_token", "saved_tp_per_token", "ops", "ops_tp", "flops_by_part",
+                  "selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
                   "recomputed_other_mm_share", "working_grad_share"):
         assert getattr(alone, field) is not None and getattr(stack, field) == getattr(alone, field), field
     assert 0 < stack.working_grad_share < 1
     # the rotary cos and sin every layer saves: bf16 [1, 1, S, D] each, once for the stack
     assert dict(stack.shared_saved_per_token) == dict(alone.shared_saved_per_token) == {
         "position_embeddings": 2 * D * 2}
+
+
+@pytest.mark.slow
+def test_stack_layers_get_no_mask_for_one_sequence_as_a_real_run(monkeypatch):
+    """The model's mask builders take fake position ids for packed sequences unless told they are one sequence.
+
+    Transformers' ``find_packed_sequence_indices`` cannot read a fake tensor
+    and answers "packed": the model then builds a ``[1, 1, s, s]`` mask where a
+    real run of one sequence hands SDPA none. Each layer then saved, by hand
+    (bf16): k and v expanded to every head by ``repeat_kv`` in place of their
+    ``KV`` heads, ``2 * 2 (H - KV) s d``, and the kernel's bias of the mask,
+    ``2 s^2``: 6,144 bytes a layer here, which the layer census (its mask built
+    without position ids) does not keep.
+    """
+    import contextlib
+
+    from ndcost.plugins.census import stack as St
+    from ndcost.plugins.census.records import _measure_plain, runtime_profile
+
+    runtime = runtime_profile("hf-cuda")
+    config = _config()
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    alone = _measure_plain(config, 0, S, runtime)
+    unpacked = St.census_stack(config, S, runtime)
+    assert [layer.kept_bytes for layer in unpacked] == [alone.saved_bytes - sum(alone.shared_saved_bytes.values())] * 2
+    monkeypatch.setattr(St, "one_unpacked_sequence", contextlib.nullcontext)
+    packed = St.census_stack(config, S, runtime)
+    by_hand = 2 * 2 * (heads - kv_heads) * S * D + 2 * S * S
+    assert by_hand == 6_144
+    assert [p.kept_bytes - u.kept_bytes for p, u in zip(packed, unpacked, strict=True)] == [by_hand] * 2

@@ -214,9 +214,40 @@ def _decoder_layers(model: Any) -> Sequence[Any]:
 
 
 @contextlib.contextmanager
+def one_unpacked_sequence() -> Iterator[None]:
+    """Transformers' packed-sequence check answered as real position ids answer it for the census's input.
+
+    A model's mask builders read the position ids for packed sequences
+    (``find_packed_sequence_indices``, transformers/masking_utils.py); on a
+    fake tensor, which holds no values, the check cannot read them and takes
+    the sequences for packed, so the model builds an explicit ``[1, 1, s, s]``
+    mask where a real run of one sequence hands SDPA none (``is_causal``).
+    Under that mask Transformers' SDPA path expands k and v to every head
+    (``repeat_kv``) and the kernel keeps the mask as a bias: a layer would keep
+    ``4 (heads - kv heads) s d + 2 s^2`` bytes (bf16) more than the layer census,
+    which builds the mask without position ids (:func:`~ndcost.plugins.census.layer.attention_mask`).
+    The census hands one sequence at positions 0 to s - 1, which the check,
+    reading them, finds unpacked (None). Its only caller is the mask builders'
+    ``_preprocess_mask_arguments``.
+    """
+    from transformers import masking_utils
+
+    original = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if original is None:  # a Transformers without the check: nothing to answer
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+@contextlib.contextmanager
 def fake_stack(config: Any, runtime: Any, contracts: bool = True,
                replacements: bool = True) -> Iterator[Tuple[Any, List[Any], Any]]:
-    """The base model of *config* on fake tensors, its runtime's replacements and contracts installed.
+    """The base model of *config* on fake tensors, its runtime's replacements and contracts installed, its
+    input taken for one unpacked sequence (:func:`one_unpacked_sequence`).
 
     Yields ``(model, loaded contracts, modeling module)``.
     """
@@ -234,6 +265,7 @@ def fake_stack(config: Any, runtime: Any, contracts: bool = True,
             return model_cls(config)
 
     with contextlib.ExitStack() as stack:
+        stack.enter_context(one_unpacked_sequence())
         model = L.build_fake(stack, build)
         model.config._experts_implementation = runtime.experts
         if replacements and runtime.replacements:
