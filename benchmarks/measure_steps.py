@@ -71,6 +71,10 @@ class Case:
     alloc_conf: Optional[str] = None   # PYTORCH_CUDA_ALLOC_CONF for the case (None: unset)
     why: str = ""
 
+    @property
+    def kind(self) -> str:
+        return "step" if self.model else "cuda_context"
+
 
 # ---------------------------------------------------------------------------
 # configs (torch and Transformers imported only in the child)
@@ -222,9 +226,10 @@ def strategy_of(case: Case, seq: int) -> str:
     return text + (",param_dtype=fp32,compute_dtype=bf16" if case.param_dtype == "fp32" else ",param_dtype=bf16")
 
 
-def runtime_of(attn_implementation: str) -> str:
-    """ndcost's runtime profile for the attention that ran: hf-cuda (SDPA, eager where the model refuses it)."""
-    return "hf-cuda-eager" if attn_implementation == "eager" else "hf-cuda"
+def runtime_of(case: Case) -> str:
+    """ndcost's runtime profile for *case*'s attention: hf-cuda-eager when eager is asked for, else hf-cuda
+    (SDPA where the model supports it, eager where it refuses SDPA: what Transformers picks)."""
+    return "hf-cuda-eager" if case.attention == "eager" else "hf-cuda"
 
 
 # ---------------------------------------------------------------------------
@@ -341,7 +346,8 @@ def measure_step(case: Case, seq: int, dry_run: bool) -> Dict[str, Any]:
                  if torch.is_tensor(t))
     ran = model.config._attn_implementation
     return {
-        "case": case.name, "status": "ok", "why": case.why, "model": case.model, "model_type": config.model_type,
+        "case": case.name, "kind": "step", "status": "ok", "why": case.why, "model": case.model,
+        "model_type": config.model_type,
         "config": _json_safe(config.to_dict()), "num_hidden_layers": config.num_hidden_layers, "seq": seq,
         "micro_batch": 1, "param_dtype": str(dtype).replace("torch.", ""), "autocast_bf16": autocast,
         "recompute": case.recompute, "checkpointing": case.recompute != "none",
@@ -353,7 +359,7 @@ def measure_step(case: Case, seq: int, dry_run: bool) -> Dict[str, Any]:
         "attention_asked": case.attention, "attn_implementation": ran,
         "experts_implementation": experts,
         "optimizer": "adamw", "fused_adamw": True, "optimizer_state_dtype": "the parameters'",
-        "strategy": strategy_of(case, seq), "runtime": runtime_of(ran),
+        "strategy": strategy_of(case, seq), "runtime": runtime_of(case),
         "alloc_conf": os.environ.get(ALLOC_CONF),
         "params": sum(p.numel() for p in model.parameters()),
         "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
@@ -374,16 +380,18 @@ def child(name: str, seq: int, dry_run: bool) -> Dict[str, Any]:
     if case.name == "cuda_context":
         import torch
         if dry_run or not torch.cuda.is_available():
-            return {"case": case.name, "status": "skipped", "why": case.why, "reason": "no CUDA device (dry run)"}
+            return {"case": case.name, "kind": "cuda_context", "status": "skipped", "why": case.why,
+                    "reason": "no CUDA device (dry run)"}
         sys.path.insert(0, HERE)
         from measure_cuda import measure_cuda_context
-        return {**measure_cuda_context(4096), "status": "ok", "why": case.why, "alloc_conf": os.environ.get(ALLOC_CONF)}
+        return {**measure_cuda_context(4096), "kind": "cuda_context", "status": "ok", "why": case.why,
+                "alloc_conf": os.environ.get(ALLOC_CONF)}
     try:
         return measure_step(case, seq, dry_run)
     except Exception as exc:  # what Transformers cannot build or run here is recorded, not fatal
         import torch
         oom = isinstance(exc, torch.cuda.OutOfMemoryError)
-        return {"case": case.name, "status": "error" if oom else "skipped", "why": case.why,
+        return {"case": case.name, "kind": case.kind, "status": "error" if oom else "skipped", "why": case.why,
                 "model": case.model, "reason": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"}
 
 
@@ -411,14 +419,14 @@ def run_case(case: Case, seq: int, dry_run: bool, limit_seconds: float) -> Dict[
         done = subprocess.run(cmd + (["--dry-run"] if dry_run else []), capture_output=True, text=True, env=env,
                               timeout=limit_seconds, check=False)
     except subprocess.TimeoutExpired:
-        record = {"case": case.name, "status": "timeout", "why": case.why,
+        record = {"case": case.name, "kind": case.kind, "status": "timeout", "why": case.why,
                   "reason": f"still running after {limit_seconds:.0f} s: killed"}
     else:
         lines = done.stdout.strip().splitlines()
         try:
             record = json.loads(lines[-1])
         except (IndexError, ValueError):
-            record = {"case": case.name, "status": "error", "why": case.why,
+            record = {"case": case.name, "kind": case.kind, "status": "error", "why": case.why,
                       "reason": f"exit {done.returncode}: {_tail(done.stderr)}"}
     record["wall_seconds"] = time.monotonic() - started
     return record
