@@ -72,7 +72,12 @@ def _error(predicted: float, measured: Optional[float]) -> Optional[float]:
 
 def step_strategy(case: Dict[str, Any]) -> ndcost.Strategy:
     """ndcost's strategy for what a measured step ran (measure_cuda.py's or measure_steps.py's record)."""
-    recompute = case.get("recompute", "full" if case["checkpointing"] else "none")
+    missing = [k for k in ("case", "seq", "param_dtype", "autocast_bf16", "config") if k not in case]
+    if missing or ("recompute" not in case and "checkpointing" not in case):
+        raise ndcost.errors.InvalidValue(
+            f"step {case.get('case', '?')}: no {', '.join(missing) or 'recompute (or checkpointing)'} in its "
+            f"record; give a file written by benchmarks/measure_steps.py or measure_cuda.py")
+    recompute = case["recompute"] if "recompute" in case else ("full" if case["checkpointing"] else "none")
     dtype = DTYPES.get(case["param_dtype"])
     if dtype is None or case.get("micro_batch", 1) != 1 or case.get("optimizer", "adamw") != "adamw":
         raise ndcost.errors.InvalidValue(
