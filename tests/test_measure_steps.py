@@ -185,7 +185,9 @@ def test_the_shim_makes_this_checkout_importable_with_its_entry_points(tmp_path)
              "print(ndcost.__file__); print(m.distribution('ndcost')._path); "
              "print(manager.registry().get('hardware/h200').name)")
     env = {**os.environ, "PYTHONPATH": str(shim)}
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False)
+    # run away from the checkout, whose ndcost.egg-info (an editable install's) would be found first on sys.path
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False,
+                          cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     module, dist, hardware = done.stdout.split()
     assert module == str(shim / "ndcost" / "__init__.py") and Path(dist).parent == shim and hardware == "h200"
