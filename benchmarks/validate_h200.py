@@ -72,7 +72,10 @@ def _error(predicted: float, measured: Optional[float]) -> Optional[float]:
 
 def step_strategy(case: Dict[str, Any]) -> ndcost.Strategy:
     """ndcost's strategy for what a measured step ran (measure_cuda.py's or measure_steps.py's record)."""
-    missing = [k for k in ("case", "seq", "param_dtype", "autocast_bf16", "config") if k not in case]
+    needed = ("case", "seq", "param_dtype", "autocast_bf16", "config") + (
+        ("allocated_before_step_bytes", "param_bytes", "optimizer_state_bytes")
+        if case.get("max_allocated_during_step_bytes") is not None else ())
+    missing = [k for k in needed if k not in case]
     if missing or ("recompute" not in case and "checkpointing" not in case):
         raise ndcost.errors.InvalidValue(
             f"step {case.get('case', '?')}: no {', '.join(missing) or 'recompute (or checkpointing)'} in its "
@@ -107,9 +110,8 @@ def evaluate_step(case: Dict[str, Any], source: str, census: str, hw: Dict[str, 
     costs = {name: ndcost.resolve(case["config"], runtime=runtime, hardware=h, census=census).evaluate(strategy)
              for name, h in hw.items()}
     fitted = costs["fitted"]
-    measured = case.get("max_allocated_during_step_bytes") is not None
-    untracked = _untracked_bytes(case) if measured else None
-    measured_bytes = case["max_allocated_during_step_bytes"] - untracked if measured else None
+    untracked = None if case.get("max_allocated_during_step_bytes") is None else _untracked_bytes(case)
+    measured_bytes = None if untracked is None else case["max_allocated_during_step_bytes"] - untracked
     measured_seconds = case["step_ms"] / 1e3 if case.get("step_ms") is not None else None
     out: Dict[str, Any] = {"row": f"step {case['case']}", "source": source, "strategy": str(strategy),
                            "runtime": runtime, "measured_seconds": measured_seconds,
@@ -129,7 +131,11 @@ def _reserved_row(case: Dict[str, Any], cost: Any, untracked: Optional[int]) -> 
     """ndcost's reserved_bytes beside the step's max_memory_reserved less the untracked bytes (module docstring)."""
     peak = case.get("max_reserved_during_step_bytes")
     measured = None if peak is None or untracked is None else peak - untracked
+    emptied = (case.get("after_empty_cache") or {}).get("max_reserved_during_step_bytes")
     out = {"max_reserved_during_step_bytes": peak, "measured_reserved_bytes": measured,
+           # the same step after torch.cuda.empty_cache() (measure_cuda.py's order), beside it for reference
+           "measured_reserved_after_empty_cache_bytes": None if emptied is None or untracked is None
+           else emptied - untracked,
            "predicted_reserved_bytes": cost.reserved_bytes,
            "reserved_error": None if cost.reserved_bytes is None else _error(cost.reserved_bytes, measured)}
     if measured is None:
@@ -145,7 +151,14 @@ def _reserved_row(case: Dict[str, Any], cost: Any, untracked: Optional[int]) -> 
 
 def read_steps(path: str) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """The measured steps of *path* (either script's file), and measure_steps.py's records that are not steps."""
-    doc = json.loads(read_text(path, "H200 step measurements"))
+    text = read_text(path, "H200 step measurements")
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ndcost.errors.InvalidValue(f"H200 step measurements {path}: not JSON ({exc}); give "
+                                         f"benchmarks/measure_steps.py's or measure_cuda.py's output") from None
+    if not isinstance(doc, dict):
+        raise ndcost.errors.InvalidValue(f"H200 step measurements {path}: a JSON object is expected")
     if doc.get("format") != STEPS_FORMAT:
         return list(doc.get("models", [])), []
     records = doc.get("steps", [])
@@ -197,7 +210,7 @@ def evaluate(census: str = "auto", only: Optional[str] = None,
     timed = [r for r in rows if r["measured_seconds"] is not None]
     measured = [r["measured_seconds"] for r in timed]
     return {"rows": rows, "census": census, "not_steps": others,
-            "cuda_context_bytes": {"h200": hw["fitted"].cuda_context_bytes},
+            "h200_cuda_context_bytes": hw["fitted"].cuda_context_bytes,
             "launch_costs": {name: dict(zip(("launch_seconds", "dispatch_seconds"), calibration.launch_costs_of(h),
                                             strict=True)) for name, h in hw.items()},
             "spearman_time": {name: spearman([r[f"predicted_seconds_{name}"] for r in timed], measured)
@@ -244,7 +257,7 @@ def render(result: Dict[str, Any]) -> str:
         if r["kind"] == "cuda_context" and r["status"] == "ok":
             lines.append(f"cuda_context ({r['source']}): {r['after_first_kernels']['cuda_context_bytes'] / 2 ** 20:.0f}"
                          f" MiB outside the allocator after the first kernels; h200 states "
-                         f"{result['cuda_context_bytes']['h200'] / 2 ** 20:.0f} MiB")
+                         f"{result['h200_cuda_context_bytes'] / 2 ** 20:.0f} MiB")
         else:
             lines.append(f"{r['case']} ({r['source']}): {r['status']}: {r.get('reason', '')}")
     return "\n".join(lines)
