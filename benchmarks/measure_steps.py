@@ -22,7 +22,7 @@ creates the optimizer states), then ``reset_peak_memory_stats`` and one steady-s
 runs it (nothing emptied): memory allocated and reserved before it, ``max_memory_allocated``,
 ``max_memory_reserved`` and reserved after; then the same step again after ``torch.cuda.empty_cache()``
 (``measure_cuda.py``'s ``measure_model`` empties the cache first: its allocated figure is comparable);
-then step milliseconds by CUDA events over a few steps.
+then step milliseconds by CUDA events over three steps back to back (``measure_cuda.py``'s timing).
 
 Cases are ordered by what they are worth (issue 11's memory gaps, then one step per family, then the recompute
 and allocator variants); ``--budget-seconds`` stops starting cases whose expected wall time (the median of
@@ -56,7 +56,6 @@ SMALL_VOCAB = 32000
 DEFAULT_CASE_SECONDS = 20.0   # the expected wall time of a case before any has finished
 CASE_LIMIT_SECONDS = 150.0    # no single case may take longer (a hung build must not cost the budget)
 WARMUP_STEPS, TIMED_STEPS = 2, 3
-RECOMPUTES = ("none", "full", "selective")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,7 +300,7 @@ def measure_step(case: Case, seq: int, dry_run: bool) -> Dict[str, Any]:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
+        return loss.detach()
 
     def sync():
         if cuda:
@@ -310,7 +309,7 @@ def measure_step(case: Case, seq: int, dry_run: bool) -> Dict[str, Any]:
     def measured(empty_cache: bool) -> Dict[str, Optional[int]]:
         sync()
         if not cuda:
-            step()
+            losses.append(float(step()))
             return dict.fromkeys(("allocated_before_step_bytes", "reserved_before_step_bytes",
                                   "max_allocated_during_step_bytes", "max_reserved_during_step_bytes",
                                   "reserved_after_step_bytes", "alloc_retries", "ooms"))
@@ -318,8 +317,7 @@ def measure_step(case: Case, seq: int, dry_run: bool) -> Dict[str, Any]:
             torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         before = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved())
-        step()
-        sync()
+        losses.append(float(step()))
         stats = torch.cuda.memory_stats()
         return {"allocated_before_step_bytes": before[0], "reserved_before_step_bytes": before[1],
                 "max_allocated_during_step_bytes": torch.cuda.max_memory_allocated(),
@@ -328,20 +326,19 @@ def measure_step(case: Case, seq: int, dry_run: bool) -> Dict[str, Any]:
                 "alloc_retries": stats.get("num_alloc_retries"), "ooms": stats.get("num_ooms")}
 
     for _ in range(WARMUP_STEPS):
-        step()
-    sync()
+        losses.append(float(step()))
     warmup_reserved = torch.cuda.max_memory_reserved() if cuda else None
     steady = measured(empty_cache=False)
     emptied = measured(empty_cache=True)
     samples: List[float] = []
-    if cuda:
-        for _ in range(TIMED_STEPS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+    if cuda:  # back to back, as measure_cuda.py's _time_ms: an event between steps, one sync at the end
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(TIMED_STEPS + 1)]
+        events[0].record()
+        for event in events[1:]:
             step()
-            end.record()
-            sync()
-            samples.append(start.elapsed_time(end))
+            event.record()
+        sync()
+        samples = [a.elapsed_time(b) for a, b in zip(events, events[1:], strict=False)]
     states = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
                  if torch.is_tensor(t))
     ran = model.config._attn_implementation
@@ -366,7 +363,7 @@ def measure_step(case: Case, seq: int, dry_run: bool) -> Dict[str, Any]:
         "optimizer_state_bytes": states,
         **steady, "max_reserved_through_warmup_bytes": warmup_reserved,
         "after_empty_cache": emptied,
-        "step_ms": statistics.median(samples) if samples else None, "step_ms_samples": samples,
+        "step_ms": sum(samples) / len(samples) if samples else None, "step_ms_samples": samples,
         "losses": losses,
         "software": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "cuda": torch.version.cuda, "python": platform.python_version()},
@@ -466,7 +463,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                             "torch.cuda.empty_cache()",
                 "allocated": "max_memory_allocated during that step; allocated_before_step_bytes beyond "
                              "param_bytes and optimizer_state_bytes are cuBLAS workspaces and the input ids",
-                "time": f"median of {TIMED_STEPS} steps by CUDA events"},
+                "time": f"mean of {TIMED_STEPS} steps back to back by CUDA events (step_ms_samples each)"},
         "steps": [], "not_run": []}
     started = time.monotonic()
     for i, case in enumerate(chosen):

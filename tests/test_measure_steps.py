@@ -162,7 +162,9 @@ def test_every_family_of_specs_models_has_a_step():
     for spec in (ROOT / "specs" / "models").glob("*.yaml"):
         config = yaml.safe_load(spec.read_text())["config"]
         wanted.add(config.get("text_config", config)["model_type"])
-    built = {factory().model_type for factory in measure_steps.model_configs().values()}
+    configs = measure_steps.model_configs()
+    assert set(configs) == set(measure_steps.MODELS)  # the cases' list of models names every factory
+    built = {factory().model_type for factory in configs.values()}
     assert wanted <= built, wanted - built
 
 
