@@ -24,9 +24,9 @@ runs it (nothing emptied): memory allocated and reserved before it, ``max_memory
 (``measure_cuda.py``'s ``measure_model`` empties the cache first: its allocated figure is comparable);
 then step milliseconds by CUDA events over three steps back to back (``measure_cuda.py``'s timing).
 
-Cases are ordered by what they are worth (issue 11's memory gaps, then one step per family, then the recompute
-and allocator variants); ``--budget-seconds`` stops starting cases whose expected wall time (the median of
-the cases run so far) would pass the budget, and kills a case still running at it. The JSON is rewritten
+Cases are ordered by what they are worth (the memory gaps ndcost has open, then one step per family, then the
+recompute and allocator variants); ``--budget-seconds`` stops starting cases whose expected wall time (the
+median of the cases run so far) would pass the budget, and kills a case still running at it. The JSON is rewritten
 after every case (a killed run keeps its finished cases). ``--dry-run`` runs every case on the CPU on tiny
 widths (64 tokens): the CUDA figures are null; it exercises the script and the mapping to ndcost's strategy.
 
@@ -178,7 +178,7 @@ def _case(model: str, why: str, **kw) -> Case:
 
 def cases() -> List[Case]:
     """Every case, most valuable first; the tail is every model under every recompute not listed before."""
-    gap = "issue 11 item 7's memory gap"
+    gap = "an open memory gap"
     first = [
         _case("small_llama", f"{gap}: fp32 parameters under bf16 autocast", param_dtype="fp32"),
         _case("small_gpt_oss", f"{gap}: GPT-OSS under full recompute (eager attention)", recompute="full"),

@@ -148,7 +148,7 @@ def test_cases_are_named_once_and_every_model_runs_every_recompute():
     runs = {(c.model, c.recompute) for c in cases if c.param_dtype == "bf16" and c.attention == "auto"
             and c.alloc_conf is None}
     assert runs >= {(m, r) for m in measure_steps.MODELS for r in ("none", "full", "selective")}
-    # issue 11 item 7's gaps come first
+    # the open memory gaps come first
     assert names[:4] == ["small_llama_fp32_autocast", "small_gpt_oss_bf16_ckpt", "small_gpt_oss_bf16_selective",
                          "small_deepseek_v3_bf16_selective"]
     assert sum(c.alloc_conf == "expandable_segments:True" for c in cases) >= 3
