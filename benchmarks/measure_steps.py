@@ -49,6 +49,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)  # measure_cuda.py's configs, attention pick and torchtitan policy (imported in the child)
 FORMAT = "ndcost-step-measurements"
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 EXPANDABLE = "expandable_segments:True"
@@ -99,7 +100,6 @@ def _cut(config: Dict[str, Any], layers: int, **over) -> Any:
 
 def model_configs() -> Dict[str, Callable[[], Any]]:
     """Each model a case names, as a config factory."""
-    sys.path.insert(0, HERE)
     import measure_cuda as mc
 
     return {
@@ -237,7 +237,6 @@ def runtime_of(case: Case) -> str:
 def _attention(config, asked: str) -> str:
     if asked != "auto":
         return asked
-    sys.path.insert(0, HERE)
     from measure_cuda import _attn_implementation
     return _attn_implementation(config)
 
@@ -248,7 +247,6 @@ def _checkpointing(model, recompute: str) -> None:
         return
     kwargs: Dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": False}  # torchtitan's wrapper's
     if recompute == "selective":
-        sys.path.insert(0, HERE)
         from measure_cuda import _torchtitan_policy
         kwargs["context_fn"] = _torchtitan_policy()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
@@ -379,7 +377,6 @@ def child(name: str, seq: int, dry_run: bool) -> Dict[str, Any]:
         if dry_run or not torch.cuda.is_available():
             return {"case": case.name, "kind": "cuda_context", "status": "skipped", "why": case.why,
                     "reason": "no CUDA device (dry run)"}
-        sys.path.insert(0, HERE)
         from measure_cuda import measure_cuda_context
         return {**measure_cuda_context(4096), "kind": "cuda_context", "status": "ok", "why": case.why,
                 "alloc_conf": os.environ.get(ALLOC_CONF)}
