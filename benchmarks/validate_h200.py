@@ -209,7 +209,10 @@ def evaluate(census: str = "auto", only: Optional[str] = None,
     rows += evaluate_layers(census, hw, only)
     timed = [r for r in rows if r["measured_seconds"] is not None]
     measured = [r["measured_seconds"] for r in timed]
+    reserved = [r["reserved_error"] for r in steps if r.get("reserved_error") is not None]
     return {"rows": rows, "census": census, "not_steps": others,
+            "reserved_error_range": [min(reserved), max(reserved)] if reserved else None,
+            "reserved_compared": len(reserved),
             "h200_cuda_context_bytes": hw["fitted"].cuda_context_bytes,
             "launch_costs": {name: dict(zip(("launch_seconds", "dispatch_seconds"), calibration.launch_costs_of(h),
                                             strict=True)) for name, h in hw.items()},
@@ -253,6 +256,9 @@ def render(result: Dict[str, Any]) -> str:
 
     lines += ["", f"Spearman rank correlation of predicted vs measured time over every row: {rho('spearman_time')}; "
               f"over the whole steps (held out of the fit): {rho('spearman_time_steps')}"]
+    low_high = result["reserved_error_range"]
+    lines.append(f"reserved beside max_memory_reserved on {result['reserved_compared']} step(s)"
+                 + ("" if low_high is None else f": errors {_pct(low_high[0])} to {_pct(low_high[1])}"))
     for r in result["not_steps"]:
         if r["kind"] == "cuda_context" and r["status"] == "ok":
             lines.append(f"cuda_context ({r['source']}): {r['after_first_kernels']['cuda_context_bytes'] / 2 ** 20:.0f}"

@@ -120,7 +120,8 @@ def test_reserved_is_set_beside_max_reserved_less_the_untracked_bytes(dry_run, t
                   step_ms=12.5, alloc_conf="expandable_segments:True")
     path = tmp_path / "steps.json"
     path.write_text(json.dumps({**doc, "steps": [record]}))
-    (row,) = validate_h200.evaluate("auto", f"step {record['case']}", [str(path)])["rows"]
+    result = validate_h200.evaluate("auto", f"step {record['case']}", [str(path)])
+    (row,) = result["rows"]
     assert row["measured_reserved_bytes"] == 900 * 2 ** 20 - workspaces
     assert row["measured_allocated_bytes"] == 700_000_000 - workspaces and row["measured_seconds"] == 0.0125
     cost = ndcost.resolve(record["config"], runtime=record["runtime"], census="auto").evaluate(
@@ -128,6 +129,7 @@ def test_reserved_is_set_beside_max_reserved_less_the_untracked_bytes(dry_run, t
     assert cost.reserved_bytes is not None  # the census replays the allocator for this step
     assert row["predicted_reserved_bytes"] == cost.reserved_bytes
     assert row["reserved_error"] == pytest.approx(cost.reserved_bytes / (900 * 2 ** 20 - workspaces) - 1)
+    assert result["reserved_compared"] == 1 and result["reserved_error_range"] == [row["reserved_error"]] * 2
     assert "expandable_segments:True: ndcost prices the default allocator" in row["reserved"]
 
 
