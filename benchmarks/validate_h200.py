@@ -66,8 +66,8 @@ def hardwares() -> Dict[str, Any]:
     return {"prior": prior, "fitted": h200}
 
 
-def _error(predicted: float, measured: Optional[float]) -> Optional[float]:
-    return None if measured is None else predicted / measured - 1.0
+def _error(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
+    return None if measured is None or predicted is None else predicted / measured - 1.0
 
 
 def step_strategy(case: Dict[str, Any]) -> ndcost.Strategy:
@@ -121,9 +121,12 @@ def evaluate_step(case: Dict[str, Any], source: str, census: str, hw: Dict[str, 
                            "allocated_error": _error(fitted.peak_bytes, measured_bytes),
                            "alloc_conf": case.get("alloc_conf")}
     out.update(_reserved_row(case, fitted, untracked))
-    for name, cost in costs.items():
-        out[f"predicted_seconds_{name}"] = cost.time.step_seconds
-        out[f"time_error_{name}"] = _error(cost.time.step_seconds, measured_seconds)
+    for name, cost in costs.items():  # time None where ndcost leaves it unpriced (the provenance says why)
+        seconds = None if cost.time is None else cost.time.step_seconds
+        out[f"predicted_seconds_{name}"] = seconds
+        out[f"time_error_{name}"] = _error(seconds, measured_seconds)
+    if fitted.time is None:
+        out["time_unpriced"] = str((fitted.provenance.get("time") or {}).get("unpriced", "time unpriced"))
     return out
 
 
@@ -205,11 +208,11 @@ def evaluate(census: str = "auto", only: Optional[str] = None,
         for case in steps_here:
             if not only or fnmatch.fnmatch(f"step {case['case']}", only):
                 rows.append(evaluate_step(case, source, census, hw))
-    steps = [r for r in rows if r["measured_seconds"] is not None]
+    reserved = [r["reserved_error"] for r in rows if r["reserved_error"] is not None]
+    steps = [r for r in rows if r["measured_seconds"] is not None and r["predicted_seconds_fitted"] is not None]
     rows += evaluate_layers(census, hw, only)
-    timed = [r for r in rows if r["measured_seconds"] is not None]
+    timed = [r for r in rows if r["measured_seconds"] is not None and r["predicted_seconds_fitted"] is not None]
     measured = [r["measured_seconds"] for r in timed]
-    reserved = [r["reserved_error"] for r in steps if r.get("reserved_error") is not None]
     return {"rows": rows, "census": census, "not_steps": others,
             "reserved_error_range": [min(reserved), max(reserved)] if reserved else None,
             "reserved_compared": len(reserved),
@@ -256,6 +259,7 @@ def render(result: Dict[str, Any]) -> str:
 
     lines += ["", f"Spearman rank correlation of predicted vs measured time over every row: {rho('spearman_time')}; "
               f"over the whole steps (held out of the fit): {rho('spearman_time_steps')}"]
+    lines += [f"{r['row']}: time unpriced ({r['time_unpriced']})" for r in result["rows"] if "time_unpriced" in r]
     low_high = result["reserved_error_range"]
     lines.append(f"reserved beside max_memory_reserved on {result['reserved_compared']} step(s)"
                  + ("" if low_high is None else f": errors {_pct(low_high[0])} to {_pct(low_high[1])}"))
