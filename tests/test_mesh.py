@@ -13,15 +13,14 @@ from __future__ import annotations
 import math
 
 import pytest
+from test_memory import records
+from test_time_step import BASE, STEP, WITHIN, toy_hardware, toy_parameters, toy_spec
 
 from ndcost.compose import time as ct
 from ndcost.errors import InvalidValue
 from ndcost.layer import LayerKind
 from ndcost.plugins.estimators import flops as analytic
 from ndcost.values import LayerGroup, ModelSpec, Strategy
-
-from test_memory import records
-from test_time_step import BASE, STEP, WITHIN, toy_hardware, toy_parameters, toy_spec
 
 # Llama-3.1-8B: 32 layers, hidden 4096, 32 query heads and 8 KV heads of 128, intermediate 14336, vocabulary 128256
 H, A, KV, DH, I, V, L = 4096, 32, 8, 128, 14336, 128256, 32
@@ -42,8 +41,8 @@ def test_hand_count_is_meta_s_eight_billion():
     assert P == 8_030_261_248
 
 
-@pytest.fixture(scope="module")
-def llama8b():
+def llama8b_model(**record):
+    """Llama-3.1-8B's shapes counted by hand above, priced from hand-made records (*record*: their fields)."""
     from ndcost.models import ParameterCount
     from ndcost.resolver import CostModel
     spec = ModelSpec(name="llama-3.1-8b-shapes", model_type="llama", family="llama", hidden_size=H, vocab_size=V,
@@ -54,7 +53,12 @@ def llama8b():
                             layer_counts={"dense": L}, embedding=EMB, head=HEAD, final_norm=FINAL, mtp=0, buffers=0,
                             total=P, by_part={"attention": L * ATTN, "ffn": L * FFN, "norm": L * NORMS + FINAL,
                                               "embedding": EMB, "head": HEAD})
-    return CostModel.from_records(spec, counts, {S: records(S)})
+    return CostModel.from_records(spec, counts, {S: records(S, **record)})
+
+
+@pytest.fixture(scope="module")
+def llama8b():
+    return llama8b_model()
 
 
 def _stage(cm, text, stage=0):

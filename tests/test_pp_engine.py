@@ -18,7 +18,7 @@ import os
 
 import pytest
 from test_memory import records
-from test_mesh import ATTN, DH, EMB, FFN, FINAL, HEAD, KV, LAYER, NORMS, A, H, I, L, P, S, V
+from test_mesh import EMB, LAYER, H, S, llama8b_model
 
 from ndcost.errors import InvalidValue
 from ndcost.layer import LayerKind
@@ -29,16 +29,7 @@ from ndcost.values import LayerGroup, ModelSpec, Strategy
 B = S * H * 2  # one micro-batch's stage boundary at micro_batch 1: 4096 tokens x 4096 wide in bf16
 
 
-def _llama8b(**record):
-    spec = ModelSpec(name="llama-3.1-8b-shapes", model_type="llama", family="llama", hidden_size=H, vocab_size=V,
-                     layers=(LayerGroup(kind="dense", count=L),), num_attention_heads=A,
-                     kind_specs={"dense": LayerKind(attention="gqa", mlp="dense")}, num_key_value_heads=KV,
-                     head_dim=DH, intermediate_size=I)
-    counts = ParameterCount(by_kind={"dense": {"attention": ATTN, "ffn": FFN, "norm": NORMS}},
-                            layer_counts={"dense": L}, embedding=EMB, head=HEAD, final_norm=FINAL, mtp=0, buffers=0,
-                            total=P, by_part={"attention": L * ATTN, "ffn": L * FFN, "norm": L * NORMS + FINAL,
-                                              "embedding": EMB, "head": HEAD})
-    return CostModel.from_records(spec, counts, {S: records(S, **record)})
+_llama8b = llama8b_model
 
 
 @pytest.fixture(scope="module")
