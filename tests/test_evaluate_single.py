@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import ndcost
 from ndcost import columns
 from ndcost.errors import InvalidStrategy, NdcostError
-from ndcost.values import CP_ROTATES, DTYPES, GRADIENT_SYNC, PP_ENGINES, SHARD_MESHES
+from ndcost.values import DTYPES, GRADIENT_SYNC, PP_ENGINES, SHARD_MESHES
 
 MODELS = ("llama-3.1-8b", "deepseek-v3", "qwen3.5-9b", "gpt-oss-20b")
 _RESOLVED = {}
@@ -85,7 +85,7 @@ def strategy_fields(draw, model):
     if draw(st.integers(0, 3)) == 0:  # the sharding vocabulary: one strategy's sharding is kept by these fields
         fields.update(shard_mesh=draw(st.sampled_from(SHARD_MESHES)), reshard_after_forward=draw(st.booleans()),
                       gradient_sync=draw(st.sampled_from(GRADIENT_SYNC)), offload_activations=draw(st.booleans()),
-                      pp_engine=draw(st.sampled_from(PP_ENGINES)), cp_rotate=draw(st.sampled_from(CP_ROTATES)))
+                      pp_engine=draw(st.sampled_from(PP_ENGINES)))
     if draw(st.integers(0, 3)) == 0:
         fields.update(float8=draw(st.sampled_from(["none", "tensorwise", "rowwise"])), compile=draw(st.booleans()))
     if draw(st.integers(0, 3)) == 0:
