@@ -36,6 +36,7 @@ from ndcost.errors import CensusUnavailable, InvalidStrategy, InvalidValue, Ndco
 from ndcost.specio import load_hardware_yaml
 from ndcost.values import (
     CP_ALGOS,
+    CP_ROTATES,
     FLOAT8_RECIPES,
     GRADIENT_SYNC,
     MEMORY_CATEGORIES,
@@ -797,6 +798,11 @@ class CostModel:
                          lambda i: f"cp_algo=ulysses: cp={cp[i]} does not divide the {kv_heads[i]} key/value "
                                    f"heads a TP rank holds (num_key_value_heads={m.kv_heads}, tp={t[i]}); give a cp "
                                    f"that divides them, or cp_algo=ring")
+        # a rotation names how a ring passes its K/V blocks; Ulysses' all-to-alls pass none (values.py's FieldDoc)
+        if np.count_nonzero(c["cp_rotate"]):
+            batch.refuse((c["cp_algo"] == CP_ALGOS.index("ulysses")) & (c["cp_rotate"] == CP_ROTATES.index("p2p")),
+                         "cp_rotate=p2p with cp_algo=ulysses: Ulysses exchanges heads by all-to-all and passes no "
+                         "K/V ring to rotate; use cp_rotate=allgather (the default) with ulysses, or cp_algo=ring")
         # ring attention balances the causal work by cutting a sequence into 2 * cp chunks, two a rank
         # (Megatron-LM megatron/core/utils.py get_batch_on_this_cp_rank): the time model's even split of the scores
         if contexts:

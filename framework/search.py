@@ -27,8 +27,9 @@ columns and priced by :meth:`ndcost.resolver.CostModel.evaluate_many` (the searc
 
 Left out (documented, never guessed): uneven ``pp_layers`` splits (a ``pp * vpp`` that does not divide the
 layers is refused, as ``evaluate_many`` refuses it), ZeRO with ``dp * cp == 1`` and ``vocab_parallel`` or
-``sp`` with ``tp == 1`` (each the same cost as without), dtypes, optimizers and ``moe_imbalance`` (the
-strategy's defaults). ``reserved_bytes`` is what the caching allocator simulation reserves
+``sp`` with ``tp == 1`` (each the same cost as without), dtypes, optimizers, ``moe_imbalance`` and
+``cp_rotate`` (the strategy's defaults; the ring's rotation is the trainer's setting: hold it, ``--hold
+cp_rotate=p2p``). ``reserved_bytes`` is what the caching allocator simulation reserves
 (:mod:`ndcost.allocator`; ``None`` where not claimed). The cap is the bytes a device's allocator may reserve
 (default the hardware's memory less its CUDA context, ``Hardware.usable_memory_bytes``). Both bounds above
 compare allocated bytes (without ``allocator_overhead``'s guess) with it: they are below the reserved bytes

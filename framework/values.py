@@ -188,6 +188,7 @@ SHARD_MESHES = ("dp_cp", "dp", "fsdp_cp")
 FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")  # torchao Float8LinearConfig.from_recipe_name, dynamic scaling
 GRADIENT_SYNC = ("auto", "every_micro_batch", "last_micro_batch")
 PP_ENGINES = ("auto", "megatron", "torch")
+CP_ROTATES = ("allgather", "p2p")
 
 
 def _column(convert: Any, kind: str, **facts: Any) -> Any:
@@ -391,6 +392,7 @@ class Strategy:
     async_tp: bool = attrs.field(default=False, converter=_bool_field("async_tp"))
     gradient_sync: str = attrs.field(default="auto", converter=_choice("gradient_sync", GRADIENT_SYNC))
     pp_engine: str = attrs.field(default="auto", converter=_choice("pp_engine", PP_ENGINES))
+    cp_rotate: str = attrs.field(default="allgather", converter=_choice("cp_rotate", CP_ROTATES))
 
     def __init__(self, *args: Any, **fields: Any) -> None:
         # attrs' own __init__ would answer an unknown or positional field with a bare TypeError;
@@ -729,6 +731,17 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                   "micro-batches in flight (the received buffer is their input); no effect at pp=1",
                           synonyms=("pipeline_engine", "pp_runtime", "pipeline_runtime", "pp_backend",
                                     "pipeline_backend")),
+    "cp_rotate": FieldDoc(meaning="how a K/V-passing context-parallel ring (cp_algo ring, colossal or hybrid) "
+                                  "moves the keys and values. allgather (the default: every ring priced as before "
+                                  "this field): one all-gather of every rank's blocks a pass, hidden behind the first "
+                                  "step's attention only (torch's _AllGatherRotater, torchtitan's "
+                                  "context_parallel_rotate_method \"allgather\", Megatron-LM's --cp-comm-type "
+                                  "allgather). p2p: the next block sent to the next rank while each step's "
+                                  "attention runs, cp - 1 sends a pass (torch's _AllToAllRotater, torchtitan's "
+                                  "\"alltoall\"; Megatron-LM's --cp-comm-type p2p, its default). Refused as p2p "
+                                  "with cp_algo=ulysses (no ring); no effect at cp=1",
+                          synonyms=("context_parallel_rotate_method", "rotate_method", "cp_rotate_method",
+                                    "kv_rotation", "cp_rotation")),
 })
 
 

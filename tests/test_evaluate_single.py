@@ -307,7 +307,7 @@ OTHER_VALUE = {"dp": 1, "fsdp": 4, "tp": 4, "pp": 4, "vpp": 2, "cp": 2, "ep": 4,
                "offload_params": True, "offload_activations": True, "float8": "tensorwise",
                "float8_all_gather": {"float8": "tensorwise", "float8_all_gather": True}, "compile": True,
                "async_tp": {"async_tp": True, "compile": True}, "gradient_sync": "last_micro_batch",
-               "pp_engine": "torch"}
+               "pp_engine": "torch", "cp_rotate": {"cp_rotate": "p2p", "cp": 2}}
 
 
 def test_every_field_reaches_one_strategys_figures():

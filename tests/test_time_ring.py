@@ -131,14 +131,16 @@ def test_the_all_gather_hides_behind_the_first_step_only_and_the_last_gradient_s
     first, later = gather / 2, 2 * send
     layer = {"scores_first_forward": np.full((1, 1), first), "scores_first_backward": np.full((1, 1), first),
              "scores_backward": np.full((1, 1), first + 3 * later)}
-    ring = ct._ring_communication(ct._kind_arrays(work), rows, layer, _box(), ct.efficiencies(_box())[0], coll, p2p)
+    ring = ct._ring_communication(ct._kind_arrays(work), rows, cols, layer, _box(), ct.efficiencies(_box())[0], coll,
+                                  p2p)
     assert ring["forward"][0, 0] == pytest.approx(gather)
     assert ring["backward"][0, 0] == pytest.approx(gather + 4 * send)
     assert ring["exposed_forward"][0, 0] == pytest.approx(gather / 2)
     assert ring["exposed_backward"][0, 0] == pytest.approx(gather / 2 + send)
     # later steps shorter than a send: each send's excess exposed too
     layer["scores_backward"] = np.full((1, 1), first + 3 * (send / 4))
-    ring = ct._ring_communication(ct._kind_arrays(work), rows, layer, _box(), ct.efficiencies(_box())[0], coll, p2p)
+    ring = ct._ring_communication(ct._kind_arrays(work), rows, cols, layer, _box(), ct.efficiencies(_box())[0], coll,
+                                  p2p)
     assert ring["exposed_backward"][0, 0] == pytest.approx(gather / 2 + 3 * (send - send / 4) + send)
 
 
@@ -189,3 +191,93 @@ def test_torchs_merger_launches_and_moves_what_the_model_counts():
     with Counter() as counter:  # dK into its first half (i <= rank), the backward's _partial_update
         attention._partial_update(accumulator, half, dim=2, n_chunks=2, idx=0, add=True)
     assert (counter.launches, counter.moved) == (2, ((8 + W) / 2 + 8) * o)
+
+
+# cp_rotate=p2p: torch's _AllToAllRotater (torchtitan's "alltoall"), a K/V block sent to the next rank before each of
+# the first cp - 1 steps' kernels and waited for before the next step's (_templated_ring_attention); its backward
+# sends the K/V the same way and, after each step, the fp32 dK/dV on the same process group (one NCCL stream)
+LINK = 4.0e11  # the box's within_node bytes a second: seconds of the hand collectives below
+
+
+def _by_hand_collectives():
+    return {"all_gather": lambda m, g, bw, lat, **link: m * (g - 1) / g / LINK,  # a ring's bus bytes
+            "send_recv": lambda m, g, bw, lat, **link: m / LINK}
+
+
+def test_p2p_hides_each_block_behind_its_own_step_and_shares_the_backward_steps_with_the_gradient_sends():
+    work = analytic.model_work(tiny_llama(), 4096)
+    cols = ct.strategy_columns([Strategy(seq=4096, cp=4), Strategy(seq=4096, cp=4, cp_rotate="p2p")])
+    rows = ct._rows(cols, _box())
+    block = KV * W / LINK    # one rank's keys and values, bf16: what a step sends
+    grads = 4 * KV / LINK    # its fp32 dK/dV
+    gather = 4 * KV * W * 3 / 4 / LINK  # allgather: the 4 blocks gathered at once
+    # forward: step 0's kernel half a block's send, the later ones two sends long; backward: step 0's half a block,
+    # the later ones a gradient send and half a block long
+    first, later_f, later_b = block / 2, 2 * block, grads + block / 2
+    layer = {"scores_first_forward": np.full((2, 1), first), "scores_forward": np.full((2, 1), first + 3 * later_f),
+             "scores_first_backward": np.full((2, 1), first), "scores_backward": np.full((2, 1), first + 3 * later_b)}
+    ring = ct._ring_communication(ct._kind_arrays(work), rows, cols, layer, _box(), ct.efficiencies(_box())[0],
+                                  _by_hand_collectives(), (np.ones(2), np.zeros(2), {}))
+    # forward: block 0 behind step 0 (half exposed), blocks 1 and 2 behind steps 1 and 2 (hidden); step 3 sends none
+    assert ring["forward"][1, 0] == pytest.approx(3 * block)
+    assert ring["exposed_forward"][1, 0] == pytest.approx(block / 2)
+    # backward: block 0 behind step 0 (half exposed); steps 1 and 2 each carry the previous step's dK/dV and the next
+    # block, half a block over their kernel; step 3 the last dK/dV but one (hidden); the last, after the loop, exposed
+    assert ring["backward"][1, 0] == pytest.approx(3 * block + 4 * grads)
+    assert ring["exposed_backward"][1, 0] == pytest.approx(block / 2 + 2 * (block / 2) + grads)
+    # the allgather row beside it, as before: the gather behind step 0 alone, the dK/dV sends each behind one step
+    assert ring["exposed_forward"][0, 0] == pytest.approx(gather - first)
+    assert ring["exposed_backward"][0, 0] == pytest.approx(gather - first + grads)
+    # later steps shorter than a block: each send's excess exposed, step by step
+    layer["scores_forward"] = np.full((2, 1), first + 3 * (block / 4))
+    ring = ct._ring_communication(ct._kind_arrays(work), rows, cols, layer, _box(), ct.efficiencies(_box())[0],
+                                  _by_hand_collectives(), (np.ones(2), np.zeros(2), {}))
+    assert ring["exposed_forward"][1, 0] == pytest.approx(block / 2 + 2 * (block - block / 4))
+
+
+def test_p2p_at_cp_2_sends_one_block_a_pass():
+    work = analytic.model_work(tiny_llama(), 4096)
+    cols = ct.strategy_columns([Strategy(seq=4096, cp=2, cp_rotate="p2p")])
+    rows = ct._rows(cols, _box())
+    block, grads = 2 * KV * W / LINK, 2 * 4 * KV / LINK  # 2048 tokens a rank: twice the cp=4 block
+    layer = {key: np.full((1, 1), value) for key, value in (
+        ("scores_first_forward", block / 4), ("scores_forward", block / 4 + grads),
+        ("scores_first_backward", block / 4), ("scores_backward", block / 4 + grads / 2))}
+    ring = ct._ring_communication(ct._kind_arrays(work), rows, cols, layer, _box(), ct.efficiencies(_box())[0],
+                                  _by_hand_collectives(), (np.ones(1), np.zeros(1), {}))
+    assert ring["forward"][0, 0] == pytest.approx(block)
+    assert ring["exposed_forward"][0, 0] == pytest.approx(block - block / 4)
+    # backward: the block behind step 0, step 0's dK/dV behind step 1 (half of it over), step 1's after the loop
+    assert ring["backward"][0, 0] == pytest.approx(block + 2 * grads)
+    assert ring["exposed_backward"][0, 0] == pytest.approx(block - block / 4 + grads / 2 + grads)
+
+
+def test_compiled_p2p_keeps_every_concatenation_it_sends():
+    # allgather sends one torch.cat of the K/V a pass (the rest are dead under compile); p2p sends the cat before each
+    # of steps 0..2: two more (read + write bf16), in the forward and in the backward's K/V pass
+    allgather, p2p = _layer(cp=4, compile=True), _layer(cp=4, compile=True, cp_rotate="p2p")
+    extra = 2 * (2 * W * KV) / (HBM * MEMORY)
+    assert p2p["ring_merges_forward"][0, 0] - allgather["ring_merges_forward"][0, 0] == pytest.approx(extra)
+    assert p2p["ring_merges_backward"][0, 0] - allgather["ring_merges_backward"][0, 0] == pytest.approx(extra)
+    # eager counts every cat already: the rotation moves no byte there
+    eager, eager_p2p = _layer(cp=4), _layer(cp=4, cp_rotate="p2p")
+    for key in ("ring_merges_forward", "ring_merges_backward", "forward", "backward"):
+        assert eager_p2p[key][0, 0] == eager[key][0, 0]
+
+
+def test_cp_rotate_through_evaluate():
+    import ndcost
+
+    model = ndcost.resolve(tiny_llama(), census="off")
+    allgather, p2p = (model.evaluate(Strategy(seq=4096, cp=4, cp_rotate=name), hardware=_box())
+                      for name in ("allgather", "p2p"))
+    assert allgather.valid and p2p.valid
+    # three sends a pass against one all-gather of the same blocks: not the same communication
+    assert p2p.time.communication_seconds != allgather.time.communication_seconds
+    # cp=1: nothing rotates
+    one = [model.evaluate(Strategy(seq=4096, cp_rotate=name), hardware=_box()).time for name in ("allgather", "p2p")]
+    assert one[0] == one[1]
+    with pytest.raises(ndcost.errors.NdcostError, match=r"cp_rotate=p2p with cp_algo=ulysses: .*use "
+                                                        r"cp_rotate=allgather \(the default\) with ulysses, or "
+                                                        r"cp_algo=ring"):
+        model.evaluate(Strategy(seq=4096, cp=2, cp_algo="ulysses", cp_rotate="p2p"), hardware=_box())

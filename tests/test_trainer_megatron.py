@@ -53,6 +53,7 @@ def test_llama3_8b_bf16_variant_field_by_field():
     assert config.strategy == expected(
         tp=2,                 # TP_SIZE=2 -> --tensor-model-parallel-size $TP_SIZE
         cp=2,                 # CP_SIZE=2 -> --context-parallel-size $CP_SIZE
+        cp_rotate="p2p",      # no --cp-comm-type: Megatron-LM's default p2p (arguments.py), a ring of sends
         pp=1,                 # --pipeline-model-parallel-size is commented out in MODEL_PARALLEL_ARGS
         dp=16,                # 64 devices / (tp 2 * pp 1 * cp 2)
         sp=True,              # --sequence-parallel, kept since tp > 1
@@ -203,7 +204,8 @@ BASE = "--micro-batch-size 1 --num-layers 4 --hidden-size 256 --num-attention-he
      "does not divide the world size 8"),
     (BASE + "--global-batch-size 12", "--global-batch-size", "not a multiple of --micro-batch-size 1 times the "
                                                              "data-parallel size 8"),
-    (BASE + "--cp-comm-type allgather --context-parallel-size 2", "--cp-comm-type", "'allgather' is not priced"),
+    (BASE + "--cp-comm-type ring --context-parallel-size 2", "--cp-comm-type", "'ring' is not one of Megatron-LM's "
+                                                                             "types (p2p, allgather, a2a, a2a+p2p)"),
     (BASE + "--recompute-granularity full --recompute-method uniform --recompute-num-layers 4",
      "--recompute-num-layers", "keeps one input every 4 layers"),
     (BASE + "--recompute-granularity full", "--recompute-method", "expected uniform or block"),
@@ -218,6 +220,21 @@ def test_bad_flags_are_refused_naming_the_flag(tmp_path, text, field, words):
         from_config("megatron", path, devices=8)
     message = str(info.value)
     assert message.startswith(f"megatron config {path}: {field}") and words in message and "\n" not in message
+
+
+@pytest.mark.parametrize("flags, algo, rotate", [
+    ("--context-parallel-size 2", "ring", "p2p"),  # no --cp-comm-type: Megatron-LM's default ["p2p"]
+    ("--context-parallel-size 2 --cp-comm-type p2p", "ring", "p2p"),  # TE's AttnFuncWithCPAndKVP2P
+    ("--context-parallel-size 2 --cp-comm-type allgather", "ring", "allgather"),  # AttnFuncWithCPAndKVAllGather
+    ("--context-parallel-size 2 --cp-comm-type a2a", "ulysses", "allgather"),  # no ring: the default rotation
+    ("--context-parallel-size 2 --cp-comm-type a2a+p2p", "hybrid", "p2p"),  # p2p between the a2a groups
+    ("", "ring", "allgather"),  # cp 1: no ring, nothing defaulted
+])
+def test_cp_comm_types_read_as_an_algorithm_and_a_rotation(tmp_path, flags, algo, rotate):
+    config = from_config("megatron", write_args(tmp_path, BASE + flags), devices=8, model="llama-3.1-8b")
+    assert (config.strategy.cp_algo, config.strategy.cp_rotate) == (algo, rotate)
+    assert any("--cp-comm-type defaults to p2p" in d for d in config.defaults) == ("--cp-comm-type" not in flags
+                                                                                  and "context" in flags)
 
 
 def test_devices_are_required(tmp_path):
@@ -309,7 +326,11 @@ ROUND_TRIP = [
          param_dtype="bf16", grad_dtype="bf16", master_dtype="fp32", optimizer_dtype="fp32"),
     dict(cp=4, cp_algo="ulysses", dp=2, zero=1, recompute="full", recompute_layers=3, param_dtype="fp16",
          **MEGATRON_MIXED),
-    dict(cp=2, cp_algo="hybrid", dp=8, ep=4, etp=1, recompute="core_attention", param_dtype="fp32"),
+    dict(cp=2, cp_algo="hybrid", cp_rotate="p2p", dp=8, ep=4, etp=1, recompute="core_attention",
+         param_dtype="fp32"),
+    dict(cp=2, dp=4, param_dtype="fp32"),                    # --cp-comm-type allgather
+    dict(cp=4, cp_rotate="p2p", dp=2, param_dtype="fp32"),   # --cp-comm-type p2p
+    dict(cp_rotate="p2p", dp=2, param_dtype="fp32"),         # p2p said at cp=1 (no effect there)
     dict(tp=2, dp=2, ep=2, etp=2, vocab_parallel=True, param_dtype="fp32", optimizer="sgd", seq=8192,
          offload_optimizer=True),
     dict(param_dtype="fp32"),
@@ -348,6 +369,10 @@ def test_written_model_flags_count_the_same_model(tmp_path, model, tp):
     (dict(compile=True, param_dtype="fp32"), "compile=True"),
     (dict(float8="rowwise", param_dtype="fp32"), "float8=rowwise"),
     (dict(pp=2, pp_engine="torch", param_dtype="fp32"), "pp_engine=torch"),
+    (dict(cp=2, cp_algo="hybrid", param_dtype="fp32"), r"cp_rotate=allgather: Megatron-LM's cp_algo=hybrid is "
+                                                       r"--cp-comm-type a2a\+p2p \(cp_rotate=p2p\)"),
+    (dict(cp=2, cp_algo="ulysses", cp_rotate="p2p", param_dtype="fp32"), "cp_rotate=p2p: Megatron-LM's "
+                                                                         "cp_algo=ulysses is --cp-comm-type a2a"),
 ])
 def test_the_writer_refuses_what_megatron_cannot_say(fields, named):
     with pytest.raises(InvalidValue, match=f"megatron writer: {named}"):

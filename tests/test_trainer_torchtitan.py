@@ -146,11 +146,22 @@ def _variant(tmp_path, old, new, base="llama3_8b.toml"):
     return file_variant(CONFIGS / base, old, new, tmp_path / "job.toml")
 
 
+@pytest.mark.parametrize("method, rotate", [("allgather", "allgather"), ("alltoall", "p2p")])
+def test_the_rotate_method_is_cp_rotate(tmp_path, method, rotate):
+    # torch's set_rotate_method: "allgather" is _AllGatherRotater, "alltoall" _AllToAllRotater (_attention.py)
+    path = _variant(tmp_path, "context_parallel_degree = 1",
+                    f'context_parallel_degree = 2\ncontext_parallel_rotate_method = "{method}"')
+    strategy = from_config("torchtitan", path, devices=8).strategy
+    assert (strategy.cp, strategy.cp_algo, strategy.cp_rotate) == (2, "ring", rotate)
+
+
 @pytest.mark.parametrize("old, new, message", [
     ("tensor_parallel_degree = 1", 'tensor_parallel_degree = "8"', "[parallelism] tensor_parallel_degree: '8' is "
                                                                     "not a whole number"),
-    ("context_parallel_degree = 1", "context_parallel_degree = 2\ncontext_parallel_rotate_method = \"alltoall\"",
-     "context_parallel_rotate_method: 'alltoall' is not priced yet"),
+    ("context_parallel_degree = 1", "context_parallel_degree = 2\ncontext_parallel_rotate_method = \"ring\"",
+     "context_parallel_rotate_method: 'ring' is not one of torchtitan's methods (allgather, alltoall)"),
+    ("context_parallel_degree = 1", "context_parallel_degree = 2\ncontext_parallel_rotate_method = 2",
+     "context_parallel_rotate_method: 2 is not a name"),
     ("pipeline_parallel_degree = 1", 'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "ZBVZeroBubble"',
      "'ZBVZeroBubble' is not priced yet"),
     ("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 1\ncontext_parallel_degree = 2",
@@ -228,6 +239,8 @@ ROUND_TRIPS = [
                       "param_dtype=fp32,compute_dtype=bf16,float8=tensorwise,float8_all_gather=true,compile=true,"
                       "async_tp=true"),
     ("llama-3.1-8b", "fsdp=8,seq=8192,float8=rowwise,compile=true"),
+    ("llama-3.1-8b", "fsdp=4,cp=2,seq=8192,cp_rotate=p2p"),  # context_parallel_rotate_method = "alltoall"
+    ("llama-3.1-8b", "fsdp=8,seq=8192,cp_rotate=p2p"),  # no effect at cp=1, but said and read back
 ]
 
 

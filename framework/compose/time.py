@@ -41,6 +41,7 @@ from ndcost.compose.topology import group_link
 from ndcost.errors import InvalidValue, Unpriced
 from ndcost.values import (
     CP_ALGOS,
+    CP_ROTATES,
     CPU_ADAM_PARAMETERS_PER_SECOND,
     FLOAT8_RECIPES,
     GRADIENT_SYNC,
@@ -725,7 +726,8 @@ def _ring_attention_work(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping
     compiles each block whole, the ring traced into the graph (``_maybe_wait``'s docstring), and each merge or
     accumulation is one fused kernel reading its inputs and writing its result once: the forward's
     ``(8 + w) o + 12 l`` a later step (``(8 + w / 2) o + 10 l`` at rank 0), the copies and the one
-    concatenation the all-gather sends (the rest are dead), the backward's accumulations
+    concatenation the all-gather sends (the rest are dead; under ``cp_rotate=p2p`` each of the ``cp - 1`` is
+    sent, ``2 w kv`` each, in both passes), the backward's accumulations
     ``(8 + w) x + (8 + w / 2) y`` (the whole tensor and the halved one) and the key gradients' final cast; the
     casts at step 0 and of the result are taken as folded into the neighbouring merge (counted at fp32: at
     most ``2 (4 - w) o`` over). The forward's launches are counted as eager (as the layer's own are, under
@@ -756,6 +758,10 @@ def _ring_attention_work(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping
                + later * np.maximum((8.0 + w) * q + (8.0 + w / 2.0) * kv,
                                     (8.0 + w / 2.0) * q + (8.0 + w) * kv + 4.0 * lse))
     compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
+    if compiled.any():  # under cp_rotate=p2p every concatenation is sent on: none is dead
+        sent = np.where((np.asarray(cols["cp_rotate"]) == CP_ROTATES.index("p2p"))[:, None],
+                        2.0 * w * kv * np.maximum(cp - 2.0, 0.0), 0.0)
+        fused_f, fused_b = fused_f + sent, fused_b + sent
     return {"forward_bytes": np.where(on, np.where(compiled, fused_f, eager_f), 0.0),
             "backward_bytes": np.where(on, np.where(compiled, fused_b, eager_b), 0.0),
             "launches": np.where(on, RING_LAUNCHES_PER_PASS + RING_LAUNCHES_PER_LATER_STEP * later, 0.0)}
@@ -1061,7 +1067,7 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
         bw_cp, lat_cp, link_cp = group_link(hardware, tp, cp, eff, ring=False)
         link_cp = {key: value[:, None] for key, value in link_cp.items()}
         attends = k["has_attention"][None, :]
-        ring = _ring_communication(k, rows, layer, hardware, eff, coll, (bw_cp, lat_cp, link_cp))
+        ring = _ring_communication(k, rows, cols, layer, hardware, eff, coll, (bw_cp, lat_cp, link_cp))
         cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
                                                            + k["kv_elements_per_token"])[None, :]
         cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
@@ -1095,38 +1101,64 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
             "exposed_extra": exposed_extra}
 
 
-def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, layer, hardware: Hardware, eff, coll,
-                        p2p) -> Dict[str, np.ndarray]:
+def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[str, Any], layer,
+                        hardware: Hardware, eff, coll, p2p) -> Dict[str, np.ndarray]:
     """``(N, K)`` seconds of ring CP's collectives a layer and micro-batch, each pass's and their exposed part, as
-    torch's ring attention runs them under torchtitan's default rotation (``context_parallel_rotate_method =
-    "allgather"``, torch's ``_RotateMethod.ALL_GATHER``; torch/distributed/tensor/experimental/_context_parallel/
-    _attention.py).
+    torch's ring attention runs them (``_templated_ring_attention`` and its backward,
+    torch/distributed/tensor/experimental/_context_parallel/_attention.py) under the strategy's ``cp_rotate``.
 
-    Forward: ``_AllGatherRotater`` all-gathers the rank's keys and values (``kv`` elements at the compute width,
-    ``cp`` blocks gathered) once, issued before step 0's kernel and waited for before step 1's: hidden behind step
-    0's kernel only (``scores_first_forward``), the excess exposed. Backward: a second all-gather of them behind
-    step 0's backward kernel, and the key and value gradients, accumulated in fp32 (``convert_to_f32``), passed to
-    the next rank after every one of the ``cp`` steps (the ``dkv_rotater`` is always ``_AllToAllRotater``:
-    ``permute_tensor``, an ``all_to_all_single`` with one peer each way: a send and a receive); each waited for
-    after the next step's kernel, so hidden behind one later step's backward kernel, and the last, waited for
-    right after the loop, exposed. A Megatron p2p ring (``--cp-comm-type p2p``) is priced the same way: its
-    per-step sends each overlap a step, the all-gather only the first, so this bounds its exposed K/V above.
-    Left out: the gathers and sends sharing the NCCL stream and the links with each other and with FSDP's.
+    ``allgather`` (torchtitan's default ``context_parallel_rotate_method``, torch's ``_AllGatherRotater``):
+    forward, one all-gather of the rank's keys and values (``kv`` elements at the compute width, ``cp`` blocks
+    gathered), issued before step 0's kernel and waited for before step 1's: hidden behind step 0's kernel only
+    (``scores_first_forward``), the excess exposed; backward, a second all-gather behind step 0's backward kernel.
+    ``p2p`` (torch's ``_AllToAllRotater``, torchtitan's ``"alltoall"``): ``permute_tensor``, an
+    ``all_to_all_single`` with one peer each way (a send and a receive), of one block, issued before each of the
+    first ``cp - 1`` steps' kernels and waited for before the next step's: each hidden behind its own step's
+    kernel (step 0's, then a later step's: ``(scores - scores_first) / (cp - 1)``), the excess exposed per step.
+    In the backward, under either, the key and value gradients, accumulated in fp32 (``convert_to_f32``), are
+    passed to the next rank after every one of the ``cp`` steps (the ``dkv_rotater`` is always
+    ``_AllToAllRotater``), each waited for after the next step's kernel, so hidden behind one later step's backward
+    kernel, and the last, waited for right after the loop, exposed. Under ``p2p`` a later step's K/V send is
+    issued after the previous step's gradient send on the same process group (one NCCL stream, so one after the
+    other): the two share that step's kernel.
+
+    Megatron-LM's ``--cp-comm-type p2p`` (Transformer Engine's ``AttnFuncWithCPAndKVP2P``,
+    transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py) is priced as ``p2p``: its
+    forward the same sends in the same order; its backward sends the gradients at the compute width, in one
+    message with the next K/V block, and none after the loop, so this bounds its backward's exposure above. Left
+    out: the step's merges and accumulations the sends also overlap (so the exposure is an upper bound), the
+    all-gathers and sends sharing the links with FSDP's and TP's collectives.
     """
     cp, width, tp = rows.cp[:, None], rows.compute_bytes[:, None], rows.tp[:, None]
     kv = (rows.tokens[:, None] / tp) * k["kv_elements_per_token"][None, :]
-    bw_g, lat_g, link_g = group_link(hardware, rows.tp, rows.cp, eff)
-    gather = coll["all_gather"](cp * kv * width, cp, bw_g[:, None], lat_g[:, None],
-                                **{key: value[:, None] for key, value in link_g.items()})
     bw_p, lat_p, link_p = p2p
     dkv = coll["send_recv"](4.0 * kv, 2.0, bw_p[:, None], lat_p[:, None], **link_p)
     later = np.maximum(cp - 1.0, 1.0)
     later_backward = (layer["scores_backward"] - layer["scores_first_backward"]) / later  # one later step's kernel
     on = cp > 1
-    return {"forward": np.where(on, gather, 0.0), "backward": np.where(on, gather + cp * dkv, 0.0),
-            "exposed_forward": np.where(on, np.maximum(0.0, gather - layer["scores_first_forward"]), 0.0),
-            "exposed_backward": np.where(on, np.maximum(0.0, gather - layer["scores_first_backward"])
-                                         + (cp - 1.0) * np.maximum(0.0, dkv - later_backward) + dkv, 0.0)}
+    rotating = (np.asarray(cols["cp_rotate"]) == CP_ROTATES.index("p2p"))[:, None]
+    gathering = ~rotating
+    out = {}
+    if gathering.any():
+        bw_g, lat_g, link_g = group_link(hardware, rows.tp, rows.cp, eff)
+        gather = coll["all_gather"](cp * kv * width, cp, bw_g[:, None], lat_g[:, None],
+                                    **{key: value[:, None] for key, value in link_g.items()})
+        out = {"forward": gather, "backward": gather + cp * dkv,
+               "exposed_forward": np.maximum(0.0, gather - layer["scores_first_forward"]),
+               "exposed_backward": np.maximum(0.0, gather - layer["scores_first_backward"])
+               + (cp - 1.0) * np.maximum(0.0, dkv - later_backward) + dkv}
+    if rotating.any():
+        send = coll["send_recv"](kv * width, 2.0, bw_p[:, None], lat_p[:, None], **link_p)
+        later_forward = (layer["scores_forward"] - layer["scores_first_forward"]) / later
+        middle = np.maximum(cp - 2.0, 0.0)  # the later steps that send a K/V block: all but the last
+        passed = {"forward": (cp - 1.0) * send, "backward": (cp - 1.0) * send + cp * dkv,
+                  "exposed_forward": np.maximum(0.0, send - layer["scores_first_forward"])
+                  + middle * np.maximum(0.0, send - later_forward),
+                  "exposed_backward": np.maximum(0.0, send - layer["scores_first_backward"])
+                  + middle * np.maximum(0.0, dkv + send - later_backward)
+                  + np.maximum(0.0, dkv - later_backward) + dkv}
+        out = passed if not out else {key: np.where(rotating, passed[key], value) for key, value in out.items()}
+    return {key: np.where(on, value, 0.0) for key, value in out.items()}
 
 
 def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) -> Dict[str, np.ndarray]:

@@ -120,7 +120,11 @@ KERNEL_PREFIXES = (
 
 PROGRAM_FLAGS = ("--num-layers", "--micro-batch-size", "--tensor-model-parallel-size", "--hidden-size",
                  "--pipeline-model-parallel-size", "--global-batch-size")
-CP_ALGOS = {"p2p": "ring", "a2a": "ulysses", "a2a+p2p": "hybrid"}
+# --cp-comm-type as (cp_algo, cp_rotate): p2p and a2a+p2p pass K/V blocks a step (Transformer Engine's
+# AttnFuncWithCPAndKVP2P, transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py; under
+# a2a+p2p between its all-to-all groups), allgather gathers them (AttnFuncWithCPAndKVAllGather), a2a is Ulysses
+CP_COMM_TYPES = {"p2p": ("ring", "p2p"), "allgather": ("ring", "allgather"), "a2a": ("ulysses", "allgather"),
+                 "a2a+p2p": ("hybrid", "p2p")}
 
 
 def _is_program(args: List[str]) -> bool:
@@ -381,10 +385,14 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
             raise v.refuse("--cp-comm-type", f"a type a layer ({' '.join(types) or 'none'}) is not priced",
                            "give one type for every layer in a copy")
         name = names.pop()
-        if name not in CP_ALGOS:
-            raise v.refuse("--cp-comm-type", f"{name!r} is not priced (ndcost prices p2p as ring, a2a as ulysses "
-                           f"and a2a+p2p as hybrid)", "price it as p2p: set --cp-comm-type p2p in a copy")
-        fields["cp_algo"] = CP_ALGOS[name]
+        if name not in CP_COMM_TYPES:
+            raise v.refuse("--cp-comm-type", f"{name!r} is not one of Megatron-LM's types "
+                           f"({', '.join(CP_COMM_TYPES)})", "give one of them")
+        fields["cp_algo"], fields["cp_rotate"] = CP_COMM_TYPES[name]
+    elif cp > 1:
+        fields["cp_rotate"] = "p2p"
+        defaults.append("--cp-comm-type defaults to p2p (megatron/training/arguments.py): cp_algo=ring, "
+                        "cp_rotate=p2p")
 
     fields.update(_recompute(v))
     micro = v.integer("micro-batch-size")
@@ -631,9 +639,14 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
         raise _refuse_write("sp", "true", "Megatron-LM turns sequence parallelism off at tp=1")
     if (s.vpp > 1 and s.schedule != "interleaved") or (s.vpp == 1 and s.schedule != "1f1b"):
         raise _refuse_write("schedule", s.schedule, "Megatron-LM runs 1f1b, or interleaved with vpp > 1")
-    if s.cp_algo not in CP_ALGOS.values():
-        raise _refuse_write("cp_algo", s.cp_algo, "Megatron-LM's --cp-comm-type has p2p (ring), a2a (ulysses), "
-                            "a2a+p2p (hybrid)")
+    comm_types = {pair: name for name, pair in CP_COMM_TYPES.items()}
+    if s.cp_algo not in {algo for algo, _ in comm_types}:
+        raise _refuse_write("cp_algo", s.cp_algo, "Megatron-LM's --cp-comm-type has p2p and allgather (ring), a2a "
+                            "(ulysses), a2a+p2p (hybrid)")
+    if (s.cp_algo, s.cp_rotate) not in comm_types:
+        raise _refuse_write("cp_rotate", s.cp_rotate, f"Megatron-LM's cp_algo={s.cp_algo} is --cp-comm-type "
+                            + " or ".join(f"{name} (cp_rotate={rotate})" for name, (algo, rotate)
+                                          in CP_COMM_TYPES.items() if algo == s.cp_algo))
     if s.recompute == "selective":
         raise _refuse_write("recompute", "selective", "an op-level policy is not Megatron-LM's; its selective is "
                             "recompute=core_attention")
@@ -663,8 +676,8 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
              f"--context-parallel-size {s.cp}"]
     if s.vpp > 1:
         flags.append(f"--num-virtual-stages-per-pipeline-rank {s.vpp}")
-    if s.cp > 1 or s.cp_algo != "ring":
-        flags.append("--cp-comm-type " + {a: k for k, a in CP_ALGOS.items()}[s.cp_algo])
+    if s.cp > 1 or s.cp_algo != "ring" or s.cp_rotate != "allgather":
+        flags.append("--cp-comm-type " + comm_types[s.cp_algo, s.cp_rotate])
     if s.ep > 1 or s.etp > 1 or s.tp > 1:  # explicit: without them an MoE's expert tp would default to tp
         flags.append(f"--expert-model-parallel-size {s.ep} --expert-tensor-parallel-size {s.etp}")
     if s.sp:

@@ -110,6 +110,8 @@ _READ = {
 FLOAT8_CONVERTERS = ("float8", "quantize.linear.float8")
 # filter_fqns ndcost prices: the head and the MoE router stay at the compute dtype under ndcost's float8
 _FLOAT8_KEPT = ("output", "router.gate")
+# [parallelism] context_parallel_rotate_method's values (torchtitan/config/job_config.py) as cp_rotate's
+ROTATE_METHODS = {"allgather": "allgather", "alltoall": "p2p"}
 # older files keep pipeline and context parallelism under [experimental]
 _EXPERIMENTAL = ("pipeline_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
                  "context_parallel_degree")
@@ -499,12 +501,15 @@ def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConf
             defaults.append("loss parallel on with tp > 1 (disable_loss_parallel = false): vocab_parallel=true")
             disabled = False
         fields["vocab_parallel"] = not boolean(KIND, f.path, "[parallelism] disable_loss_parallel", disabled)
+    # torch's rotater (set_rotate_method, from torchtitan/distributed/utils.py create_context_parallel_ctx):
+    # "allgather" gathers every K/V block once, "alltoall" passes one a step (_attention.py _create_rotater)
+    rotate = _name(KIND, f.path, "[parallelism] context_parallel_rotate_method",
+                   f.get("parallelism", "context_parallel_rotate_method", "allgather"))
+    if rotate not in ROTATE_METHODS:
+        raise f.error("[parallelism] context_parallel_rotate_method", f"{rotate!r} is not one of torchtitan's "
+                      f"methods ({', '.join(ROTATE_METHODS)})", 'set it to "allgather" or "alltoall"')
+    fields["cp_rotate"] = ROTATE_METHODS[rotate]
     if p["cp"] > 1:
-        rotate = f.get("parallelism", "context_parallel_rotate_method", "allgather")
-        if rotate != "allgather":
-            raise f.error("[parallelism] context_parallel_rotate_method", f"{rotate!r} is not priced yet (ndcost's "
-                          "cp_algo=ring holds the gathered keys and values, as allgather does)",
-                          'set it to "allgather" in a copy')
         fields["cp_algo"] = "ring"
     pipeline = _pipeline(f, p, layers)
     fields.update(pipeline)
@@ -589,6 +594,9 @@ def write(strategy: Strategy, *, model: Any, global_batch: Optional[int]) -> str
                 f"tensor_parallel_degree = {s.tp}", f"context_parallel_degree = {s.cp}",
                 f"pipeline_parallel_degree = {s.pp}", f"expert_parallel_degree = {s.ep}",
                 f"expert_tensor_parallel_degree = {s.etp}"]
+    if s.cp > 1 or s.cp_rotate != "allgather":
+        rotate = {v: k for k, v in ROTATE_METHODS.items()}[s.cp_rotate]
+        parallel.append(f'context_parallel_rotate_method = "{rotate}"')
     if s.tp > 1:
         parallel.append(f"disable_loss_parallel = {'false' if s.vocab_parallel else 'true'}")
         parallel.append(f"enable_async_tensor_parallel = {'true' if s.async_tp else 'false'}")
@@ -661,7 +669,8 @@ def _check_writable(s: Strategy) -> None:
         (s.sp != (s.tp > 1), f"sp={str(s.sp).lower()} with tp={s.tp}", "torchtitan's TP always runs sequence "
          "parallel"),
         (s.vocab_parallel and s.tp == 1, "vocab_parallel=true with tp=1", "nothing splits at tp=1"),
-        (s.cp_algo != "ring", f"cp_algo={s.cp_algo}", "torchtitan's CP is the ring of all-gathered keys and values"),
+        (s.cp_algo != "ring", f"cp_algo={s.cp_algo}", "torchtitan's CP is torch's ring attention (cp_algo=ring; "
+         "context_parallel_rotate_method is cp_rotate)"),
         (s.etp > 1 and s.etp != s.tp or (s.ep == 1 and s.etp > 1), f"etp={s.etp}",
          "torchtitan takes etp 1, or the tp degree with ep > 1"),
         (s.pp == 1 and (s.schedule != "1f1b" or s.vpp > 1 or s.pp_layers is not None),
