@@ -732,7 +732,8 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                           synonyms=("pipeline_engine", "pp_runtime", "pipeline_runtime", "pp_backend",
                                     "pipeline_backend")),
     "cp_rotate": FieldDoc(meaning="how a K/V-passing context-parallel ring (cp_algo ring, colossal or hybrid) "
-                                  "moves the keys and values. allgather (torch's default): one all-gather of every rank's blocks a pass, hidden behind the first "
+                                  "moves the keys and values. allgather (torch's default): one all-gather of every "
+                                  "rank's blocks a pass, hidden behind the first "
                                   "step's attention only (torch's _AllGatherRotater, torchtitan's "
                                   "context_parallel_rotate_method \"allgather\", Megatron-LM's --cp-comm-type "
                                   "allgather). p2p: the next block sent to the next rank while each step's "
