@@ -56,7 +56,7 @@ from ndcost.hookspecs import hookimpl
 from ndcost.layer import DENSE_MLPS, NO_MLPS
 from ndcost.plugins.expressions import Expression, Number, divide
 from ndcost.records import KindRecord
-from ndcost.values import CP_ALGOS, DTYPES, PARTS, ModelSpec
+from ndcost.values import CP_ALGOS, CP_KEEPS_GATHERED_KV, DTYPES, PARTS, ModelSpec
 
 SOURCE = "op_records"
 SPLITS = ("tp", "sequence")
@@ -746,17 +746,19 @@ def kv_shards(values: Union[Values, Mapping[str, Any]], *, records: Optional[OpR
     It is the full CP degree under Ulysses (each rank holds a subset of the
     heads) and for a linear-attention layer (which hands on a recurrent state
     rather than collecting keys and values); it is 1 for ring, Colossal-AI and
-    hybrid CP, whose all-gather leaves the whole keys and values on every rank.
+    hybrid CP, whose ring passes every rank's keys and values through each rank.
     """
     return as_values(values, records)["kv_shards"]
 
 
 def gathered_kv_bytes(values: Union[Values, Mapping[str, Any]], *, records: Optional[OpRecords] = None) -> Number:
-    """Per token of a rank's share, the bytes of the other ranks' keys and values it keeps.
+    """Per token of a rank's share, the bytes of the other ranks' keys and values it keeps for the backward.
 
-    When the CP scheme all-gathers keys and values (:func:`kv_shards` is 1),
-    each rank ends up holding them for the full sequence, its own chunk plus
-    ``cp - 1`` received ones, every one divided over TP. The ``qkv`` slot's ``gathered_kv`` term.
+    Where the CP scheme passes every rank's keys and values through each rank (:func:`kv_shards` is 1) and
+    its attention saves them (``keeps_gathered_kv``, ``ndcost.values.CP_KEEPS_GATHERED_KV``: Colossal-AI's
+    ring), the ``cp - 1`` received blocks, every one divided over TP; 0 for torch's ring attention and
+    Transformer Engine's, which save the rank's own share and gather again in the backward (their blocks
+    are working memory, which the op records do not price). The ``qkv`` slot's ``gathered_kv`` term.
     """
     values = as_values(values, records)
     return divide(values["gathered_kv_width"] * values["bytes_act"], values["tp"])
@@ -924,7 +926,7 @@ def values_for(spec: ModelSpec, kind: str, *, seq: Optional[int] = None, strateg
     given = model_values(spec, kind, attention=attention, dropout=dropout, ffn=ffn)
     given.update(s=int(seq), b=int(pick(micro_batch, "micro_batch", 1)), tp=int(pick(tp, "tp", 1)),
                  sp=int(bool(pick(sp, "sp", False))), cp=int(pick(cp, "cp", 1)), etp=int(pick(etp, "etp", 1)),
-                 ulysses=int(algo == "ulysses"))
+                 ulysses=int(algo == "ulysses"), keeps_gathered_kv=int(algo in CP_KEEPS_GATHERED_KV))
     if strategy is not None:
         given["bytes_act"] = DTYPES[strategy.compute]
     for name in ("s", "b", "tp", "cp", "etp"):
