@@ -189,15 +189,6 @@ FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")  # torchao Float8LinearConfig
 GRADIENT_SYNC = ("auto", "every_micro_batch", "last_micro_batch")
 PP_ENGINES = ("auto", "megatron", "torch")
 CP_ROTATES = ("allgather", "p2p")
-# the CP algorithms whose attention keeps the other ranks' keys and values (its cp - 1 gathered blocks) for the
-# backward: Colossal-AI's ring (its rule as before, not checked against its source). The others keep the rank's
-# own share only: torch's ring attention saves the SDPA op's local q, k, v and re-rotates the blocks in its
-# backward (torch/distributed/tensor/experimental/_context_parallel/_attention.py,
-# _templated_ring_attention_backward); Transformer Engine's AttnFuncWithCPAndKVP2P (p2p, a2a+p2p: the hybrid)
-# saves one block the size of the rank's own, its AttnFuncWithCPAndKVAllGather the local k, v
-# (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py). compose/memory.py prices
-# their gathered blocks as the attention backward's working memory; the op records read this too.
-CP_KEEPS_GATHERED_KV = ("colossal",)
 
 
 def _column(convert: Any, kind: str, **facts: Any) -> Any:
@@ -747,7 +738,9 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                   "context_parallel_rotate_method \"allgather\", Megatron-LM's --cp-comm-type "
                                   "allgather). p2p: the next block sent to the next rank while each step's "
                                   "attention runs, cp - 1 sends a pass (torch's _AllToAllRotater, torchtitan's "
-                                  "\"alltoall\"; Megatron-LM's --cp-comm-type p2p, its default). Refused as p2p "
+                                  "\"alltoall\"; Megatron-LM's --cp-comm-type p2p, its default). Memory: torch's ring "
+                                  "attention's backward holds all cp blocks and a send copy under allgather, three "
+                                  "blocks under p2p (compose/memory.py _ring_attention_working). Refused as p2p "
                                   "with cp_algo=ulysses (no ring); no effect at cp=1",
                           synonyms=("context_parallel_rotate_method", "rotate_method", "cp_rotate_method",
                                     "kv_rotation", "cp_rotation")),

@@ -19,8 +19,11 @@ Layers:
   an evaluation (sequence, micro-batch, TP/SP/CP/ETP, attention kernel) to a
   :class:`Values` mapping of the names the records read.
 - :func:`slot_bytes`, :func:`layer_slots`, :func:`op_bytes`,
-  :func:`layer_bytes`, :func:`ops_bytes`, :func:`kv_shards`,
-  :func:`gathered_kv_bytes` give what one rank holds for its part of a micro-batch.
+  :func:`layer_bytes`, :func:`ops_bytes`, :func:`kv_shards` give what one
+  rank holds for its part of a micro-batch. No CP algorithm keeps the other
+  ranks' keys and values for the backward (each saves the rank's own share;
+  ndcost.compose.memory ``_ring_attention_working`` cites the sources), so no
+  term holds them.
 - :func:`runtime_attention` says which attention kernel a runtime profile
   runs for a model (eager materializes the scores; SDPA and flash do not).
 - :func:`formula_record` gives the resolver a :class:`~ndcost.records.KindRecord`:
@@ -56,7 +59,7 @@ from ndcost.hookspecs import hookimpl
 from ndcost.layer import DENSE_MLPS, NO_MLPS
 from ndcost.plugins.expressions import Expression, Number, divide
 from ndcost.records import KindRecord
-from ndcost.values import CP_ALGOS, CP_KEEPS_GATHERED_KV, DTYPES, PARTS, ModelSpec
+from ndcost.values import CP_ALGOS, DTYPES, PARTS, ModelSpec
 
 SOURCE = "op_records"
 SPLITS = ("tp", "sequence")
@@ -751,19 +754,6 @@ def kv_shards(values: Union[Values, Mapping[str, Any]], *, records: Optional[OpR
     return as_values(values, records)["kv_shards"]
 
 
-def gathered_kv_bytes(values: Union[Values, Mapping[str, Any]], *, records: Optional[OpRecords] = None) -> Number:
-    """Per token of a rank's share, the bytes of the other ranks' keys and values it keeps for the backward.
-
-    Where the CP scheme passes every rank's keys and values through each rank (:func:`kv_shards` is 1) and
-    its attention saves them (``keeps_gathered_kv``, ``ndcost.values.CP_KEEPS_GATHERED_KV``: Colossal-AI's
-    ring), the ``cp - 1`` received blocks, every one divided over TP; 0 for torch's ring attention and
-    Transformer Engine's, which save the rank's own share and gather again in the backward (their blocks
-    are working memory, which the op records do not price). The ``qkv`` slot's ``gathered_kv`` term.
-    """
-    values = as_values(values, records)
-    return divide(values["gathered_kv_width"] * values["bytes_act"], values["tp"])
-
-
 # ---------------------------------------------------------------------------
 # a ModelSpec's values
 # ---------------------------------------------------------------------------
@@ -926,7 +916,7 @@ def values_for(spec: ModelSpec, kind: str, *, seq: Optional[int] = None, strateg
     given = model_values(spec, kind, attention=attention, dropout=dropout, ffn=ffn)
     given.update(s=int(seq), b=int(pick(micro_batch, "micro_batch", 1)), tp=int(pick(tp, "tp", 1)),
                  sp=int(bool(pick(sp, "sp", False))), cp=int(pick(cp, "cp", 1)), etp=int(pick(etp, "etp", 1)),
-                 ulysses=int(algo == "ulysses"), keeps_gathered_kv=int(algo in CP_KEEPS_GATHERED_KV))
+                 ulysses=int(algo == "ulysses"))
     if strategy is not None:
         given["bytes_act"] = DTYPES[strategy.compute]
     for name in ("s", "b", "tp", "cp", "etp"):
