@@ -738,7 +738,9 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                   "context_parallel_rotate_method \"allgather\", Megatron-LM's --cp-comm-type "
                                   "allgather). p2p: the next block sent to the next rank while each step's "
                                   "attention runs, cp - 1 sends a pass (torch's _AllToAllRotater, torchtitan's "
-                                  "\"alltoall\"; Megatron-LM's --cp-comm-type p2p, its default). Refused as p2p "
+                                  "\"alltoall\"; Megatron-LM's --cp-comm-type p2p, its default). Memory: torch's ring "
+                                  "attention's backward holds all cp blocks and a send copy under allgather, three "
+                                  "blocks under p2p (compose/memory.py _ring_attention_working). Refused as p2p "
                                   "with cp_algo=ulysses (no ring); no effect at cp=1",
                           synonyms=("context_parallel_rotate_method", "rotate_method", "cp_rotate_method",
                                     "kv_rotation", "cp_rotation")),

@@ -19,8 +19,11 @@ Layers:
   an evaluation (sequence, micro-batch, TP/SP/CP/ETP, attention kernel) to a
   :class:`Values` mapping of the names the records read.
 - :func:`slot_bytes`, :func:`layer_slots`, :func:`op_bytes`,
-  :func:`layer_bytes`, :func:`ops_bytes`, :func:`kv_shards`,
-  :func:`gathered_kv_bytes` give what one rank holds for its part of a micro-batch.
+  :func:`layer_bytes`, :func:`ops_bytes`, :func:`kv_shards` give what one
+  rank holds for its part of a micro-batch. No CP algorithm keeps the other
+  ranks' keys and values for the backward (each saves the rank's own share;
+  ndcost.compose.memory ``_ring_attention_working`` cites the sources), so no
+  term holds them.
 - :func:`runtime_attention` says which attention kernel a runtime profile
   runs for a model (eager materializes the scores; SDPA and flash do not).
 - :func:`formula_record` gives the resolver a :class:`~ndcost.records.KindRecord`:
@@ -746,20 +749,9 @@ def kv_shards(values: Union[Values, Mapping[str, Any]], *, records: Optional[OpR
     It is the full CP degree under Ulysses (each rank holds a subset of the
     heads) and for a linear-attention layer (which hands on a recurrent state
     rather than collecting keys and values); it is 1 for ring, Colossal-AI and
-    hybrid CP, whose all-gather leaves the whole keys and values on every rank.
+    hybrid CP, whose ring passes every rank's keys and values through each rank.
     """
     return as_values(values, records)["kv_shards"]
-
-
-def gathered_kv_bytes(values: Union[Values, Mapping[str, Any]], *, records: Optional[OpRecords] = None) -> Number:
-    """Per token of a rank's share, the bytes of the other ranks' keys and values it keeps.
-
-    When the CP scheme all-gathers keys and values (:func:`kv_shards` is 1),
-    each rank ends up holding them for the full sequence, its own chunk plus
-    ``cp - 1`` received ones, every one divided over TP. The ``qkv`` slot's ``gathered_kv`` term.
-    """
-    values = as_values(values, records)
-    return divide(values["gathered_kv_width"] * values["bytes_act"], values["tp"])
 
 
 # ---------------------------------------------------------------------------

@@ -359,14 +359,16 @@ def test_setup_d_megatron():
     zero_group = dp * cp                                  # the distributed optimizer shards over dp x cp
     expert_dp = dp * cp * t // ep                         # ...and the experts over the expert-data-parallel ranks
     T = s // cp                                           # tokens a CP rank holds
-    gathered = (cp - 1) * 2 * KV * DH * 2 / t             # ring CP keeps the other ranks' keys and values
+    # ring CP (torch's all-gather rotation) keeps the rank's own keys and values; its backward holds the cp
+    # gathered blocks and the send concatenation (bf16), the fp32 dK/dV ring's three blocks and the fp32 dQ
+    # accumulator (test_memory_ring_kv.py says where in torch's _attention.py), KV heads and query heads over TP
+    ring = (cp + 1) * 2 * KV * DH * 2 / t + 3 * 2 * KV * DH * 4 / t + A * DH * 4 / t
     core = 2 * A * s                                      # the attention core: the bf16 softmax output, a token
-    kept_token = (SV + STP) / t - core / t + gathered     # SP splits everything over TP
+    kept_token = (SV + STP) / t - core / t                # SP splits everything over TP
     kept_layer = T * kept_token
-    layer_peak = T * ((WV + WTP) / t + gathered)
+    layer_peak = T * ((WV + WTP) / t + ring)
     comm = max(T * H * 2,                                 # SP's gathered layer input
-               2 * T * TOPK * H * 2 / t,                  # EP's dispatch and combine buffers
-               2 * T * 2 * KV * DH * 2 / t)               # CP's key/value blocks in flight
+               2 * T * TOPK * H * 2 / t)                  # EP's dispatch and combine buffers (the ring's in the peak)
     peaks = []
     for rank in range(p):
         held = megatron_interleaved_held(p, v, m, rank)

@@ -276,7 +276,7 @@ def test_layer_bytes_and_op_bytes_agree(records):
 
 
 # ---------------------------------------------------------------------------
-# context parallelism: kv_shards and the gathered keys and values
+# context parallelism: kv_shards and the keys and values a rank keeps
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("algo, shards", [("ring", 1), ("colossal", 1), ("hybrid", 1), ("ulysses", 4)])
 def test_kv_shards_by_cp_algorithm(algo, shards):
@@ -288,26 +288,24 @@ def test_kv_shards_by_cp_algorithm(algo, shards):
 def test_linear_attention_splits_keys_and_values_under_any_cp():
     for algo in ("ring", "ulysses", "colossal", "hybrid"):
         values = R.values_for(qwen3_next(), "linear_attention", seq=8192, cp=4, cp_algo=algo)
-        assert R.kv_shards(values) == 4 and R.gathered_kv_bytes(values) == 0
+        assert R.kv_shards(values) == 4
 
 
 @pytest.mark.parametrize("tp", [1, 2, 8])
-def test_gathered_kv(tp):
+@pytest.mark.parametrize("algo", ["ring", "colossal", "hybrid", "ulysses"])
+def test_no_cp_algorithm_keeps_the_other_ranks_keys_and_values(algo, tp):
+    """A rank keeps its own share's queries, keys and values under every CP algorithm: torch's ring attention
+    saves the SDPA op's local q, k, v and gathers again in its backward
+    (torch/distributed/tensor/experimental/_context_parallel/_attention.py), Transformer Engine's p2p and
+    a2a+p2p save one block the size of the rank's own (AttnFuncWithCPAndKVP2P), Colossal-AI's RingAttention
+    the local q, k, v (colossalai/shardformer/layer/attn.py), Ulysses its heads of the whole sequence."""
     s, cp = 8192, 4
-    gather = R.values_for(llama(), "dense", seq=s, cp=cp, tp=tp, cp_algo="ring", attention="sdpa")
-    ulysses = R.values_for(llama(), "dense", seq=s, cp=cp, tp=tp, cp_algo="ulysses", attention="sdpa")
-    # per token of a rank's share: (cp - 1) other ranks' keys and values, 8 heads of 128 each, 2 bytes, over TP
-    per_token = (cp - 1) * 2 * 8 * 128 * 2 // tp
-    assert R.gathered_kv_bytes(gather) == per_token
-    assert R.gathered_kv_bytes(ulysses) == 0
-    assert R.gathered_kv_bytes(R.values_for(llama(), "dense", seq=s, cp=1, tp=tp)) == 0
+    values = R.values_for(llama(), "dense", seq=s, cp=cp, tp=tp, cp_algo=algo, attention="sdpa")
     tokens = s // cp
-    assert R.slot_bytes(gather, "qkv", only="gathered_kv") == tokens * per_token
     # the rank's own share: input 4096 wide (whole under TP without SP), Q 32x128, K and V 8x128 each, over TP;
     # the rotary cos and sin (128 wide each, bf16), which q * cos and rotate_half(q) * sin keep, not split
     own = tokens * 4096 * 2 + tokens * (32 + 8 + 8) * 128 * 2 // tp + tokens * 2 * 128 * 2
-    assert R.slot_bytes(ulysses, "qkv") == own
-    assert R.slot_bytes(gather, "qkv") == own + tokens * per_token
+    assert R.slot_bytes(values, "qkv") == own
 
 
 def test_scores_under_cp_are_a_share_of_the_whole():

@@ -45,11 +45,12 @@ from ndcost.compose import sharding as sharding_rules
 from ndcost.compose import topology
 from ndcost.compose.sharding import MATMUL_PARTS, REPLICATED_PARTS, ROUTED_PARTS, TP_PARTS
 from ndcost.errors import InvalidValue, Unpriced
-from ndcost.values import CP_ALGOS, DTYPES, MEMORY_CATEGORIES, PARTS, PP_ENGINES, RECOMPUTE
+from ndcost.values import CP_ALGOS, CP_ROTATES, DTYPES, MEMORY_CATEGORIES, PARTS, PP_ENGINES, RECOMPUTE
 
 CATEGORIES = MEMORY_CATEGORIES
 
-GATHERING_CP = np.array([a in ("ring", "colossal", "hybrid") for a in CP_ALGOS])
+# the K/V-passing rings: their blocks are the attention backward's working memory (_ring_attention_working)
+RING_CP = np.array([a in ("ring", "colossal", "hybrid") for a in CP_ALGOS])
 
 
 def ceil_div(x, d):
@@ -110,6 +111,7 @@ class ModelTables:
     is_moe: np.ndarray            # (K,) bool: the kind routes tokens to experts
     kv_elements_per_token: np.ndarray  # (K,): keys and values a token, all heads, TP 1 (0: no KV to gather)
     kv_params: np.ndarray         # (K,): of tp_params, the key and value projections (GQA; 0 for MLA, linear)
+    q_elements_per_token: np.ndarray  # (K,): queries a token, all heads, TP 1 (0 where there is no KV to gather)
 
     @classmethod
     def build(cls, spec, counts, builds_mtp: bool) -> "ModelTables":
@@ -144,15 +146,18 @@ class ModelTables:
             raise Unpriced(f"model {spec.name!r}: no parameters for layer kinds {missing} "
                            f"(the family's parameters() left them out)")
         head_dim = spec.resolved_head_dim
-        kv_elems = []
+        kv_elems, q_elems = [], []
         for k in kinds:
             if spec.kind(k).linear:
                 kv_elems.append(0)
+                q_elems.append(0)
             elif spec.kind(k).latent:
                 qk = (spec.qk_nope_head_dim or head_dim) + (spec.qk_rope_head_dim or 0)
                 kv_elems.append(spec.num_attention_heads * (qk + (spec.v_head_dim or head_dim)))
+                q_elems.append(spec.num_attention_heads * qk)
             else:
                 kv_elems.append(2 * (spec.num_key_value_heads or spec.num_attention_heads) * head_dim)
+                q_elems.append(spec.num_attention_heads * head_dim)
         routed = parts(ROUTED_PARTS)
         kv_params = []
         for k in kinds:
@@ -174,7 +179,8 @@ class ModelTables:
             intermediate_size=spec.intermediate_size, num_experts=spec.num_experts or 0,
             experts_per_token=spec.num_experts_per_tok or 0, moe_intermediate_size=spec.moe_intermediate_size,
             linear_heads=linear, is_moe=routed > 0, kv_elements_per_token=np.array(kv_elems, dtype=np.float64),
-            kv_params=np.minimum(np.array(kv_params, dtype=np.int64), parts(("attention",))))
+            kv_params=np.minimum(np.array(kv_params, dtype=np.int64), parts(("attention",))),
+            q_elements_per_token=np.array(q_elems, dtype=np.float64))
 
 
 def _nan(value):
@@ -603,13 +609,61 @@ class _LayerActivations:
     shared: np.ndarray            # what a layer saves of the tensors its model hands every layer, once a stage
 
 
+def _ring_attention_working(model: ModelTables, cols, batch: _Batch, kv_split) -> np.ndarray:
+    """(N, K) bytes a token of the rank's share that a ring's attention backward holds beyond one layer without CP.
+
+    No ring keeps the other ranks' keys and values for the backward: each saves the rank's own share and
+    passes the blocks again (torch's ring attention: the SDPA op dispatched on DTensors, autograd saving its
+    local q, k, v; Transformer Engine's ``AttnFuncWithCPAndKVP2P`` one block the size of the rank's own,
+    ``AttnFuncWithCPAndKVAllGather`` the local k, v; Colossal-AI's ``RingAttention`` the local q, k, v:
+    transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
+    colossalai/shardformer/layer/attn.py).
+
+    With B the rank's own keys and values (compute dtype), F them in fp32 and Q32 its queries in fp32, at
+    the kernel call of the backward's step (torch/distributed/tensor/experimental/_context_parallel/
+    _attention.py, ``_templated_ring_attention_backward``, ``convert_to_f32``; the inputs are transposed
+    views, so the ``contiguous()`` copies are real): the dK/dV ring (``_AllToAllRotater`` always) holds the
+    block it received, the concatenation it sends and the next block, 3 F, from the second step on; the dQ
+    accumulator is Q32. Under ``cp_rotate=allgather`` the ``_AllGatherRotater``'s buffer holds all ``cp``
+    blocks and the step's send concatenation one more: (cp + 1) B + 3 F + Q32. Under ``p2p`` the current
+    block, its send copy and the next, min(cp, 3) B + 3 F + Q32 (at cp = 2 the last step sends none).
+    Hybrid is Transformer Engine's a2a+p2p (``AttnFuncWithCPAndKVP2P.backward``): two KV/dKV buffers and
+    dq in the compute dtype, 4 B + Q, whatever the rotation. Colossal-AI's ``RingAttention.backward``: two
+    K/V buffers (its stacked own block and the next), two fp32 dK/dV buffers and the fp32 dq, 2 B + 2 F +
+    Q32 (one ring; its double ring's inter-ring block left out).
+
+    Left out: the forward's own buffers (no moment of ``MOMENTS`` is in a forward; torch's forward holds
+    less than its backward, (cp + 2) B at most under all-gather; Transformer Engine's p2p forward keeps every
+    block it received, cp B, to its end, more than its backward's 4 B + Q at a large cp), the load-balanced
+    steps' ``_partial_update`` copies made after the kernel, and Transformer Engine's figures for ``ring``
+    (its p2p backward holds 4 B + Q, its all-gather about 2 cp B: the gathered K/V and the whole dK/dV):
+    ``ring`` is priced as torch runs it. The layer's backward peak is taken at its attention's backward, an
+    upper bound where another part of the layer peaks higher.
+    """
+    algo, cp = cols["cp_algo"], batch.cp[:, None]
+    rings = RING_CP[algo] & (batch.cp_int > 1)
+    if not rings.any():
+        return np.zeros((len(algo), len(model.kinds)))
+    kv = model.kv_elements_per_token[None, :] / kv_split[:, None]
+    queries = model.q_elements_per_token[None, :] / batch.tp[:, None]
+    compute = batch.compute_bytes[:, None]
+    torch_ring = 3 * kv * 4.0 + queries * 4.0 + kv * compute * np.where(
+        (cols["cp_rotate"] == CP_ROTATES.index("p2p"))[:, None], np.minimum(cp, 3.0), cp + 1.0)
+    transformer_engine = (4 * kv + queries) * compute
+    colossal = 2 * kv * compute + 2 * kv * 4.0 + queries * 4.0
+    per_token = select([(algo == CP_ALGOS.index("hybrid"))[:, None], (algo == CP_ALGOS.index("colossal"))[:, None]],
+                       [transformer_engine, colossal], default=torch_ring)
+    return np.where(rings[:, None], per_token, 0.0)
+
+
 def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch) -> _LayerActivations:
     """Each kind's kept and working bytes for one layer and micro-batch of ``micro_batch * seq / cp`` tokens.
 
     The record's ``saved + saved_tp / tp`` (``(saved + saved_tp) / tp``
     under ``sp``); routed bytes scaled by ``moe_imbalance``, their width split
-    by ``etp``; under ring, Colossal-AI or hybrid CP the other ``cp - 1``
-    ranks' keys and values (Ulysses and linear attention gather none).
+    by ``etp``; under ring, Colossal-AI or hybrid CP nothing of the other
+    ranks' keys and values (the ring's blocks and gradient accumulators are the working figure's,
+    :func:`_ring_attention_working`).
     Recompute: ``full`` keeps the layer's input (``h`` elements a token in the
     residual dtype, split by tp under sp), ``selective`` the record's
     selective figure, ``core_attention`` drops attBMM, softmax and dropout.
@@ -637,26 +691,23 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
     routed_one = np.where(sp[:, None], etp / t[:, None], 1.0) * (row("routed_tokens") + row("routed_width") / etp)
     plain_per_token = at_tp(row("saved") - row("routed"), row("saved_tp") - row("routed_tp")) + imbalance * routed_one
     kv_split = np.minimum(batch.tp_int, model.kv_heads)
-    gathers = GATHERING_CP[cols["cp_algo"]] & (batch.cp_int > 1)
-    gathered = np.where(gathers[:, None], (batch.cp[:, None] - 1) * model.kv_elements_per_token[None, :]
-                        * batch.compute_bytes[:, None] / kv_split[:, None], 0.0)
     # keys and values replicated where TP exceeds the KV heads: a rank keeps 1/kv_heads of them, not 1/tp
-    gathered = gathered + np.where(model.kv_params[None, :] > 0, model.kv_elements_per_token[None, :]
-                                   * batch.compute_bytes[:, None] * (1.0 / kv_split - 1.0 / t)[:, None], 0.0)
+    replicated_kv = np.where(model.kv_params[None, :] > 0, model.kv_elements_per_token[None, :]
+                             * batch.compute_bytes[:, None] * (1.0 / kv_split - 1.0 / t)[:, None], 0.0)
     tokens = batch.tokens[:, None]
-    keep_plain = tokens * (plain_per_token + gathered)
+    keep_plain = tokens * (plain_per_token + replicated_kv)
     mode = cols["recompute"]
     full = (mode == RECOMPUTE.index("full"))[:, None]
     full_input = (model.hidden_size * batch.residual_bytes / np.where(sp, t, 1.0))[:, None] * np.ones((1, K))
     core = plain_per_token - at_tp(row("dropped"), row("dropped_tp"))
     per_token = select([full, (mode == RECOMPUTE.index("selective"))[:, None],
                         (mode == RECOMPUTE.index("core_attention"))[:, None]],
-                       [full_input, at_tp(row("selective"), row("selective_tp")) + gathered, core + gathered],
-                       default=plain_per_token + gathered)
+                       [full_input, at_tp(row("selective"), row("selective_tp")) + replicated_kv, core + replicated_kv],
+                       default=plain_per_token + replicated_kv)
     keep_recomputed = tokens * per_token
     working = row("working")
     working_plain = tokens * (nan_to_zero(at_tp(working, row("working_tp"))) + (imbalance - 1.0) * routed_one
-                              + gathered)
+                              + replicated_kv + _ring_attention_working(model, cols, batch, kv_split))
     working_plain = np.where(np.isnan(working), np.maximum(keep_plain, keep_recomputed), working_plain)
     working_recomputed = working_plain + np.where(full, tokens * full_input * row("working_input"), 0.0)
     return _LayerActivations(
@@ -797,7 +848,8 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     backward, GPipe's; an upper bound by the layers a forward just resharded
     under 1F1B), and no gradient waits in a reduce-scatter buffer. Plus the largest of
     SP's gathered layer input, EP's dispatch and combine buffers and CP's KV
-    blocks in flight (TP without SP all-reduces in place: no buffer).
+    blocks in flight under Ulysses (a ring's are the layer's working figure's; TP without SP all-reduces in
+    place: no buffer).
     """
     K = len(model.kinds)
     n, ranks = params.dense.shape
@@ -835,7 +887,9 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
                          (2 * tokens * model.experts_per_token * model.hidden_size * batch.compute_bytes
                           * cols["moe_imbalance"] / np.where(sp, t, 1.0))[:, None], 0.0)
     kv_max = model.kv_elements_per_token.max() if K else 0.0
-    cp_buffer = np.where(batch.cp_int > 1, 2 * tokens * kv_max * batch.compute_bytes / t, 0.0)
+    # the rings' blocks are their attention's working memory (_ring_attention_working), not a standing buffer
+    cp_buffer = np.where((batch.cp_int > 1) & ~RING_CP[cols["cp_algo"]],
+                         2 * tokens * kv_max * batch.compute_bytes / t, 0.0)
     activation_buffers = np.maximum(np.maximum(tp_buffer[:, None], ep_buffer), cp_buffer[:, None])
     gathers = batch.sharding.sharded["parameters"][:, None]
     return tuple(np.where(gathers, buffer, 0.0) + activation_buffers for buffer in (at_loss, at_last, at_end))
