@@ -70,6 +70,14 @@ def nan_to_zero(x):
     return np.minimum(np.maximum(zeroed, -_FLOAT_MAX), _FLOAT_MAX)  # a few rows: without np.clip's Python wrapper
 
 
+def _sum_in_order(terms, shape):
+    """The sum of *terms* over its leading axis, term after term (a float sum the same to the bit as a loop
+    adding each to zeros: ``np.sum`` may pair them otherwise); zeros of *shape* where there is none."""
+    if not len(terms):
+        return np.zeros(shape)
+    return np.add.accumulate(terms, axis=0)[-1]
+
+
 def select(conditions, choices, default):
     """``np.select``: each entry from the first condition that holds, else *default*; as nested ``np.where``
     (``np.select`` broadcasts every argument first, which weighs on a batch of one strategy)."""
@@ -193,7 +201,7 @@ AUTOCAST_FIELDS = ("saved", "saved_tp", "working", "working_tp")
 
 def _fp32_autocast(batch: "_Batch") -> np.ndarray:
     """(N,) bool: the layers run fp32 parameters (and residual stream) under bf16 or fp16 autocast."""
-    return batch.autocast & (batch.param_bytes == 4) & (batch.compute_bytes == 2)
+    return batch.fp32_autocast
 
 
 def _figure(values: np.ndarray, autocast_values: np.ndarray, fp32_autocast: np.ndarray) -> np.ndarray:
@@ -446,6 +454,10 @@ class _Batch:
     autocast: np.ndarray           # bool: matmuls cast the weights (and the forward saves the copies)
     residual_bytes: np.ndarray     # the residual stream's dtype (a full-recompute layer's input)
     sharding: sharding_rules.Sharding
+    fp32_autocast: np.ndarray      # bool: fp32 parameters (and residual stream) under bf16 or fp16 autocast
+    any_fp32_autocast: bool        # some row runs it
+    # the batch's recompute codes (by RECOMPUTE index): the steps skip a mode's terms where no row runs it
+    recompute_used: Tuple[bool, ...]
 
 
 def _batch(cols: Mapping[str, Any]) -> _Batch:
@@ -458,13 +470,19 @@ def _batch(cols: Mapping[str, Any]) -> _Batch:
     compute_bytes, param_bytes = DTYPE_BYTES[cols["compute_dtype"]], DTYPE_BYTES[cols["param_dtype"]]
     shard = sharding_rules.sharding(cols)
     autocast = (cols["compute_dtype"] != cols["param_dtype"]) & ~shard.sharded["parameters"]
+    fp32_autocast = autocast & (param_bytes == 4) & (compute_bytes == 2)
+    mode = cols["recompute"]
+    used = (np.bincount(mode, minlength=len(RECOMPUTE)) > 0).tolist() if len(mode) != 1 else \
+        [code == int(mode[0]) for code in range(len(RECOMPUTE))]
     return _Batch(tp=cols["tp"].astype(np.float64), tp_int=cols["tp"].astype(np.int64), cp=cp,
                   cp_int=cols["cp"].astype(np.int64), sp=cols["sp"].astype(bool),
                   tokens=cols["micro_batch"].astype(np.float64) * cols["seq"].astype(np.float64) / cp,
                   compute_bytes=compute_bytes, param_bytes=param_bytes,
                   grad_bytes=DTYPE_BYTES[cols["grad_dtype"]], optimizer_bytes=DTYPE_BYTES[cols["optimizer_dtype"]],
                   master_bytes=DTYPE_BYTES[cols["master_dtype"]], autocast=autocast,
-                  residual_bytes=np.where(autocast, param_bytes, compute_bytes), sharding=shard)
+                  residual_bytes=np.where(autocast, param_bytes, compute_bytes), sharding=shard,
+                  fp32_autocast=fp32_autocast, any_fp32_autocast=bool(np.count_nonzero(fp32_autocast)),
+                  recompute_used=tuple(used))
 
 
 def _whole_gradients(batch: _Batch) -> np.ndarray:
@@ -1135,6 +1153,11 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
     return stage_bytes, np.maximum(best_total, 0).astype(np.int64), best_index
 
 
+# the categories _reserved holds as one large block each
+_BLOCK_CATEGORIES = np.array([CATEGORIES.index(name) for name in ("parameters", "master", "optimizer_states",
+                                                                   "gradients", "communication")])
+
+
 def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement, held,
               stage_bytes, stage_peak, stage_exists):
     """(N, R) bytes the caching allocator reserves for each stage's peak (-1: not claimed), and why not (N,).
@@ -1156,9 +1179,7 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     census's sequence length (a segment's rounding does not), and ``moe_imbalance``, CP's gathered keys
     and values and ``etp`` do not change it.
     """
-    fp32_autocast = _fp32_autocast(batch)
-
-    any_fp32_autocast = bool(np.count_nonzero(fp32_autocast))
+    fp32_autocast, any_fp32_autocast = batch.fp32_autocast, batch.any_fp32_autocast
 
     def row(name, autocast_name=None):  # the autocast pass's replay where the row runs fp32 parameters under it
         values = recs[name][seq_index]
@@ -1167,71 +1188,78 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
         return np.where(fp32_autocast[:, None] if values.ndim == 2 else fp32_autocast,
                         recs[autocast_name][seq_index], values)
 
-    t, sp, K = batch.tp, batch.sp, len(model.kinds)
+    t, sp = batch.tp, batch.sp
 
-    def at_tp(x, x_tp):
-        return batch.tokens[:, None] * np.where(sp[:, None], (x + x_tp) / t[:, None], x + x_tp / t[:, None])
+    def at_tp(x, x_tp):  # (K, N): the kinds lead, as the placement's counts
+        return (batch.tokens[:, None] * np.where(sp[:, None], (x + x_tp) / t[:, None], x + x_tp / t[:, None])).T
 
     mode = cols["recompute"]
-    full = (mode == RECOMPUTE.index("full"))[:, None]
+    used = batch.recompute_used
     core = mode == RECOMPUTE.index("core_attention")
     policed = core | (mode == RECOMPUTE.index("selective"))  # rows whose recomputed layers run a policy
+    any_policed = used[RECOMPUTE.index("core_attention")] or used[RECOMPUTE.index("selective")]
     per_layer = at_tp(row("reserved_layer", "autocast_reserved_layer"),
                       row("reserved_layer_tp", "autocast_reserved_layer_tp"))
     working = at_tp(row("reserved_working", "autocast_reserved_working"),
                     row("reserved_working_tp", "autocast_reserved_working_tp"))
 
     def policy(name):
+        if not used[RECOMPUTE.index("core_attention")]:
+            return row(f"reserved_selective_{name}")
         return np.where(core[:, None], row(f"reserved_core_attention_{name}"), row(f"reserved_selective_{name}"))
 
-    if policed.any():
-        sel_layer = at_tp(policy("layer"), policy("layer_tp"))
-        sel_working = at_tp(policy("working"), policy("working_tp"))
-    else:  # no row runs a policy: every use below is masked by policed, so any figure of the shape stands in
-        sel_layer, sel_working = per_layer, working
     n, ranks = stage_peak.shape
-    activations, recomputed = np.zeros((n, ranks)), np.zeros((n, ranks), dtype=np.int64)
-    working_most = np.full((n, ranks), -np.inf)
-    unknown = np.zeros(n, dtype=bool)
-    for k in range(K):  # a loop over kinds, never layers
-        present = where.layers[k].sum(axis=2) > 0
-        redone = where.recomputed[k].sum(axis=2) > 0
-        unknown |= (present & (np.isnan(per_layer[:, k]) | np.isnan(working[:, k]))[:, None]).any(axis=1)
-        unknown |= policed & (redone & (np.isnan(sel_layer[:, k]) | np.isnan(sel_working[:, k]))[:, None]).any(
-            axis=1)
-        plain = ((where.layers[k] - where.recomputed[k]) * held).sum(axis=2)
-        redone_held = (where.recomputed[k] * held).sum(axis=2)
-        activations = activations + plain * nan_to_zero(per_layer[:, k])[:, None] + np.where(
-            policed[:, None], redone_held * nan_to_zero(sel_layer[:, k])[:, None], 0.0)
-        recomputed = recomputed + redone_held
-        # the working peak's excess: a plain (or fully recomputed) layer's, and a policy's recomputed layer's
-        by_policy = policed[:, None] & redone
+    # (K, N, R) over the kinds at once, never a layer: their layers on each rank, and those times the
+    # micro-batches each chunk holds
+    present, redone = where.rank_kind_layers > 0, where.rank_kind_recomputed > 0
+    plain = (where.plain * held).sum(axis=3)
+    redone_held = (where.recomputed * held).sum(axis=3)
+    missing = present & (np.isnan(per_layer) | np.isnan(working))[:, :, None]
+    kept = plain * nan_to_zero(per_layer)[:, :, None]
+    as_plain = present
+    if any_policed:  # a policy's recomputed layers: its replays' figures
+        sel_layer, sel_working = at_tp(policy("layer"), policy("layer_tp")), at_tp(policy("working"),
+                                                                                    policy("working_tp"))
+        by_policy = policed[None, :, None] & redone
         as_plain = present & ~(by_policy & (plain == 0))
-        working_most = np.where(as_plain, np.maximum(working_most, nan_to_zero(working[:, k])[:, None]), working_most)
-        working_most = np.where(by_policy, np.maximum(working_most, nan_to_zero(sel_working[:, k])[:, None]),
-                                working_most)
+        missing |= by_policy & (np.isnan(sel_layer) | np.isnan(sel_working))[:, :, None]
+        by_policy_kept = np.where(policed[None, :, None], redone_held * nan_to_zero(sel_layer)[:, :, None], 0.0)
+        # each kind's plain layers, then its policy's: the order of the sum over kinds
+        kept = np.stack((kept, by_policy_kept), axis=1).reshape((-1, n, ranks))
+    most = np.where(as_plain, nan_to_zero(working)[:, :, None], -np.inf)
+    if any_policed:
+        most = np.concatenate((most, np.where(by_policy, nan_to_zero(sel_working)[:, :, None], -np.inf)))
+    unknown = missing.any(axis=(0, 2))
+    activations = _sum_in_order(kept, (n, ranks))
+    recomputed = redone_held.sum(axis=0)
+    # the working peak's excess: the largest of a plain (or fully recomputed) layer's and a policy's
+    working_most = np.maximum.reduce(most, axis=0, initial=-np.inf)
     vocab_parallel = cols["vocab_parallel"].astype(bool)
     x, x_tp = row("out_reserved", "out_autocast_reserved"), row("out_reserved_tp", "out_autocast_reserved_tp")
     output = batch.tokens * np.where(vocab_parallel, np.where(sp, (x + x_tp) / t, x + x_tp / t), x + x_tp)
     unknown |= (where.has_head & np.isnan(output)[:, None]).any(axis=1)
     output = np.where(where.has_head, nan_to_zero(output)[:, None], 0.0)
-    input_bytes = whole(model.hidden_size * batch.residual_bytes * batch.tokens / np.where(sp, t, 1.0)).astype(
-        np.int64)[:, None]
-    inputs = np.where(full & (recomputed > 0), packed_reserved_bytes(recomputed, np.maximum(input_bytes, 1))
-                      - recomputed * input_bytes, 0)
-    offloaded = np.asarray(cols["offload_activations"], dtype=bool)[:, None]
-    layers = (np.where(offloaded, 0.0, activations + inputs) + np.where(np.isfinite(working_most), working_most, 0.0)
-              + output)
-    blocks = np.zeros((n, ranks), dtype=np.int64)
-    for name in ("parameters", "master", "optimizer_states", "gradients", "communication"):
-        held_bytes = stage_bytes[:, :, CATEGORIES.index(name)]
-        blocks = blocks + large_block_bytes(held_bytes) - held_bytes
+    layers = activations
+    if used[RECOMPUTE.index("full")]:  # a full-recompute layer's kept input, as packed into segments
+        full = (mode == RECOMPUTE.index("full"))[:, None]
+        input_bytes = whole(model.hidden_size * batch.residual_bytes * batch.tokens / np.where(sp, t, 1.0)).astype(
+            np.int64)[:, None]
+        packed = packed_reserved_bytes(recomputed, np.maximum(input_bytes, 1)) - recomputed * input_bytes
+        layers = layers + np.where(full & (recomputed > 0), packed, 0)
+    layers = np.where(np.asarray(cols["offload_activations"], dtype=bool)[:, None], 0.0, layers)
+    layers = layers + np.where(np.isfinite(working_most), working_most, 0.0) + output
+    held_bytes = stage_bytes[:, :, _BLOCK_CATEGORIES]  # each held as one large block
+    blocks = (large_block_bytes(held_bytes) - held_bytes).sum(axis=2)
     allocated = stage_peak - stage_bytes[:, :, CATEGORIES.index("allocator")]
     reserved = allocated + blocks + whole(np.maximum(layers, 0.0)).astype(np.int64)
-    # under fp32 autocast the policies' passes (run with bf16 parameters) are not the run's
-    autocast_unknown = fp32_autocast & (unknown | (policed & (recomputed > 0).any(axis=1)))
-    unclaimed = np.where(unknown & ~fp32_autocast, 1, np.where(autocast_unknown, 2, 0))
-    reserved = np.where((unclaimed > 0)[:, None], -1, np.where(stage_exists, reserved, 0))
+    if any_fp32_autocast:  # under fp32 autocast the policies' passes (run with bf16 parameters) are not the run's
+        autocast_unknown = fp32_autocast & (unknown | (policed & (recomputed > 0).any(axis=1)))
+        unclaimed = np.where(unknown & ~fp32_autocast, 1, np.where(autocast_unknown, 2, 0))
+    else:
+        unclaimed = unknown.astype(np.int64)
+    if stage_exists is not None:
+        reserved = np.where(stage_exists, reserved, 0)
+    reserved = np.where((unclaimed > 0)[:, None], -1, reserved)
     return reserved, unclaimed
 
 
@@ -1253,7 +1281,7 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     mtp = model.mtp_counts if model.builds_mtp else None
     where = placement_rules.place(model.stack, cols, schedules, mtp_counts=mtp, pp_bounds=cols.get("pp_bounds"))
     held = _in_flight(cols, schedules, where)
-    layers = where.layers.sum(axis=3)  # (K, N, R): each rank's layers, MTP ones with the head
+    layers = where.rank_kind_layers  # (K, N, R): each rank's layers, MTP ones with the head
     params = _stage_parameters(model, batch, cols, where, layers)
     persistent = _persistent_bytes(params, batch, cols, states_per_parameter, step_temporaries_per_parameter)
     persistent, host_states = _offload_states(persistent, batch, cols)
@@ -1283,8 +1311,11 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     host_bytes, offloaded_activations = (np.where(beyond[:, None], 0.0, x).astype(np.int64)
                                          for x in (host_bytes, offloaded_activations))
     stage_layers = layers.sum(axis=0) if len(model.kinds) else np.zeros(stage_peak.shape, dtype=np.int64)
-    stage_exists = np.arange(stage_peak.shape[1])[None, :] < cols["pp"].astype(np.int64)[:, None]
-    if not stage_exists.all():  # rows of fewer stages than the batch's most: their extra stages hold nothing
+    pp = cols["pp"]
+    stage_exists = None  # None: every row has the batch's stages (one strategy always has)
+    if len(pp) > 1 and not (pp == stage_peak.shape[1]).all():
+        # rows of fewer stages than the batch's most: their extra stages hold nothing
+        stage_exists = np.arange(stage_peak.shape[1])[None, :] < pp.astype(np.int64)[:, None]
         stage_bytes[~stage_exists] = 0
         stage_peak[~stage_exists] = 0
         stage_layers = np.where(stage_exists, stage_layers, 0)

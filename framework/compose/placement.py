@@ -114,6 +114,21 @@ class Placement:
         """(N, R) bool: the rank holds the final norm and the head (made once, read-only)."""
         return _read_only(self.last.any(axis=2))
 
+    @functools.cached_property
+    def rank_kind_layers(self) -> np.ndarray:
+        """(K, N, R) int64: each rank's layers of each kind over its chunks, MTP ones with the head (read-only)."""
+        return _read_only(self.layers.sum(axis=3))
+
+    @functools.cached_property
+    def plain(self) -> np.ndarray:
+        """(K, N, R, V) int64: each chunk's layers that do not recompute (read-only)."""
+        return _read_only(self.layers - self.recomputed)
+
+    @functools.cached_property
+    def rank_kind_recomputed(self) -> np.ndarray:
+        """(K, N, R) int64: each rank's recomputed layers of each kind over its chunks (read-only)."""
+        return _read_only(self.recomputed.sum(axis=3))
+
     @property
     def head_rank(self) -> np.ndarray:
         """(N,) int64: the rank holding the head."""
