@@ -526,8 +526,8 @@ def _held(cols: Mapping[str, Any], schedules: Sequence[Any], where: placement_ru
 class _StageParameters:
     """Parameter elements on each device, by what holds them (``(N, R)`` unless noted)."""
 
-    layer_dense: List[np.ndarray]   # per kind, (N,): one layer's parameters split by TP (and replicated ones)
-    layer_routed: List[np.ndarray]  # per kind, (N,): one layer's routed experts split by ep * etp
+    layer_dense: np.ndarray         # (K, N): one layer's parameters split by TP (and replicated ones)
+    layer_routed: np.ndarray        # (K, N): one layer's routed experts split by ep * etp
     dense: np.ndarray               # the stage's dense parameters, embedding, final norm and head
     routed: np.ndarray
     copies: np.ndarray              # the weights the stage's matmuls read (autocast copies them)
@@ -549,17 +549,18 @@ def _stage_parameters(model: ModelTables, batch: _Batch, cols, where: placement_
     head by ``tp`` under ``vocab_parallel``; a tied head is the embedding,
     counted once per holder.
     """
-    ti, K = batch.tp_int, len(model.kinds)
+    ti = batch.tp_int
     ep_etp = (cols["ep"] * cols["etp"]).astype(np.int64)
     kv_split = np.minimum(ti, model.kv_heads)
-    layer_dense = [ceil_div(np.int64(model.tp_params[k] - model.kv_params[k]), ti)
-                   + ceil_div(np.int64(model.kv_params[k]), kv_split) + model.replicated_params[k] for k in range(K)]
-    layer_routed = [ceil_div(np.int64(model.routed_params[k]), ep_etp) for k in range(K)]
-    layer_copies = [ceil_div(np.int64(model.matmul_tp_params[k]), ti) + model.matmul_replicated_params[k]
-                    + layer_routed[k] for k in range(K)]
-    dense = sum(layers[k] * layer_dense[k][:, None] for k in range(K))
-    routed = sum(layers[k] * layer_routed[k][:, None] for k in range(K))
-    copies = sum(layers[k] * layer_copies[k][:, None] for k in range(K))
+    # (K, N): the kinds at once
+    layer_dense = (ceil_div((model.tp_params - model.kv_params)[:, None], ti)
+                   + ceil_div(model.kv_params[:, None], kv_split) + model.replicated_params[:, None])
+    layer_routed = ceil_div(model.routed_params[:, None], ep_etp)
+    layer_copies = (ceil_div(model.matmul_tp_params[:, None], ti) + model.matmul_replicated_params[:, None]
+                    + layer_routed)
+    dense = (layers * layer_dense[:, :, None]).sum(axis=0)
+    routed = (layers * layer_routed[:, :, None]).sum(axis=0)
+    copies = (layers * layer_copies[:, :, None]).sum(axis=0)
     vocab_split = np.where(cols["vocab_parallel"].astype(bool), ti, 1)
     embedding = ceil_div(np.int64(model.embedding), vocab_split)
     head = ceil_div(np.int64(model.embedding if model.tied else model.head), vocab_split)
@@ -769,40 +770,32 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
     accumulating: every gradient exists already). The kind whose backward
     holds the most decides.
     """
-    n, ranks, chunks = held.shape
-    kinds = where.layers.shape[0]
-    accumulating = (cols["num_micro_batches"] * cols["vpp"]).astype(np.int64)[:, None] * np.ones(
-        (1, ranks), dtype=np.int64) > held.sum(axis=2)
+    n, ranks = held.shape[:2]
+    accumulating = (cols["num_micro_batches"] * cols["vpp"]).astype(np.int64)[:, None] > held.sum(axis=2)
     share_rows = ~accumulating & _whole_gradients(batch)[:, None]
     held_float = held.astype(np.float64)
-    out = {name: np.zeros((n, ranks)) for name in ("activations", "one_micro_batch", "excess", "working_layer",
-                                                   "made_last", "pending_end")}
-    best_last, best_end = np.full((n, ranks), -np.inf), np.full((n, ranks), -np.inf)
-    for k in range(kinds):  # a loop over kinds and chunks, never layers
-        recomputed, plain = where.recomputed[k], where.layers[k] - where.recomputed[k]
-        for c in range(chunks):
-            micro_batch = (plain[:, :, c] * layer.keep_plain[:, k][:, None]
-                           + recomputed[:, :, c] * layer.keep_recomputed[:, k][:, None])
-            out["activations"] = out["activations"] + held_float[:, :, c] * micro_batch
-            out["one_micro_batch"] = out["one_micro_batch"] + np.where(held[:, :, c] > 0, micro_batch, 0.0)
-        layer_grads = ((params.layer_dense[k] + params.layer_routed[k]) * batch.grad_bytes)[:, None]
-        made = np.where(share_rows, grad_share[:, k][:, None] * layer_grads, 0.0)
-        pending = np.where(share_rows, layer_grads, 0.0) - made
-        for present, excess, working in ((sum(plain[:, :, c] for c in range(chunks)) > 0, layer.excess_plain,
-                                          layer.working_plain),
-                                         (sum(recomputed[:, :, c] for c in range(chunks)) > 0,
-                                          layer.excess_recomputed, layer.working_recomputed)):
-            excess, working = excess[:, k][:, None], working[:, k][:, None]
-            later = present & (excess + made > best_last)
-            out["excess"], out["made_last"] = np.where(later, excess, out["excess"]), np.where(later, made,
-                                                                                               out["made_last"])
-            best_last = np.where(later, excess + made, best_last)
-            later = present & (working - pending > best_end)
-            out["working_layer"] = np.where(later, working, out["working_layer"])
-            out["pending_end"] = np.where(later, pending, out["pending_end"])
-            best_end = np.where(later, working - pending, best_end)
+    out: Dict[str, np.ndarray] = {}
+    # (K, N, R, V), the kinds and chunks at once (never a layer): one micro-batch of each chunk's layers; the
+    # sums run kind by kind, chunk by chunk (as a loop would, to the bit)
+    micro_batch = (where.plain * layer.keep_plain.T[:, :, None, None]
+                   + where.recomputed * layer.keep_recomputed.T[:, :, None, None])
+    out["activations"] = _sum_in_order(_chunks_by_kind(held_float * micro_batch), (n, ranks))
+    out["one_micro_batch"] = _sum_in_order(_chunks_by_kind(np.where(held > 0, micro_batch, 0.0)), (n, ranks))
+    # (K, N, R): each kind's gradients made by its layer's working moment and those still to come
+    layer_grads = ((params.layer_dense + params.layer_routed) * batch.grad_bytes)[:, :, None]
+    made = np.where(share_rows, grad_share.T[:, :, None] * layer_grads, 0.0)
+    pending = np.where(share_rows, layer_grads, 0.0) - made
+    # the candidates, a kind's plain layers then its recomputed ones: (2K, N, R) or (2K, N, 1)
+    present = _by_kind(where.rank_kind_layers - where.rank_kind_recomputed > 0, where.rank_kind_recomputed > 0)
+    excess = _by_kind(layer.excess_plain.T, layer.excess_recomputed.T)[:, :, None]
+    working = _by_kind(layer.working_plain.T, layer.working_recomputed.T)[:, :, None]
+    made, pending = np.repeat(made, 2, axis=0), np.repeat(pending, 2, axis=0)
+    last = _first_largest(present, excess + made)
+    out["excess"], out["made_last"] = _pick(last, excess), _pick(last, made)
+    end = _first_largest(present, working - pending)
+    out["working_layer"], out["pending_end"] = _pick(end, working), _pick(end, pending)
     out["shared_copies_extra"] = np.zeros((n, ranks))
-    if layer.shared.any():  # the tensors the model hands every layer: one storage a chunk and micro-batch
+    if np.count_nonzero(layer.shared):  # the tensors the model hands every layer: one storage a chunk and micro-batch
         per_kind = layer.shared.T[:, :, None, None]  # (K, N, 1, 1)
         shared = np.where(where.layers > 0, per_kind, 0.0).max(axis=0)  # (N, R, V)
         copies = (where.layers * per_kind).sum(axis=0)
@@ -814,6 +807,30 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
         out["working_layer"] = out["working_layer"] + in_flight.max(axis=2)
     out["one_micro_batch"] = np.minimum(out["one_micro_batch"], out["activations"])
     return _StageActivations(accumulating=accumulating, **out)
+
+
+def _chunks_by_kind(x):
+    """(K, N, R, V) -> (K * V, N, R): a kind's chunks one after another."""
+    return x.transpose(0, 3, 1, 2).reshape((-1,) + x.shape[1:3])
+
+
+def _by_kind(plain, recomputed):
+    """(2K, ...) from two (K, ...) arrays: each kind's plain figure, then its recomputed one."""
+    return np.stack((plain, recomputed), axis=1).reshape((-1,) + plain.shape[1:])
+
+
+def _first_largest(present, scores):
+    """(M, N, R) bool: the first of the candidates *present* with the largest score (a NaN or -inf one never);
+    none where there is no such candidate (as a loop keeping the first of strictly larger ones)."""
+    scores = np.where(present & (scores > -np.inf), scores, -np.inf)
+    best = scores.max(axis=0) if len(scores) else np.full(scores.shape[1:], -np.inf)
+    largest = (scores == best) & (best > -np.inf)
+    return largest & (np.cumsum(largest, axis=0) == 1)
+
+
+def _pick(chosen, values):
+    """(N, R): each candidate's figure where *chosen* (one-hot over the leading axis), 0 where none is."""
+    return np.where(chosen, values, 0.0).sum(axis=0)
 
 
 def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement, held):
@@ -869,16 +886,13 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     blocks in flight under Ulysses (a ring's are the layer's working figure's; TP without SP all-reduces in
     place: no buffer).
     """
-    K = len(model.kinds)
     n, ranks = params.dense.shape
     compute, grad = batch.compute_bytes[:, None], batch.grad_bytes[:, None]
-    layer_gathered = _gathered_layer_bytes(model, params, batch, cols)
-    largest = np.zeros((n, ranks), dtype=np.int64)
-    largest_gathered = np.zeros((n, ranks))  # bytes
-    for k in range(K):
-        largest = np.maximum(largest, np.where(layers[k] > 0,
-                                               (params.layer_dense[k] + params.layer_routed[k])[:, None], 0))
-        largest_gathered = np.maximum(largest_gathered, np.where(layers[k] > 0, layer_gathered[k][:, None], 0))
+    layer_gathered = _gathered_layer_bytes(model, params, batch, cols)[:, :, None]  # (K, N, 1) bytes
+    on_rank = layers > 0  # (K, N, R)
+    largest = np.maximum.reduce(np.where(on_rank, (params.layer_dense + params.layer_routed)[:, :, None], 0), axis=0,
+                                initial=0)
+    largest_gathered = np.maximum.reduce(np.where(on_rank, layer_gathered, 0.0), axis=0, initial=0.0)
     root = (np.where(where.has_embedding, params.embedding[:, None], 0) + params.head_extra
             + np.where(where.has_head, model.final_norm, 0))
     gathered_root = root * compute
@@ -886,11 +900,11 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     zero3_buffer = np.maximum(largest, root) * (compute + grad)
     fsdp2, keeps = batch.sharding.fsdp[:, None], batch.sharding.keeps_gathered[:, None]
     defers = batch.sharding.defers_reduce[:, None]
-    two_layers = np.minimum(sum(layers) if K else np.zeros((n, ranks), dtype=np.int64), 2)
+    two_layers = np.minimum(layers.sum(axis=0), 2)
     gathered_layers = largest_gathered * two_layers
     at_end_layers = head_grad_whole + np.maximum(largest_gathered + largest * grad, params.embedding_gradient * grad)
     if keeps.any() or defers.any():  # every layer of the stage gathered, kept since its forward or a backward
-        stage_layers = sum(layers[k] * layer_gathered[k][:, None] for k in range(K))
+        stage_layers = (layers * layer_gathered).sum(axis=0)
         gathered_layers = np.where(keeps | defers, stage_layers, gathered_layers)
         at_end_layers = np.where(defers, stage_layers, at_end_layers)
     # under gradient_sync=last_micro_batch no gradient waits in a reduce-scatter buffer: the gradients hold them
@@ -900,11 +914,11 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     at_end = np.where(fsdp2, gathered_root + at_end_layers, zero3_buffer)
     t, sp, tokens = batch.tp, batch.sp, batch.tokens
     tp_buffer = np.where(sp & (batch.tp_int > 1), tokens * model.hidden_size * batch.compute_bytes, 0.0)
-    moe_on_rank = sum(layers[k] * int(model.is_moe[k]) for k in range(K)) > 0 if K else np.zeros((n, ranks), bool)
+    moe_on_rank = (layers * model.is_moe[:, None, None]).sum(axis=0) > 0
     ep_buffer = np.where(moe_on_rank & (cols["ep"] > 1)[:, None],
                          (2 * tokens * model.experts_per_token * model.hidden_size * batch.compute_bytes
                           * cols["moe_imbalance"] / np.where(sp, t, 1.0))[:, None], 0.0)
-    kv_max = model.kv_elements_per_token.max() if K else 0.0
+    kv_max = model.kv_elements_per_token.max() if len(model.kinds) else 0.0
     # the rings' blocks are their attention's working memory (_ring_attention_working), not a standing buffer
     cp_buffer = np.where((batch.cp_int > 1) & ~RING_CP[cols["cp_algo"]],
                          2 * tokens * kv_max * batch.compute_bytes / t, 0.0)
@@ -965,19 +979,16 @@ def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, 
     return [buffers - in_flight, buffers - in_flight - arriving, buffers - others, buffers - others, buffers]
 
 
-def _gathered_layer_bytes(model: ModelTables, params: "_StageParameters", batch: _Batch, cols) -> List[np.ndarray]:
-    """Per kind, ``(N,)`` bytes of one layer's parameters as FSDP gathers them on one TP rank: at the compute
+def _gathered_layer_bytes(model: ModelTables, params: "_StageParameters", batch: _Batch, cols) -> np.ndarray:
+    """``(K, N)`` bytes of one layer's parameters as FSDP gathers them on one TP rank: at the compute
     width, but under ``float8_all_gather`` (FSDP2, torchao ``WeightWithDynamicFloat8CastTensor``) the Float8
     linears' weights (the TP-split parts: attention projections, dense and shared MLP, their biases with them)
     at one byte an element."""
     compute = batch.compute_bytes
     fp8 = np.asarray(cols["float8_all_gather"], dtype=bool) & batch.sharding.fsdp
-    out = []
-    for k in range(len(model.kinds)):
-        whole_layer = params.layer_dense[k] + params.layer_routed[k]
-        linears = params.layer_dense[k] - model.replicated_params[k]
-        out.append(np.where(fp8, linears * DTYPES["fp8"] + (whole_layer - linears) * compute, whole_layer * compute))
-    return out
+    whole_layer = params.layer_dense + params.layer_routed
+    linears = params.layer_dense - model.replicated_params[:, None]
+    return np.where(fp8, linears * DTYPES["fp8"] + (whole_layer - linears) * compute, whole_layer * compute)
 
 
 def _offload_states(persistent, batch: _Batch, cols) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
