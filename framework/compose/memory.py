@@ -1117,6 +1117,11 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     ]
 
 
+# the categories a moment holds, in the order _peak sums them; their places in CATEGORIES
+_MOMENT_CATEGORIES = ("gradients", "activations", "working", "output", "communication")
+_MOMENT_CATEGORY_INDEX = np.array([CATEGORIES.index(name) for name in _MOMENT_CATEGORIES])
+
+
 def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Optional[np.ndarray],
           beyond: np.ndarray):
     """Each stage's bytes by category at its largest moment (the first of equal ones), and that moment.
@@ -1128,39 +1133,34 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
     """
     base = persistent["parameters"] + persistent["master"] + persistent["optimizer_states"]
     overhead = cols["allocator_overhead"].astype(np.float64)[:, None]
-    zeros = np.zeros(base.shape)
-    totals = []
-    for i, moment in enumerate(moments):
-        other = base
-        for name in ("gradients", "activations", "working", "output", "communication"):  # a fixed order
-            other = other + moment[name]
-        if overhead.any():
-            allocator = np.ceil(overhead * other - 1e-3)
-            total = other + allocator
-        else:  # the common case: no allocator overhead asked for, nothing to add
-            allocator, total = zeros, other
-        moment["allocator"] = allocator
-        if i == 0:
-            total = np.where(where.has_head, total, -1.0)
-        if i == 3:
-            total = np.where(where.has_embedding, total, -1.0)
-        totals.append(total)
-    best_total, best_index = totals[0], np.zeros(base.shape, dtype=np.int64)
-    for i in range(1, len(totals)):
-        later = totals[i] > best_total
-        best_index[later] = i
-        best_total = np.maximum(best_total, totals[i])
+    # (M, 5, N, R): every moment's categories at once, in _MOMENT_CATEGORIES' order
+    held = np.array([[moment[name] for name in _MOMENT_CATEGORIES] for moment in moments], dtype=np.float64)
+    other = base
+    for c in range(len(_MOMENT_CATEGORIES)):  # a fixed order
+        other = other + held[:, c]
+    if np.count_nonzero(overhead):
+        allocator = np.ceil(overhead * other - 1e-3)
+        totals = other + allocator
+    else:  # the common case: no allocator overhead asked for, nothing to add
+        allocator, totals = np.zeros(other.shape), other
+    totals[0] = np.where(where.has_head, totals[0], -1.0)
+    totals[3] = np.where(where.has_embedding, totals[3], -1.0)
+    best_total = np.maximum.reduce(totals, axis=0)  # NaN where any moment's is
+    # the first largest moment before any NaN one (a NaN row is flagged beyond below)
+    best_index = np.argmax(np.where(np.cumsum(np.isnan(totals), axis=0) > 0, -np.inf, totals), axis=0)
     beyond |= ~(best_total <= MAX_EXACT_BYTES).all(axis=1)  # NaN compares False: flagged too
-    if beyond.any():  # categories are non-negative: none of a row within bound passes it
+    if np.count_nonzero(beyond):  # categories are non-negative: none of a row within bound passes it
         kept_rows = ~beyond[:, None]
         persistent = {name: np.where(kept_rows, value, 0.0) for name, value in persistent.items()}
-        moments = [{name: np.where(kept_rows, value, 0.0) for name, value in m.items()} for m in moments]
+        held, allocator = np.where(kept_rows, held, 0.0), np.where(kept_rows, allocator, 0.0)
         best_total = np.where(kept_rows, best_total, 0.0)
     # every category is whole and non-negative by construction: written once, straight into int64
     stage_bytes = np.empty(base.shape + (len(CATEGORIES),), dtype=np.int64) if out is None else out
-    for c, name in enumerate(CATEGORIES):
-        stage_bytes[:, :, c] = persistent[name] if name in ("parameters", "master", "optimizer_states") else \
-            np.choose(best_index, [m[name] for m in moments])
+    for name in ("parameters", "master", "optimizer_states"):
+        stage_bytes[:, :, CATEGORIES.index(name)] = persistent[name]
+    at_best = np.take_along_axis(held, best_index[None, None], axis=0)[0]  # (5, N, R)
+    stage_bytes[:, :, _MOMENT_CATEGORY_INDEX] = at_best.transpose(1, 2, 0)
+    stage_bytes[:, :, CATEGORIES.index("allocator")] = np.take_along_axis(allocator, best_index[None], axis=0)[0]
     return stage_bytes, np.maximum(best_total, 0).astype(np.int64), best_index
 
 
