@@ -576,6 +576,9 @@ def _stage_parameters(model: ModelTables, batch: _Batch, cols, where: placement_
         embedding_gradient=np.where(has_embedding & ~model.tied, embedding[:, None], 0))
 
 
+_SHARDED_INDEX = {name: i for i, name in enumerate(sharding_rules.SHARDED_FROM_ZERO)}
+
+
 def _persistent_bytes(params: _StageParameters, batch: _Batch, cols, states_per_parameter,
                       step_temporaries_per_parameter) -> Dict[str, np.ndarray]:
     """Bytes a device holds of each persistent category, its gradients' parts and the optimizer's temporaries.
@@ -585,25 +588,25 @@ def _persistent_bytes(params: _StageParameters, batch: _Batch, cols, states_per_
     over their expert-data-parallel group). Under autocast the matmul
     weights' compute-dtype copies the forward saves count with the parameters.
     """
-    shard = batch.sharding
-
-    def per_device(dense, routed, category):
-        return (ceil_div(dense, shard.ways(category)[:, None])
-                + ceil_div(routed, shard.routed_ways_of(category)[:, None]))
-
-    no_routed = np.zeros_like(params.dense)
-    states = per_device(params.dense, params.routed, "optimizer_states")
+    dense_ways, routed_ways = batch.sharding.category_ways
+    # (C, N, R): the parameter elements of each category of SHARDED_FROM_ZERO this device holds
+    elements = (ceil_div(params.dense, dense_ways[:, :, None]) + ceil_div(params.routed, routed_ways[:, :, None]))
+    parameters, gradients, master, states = (elements[_SHARDED_INDEX[name]] for name in
+                                             ("parameters", "gradients", "master", "optimizer_states"))
+    grad_bytes = batch.grad_bytes[:, None]
+    # the head's and the embedding's own gradients: no routed part
+    root = ceil_div(np.concatenate((params.head_gradient[None], params.embedding_gradient[None])),
+                    dense_ways[_SHARDED_INDEX["gradients"]][:, None]) * grad_bytes
     optimizer = cols["optimizer"]
     return {
-        "parameters": per_device(params.dense, params.routed, "parameters") * batch.param_bytes[:, None]
+        "parameters": parameters * batch.param_bytes[:, None]
         + np.where(batch.autocast[:, None], params.copies * batch.compute_bytes[:, None], 0),
-        "gradients": per_device(params.dense, params.routed, "gradients") * batch.grad_bytes[:, None],
-        "master": per_device(params.dense, params.routed, "master") * batch.master_bytes[:, None],
+        "gradients": gradients * grad_bytes,
+        "master": master * batch.master_bytes[:, None],
         "optimizer_states": states * (states_per_parameter[optimizer] * batch.optimizer_bytes)[:, None],
         "step_temporaries": states * (step_temporaries_per_parameter[optimizer] * batch.optimizer_bytes)[:, None],
-        "head_gradients": per_device(params.head_gradient, no_routed, "gradients") * batch.grad_bytes[:, None],
-        "embedding_gradients": per_device(params.embedding_gradient, no_routed, "gradients")
-        * batch.grad_bytes[:, None],
+        "head_gradients": root[0],
+        "embedding_gradients": root[1],
         "optimizer_shard_elements": states,  # the parameters this device's optimizer steps
         # under gradient_sync=last_micro_batch FSDP2 accumulates each gradient unsharded (FSDPParam.
         # unsharded_accumulated_grad, in the reduce dtype: torchtitan's mixed_precision_reduce, ndcost's grad_dtype)
@@ -816,7 +819,7 @@ def _chunks_by_kind(x):
 
 def _by_kind(plain, recomputed):
     """(2K, ...) from two (K, ...) arrays: each kind's plain figure, then its recomputed one."""
-    return np.stack((plain, recomputed), axis=1).reshape((-1,) + plain.shape[1:])
+    return np.concatenate((plain[:, None], recomputed[:, None]), axis=1).reshape((-1,) + plain.shape[1:])
 
 
 def _first_largest(present, scores):
@@ -1158,9 +1161,9 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
     stage_bytes = np.empty(base.shape + (len(CATEGORIES),), dtype=np.int64) if out is None else out
     for name in ("parameters", "master", "optimizer_states"):
         stage_bytes[:, :, CATEGORIES.index(name)] = persistent[name]
-    at_best = np.take_along_axis(held, best_index[None, None], axis=0)[0]  # (5, N, R)
-    stage_bytes[:, :, _MOMENT_CATEGORY_INDEX] = at_best.transpose(1, 2, 0)
-    stage_bytes[:, :, CATEGORIES.index("allocator")] = np.take_along_axis(allocator, best_index[None], axis=0)[0]
+    rows, ranks = np.arange(base.shape[0])[:, None], np.arange(base.shape[1])[None, :]
+    stage_bytes[:, :, _MOMENT_CATEGORY_INDEX] = held[best_index, :, rows, ranks]  # (N, R, 5): the largest moment's
+    stage_bytes[:, :, CATEGORIES.index("allocator")] = allocator[best_index, rows, ranks]
     return stage_bytes, np.maximum(best_total, 0).astype(np.int64), best_index
 
 
@@ -1236,7 +1239,7 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
         missing |= by_policy & (np.isnan(sel_layer) | np.isnan(sel_working))[:, :, None]
         by_policy_kept = np.where(policed[None, :, None], redone_held * nan_to_zero(sel_layer)[:, :, None], 0.0)
         # each kind's plain layers, then its policy's: the order of the sum over kinds
-        kept = np.stack((kept, by_policy_kept), axis=1).reshape((-1, n, ranks))
+        kept = np.concatenate((kept[:, None], by_policy_kept[:, None]), axis=1).reshape((-1, n, ranks))
     most = np.where(as_plain, nan_to_zero(working)[:, :, None], -np.inf)
     if any_policed:
         most = np.concatenate((most, np.where(by_policy, nan_to_zero(sel_working)[:, :, None], -np.inf)))

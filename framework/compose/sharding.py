@@ -22,6 +22,7 @@ The master copy is sharded with the optimizer states. Cf. Megatron-LM
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, Mapping, Tuple
 
 import attrs
@@ -42,6 +43,7 @@ MATMUL_PARTS = ("attention", "ffn", "shared", "router", "other", "mtp", "routed"
 # The ZeRO stage from which each category is sharded over the data-parallel ranks (FSDP shards every one):
 # optimizer-state bytes under ZeRO-2 are split over dp * cp; gradients too; parameters are whole.
 SHARDED_FROM_ZERO: Mapping[str, int] = {"optimizer_states": 1, "master": 1, "gradients": 2, "parameters": 3}
+_CATEGORY_INDEX = {category: i for i, category in enumerate(SHARDED_FROM_ZERO)}
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -65,11 +67,21 @@ class Sharding:
 
     def ways(self, category: str) -> np.ndarray:
         """The ways *category*'s dense bytes are split over the data-parallel ranks (1 where whole)."""
-        return np.where(self.sharded[category], self.dense_ways, 1)
+        return self.category_ways[0][_CATEGORY_INDEX[category]]
 
     def routed_ways_of(self, category: str) -> np.ndarray:
         """The ways *category*'s routed-expert bytes are split over the expert-data-parallel ranks."""
-        return np.where(self.sharded[category], self.routed_ways, 1)
+        return self.category_ways[1][_CATEGORY_INDEX[category]]
+
+    @functools.cached_property
+    def category_ways(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(C, N) int64 twice, C the categories of ``SHARDED_FROM_ZERO`` in its order: :meth:`ways` and
+        :meth:`routed_ways_of` of each (made once, read-only: memory and time read them often)."""
+        sharded = np.array([self.sharded[category] for category in SHARDED_FROM_ZERO])
+        out = (np.where(sharded, self.dense_ways, 1), np.where(sharded, self.routed_ways, 1))
+        for array in out:
+            array.setflags(write=False)
+        return out
 
     def expert_ways(self, category: str) -> np.ndarray:
         """As :meth:`routed_ways_of`, over every expert replica (the time model's optimizer step)."""
