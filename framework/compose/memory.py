@@ -78,6 +78,24 @@ def _sum_in_order(terms, shape):
     return np.add.accumulate(terms, axis=0)[-1]
 
 
+def _rows_where(condition, count: int, if_true, if_false):
+    """``np.where(condition, if_true(), if_false())``, computing only the branch a row takes where every row
+    takes the same one (a batch of one strategy always does); *count* is ``np.count_nonzero(condition)``.
+    The branches have the result's shape."""
+    if count == 0:
+        return if_false()
+    if count == len(condition):
+        return if_true()
+    return np.where(condition, if_true(), if_false())
+
+
+def _tp_share(batch: "_Batch", x, x_tp):
+    """A record's per-token figure on one TP rank: ``x + x_tp / tp``, ``(x + x_tp) / tp`` under sp; (N, K)
+    or (N,) as *x*."""
+    t, sp = (batch.tp[:, None], batch.sp[:, None]) if np.ndim(x) == 2 else (batch.tp, batch.sp)
+    return _rows_where(sp, batch.sp_rows, lambda: (x + x_tp) / t, lambda: x + x_tp / t)
+
+
 def select(conditions, choices, default):
     """``np.select``: each entry from the first condition that holds, else *default*; as nested ``np.where``
     (``np.select`` broadcasts every argument first, which weighs on a batch of one strategy)."""
@@ -204,10 +222,15 @@ def _fp32_autocast(batch: "_Batch") -> np.ndarray:
     return batch.fp32_autocast
 
 
-def _figure(values: np.ndarray, autocast_values: np.ndarray, fp32_autocast: np.ndarray) -> np.ndarray:
-    """*values*, or the record's autocast figure where the row runs fp32 parameters under autocast and it has one."""
-    if not np.count_nonzero(fp32_autocast):  # no row runs it (the common batch): the figures as they are
+def _figure(recs, name: str, seq_index, batch: "_Batch") -> np.ndarray:
+    """The record's figure *name* (``(N, K)`` or ``(N,)``), or its autocast one (``autocast_`` after any
+    ``out_``) where the row runs fp32 parameters under autocast and the record has one."""
+    values = recs[name][seq_index]
+    if not batch.any_fp32_autocast:  # no row runs it (the common batch): the figures as they are
         return values
+    autocast_values = recs[name.replace("out_", "out_autocast_") if name.startswith("out_") else f"autocast_{name}"][
+        seq_index]
+    fp32_autocast = batch.fp32_autocast[:, None] if values.ndim == 2 else batch.fp32_autocast
     return np.where(fp32_autocast & ~np.isnan(autocast_values), autocast_values, values)
 
 
@@ -458,6 +481,7 @@ class _Batch:
     any_fp32_autocast: bool        # some row runs it
     # the batch's recompute codes (by RECOMPUTE index): the steps skip a mode's terms where no row runs it
     recompute_used: Tuple[bool, ...]
+    sp_rows: int                   # rows under sp (0 or N: one branch of a split by tp to compute)
 
 
 def _batch(cols: Mapping[str, Any]) -> _Batch:
@@ -482,7 +506,7 @@ def _batch(cols: Mapping[str, Any]) -> _Batch:
                   master_bytes=DTYPE_BYTES[cols["master_dtype"]], autocast=autocast,
                   residual_bytes=np.where(autocast, param_bytes, compute_bytes), sharding=shard,
                   fp32_autocast=fp32_autocast, any_fp32_autocast=bool(np.count_nonzero(fp32_autocast)),
-                  recompute_used=tuple(used))
+                  recompute_used=tuple(used), sp_rows=int(np.count_nonzero(cols["sp"])))
 
 
 def _whole_gradients(batch: _Batch) -> np.ndarray:
@@ -694,54 +718,63 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
     leaves it out (no op of the layer saves it). What the model hands every layer (the rotary tables) is
     the stage's, not in these (``shared``, bytes a layer saves of it for one micro-batch).
     """
-    fp32_autocast = _fp32_autocast(batch)[:, None]
-
     def row(name):
-        values = recs[name][seq_index]  # (N, K) or (N,)
-        if name in AUTOCAST_FIELDS:
-            return _figure(values, recs[f"autocast_{name}"][seq_index], fp32_autocast)
-        return values
+        return _figure(recs, name, seq_index, batch) if name in AUTOCAST_FIELDS else recs[name][seq_index]
 
-    t, sp, K = batch.tp, batch.sp, len(model.kinds)
+    t = batch.tp
 
     def at_tp(x, x_tp):
-        return np.where(sp[:, None], (x + x_tp) / t[:, None], x + x_tp / t[:, None])
+        return _tp_share(batch, x, x_tp)
 
-    etp = cols["etp"].astype(np.float64)[:, None]
     imbalance = cols["moe_imbalance"].astype(np.float64)[:, None]
-    # routed tokens a rank's experts process: its own (split by tp under sp), gathered over the etp group
-    routed_one = np.where(sp[:, None], etp / t[:, None], 1.0) * (row("routed_tokens") + row("routed_width") / etp)
-    plain_per_token = at_tp(row("saved") - row("routed"), row("saved_tp") - row("routed_tp")) + imbalance * routed_one
+    routed_tokens, routed_width = row("routed_tokens"), row("routed_width")
+    plain_per_token = at_tp(row("saved") - row("routed"), row("saved_tp") - row("routed_tp"))
+    routed_one = 0.0  # no routed figure (no MoE kind): imbalance scales nothing
+    if np.count_nonzero(routed_tokens) or np.count_nonzero(routed_width):
+        etp = cols["etp"].astype(np.float64)[:, None]
+        # routed tokens a rank's experts process: its own (split by tp under sp), gathered over the etp group
+        routed_one = (_rows_where(batch.sp[:, None], batch.sp_rows, lambda: etp / t[:, None], lambda: 1.0)
+                      * (routed_tokens + routed_width / etp))
+        plain_per_token = plain_per_token + imbalance * routed_one
     kv_split = np.minimum(batch.tp_int, model.kv_heads)
     # keys and values replicated where TP exceeds the KV heads: a rank keeps 1/kv_heads of them, not 1/tp
     replicated_kv = np.where(model.kv_params[None, :] > 0, model.kv_elements_per_token[None, :]
                              * batch.compute_bytes[:, None] * (1.0 / kv_split - 1.0 / t)[:, None], 0.0)
     tokens = batch.tokens[:, None]
     keep_plain = tokens * (plain_per_token + replicated_kv)
-    mode = cols["recompute"]
-    full = (mode == RECOMPUTE.index("full"))[:, None]
-    full_input = (model.hidden_size * batch.residual_bytes / np.where(sp, t, 1.0))[:, None] * np.ones((1, K))
-    core = plain_per_token - at_tp(row("dropped"), row("dropped_tp"))
-    per_token = select([full, (mode == RECOMPUTE.index("selective"))[:, None],
-                        (mode == RECOMPUTE.index("core_attention"))[:, None]],
-                       [full_input, at_tp(row("selective"), row("selective_tp")) + replicated_kv, core + replicated_kv],
-                       default=plain_per_token + replicated_kv)
+    mode, used = cols["recompute"], batch.recompute_used
+    full_code, selective_code, core_code = (RECOMPUTE.index(name) for name in ("full", "selective", "core_attention"))
+    full_input = (model.hidden_size * batch.residual_bytes / _rows_where(batch.sp, batch.sp_rows, lambda: t,
+                                                                          lambda: np.ones(len(t))))[:, None]
+    per_token_by_mode = {  # what a recomputing layer keeps a token, by mode (only the modes some row runs)
+        full_code: lambda: np.broadcast_to(full_input, plain_per_token.shape),
+        selective_code: lambda: at_tp(row("selective"), row("selective_tp")) + replicated_kv,
+        core_code: lambda: plain_per_token - at_tp(row("dropped"), row("dropped_tp")) + replicated_kv}
+    modes = [code for code in (full_code, selective_code, core_code) if used[code]]
+    if used.count(True) == 1:  # every row runs one mode
+        per_token = per_token_by_mode[modes[0]]() if modes else plain_per_token + replicated_kv
+    else:
+        per_token = select([(mode == code)[:, None] for code in modes], [per_token_by_mode[code]() for code in modes],
+                           default=plain_per_token + replicated_kv)
     keep_recomputed = tokens * per_token
     working = row("working")
     working_plain = tokens * (nan_to_zero(at_tp(working, row("working_tp"))) + (imbalance - 1.0) * routed_one
                               + replicated_kv + _ring_attention_working(model, cols, batch, kv_split))
     working_plain = np.where(np.isnan(working), np.maximum(keep_plain, keep_recomputed), working_plain)
-    working_recomputed = working_plain + np.where(full, tokens * full_input * row("working_input"), 0.0)
+    working_recomputed = working_plain
+    if used[full_code]:  # the input a full checkpoint keeps, where the working figure leaves it out
+        full = (mode == full_code)[:, None]
+        working_recomputed = working_plain + np.where(full, tokens * full_input * row("working_input"), 0.0)
     return _LayerActivations(
         keep_plain=keep_plain, keep_recomputed=nan_to_zero(keep_recomputed), working_plain=working_plain,
         working_recomputed=working_recomputed, excess_plain=np.maximum(working_plain - keep_plain, 0.0),
         excess_recomputed=np.maximum(working_recomputed - keep_recomputed, 0.0),
         unpriced_working=np.isnan(working).any(axis=1),
-        unpriced_selective=(mode == RECOMPUTE.index("selective")) & np.isnan(keep_recomputed).any(axis=1),
+        unpriced_selective=(mode == selective_code) & np.isnan(keep_recomputed).any(axis=1) if used[selective_code]
+        else np.zeros(len(mode), dtype=bool),
         # one row of position ids: the sequence on this CP rank, whatever the micro-batch (Transformers' model
         # makes them so where the caller passes none)
-        shared=(cols["seq"].astype(np.float64) / batch.cp)[:, None]
-        * _figure(recs["shared"][seq_index], recs["autocast_shared"][seq_index], fp32_autocast))
+        shared=(cols["seq"].astype(np.float64) / batch.cp)[:, None] * _figure(recs, "shared", seq_index, batch))
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -844,15 +877,14 @@ def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.P
     output backward moment's bytes, the other micro-batches' kept bytes, and
     which rows' output working figure is unpriced.
     """
-    vocab_parallel, sp, t, tokens = cols["vocab_parallel"].astype(bool), batch.sp, batch.tp, batch.tokens
+    vocab_parallel, tokens = cols["vocab_parallel"].astype(bool), batch.tokens
+    vocab_rows = int(np.count_nonzero(vocab_parallel))
 
     def at_tp(x, x_tp):
-        return np.where(vocab_parallel, np.where(sp, (x + x_tp) / t, x + x_tp / t), x + x_tp)
-
-    fp32_autocast = _fp32_autocast(batch)
+        return _rows_where(vocab_parallel, vocab_rows, lambda: _tp_share(batch, x, x_tp), lambda: x + x_tp)
 
     def row(name):
-        return _figure(recs[f"out_{name}"][seq_index], recs[f"out_autocast_{name}"][seq_index], fp32_autocast)
+        return _figure(recs, f"out_{name}", seq_index, batch)
 
     out_working = row("working")
     keep = tokens * at_tp(row("saved"), row("saved_tp"))
@@ -1202,10 +1234,8 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
         return np.where(fp32_autocast[:, None] if values.ndim == 2 else fp32_autocast,
                         recs[autocast_name][seq_index], values)
 
-    t, sp = batch.tp, batch.sp
-
     def at_tp(x, x_tp):  # (K, N): the kinds lead, as the placement's counts
-        return (batch.tokens[:, None] * np.where(sp[:, None], (x + x_tp) / t[:, None], x + x_tp / t[:, None])).T
+        return (batch.tokens[:, None] * _tp_share(batch, x, x_tp)).T
 
     mode = cols["recompute"]
     used = batch.recompute_used
@@ -1250,14 +1280,15 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     working_most = np.maximum.reduce(most, axis=0, initial=-np.inf)
     vocab_parallel = cols["vocab_parallel"].astype(bool)
     x, x_tp = row("out_reserved", "out_autocast_reserved"), row("out_reserved_tp", "out_autocast_reserved_tp")
-    output = batch.tokens * np.where(vocab_parallel, np.where(sp, (x + x_tp) / t, x + x_tp / t), x + x_tp)
+    output = batch.tokens * _rows_where(vocab_parallel, int(np.count_nonzero(vocab_parallel)),
+                                        lambda: _tp_share(batch, x, x_tp), lambda: x + x_tp)
     unknown |= (where.has_head & np.isnan(output)[:, None]).any(axis=1)
     output = np.where(where.has_head, nan_to_zero(output)[:, None], 0.0)
     layers = activations
     if used[RECOMPUTE.index("full")]:  # a full-recompute layer's kept input, as packed into segments
         full = (mode == RECOMPUTE.index("full"))[:, None]
-        input_bytes = whole(model.hidden_size * batch.residual_bytes * batch.tokens / np.where(sp, t, 1.0)).astype(
-            np.int64)[:, None]
+        split = np.where(batch.sp, batch.tp, 1.0)
+        input_bytes = whole(model.hidden_size * batch.residual_bytes * batch.tokens / split).astype(np.int64)[:, None]
         packed = packed_reserved_bytes(recomputed, np.maximum(input_bytes, 1)) - recomputed * input_bytes
         layers = layers + np.where(full & (recomputed > 0), packed, 0)
     layers = np.where(np.asarray(cols["offload_activations"], dtype=bool)[:, None], 0.0, layers)
