@@ -540,7 +540,7 @@ def _held(cols: Mapping[str, Any], schedules: Sequence[Any], where: placement_ru
     held = np.zeros((n, ranks, chunks), dtype=np.int64)
     for code, schedule in enumerate(schedules):  # a loop over the schedules a batch uses
         rows = cols["schedule"] == code
-        if rows.any():
+        if np.count_nonzero(rows):
             found = np.asarray(schedule.in_flight(pp, vpp, m, rank, chunk), dtype=np.int64)
             held = np.where(rows[:, None, None], found, held)
     return np.where(where.exists, np.maximum(held, 0), 0)
@@ -688,7 +688,7 @@ def _ring_attention_working(model: ModelTables, cols, batch: _Batch, kv_split) -
     """
     algo, cp = cols["cp_algo"], batch.cp[:, None]
     rings = RING_CP[algo] & (batch.cp_int > 1)
-    if not rings.any():
+    if not np.count_nonzero(rings):
         return np.zeros((len(algo), len(model.kinds)))
     kv = model.kv_elements_per_token[None, :] / kv_split[:, None]
     queries = model.q_elements_per_token[None, :] / batch.tp[:, None]
@@ -923,43 +923,60 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     """
     n, ranks = params.dense.shape
     compute, grad = batch.compute_bytes[:, None], batch.grad_bytes[:, None]
+    t, sp, tokens = batch.tp, batch.sp, batch.tokens
+    activation_buffers = np.zeros((n, ranks))  # each below where some row holds it (bytes are never negative)
+    tp_rows = sp & (batch.tp_int > 1)
+    if np.count_nonzero(tp_rows):
+        tp_buffer = np.where(tp_rows, tokens * model.hidden_size * batch.compute_bytes, 0.0)
+        activation_buffers = np.maximum(activation_buffers, tp_buffer[:, None])
+    ep_rows = cols["ep"] > 1
+    if np.count_nonzero(model.is_moe) and np.count_nonzero(ep_rows):
+        moe_on_rank = (layers * model.is_moe[:, None, None]).sum(axis=0) > 0
+        ep_buffer = np.where(moe_on_rank & ep_rows[:, None],
+                             (2 * tokens * model.experts_per_token * model.hidden_size * batch.compute_bytes
+                              * cols["moe_imbalance"] / np.where(sp, t, 1.0))[:, None], 0.0)
+        activation_buffers = np.maximum(activation_buffers, ep_buffer)
+    # the rings' blocks are their attention's working memory (_ring_attention_working), not a standing buffer
+    cp_rows = (batch.cp_int > 1) & ~RING_CP[cols["cp_algo"]]
+    if np.count_nonzero(cp_rows):
+        kv_max = model.kv_elements_per_token.max() if len(model.kinds) else 0.0
+        cp_buffer = np.where(cp_rows, 2 * tokens * kv_max * batch.compute_bytes / t, 0.0)
+        activation_buffers = np.maximum(activation_buffers, cp_buffer[:, None])
+    gathers = batch.sharding.sharded["parameters"]
+    if not np.count_nonzero(gathers):  # no row gathers parameters (no FSDP, no ZeRO-3): the activations' alone
+        return activation_buffers, activation_buffers, activation_buffers
     layer_gathered = _gathered_layer_bytes(model, params, batch, cols)[:, :, None]  # (K, N, 1) bytes
     on_rank = layers > 0  # (K, N, R)
     largest = np.maximum.reduce(np.where(on_rank, (params.layer_dense + params.layer_routed)[:, :, None], 0), axis=0,
                                 initial=0)
-    largest_gathered = np.maximum.reduce(np.where(on_rank, layer_gathered, 0.0), axis=0, initial=0.0)
     root = (np.where(where.has_embedding, params.embedding[:, None], 0) + params.head_extra
             + np.where(where.has_head, model.final_norm, 0))
-    gathered_root = root * compute
-    head_grad_whole = params.head_gradient * grad
     zero3_buffer = np.maximum(largest, root) * (compute + grad)
-    fsdp2, keeps = batch.sharding.fsdp[:, None], batch.sharding.keeps_gathered[:, None]
-    defers = batch.sharding.defers_reduce[:, None]
-    two_layers = np.minimum(layers.sum(axis=0), 2)
-    gathered_layers = largest_gathered * two_layers
-    at_end_layers = head_grad_whole + np.maximum(largest_gathered + largest * grad, params.embedding_gradient * grad)
-    if keeps.any() or defers.any():  # every layer of the stage gathered, kept since its forward or a backward
-        stage_layers = (layers * layer_gathered).sum(axis=0)
-        gathered_layers = np.where(keeps | defers, stage_layers, gathered_layers)
-        at_end_layers = np.where(defers, stage_layers, at_end_layers)
-    # under gradient_sync=last_micro_batch no gradient waits in a reduce-scatter buffer: the gradients hold them
-    waiting = np.where(defers, 0.0, head_grad_whole + largest * grad)
-    at_loss = np.where(fsdp2, gathered_root + np.where(keeps, gathered_layers, 0), zero3_buffer)
-    at_last = np.where(fsdp2, gathered_root + gathered_layers + waiting, zero3_buffer)
-    at_end = np.where(fsdp2, gathered_root + at_end_layers, zero3_buffer)
-    t, sp, tokens = batch.tp, batch.sp, batch.tokens
-    tp_buffer = np.where(sp & (batch.tp_int > 1), tokens * model.hidden_size * batch.compute_bytes, 0.0)
-    moe_on_rank = (layers * model.is_moe[:, None, None]).sum(axis=0) > 0
-    ep_buffer = np.where(moe_on_rank & (cols["ep"] > 1)[:, None],
-                         (2 * tokens * model.experts_per_token * model.hidden_size * batch.compute_bytes
-                          * cols["moe_imbalance"] / np.where(sp, t, 1.0))[:, None], 0.0)
-    kv_max = model.kv_elements_per_token.max() if len(model.kinds) else 0.0
-    # the rings' blocks are their attention's working memory (_ring_attention_working), not a standing buffer
-    cp_buffer = np.where((batch.cp_int > 1) & ~RING_CP[cols["cp_algo"]],
-                         2 * tokens * kv_max * batch.compute_bytes / t, 0.0)
-    activation_buffers = np.maximum(np.maximum(tp_buffer[:, None], ep_buffer), cp_buffer[:, None])
-    gathers = batch.sharding.sharded["parameters"][:, None]
-    return tuple(np.where(gathers, buffer, 0.0) + activation_buffers for buffer in (at_loss, at_last, at_end))
+    fsdp_rows = int(np.count_nonzero(batch.sharding.fsdp))
+    if fsdp_rows:
+        largest_gathered = np.maximum.reduce(np.where(on_rank, layer_gathered, 0.0), axis=0, initial=0.0)
+        gathered_root = root * compute
+        head_grad_whole = params.head_gradient * grad
+        fsdp2, keeps = batch.sharding.fsdp[:, None], batch.sharding.keeps_gathered[:, None]
+        defers = batch.sharding.defers_reduce[:, None]
+        two_layers = np.minimum(layers.sum(axis=0), 2)
+        gathered_layers = largest_gathered * two_layers
+        at_end_layers = head_grad_whole + np.maximum(largest_gathered + largest * grad,
+                                                     params.embedding_gradient * grad)
+        if np.count_nonzero(keeps) or np.count_nonzero(defers):
+            # every layer of the stage gathered, kept since its forward or a backward
+            stage_layers = (layers * layer_gathered).sum(axis=0)
+            gathered_layers = np.where(keeps | defers, stage_layers, gathered_layers)
+            at_end_layers = np.where(defers, stage_layers, at_end_layers)
+        # under gradient_sync=last_micro_batch no gradient waits in a reduce-scatter buffer: the gradients hold them
+        waiting = np.where(defers, 0.0, head_grad_whole + largest * grad)
+        at_moments = [gathered_root + np.where(keeps, gathered_layers, 0), gathered_root + gathered_layers + waiting,
+                      gathered_root + at_end_layers]
+        if fsdp_rows < n:  # the others' ZeRO-3 buffer
+            at_moments = [np.where(fsdp2, buffer, zero3_buffer) for buffer in at_moments]
+    else:  # ZeRO-3 alone gathers one module at a time
+        at_moments = [zero3_buffer] * 3
+    return tuple(np.where(gathers[:, None], buffer, 0.0) + activation_buffers for buffer in at_moments)
 
 
 _TORCH_ENGINE = PP_ENGINES.index("torch")
@@ -992,7 +1009,7 @@ def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, 
     buffers, not ``num_micro_batches`` (an upper bound by the accumulation steps, as the schedules' one flush).
     """
     rows = np.asarray(cols["pp_engine"]) == _TORCH_ENGINE
-    if not rows.any():
+    if not np.count_nonzero(rows):
         return None
     n = held.shape[0]
     torch_rows = (rows & (cols["pp"] > 1))[:, None, None]
@@ -1043,7 +1060,7 @@ def _offload_states(persistent, batch: _Batch, cols) -> Tuple[Dict[str, np.ndarr
     """
     optimizer, params = cols["offload_optimizer"].astype(bool), cols["offload_params"].astype(bool)
     zeros = np.zeros_like(persistent["parameters"], dtype=np.float64)
-    if not (optimizer.any() or params.any()):
+    if not (np.count_nonzero(optimizer) or np.count_nonzero(params)):
         return persistent, {"persistent": zeros, "step": zeros}
     optimizer, params = optimizer[:, None], params[:, None]
     moved = dict(persistent)
@@ -1073,7 +1090,7 @@ def _offload_activations(moments, stage: _StageActivations, layer: _LayerActivat
     """
     rows = cols["offload_activations"].astype(bool)
     zeros = np.zeros(stage.activations.shape)
-    if not rows.any():
+    if not np.count_nonzero(rows):
         return moments, host_states["persistent"] + host_states["step"], zeros
     plain = (where.layers - where.recomputed).sum(axis=3)  # (K, N, R): each rank's layers of each kind
     recomputed = where.recomputed.sum(axis=3)
@@ -1118,12 +1135,14 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     defers = batch.sharding.defers_reduce[:, None]
     fsdp2 = batch.sharding.fsdp[:, None] & ~defers  # a layer's gradient reduce-scattered after its backward
 
-    def held(name):  # a gradient category as the backward holds it
-        return whole(np.where(defers, persistent[f"{name}_whole"], persistent[name]))
+    defer_rows = int(np.count_nonzero(defers))
 
-    grads_all = held("gradients")
-    root_late = np.where(fsdp2, held("head_gradients"), 0.0)
-    grads_first = np.where(accumulating, grads_all, held("head_gradients") - root_late)
+    def held(name):  # a gradient category as the backward holds it
+        return whole(_rows_where(defers, defer_rows, lambda: persistent[f"{name}_whole"], lambda: persistent[name]))
+
+    grads_all, head_grads = held("gradients"), held("head_gradients")
+    root_late = np.where(fsdp2, head_grads, 0.0)
+    grads_first = np.where(accumulating, grads_all, head_grads - root_late)
     grads_last = np.where(accumulating, grads_all, grads_all - held("embedding_gradients") - root_late)
     others = whole(other_outputs)
     # the embedding's arriving gradient is the rank's whole sequence (SP gathers it); where a gradient exists
@@ -1347,7 +1366,7 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
                                   layer.keep_recomputed) - 1e-3)
     beyond = np.asarray(~(layer_keep <= MAX_EXACT_BYTES).all(axis=1))
     host_per_node = np.zeros(len(beyond))
-    if host_bytes.any():  # NaN or past 2**53 flags the row below
+    if np.count_nonzero(host_bytes):  # NaN or past 2**53 flags the row below
         host_per_node = topology.worst_node_total(
             np.where(np.isfinite(host_bytes), host_bytes, MAX_EXACT_BYTES), batch.sharding.replicas * batch.tp_int,
             cols["pp"], devices_per_node)
@@ -1373,7 +1392,7 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
                     stage_peak_bytes=stage_peak,
                     peak_bytes=stage_peak[np.arange(len(peak_stage)), peak_stage], peak_stage=peak_stage,
                     stage_layers=stage_layers, stage_moment=best_moment,
-                    layer_bytes=np.where(beyond[:, None], 0.0, np.nan_to_num(layer_keep)).astype(np.int64),
+                    layer_bytes=np.where(beyond[:, None], 0.0, layer_keep).astype(np.int64),  # NaN rows are beyond
                     unpriced={"working": layer.unpriced_working, "output working": unpriced_output,
                               "selective": layer.unpriced_selective}, beyond_exact=beyond,
                     stage_kind_layers=where.rank_layers(with_mtp=False), head_stage=where.head_rank,
