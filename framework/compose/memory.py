@@ -1200,9 +1200,12 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
     totals[0] = np.where(where.has_head, totals[0], -1.0)
     totals[3] = np.where(where.has_embedding, totals[3], -1.0)
     best_total = np.maximum.reduce(totals, axis=0)  # NaN where any moment's is
-    # the first largest moment before any NaN one (a NaN row is flagged beyond below)
-    best_index = np.argmax(np.where(np.cumsum(np.isnan(totals), axis=0) > 0, -np.inf, totals), axis=0)
-    beyond |= ~(best_total <= MAX_EXACT_BYTES).all(axis=1)  # NaN compares False: flagged too
+    flagged = ~np.logical_and.reduce(best_total <= MAX_EXACT_BYTES, axis=1)  # NaN compares False: flagged too
+    if np.count_nonzero(flagged):  # the first largest moment before any NaN one
+        best_index = np.argmax(np.where(np.cumsum(np.isnan(totals), axis=0) > 0, -np.inf, totals), axis=0)
+    else:  # no NaN: the first largest
+        best_index = np.argmax(totals, axis=0)
+    beyond |= flagged
     if np.count_nonzero(beyond):  # categories are non-negative: none of a row within bound passes it
         kept_rows = ~beyond[:, None]
         persistent = {name: np.where(kept_rows, value, 0.0) for name, value in persistent.items()}
