@@ -817,15 +817,14 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
                    + where.recomputed * layer.keep_recomputed.T[:, :, None, None])
     out["activations"] = _sum_in_order(_chunks_by_kind(held_float * micro_batch), (n, ranks))
     out["one_micro_batch"] = _sum_in_order(_chunks_by_kind(np.where(held > 0, micro_batch, 0.0)), (n, ranks))
-    # (K, N, R): each kind's gradients made by its layer's working moment and those still to come
-    layer_grads = ((params.layer_dense + params.layer_routed) * batch.grad_bytes)[:, :, None]
-    made = np.where(share_rows, grad_share.T[:, :, None] * layer_grads, 0.0)
+    # (K, 1, N, R): each kind's gradients made by its layer's working moment and those still to come
+    layer_grads = ((params.layer_dense + params.layer_routed) * batch.grad_bytes)[:, None, :, None]
+    made = np.where(share_rows, grad_share.T[:, None, :, None] * layer_grads, 0.0)
     pending = np.where(share_rows, layer_grads, 0.0) - made
-    # the candidates, a kind's plain layers then its recomputed ones: (2K, N, R) or (2K, N, 1)
-    present = _by_kind(where.rank_kind_layers - where.rank_kind_recomputed > 0, where.rank_kind_recomputed > 0)
-    excess = _by_kind(layer.excess_plain.T, layer.excess_recomputed.T)[:, :, None]
-    working = _by_kind(layer.working_plain.T, layer.working_recomputed.T)[:, :, None]
-    made, pending = np.repeat(made, 2, axis=0), np.repeat(pending, 2, axis=0)
+    # the candidates (K, 2, N, R): a kind's plain layers, then its recomputed ones (their figures (K, 2, N, 1))
+    present = where.rank_kind_split > 0
+    excess = _by_kind(layer.excess_plain, layer.excess_recomputed)
+    working = _by_kind(layer.working_plain, layer.working_recomputed)
     last = _first_largest(present, excess + made)
     out["excess"], out["made_last"] = _pick(last, excess), _pick(last, made)
     end = _first_largest(present, working - pending)
@@ -851,22 +850,23 @@ def _chunks_by_kind(x):
 
 
 def _by_kind(plain, recomputed):
-    """(2K, ...) from two (K, ...) arrays: each kind's plain figure, then its recomputed one."""
-    return np.concatenate((plain[:, None], recomputed[:, None]), axis=1).reshape((-1,) + plain.shape[1:])
+    """(K, 2, N, 1) from two (N, K) figures: each kind's plain one, then its recomputed one."""
+    return np.concatenate((plain.T[:, None, :, None], recomputed.T[:, None, :, None]), axis=1)
 
 
 def _first_largest(present, scores):
-    """(M, N, R) bool: the first of the candidates *present* with the largest score (a NaN or -inf one never);
-    none where there is no such candidate (as a loop keeping the first of strictly larger ones)."""
+    """(K, 2, N, R) bool: the first (kind by kind, plain then recomputed) of the candidates *present* with the
+    largest score (a NaN or -inf one never); none where there is none (as a loop keeping the first of strictly
+    larger ones)."""
     scores = np.where(present & (scores > -np.inf), scores, -np.inf)
-    best = scores.max(axis=0) if len(scores) else np.full(scores.shape[1:], -np.inf)
+    best = np.maximum.reduce(scores, axis=(0, 1), initial=-np.inf)
     largest = (scores == best) & (best > -np.inf)
-    return largest & (np.cumsum(largest, axis=0) == 1)
+    return largest & (np.cumsum(largest.reshape((-1,) + best.shape), axis=0) == 1).reshape(largest.shape)
 
 
 def _pick(chosen, values):
-    """(N, R): each candidate's figure where *chosen* (one-hot over the leading axis), 0 where none is."""
-    return np.where(chosen, values, 0.0).sum(axis=0)
+    """(N, R): the chosen candidate's figure (*chosen* one-hot over the leading two axes), 0 where none is."""
+    return np.add.reduce(np.where(chosen, values, 0.0), axis=(0, 1))
 
 
 def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement, held):
@@ -1277,7 +1277,7 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     n, ranks = stage_peak.shape
     # (K, N, R) over the kinds at once, never a layer: their layers on each rank, and those times the
     # micro-batches each chunk holds
-    present, redone = where.rank_kind_layers > 0, where.rank_kind_recomputed > 0
+    present, redone = where.rank_kind_layers > 0, where.rank_kind_split[:, 1] > 0
     plain = (where.plain * held).sum(axis=3)
     redone_held = (where.recomputed * held).sum(axis=3)
     missing = present & (np.isnan(per_layer) | np.isnan(working))[:, :, None]

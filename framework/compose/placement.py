@@ -125,9 +125,11 @@ class Placement:
         return _read_only(self.layers - self.recomputed)
 
     @functools.cached_property
-    def rank_kind_recomputed(self) -> np.ndarray:
-        """(K, N, R) int64: each rank's recomputed layers of each kind over its chunks (read-only)."""
-        return _read_only(self.recomputed.sum(axis=3))
+    def rank_kind_split(self) -> np.ndarray:
+        """(K, 2, N, R) int64: each rank's layers of each kind over its chunks that do not recompute, then those
+        that do (read-only)."""
+        return _read_only(np.concatenate((self.plain.sum(axis=3)[:, None], self.recomputed.sum(axis=3)[:, None]),
+                                         axis=1))
 
     @property
     def head_rank(self) -> np.ndarray:
