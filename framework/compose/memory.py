@@ -582,9 +582,9 @@ def _stage_parameters(model: ModelTables, batch: _Batch, cols, where: placement_
     layer_routed = ceil_div(model.routed_params[:, None], ep_etp)
     layer_copies = (ceil_div(model.matmul_tp_params[:, None], ti) + model.matmul_replicated_params[:, None]
                     + layer_routed)
-    dense = (layers * layer_dense[:, :, None]).sum(axis=0)
-    routed = (layers * layer_routed[:, :, None]).sum(axis=0)
-    copies = (layers * layer_copies[:, :, None]).sum(axis=0)
+    dense = np.add.reduce(layers * layer_dense[:, :, None], axis=0)
+    routed = np.add.reduce(layers * layer_routed[:, :, None], axis=0)
+    copies = np.add.reduce(layers * layer_copies[:, :, None], axis=0)
     vocab_split = np.where(cols["vocab_parallel"].astype(bool), ti, 1)
     embedding = ceil_div(np.int64(model.embedding), vocab_split)
     head = ceil_div(np.int64(model.embedding if model.tied else model.head), vocab_split)
@@ -769,8 +769,9 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
         keep_plain=keep_plain, keep_recomputed=nan_to_zero(keep_recomputed), working_plain=working_plain,
         working_recomputed=working_recomputed, excess_plain=np.maximum(working_plain - keep_plain, 0.0),
         excess_recomputed=np.maximum(working_recomputed - keep_recomputed, 0.0),
-        unpriced_working=np.isnan(working).any(axis=1),
-        unpriced_selective=(mode == selective_code) & np.isnan(keep_recomputed).any(axis=1) if used[selective_code]
+        unpriced_working=np.logical_or.reduce(np.isnan(working), axis=1),
+        unpriced_selective=(mode == selective_code) & np.logical_or.reduce(np.isnan(keep_recomputed), axis=1)
+        if used[selective_code]
         else np.zeros(len(mode), dtype=bool),
         # one row of position ids: the sequence on this CP rank, whatever the micro-batch (Transformers' model
         # makes them so where the caller passes none)
@@ -807,7 +808,7 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
     holds the most decides.
     """
     n, ranks = held.shape[:2]
-    accumulating = (cols["num_micro_batches"] * cols["vpp"]).astype(np.int64)[:, None] > held.sum(axis=2)
+    accumulating = (cols["num_micro_batches"] * cols["vpp"]).astype(np.int64)[:, None] > np.add.reduce(held, axis=2)
     share_rows = ~accumulating & _whole_gradients(batch)[:, None]
     held_float = held.astype(np.float64)
     out: Dict[str, np.ndarray] = {}
@@ -891,7 +892,7 @@ def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.P
     unpriced = np.isnan(out_working)
     peak = np.where(unpriced, keep, tokens * at_tp(nan_to_zero(out_working), row("working_tp")))
     has_head = where.has_head
-    head_held = np.where(where.last, held, 0).sum(axis=2)
+    head_held = np.add.reduce(np.where(where.last, held, 0), axis=2)
     others = np.where(has_head, np.maximum(head_held - 1, 0) * keep[:, None], 0.0)
     return np.where(has_head, others + np.maximum(peak, keep)[:, None], 0.0), others, unpriced
 
@@ -959,7 +960,7 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
         head_grad_whole = params.head_gradient * grad
         fsdp2, keeps = batch.sharding.fsdp[:, None], batch.sharding.keeps_gathered[:, None]
         defers = batch.sharding.defers_reduce[:, None]
-        two_layers = np.minimum(layers.sum(axis=0), 2)
+        two_layers = np.minimum(np.add.reduce(layers, axis=0), 2)
         gathered_layers = largest_gathered * two_layers
         at_end_layers = head_grad_whole + np.maximum(largest_gathered + largest * grad,
                                                      params.embedding_gradient * grad)
@@ -1278,8 +1279,8 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     # (K, N, R) over the kinds at once, never a layer: their layers on each rank, and those times the
     # micro-batches each chunk holds
     present, redone = where.rank_kind_layers > 0, where.rank_kind_split[:, 1] > 0
-    plain = (where.plain * held).sum(axis=3)
-    redone_held = (where.recomputed * held).sum(axis=3)
+    plain = np.add.reduce(where.plain * held, axis=3)
+    redone_held = np.add.reduce(where.recomputed * held, axis=3)
     missing = present & (np.isnan(per_layer) | np.isnan(working))[:, :, None]
     kept = plain * nan_to_zero(per_layer)[:, :, None]
     as_plain = present
@@ -1295,16 +1296,16 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     most = np.where(as_plain, nan_to_zero(working)[:, :, None], -np.inf)
     if any_policed:
         most = np.concatenate((most, np.where(by_policy, nan_to_zero(sel_working)[:, :, None], -np.inf)))
-    unknown = missing.any(axis=(0, 2))
+    unknown = np.logical_or.reduce(missing, axis=(0, 2))
     activations = _sum_in_order(kept, (n, ranks))
-    recomputed = redone_held.sum(axis=0)
+    recomputed = np.add.reduce(redone_held, axis=0)
     # the working peak's excess: the largest of a plain (or fully recomputed) layer's and a policy's
     working_most = np.maximum.reduce(most, axis=0, initial=-np.inf)
     vocab_parallel = cols["vocab_parallel"].astype(bool)
     x, x_tp = row("out_reserved", "out_autocast_reserved"), row("out_reserved_tp", "out_autocast_reserved_tp")
     output = batch.tokens * _rows_where(vocab_parallel, int(np.count_nonzero(vocab_parallel)),
                                         lambda: _tp_share(batch, x, x_tp), lambda: x + x_tp)
-    unknown |= (where.has_head & np.isnan(output)[:, None]).any(axis=1)
+    unknown |= np.logical_or.reduce(where.has_head & np.isnan(output)[:, None], axis=1)
     output = np.where(where.has_head, nan_to_zero(output)[:, None], 0.0)
     layers = activations
     if used[RECOMPUTE.index("full")]:  # a full-recompute layer's kept input, as packed into segments
@@ -1316,7 +1317,7 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     layers = np.where(np.asarray(cols["offload_activations"], dtype=bool)[:, None], 0.0, layers)
     layers = layers + np.where(np.isfinite(working_most), working_most, 0.0) + output
     held_bytes = stage_bytes[:, :, _BLOCK_CATEGORIES]  # each held as one large block
-    blocks = (large_block_bytes(held_bytes) - held_bytes).sum(axis=2)
+    blocks = np.add.reduce(large_block_bytes(held_bytes) - held_bytes, axis=2)
     allocated = stage_peak - stage_bytes[:, :, CATEGORIES.index("allocator")]
     reserved = allocated + blocks + whole(np.maximum(layers, 0.0)).astype(np.int64)
     if any_fp32_autocast:  # under fp32 autocast the policies' passes (run with bf16 parameters) are not the run's
@@ -1367,7 +1368,7 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     kept = {name: whole(persistent[name]) for name in ("parameters", "master", "optimizer_states")}
     layer_keep = np.ceil(np.where((cols["recompute"] == RECOMPUTE.index("none"))[:, None], layer.keep_plain,
                                   layer.keep_recomputed) - 1e-3)
-    beyond = np.asarray(~(layer_keep <= MAX_EXACT_BYTES).all(axis=1))
+    beyond = ~np.logical_and.reduce(layer_keep <= MAX_EXACT_BYTES, axis=1)
     host_per_node = np.zeros(len(beyond))
     if np.count_nonzero(host_bytes):  # NaN or past 2**53 flags the row below
         host_per_node = topology.worst_node_total(
@@ -1377,7 +1378,7 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     stage_bytes, stage_peak, best_moment = _peak(kept, moments, where, cols, out, beyond)
     host_bytes, offloaded_activations = (np.where(beyond[:, None], 0.0, x).astype(np.int64)
                                          for x in (host_bytes, offloaded_activations))
-    stage_layers = layers.sum(axis=0) if len(model.kinds) else np.zeros(stage_peak.shape, dtype=np.int64)
+    stage_layers = np.add.reduce(layers, axis=0)
     pp = cols["pp"]
     stage_exists = None  # None: every row has the batch's stages (one strategy always has)
     if len(pp) > 1 and not (pp == stage_peak.shape[1]).all():
