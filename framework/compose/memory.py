@@ -1142,19 +1142,21 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
         return whole(_rows_where(defers, defer_rows, lambda: persistent[f"{name}_whole"], lambda: persistent[name]))
 
     grads_all, head_grads = held("gradients"), held("head_gradients")
-    root_late = np.where(fsdp2, head_grads, 0.0)
+    fsdp_rows = np.count_nonzero(fsdp2)
+    root_late = np.where(fsdp2, head_grads, 0.0) if fsdp_rows else 0.0
     grads_first = np.where(accumulating, grads_all, head_grads - root_late)
     grads_last = np.where(accumulating, grads_all, grads_all - held("embedding_gradients") - root_late)
     others = whole(other_outputs)
     # the embedding's arriving gradient is the rank's whole sequence (SP gathers it); where a gradient exists
     # already (accumulation, a tied head's) the new one is held before it is added in
-    vocab_rows = ceil_div(np.int64(model.embedding // max(hidden, 1)), params.vocab_split)
     tokens = batch.tokens
-    sort_rows = np.where(tokens > EMBEDDING_SORT_MIN_TOKENS, np.minimum(tokens, vocab_rows), 0.0)
+    embedding_input = tokens * hidden * batch.compute_bytes
+    if embedding_sort_scratch:
+        vocab_rows = ceil_div(np.int64(model.embedding // max(hidden, 1)), params.vocab_split)
+        sort_rows = np.where(tokens > EMBEDDING_SORT_MIN_TOKENS, np.minimum(tokens, vocab_rows), 0.0)
+        embedding_input = embedding_input + 4.0 * hidden * sort_rows
     embedding_whole = np.where(_whole_gradients(batch), params.embedding * batch.grad_bytes, 0.0)[:, None]
-    embedding_working = ((tokens * hidden * batch.compute_bytes
-                          + (4.0 * hidden * sort_rows if embedding_sort_scratch else 0.0))[:, None]
-                         + np.where(accumulating | model.tied, embedding_whole, 0.0))
+    embedding_working = embedding_input[:, None] + np.where(accumulating | model.tied, embedding_whole, 0.0)
     kept = whole(stage.activations)
     others_kept = whole(stage.activations - stage.one_micro_batch)
     at_loss, at_last, at_end = (whole(buffer) for buffer in buffers)
@@ -1165,7 +1167,8 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
              output=others, communication=at_last),
         dict(gradients=whole(grads_last - stage.pending_end), activations=others_kept,
              working=whole(stage.working_layer), output=others, communication=at_end),
-        dict(gradients=np.where(fsdp2 & ~accumulating, grads_last, grads_all), activations=others_kept,
+        dict(gradients=np.where(fsdp2 & ~accumulating, grads_last, grads_all) if fsdp_rows else grads_all,
+             activations=others_kept,
              working=whole(embedding_working), output=others, communication=at_end),
         dict(gradients=whole(persistent["gradients"]), activations=zeros, working=whole(persistent["step_temporaries"]),
              output=zeros, communication=zeros),
@@ -1376,8 +1379,12 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
             cols["pp"], devices_per_node)
         beyond |= ~(host_bytes <= MAX_EXACT_BYTES).all(axis=1) | ~(host_per_node < MAX_EXACT_BYTES)
     stage_bytes, stage_peak, best_moment = _peak(kept, moments, where, cols, out, beyond)
-    host_bytes, offloaded_activations = (np.where(beyond[:, None], 0.0, x).astype(np.int64)
-                                         for x in (host_bytes, offloaded_activations))
+    any_beyond = bool(np.count_nonzero(beyond))
+
+    def kept_rows(x):  # int64, 0 on the rows beyond exact bytes
+        return (np.where(beyond[:, None] if x.ndim == 2 else beyond, 0.0, x) if any_beyond else x).astype(np.int64)
+
+    host_bytes, offloaded_activations = kept_rows(host_bytes), kept_rows(offloaded_activations)
     stage_layers = np.add.reduce(layers, axis=0)
     pp = cols["pp"]
     stage_exists = None  # None: every row has the batch's stages (one strategy always has)
@@ -1396,10 +1403,10 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
                     stage_peak_bytes=stage_peak,
                     peak_bytes=stage_peak[np.arange(len(peak_stage)), peak_stage], peak_stage=peak_stage,
                     stage_layers=stage_layers, stage_moment=best_moment,
-                    layer_bytes=np.where(beyond[:, None], 0.0, layer_keep).astype(np.int64),  # NaN rows are beyond
+                    layer_bytes=kept_rows(layer_keep),  # NaN rows are beyond
                     unpriced={"working": layer.unpriced_working, "output working": unpriced_output,
                               "selective": layer.unpriced_selective}, beyond_exact=beyond,
                     stage_kind_layers=where.rank_layers(with_mtp=False), head_stage=where.head_rank,
                     embedding_stage=np.argmax(where.has_embedding, axis=1), stage_host_bytes=host_bytes,
-                    host_bytes_per_node=np.where(beyond, 0.0, host_per_node).astype(np.int64),
+                    host_bytes_per_node=kept_rows(host_per_node),
                     stage_offloaded_activation_bytes=offloaded_activations)
