@@ -738,8 +738,10 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
         plain_per_token = plain_per_token + imbalance * routed_one
     kv_split = np.minimum(batch.tp_int, model.kv_heads)
     # keys and values replicated where TP exceeds the KV heads: a rank keeps 1/kv_heads of them, not 1/tp
-    replicated_kv = np.where(model.kv_params[None, :] > 0, model.kv_elements_per_token[None, :]
-                             * batch.compute_bytes[:, None] * (1.0 / kv_split - 1.0 / t)[:, None], 0.0)
+    replicated_kv = 0.0  # no row's tp exceeds them: 1 / kv_split - 1 / tp is 0
+    if np.count_nonzero(batch.tp_int > model.kv_heads):
+        replicated_kv = np.where(model.kv_params[None, :] > 0, model.kv_elements_per_token[None, :]
+                                 * batch.compute_bytes[:, None] * (1.0 / kv_split - 1.0 / t)[:, None], 0.0)
     tokens = batch.tokens[:, None]
     keep_plain = tokens * (plain_per_token + replicated_kv)
     mode, used = cols["recompute"], batch.recompute_used
@@ -758,9 +760,11 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
                            default=plain_per_token + replicated_kv)
     keep_recomputed = tokens * per_token
     working = row("working")
+    unpriced_working = np.isnan(working)
     working_plain = tokens * (nan_to_zero(at_tp(working, row("working_tp"))) + (imbalance - 1.0) * routed_one
                               + replicated_kv + _ring_attention_working(model, cols, batch, kv_split))
-    working_plain = np.where(np.isnan(working), np.maximum(keep_plain, keep_recomputed), working_plain)
+    if np.count_nonzero(unpriced_working):  # no working figure: the larger of what the layer keeps
+        working_plain = np.where(unpriced_working, np.maximum(keep_plain, keep_recomputed), working_plain)
     working_recomputed = working_plain
     if used[full_code]:  # the input a full checkpoint keeps, where the working figure leaves it out
         full = (mode == full_code)[:, None]
@@ -769,7 +773,7 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
         keep_plain=keep_plain, keep_recomputed=nan_to_zero(keep_recomputed), working_plain=working_plain,
         working_recomputed=working_recomputed, excess_plain=np.maximum(working_plain - keep_plain, 0.0),
         excess_recomputed=np.maximum(working_recomputed - keep_recomputed, 0.0),
-        unpriced_working=np.logical_or.reduce(np.isnan(working), axis=1),
+        unpriced_working=np.logical_or.reduce(unpriced_working, axis=1),
         unpriced_selective=(mode == selective_code) & np.logical_or.reduce(np.isnan(keep_recomputed), axis=1)
         if used[selective_code]
         else np.zeros(len(mode), dtype=bool),
@@ -1282,33 +1286,41 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     # (K, N, R) over the kinds at once, never a layer: their layers on each rank, and those times the
     # micro-batches each chunk holds
     present, redone = where.rank_kind_layers > 0, where.rank_kind_split[:, 1] > 0
-    plain = np.add.reduce(where.plain * held, axis=3)
     redone_held = np.add.reduce(where.recomputed * held, axis=3)
+    recomputed = np.add.reduce(redone_held, axis=0)
     missing = present & (np.isnan(per_layer) | np.isnan(working))[:, :, None]
-    kept = plain * nan_to_zero(per_layer)[:, :, None]
-    as_plain = present
     if any_policed:  # a policy's recomputed layers: its replays' figures
         sel_layer, sel_working = at_tp(policy("layer"), policy("layer_tp")), at_tp(policy("working"),
                                                                                     policy("working_tp"))
         by_policy = policed[None, :, None] & redone
-        as_plain = present & ~(by_policy & (plain == 0))
         missing |= by_policy & (np.isnan(sel_layer) | np.isnan(sel_working))[:, :, None]
+    vocab_parallel = cols["vocab_parallel"].astype(bool)
+    x, x_tp = row("out_reserved", "out_autocast_reserved"), row("out_reserved_tp", "out_autocast_reserved_tp")
+    output = batch.tokens * _rows_where(vocab_parallel, int(np.count_nonzero(vocab_parallel)),
+                                        lambda: _tp_share(batch, x, x_tp), lambda: x + x_tp)
+    unknown = (np.logical_or.reduce(missing, axis=(0, 2))
+               | np.logical_or.reduce(where.has_head & np.isnan(output)[:, None], axis=1))
+    if any_fp32_autocast:  # under fp32 autocast the policies' passes (run with bf16 parameters) are not the run's
+        autocast_unknown = fp32_autocast & (unknown | (policed & np.logical_or.reduce(recomputed > 0, axis=1)))
+        unclaimed = np.where(unknown & ~fp32_autocast, 1, np.where(autocast_unknown, 2, 0))
+    else:
+        unclaimed = unknown.astype(np.int64)
+    if np.count_nonzero(unclaimed) == n:  # no row's claimed (no replay of some kind's, as the formulas')
+        return np.full((n, ranks), -1, dtype=np.int64), unclaimed
+    plain = np.add.reduce(where.plain * held, axis=3)
+    kept = plain * nan_to_zero(per_layer)[:, :, None]
+    as_plain = present
+    if any_policed:
+        as_plain = present & ~(by_policy & (plain == 0))
         by_policy_kept = np.where(policed[None, :, None], redone_held * nan_to_zero(sel_layer)[:, :, None], 0.0)
         # each kind's plain layers, then its policy's: the order of the sum over kinds
         kept = np.concatenate((kept[:, None], by_policy_kept[:, None]), axis=1).reshape((-1, n, ranks))
     most = np.where(as_plain, nan_to_zero(working)[:, :, None], -np.inf)
     if any_policed:
         most = np.concatenate((most, np.where(by_policy, nan_to_zero(sel_working)[:, :, None], -np.inf)))
-    unknown = np.logical_or.reduce(missing, axis=(0, 2))
     activations = _sum_in_order(kept, (n, ranks))
-    recomputed = np.add.reduce(redone_held, axis=0)
     # the working peak's excess: the largest of a plain (or fully recomputed) layer's and a policy's
     working_most = np.maximum.reduce(most, axis=0, initial=-np.inf)
-    vocab_parallel = cols["vocab_parallel"].astype(bool)
-    x, x_tp = row("out_reserved", "out_autocast_reserved"), row("out_reserved_tp", "out_autocast_reserved_tp")
-    output = batch.tokens * _rows_where(vocab_parallel, int(np.count_nonzero(vocab_parallel)),
-                                        lambda: _tp_share(batch, x, x_tp), lambda: x + x_tp)
-    unknown |= np.logical_or.reduce(where.has_head & np.isnan(output)[:, None], axis=1)
     output = np.where(where.has_head, nan_to_zero(output)[:, None], 0.0)
     layers = activations
     if used[RECOMPUTE.index("full")]:  # a full-recompute layer's kept input, as packed into segments
@@ -1323,11 +1335,6 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     blocks = np.add.reduce(large_block_bytes(held_bytes) - held_bytes, axis=2)
     allocated = stage_peak - stage_bytes[:, :, CATEGORIES.index("allocator")]
     reserved = allocated + blocks + whole(np.maximum(layers, 0.0)).astype(np.int64)
-    if any_fp32_autocast:  # under fp32 autocast the policies' passes (run with bf16 parameters) are not the run's
-        autocast_unknown = fp32_autocast & (unknown | (policed & (recomputed > 0).any(axis=1)))
-        unclaimed = np.where(unknown & ~fp32_autocast, 1, np.where(autocast_unknown, 2, 0))
-    else:
-        unclaimed = unknown.astype(np.int64)
     if stage_exists is not None:
         reserved = np.where(stage_exists, reserved, 0)
     reserved = np.where((unclaimed > 0)[:, None], -1, reserved)
