@@ -729,7 +729,7 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
     imbalance = cols["moe_imbalance"].astype(np.float64)[:, None]
     routed_tokens, routed_width = row("routed_tokens"), row("routed_width")
     plain_per_token = at_tp(row("saved") - row("routed"), row("saved_tp") - row("routed_tp"))
-    routed_one = 0.0  # no routed figure (no MoE kind): imbalance scales nothing
+    routed_one: Any = 0.0  # no routed figure (no MoE kind): imbalance scales nothing
     if np.count_nonzero(routed_tokens) or np.count_nonzero(routed_width):
         etp = cols["etp"].astype(np.float64)[:, None]
         # routed tokens a rank's experts process: its own (split by tp under sp), gathered over the etp group
@@ -738,7 +738,7 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
         plain_per_token = plain_per_token + imbalance * routed_one
     kv_split = np.minimum(batch.tp_int, model.kv_heads)
     # keys and values replicated where TP exceeds the KV heads: a rank keeps 1/kv_heads of them, not 1/tp
-    replicated_kv = 0.0  # no row's tp exceeds them: 1 / kv_split - 1 / tp is 0
+    replicated_kv: Any = 0.0  # no row's tp exceeds them: 1 / kv_split - 1 / tp is 0
     if np.count_nonzero(batch.tp_int > model.kv_heads):
         replicated_kv = np.where(model.kv_params[None, :] > 0, model.kv_elements_per_token[None, :]
                                  * batch.compute_bytes[:, None] * (1.0 / kv_split - 1.0 / t)[:, None], 0.0)
@@ -866,7 +866,7 @@ def _first_largest(present, scores):
     scores = np.where(present & (scores > -np.inf), scores, -np.inf)
     best = np.maximum.reduce(scores, axis=(0, 1), initial=-np.inf)
     largest = (scores == best) & (best > -np.inf)
-    return largest & (np.cumsum(largest.reshape((-1,) + best.shape), axis=0) == 1).reshape(largest.shape)
+    return largest & (largest.reshape((-1,) + best.shape).cumsum(axis=0) == 1).reshape(largest.shape)
 
 
 def _pick(chosen, values):
@@ -894,7 +894,8 @@ def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.P
     out_working = row("working")
     keep = tokens * at_tp(row("saved"), row("saved_tp"))
     unpriced = np.isnan(out_working)
-    peak = np.where(unpriced, keep, tokens * at_tp(nan_to_zero(out_working), row("working_tp")))
+    peak = _rows_where(unpriced, int(np.count_nonzero(unpriced)), lambda: keep,
+                       lambda: tokens * at_tp(nan_to_zero(out_working), row("working_tp")))
     has_head = where.has_head
     head_held = np.add.reduce(np.where(where.last, held, 0), axis=2)
     others = np.where(has_head, np.maximum(head_held - 1, 0) * keep[:, None], 0.0)
@@ -1212,7 +1213,7 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
     if np.count_nonzero(flagged):  # the first largest moment before any NaN one
         best_index = np.argmax(np.where(np.cumsum(np.isnan(totals), axis=0) > 0, -np.inf, totals), axis=0)
     else:  # no NaN: the first largest
-        best_index = np.argmax(totals, axis=0)
+        best_index = totals.argmax(axis=0)
     beyond |= flagged
     if np.count_nonzero(beyond):  # categories are non-negative: none of a row within bound passes it
         kept_rows = ~beyond[:, None]
@@ -1403,7 +1404,7 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
         stage_layers = np.where(stage_exists, stage_layers, 0)
         host_bytes[~stage_exists] = 0
         offloaded_activations[~stage_exists] = 0
-    peak_stage = np.argmax(stage_peak, axis=1)
+    peak_stage = stage_peak.argmax(axis=1)
     stage_reserved, unclaimed = _reserved(model, recs, seq_index, cols, batch, where, held, stage_bytes, stage_peak,
                                           stage_exists)
     return Composed(stage_reserved_bytes=stage_reserved, reserved_unclaimed=unclaimed, stage_bytes=stage_bytes,
