@@ -217,19 +217,14 @@ def _nan(value):
 AUTOCAST_FIELDS = ("saved", "saved_tp", "working", "working_tp")
 
 
-def _fp32_autocast(batch: "_Batch") -> np.ndarray:
-    """(N,) bool: the layers run fp32 parameters (and residual stream) under bf16 or fp16 autocast."""
-    return batch.fp32_autocast
-
-
 def _figure(recs, name: str, seq_index, batch: "_Batch") -> np.ndarray:
     """The record's figure *name* (``(N, K)`` or ``(N,)``), or its autocast one (``autocast_`` after any
     ``out_``) where the row runs fp32 parameters under autocast and the record has one."""
     values = recs[name][seq_index]
     if not batch.any_fp32_autocast:  # no row runs it (the common batch): the figures as they are
         return values
-    autocast_values = recs[name.replace("out_", "out_autocast_") if name.startswith("out_") else f"autocast_{name}"][
-        seq_index]
+    autocast_name = name.replace("out_", "out_autocast_") if name.startswith("out_") else f"autocast_{name}"
+    autocast_values = recs[autocast_name][seq_index]
     fp32_autocast = batch.fp32_autocast[:, None] if values.ndim == 2 else batch.fp32_autocast
     return np.where(fp32_autocast & ~np.isnan(autocast_values), autocast_values, values)
 
@@ -746,8 +741,8 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
     keep_plain = tokens * (plain_per_token + replicated_kv)
     mode, used = cols["recompute"], batch.recompute_used
     full_code, selective_code, core_code = (RECOMPUTE.index(name) for name in ("full", "selective", "core_attention"))
-    full_input = (model.hidden_size * batch.residual_bytes / _rows_where(batch.sp, batch.sp_rows, lambda: t,
-                                                                          lambda: np.ones(len(t))))[:, None]
+    full_input = (model.hidden_size * batch.residual_bytes
+                  / _rows_where(batch.sp, batch.sp_rows, lambda: t, lambda: 1.0))[:, None]
     per_token_by_mode = {  # what a recomputing layer keeps a token, by mode (only the modes some row runs)
         full_code: lambda: np.broadcast_to(full_input, plain_per_token.shape),
         selective_code: lambda: at_tp(row("selective"), row("selective_tp")) + replicated_kv,
@@ -1098,8 +1093,7 @@ def _offload_activations(moments, stage: _StageActivations, layer: _LayerActivat
     zeros = np.zeros(stage.activations.shape)
     if not np.count_nonzero(rows):
         return moments, host_states["persistent"] + host_states["step"], zeros
-    plain = (where.layers - where.recomputed).sum(axis=3)  # (K, N, R): each rank's layers of each kind
-    recomputed = where.recomputed.sum(axis=3)
+    plain, recomputed = where.rank_kind_split[:, 0], where.rank_kind_split[:, 1]  # (K, N, R) each
     in_flight, per_micro_batch = zeros, zeros
     # save_on_cpu copies every save, so each layer's of the tables the model hands every layer is its own copy
     # (torch/autograd/graph.py, save_on_cpu's pack_to_cpu): the host holds them once a layer, not a stage
