@@ -73,8 +73,8 @@ def nan_to_zero(x):
 def _sum_in_order(terms, shape):
     """The sum of *terms* over its leading axis, term after term (a float sum the same to the bit as a loop
     adding each to zeros: ``np.sum`` may pair them otherwise); zeros of *shape* where there is none."""
-    if not len(terms):
-        return np.zeros(shape)
+    if len(terms) <= 1:  # none, or one kind in one chunk (a plain decoder without interleaving)
+        return terms[0] if len(terms) else np.zeros(shape)
     return np.add.accumulate(terms, axis=0)[-1]
 
 
