@@ -97,6 +97,20 @@ def _alone(n, message_bytes, *operands):
     return np.zeros(np.broadcast(n, message_bytes, *operands).shape)
 
 
+def _zeroed(n, seconds, s):
+    """:func:`_zero_where_alone`, skipped where every group has a peer and every message a byte (a batch of one
+    strategy's, mostly) and *seconds* spans the groups' and messages' shape: its ``np.where`` would give them back."""
+    if isinstance(seconds, np.ndarray) and _spans(seconds.shape, n) and _spans(seconds.shape, s) and \
+            np.count_nonzero(n > 1.0) == n.size and np.count_nonzero(s > 0) == s.size:
+        return seconds
+    return _zero_where_alone(n, seconds, s)
+
+
+def _spans(shape, array) -> bool:
+    """Whether *array* broadcast against *shape* leaves it *shape* (a cheap, sufficient test)."""
+    return array.shape == shape or (array.size == 1 and array.ndim <= len(shape))
+
+
 @functools.lru_cache(maxsize=None)
 def _by_protocol(values: Tuple[float, float, float], ndim: int) -> np.ndarray:
     """Per-protocol constants (LL, LL128, Simple) as a ``(3, 1, ..., 1)`` array of *ndim* + 1 axes (read-only):
@@ -138,7 +152,7 @@ def _ring(s, n, latencies, bandwidth, all_reduce: bool):
     data = np.asarray(s * (steps / (n * bandwidth)))  # Simple's data term; a protocol divides it by its factor
     ndim = max(data.ndim, latencies.ndim - 1)
     fixed = latencies.reshape((3,) + (1,) * (ndim - latencies.ndim + 1) + latencies.shape[1:])
-    return np.asarray((data * _by_protocol(_RING_DATA_TIMES, ndim) + fixed).min(axis=0))
+    return np.asarray(np.minimum.reduce(data * _by_protocol(_RING_DATA_TIMES, ndim) + fixed, axis=0))
 
 
 def _tree_latencies(n, nodes, latency):
@@ -236,7 +250,7 @@ def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seco
         bus = bytes_per_second * np.where(usable, nvls, 1.0)
         in_switch = NVLINK_LATENCY_US["nvls"] * _US + latency_seconds + (n - 1.0) / n * s / bus
         best = np.where(usable, np.minimum(best, in_switch), best)
-    return _zero_where_alone(n, best, s)
+    return _zeroed(n, best, s)
 
 
 def all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
@@ -248,7 +262,7 @@ def all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seco
         return alone
     s = np.asarray(message_bytes, dtype=np.float64)
     latencies, _ = _latencies(n, np.asarray(nodes, dtype=np.float64), latency_seconds, False)
-    return _zero_where_alone(n, _ring(s, n, latencies, bytes_per_second, False), s)
+    return _zeroed(n, _ring(s, n, latencies, bytes_per_second, False), s)
 
 
 # NCCL's ring prices a reduce-scatter as the all-gather of the same bytes: one function, so the time model,
@@ -271,7 +285,7 @@ def all_to_all_seconds(message_bytes, group_size, bytes_per_second, latency_seco
     s = np.asarray(message_bytes, dtype=np.float64)
     seconds = (BASE_LATENCY_US["ring"][2] * _US + (n - 1.0) * _p2p_step_seconds(nodes, latency_seconds)
                + (n - 1.0) / n * s / bytes_per_second)
-    return _zero_where_alone(n, seconds, s)
+    return _zeroed(n, seconds, s)
 
 
 def send_recv_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
@@ -282,7 +296,7 @@ def send_recv_seconds(message_bytes, group_size, bytes_per_second, latency_secon
         return alone
     s = np.asarray(message_bytes, dtype=np.float64)
     seconds = BASE_LATENCY_US["ring"][2] * _US + _p2p_step_seconds(nodes, latency_seconds) + s / bytes_per_second
-    return _zero_where_alone(n, seconds, s)
+    return _zeroed(n, seconds, s)
 
 
 @attrs.frozen(kw_only=True)

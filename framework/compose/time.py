@@ -1052,10 +1052,16 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     k = _kind_arrays(model)
     hidden_msg = tokens * h * width                                    # a TP rank's activations of a layer
     bw_tp, lat_tp, link_tp = group_link(hardware, np.ones(n), tp, eff)
-    tp_sp = (coll["all_gather"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
-             + coll["reduce_scatter"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
-    tp_pass = 2.0 * np.where(rows.sp, tp_sp, coll["all_reduce"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
-    tp_fwd = tp_bwd = tp_exposed_fwd = tp_exposed_bwd = np.broadcast_to(tp_pass[:, None], (n, len(model.kinds)))
+    sp_rows = np.count_nonzero(rows.sp)  # priced only where a row runs it: SP's pair, or the all-reduce
+    if sp_rows:
+        gather = coll["all_gather"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
+        tp_sp = gather + (gather if coll["reduce_scatter"] is coll["all_gather"]  # one function: the same figure
+                          else coll["reduce_scatter"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
+    if sp_rows < n:
+        tp_ar = coll["all_reduce"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
+    tp_pass = 2.0 * (tp_sp if sp_rows == n else tp_ar if not sp_rows else np.where(rows.sp, tp_sp, tp_ar))
+    # (N, 1): broadcast over the kinds by the sums below
+    tp_fwd = tp_bwd = tp_exposed_fwd = tp_exposed_bwd = tp_pass[:, None]
     async_tp = np.asarray(cols["async_tp"], dtype=bool)
     if async_tp.any():  # the collective matmuls of torch's micro-pipelined TP
         fused = _async_tp(model, rows, cols, hardware, eff, coll, hidden_msg, (bw_tp, lat_tp, link_tp), async_tp)
@@ -1095,7 +1101,7 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
         comm_extra = np.where(full, tp_fwd + cp_fwd + ep_pass, 0.0)
         exposed_extra = np.where(full, exposed_fwd, 0.0)
     else:
-        comm_extra = exposed_extra = np.zeros_like(tp_fwd)
+        comm_extra = exposed_extra = np.zeros(exposed_fwd.shape)
     return {"comm_fwd": tp_fwd + cp_fwd + ep_pass, "comm_bwd": tp_bwd + cp_bwd + ep_pass,
             "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd, "comm_extra": comm_extra,
             "exposed_extra": exposed_extra}
