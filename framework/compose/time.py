@@ -36,7 +36,7 @@ from ndcost import columns, kernels, manager
 from ndcost.columns import DTYPE_BYTES, DTYPE_NAMES
 from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
-from ndcost.compose.memory import nan_to_zero, select
+from ndcost.compose.memory import nan_to_zero
 from ndcost.compose.topology import group_link
 from ndcost.errors import InvalidValue, Unpriced
 from ndcost.values import (
@@ -514,18 +514,35 @@ def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any], hard
     eager = ~compiled
     if not (full | selective | core).any():
         return {"forward": floor, "backward": 2.0 * floor, "checkpointed_forward": floor,
-                "recompute": np.zeros_like(floor)}
+                "recompute": np.zeros(floor.shape)}
 
     def host(ratio):
         return forward * np.maximum(launch, dispatch * ratio)
-    attention_ops = np.where(k["has_attention"][None, :], dispatch, 0.0)
-    core_f, core_r = (ops * attention_ops for ops in CORE_ATTENTION_HOST_OPS)
+
+    def core_ops(ops):
+        return ops * np.where(k["has_attention"][None, :], dispatch, 0.0)
     (full_f, full_r), (sel_f, sel_r) = CHECKPOINT_HOST_RATIOS["full"], CHECKPOINT_HOST_RATIOS["selective"]
-    checkpointed = select([full & eager, selective & eager, core & eager], [host(full_f), host(sel_f), floor + core_f],
-                          floor)
-    recompute = select([full & eager, full, selective & eager, core & eager],
-                       [host(full_r), floor, forward * dispatch * sel_r, core_r], 0.0)
+    full_eager, selective_eager, core_eager = full & eager, selective & eager, core & eager
+    checkpointed = _select_made([(full_eager, lambda: host(full_f)), (selective_eager, lambda: host(sel_f)),
+                                 (core_eager, lambda: floor + core_ops(CORE_ATTENTION_HOST_OPS[0]))],
+                                floor, floor.shape)
+    recompute = _select_made([(full_eager, lambda: host(full_r)), (full, lambda: floor),
+                              (selective_eager, lambda: forward * dispatch * sel_r),
+                              (core_eager, lambda: core_ops(CORE_ATTENTION_HOST_OPS[1]))], 0.0, floor.shape)
     return {"forward": floor, "backward": 2.0 * floor, "checkpointed_forward": checkpointed, "recompute": recompute}
+
+
+def _select_made(made: Sequence[Tuple[np.ndarray, Callable[[], Any]]], default: Any, shape: Tuple[int, ...]):
+    """:func:`ndcost.compose.memory.select` of ``(condition, make)`` pairs, a choice made only where its condition
+    holds on some row (a batch of one strategy runs one recompute mode: the others' arithmetic is skipped), as
+    an array of *shape*."""
+    out = default
+    for condition, make in reversed(made):
+        if np.count_nonzero(condition):
+            out = np.where(condition, make(), out)
+    if np.shape(out) != shape:  # no condition held on the whole shape: the default, broadcast
+        out = np.array(np.broadcast_to(out, shape), dtype=np.float64)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -616,7 +633,6 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     attention_mm = k["attention_mm_flops_per_token"] * split
     by_class = np.stack([attention_mm, k["other_mm_flops_per_token"] * split,
                          k["routed_mm_flops_per_token"] * split * rows.imbalance[:, None]], axis=-1)  # GEMM_CLASSES
-    mm = by_class.sum(axis=-1)
     inverse_f, inverse_b = _matmul_inverse_efficiency(model, rows, cols, hardware, eff)
     scores = k["score_flops_per_pair"] * window_pairs(s, k["window"]) * b / (tp * cp)
     linrec = k["linrec_flops_per_token"] * split
@@ -662,17 +678,21 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
                   + (2.0 * elementwise + cast_bwd) / (hbm * kernels.elementwise_efficiency(
                       tables, per_kernel, stated=eff["memory_backward"])))
     forward, backward = np.maximum(roofline_f, floor["forward"]), np.maximum(roofline_b, floor["backward"])
-    att_share = np.divide(attention_mm, mm, out=np.zeros_like(mm), where=mm > 0)
     share_att = k["recomputed_attention_mm_share"][None, :]
     share_other = k["recomputed_other_mm_share"][None, :]
     measured = ~np.isnan(share_att) & ~np.isnan(share_other)
-    selective = np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
-                         + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_attention)
+
+    def selective():
+        mm = by_class.sum(axis=-1)
+        att_share = np.divide(attention_mm, mm, out=np.zeros(mm.shape), where=mm > 0)
+        return np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
+                        + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_attention)
     mode = np.asarray(cols["recompute"])[:, None]
     # a layer's recompute runs at the start of its backward: the two are one stretch of the GPU's queue and of the
     # host's dispatch, bounded together (the host, running ahead, hides its recompute's work behind a long backward)
-    roofline_r = select([mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention")],
-                        [roofline_f, selective, fwd_attention], 0.0)
+    roofline_r = _select_made([(mode == RECOMPUTE.index(name), make) for name, make in (
+        ("full", lambda: roofline_f), ("selective", selective), ("core_attention", lambda: fwd_attention))],
+        0.0, forward.shape)
     recompute = np.maximum(roofline_r + roofline_b, floor["recompute"] + floor["backward"]) - backward
     return {"forward": forward, "backward": backward, "recompute": recompute,
             "checkpointed_forward": np.maximum(roofline_f, floor["checkpointed_forward"]),
@@ -748,22 +768,30 @@ def _ring_attention_work(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping
     lse = tokens * heads
     kv = tokens * k["kv_elements_per_token"]
     later = cp - 1.0
-    eager_f = (2.0 * w * kv * cp + 2.0 * (w + 4.0) * o
-               + later * np.maximum((w + 36.0) * o + 56.0 * lse, (w / 2.0 + 26.0) * o + 36.0 * lse))
-    eager_b = ((4.0 + (8.0 + w) + (4.0 + w)) * (q + kv) + 2.0 * w * kv * cp + 8.0 * kv * cp
-               + later * np.maximum((8.0 + w) * q + ((8.0 + w) / 2.0 + 8.0) * kv,
-                                    ((8.0 + w) / 2.0 + 8.0) * q + (8.0 + w) * kv + 4.0 * lse))
-    fused_f = 4.0 * w * kv + later * np.maximum((8.0 + w) * o + 12.0 * lse, (8.0 + w / 2.0) * o + 10.0 * lse)
-    fused_b = (4.0 * w * kv + (4.0 + w) * (q + 2.0 * kv)
-               + later * np.maximum((8.0 + w) * q + (8.0 + w / 2.0) * kv,
-                                    (8.0 + w / 2.0) * q + (8.0 + w) * kv + 4.0 * lse))
     compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
-    if compiled.any():  # under cp_rotate=p2p every concatenation is sent on: none is dead
+    compiled_rows = np.count_nonzero(compiled)  # eager's and compile's figures priced only where a row runs them
+    if compiled_rows < len(compiled):
+        eager_f = (2.0 * w * kv * cp + 2.0 * (w + 4.0) * o
+                   + later * np.maximum((w + 36.0) * o + 56.0 * lse, (w / 2.0 + 26.0) * o + 36.0 * lse))
+        eager_b = ((4.0 + (8.0 + w) + (4.0 + w)) * (q + kv) + 2.0 * w * kv * cp + 8.0 * kv * cp
+                   + later * np.maximum((8.0 + w) * q + ((8.0 + w) / 2.0 + 8.0) * kv,
+                                        ((8.0 + w) / 2.0 + 8.0) * q + (8.0 + w) * kv + 4.0 * lse))
+    if compiled_rows:
+        fused_f = 4.0 * w * kv + later * np.maximum((8.0 + w) * o + 12.0 * lse, (8.0 + w / 2.0) * o + 10.0 * lse)
+        fused_b = (4.0 * w * kv + (4.0 + w) * (q + 2.0 * kv)
+                   + later * np.maximum((8.0 + w) * q + (8.0 + w / 2.0) * kv,
+                                        (8.0 + w / 2.0) * q + (8.0 + w) * kv + 4.0 * lse))
+        # under cp_rotate=p2p every concatenation is sent on: none is dead
         sent = np.where((np.asarray(cols["cp_rotate"]) == CP_ROTATES.index("p2p"))[:, None],
                         2.0 * w * kv * np.maximum(cp - 2.0, 0.0), 0.0)
         fused_f, fused_b = fused_f + sent, fused_b + sent
-    return {"forward_bytes": np.where(on, np.where(compiled, fused_f, eager_f), 0.0),
-            "backward_bytes": np.where(on, np.where(compiled, fused_b, eager_b), 0.0),
+    if not compiled_rows:
+        forward, backward = eager_f, eager_b
+    elif compiled_rows == len(compiled):
+        forward, backward = fused_f, fused_b
+    else:
+        forward, backward = np.where(compiled, fused_f, eager_f), np.where(compiled, fused_b, eager_b)
+    return {"forward_bytes": np.where(on, forward, 0.0), "backward_bytes": np.where(on, backward, 0.0),
             "launches": np.where(on, RING_LAUNCHES_PER_PASS + RING_LAUNCHES_PER_LATER_STEP * later, 0.0)}
 
 
