@@ -321,7 +321,7 @@ def float8_refusal(hardware: Hardware) -> Optional[str]:
 def _stated(model: ModelWork, k: Mapping[str, np.ndarray], names: Sequence[str], rows: np.ndarray, field: str):
     """Refuse pricing *field* (``float8=...``, ``compile=true``) where a kind's estimator left one of its
     KindWork figures *names* unstated."""
-    if rows.any():
+    if np.count_nonzero(rows):
         for name in names:
             missing = [kind for kind, value in zip(model.kinds, k[name], strict=True) if np.isnan(value)]
             if missing:
@@ -346,7 +346,7 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     """
     on = (np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none"))[:, None]
     zeros = np.zeros((len(rows.tp), len(model.kinds)))
-    if not on.any():
+    if not np.count_nonzero(on):
         return zeros, zeros, zeros
     _stated(model, k, _LOW_PRECISION_WORK[:3], on, "float8=tensorwise/rowwise")
     shard = sharding_rules.sharding(cols)
@@ -512,7 +512,7 @@ def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any], hard
     compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
     full, selective, core = (mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention"))
     eager = ~compiled
-    if not (full | selective | core).any():
+    if not np.count_nonzero(full | selective | core):
         return {"forward": floor, "backward": 2.0 * floor, "checkpointed_forward": floor,
                 "recompute": np.zeros(floor.shape)}
 
@@ -640,7 +640,7 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
                                            / (rows.ep * rows.etp)[:, None] + k["replicated_parameters"])
     elementwise = rows.compute_bytes[:, None] * tokens * _elementwise_elements(model, k, cols, tp, sp)
     fp8_mm, cast_fwd, cast_bwd = _float8_linears(model, k, rows, cols, split)
-    fp8_on = bool(fp8_mm.any())
+    fp8_on = bool(np.count_nonzero(fp8_mm))
     refusal = float8_refusal(hardware) if fp8_on else None
     if refusal:
         raise InvalidValue(refusal)
@@ -665,18 +665,19 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
                                                                                   scores)
     ring = _ring_attention_work(k, rows, cols)
     floor = _launch_bound(model, rows, cols, hardware, ring["launches"])
-    ring_per_kernel = ring["forward_bytes"] / np.maximum(ring["launches"], 1.0)
-    ring_fwd = ring["forward_bytes"] / (hbm * kernels.elementwise_efficiency(tables, ring_per_kernel,
-                                                                             stated=eff["memory"]))
-    ring_bwd = ring["backward_bytes"] / (hbm * kernels.elementwise_efficiency(tables, ring_per_kernel,
-                                                                              stated=eff["memory_backward"]))
+    memory = (eff["memory"], eff["memory_backward"])
+    if np.count_nonzero(ring["launches"]):  # some row runs ring CP (its launches: > 0 exactly there)
+        ring_f, ring_b = kernels.elementwise_efficiencies(
+            tables, ring["forward_bytes"] / np.maximum(ring["launches"], 1.0), stated=memory)
+        ring_fwd, ring_bwd = ring["forward_bytes"] / (hbm * ring_f), ring["backward_bytes"] / (hbm * ring_b)
+    else:  # no merges: zero bytes
+        ring_fwd, ring_bwd = ring["forward_bytes"], ring["backward_bytes"]
     fwd_attention = fwd_scores + ring_fwd  # what recomputing the attention function reruns
+    elementwise_f, elementwise_b = kernels.elementwise_efficiencies(tables, per_kernel, stated=memory)
     roofline_f = (fwd_mm + fwd_attention + linrec / (peak * eff["linrec"])
-                  + (elementwise + cast_fwd) / (hbm * kernels.elementwise_efficiency(tables, per_kernel,
-                                                                                     stated=eff["memory"])))
+                  + (elementwise + cast_fwd) / (hbm * elementwise_f))
     roofline_b = (bwd_mm + bwd_scores + ring_bwd + 2.0 * linrec / (peak * eff["linrec_backward"])
-                  + (2.0 * elementwise + cast_bwd) / (hbm * kernels.elementwise_efficiency(
-                      tables, per_kernel, stated=eff["memory_backward"])))
+                  + (2.0 * elementwise + cast_bwd) / (hbm * elementwise_b))
     forward, backward = np.maximum(roofline_f, floor["forward"]), np.maximum(roofline_b, floor["backward"])
     share_att = k["recomputed_attention_mm_share"][None, :]
     share_other = k["recomputed_other_mm_share"][None, :]
@@ -757,7 +758,7 @@ def _ring_attention_work(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping
     shape = (len(rows.cp), len(k["has_attention"]))
     ulysses = np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses")
     on = ((rows.cp > 1) & ~ulysses)[:, None] & k["has_attention"][None, :]
-    if not on.any():
+    if not np.count_nonzero(on):
         zeros = np.zeros(shape)
         return {"forward_bytes": zeros, "backward_bytes": zeros, "launches": zeros}
     w, cp = rows.compute_bytes[:, None], rows.cp[:, None]
@@ -833,7 +834,7 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
     ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
     cp, seq = rows.cp[:, None], rows.seq[:, None]
     ring = (cp > 1) & ~ulysses
-    any_ring = bool(ring.any())
+    any_ring = bool(np.count_nonzero(ring))
     first_share = np.where(ring, 1.0 / cp, 1.0)   # the ring's step 0: 1 / cp of the rank's pairs
 
     def split(f, b, share=first_share):  # a pass priced at one shape, its first step 1 / cp of it under ring CP
@@ -911,10 +912,9 @@ def _eager_scores(hardware: Hardware, tables, dtype: str, eff, seq_q, seq_k, hea
                         + inverse(seq_k, dv, seq_q, "matmul_backward")))      # dV = P^T dO
     moved = EAGER_SOFTMAX_BYTES_PER_SCORE * width / 2.0 * pairs
     hbm = float(hardware.hbm_bytes_per_second)
-    per_kernel = moved / EAGER_SOFTMAX_KERNELS
-    return (forward / peak + moved / (hbm * kernels.elementwise_efficiency(tables, per_kernel, stated=eff["memory"])),
-            backward / peak + moved / (hbm * kernels.elementwise_efficiency(tables, per_kernel,
-                                                                             stated=eff["memory_backward"])))
+    memory_f, memory_b = kernels.elementwise_efficiencies(tables, moved / EAGER_SOFTMAX_KERNELS,
+                                                          stated=(eff["memory"], eff["memory_backward"]))
+    return forward / peak + moved / (hbm * memory_f), backward / peak + moved / (hbm * memory_b)
 
 
 def _elementwise_elements(model: ModelWork, k: Mapping[str, np.ndarray], cols: Mapping[str, Any], tp, sp):
@@ -923,7 +923,7 @@ def _elementwise_elements(model: ModelWork, k: Mapping[str, np.ndarray], cols: M
     tp_split = np.where(sp, tp, 1.0)
     eager = k["elementwise_elements_per_token"] / tp + k["replicated_elements_per_token"] / tp_split
     compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
-    if not compiled.any():
+    if not np.count_nonzero(compiled):
         return eager
     _stated(model, k, _LOW_PRECISION_WORK[3:], compiled, "compile=true")
     fused = k["compiled_elementwise_elements_per_token"] / tp + k["compiled_replicated_elements_per_token"] / tp_split
@@ -994,7 +994,7 @@ def _async_tp(model: ModelWork, rows: _Rows, cols, hardware: Hardware, eff, coll
     """
     k, a = _kind_arrays(model), _async_tp_arrays(model)
     across = on & (rows.tp > int(hardware.nvlink_domain_devices))
-    if across.any():
+    if np.count_nonzero(across):
         raise InvalidValue(async_tp_refusal(hardware, int(rows.tp[across][0])))
     tp, tokens = rows.tp[:, None, None], rows.tokens[:, None, None]
     piece_rows = tokens * np.minimum(2.0, tp) / tp  # the rows of the two pieces sharing the SMs
@@ -1091,7 +1091,7 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     # (N, 1): broadcast over the kinds by the sums below
     tp_fwd = tp_bwd = tp_exposed_fwd = tp_exposed_bwd = tp_pass[:, None]
     async_tp = np.asarray(cols["async_tp"], dtype=bool)
-    if async_tp.any():  # the collective matmuls of torch's micro-pipelined TP
+    if np.count_nonzero(async_tp):  # the collective matmuls of torch's micro-pipelined TP
         fused = _async_tp(model, rows, cols, hardware, eff, coll, hidden_msg, (bw_tp, lat_tp, link_tp), async_tp)
         on = async_tp[:, None]
         tp_fwd, tp_bwd = np.where(on, fused["comm_fwd"], tp_fwd), np.where(on, fused["comm_bwd"], tp_bwd)
@@ -1125,7 +1125,7 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     exposed_bwd = tp_exposed_bwd + cp_bwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["backward"]),
                                                              ep_pass)
     full = (np.asarray(cols["recompute"]) == RECOMPUTE.index("full"))[:, None]
-    if full.any():
+    if np.count_nonzero(full):
         comm_extra = np.where(full, tp_fwd + cp_fwd + ep_pass, 0.0)
         exposed_extra = np.where(full, exposed_fwd, 0.0)
     else:
@@ -1173,7 +1173,7 @@ def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[
     rotating = (np.asarray(cols["cp_rotate"]) == CP_ROTATES.index("p2p"))[:, None]
     gathering = ~rotating
     out = {}
-    if gathering.any():
+    if np.count_nonzero(gathering):
         bw_g, lat_g, link_g = group_link(hardware, rows.tp, rows.cp, eff)
         gather = coll["all_gather"](cp * kv * width, cp, bw_g[:, None], lat_g[:, None],
                                     **{key: value[:, None] for key, value in link_g.items()})
@@ -1181,7 +1181,7 @@ def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[
                "exposed_forward": np.maximum(0.0, gather - layer["scores_first_forward"]),
                "exposed_backward": np.maximum(0.0, gather - layer["scores_first_backward"])
                + (cp - 1.0) * np.maximum(0.0, dkv - later_backward) + dkv}
-    if rotating.any():
+    if np.count_nonzero(rotating):
         send = coll["send_recv"](kv * width, 2.0, bw_p[:, None], lat_p[:, None], **link_p)
         later_forward = (layer["scores_forward"] - layer["scores_first_forward"]) / later
         middle = np.maximum(cp - 2.0, 0.0)  # the later steps that send a K/V block: all but the last
@@ -1304,7 +1304,12 @@ def _run_rows(seconds, needed, message, size, link) -> np.ndarray:
 def _scatter_is_gather(coll, rows: _Rows) -> bool:
     """Whether a reduce-scatter of the gradients costs what the all-gather of the parameters does: one function
     registered for both (NCCL's ring, the built-in) and gradients as wide as parameters in every row."""
-    return coll["reduce_scatter"] is coll["all_gather"] and bool(np.array_equal(rows.param_bytes, rows.grad_bytes))
+    return coll["reduce_scatter"] is coll["all_gather"] and _equal(rows.param_bytes, rows.grad_bytes)
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """``np.array_equal`` of two ``(N,)`` arrays, without its wrapper's work (it weighs on a batch of one)."""
+    return np.count_nonzero(a == b) == len(a)
 
 
 def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts, where: placement_rules.RankPlacement,
@@ -1339,7 +1344,7 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     """
     gathers = shard.sharded["parameters"]
     n, ranks, kinds = counts.shape
-    if not gathers.any():
+    if not np.count_nonzero(gathers):
         zeros = np.zeros((n, ranks))
         return {"gathers": zeros, "scatters": zeros, "exposed_f": zeros, "exposed_b": zeros, "step_comm": zeros,
                 "step_exposed": zeros}
@@ -1358,49 +1363,67 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     gathered = dense - np.where(fp8_gather[:, None], linears * (1.0 - 1.0 / width[:, None]), 0.0)
     gather = (run("all_gather", gathered, width, shard.dense_ways, link_sh)
               + run("all_gather", routed, width, shard.expert_replicas, link_edp))
-    same = _scatter_is_gather(coll, rows) and not fp8_gather.any() and bool(np.array_equal(width, rows.grad_bytes))
+    same = _scatter_is_gather(coll, rows) and not np.count_nonzero(fp8_gather) and _equal(width, rows.grad_bytes)
     scatter = gather if same else (run("reduce_scatter", dense, rows.grad_bytes, shard.dense_ways, link_sh)
                                    + run("reduce_scatter", routed, rows.grad_bytes, shard.expert_replicas, link_edp))
-    gather_b = np.where(shard.keeps_gathered[:, None], 0.0, gather)
+    # the backward gathers again unless reshard_after_forward=false (a batch without it: the forward's figures)
+    gather_b = np.where(shard.keeps_gathered[:, None], 0.0, gather) if np.count_nonzero(shard.keeps_gathered) \
+        else gather
     root = (where.has_embedding * (model.embedding_parameters / rank["head_split"])[:, None]
             + where.has_head * (model.head_parameters / rank["head_split"] + model.final_norm_parameters)[:, None])
     root_gather = run("all_gather", root, width, shard.dense_ways, link_sh)
     root_scatter = root_gather if same else run("reduce_scatter", root, rows.grad_bytes, shard.dense_ways, link_sh)
     layers = counts.sum(axis=2)                                                      # (N, R)
+    placed = np.count_nonzero(layers > 0) == layers.size  # every rank holds a layer: no guard against none
 
     def total(per_layer):                                                            # (N, K) or (N, R, K) -> (N, R)
-        per_layer = np.broadcast_to(per_layer if per_layer.ndim == 3 else per_layer[:, None, :], counts.shape)
-        return np.einsum("srk,srk->sr", counts, per_layer)
+        return np.einsum("srk,sk->sr" if per_layer.ndim == 2 else "srk,srk->sr", counts, per_layer)
 
-    def mean(per_layer):                                                             # the rank's layer mean
-        return np.divide(total(per_layer), layers, out=np.zeros_like(layers), where=layers > 0)
+    def mean(summed):                                                                # a total's rank layer mean
+        return summed / layers if placed else np.divide(summed, layers, out=np.zeros(layers.shape), where=layers > 0)
 
+    def where_layers(values):                                                        # 0 on a rank without layers
+        return values if placed else np.where(layers > 0, values, 0.0)
+
+    # each figure's per-layer total once (the backward's gathers and the scatters are the forward's gathers
+    # where they are the same array)
+    total_g = total(gather)
+    total_gb = total_g if gather_b is gather else total(gather_b)
+    total_rs = total_g if scatter is gather else total(scatter)
     forward, backward = rank["layer_forward"][:, None, :], rank["layer_backward"]    # (N, 1, K), (N, R, K)
     g, gb, rs = gather[:, None, :], gather_b[:, None, :], scatter[:, None, :]
     excess_f = np.maximum(0.0, g - forward)
-    layers_f = np.where(layers > 0, mean(g) + total(excess_f) - mean(excess_f), 0.0)  # a forward's layer gathers
+    layers_f = where_layers(mean(total_g) + total(excess_f) - mean(total(excess_f)))  # a forward's layer gathers
     exposed_f = layers_f + root_gather
     both = np.maximum(0.0, gb + rs - backward)
-    many = (mean(gb) + mean(rs) + total(both) - 2.0 * mean(both) + mean(np.maximum(0.0, gb - backward))
-            + mean(np.maximum(0.0, rs - backward)))
-    exposed_b = np.where(layers > 1, many, np.where(layers > 0, mean(gb) + mean(rs), 0.0)) + root_scatter
+    mean_excess_gb = mean(total(np.maximum(0.0, gb - backward)))
+    mean_excess_rs = mean_excess_gb if rs is gb else mean(total(np.maximum(0.0, rs - backward)))
+    total_both = total(both)
+    many = (mean(total_gb) + mean(total_rs) + total_both - 2.0 * mean(total_both) + mean_excess_gb + mean_excess_rs)
+    if np.count_nonzero(layers > 1) == layers.size:
+        exposed_b = many + root_scatter
+    else:
+        exposed_b = np.where(layers > 1, many, where_layers(mean(total_gb) + mean(total_rs))) + root_scatter
     g_rows, rg = gathers[:, None], shard.keeps_gathered[:, None]
-    gathers_f_b = total(g) * np.where(rg, 1.0, 2.0) + root_gather
-    scatters = total(rs) + root_scatter
+    gathers_f_b = total_g * np.where(rg, 1.0, 2.0) + root_gather
+    scatters = total_rs + root_scatter
     step_comm = step_exposed = np.zeros((n, ranks))
-    if shard.defers_reduce.any():
+    if np.count_nonzero(shard.defers_reduce):
         # gradient_sync=last_micro_batch: the root and, under keeps_gathered, the layers gathered once a step
         # (the first micro-batch's forward); one reduce-scatter of the stage, exposed whole
         d = shard.defers_reduce[:, None]
         once = d & rg
-        excess_b = np.maximum(0.0, gb - backward)
-        gathers_b = np.where(layers > 0, mean(gb) + total(excess_b) - mean(excess_b), 0.0)
-        step_comm = np.where(d, scatters + root_gather + np.where(rg, total(g), 0.0), 0.0)
+        total_excess_b = total(np.maximum(0.0, gb - backward))
+        gathers_b = where_layers(mean(total_gb) + total_excess_b - mean(total_excess_b))
+        step_comm = np.where(d, scatters + root_gather + np.where(rg, total_g, 0.0), 0.0)
         step_exposed = np.where(d, scatters + root_gather + np.where(rg, layers_f, 0.0), 0.0)
         exposed_f = np.where(once, 0.0, np.where(d, layers_f, exposed_f))
         exposed_b = np.where(d, gathers_b, exposed_b)
-        gathers_f_b = np.where(once, 0.0, np.where(d, 2.0 * total(g), gathers_f_b))
+        gathers_f_b = np.where(once, 0.0, np.where(d, 2.0 * total_g, gathers_f_b))
         scatters = np.where(d, 0.0, scatters)
+    if np.count_nonzero(gathers) == n:  # every row gathers: the figures as they are
+        return {"gathers": gathers_f_b, "scatters": scatters, "exposed_f": exposed_f, "exposed_b": exposed_b,
+                "step_comm": step_comm, "step_exposed": step_exposed}
     return {"gathers": np.where(g_rows, gathers_f_b, 0.0), "scatters": np.where(g_rows, scatters, 0.0),
             "exposed_f": np.where(g_rows, exposed_f, 0.0), "exposed_b": np.where(g_rows, exposed_b, 0.0),
             "step_comm": step_comm, "step_exposed": step_exposed}
@@ -1425,7 +1448,7 @@ def _pipeline(model: ModelWork, rows: _Rows, cols, schedules, stage, hardware: H
     codes = np.asarray(cols["schedule"])
     for code, schedule in enumerate(schedules):  # a loop over the schedules a batch uses
         mask = codes == code
-        if mask.any():
+        if np.count_nonzero(mask):
             steps[mask] = schedule.bubble_stage_steps(pp[mask], vpp[mask], rows.micro_batches[mask])
     return {"send": send, "pp_comm": 2.0 * vpp * send,
             "pp_exposed": np.where(pp > 1, 2.0 * (pp * vpp - 1.0) * send, 0.0), "busiest": busiest,
@@ -1465,14 +1488,14 @@ def _offload_seconds(rows: _Rows, cols, shard: sharding_rules.Sharding, dense_pa
     zeros = np.zeros((n, ranks))
     flags = {name: np.asarray(cols[name], dtype=bool) for name in ("offload_optimizer", "offload_params",
                                                                     "offload_activations")}
-    if not any(flag.any() for flag in flags.values()):
+    if not any(np.count_nonzero(flag) for flag in flags.values()):
         return {"exposed_f": zeros, "exposed_b": zeros, "copies": zeros, "step_out": zeros, "step_in": zeros,
                 "cpu_step": np.zeros(n)}
     link = hardware.host_to_device_bytes_per_second
     if link is None:
         raise Unpriced(f"hardware {hardware.name!r} states no host_to_device_bytes_per_second, which prices "
                        f"offloading's copies; add it to its hardware file")
-    if flags["offload_activations"].any() and offloaded_activations is None:
+    if np.count_nonzero(flags["offload_activations"]) and offloaded_activations is None:
         raise Unpriced("offload_activations: the time model copies the memory model's activation bytes; price "
                        "the strategies with CostModel.evaluate_many")
 
@@ -1656,7 +1679,7 @@ def distinct(values) -> Tuple[np.ndarray, np.ndarray]:
     """``np.unique(values, return_inverse=True)`` (the inverse flat), without its sort where every value is the
     same (a batch of one strategy, or of one sequence length)."""
     values = np.asarray(values)
-    if len(values) and bool((values == values[0]).all()):
+    if len(values) == 1 or (len(values) and np.count_nonzero(values == values[0]) == len(values)):
         return values[:1], np.zeros(len(values), dtype=np.int64)
     found, inverse = np.unique(values, return_inverse=True)
     return found, inverse.reshape(-1)
@@ -1759,7 +1782,7 @@ def _float8_model_flops(model: ModelWork, rows: _Rows, cols, hardware: Hardware)
     """Under ``float8``: ``(N,)`` of a sequence's training model FLOPs (three times the forward's), those of the
     Float8 linears, and the fp8 peak; None where no row runs float8."""
     on = np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none")
-    if not on.any():
+    if not np.count_nonzero(on):
         return None
     counts = model.layer_counts()
     per_token = sum(count * float(model.work[kind].float8_mm_flops_per_token or 0.0) for kind, count in counts.items())
@@ -1815,7 +1838,7 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
     arrays: Dict[str, np.ndarray] = {}  # made NaN where a row is not priced, unless one group prices every row
     valid = np.asarray(result.valid, dtype=bool)
     provenance: Dict[str, Any] = {}
-    if valid.any():
+    if np.count_nonzero(valid):
         try:
             rows = np.flatnonzero(valid)
             every = len(rows) == n  # every row valid (one strategy's): the columns as they are
