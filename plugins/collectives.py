@@ -88,20 +88,20 @@ def _zero_where_alone(n, seconds, message_bytes):
     return np.where((n > 1.0) & (message_bytes > 0), seconds, 0.0)
 
 
-def _alone(n, message_bytes, *operands):
+def _alone(n, s, *operands):
     """Zeros of the collective's shape where no group (*n*, as :func:`_n` makes it) has a peer or no message
-    has a byte (a dense model's expert collectives), else None: the arithmetic whose every figure would be
-    zeroed is skipped."""
-    if np.count_nonzero(n > 1.0) and np.count_nonzero(message_bytes):  # np.any's wrappers weigh on one row
-        return None
-    return np.zeros(np.broadcast(n, message_bytes, *operands).shape)
+    (*s*, float64) has a byte (a dense model's expert collectives), else None: the arithmetic whose every figure
+    would be zeroed is skipped; and whether every group has a peer and every message a byte (nothing to zero)."""
+    peers, moved = np.count_nonzero(n > 1.0), np.count_nonzero(s > 0)  # np.any's wrappers weigh on one row
+    if peers and moved:
+        return None, peers == n.size and moved == s.size
+    return np.zeros(np.broadcast(n, s, *operands).shape), False
 
 
-def _zeroed(n, seconds, s):
-    """:func:`_zero_where_alone`, skipped where every group has a peer and every message a byte (a batch of one
+def _zeroed(n, seconds, s, every: bool):
+    """:func:`_zero_where_alone`, skipped where *every* group has a peer and every message a byte (a batch of one
     strategy's, mostly) and *seconds* spans the groups' and messages' shape: its ``np.where`` would give them back."""
-    if isinstance(seconds, np.ndarray) and _spans(seconds.shape, n) and _spans(seconds.shape, s) and \
-            np.count_nonzero(n > 1.0) == n.size and np.count_nonzero(s > 0) == s.size:
+    if every and isinstance(seconds, np.ndarray) and _spans(seconds.shape, n) and _spans(seconds.shape, s):
         return seconds
     return _zero_where_alone(n, seconds, s)
 
@@ -148,7 +148,7 @@ def _ring_latencies(n, nodes, latency, all_reduce: bool):
 
 def _ring(s, n, latencies, bandwidth, all_reduce: bool):
     """The fastest protocol's ring: *latencies* (:func:`_ring_latencies`) and the data over the protocol's bus."""
-    steps = (2.0 if all_reduce else 1.0) * (n - 1.0)
+    steps = 2.0 * (n - 1.0) if all_reduce else n - 1.0
     data = np.asarray(s * (steps / (n * bandwidth)))  # Simple's data term; a protocol divides it by its factor
     ndim = max(data.ndim, latencies.ndim - 1)
     fixed = latencies.reshape((3,) + (1,) * (ndim - latencies.ndim + 1) + latencies.shape[1:])
@@ -235,34 +235,36 @@ def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seco
     """The fastest of NCCL's ring, tree and (within one NVLink domain with ``nvls_efficiency > 0``) NVLS
     all-reduce of *message_bytes* on each member, each at its fastest protocol; *nodes*: the NVLink domains
     the group spans (NCCL's ``nNodes``)."""
-    n = _n(group_size)
-    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds, nodes, nvls_efficiency)
+    n, s = _n(group_size), np.asarray(message_bytes, dtype=np.float64)
+    alone, every = _alone(n, s, bytes_per_second, latency_seconds, nodes, nvls_efficiency)
     if alone is not None:
         return alone
-    s = np.asarray(message_bytes, dtype=np.float64)
     nodes = np.asarray(nodes, dtype=np.float64)
     latencies, tree_latencies = _latencies(n, nodes, latency_seconds, True)
     best = _tree(s, n, nodes, bytes_per_second, tree_latencies, _ring(s, n, latencies, bytes_per_second, True),
                  latencies[2])
     nvls = np.asarray(nvls_efficiency, dtype=np.float64)
     usable = (nvls > 0.0) & (nodes <= 1.0)
-    if usable.any():
+    within = np.count_nonzero(usable)
+    if within == usable.size and usable.shape == nvls.shape:  # every group within a domain with NVLS: no picks
+        in_switch = NVLINK_LATENCY_US["nvls"] * _US + latency_seconds + (n - 1.0) / n * s / (bytes_per_second * nvls)
+        best = np.minimum(best, in_switch)
+    elif within:
         bus = bytes_per_second * np.where(usable, nvls, 1.0)
         in_switch = NVLINK_LATENCY_US["nvls"] * _US + latency_seconds + (n - 1.0) / n * s / bus
         best = np.where(usable, np.minimum(best, in_switch), best)
-    return _zeroed(n, best, s)
+    return _zeroed(n, best, s, every)
 
 
 def all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
     """NCCL's ring all-gather ending with *message_bytes* (the full tensor) on each member, fastest protocol; as
     ``reduce_scatter_seconds``, the reduce-scatter of the full tensor each member starts with."""
-    n = _n(group_size)
-    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds, nodes)
+    n, s = _n(group_size), np.asarray(message_bytes, dtype=np.float64)
+    alone, every = _alone(n, s, bytes_per_second, latency_seconds, nodes)
     if alone is not None:
         return alone
-    s = np.asarray(message_bytes, dtype=np.float64)
     latencies, _ = _latencies(n, np.asarray(nodes, dtype=np.float64), latency_seconds, False)
-    return _zeroed(n, _ring(s, n, latencies, bytes_per_second, False), s)
+    return _zeroed(n, _ring(s, n, latencies, bytes_per_second, False), s, every)
 
 
 # NCCL's ring prices a reduce-scatter as the all-gather of the same bytes: one function, so the time model,
@@ -278,25 +280,23 @@ def _p2p_step_seconds(nodes, latency_seconds):
 
 def all_to_all_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
     """A pairwise all-to-all of the *message_bytes* each member holds (it keeps 1/n of them): n - 1 rounds."""
-    n = _n(group_size)
-    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds, nodes)
+    n, s = _n(group_size), np.asarray(message_bytes, dtype=np.float64)
+    alone, every = _alone(n, s, bytes_per_second, latency_seconds, nodes)
     if alone is not None:
         return alone
-    s = np.asarray(message_bytes, dtype=np.float64)
     seconds = (BASE_LATENCY_US["ring"][2] * _US + (n - 1.0) * _p2p_step_seconds(nodes, latency_seconds)
                + (n - 1.0) / n * s / bytes_per_second)
-    return _zeroed(n, seconds, s)
+    return _zeroed(n, seconds, s, every)
 
 
 def send_recv_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
     """One point-to-point message (``group_size`` 1 means no peer, no time); *nodes* > 1: it crosses nodes."""
-    n = _n(group_size)
-    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds, nodes)
+    n, s = _n(group_size), np.asarray(message_bytes, dtype=np.float64)
+    alone, every = _alone(n, s, bytes_per_second, latency_seconds, nodes)
     if alone is not None:
         return alone
-    s = np.asarray(message_bytes, dtype=np.float64)
     seconds = BASE_LATENCY_US["ring"][2] * _US + _p2p_step_seconds(nodes, latency_seconds) + s / bytes_per_second
-    return _zeroed(n, seconds, s)
+    return _zeroed(n, seconds, s, every)
 
 
 @attrs.frozen(kw_only=True)
