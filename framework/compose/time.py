@@ -295,9 +295,13 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
     out["elementwise_launches"] = np.maximum(1.0, out["launches_per_layer"] - out["has_attention"] - np.array(
         [float(sum(g.count for g in model.work[k].gemms)) for k in model.kinds]))
     out.update(_gemm_arrays(model))
+    out["class_mm_flops_per_token"] = np.stack([out[f"{c}_mm_flops_per_token"] for c in GEMM_CLASSES], axis=-1)
     for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share") + _LOW_PRECISION_WORK:
         out[name] = np.array([np.nan if getattr(model.work[k], name) is None else float(getattr(model.work[k], name))
                               for k in model.kinds])
+    # the kinds whose selective recompute the census measured (its shares of the matmuls)
+    out["selective_measured"] = ~np.isnan(out["recomputed_attention_mm_share"]) & ~np.isnan(
+        out["recomputed_other_mm_share"])
     for array in out.values():
         array.setflags(write=False)
     return frozen_mapping(out)
@@ -540,7 +544,9 @@ def _select_made(made: Sequence[Tuple[np.ndarray, Callable[[], Any]]], default: 
     for condition, make in reversed(made):
         if np.count_nonzero(condition):
             out = np.where(condition, make(), out)
-    if np.shape(out) != shape:  # no condition held on the whole shape: the default, broadcast
+    if np.ndim(out) == 0:  # no condition held: the default everywhere
+        return np.full(shape, out, dtype=np.float64)
+    if np.shape(out) != shape:  # the default (and choices) over part of the shape, broadcast
         out = np.array(np.broadcast_to(out, shape), dtype=np.float64)
     return out
 
@@ -630,9 +636,9 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     hbm = float(hardware.hbm_bytes_per_second)
     tokens = rows.tokens[:, None]
     split = tokens / tp
-    attention_mm = k["attention_mm_flops_per_token"] * split
-    by_class = np.stack([attention_mm, k["other_mm_flops_per_token"] * split,
-                         k["routed_mm_flops_per_token"] * split * rows.imbalance[:, None]], axis=-1)  # GEMM_CLASSES
+    by_class = k["class_mm_flops_per_token"] * split[..., None]                   # (N, K, 3): GEMM_CLASSES
+    if np.count_nonzero(rows.imbalance != 1.0):  # the busiest expert rank's routed tokens
+        by_class[..., 2] *= rows.imbalance[:, None]
     inverse_f, inverse_b = _matmul_inverse_efficiency(model, rows, cols, hardware, eff)
     scores = k["score_flops_per_pair"] * window_pairs(s, k["window"]) * b / (tp * cp)
     linrec = k["linrec_flops_per_token"] * split
@@ -681,11 +687,11 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     forward, backward = np.maximum(roofline_f, floor["forward"]), np.maximum(roofline_b, floor["backward"])
     share_att = k["recomputed_attention_mm_share"][None, :]
     share_other = k["recomputed_other_mm_share"][None, :]
-    measured = ~np.isnan(share_att) & ~np.isnan(share_other)
+    measured = k["selective_measured"][None, :]
 
     def selective():
         mm = by_class.sum(axis=-1)
-        att_share = np.divide(attention_mm, mm, out=np.zeros(mm.shape), where=mm > 0)
+        att_share = np.divide(by_class[..., 0], mm, out=np.zeros(mm.shape), where=mm > 0)
         return np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
                         + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_attention)
     mode = np.asarray(cols["recompute"])[:, None]
@@ -701,7 +707,8 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
             "scores_first_forward": first_fwd_scores, "scores_first_backward": first_bwd_scores,
             "ring_merges_forward": ring_fwd, "ring_merges_backward": ring_bwd,
             "matmul_forward": fwd_mm, "matmul_backward": bwd_mm,
-            "selective_measured": np.broadcast_to(measured, forward.shape)}
+            "selective_measured": measured if measured.shape == forward.shape else np.broadcast_to(measured,
+                                                                                                   forward.shape)}
 
 
 # Transformers' eager_attention_forward (modeling_llama.py and the families that copy it) on a 2-byte compute dtype,
@@ -1101,15 +1108,22 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
         bw_cp, lat_cp, link_cp = group_link(hardware, tp, cp, eff, ring=False)
         link_cp = {key: value[:, None] for key, value in link_cp.items()}
         attends = k["has_attention"][None, :]
-        ring = _ring_communication(k, rows, cols, layer, hardware, eff, coll, (bw_cp, lat_cp, link_cp))
-        cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
-                                                           + k["kv_elements_per_token"])[None, :]
-        cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
         ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
-        cp_fwd = np.where(attends, np.where(ulysses, cp_ulysses, ring["forward"]), 0.0)
-        cp_bwd = np.where(attends, np.where(ulysses, cp_ulysses, ring["backward"]), 0.0)
-        cp_fwd_exposed = np.where(attends, np.where(ulysses, cp_ulysses, ring["exposed_forward"]), 0.0)
-        cp_bwd_exposed = np.where(attends, np.where(ulysses, cp_ulysses, ring["exposed_backward"]), 0.0)
+        ulysses_rows = np.count_nonzero(ulysses)  # each algorithm priced only where a row runs it
+        if ulysses_rows < n:
+            ring = _ring_communication(k, rows, cols, layer, hardware, eff, coll, (bw_cp, lat_cp, link_cp))
+        if ulysses_rows:
+            cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
+                                                               + k["kv_elements_per_token"])[None, :]
+            cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
+        every_kind_attends = np.count_nonzero(attends) == attends.size
+
+        def cp_seconds(key):  # (N, K) the row's algorithm's, 0 on a kind without attention
+            seconds = (ring[key] if not ulysses_rows else cp_ulysses if ulysses_rows == n
+                       else np.where(ulysses, cp_ulysses, ring[key]))
+            return seconds if every_kind_attends else np.where(attends, seconds, 0.0)
+        cp_fwd, cp_bwd = cp_seconds("forward"), cp_seconds("backward")
+        cp_fwd_exposed, cp_bwd_exposed = cp_seconds("exposed_forward"), cp_seconds("exposed_backward")
     else:  # no row splits its sequence: no K/V pass nor all-to-all (each 0 s on a group of one)
         cp_fwd = cp_bwd = cp_fwd_exposed = cp_bwd_exposed = np.zeros((n, len(model.kinds)))
     if np.count_nonzero(ep > 1):
@@ -1192,6 +1206,8 @@ def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[
                   + middle * np.maximum(0.0, dkv + send - later_backward)
                   + np.maximum(0.0, dkv - later_backward) + dkv}
         out = passed if not out else {key: np.where(rotating, passed[key], value) for key, value in out.items()}
+    if np.count_nonzero(on) == len(on):  # every row rings
+        return out
     return {key: np.where(on, value, 0.0) for key, value in out.items()}
 
 
