@@ -1267,36 +1267,48 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
     replicas) and the updated parameters all-gathered; routed experts over
     their expert-data-parallel group.
     """
-    tp = rows.tp
     gathers = shard.sharded["parameters"]
     distributed_optimizer = ~gathers & shard.sharded["optimizer_states"]
+    plain = ~gathers & ~distributed_optimizer
     group, replicas, experts = shard.dense_ways, shard.replicas, shard.expert_replicas
-    link_sh = group_link(hardware, shard.shard_stride, group, eff)
-    link_rest = group_link(hardware, shard.replica_stride, shard.shard_replicas, eff)
-    link_dp = group_link(hardware, tp, replicas, eff)
-    link_edp = group_link(hardware, rows.etp * rows.ep, experts, eff)
+    n = len(gathers)
+    # the rows of each mode (a partition): a mode no row runs is skipped, a mode every row runs needs no picks
+    g_rows, z_rows = np.count_nonzero(gathers), np.count_nonzero(distributed_optimizer)
+    plain_rows = n - g_rows - z_rows
     param_bytes, grad_bytes = dense_params * rows.param_bytes[:, None], dense_params * rows.grad_bytes[:, None]
     eparam_bytes, egrad_bytes = routed_params * rows.param_bytes[:, None], routed_params * rows.grad_bytes[:, None]
 
-    def run(name, needed, message, size, link):
-        return _run_rows(coll[name], needed, message, size, link)
+    def run(name, needed, message, size, stride):  # the group's link found only where some row needs it
+        if not np.count_nonzero(needed):
+            return np.zeros(np.shape(message))
+        return _run_rows(coll[name], needed, message, size, group_link(hardware, stride, size, eff))
 
     g = gathers[:, None]
     z = distributed_optimizer[:, None]
-    plain = ~gathers & ~distributed_optimizer
-    shard_sum = run("all_reduce", ~plain, grad_bytes / group[:, None], shard.shard_replicas, link_rest)
-    scatter, escatter = (run("reduce_scatter", distributed_optimizer, grad_bytes, group, link_sh),
-                         run("reduce_scatter", distributed_optimizer, egrad_bytes, experts, link_edp))
-    dense_grad_step = np.where(g, shard_sum, np.where(z, scatter + shard_sum,
-                                                      run("all_reduce", plain, grad_bytes, replicas, link_dp)))
-    expert_grad_step = np.where(g, 0.0, np.where(z, escatter, run("all_reduce", plain, egrad_bytes, experts,
-                                                                  link_edp)))
-    if _scatter_is_gather(coll, rows):  # the same bytes through the same function
-        gather, egather = scatter, escatter
+    shard_sum = run("all_reduce", ~plain, grad_bytes / group[:, None], shard.shard_replicas, shard.replica_stride)
+    scatter, escatter = (run("reduce_scatter", distributed_optimizer, grad_bytes, group, shard.shard_stride),
+                         run("reduce_scatter", distributed_optimizer, egrad_bytes, experts, rows.etp * rows.ep))
+    if g_rows == n:
+        dense_grad_step, expert_grad_step = shard_sum, np.zeros(shard_sum.shape)
+    elif z_rows == n:
+        dense_grad_step, expert_grad_step = scatter + shard_sum, escatter
     else:
-        gather, egather = (run("all_gather", distributed_optimizer, param_bytes, group, link_sh),
-                           run("all_gather", distributed_optimizer, eparam_bytes, experts, link_edp))
-    param_step = np.where(z, gather + egather, 0.0)
+        dense_plain = run("all_reduce", plain, grad_bytes, replicas, rows.tp)
+        expert_plain = run("all_reduce", plain, egrad_bytes, experts, rows.etp * rows.ep)
+        if plain_rows == n:
+            dense_grad_step, expert_grad_step = dense_plain, expert_plain
+        else:
+            dense_grad_step = np.where(g, shard_sum, np.where(z, scatter + shard_sum, dense_plain))
+            expert_grad_step = np.where(g, 0.0, np.where(z, escatter, expert_plain))
+    if not z_rows:
+        param_step = np.zeros(dense_grad_step.shape)
+    else:
+        if _scatter_is_gather(coll, rows):  # the same bytes through the same function
+            gather, egather = scatter, escatter
+        else:
+            gather, egather = (run("all_gather", distributed_optimizer, param_bytes, group, shard.shard_stride),
+                               run("all_gather", distributed_optimizer, eparam_bytes, experts, rows.etp * rows.ep))
+        param_step = gather + egather if z_rows == n else np.where(z, gather + egather, 0.0)
     return {"grad_step": dense_grad_step + expert_grad_step, "param_step": param_step}
 
 
@@ -1454,21 +1466,28 @@ def _pipeline(model: ModelWork, rows: _Rows, cols, schedules, stage, hardware: H
     (``schedule/<name>.bubble_stage_steps``) at the mean stage time of the
     ranks other than the busiest.
     """
-    pp, vpp = rows.pp, rows.vpp
+    pp, vpp, n = rows.pp, rows.vpp, len(rows.pp)
+    staged = pp > 1
+    staged_rows = np.count_nonzero(staged)
+    if not staged_rows:  # no pipeline: one rank, no sends, no bubble
+        zeros = np.zeros(n)
+        return {"send": zeros, "pp_comm": zeros, "pp_exposed": zeros, "busiest": np.zeros(n, dtype=np.intp),
+                "bubble": np.zeros(n)}
+
+    def on_stages(seconds):  # 0 on the rows without a pipeline
+        return seconds if staged_rows == n else np.where(staged, seconds, 0.0)
     message = rows.tokens * float(model.hidden_size) * rows.compute_bytes / np.where(rows.sp, rows.tp, 1.0)
     bw_pp, lat_pp, link_pp = group_link(hardware, rows.tp * rows.cp * rows.dp * rows.fsdp, pp, eff, ring=False)
-    send = np.where(pp > 1, coll["send_recv"](message, pp, bw_pp, lat_pp, nodes=link_pp["nodes"]), 0.0)
+    send = on_stages(coll["send_recv"](message, pp, bw_pp, lat_pp, nodes=link_pp["nodes"]))
     busiest = np.argmax(stage, axis=1)
-    idle = stage.sum(axis=1) - stage[np.arange(len(pp)), busiest]
-    steps = np.zeros(len(pp))
+    idle = stage.sum(axis=1) - stage[np.arange(n), busiest]
+    steps = np.zeros(n)
     codes = np.asarray(cols["schedule"])
-    for code, schedule in enumerate(schedules):  # a loop over the schedules a batch uses
+    for code in distinct(codes)[0].tolist():  # a loop over the schedules a batch uses
         mask = codes == code
-        if np.count_nonzero(mask):
-            steps[mask] = schedule.bubble_stage_steps(pp[mask], vpp[mask], rows.micro_batches[mask])
-    return {"send": send, "pp_comm": 2.0 * vpp * send,
-            "pp_exposed": np.where(pp > 1, 2.0 * (pp * vpp - 1.0) * send, 0.0), "busiest": busiest,
-            "bubble": np.where(pp > 1, steps * idle / np.maximum(pp - 1.0, 1.0), 0.0)}
+        steps[mask] = schedules[code].bubble_stage_steps(pp[mask], vpp[mask], rows.micro_batches[mask])
+    return {"send": send, "pp_comm": 2.0 * vpp * send, "pp_exposed": on_stages(2.0 * (pp * vpp - 1.0) * send),
+            "busiest": busiest, "bubble": on_stages(steps * idle / np.maximum(pp - 1.0, 1.0))}
 
 
 def _optimizer_seconds(rows: _Rows, shard: sharding_rules.Sharding, dense_params, routed_params, states,
