@@ -296,6 +296,7 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
         [float(sum(g.count for g in model.work[k].gemms)) for k in model.kinds]))
     out.update(_gemm_arrays(model))
     out["class_mm_flops_per_token"] = np.stack([out[f"{c}_mm_flops_per_token"] for c in GEMM_CLASSES], axis=-1)
+    out["parameters_by_part"] = np.stack([out[f"{part}_parameters"] for part in ("dense", "replicated", "routed")])
     for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share") + _LOW_PRECISION_WORK:
         out[name] = np.array([np.nan if getattr(model.work[k], name) is None else float(getattr(model.work[k], name))
                               for k in model.kinds])
@@ -1240,12 +1241,12 @@ def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) 
 def _rank_parameters(model: ModelWork, rows: _Rows, counts, where: placement_rules.RankPlacement, head_split):
     """``(N, R)`` parameters on each rank: dense (split by TP, norms replicated, embedding, head) and routed."""
     k = _kind_arrays(model)
-    dense = np.einsum("srk,k->sr", counts, k["dense_parameters"]) / rows.tp[:, None]
-    dense = dense + np.einsum("srk,k->sr", counts, k["replicated_parameters"])
+    split, replicated, routed = np.einsum("srk,mk->msr", counts, k["parameters_by_part"])  # each rank's layers'
+    dense = split / rows.tp[:, None]
+    dense = dense + replicated
     dense = dense + where.has_embedding * (model.embedding_parameters / head_split)[:, None]
     dense = dense + where.has_head * ((model.head_parameters / head_split) + model.final_norm_parameters)[:, None]
-    routed = np.einsum("srk,k->sr", counts, k["routed_parameters"]) / (rows.ep * rows.etp)[:, None]
-    return dense, routed
+    return dense, routed / (rows.ep * rows.etp)[:, None]
 
 
 def _fp8_gathered(cols, shard: sharding_rules.Sharding) -> np.ndarray:
@@ -1584,9 +1585,6 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
     chunks of them), the rest keeping their activations: only that share
     pays the recompute and the checkpointed forward's host work.
     """
-    def per_rank(per_layer):                                           # (N, K) -> (N, R)
-        return np.einsum("srk,sk->sr", counts, per_layer)
-
     overlaps_ep = np.array([bool(s.overlaps_expert_communication) for s in schedules],
                            dtype=bool)[np.asarray(cols["schedule"])]
     layer = layer_seconds(model, cols, hardware, eff, rows)
@@ -1598,15 +1596,20 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
                                                                  out=np.ones_like(layers_on_rank),
                                                                  where=layers_on_rank > 0)))
     is_first, is_head = where.has_embedding, where.has_head
+    # each (N, K) figure summed over each rank's layers, (N, R), in one contraction
+    (forward, checkpointed, backward, recompute, comm_layers, comm_extra, exposed_f, exposed_b,
+     exposed_extra) = np.einsum("srk,msk->msr", counts, np.stack([
+         layer["forward"], layer["checkpointed_forward"] - layer["forward"], layer["backward"], layer["recompute"],
+         comm["comm_fwd"] + comm["comm_bwd"], comm["comm_extra"], comm["exposed_fwd"], comm["exposed_bwd"],
+         comm["exposed_extra"]]))
     return {
-        "compute_f": per_rank(layer["forward"]) + fraction * per_rank(layer["checkpointed_forward"] - layer["forward"])
-        + is_first * ends["embed_fwd"][:, None]
+        "compute_f": forward + fraction * checkpointed + is_first * ends["embed_fwd"][:, None]
         + is_head * ends["head_fwd"][:, None],
-        "compute_b": (per_rank(layer["backward"]) + fraction * per_rank(layer["recompute"])
+        "compute_b": (backward + fraction * recompute
                       + is_first * ends["embed_bwd"][:, None] + is_head * ends["head_bwd"][:, None]),
-        "comm_layers": per_rank(comm["comm_fwd"] + comm["comm_bwd"]) + fraction * per_rank(comm["comm_extra"]),
-        "exposed_f": per_rank(comm["exposed_fwd"]),
-        "exposed_b": per_rank(comm["exposed_bwd"]) + fraction * per_rank(comm["exposed_extra"]),
+        "comm_layers": comm_layers + fraction * comm_extra,
+        "exposed_f": exposed_f,
+        "exposed_b": exposed_b + fraction * exposed_extra,
         "head_split": ends["head_split"],
         # one layer of each kind a micro-batch, the backward with the rank's recompute: FSDP's prefetch hides behind it
         "layer_forward": layer["forward"],
