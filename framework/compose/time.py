@@ -216,8 +216,11 @@ def strategy_columns(strategies: Any, names: Optional[Mapping[str, Sequence[str]
 def _peak_flops(hardware: Hardware, compute_dtype: np.ndarray) -> np.ndarray:
     """(N,) the hardware's peak FLOP/s in each row's compute dtype (a loop over the dtypes used)."""
     codes = np.asarray(compute_dtype, dtype=np.int64)
+    found = distinct(codes)[0].tolist()
+    if len(found) == 1:  # one dtype (one strategy's): no table
+        return np.full(len(codes), hardware.peak_flops(DTYPE_NAMES[found[0]]))
     table = np.full(len(DTYPE_NAMES), np.nan)
-    for code in distinct(codes)[0].tolist():
+    for code in found:
         table[code] = hardware.peak_flops(DTYPE_NAMES[code])
     return table[codes]
 
@@ -1844,7 +1847,8 @@ def _results(model: ModelWork, rows: _Rows, seconds: Mapping[str, np.ndarray], d
     step's share of the time the model's FLOPs take at the peaks they run at)."""
     step, s = seconds["step_seconds"], rows.seq
     sequences = rows.dp * rows.fsdp * rows.micro_batches * rows.micro_batch
-    one_seq = len(s) > 0 and s.min() == s.max()  # the resolver prices one sequence length a call: one evaluation
+    # the resolver prices one sequence length a call: one evaluation
+    one_seq = len(s) == 1 or (len(s) > 0 and s.min() == s.max())
     forward = _forward_flops_at(model, s[:1]) if one_seq else model.forward_flops_per_sequence(s)
     model_flops = 3.0 * forward * sequences
     devices = rows.dp * rows.fsdp * rows.cp * rows.tp * rows.pp
@@ -1890,7 +1894,8 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
             # group's per-rank arrays are only as wide as its pp; groups cut at CHUNK_ROWS rows
             pp = cols["pp"]
             key = inverse * (int(pp.max()) + 1) + pp
-            if len(key) <= CHUNK_ROWS and bool((key == key[0]).all()):  # one group (one strategy): no sort
+            if len(key) == 1 or (len(key) <= CHUNK_ROWS and np.count_nonzero(key == key[0]) == len(key)):
+                # one group (one strategy): no sort
                 order, cuts, ordered = np.arange(len(key)), [0, len(key)], cols
             else:
                 order = np.argsort(key, kind="stable")
@@ -1902,14 +1907,16 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
                 sub = ordered if hi - lo == len(order) else {k: None if v is None else v[lo:hi]
                                                              for k, v in ordered.items()}
                 group, ranks = rows[order[lo:hi]], int(cols["pp"][order[lo]])
+                in_order = every and ordered is cols  # one group of every row, in order: the arrays as they are
+                at = slice(None) if in_order else group
                 # the memory composition's placement of these rows (one pp a group: its ranks are the width)
                 placed = placement_rules.RankPlacement.from_stages(
-                    result.stage_kind_layers[group, :ranks], result.embedding_stage[group], result.head_stage[group],
+                    result.stage_kind_layers[at, :ranks], result.embedding_stage[at], result.head_stage[at],
                     mtp_counts(works[seq]))
                 priced = step_time(works[seq], sub, hardware, schedules=plugins.schedules,
                                    states_per_parameter=plugins.states_per_parameter, placed=placed,
-                                   offloaded_activations=result.stage_offloaded_activation_bytes[group, :ranks])
-                if every and hi - lo == n and ordered is cols:  # one group of every row, in order: its arrays
+                                   offloaded_activations=result.stage_offloaded_activation_bytes[at, :ranks])
+                if in_order:
                     arrays = {name: getattr(priced, name) for name in TIME_FIELDS}
                 else:
                     for name in TIME_FIELDS:
