@@ -146,10 +146,10 @@ def _ring_latencies(n, nodes, latency, all_reduce: bool):
     return _by_protocol(_RING_BASE_S, ndim) + (steps - inter) * intra + inter * cross
 
 
-def _ring(s, n, latencies, bandwidth, all_reduce: bool):
-    """The fastest protocol's ring: *latencies* (:func:`_ring_latencies`) and the data over the protocol's bus."""
-    steps = 2.0 * (n - 1.0) if all_reduce else n - 1.0
-    data = np.asarray(s * (steps / (n * bandwidth)))  # Simple's data term; a protocol divides it by its factor
+def _ring(s, latencies, per_byte):
+    """The fastest protocol's ring: *latencies* (:func:`_ring_latencies`) and the data over the protocol's bus
+    (Simple's seconds a byte, *per_byte*: :func:`_group`'s)."""
+    data = np.asarray(s * per_byte)  # Simple's data term; a protocol divides it by its factor
     ndim = max(data.ndim, latencies.ndim - 1)
     fixed = latencies.reshape((3,) + (1,) * (ndim - latencies.ndim + 1) + latencies.shape[1:])
     return np.asarray(np.minimum.reduce(data * _by_protocol(_RING_DATA_TIMES, ndim) + fixed, axis=0))
@@ -171,40 +171,63 @@ _ONE_GROUP: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
 _ONE_GROUP_KEPT = 4096  # groups of one row kept (a search's few hundred shapes and links)
 
 
-def _latencies(n, nodes, latency, all_reduce: bool):
-    """:func:`_ring_latencies` and, for an all-reduce, :func:`_tree_latencies` (else None) of a group; where the
-    group is one row's (a batch of one strategy), kept by its figures, read-only."""
-    latency = np.asarray(latency, dtype=np.float64)
-    if n.size != 1 or nodes.size != 1 or latency.size != 1:
-        return _ring_latencies(n, nodes, latency, all_reduce), _tree_latencies(n, nodes, latency) if all_reduce \
-            else None
-    key = (all_reduce, n.shape, nodes.shape, latency.shape, float(n.flat[0]), float(nodes.flat[0]),
-           float(latency.flat[0]))
+def _group(all_reduce: bool, n, nodes, latency, bandwidth, nvls=None):
+    """What of a collective's seconds depends on its group alone (:func:`_group_terms`); where the group is one
+    row's (a batch of one strategy), kept by its figures, read-only."""
+    arrays = (n, nodes, np.asarray(latency, dtype=np.float64), np.asarray(bandwidth, dtype=np.float64)) + (
+        () if nvls is None else (nvls,))
+    if any(array.size != 1 for array in arrays):
+        return _group_terms(all_reduce, *arrays)
+    key = (all_reduce, *(array.shape for array in arrays), *(float(array.flat[0]) for array in arrays))
     hit = _ONE_GROUP.get(key)
     if hit is None:
-        hit = (_ring_latencies(n, nodes, latency, all_reduce), _tree_latencies(n, nodes, latency) if all_reduce
-               else None)
-        for array in (hit[0], *(hit[1] or ())):
-            array.setflags(write=False)
+        hit = _group_terms(all_reduce, *arrays)
+        for array in (hit[0], hit[1], *(hit[2] or ()), *(hit[3] or ())):
+            if isinstance(array, np.ndarray):
+                array.setflags(write=False)
         if len(_ONE_GROUP) >= _ONE_GROUP_KEPT:
             _ONE_GROUP.clear()
         _ONE_GROUP[key] = hit
     return hit
 
 
-def _tree(s, n, nodes, bandwidth, tree_latencies, ring, ring_simple_latency):
-    """The fastest protocol's tree all-reduce (a chain within a node, a double binary tree across) where it beats
-    *ring*, else *ring*; priced only on messages below the size past which even its least latency and
-    uncorrected Simple data lose to the Simple ring (*ring_simple_latency*). *tree_latencies*:
-    :func:`_tree_latencies`'."""
-    across = nodes > 1.0
-    latencies, least = tree_latencies
+def _group_terms(all_reduce: bool, n, nodes, latency, bandwidth, nvls=None):
+    """A group's ring latencies by protocol (:func:`_ring_latencies`) and Simple's data seconds a byte; for an
+    all-reduce the tree's latencies, the least of them and the message size below which the tree may win
+    (:func:`_tree`), and, given *nvls* (its NVLS efficiency), NVLS's terms (:func:`all_reduce_seconds`), else
+    None."""
+    ring = _ring_latencies(n, nodes, latency, all_reduce)
+    steps = 2.0 * (n - 1.0) if all_reduce else n - 1.0
+    per_byte = steps / (n * bandwidth)
+    if not all_reduce:
+        return ring, per_byte, None, None
+    latencies, least = _tree_latencies(n, nodes, latency)
     # tree >= least latency + 2 S / (0.92 B) (no protocol or correction moves it faster); the Simple ring is
     # latency + 2 (n - 1) / n * S / B: past this S (on the group's shape) the tree never wins
     slope = 2.0 / (bandwidth * TREE_BANDWIDTH) - 2.0 * (n - 1.0) / (n * bandwidth)
-    candidate = s < (ring_simple_latency - least) / slope
-    if not candidate.any():
+    tree = (latencies, least, (ring[2] - least) / slope)
+    if nvls is None:
+        return ring, per_byte, tree, None
+    usable = (nvls > 0.0) & (nodes <= 1.0)
+    within = np.count_nonzero(usable)
+    if not within:
+        return ring, per_byte, tree, None
+    every = within == usable.size and usable.shape == nvls.shape  # every group within a domain with NVLS
+    bus = bandwidth * (nvls if every else np.where(usable, nvls, 1.0))
+    # in-switch seconds: base + share * S / bus
+    return ring, per_byte, tree, (usable, every, NVLINK_LATENCY_US["nvls"] * _US + latency, (n - 1.0) / n, bus)
+
+
+def _tree(s, nodes, bandwidth, tree, ring):
+    """The fastest protocol's tree all-reduce (a chain within a node, a double binary tree across) where it beats
+    *ring*, else *ring*; priced only on messages below the size past which even its least latency and
+    uncorrected Simple data lose to the Simple ring. *tree*: :func:`_group_terms`' (the latencies by protocol,
+    the least, that size)."""
+    latencies, _, past = tree
+    candidate = s < past
+    if not np.count_nonzero(candidate):
         return ring
+    across = nodes > 1.0
     shape = np.broadcast(s, ring).shape
     latencies = latencies.reshape((3,) + (1,) * (len(shape) - latencies.ndim + 1) + latencies.shape[1:])
     if np.count_nonzero(candidate) == np.size(candidate):  # every message a candidate (one strategy's): no picks
@@ -240,19 +263,13 @@ def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seco
     if alone is not None:
         return alone
     nodes = np.asarray(nodes, dtype=np.float64)
-    latencies, tree_latencies = _latencies(n, nodes, latency_seconds, True)
-    best = _tree(s, n, nodes, bytes_per_second, tree_latencies, _ring(s, n, latencies, bytes_per_second, True),
-                 latencies[2])
-    nvls = np.asarray(nvls_efficiency, dtype=np.float64)
-    usable = (nvls > 0.0) & (nodes <= 1.0)
-    within = np.count_nonzero(usable)
-    if within == usable.size and usable.shape == nvls.shape:  # every group within a domain with NVLS: no picks
-        in_switch = NVLINK_LATENCY_US["nvls"] * _US + latency_seconds + (n - 1.0) / n * s / (bytes_per_second * nvls)
-        best = np.minimum(best, in_switch)
-    elif within:
-        bus = bytes_per_second * np.where(usable, nvls, 1.0)
-        in_switch = NVLINK_LATENCY_US["nvls"] * _US + latency_seconds + (n - 1.0) / n * s / bus
-        best = np.where(usable, np.minimum(best, in_switch), best)
+    latencies, per_byte, tree, nvls = _group(True, n, nodes, latency_seconds, bytes_per_second,
+                                             np.asarray(nvls_efficiency, dtype=np.float64))
+    best = _tree(s, nodes, bytes_per_second, tree, _ring(s, latencies, per_byte))
+    if nvls is not None:  # within a domain with NVLS: its in-switch reduction where faster
+        usable, every_usable, base, share, bus = nvls
+        in_switch = base + share * s / bus
+        best = np.minimum(best, in_switch) if every_usable else np.where(usable, np.minimum(best, in_switch), best)
     return _zeroed(n, best, s, every)
 
 
@@ -263,8 +280,9 @@ def all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seco
     alone, every = _alone(n, s, bytes_per_second, latency_seconds, nodes)
     if alone is not None:
         return alone
-    latencies, _ = _latencies(n, np.asarray(nodes, dtype=np.float64), latency_seconds, False)
-    return _zeroed(n, _ring(s, n, latencies, bytes_per_second, False), s, every)
+    latencies, per_byte, _, _ = _group(False, n, np.asarray(nodes, dtype=np.float64), latency_seconds,
+                                       bytes_per_second)
+    return _zeroed(n, _ring(s, latencies, per_byte), s, every)
 
 
 # NCCL's ring prices a reduce-scatter as the all-gather of the same bytes: one function, so the time model,
