@@ -1387,24 +1387,31 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     def run(name, elements, width, size, link):  # one collective of *elements* a row and kind, where FSDP runs
         return _run_rows(coll[name], gathers, elements * width[:, None], size, link)
 
+    def run_shard_group(name, layer_elements, root_elements, width):
+        # the layers' (N, K) and the root's (N, R) collectives over the shard group, in one call (a collective
+        # prices each message of its array on its own)
+        both = run(name, np.concatenate([layer_elements, root_elements], axis=1), width, shard.dense_ways, link_sh)
+        return both[:, :kinds], both[:, kinds:]
+
     linears = k["dense_parameters"][None, :] / rows.tp[:, None]
     dense = linears + k["replicated_parameters"][None, :]                            # (N, K)
-    routed = np.broadcast_to(k["routed_parameters"][None, :] / (rows.ep * rows.etp)[:, None], dense.shape)
+    routed = k["routed_parameters"][None, :] / (rows.ep * rows.etp)[:, None]         # (N, K)
     width = rows.compute_bytes
+    root = (where.has_embedding * (model.embedding_parameters / rank["head_split"])[:, None]
+            + where.has_head * (model.head_parameters / rank["head_split"] + model.final_norm_parameters)[:, None])
     # in elements at the compute width: the linears gathered in fp8 count 1 / width of theirs
     gathered = dense - np.where(fp8_gather[:, None], linears * (1.0 - 1.0 / width[:, None]), 0.0)
-    gather = (run("all_gather", gathered, width, shard.dense_ways, link_sh)
-              + run("all_gather", routed, width, shard.expert_replicas, link_edp))
+    layer_gather, root_gather = run_shard_group("all_gather", gathered, root, width)
+    gather = layer_gather + run("all_gather", routed, width, shard.expert_replicas, link_edp)
     same = _scatter_is_gather(coll, rows) and not np.count_nonzero(fp8_gather) and _equal(width, rows.grad_bytes)
-    scatter = gather if same else (run("reduce_scatter", dense, rows.grad_bytes, shard.dense_ways, link_sh)
-                                   + run("reduce_scatter", routed, rows.grad_bytes, shard.expert_replicas, link_edp))
+    if same:
+        scatter, root_scatter = gather, root_gather
+    else:
+        layer_scatter, root_scatter = run_shard_group("reduce_scatter", dense, root, rows.grad_bytes)
+        scatter = layer_scatter + run("reduce_scatter", routed, rows.grad_bytes, shard.expert_replicas, link_edp)
     # the backward gathers again unless reshard_after_forward=false (a batch without it: the forward's figures)
     gather_b = np.where(shard.keeps_gathered[:, None], 0.0, gather) if np.count_nonzero(shard.keeps_gathered) \
         else gather
-    root = (where.has_embedding * (model.embedding_parameters / rank["head_split"])[:, None]
-            + where.has_head * (model.head_parameters / rank["head_split"] + model.final_norm_parameters)[:, None])
-    root_gather = run("all_gather", root, width, shard.dense_ways, link_sh)
-    root_scatter = root_gather if same else run("reduce_scatter", root, rows.grad_bytes, shard.dense_ways, link_sh)
     layers = counts.sum(axis=2)                                                      # (N, R)
     placed = np.count_nonzero(layers > 0) == layers.size  # every rank holds a layer: no guard against none
 
