@@ -1512,7 +1512,15 @@ def _optimizer_seconds(rows: _Rows, shard: sharding_rules.Sharding, dense_params
              + routed_params / shard.expert_ways("optimizer_states")[:, None])
     per_param = 2 * rows.param_bytes + rows.grad_bytes + 2 * rows.master_bytes + 2 * states * rows.optimizer_bytes
     hbm = float(hardware.hbm_bytes_per_second)
-    return np.where(real_rank, local * per_param[:, None] / (hbm * eff["memory"]), 0.0).max(axis=1)
+    return _most_on_real_ranks(local * per_param[:, None] / (hbm * eff["memory"]), real_rank)
+
+
+def _most_on_real_ranks(values: np.ndarray, real_rank: np.ndarray) -> np.ndarray:
+    """``(N,)`` the most of ``(N, R)`` *values* on each row's real ranks (those past its pp count 0); without the
+    picks where every rank is real (a group of one pp) or the reduction over one rank."""
+    if np.count_nonzero(real_rank) != real_rank.size:
+        values = np.where(real_rank, values, 0.0)
+    return values[:, 0] if values.shape[1] == 1 else values.max(axis=1)
 
 
 def _offload_seconds(rows: _Rows, cols, shard: sharding_rules.Sharding, dense_params, routed_params, rank,
@@ -1570,7 +1578,7 @@ def _offload_seconds(rows: _Rows, cols, shard: sharding_rules.Sharding, dense_pa
                    / float(hardware.cpu_optimizer_parameters_per_second), 0.0)
     return {"exposed_f": exposed_f, "exposed_b": exposed_b,
             "copies": 2.0 * activations + params_in + params_again + grads_out, "step_out": step_out,
-            "step_in": step_in, "cpu_step": np.where(real_rank, cpu, 0.0).max(axis=1)}
+            "step_in": step_in, "cpu_step": _most_on_real_ranks(cpu, real_rank)}
 
 
 def _check_splits(model: ModelWork, cols) -> None:
@@ -1682,24 +1690,31 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
                            hardware)
     forward = rank["compute_f"] + rank["exposed_f"] + fsdp_exposed_f + off["exposed_f"]
     backward = rank["compute_b"] + rank["exposed_b"] + fsdp_exposed_b + off["exposed_b"]
-    stage = np.where(real_rank, forward + backward, 0.0)
+    stage = forward + backward
+    if np.count_nonzero(real_rank) != real_rank.size:  # ranks past a row's pp: none
+        stage = np.where(real_rank, stage, 0.0)
     pipe = _pipeline(model, rows, cols, schedules, stage, hardware, eff, coll)
     # a shard's all-reduce over its replicas follows FSDP's deferred reduce-scatter, after the backward (exposed);
     # DDP under gradient_sync=every_micro_batch, and ZeRO-2 always (DeepSpeed's stage_1_and_2.py reduces its
     # buckets every micro-step into the partitioned gradients), reduce behind each micro-batch's backward
-    hidden_by = np.where(shard.defers_reduce[:, None], 0.0, backward)
+    hidden_by = np.where(shard.defers_reduce[:, None], 0.0, backward) if np.count_nonzero(shard.defers_reduce) \
+        else backward
     sync = np.asarray(cols["gradient_sync"])
     every = (sync == GRADIENT_SYNC.index("every_micro_batch")) | (np.asarray(cols["zero"]) == 2)
     reductions = np.where(every & ~shard.sharded["parameters"], rows.micro_batches, 1.0)
-    grad_exposed = reductions * np.where(real_rank, np.maximum(0.0, dp["grad_step"] - hidden_by), 0.0).max(axis=1)
-    param_exposed = np.where(real_rank, np.maximum(0.0, dp["param_step"] - forward), 0.0).max(axis=1)
+    grad_exposed = reductions * _most_on_real_ranks(np.maximum(0.0, dp["grad_step"] - hidden_by), real_rank)
+    param_exposed = _most_on_real_ranks(np.maximum(0.0, dp["param_step"] - forward), real_rank)
     states = np.asarray(states_per_parameter, dtype=np.float64)[np.asarray(cols["optimizer"])]
     optimizer = _optimizer_seconds(rows, shard, dense_params, routed_params, states, real_rank, hardware, eff)
-    optimizer = np.where(np.asarray(cols["offload_optimizer"], dtype=bool), off["cpu_step"], optimizer)
-    offload_step = np.where(real_rank, np.maximum(0.0, off["step_out"] - backward) + off["step_in"], 0.0).max(axis=1)
+    offloads_optimizer = np.asarray(cols["offload_optimizer"], dtype=bool)
+    if np.count_nonzero(offloads_optimizer):
+        optimizer = np.where(offloads_optimizer, off["cpu_step"], optimizer)
+    offload_step = _most_on_real_ranks(np.maximum(0.0, off["step_out"] - backward) + off["step_in"], real_rank)
     m = rows.micro_batches
     busiest = (np.arange(n), pipe["busiest"])
-    pick = lambda a: a[busiest]  # noqa: E731
+
+    def pick(a):  # (N, R) -> (N,): the busiest rank's (the only one without a pipeline: no picks)
+        return a[:, 0] if a.shape[1] == 1 else a[busiest]
     compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
     exposed = (m * (pick(rank["exposed_f"]) + pick(rank["exposed_b"]) + pick(fsdp_exposed_f) + pick(fsdp_exposed_b))
                + pick(fsdp["step_exposed"]) + grad_exposed + param_exposed + pipe["pp_exposed"])
