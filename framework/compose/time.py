@@ -50,7 +50,7 @@ from ndcost.values import (
     TimeBreakdown,
     frozen_mapping,
 )
-from ndcost.work import GEMM_CLASSES, GEMM_SPLITS, NORM_ELEMENTS, ModelWork, window_pairs
+from ndcost.work import GEMM_CLASSES, GEMM_SPLITS, NORM_ELEMENTS, ModelWork, causal_pairs, window_pairs
 
 __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS", "OVERLAP_RULES", "COLLECTIVES",
            "TimeArrays", "efficiencies", "strategy_columns", "layer_seconds", "step_time", "attach"]
@@ -644,10 +644,15 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     if np.count_nonzero(rows.imbalance != 1.0):  # the busiest expert rank's routed tokens
         by_class[..., 2] *= rows.imbalance[:, None]
     inverse_f, inverse_b = _matmul_inverse_efficiency(model, rows, cols, hardware, eff)
-    scores = k["score_flops_per_pair"] * window_pairs(s, k["window"]) * b / (tp * cp)
-    linrec = k["linrec_flops_per_token"] * split
-    weights = rows.param_bytes[:, None] * (k["dense_parameters"] / tp + k["routed_parameters"]
-                                           / (rows.ep * rows.etp)[:, None] + k["replicated_parameters"])
+    # a model without sliding windows: every kind's pairs causal (window_pairs' windowless figure)
+    pairs = window_pairs(s, k["window"]) if np.count_nonzero(k["window"]) else causal_pairs(s)
+    scores = k["score_flops_per_pair"] * pairs * b / (tp * cp)
+    # a model without linear recurrences or routed experts: their terms are 0, left out
+    linrec = k["linrec_flops_per_token"] * split if np.count_nonzero(k["linrec_flops_per_token"]) else None
+    weights = k["dense_parameters"] / tp
+    if np.count_nonzero(k["routed_parameters"]):
+        weights = weights + k["routed_parameters"] / (rows.ep * rows.etp)[:, None]
+    weights = rows.param_bytes[:, None] * (weights + k["replicated_parameters"])
     elementwise = rows.compute_bytes[:, None] * tokens * _elementwise_elements(model, k, cols, tp, sp)
     fp8_mm, cast_fwd, cast_bwd = _float8_linears(model, k, rows, cols, split)
     fp8_on = bool(np.count_nonzero(fp8_mm))
@@ -684,10 +689,16 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
         ring_fwd, ring_bwd = ring["forward_bytes"], ring["backward_bytes"]
     fwd_attention = fwd_scores + ring_fwd  # what recomputing the attention function reruns
     elementwise_f, elementwise_b = kernels.elementwise_efficiencies(tables, per_kernel, stated=memory)
-    roofline_f = (fwd_mm + fwd_attention + linrec / (peak * eff["linrec"])
-                  + (elementwise + cast_fwd) / (hbm * elementwise_f))
-    roofline_b = (bwd_mm + bwd_scores + ring_bwd + 2.0 * linrec / (peak * eff["linrec_backward"])
-                  + (2.0 * elementwise + cast_bwd) / (hbm * elementwise_b))
+    roofline_f, roofline_b = fwd_mm + fwd_attention, bwd_mm + bwd_scores + ring_bwd
+    if linrec is not None:
+        roofline_f = roofline_f + linrec / (peak * eff["linrec"])
+        roofline_b = roofline_b + 2.0 * linrec / (peak * eff["linrec_backward"])
+    if np.count_nonzero(np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none")):  # the Float8 casts' bytes
+        elementwise_fwd, elementwise_bwd = elementwise + cast_fwd, 2.0 * elementwise + cast_bwd
+    else:
+        elementwise_fwd, elementwise_bwd = elementwise, 2.0 * elementwise
+    roofline_f = roofline_f + elementwise_fwd / (hbm * elementwise_f)
+    roofline_b = roofline_b + elementwise_bwd / (hbm * elementwise_b)
     forward, backward = np.maximum(roofline_f, floor["forward"]), np.maximum(roofline_b, floor["backward"])
     share_att = k["recomputed_attention_mm_share"][None, :]
     share_other = k["recomputed_other_mm_share"][None, :]
@@ -1610,9 +1621,14 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
     ends = _embedding_and_head(model, rows, hardware, eff)
     layers_on_rank = counts.sum(axis=2)
     rl = np.asarray(cols["recompute_layers"], dtype=np.float64)[:, None]
+    partial = np.count_nonzero(rl >= 0)  # rows recomputing some of their layers (else all: a share of 1)
     fraction = np.where(rl < 0, 1.0, np.minimum(1.0, np.divide(rl * rows.vpp[:, None], layers_on_rank,
-                                                                 out=np.ones_like(layers_on_rank),
-                                                                 where=layers_on_rank > 0)))
+                                                                 out=np.ones(layers_on_rank.shape),
+                                                                 where=layers_on_rank > 0))) \
+        if partial else np.ones(layers_on_rank.shape)
+
+    def share(per_rank):  # the recomputed layers' share of a rank's figure
+        return fraction * per_rank if partial else per_rank
     is_first, is_head = where.has_embedding, where.has_head
     # each (N, K) figure summed over each rank's layers, (N, R), in one contraction
     (forward, checkpointed, backward, recompute, comm_layers, comm_extra, exposed_f, exposed_b,
@@ -1621,13 +1637,13 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
          comm["comm_fwd"] + comm["comm_bwd"], comm["comm_extra"], comm["exposed_fwd"], comm["exposed_bwd"],
          comm["exposed_extra"]]))
     return {
-        "compute_f": forward + fraction * checkpointed + is_first * ends["embed_fwd"][:, None]
+        "compute_f": forward + share(checkpointed) + is_first * ends["embed_fwd"][:, None]
         + is_head * ends["head_fwd"][:, None],
-        "compute_b": (backward + fraction * recompute
+        "compute_b": (backward + share(recompute)
                       + is_first * ends["embed_bwd"][:, None] + is_head * ends["head_bwd"][:, None]),
-        "comm_layers": comm_layers + fraction * comm_extra,
+        "comm_layers": comm_layers + share(comm_extra),
         "exposed_f": exposed_f,
-        "exposed_b": exposed_b + fraction * exposed_extra,
+        "exposed_b": exposed_b + share(exposed_extra),
         "head_split": ends["head_split"],
         # one layer of each kind a micro-batch, the backward with the rank's recompute: FSDP's prefetch hides behind it
         "layer_forward": layer["forward"],
