@@ -303,6 +303,10 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
     for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share") + _LOW_PRECISION_WORK:
         out[name] = np.array([np.nan if getattr(model.work[k], name) is None else float(getattr(model.work[k], name))
                               for k in model.kinds])
+    # the attention's output elements a token (ring CP merges them): its heads' values, else the queries'
+    out["attention_output_elements_per_token"] = np.where(
+        out["attention_heads"] > 0, out["attention_heads"] * out["attention_value_head_dim"],
+        out["query_elements_per_token"])
     # the kinds whose selective recompute the census measured (its shares of the matmuls)
     out["selective_measured"] = ~np.isnan(out["recomputed_attention_mm_share"]) & ~np.isnan(
         out["recomputed_other_mm_share"])
@@ -785,10 +789,9 @@ def _ring_attention_work(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping
         return {"forward_bytes": zeros, "backward_bytes": zeros, "launches": zeros}
     w, cp = rows.compute_bytes[:, None], rows.cp[:, None]
     tokens = (rows.tokens / rows.tp)[:, None]
-    heads = k["attention_heads"]
     q = tokens * k["query_elements_per_token"]
-    o = tokens * np.where(heads > 0, heads * k["attention_value_head_dim"], k["query_elements_per_token"])
-    lse = tokens * heads
+    o = tokens * k["attention_output_elements_per_token"]
+    lse = tokens * k["attention_heads"]
     kv = tokens * k["kv_elements_per_token"]
     later = cp - 1.0
     compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
@@ -814,8 +817,11 @@ def _ring_attention_work(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping
         forward, backward = fused_f, fused_b
     else:
         forward, backward = np.where(compiled, fused_f, eager_f), np.where(compiled, fused_b, eager_b)
+    launches = np.where(on, RING_LAUNCHES_PER_PASS + RING_LAUNCHES_PER_LATER_STEP * later, 0.0)
+    if np.count_nonzero(on) == on.size:  # every row rings on every kind
+        return {"forward_bytes": forward, "backward_bytes": backward, "launches": launches}
     return {"forward_bytes": np.where(on, forward, 0.0), "backward_bytes": np.where(on, backward, 0.0),
-            "launches": np.where(on, RING_LAUNCHES_PER_PASS + RING_LAUNCHES_PER_LATER_STEP * later, 0.0)}
+            "launches": launches}
 
 
 def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hardware: Hardware, eff,
@@ -850,12 +856,13 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
     k = _kind_arrays(model)
     groups = _derived(("attention_kernels", order), model, lambda m: _attention_groups(m, k, order))
     codes = np.asarray(cols["compute_dtype"])
-    one_dtype = bool((codes == codes[0]).all())
+    one_dtype = len(codes) == 1 or np.count_nonzero(codes == codes[0]) == len(codes)
     first = groups[DTYPE_NAMES[int(codes[0])]]
     covered = one_dtype and len(first) == 1 and isinstance(first[0][1], slice)  # one kernel prices every kind
     ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
+    any_ulysses = np.count_nonzero(ulysses)  # without Ulysses no head split: the sequence splits cp ways
     cp, seq = rows.cp[:, None], rows.seq[:, None]
-    ring = (cp > 1) & ~ulysses
+    ring = (cp > 1) & ~ulysses if any_ulysses else cp > 1
     any_ring = bool(np.count_nonzero(ring))
     first_share = np.where(ring, 1.0 / cp, 1.0)   # the ring's step 0: 1 / cp of the rank's pairs
 
@@ -868,9 +875,13 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
         forward, backward, first_forward, first_backward = split(forward, backward)
         if not any(groups.values()):
             return forward, backward, first_forward, first_backward
-    head_split = np.where(ulysses, cp, 1.0)
-    seq_q = seq / (cp / head_split)
-    heads = (rows.micro_batch[:, None] / (rows.tp[:, None] * head_split)) * k["attention_heads"]
+    if any_ulysses:
+        head_split = np.where(ulysses, cp, 1.0)
+        seq_q = seq / (cp / head_split)
+        heads = (rows.micro_batch[:, None] / (rows.tp[:, None] * head_split)) * k["attention_heads"]
+    else:  # the same figures at a head split of 1
+        seq_q = seq / cp
+        heads = (rows.micro_batch[:, None] / rows.tp[:, None]) * k["attention_heads"]
     stated = (eff["attention"], eff["attention_backward"])
     for code in [int(codes[0])] if one_dtype else np.unique(codes).tolist():  # the compute dtypes a batch uses
         dtype = DTYPE_NAMES[code]
