@@ -9,7 +9,7 @@ analytic prior of :func:`prior_gemm_efficiency`, an attention kernel the prior o
 ``efficiency.memory`` and launches the round priors below. The time model
 (:func:`ndcost.compose.time.layer_seconds`) reads this module through
 :func:`gemm_efficiency`, :func:`attention_efficiency`,
-:func:`elementwise_efficiency` and :func:`launch_costs`, all vectorized over
+:func:`elementwise_efficiency` (:func:`elementwise_efficiencies`) and :func:`launch_costs`, all vectorized over
 numpy arrays. No torch.
 
 Schema (docs/calibration.md, "Kernel tables")::
@@ -464,11 +464,18 @@ def attention_source(tables: Optional[KernelTables], kernel: str, dtype: str) ->
 
 def elementwise_efficiency(tables: Optional[KernelTables], bytes_per_kernel, *, stated: float):
     """Achieved / HBM bandwidth of elementwise kernels moving *bytes_per_kernel*: the table, else *stated*."""
+    return elementwise_efficiencies(tables, bytes_per_kernel, stated=(stated, stated))[0]
+
+
+def elementwise_efficiencies(tables: Optional[KernelTables], bytes_per_kernel, *, stated: Tuple[float, float]):
+    """:func:`elementwise_efficiency` of a forward's and a backward's kernels of the same size, *stated* theirs
+    (``efficiency.memory``, ``memory_backward``): the table (one lookup, both alike), else *stated*."""
     if tables is None or tables.elementwise is None:
         return stated
     table = tables.elementwise
     x = np.log2(np.maximum(np.asarray(bytes_per_kernel, dtype=np.float64), 1.0))
-    return np.interp(x, table.log2_bytes, table.efficiency)
+    efficiency = np.interp(x, table.log2_bytes, table.efficiency)
+    return efficiency, efficiency
 
 
 def launch_costs(tables: Optional[KernelTables]) -> Tuple[float, float, str]:

@@ -88,13 +88,27 @@ def _zero_where_alone(n, seconds, message_bytes):
     return np.where((n > 1.0) & (message_bytes > 0), seconds, 0.0)
 
 
-def _alone(n, message_bytes, *operands):
+def _alone(n, s, *operands):
     """Zeros of the collective's shape where no group (*n*, as :func:`_n` makes it) has a peer or no message
-    has a byte (a dense model's expert collectives), else None: the arithmetic whose every figure would be
-    zeroed is skipped."""
-    if np.count_nonzero(n > 1.0) and np.count_nonzero(message_bytes):  # np.any's wrappers weigh on one row
-        return None
-    return np.zeros(np.broadcast(n, message_bytes, *operands).shape)
+    (*s*, float64) has a byte (a dense model's expert collectives), else None: the arithmetic whose every figure
+    would be zeroed is skipped; and whether every group has a peer and every message a byte (nothing to zero)."""
+    peers, moved = np.count_nonzero(n > 1.0), np.count_nonzero(s > 0)  # np.any's wrappers weigh on one row
+    if peers and moved:
+        return None, peers == n.size and moved == s.size
+    return np.zeros(np.broadcast(n, s, *operands).shape), False
+
+
+def _zeroed(n, seconds, s, every: bool):
+    """:func:`_zero_where_alone`, skipped where *every* group has a peer and every message a byte (a batch of one
+    strategy's, mostly) and *seconds* spans the groups' and messages' shape: its ``np.where`` would give them back."""
+    if every and isinstance(seconds, np.ndarray) and _spans(seconds.shape, n) and _spans(seconds.shape, s):
+        return seconds
+    return _zero_where_alone(n, seconds, s)
+
+
+def _spans(shape, array) -> bool:
+    """Whether *array* broadcast against *shape* leaves it *shape* (a cheap, sufficient test)."""
+    return array.shape == shape or (array.size == 1 and array.ndim <= len(shape))
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,13 +146,13 @@ def _ring_latencies(n, nodes, latency, all_reduce: bool):
     return _by_protocol(_RING_BASE_S, ndim) + (steps - inter) * intra + inter * cross
 
 
-def _ring(s, n, latencies, bandwidth, all_reduce: bool):
-    """The fastest protocol's ring: *latencies* (:func:`_ring_latencies`) and the data over the protocol's bus."""
-    steps = (2.0 if all_reduce else 1.0) * (n - 1.0)
-    data = np.asarray(s * (steps / (n * bandwidth)))  # Simple's data term; a protocol divides it by its factor
+def _ring(s, latencies, per_byte):
+    """The fastest protocol's ring: *latencies* (:func:`_ring_latencies`) and the data over the protocol's bus
+    (Simple's seconds a byte, *per_byte*: :func:`_group`'s)."""
+    data = np.asarray(s * per_byte)  # Simple's data term; a protocol divides it by its factor
     ndim = max(data.ndim, latencies.ndim - 1)
     fixed = latencies.reshape((3,) + (1,) * (ndim - latencies.ndim + 1) + latencies.shape[1:])
-    return np.asarray((data * _by_protocol(_RING_DATA_TIMES, ndim) + fixed).min(axis=0))
+    return np.asarray(np.minimum.reduce(data * _by_protocol(_RING_DATA_TIMES, ndim) + fixed, axis=0))
 
 
 def _tree_latencies(n, nodes, latency):
@@ -157,40 +171,63 @@ _ONE_GROUP: Dict[Tuple[Any, ...], Tuple[Any, ...]] = {}
 _ONE_GROUP_KEPT = 4096  # groups of one row kept (a search's few hundred shapes and links)
 
 
-def _latencies(n, nodes, latency, all_reduce: bool):
-    """:func:`_ring_latencies` and, for an all-reduce, :func:`_tree_latencies` (else None) of a group; where the
-    group is one row's (a batch of one strategy), kept by its figures, read-only."""
-    latency = np.asarray(latency, dtype=np.float64)
-    if n.size != 1 or nodes.size != 1 or latency.size != 1:
-        return _ring_latencies(n, nodes, latency, all_reduce), _tree_latencies(n, nodes, latency) if all_reduce \
-            else None
-    key = (all_reduce, n.shape, nodes.shape, latency.shape, float(n.flat[0]), float(nodes.flat[0]),
-           float(latency.flat[0]))
+def _group(all_reduce: bool, n, nodes, latency, bandwidth, nvls=None):
+    """What of a collective's seconds depends on its group alone (:func:`_group_terms`); where the group is one
+    row's (a batch of one strategy), kept by its figures, read-only."""
+    arrays = (n, nodes, np.asarray(latency, dtype=np.float64), np.asarray(bandwidth, dtype=np.float64)) + (
+        () if nvls is None else (nvls,))
+    if any(array.size != 1 for array in arrays):
+        return _group_terms(all_reduce, *arrays)
+    key = (all_reduce, *(array.shape for array in arrays), *(float(array.flat[0]) for array in arrays))
     hit = _ONE_GROUP.get(key)
     if hit is None:
-        hit = (_ring_latencies(n, nodes, latency, all_reduce), _tree_latencies(n, nodes, latency) if all_reduce
-               else None)
-        for array in (hit[0], *(hit[1] or ())):
-            array.setflags(write=False)
+        hit = _group_terms(all_reduce, *arrays)
+        for array in (hit[0], hit[1], *(hit[2] or ()), *(hit[3] or ())):
+            if isinstance(array, np.ndarray):
+                array.setflags(write=False)
         if len(_ONE_GROUP) >= _ONE_GROUP_KEPT:
             _ONE_GROUP.clear()
         _ONE_GROUP[key] = hit
     return hit
 
 
-def _tree(s, n, nodes, bandwidth, tree_latencies, ring, ring_simple_latency):
-    """The fastest protocol's tree all-reduce (a chain within a node, a double binary tree across) where it beats
-    *ring*, else *ring*; priced only on messages below the size past which even its least latency and
-    uncorrected Simple data lose to the Simple ring (*ring_simple_latency*). *tree_latencies*:
-    :func:`_tree_latencies`'."""
-    across = nodes > 1.0
-    latencies, least = tree_latencies
+def _group_terms(all_reduce: bool, n, nodes, latency, bandwidth, nvls=None):
+    """A group's ring latencies by protocol (:func:`_ring_latencies`) and Simple's data seconds a byte; for an
+    all-reduce the tree's latencies, the least of them and the message size below which the tree may win
+    (:func:`_tree`), and, given *nvls* (its NVLS efficiency), NVLS's terms (:func:`all_reduce_seconds`), else
+    None."""
+    ring = _ring_latencies(n, nodes, latency, all_reduce)
+    steps = 2.0 * (n - 1.0) if all_reduce else n - 1.0
+    per_byte = steps / (n * bandwidth)
+    if not all_reduce:
+        return ring, per_byte, None, None
+    latencies, least = _tree_latencies(n, nodes, latency)
     # tree >= least latency + 2 S / (0.92 B) (no protocol or correction moves it faster); the Simple ring is
     # latency + 2 (n - 1) / n * S / B: past this S (on the group's shape) the tree never wins
     slope = 2.0 / (bandwidth * TREE_BANDWIDTH) - 2.0 * (n - 1.0) / (n * bandwidth)
-    candidate = s < (ring_simple_latency - least) / slope
-    if not candidate.any():
+    tree = (latencies, least, (ring[2] - least) / slope)
+    if nvls is None:
+        return ring, per_byte, tree, None
+    usable = (nvls > 0.0) & (nodes <= 1.0)
+    within = np.count_nonzero(usable)
+    if not within:
+        return ring, per_byte, tree, None
+    every = within == usable.size and usable.shape == nvls.shape  # every group within a domain with NVLS
+    bus = bandwidth * (nvls if every else np.where(usable, nvls, 1.0))
+    # in-switch seconds: base + share * S / bus
+    return ring, per_byte, tree, (usable, every, NVLINK_LATENCY_US["nvls"] * _US + latency, (n - 1.0) / n, bus)
+
+
+def _tree(s, nodes, bandwidth, tree, ring):
+    """The fastest protocol's tree all-reduce (a chain within a node, a double binary tree across) where it beats
+    *ring*, else *ring*; priced only on messages below the size past which even its least latency and
+    uncorrected Simple data lose to the Simple ring. *tree*: :func:`_group_terms`' (the latencies by protocol,
+    the least, that size)."""
+    latencies, _, past = tree
+    candidate = s < past
+    if not np.count_nonzero(candidate):
         return ring
+    across = nodes > 1.0
     shape = np.broadcast(s, ring).shape
     latencies = latencies.reshape((3,) + (1,) * (len(shape) - latencies.ndim + 1) + latencies.shape[1:])
     if np.count_nonzero(candidate) == np.size(candidate):  # every message a candidate (one strategy's): no picks
@@ -221,34 +258,31 @@ def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seco
     """The fastest of NCCL's ring, tree and (within one NVLink domain with ``nvls_efficiency > 0``) NVLS
     all-reduce of *message_bytes* on each member, each at its fastest protocol; *nodes*: the NVLink domains
     the group spans (NCCL's ``nNodes``)."""
-    n = _n(group_size)
-    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds, nodes, nvls_efficiency)
+    n, s = _n(group_size), np.asarray(message_bytes, dtype=np.float64)
+    alone, every = _alone(n, s, bytes_per_second, latency_seconds, nodes, nvls_efficiency)
     if alone is not None:
         return alone
-    s = np.asarray(message_bytes, dtype=np.float64)
     nodes = np.asarray(nodes, dtype=np.float64)
-    latencies, tree_latencies = _latencies(n, nodes, latency_seconds, True)
-    best = _tree(s, n, nodes, bytes_per_second, tree_latencies, _ring(s, n, latencies, bytes_per_second, True),
-                 latencies[2])
-    nvls = np.asarray(nvls_efficiency, dtype=np.float64)
-    usable = (nvls > 0.0) & (nodes <= 1.0)
-    if usable.any():
-        bus = bytes_per_second * np.where(usable, nvls, 1.0)
-        in_switch = NVLINK_LATENCY_US["nvls"] * _US + latency_seconds + (n - 1.0) / n * s / bus
-        best = np.where(usable, np.minimum(best, in_switch), best)
-    return _zero_where_alone(n, best, s)
+    latencies, per_byte, tree, nvls = _group(True, n, nodes, latency_seconds, bytes_per_second,
+                                             np.asarray(nvls_efficiency, dtype=np.float64))
+    best = _tree(s, nodes, bytes_per_second, tree, _ring(s, latencies, per_byte))
+    if nvls is not None:  # within a domain with NVLS: its in-switch reduction where faster
+        usable, every_usable, base, share, bus = nvls
+        in_switch = base + share * s / bus
+        best = np.minimum(best, in_switch) if every_usable else np.where(usable, np.minimum(best, in_switch), best)
+    return _zeroed(n, best, s, every)
 
 
 def all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
     """NCCL's ring all-gather ending with *message_bytes* (the full tensor) on each member, fastest protocol; as
     ``reduce_scatter_seconds``, the reduce-scatter of the full tensor each member starts with."""
-    n = _n(group_size)
-    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds, nodes)
+    n, s = _n(group_size), np.asarray(message_bytes, dtype=np.float64)
+    alone, every = _alone(n, s, bytes_per_second, latency_seconds, nodes)
     if alone is not None:
         return alone
-    s = np.asarray(message_bytes, dtype=np.float64)
-    latencies, _ = _latencies(n, np.asarray(nodes, dtype=np.float64), latency_seconds, False)
-    return _zero_where_alone(n, _ring(s, n, latencies, bytes_per_second, False), s)
+    latencies, per_byte, _, _ = _group(False, n, np.asarray(nodes, dtype=np.float64), latency_seconds,
+                                       bytes_per_second)
+    return _zeroed(n, _ring(s, latencies, per_byte), s, every)
 
 
 # NCCL's ring prices a reduce-scatter as the all-gather of the same bytes: one function, so the time model,
@@ -264,25 +298,23 @@ def _p2p_step_seconds(nodes, latency_seconds):
 
 def all_to_all_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
     """A pairwise all-to-all of the *message_bytes* each member holds (it keeps 1/n of them): n - 1 rounds."""
-    n = _n(group_size)
-    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds, nodes)
+    n, s = _n(group_size), np.asarray(message_bytes, dtype=np.float64)
+    alone, every = _alone(n, s, bytes_per_second, latency_seconds, nodes)
     if alone is not None:
         return alone
-    s = np.asarray(message_bytes, dtype=np.float64)
     seconds = (BASE_LATENCY_US["ring"][2] * _US + (n - 1.0) * _p2p_step_seconds(nodes, latency_seconds)
                + (n - 1.0) / n * s / bytes_per_second)
-    return _zero_where_alone(n, seconds, s)
+    return _zeroed(n, seconds, s, every)
 
 
 def send_recv_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
     """One point-to-point message (``group_size`` 1 means no peer, no time); *nodes* > 1: it crosses nodes."""
-    n = _n(group_size)
-    alone = _alone(n, message_bytes, bytes_per_second, latency_seconds, nodes)
+    n, s = _n(group_size), np.asarray(message_bytes, dtype=np.float64)
+    alone, every = _alone(n, s, bytes_per_second, latency_seconds, nodes)
     if alone is not None:
         return alone
-    s = np.asarray(message_bytes, dtype=np.float64)
     seconds = BASE_LATENCY_US["ring"][2] * _US + _p2p_step_seconds(nodes, latency_seconds) + s / bytes_per_second
-    return _zero_where_alone(n, seconds, s)
+    return _zeroed(n, seconds, s, every)
 
 
 @attrs.frozen(kw_only=True)

@@ -36,7 +36,7 @@ from ndcost import columns, kernels, manager
 from ndcost.columns import DTYPE_BYTES, DTYPE_NAMES
 from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
-from ndcost.compose.memory import nan_to_zero, select
+from ndcost.compose.memory import nan_to_zero
 from ndcost.compose.topology import group_link
 from ndcost.errors import InvalidValue, Unpriced
 from ndcost.values import (
@@ -50,7 +50,7 @@ from ndcost.values import (
     TimeBreakdown,
     frozen_mapping,
 )
-from ndcost.work import GEMM_CLASSES, GEMM_SPLITS, NORM_ELEMENTS, ModelWork, window_pairs
+from ndcost.work import GEMM_CLASSES, GEMM_SPLITS, NORM_ELEMENTS, ModelWork, causal_pairs, window_pairs
 
 __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS", "OVERLAP_RULES", "COLLECTIVES",
            "TimeArrays", "efficiencies", "strategy_columns", "layer_seconds", "step_time", "attach"]
@@ -216,8 +216,11 @@ def strategy_columns(strategies: Any, names: Optional[Mapping[str, Sequence[str]
 def _peak_flops(hardware: Hardware, compute_dtype: np.ndarray) -> np.ndarray:
     """(N,) the hardware's peak FLOP/s in each row's compute dtype (a loop over the dtypes used)."""
     codes = np.asarray(compute_dtype, dtype=np.int64)
+    found = distinct(codes)[0].tolist()
+    if len(found) == 1:  # one dtype (one strategy's): no table
+        return np.full(len(codes), hardware.peak_flops(DTYPE_NAMES[found[0]]))
     table = np.full(len(DTYPE_NAMES), np.nan)
-    for code in distinct(codes)[0].tolist():
+    for code in found:
         table[code] = hardware.peak_flops(DTYPE_NAMES[code])
     return table[codes]
 
@@ -295,9 +298,18 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
     out["elementwise_launches"] = np.maximum(1.0, out["launches_per_layer"] - out["has_attention"] - np.array(
         [float(sum(g.count for g in model.work[k].gemms)) for k in model.kinds]))
     out.update(_gemm_arrays(model))
+    out["class_mm_flops_per_token"] = np.stack([out[f"{c}_mm_flops_per_token"] for c in GEMM_CLASSES], axis=-1)
+    out["parameters_by_part"] = np.stack([out[f"{part}_parameters"] for part in ("dense", "replicated", "routed")])
     for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share") + _LOW_PRECISION_WORK:
         out[name] = np.array([np.nan if getattr(model.work[k], name) is None else float(getattr(model.work[k], name))
                               for k in model.kinds])
+    # the attention's output elements a token (ring CP merges them): its heads' values, else the queries'
+    out["attention_output_elements_per_token"] = np.where(
+        out["attention_heads"] > 0, out["attention_heads"] * out["attention_value_head_dim"],
+        out["query_elements_per_token"])
+    # the kinds whose selective recompute the census measured (its shares of the matmuls)
+    out["selective_measured"] = ~np.isnan(out["recomputed_attention_mm_share"]) & ~np.isnan(
+        out["recomputed_other_mm_share"])
     for array in out.values():
         array.setflags(write=False)
     return frozen_mapping(out)
@@ -321,7 +333,7 @@ def float8_refusal(hardware: Hardware) -> Optional[str]:
 def _stated(model: ModelWork, k: Mapping[str, np.ndarray], names: Sequence[str], rows: np.ndarray, field: str):
     """Refuse pricing *field* (``float8=...``, ``compile=true``) where a kind's estimator left one of its
     KindWork figures *names* unstated."""
-    if rows.any():
+    if np.count_nonzero(rows):
         for name in names:
             missing = [kind for kind, value in zip(model.kinds, k[name], strict=True) if np.isnan(value)]
             if missing:
@@ -346,7 +358,7 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     """
     on = (np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none"))[:, None]
     zeros = np.zeros((len(rows.tp), len(model.kinds)))
-    if not on.any():
+    if not np.count_nonzero(on):
         return zeros, zeros, zeros
     _stated(model, k, _LOW_PRECISION_WORK[:3], on, "float8=tensorwise/rowwise")
     shard = sharding_rules.sharding(cols)
@@ -512,20 +524,39 @@ def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any], hard
     compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
     full, selective, core = (mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention"))
     eager = ~compiled
-    if not (full | selective | core).any():
+    if not np.count_nonzero(full | selective | core):
         return {"forward": floor, "backward": 2.0 * floor, "checkpointed_forward": floor,
-                "recompute": np.zeros_like(floor)}
+                "recompute": np.zeros(floor.shape)}
 
     def host(ratio):
         return forward * np.maximum(launch, dispatch * ratio)
-    attention_ops = np.where(k["has_attention"][None, :], dispatch, 0.0)
-    core_f, core_r = (ops * attention_ops for ops in CORE_ATTENTION_HOST_OPS)
+
+    def core_ops(ops):
+        return ops * np.where(k["has_attention"][None, :], dispatch, 0.0)
     (full_f, full_r), (sel_f, sel_r) = CHECKPOINT_HOST_RATIOS["full"], CHECKPOINT_HOST_RATIOS["selective"]
-    checkpointed = select([full & eager, selective & eager, core & eager], [host(full_f), host(sel_f), floor + core_f],
-                          floor)
-    recompute = select([full & eager, full, selective & eager, core & eager],
-                       [host(full_r), floor, forward * dispatch * sel_r, core_r], 0.0)
+    full_eager, selective_eager, core_eager = full & eager, selective & eager, core & eager
+    checkpointed = _select_made([(full_eager, lambda: host(full_f)), (selective_eager, lambda: host(sel_f)),
+                                 (core_eager, lambda: floor + core_ops(CORE_ATTENTION_HOST_OPS[0]))],
+                                floor, floor.shape)
+    recompute = _select_made([(full_eager, lambda: host(full_r)), (full, lambda: floor),
+                              (selective_eager, lambda: forward * dispatch * sel_r),
+                              (core_eager, lambda: core_ops(CORE_ATTENTION_HOST_OPS[1]))], 0.0, floor.shape)
     return {"forward": floor, "backward": 2.0 * floor, "checkpointed_forward": checkpointed, "recompute": recompute}
+
+
+def _select_made(made: Sequence[Tuple[np.ndarray, Callable[[], Any]]], default: Any, shape: Tuple[int, ...]):
+    """:func:`ndcost.compose.memory.select` of ``(condition, make)`` pairs, a choice made only where its condition
+    holds on some row (a batch of one strategy runs one recompute mode: the others' arithmetic is skipped), as
+    an array of *shape*."""
+    out = default
+    for condition, make in reversed(made):
+        if np.count_nonzero(condition):
+            out = np.where(condition, make(), out)
+    if np.ndim(out) == 0:  # no condition held: the default everywhere
+        return np.full(shape, out, dtype=np.float64)
+    if np.shape(out) != shape:  # the default (and choices) over part of the shape, broadcast
+        out = np.array(np.broadcast_to(out, shape), dtype=np.float64)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -613,18 +644,22 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     hbm = float(hardware.hbm_bytes_per_second)
     tokens = rows.tokens[:, None]
     split = tokens / tp
-    attention_mm = k["attention_mm_flops_per_token"] * split
-    by_class = np.stack([attention_mm, k["other_mm_flops_per_token"] * split,
-                         k["routed_mm_flops_per_token"] * split * rows.imbalance[:, None]], axis=-1)  # GEMM_CLASSES
-    mm = by_class.sum(axis=-1)
+    by_class = k["class_mm_flops_per_token"] * split[..., None]                   # (N, K, 3): GEMM_CLASSES
+    if np.count_nonzero(rows.imbalance != 1.0):  # the busiest expert rank's routed tokens
+        by_class[..., 2] *= rows.imbalance[:, None]
     inverse_f, inverse_b = _matmul_inverse_efficiency(model, rows, cols, hardware, eff)
-    scores = k["score_flops_per_pair"] * window_pairs(s, k["window"]) * b / (tp * cp)
-    linrec = k["linrec_flops_per_token"] * split
-    weights = rows.param_bytes[:, None] * (k["dense_parameters"] / tp + k["routed_parameters"]
-                                           / (rows.ep * rows.etp)[:, None] + k["replicated_parameters"])
+    # a model without sliding windows: every kind's pairs causal (window_pairs' windowless figure)
+    pairs = window_pairs(s, k["window"]) if np.count_nonzero(k["window"]) else causal_pairs(s)
+    scores = k["score_flops_per_pair"] * pairs * b / (tp * cp)
+    # a model without linear recurrences or routed experts: their terms are 0, left out
+    linrec = k["linrec_flops_per_token"] * split if np.count_nonzero(k["linrec_flops_per_token"]) else None
+    weights = k["dense_parameters"] / tp
+    if np.count_nonzero(k["routed_parameters"]):
+        weights = weights + k["routed_parameters"] / (rows.ep * rows.etp)[:, None]
+    weights = rows.param_bytes[:, None] * (weights + k["replicated_parameters"])
     elementwise = rows.compute_bytes[:, None] * tokens * _elementwise_elements(model, k, cols, tp, sp)
     fp8_mm, cast_fwd, cast_bwd = _float8_linears(model, k, rows, cols, split)
-    fp8_on = bool(fp8_mm.any())
+    fp8_on = bool(np.count_nonzero(fp8_mm))
     refusal = float8_refusal(hardware) if fp8_on else None
     if refusal:
         raise InvalidValue(refusal)
@@ -649,30 +684,41 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
                                                                                   scores)
     ring = _ring_attention_work(k, rows, cols)
     floor = _launch_bound(model, rows, cols, hardware, ring["launches"])
-    ring_per_kernel = ring["forward_bytes"] / np.maximum(ring["launches"], 1.0)
-    ring_fwd = ring["forward_bytes"] / (hbm * kernels.elementwise_efficiency(tables, ring_per_kernel,
-                                                                             stated=eff["memory"]))
-    ring_bwd = ring["backward_bytes"] / (hbm * kernels.elementwise_efficiency(tables, ring_per_kernel,
-                                                                              stated=eff["memory_backward"]))
+    memory = (eff["memory"], eff["memory_backward"])
+    if np.count_nonzero(ring["launches"]):  # some row runs ring CP (its launches: > 0 exactly there)
+        ring_f, ring_b = kernels.elementwise_efficiencies(
+            tables, ring["forward_bytes"] / np.maximum(ring["launches"], 1.0), stated=memory)
+        ring_fwd, ring_bwd = ring["forward_bytes"] / (hbm * ring_f), ring["backward_bytes"] / (hbm * ring_b)
+    else:  # no merges: zero bytes
+        ring_fwd, ring_bwd = ring["forward_bytes"], ring["backward_bytes"]
     fwd_attention = fwd_scores + ring_fwd  # what recomputing the attention function reruns
-    roofline_f = (fwd_mm + fwd_attention + linrec / (peak * eff["linrec"])
-                  + (elementwise + cast_fwd) / (hbm * kernels.elementwise_efficiency(tables, per_kernel,
-                                                                                     stated=eff["memory"])))
-    roofline_b = (bwd_mm + bwd_scores + ring_bwd + 2.0 * linrec / (peak * eff["linrec_backward"])
-                  + (2.0 * elementwise + cast_bwd) / (hbm * kernels.elementwise_efficiency(
-                      tables, per_kernel, stated=eff["memory_backward"])))
+    elementwise_f, elementwise_b = kernels.elementwise_efficiencies(tables, per_kernel, stated=memory)
+    roofline_f, roofline_b = fwd_mm + fwd_attention, bwd_mm + bwd_scores + ring_bwd
+    if linrec is not None:
+        roofline_f = roofline_f + linrec / (peak * eff["linrec"])
+        roofline_b = roofline_b + 2.0 * linrec / (peak * eff["linrec_backward"])
+    if np.count_nonzero(np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none")):  # the Float8 casts' bytes
+        elementwise_fwd, elementwise_bwd = elementwise + cast_fwd, 2.0 * elementwise + cast_bwd
+    else:
+        elementwise_fwd, elementwise_bwd = elementwise, 2.0 * elementwise
+    roofline_f = roofline_f + elementwise_fwd / (hbm * elementwise_f)
+    roofline_b = roofline_b + elementwise_bwd / (hbm * elementwise_b)
     forward, backward = np.maximum(roofline_f, floor["forward"]), np.maximum(roofline_b, floor["backward"])
-    att_share = np.divide(attention_mm, mm, out=np.zeros_like(mm), where=mm > 0)
     share_att = k["recomputed_attention_mm_share"][None, :]
     share_other = k["recomputed_other_mm_share"][None, :]
-    measured = ~np.isnan(share_att) & ~np.isnan(share_other)
-    selective = np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
-                         + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_attention)
+    measured = k["selective_measured"][None, :]
+
+    def selective():
+        mm = by_class.sum(axis=-1)
+        att_share = np.divide(by_class[..., 0], mm, out=np.zeros(mm.shape), where=mm > 0)
+        return np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
+                        + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_attention)
     mode = np.asarray(cols["recompute"])[:, None]
     # a layer's recompute runs at the start of its backward: the two are one stretch of the GPU's queue and of the
     # host's dispatch, bounded together (the host, running ahead, hides its recompute's work behind a long backward)
-    roofline_r = select([mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention")],
-                        [roofline_f, selective, fwd_attention], 0.0)
+    roofline_r = _select_made([(mode == RECOMPUTE.index(name), make) for name, make in (
+        ("full", lambda: roofline_f), ("selective", selective), ("core_attention", lambda: fwd_attention))],
+        0.0, forward.shape)
     recompute = np.maximum(roofline_r + roofline_b, floor["recompute"] + floor["backward"]) - backward
     return {"forward": forward, "backward": backward, "recompute": recompute,
             "checkpointed_forward": np.maximum(roofline_f, floor["checkpointed_forward"]),
@@ -680,7 +726,8 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
             "scores_first_forward": first_fwd_scores, "scores_first_backward": first_bwd_scores,
             "ring_merges_forward": ring_fwd, "ring_merges_backward": ring_bwd,
             "matmul_forward": fwd_mm, "matmul_backward": bwd_mm,
-            "selective_measured": np.broadcast_to(measured, forward.shape)}
+            "selective_measured": measured if measured.shape == forward.shape else np.broadcast_to(measured,
+                                                                                                   forward.shape)}
 
 
 # Transformers' eager_attention_forward (modeling_llama.py and the families that copy it) on a 2-byte compute dtype,
@@ -737,34 +784,44 @@ def _ring_attention_work(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping
     shape = (len(rows.cp), len(k["has_attention"]))
     ulysses = np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses")
     on = ((rows.cp > 1) & ~ulysses)[:, None] & k["has_attention"][None, :]
-    if not on.any():
+    if not np.count_nonzero(on):
         zeros = np.zeros(shape)
         return {"forward_bytes": zeros, "backward_bytes": zeros, "launches": zeros}
     w, cp = rows.compute_bytes[:, None], rows.cp[:, None]
     tokens = (rows.tokens / rows.tp)[:, None]
-    heads = k["attention_heads"]
     q = tokens * k["query_elements_per_token"]
-    o = tokens * np.where(heads > 0, heads * k["attention_value_head_dim"], k["query_elements_per_token"])
-    lse = tokens * heads
+    o = tokens * k["attention_output_elements_per_token"]
+    lse = tokens * k["attention_heads"]
     kv = tokens * k["kv_elements_per_token"]
     later = cp - 1.0
-    eager_f = (2.0 * w * kv * cp + 2.0 * (w + 4.0) * o
-               + later * np.maximum((w + 36.0) * o + 56.0 * lse, (w / 2.0 + 26.0) * o + 36.0 * lse))
-    eager_b = ((4.0 + (8.0 + w) + (4.0 + w)) * (q + kv) + 2.0 * w * kv * cp + 8.0 * kv * cp
-               + later * np.maximum((8.0 + w) * q + ((8.0 + w) / 2.0 + 8.0) * kv,
-                                    ((8.0 + w) / 2.0 + 8.0) * q + (8.0 + w) * kv + 4.0 * lse))
-    fused_f = 4.0 * w * kv + later * np.maximum((8.0 + w) * o + 12.0 * lse, (8.0 + w / 2.0) * o + 10.0 * lse)
-    fused_b = (4.0 * w * kv + (4.0 + w) * (q + 2.0 * kv)
-               + later * np.maximum((8.0 + w) * q + (8.0 + w / 2.0) * kv,
-                                    (8.0 + w / 2.0) * q + (8.0 + w) * kv + 4.0 * lse))
     compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
-    if compiled.any():  # under cp_rotate=p2p every concatenation is sent on: none is dead
+    compiled_rows = np.count_nonzero(compiled)  # eager's and compile's figures priced only where a row runs them
+    if compiled_rows < len(compiled):
+        eager_f = (2.0 * w * kv * cp + 2.0 * (w + 4.0) * o
+                   + later * np.maximum((w + 36.0) * o + 56.0 * lse, (w / 2.0 + 26.0) * o + 36.0 * lse))
+        eager_b = ((4.0 + (8.0 + w) + (4.0 + w)) * (q + kv) + 2.0 * w * kv * cp + 8.0 * kv * cp
+                   + later * np.maximum((8.0 + w) * q + ((8.0 + w) / 2.0 + 8.0) * kv,
+                                        ((8.0 + w) / 2.0 + 8.0) * q + (8.0 + w) * kv + 4.0 * lse))
+    if compiled_rows:
+        fused_f = 4.0 * w * kv + later * np.maximum((8.0 + w) * o + 12.0 * lse, (8.0 + w / 2.0) * o + 10.0 * lse)
+        fused_b = (4.0 * w * kv + (4.0 + w) * (q + 2.0 * kv)
+                   + later * np.maximum((8.0 + w) * q + (8.0 + w / 2.0) * kv,
+                                        (8.0 + w / 2.0) * q + (8.0 + w) * kv + 4.0 * lse))
+        # under cp_rotate=p2p every concatenation is sent on: none is dead
         sent = np.where((np.asarray(cols["cp_rotate"]) == CP_ROTATES.index("p2p"))[:, None],
                         2.0 * w * kv * np.maximum(cp - 2.0, 0.0), 0.0)
         fused_f, fused_b = fused_f + sent, fused_b + sent
-    return {"forward_bytes": np.where(on, np.where(compiled, fused_f, eager_f), 0.0),
-            "backward_bytes": np.where(on, np.where(compiled, fused_b, eager_b), 0.0),
-            "launches": np.where(on, RING_LAUNCHES_PER_PASS + RING_LAUNCHES_PER_LATER_STEP * later, 0.0)}
+    if not compiled_rows:
+        forward, backward = eager_f, eager_b
+    elif compiled_rows == len(compiled):
+        forward, backward = fused_f, fused_b
+    else:
+        forward, backward = np.where(compiled, fused_f, eager_f), np.where(compiled, fused_b, eager_b)
+    launches = np.where(on, RING_LAUNCHES_PER_PASS + RING_LAUNCHES_PER_LATER_STEP * later, 0.0)
+    if np.count_nonzero(on) == on.size:  # every row rings on every kind
+        return {"forward_bytes": forward, "backward_bytes": backward, "launches": launches}
+    return {"forward_bytes": np.where(on, forward, 0.0), "backward_bytes": np.where(on, backward, 0.0),
+            "launches": launches}
 
 
 def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hardware: Hardware, eff,
@@ -799,13 +856,14 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
     k = _kind_arrays(model)
     groups = _derived(("attention_kernels", order), model, lambda m: _attention_groups(m, k, order))
     codes = np.asarray(cols["compute_dtype"])
-    one_dtype = bool((codes == codes[0]).all())
+    one_dtype = len(codes) == 1 or np.count_nonzero(codes == codes[0]) == len(codes)
     first = groups[DTYPE_NAMES[int(codes[0])]]
     covered = one_dtype and len(first) == 1 and isinstance(first[0][1], slice)  # one kernel prices every kind
     ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
+    any_ulysses = np.count_nonzero(ulysses)  # without Ulysses no head split: the sequence splits cp ways
     cp, seq = rows.cp[:, None], rows.seq[:, None]
-    ring = (cp > 1) & ~ulysses
-    any_ring = bool(ring.any())
+    ring = (cp > 1) & ~ulysses if any_ulysses else cp > 1
+    any_ring = bool(np.count_nonzero(ring))
     first_share = np.where(ring, 1.0 / cp, 1.0)   # the ring's step 0: 1 / cp of the rank's pairs
 
     def split(f, b, share=first_share):  # a pass priced at one shape, its first step 1 / cp of it under ring CP
@@ -817,9 +875,13 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
         forward, backward, first_forward, first_backward = split(forward, backward)
         if not any(groups.values()):
             return forward, backward, first_forward, first_backward
-    head_split = np.where(ulysses, cp, 1.0)
-    seq_q = seq / (cp / head_split)
-    heads = (rows.micro_batch[:, None] / (rows.tp[:, None] * head_split)) * k["attention_heads"]
+    if any_ulysses:
+        head_split = np.where(ulysses, cp, 1.0)
+        seq_q = seq / (cp / head_split)
+        heads = (rows.micro_batch[:, None] / (rows.tp[:, None] * head_split)) * k["attention_heads"]
+    else:  # the same figures at a head split of 1
+        seq_q = seq / cp
+        heads = (rows.micro_batch[:, None] / rows.tp[:, None]) * k["attention_heads"]
     stated = (eff["attention"], eff["attention_backward"])
     for code in [int(codes[0])] if one_dtype else np.unique(codes).tolist():  # the compute dtypes a batch uses
         dtype = DTYPE_NAMES[code]
@@ -883,10 +945,9 @@ def _eager_scores(hardware: Hardware, tables, dtype: str, eff, seq_q, seq_k, hea
                         + inverse(seq_k, dv, seq_q, "matmul_backward")))      # dV = P^T dO
     moved = EAGER_SOFTMAX_BYTES_PER_SCORE * width / 2.0 * pairs
     hbm = float(hardware.hbm_bytes_per_second)
-    per_kernel = moved / EAGER_SOFTMAX_KERNELS
-    return (forward / peak + moved / (hbm * kernels.elementwise_efficiency(tables, per_kernel, stated=eff["memory"])),
-            backward / peak + moved / (hbm * kernels.elementwise_efficiency(tables, per_kernel,
-                                                                             stated=eff["memory_backward"])))
+    memory_f, memory_b = kernels.elementwise_efficiencies(tables, moved / EAGER_SOFTMAX_KERNELS,
+                                                          stated=(eff["memory"], eff["memory_backward"]))
+    return forward / peak + moved / (hbm * memory_f), backward / peak + moved / (hbm * memory_b)
 
 
 def _elementwise_elements(model: ModelWork, k: Mapping[str, np.ndarray], cols: Mapping[str, Any], tp, sp):
@@ -895,7 +956,7 @@ def _elementwise_elements(model: ModelWork, k: Mapping[str, np.ndarray], cols: M
     tp_split = np.where(sp, tp, 1.0)
     eager = k["elementwise_elements_per_token"] / tp + k["replicated_elements_per_token"] / tp_split
     compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
-    if not compiled.any():
+    if not np.count_nonzero(compiled):
         return eager
     _stated(model, k, _LOW_PRECISION_WORK[3:], compiled, "compile=true")
     fused = k["compiled_elementwise_elements_per_token"] / tp + k["compiled_replicated_elements_per_token"] / tp_split
@@ -966,7 +1027,7 @@ def _async_tp(model: ModelWork, rows: _Rows, cols, hardware: Hardware, eff, coll
     """
     k, a = _kind_arrays(model), _async_tp_arrays(model)
     across = on & (rows.tp > int(hardware.nvlink_domain_devices))
-    if across.any():
+    if np.count_nonzero(across):
         raise InvalidValue(async_tp_refusal(hardware, int(rows.tp[across][0])))
     tp, tokens = rows.tp[:, None, None], rows.tokens[:, None, None]
     piece_rows = tokens * np.minimum(2.0, tp) / tp  # the rows of the two pieces sharing the SMs
@@ -1052,12 +1113,18 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     k = _kind_arrays(model)
     hidden_msg = tokens * h * width                                    # a TP rank's activations of a layer
     bw_tp, lat_tp, link_tp = group_link(hardware, np.ones(n), tp, eff)
-    tp_sp = (coll["all_gather"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
-             + coll["reduce_scatter"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
-    tp_pass = 2.0 * np.where(rows.sp, tp_sp, coll["all_reduce"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
-    tp_fwd = tp_bwd = tp_exposed_fwd = tp_exposed_bwd = np.broadcast_to(tp_pass[:, None], (n, len(model.kinds)))
+    sp_rows = np.count_nonzero(rows.sp)  # priced only where a row runs it: SP's pair, or the all-reduce
+    if sp_rows:
+        gather = coll["all_gather"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
+        tp_sp = gather + (gather if coll["reduce_scatter"] is coll["all_gather"]  # one function: the same figure
+                          else coll["reduce_scatter"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
+    if sp_rows < n:
+        tp_ar = coll["all_reduce"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
+    tp_pass = 2.0 * (tp_sp if sp_rows == n else tp_ar if not sp_rows else np.where(rows.sp, tp_sp, tp_ar))
+    # (N, 1): broadcast over the kinds by the sums below
+    tp_fwd = tp_bwd = tp_exposed_fwd = tp_exposed_bwd = tp_pass[:, None]
     async_tp = np.asarray(cols["async_tp"], dtype=bool)
-    if async_tp.any():  # the collective matmuls of torch's micro-pipelined TP
+    if np.count_nonzero(async_tp):  # the collective matmuls of torch's micro-pipelined TP
         fused = _async_tp(model, rows, cols, hardware, eff, coll, hidden_msg, (bw_tp, lat_tp, link_tp), async_tp)
         on = async_tp[:, None]
         tp_fwd, tp_bwd = np.where(on, fused["comm_fwd"], tp_fwd), np.where(on, fused["comm_bwd"], tp_bwd)
@@ -1067,15 +1134,22 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
         bw_cp, lat_cp, link_cp = group_link(hardware, tp, cp, eff, ring=False)
         link_cp = {key: value[:, None] for key, value in link_cp.items()}
         attends = k["has_attention"][None, :]
-        ring = _ring_communication(k, rows, cols, layer, hardware, eff, coll, (bw_cp, lat_cp, link_cp))
-        cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
-                                                           + k["kv_elements_per_token"])[None, :]
-        cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
         ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
-        cp_fwd = np.where(attends, np.where(ulysses, cp_ulysses, ring["forward"]), 0.0)
-        cp_bwd = np.where(attends, np.where(ulysses, cp_ulysses, ring["backward"]), 0.0)
-        cp_fwd_exposed = np.where(attends, np.where(ulysses, cp_ulysses, ring["exposed_forward"]), 0.0)
-        cp_bwd_exposed = np.where(attends, np.where(ulysses, cp_ulysses, ring["exposed_backward"]), 0.0)
+        ulysses_rows = np.count_nonzero(ulysses)  # each algorithm priced only where a row runs it
+        if ulysses_rows < n:
+            ring = _ring_communication(k, rows, cols, layer, hardware, eff, coll, (bw_cp, lat_cp, link_cp))
+        if ulysses_rows:
+            cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
+                                                               + k["kv_elements_per_token"])[None, :]
+            cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
+        every_kind_attends = np.count_nonzero(attends) == attends.size
+
+        def cp_seconds(key):  # (N, K) the row's algorithm's, 0 on a kind without attention
+            seconds = (ring[key] if not ulysses_rows else cp_ulysses if ulysses_rows == n
+                       else np.where(ulysses, cp_ulysses, ring[key]))
+            return seconds if every_kind_attends else np.where(attends, seconds, 0.0)
+        cp_fwd, cp_bwd = cp_seconds("forward"), cp_seconds("backward")
+        cp_fwd_exposed, cp_bwd_exposed = cp_seconds("exposed_forward"), cp_seconds("exposed_backward")
     else:  # no row splits its sequence: no K/V pass nor all-to-all (each 0 s on a group of one)
         cp_fwd = cp_bwd = cp_fwd_exposed = cp_bwd_exposed = np.zeros((n, len(model.kinds)))
     if np.count_nonzero(ep > 1):
@@ -1091,11 +1165,11 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     exposed_bwd = tp_exposed_bwd + cp_bwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["backward"]),
                                                              ep_pass)
     full = (np.asarray(cols["recompute"]) == RECOMPUTE.index("full"))[:, None]
-    if full.any():
+    if np.count_nonzero(full):
         comm_extra = np.where(full, tp_fwd + cp_fwd + ep_pass, 0.0)
         exposed_extra = np.where(full, exposed_fwd, 0.0)
     else:
-        comm_extra = exposed_extra = np.zeros_like(tp_fwd)
+        comm_extra = exposed_extra = np.zeros(exposed_fwd.shape)
     return {"comm_fwd": tp_fwd + cp_fwd + ep_pass, "comm_bwd": tp_bwd + cp_bwd + ep_pass,
             "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd, "comm_extra": comm_extra,
             "exposed_extra": exposed_extra}
@@ -1139,7 +1213,7 @@ def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[
     rotating = (np.asarray(cols["cp_rotate"]) == CP_ROTATES.index("p2p"))[:, None]
     gathering = ~rotating
     out = {}
-    if gathering.any():
+    if np.count_nonzero(gathering):
         bw_g, lat_g, link_g = group_link(hardware, rows.tp, rows.cp, eff)
         gather = coll["all_gather"](cp * kv * width, cp, bw_g[:, None], lat_g[:, None],
                                     **{key: value[:, None] for key, value in link_g.items()})
@@ -1147,7 +1221,7 @@ def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[
                "exposed_forward": np.maximum(0.0, gather - layer["scores_first_forward"]),
                "exposed_backward": np.maximum(0.0, gather - layer["scores_first_backward"])
                + (cp - 1.0) * np.maximum(0.0, dkv - later_backward) + dkv}
-    if rotating.any():
+    if np.count_nonzero(rotating):
         send = coll["send_recv"](kv * width, 2.0, bw_p[:, None], lat_p[:, None], **link_p)
         later_forward = (layer["scores_forward"] - layer["scores_first_forward"]) / later
         middle = np.maximum(cp - 2.0, 0.0)  # the later steps that send a K/V block: all but the last
@@ -1158,6 +1232,8 @@ def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[
                   + middle * np.maximum(0.0, dkv + send - later_backward)
                   + np.maximum(0.0, dkv - later_backward) + dkv}
         out = passed if not out else {key: np.where(rotating, passed[key], value) for key, value in out.items()}
+    if np.count_nonzero(on) == len(on):  # every row rings
+        return out
     return {key: np.where(on, value, 0.0) for key, value in out.items()}
 
 
@@ -1190,12 +1266,12 @@ def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) 
 def _rank_parameters(model: ModelWork, rows: _Rows, counts, where: placement_rules.RankPlacement, head_split):
     """``(N, R)`` parameters on each rank: dense (split by TP, norms replicated, embedding, head) and routed."""
     k = _kind_arrays(model)
-    dense = np.einsum("srk,k->sr", counts, k["dense_parameters"]) / rows.tp[:, None]
-    dense = dense + np.einsum("srk,k->sr", counts, k["replicated_parameters"])
+    split, replicated, routed = np.einsum("srk,mk->msr", counts, k["parameters_by_part"])  # each rank's layers'
+    dense = split / rows.tp[:, None]
+    dense = dense + replicated
     dense = dense + where.has_embedding * (model.embedding_parameters / head_split)[:, None]
     dense = dense + where.has_head * ((model.head_parameters / head_split) + model.final_norm_parameters)[:, None]
-    routed = np.einsum("srk,k->sr", counts, k["routed_parameters"]) / (rows.ep * rows.etp)[:, None]
-    return dense, routed
+    return dense, routed / (rows.ep * rows.etp)[:, None]
 
 
 def _fp8_gathered(cols, shard: sharding_rules.Sharding) -> np.ndarray:
@@ -1217,36 +1293,48 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
     replicas) and the updated parameters all-gathered; routed experts over
     their expert-data-parallel group.
     """
-    tp = rows.tp
     gathers = shard.sharded["parameters"]
     distributed_optimizer = ~gathers & shard.sharded["optimizer_states"]
+    plain = ~gathers & ~distributed_optimizer
     group, replicas, experts = shard.dense_ways, shard.replicas, shard.expert_replicas
-    link_sh = group_link(hardware, shard.shard_stride, group, eff)
-    link_rest = group_link(hardware, shard.replica_stride, shard.shard_replicas, eff)
-    link_dp = group_link(hardware, tp, replicas, eff)
-    link_edp = group_link(hardware, rows.etp * rows.ep, experts, eff)
+    n = len(gathers)
+    # the rows of each mode (a partition): a mode no row runs is skipped, a mode every row runs needs no picks
+    g_rows, z_rows = np.count_nonzero(gathers), np.count_nonzero(distributed_optimizer)
+    plain_rows = n - g_rows - z_rows
     param_bytes, grad_bytes = dense_params * rows.param_bytes[:, None], dense_params * rows.grad_bytes[:, None]
     eparam_bytes, egrad_bytes = routed_params * rows.param_bytes[:, None], routed_params * rows.grad_bytes[:, None]
 
-    def run(name, needed, message, size, link):
-        return _run_rows(coll[name], needed, message, size, link)
+    def run(name, needed, message, size, stride):  # the group's link found only where some row needs it
+        if not np.count_nonzero(needed):
+            return np.zeros(np.shape(message))
+        return _run_rows(coll[name], needed, message, size, group_link(hardware, stride, size, eff))
 
     g = gathers[:, None]
     z = distributed_optimizer[:, None]
-    plain = ~gathers & ~distributed_optimizer
-    shard_sum = run("all_reduce", ~plain, grad_bytes / group[:, None], shard.shard_replicas, link_rest)
-    scatter, escatter = (run("reduce_scatter", distributed_optimizer, grad_bytes, group, link_sh),
-                         run("reduce_scatter", distributed_optimizer, egrad_bytes, experts, link_edp))
-    dense_grad_step = np.where(g, shard_sum, np.where(z, scatter + shard_sum,
-                                                      run("all_reduce", plain, grad_bytes, replicas, link_dp)))
-    expert_grad_step = np.where(g, 0.0, np.where(z, escatter, run("all_reduce", plain, egrad_bytes, experts,
-                                                                  link_edp)))
-    if _scatter_is_gather(coll, rows):  # the same bytes through the same function
-        gather, egather = scatter, escatter
+    shard_sum = run("all_reduce", ~plain, grad_bytes / group[:, None], shard.shard_replicas, shard.replica_stride)
+    scatter, escatter = (run("reduce_scatter", distributed_optimizer, grad_bytes, group, shard.shard_stride),
+                         run("reduce_scatter", distributed_optimizer, egrad_bytes, experts, rows.etp * rows.ep))
+    if g_rows == n:
+        dense_grad_step, expert_grad_step = shard_sum, np.zeros(shard_sum.shape)
+    elif z_rows == n:
+        dense_grad_step, expert_grad_step = scatter + shard_sum, escatter
     else:
-        gather, egather = (run("all_gather", distributed_optimizer, param_bytes, group, link_sh),
-                           run("all_gather", distributed_optimizer, eparam_bytes, experts, link_edp))
-    param_step = np.where(z, gather + egather, 0.0)
+        dense_plain = run("all_reduce", plain, grad_bytes, replicas, rows.tp)
+        expert_plain = run("all_reduce", plain, egrad_bytes, experts, rows.etp * rows.ep)
+        if plain_rows == n:
+            dense_grad_step, expert_grad_step = dense_plain, expert_plain
+        else:
+            dense_grad_step = np.where(g, shard_sum, np.where(z, scatter + shard_sum, dense_plain))
+            expert_grad_step = np.where(g, 0.0, np.where(z, escatter, expert_plain))
+    if not z_rows:
+        param_step = np.zeros(dense_grad_step.shape)
+    else:
+        if _scatter_is_gather(coll, rows):  # the same bytes through the same function
+            gather, egather = scatter, escatter
+        else:
+            gather, egather = (run("all_gather", distributed_optimizer, param_bytes, group, shard.shard_stride),
+                               run("all_gather", distributed_optimizer, eparam_bytes, experts, rows.etp * rows.ep))
+        param_step = gather + egather if z_rows == n else np.where(z, gather + egather, 0.0)
     return {"grad_step": dense_grad_step + expert_grad_step, "param_step": param_step}
 
 
@@ -1270,7 +1358,12 @@ def _run_rows(seconds, needed, message, size, link) -> np.ndarray:
 def _scatter_is_gather(coll, rows: _Rows) -> bool:
     """Whether a reduce-scatter of the gradients costs what the all-gather of the parameters does: one function
     registered for both (NCCL's ring, the built-in) and gradients as wide as parameters in every row."""
-    return coll["reduce_scatter"] is coll["all_gather"] and bool(np.array_equal(rows.param_bytes, rows.grad_bytes))
+    return coll["reduce_scatter"] is coll["all_gather"] and _equal(rows.param_bytes, rows.grad_bytes)
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """``np.array_equal`` of two ``(N,)`` arrays, without its wrapper's work (it weighs on a batch of one)."""
+    return np.count_nonzero(a == b) == len(a)
 
 
 def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts, where: placement_rules.RankPlacement,
@@ -1305,7 +1398,7 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     """
     gathers = shard.sharded["parameters"]
     n, ranks, kinds = counts.shape
-    if not gathers.any():
+    if not np.count_nonzero(gathers):
         zeros = np.zeros((n, ranks))
         return {"gathers": zeros, "scatters": zeros, "exposed_f": zeros, "exposed_b": zeros, "step_comm": zeros,
                 "step_exposed": zeros}
@@ -1316,57 +1409,82 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     def run(name, elements, width, size, link):  # one collective of *elements* a row and kind, where FSDP runs
         return _run_rows(coll[name], gathers, elements * width[:, None], size, link)
 
+    def run_shard_group(name, layer_elements, root_elements, width):
+        # the layers' (N, K) and the root's (N, R) collectives over the shard group, in one call (a collective
+        # prices each message of its array on its own)
+        both = run(name, np.concatenate([layer_elements, root_elements], axis=1), width, shard.dense_ways, link_sh)
+        return both[:, :kinds], both[:, kinds:]
+
     linears = k["dense_parameters"][None, :] / rows.tp[:, None]
     dense = linears + k["replicated_parameters"][None, :]                            # (N, K)
-    routed = np.broadcast_to(k["routed_parameters"][None, :] / (rows.ep * rows.etp)[:, None], dense.shape)
+    routed = k["routed_parameters"][None, :] / (rows.ep * rows.etp)[:, None]         # (N, K)
     width = rows.compute_bytes
-    # in elements at the compute width: the linears gathered in fp8 count 1 / width of theirs
-    gathered = dense - np.where(fp8_gather[:, None], linears * (1.0 - 1.0 / width[:, None]), 0.0)
-    gather = (run("all_gather", gathered, width, shard.dense_ways, link_sh)
-              + run("all_gather", routed, width, shard.expert_replicas, link_edp))
-    same = _scatter_is_gather(coll, rows) and not fp8_gather.any() and bool(np.array_equal(width, rows.grad_bytes))
-    scatter = gather if same else (run("reduce_scatter", dense, rows.grad_bytes, shard.dense_ways, link_sh)
-                                   + run("reduce_scatter", routed, rows.grad_bytes, shard.expert_replicas, link_edp))
-    gather_b = np.where(shard.keeps_gathered[:, None], 0.0, gather)
     root = (where.has_embedding * (model.embedding_parameters / rank["head_split"])[:, None]
             + where.has_head * (model.head_parameters / rank["head_split"] + model.final_norm_parameters)[:, None])
-    root_gather = run("all_gather", root, width, shard.dense_ways, link_sh)
-    root_scatter = root_gather if same else run("reduce_scatter", root, rows.grad_bytes, shard.dense_ways, link_sh)
+    # in elements at the compute width: the linears gathered in fp8 count 1 / width of theirs
+    gathered = dense - np.where(fp8_gather[:, None], linears * (1.0 - 1.0 / width[:, None]), 0.0)
+    layer_gather, root_gather = run_shard_group("all_gather", gathered, root, width)
+    gather = layer_gather + run("all_gather", routed, width, shard.expert_replicas, link_edp)
+    same = _scatter_is_gather(coll, rows) and not np.count_nonzero(fp8_gather) and _equal(width, rows.grad_bytes)
+    if same:
+        scatter, root_scatter = gather, root_gather
+    else:
+        layer_scatter, root_scatter = run_shard_group("reduce_scatter", dense, root, rows.grad_bytes)
+        scatter = layer_scatter + run("reduce_scatter", routed, rows.grad_bytes, shard.expert_replicas, link_edp)
+    # the backward gathers again unless reshard_after_forward=false (a batch without it: the forward's figures)
+    gather_b = np.where(shard.keeps_gathered[:, None], 0.0, gather) if np.count_nonzero(shard.keeps_gathered) \
+        else gather
     layers = counts.sum(axis=2)                                                      # (N, R)
+    placed = np.count_nonzero(layers > 0) == layers.size  # every rank holds a layer: no guard against none
 
     def total(per_layer):                                                            # (N, K) or (N, R, K) -> (N, R)
-        per_layer = np.broadcast_to(per_layer if per_layer.ndim == 3 else per_layer[:, None, :], counts.shape)
-        return np.einsum("srk,srk->sr", counts, per_layer)
+        return np.einsum("srk,sk->sr" if per_layer.ndim == 2 else "srk,srk->sr", counts, per_layer)
 
-    def mean(per_layer):                                                             # the rank's layer mean
-        return np.divide(total(per_layer), layers, out=np.zeros_like(layers), where=layers > 0)
+    def mean(summed):                                                                # a total's rank layer mean
+        return summed / layers if placed else np.divide(summed, layers, out=np.zeros(layers.shape), where=layers > 0)
 
+    def where_layers(values):                                                        # 0 on a rank without layers
+        return values if placed else np.where(layers > 0, values, 0.0)
+
+    # each figure's per-layer total once (the backward's gathers and the scatters are the forward's gathers
+    # where they are the same array)
+    total_g = total(gather)
+    total_gb = total_g if gather_b is gather else total(gather_b)
+    total_rs = total_g if scatter is gather else total(scatter)
     forward, backward = rank["layer_forward"][:, None, :], rank["layer_backward"]    # (N, 1, K), (N, R, K)
     g, gb, rs = gather[:, None, :], gather_b[:, None, :], scatter[:, None, :]
     excess_f = np.maximum(0.0, g - forward)
-    layers_f = np.where(layers > 0, mean(g) + total(excess_f) - mean(excess_f), 0.0)  # a forward's layer gathers
+    layers_f = where_layers(mean(total_g) + total(excess_f) - mean(total(excess_f)))  # a forward's layer gathers
     exposed_f = layers_f + root_gather
     both = np.maximum(0.0, gb + rs - backward)
-    many = (mean(gb) + mean(rs) + total(both) - 2.0 * mean(both) + mean(np.maximum(0.0, gb - backward))
-            + mean(np.maximum(0.0, rs - backward)))
-    exposed_b = np.where(layers > 1, many, np.where(layers > 0, mean(gb) + mean(rs), 0.0)) + root_scatter
+    mean_excess_gb = mean(total(np.maximum(0.0, gb - backward)))
+    mean_excess_rs = mean_excess_gb if rs is gb else mean(total(np.maximum(0.0, rs - backward)))
+    total_both = total(both)
+    many = (mean(total_gb) + mean(total_rs) + total_both - 2.0 * mean(total_both) + mean_excess_gb + mean_excess_rs)
+    if np.count_nonzero(layers > 1) == layers.size:
+        exposed_b = many + root_scatter
+    else:
+        exposed_b = np.where(layers > 1, many, where_layers(mean(total_gb) + mean(total_rs))) + root_scatter
     g_rows, rg = gathers[:, None], shard.keeps_gathered[:, None]
-    gathers_f_b = total(g) * np.where(rg, 1.0, 2.0) + root_gather
-    scatters = total(rs) + root_scatter
+    gathers_f_b = total_g * np.where(rg, 1.0, 2.0) + root_gather
+    scatters = total_rs + root_scatter
     step_comm = step_exposed = np.zeros((n, ranks))
-    if shard.defers_reduce.any():
+    if np.count_nonzero(shard.defers_reduce):
         # gradient_sync=last_micro_batch: the root and, under keeps_gathered, the layers gathered once a step
         # (the first micro-batch's forward); one reduce-scatter of the stage, exposed whole
         d = shard.defers_reduce[:, None]
         once = d & rg
-        excess_b = np.maximum(0.0, gb - backward)
-        gathers_b = np.where(layers > 0, mean(gb) + total(excess_b) - mean(excess_b), 0.0)
-        step_comm = np.where(d, scatters + root_gather + np.where(rg, total(g), 0.0), 0.0)
+        total_excess_b = total(np.maximum(0.0, gb - backward))
+        gathers_b = where_layers(mean(total_gb) + total_excess_b - mean(total_excess_b))
+        step_comm = np.where(d, scatters + root_gather + np.where(rg, total_g, 0.0), 0.0)
         step_exposed = np.where(d, scatters + root_gather + np.where(rg, layers_f, 0.0), 0.0)
         exposed_f = np.where(once, 0.0, np.where(d, layers_f, exposed_f))
         exposed_b = np.where(d, gathers_b, exposed_b)
-        gathers_f_b = np.where(once, 0.0, np.where(d, 2.0 * total(g), gathers_f_b))
+        gathers_f_b = np.where(once, 0.0, np.where(d, 2.0 * total_g, gathers_f_b))
         scatters = np.where(d, 0.0, scatters)
+    if np.count_nonzero(gathers) == n:  # every row gathers: the figures as they are
+        return {"gathers": gathers_f_b, "scatters": scatters, "exposed_f": exposed_f, "exposed_b": exposed_b,
+                "step_comm": step_comm, "step_exposed": step_exposed}
     return {"gathers": np.where(g_rows, gathers_f_b, 0.0), "scatters": np.where(g_rows, scatters, 0.0),
             "exposed_f": np.where(g_rows, exposed_f, 0.0), "exposed_b": np.where(g_rows, exposed_b, 0.0),
             "step_comm": step_comm, "step_exposed": step_exposed}
@@ -1381,21 +1499,28 @@ def _pipeline(model: ModelWork, rows: _Rows, cols, schedules, stage, hardware: H
     (``schedule/<name>.bubble_stage_steps``) at the mean stage time of the
     ranks other than the busiest.
     """
-    pp, vpp = rows.pp, rows.vpp
+    pp, vpp, n = rows.pp, rows.vpp, len(rows.pp)
+    staged = pp > 1
+    staged_rows = np.count_nonzero(staged)
+    if not staged_rows:  # no pipeline: one rank, no sends, no bubble
+        zeros = np.zeros(n)
+        return {"send": zeros, "pp_comm": zeros, "pp_exposed": zeros, "busiest": np.zeros(n, dtype=np.intp),
+                "bubble": np.zeros(n)}
+
+    def on_stages(seconds):  # 0 on the rows without a pipeline
+        return seconds if staged_rows == n else np.where(staged, seconds, 0.0)
     message = rows.tokens * float(model.hidden_size) * rows.compute_bytes / np.where(rows.sp, rows.tp, 1.0)
     bw_pp, lat_pp, link_pp = group_link(hardware, rows.tp * rows.cp * rows.dp * rows.fsdp, pp, eff, ring=False)
-    send = np.where(pp > 1, coll["send_recv"](message, pp, bw_pp, lat_pp, nodes=link_pp["nodes"]), 0.0)
+    send = on_stages(coll["send_recv"](message, pp, bw_pp, lat_pp, nodes=link_pp["nodes"]))
     busiest = np.argmax(stage, axis=1)
-    idle = stage.sum(axis=1) - stage[np.arange(len(pp)), busiest]
-    steps = np.zeros(len(pp))
+    idle = stage.sum(axis=1) - stage[np.arange(n), busiest]
+    steps = np.zeros(n)
     codes = np.asarray(cols["schedule"])
-    for code, schedule in enumerate(schedules):  # a loop over the schedules a batch uses
+    for code in distinct(codes)[0].tolist():  # a loop over the schedules a batch uses
         mask = codes == code
-        if mask.any():
-            steps[mask] = schedule.bubble_stage_steps(pp[mask], vpp[mask], rows.micro_batches[mask])
-    return {"send": send, "pp_comm": 2.0 * vpp * send,
-            "pp_exposed": np.where(pp > 1, 2.0 * (pp * vpp - 1.0) * send, 0.0), "busiest": busiest,
-            "bubble": np.where(pp > 1, steps * idle / np.maximum(pp - 1.0, 1.0), 0.0)}
+        steps[mask] = schedules[code].bubble_stage_steps(pp[mask], vpp[mask], rows.micro_batches[mask])
+    return {"send": send, "pp_comm": 2.0 * vpp * send, "pp_exposed": on_stages(2.0 * (pp * vpp - 1.0) * send),
+            "busiest": busiest, "bubble": on_stages(steps * idle / np.maximum(pp - 1.0, 1.0))}
 
 
 def _optimizer_seconds(rows: _Rows, shard: sharding_rules.Sharding, dense_params, routed_params, states,
@@ -1409,7 +1534,15 @@ def _optimizer_seconds(rows: _Rows, shard: sharding_rules.Sharding, dense_params
              + routed_params / shard.expert_ways("optimizer_states")[:, None])
     per_param = 2 * rows.param_bytes + rows.grad_bytes + 2 * rows.master_bytes + 2 * states * rows.optimizer_bytes
     hbm = float(hardware.hbm_bytes_per_second)
-    return np.where(real_rank, local * per_param[:, None] / (hbm * eff["memory"]), 0.0).max(axis=1)
+    return _most_on_real_ranks(local * per_param[:, None] / (hbm * eff["memory"]), real_rank)
+
+
+def _most_on_real_ranks(values: np.ndarray, real_rank: np.ndarray) -> np.ndarray:
+    """``(N,)`` the most of ``(N, R)`` *values* on each row's real ranks (those past its pp count 0); without the
+    picks where every rank is real (a group of one pp) or the reduction over one rank."""
+    if np.count_nonzero(real_rank) != real_rank.size:
+        values = np.where(real_rank, values, 0.0)
+    return values[:, 0] if values.shape[1] == 1 else values.max(axis=1)
 
 
 def _offload_seconds(rows: _Rows, cols, shard: sharding_rules.Sharding, dense_params, routed_params, rank,
@@ -1431,14 +1564,14 @@ def _offload_seconds(rows: _Rows, cols, shard: sharding_rules.Sharding, dense_pa
     zeros = np.zeros((n, ranks))
     flags = {name: np.asarray(cols[name], dtype=bool) for name in ("offload_optimizer", "offload_params",
                                                                     "offload_activations")}
-    if not any(flag.any() for flag in flags.values()):
+    if not any(np.count_nonzero(flag) for flag in flags.values()):
         return {"exposed_f": zeros, "exposed_b": zeros, "copies": zeros, "step_out": zeros, "step_in": zeros,
                 "cpu_step": np.zeros(n)}
     link = hardware.host_to_device_bytes_per_second
     if link is None:
         raise Unpriced(f"hardware {hardware.name!r} states no host_to_device_bytes_per_second, which prices "
                        f"offloading's copies; add it to its hardware file")
-    if flags["offload_activations"].any() and offloaded_activations is None:
+    if np.count_nonzero(flags["offload_activations"]) and offloaded_activations is None:
         raise Unpriced("offload_activations: the time model copies the memory model's activation bytes; price "
                        "the strategies with CostModel.evaluate_many")
 
@@ -1467,7 +1600,7 @@ def _offload_seconds(rows: _Rows, cols, shard: sharding_rules.Sharding, dense_pa
                    / float(hardware.cpu_optimizer_parameters_per_second), 0.0)
     return {"exposed_f": exposed_f, "exposed_b": exposed_b,
             "copies": 2.0 * activations + params_in + params_again + grads_out, "step_out": step_out,
-            "step_in": step_in, "cpu_step": np.where(real_rank, cpu, 0.0).max(axis=1)}
+            "step_in": step_in, "cpu_step": _most_on_real_ranks(cpu, real_rank)}
 
 
 def _check_splits(model: ModelWork, cols) -> None:
@@ -1492,9 +1625,6 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
     chunks of them), the rest keeping their activations: only that share
     pays the recompute and the checkpointed forward's host work.
     """
-    def per_rank(per_layer):                                           # (N, K) -> (N, R)
-        return np.einsum("srk,sk->sr", counts, per_layer)
-
     overlaps_ep = np.array([bool(s.overlaps_expert_communication) for s in schedules],
                            dtype=bool)[np.asarray(cols["schedule"])]
     layer = layer_seconds(model, cols, hardware, eff, rows)
@@ -1502,19 +1632,29 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
     ends = _embedding_and_head(model, rows, hardware, eff)
     layers_on_rank = counts.sum(axis=2)
     rl = np.asarray(cols["recompute_layers"], dtype=np.float64)[:, None]
+    partial = np.count_nonzero(rl >= 0)  # rows recomputing some of their layers (else all: a share of 1)
     fraction = np.where(rl < 0, 1.0, np.minimum(1.0, np.divide(rl * rows.vpp[:, None], layers_on_rank,
-                                                                 out=np.ones_like(layers_on_rank),
-                                                                 where=layers_on_rank > 0)))
+                                                                 out=np.ones(layers_on_rank.shape),
+                                                                 where=layers_on_rank > 0))) \
+        if partial else np.ones(layers_on_rank.shape)
+
+    def share(per_rank):  # the recomputed layers' share of a rank's figure
+        return fraction * per_rank if partial else per_rank
     is_first, is_head = where.has_embedding, where.has_head
+    # each (N, K) figure summed over each rank's layers, (N, R), in one contraction
+    (forward, checkpointed, backward, recompute, comm_layers, comm_extra, exposed_f, exposed_b,
+     exposed_extra) = np.einsum("srk,msk->msr", counts, np.stack([
+         layer["forward"], layer["checkpointed_forward"] - layer["forward"], layer["backward"], layer["recompute"],
+         comm["comm_fwd"] + comm["comm_bwd"], comm["comm_extra"], comm["exposed_fwd"], comm["exposed_bwd"],
+         comm["exposed_extra"]]))
     return {
-        "compute_f": per_rank(layer["forward"]) + fraction * per_rank(layer["checkpointed_forward"] - layer["forward"])
-        + is_first * ends["embed_fwd"][:, None]
+        "compute_f": forward + share(checkpointed) + is_first * ends["embed_fwd"][:, None]
         + is_head * ends["head_fwd"][:, None],
-        "compute_b": (per_rank(layer["backward"]) + fraction * per_rank(layer["recompute"])
+        "compute_b": (backward + share(recompute)
                       + is_first * ends["embed_bwd"][:, None] + is_head * ends["head_bwd"][:, None]),
-        "comm_layers": per_rank(comm["comm_fwd"] + comm["comm_bwd"]) + fraction * per_rank(comm["comm_extra"]),
-        "exposed_f": per_rank(comm["exposed_fwd"]),
-        "exposed_b": per_rank(comm["exposed_bwd"]) + fraction * per_rank(comm["exposed_extra"]),
+        "comm_layers": comm_layers + share(comm_extra),
+        "exposed_f": exposed_f,
+        "exposed_b": exposed_b + share(exposed_extra),
         "head_split": ends["head_split"],
         # one layer of each kind a micro-batch, the backward with the rank's recompute: FSDP's prefetch hides behind it
         "layer_forward": layer["forward"],
@@ -1577,24 +1717,31 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
                            hardware)
     forward = rank["compute_f"] + rank["exposed_f"] + fsdp_exposed_f + off["exposed_f"]
     backward = rank["compute_b"] + rank["exposed_b"] + fsdp_exposed_b + off["exposed_b"]
-    stage = np.where(real_rank, forward + backward, 0.0)
+    stage = forward + backward
+    if np.count_nonzero(real_rank) != real_rank.size:  # ranks past a row's pp: none
+        stage = np.where(real_rank, stage, 0.0)
     pipe = _pipeline(model, rows, cols, schedules, stage, hardware, eff, coll)
     # a shard's all-reduce over its replicas follows FSDP's deferred reduce-scatter, after the backward (exposed);
     # DDP under gradient_sync=every_micro_batch, and ZeRO-2 always (DeepSpeed's stage_1_and_2.py reduces its
     # buckets every micro-step into the partitioned gradients), reduce behind each micro-batch's backward
-    hidden_by = np.where(shard.defers_reduce[:, None], 0.0, backward)
+    hidden_by = np.where(shard.defers_reduce[:, None], 0.0, backward) if np.count_nonzero(shard.defers_reduce) \
+        else backward
     sync = np.asarray(cols["gradient_sync"])
     every = (sync == GRADIENT_SYNC.index("every_micro_batch")) | (np.asarray(cols["zero"]) == 2)
     reductions = np.where(every & ~shard.sharded["parameters"], rows.micro_batches, 1.0)
-    grad_exposed = reductions * np.where(real_rank, np.maximum(0.0, dp["grad_step"] - hidden_by), 0.0).max(axis=1)
-    param_exposed = np.where(real_rank, np.maximum(0.0, dp["param_step"] - forward), 0.0).max(axis=1)
+    grad_exposed = reductions * _most_on_real_ranks(np.maximum(0.0, dp["grad_step"] - hidden_by), real_rank)
+    param_exposed = _most_on_real_ranks(np.maximum(0.0, dp["param_step"] - forward), real_rank)
     states = np.asarray(states_per_parameter, dtype=np.float64)[np.asarray(cols["optimizer"])]
     optimizer = _optimizer_seconds(rows, shard, dense_params, routed_params, states, real_rank, hardware, eff)
-    optimizer = np.where(np.asarray(cols["offload_optimizer"], dtype=bool), off["cpu_step"], optimizer)
-    offload_step = np.where(real_rank, np.maximum(0.0, off["step_out"] - backward) + off["step_in"], 0.0).max(axis=1)
+    offloads_optimizer = np.asarray(cols["offload_optimizer"], dtype=bool)
+    if np.count_nonzero(offloads_optimizer):
+        optimizer = np.where(offloads_optimizer, off["cpu_step"], optimizer)
+    offload_step = _most_on_real_ranks(np.maximum(0.0, off["step_out"] - backward) + off["step_in"], real_rank)
     m = rows.micro_batches
     busiest = (np.arange(n), pipe["busiest"])
-    pick = lambda a: a[busiest]  # noqa: E731
+
+    def pick(a):  # (N, R) -> (N,): the busiest rank's (the only one without a pipeline: no picks)
+        return a[:, 0] if a.shape[1] == 1 else a[busiest]
     compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
     exposed = (m * (pick(rank["exposed_f"]) + pick(rank["exposed_b"]) + pick(fsdp_exposed_f) + pick(fsdp_exposed_b))
                + pick(fsdp["step_exposed"]) + grad_exposed + param_exposed + pipe["pp_exposed"])
@@ -1622,7 +1769,7 @@ def distinct(values) -> Tuple[np.ndarray, np.ndarray]:
     """``np.unique(values, return_inverse=True)`` (the inverse flat), without its sort where every value is the
     same (a batch of one strategy, or of one sequence length)."""
     values = np.asarray(values)
-    if len(values) and bool((values == values[0]).all()):
+    if len(values) == 1 or (len(values) and np.count_nonzero(values == values[0]) == len(values)):
         return values[:1], np.zeros(len(values), dtype=np.int64)
     found, inverse = np.unique(values, return_inverse=True)
     return found, inverse.reshape(-1)
@@ -1725,7 +1872,7 @@ def _float8_model_flops(model: ModelWork, rows: _Rows, cols, hardware: Hardware)
     """Under ``float8``: ``(N,)`` of a sequence's training model FLOPs (three times the forward's), those of the
     Float8 linears, and the fp8 peak; None where no row runs float8."""
     on = np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none")
-    if not on.any():
+    if not np.count_nonzero(on):
         return None
     counts = model.layer_counts()
     per_token = sum(count * float(model.work[kind].float8_mm_flops_per_token or 0.0) for kind, count in counts.items())
@@ -1749,7 +1896,8 @@ def _results(model: ModelWork, rows: _Rows, seconds: Mapping[str, np.ndarray], d
     step's share of the time the model's FLOPs take at the peaks they run at)."""
     step, s = seconds["step_seconds"], rows.seq
     sequences = rows.dp * rows.fsdp * rows.micro_batches * rows.micro_batch
-    one_seq = len(s) > 0 and s.min() == s.max()  # the resolver prices one sequence length a call: one evaluation
+    # the resolver prices one sequence length a call: one evaluation
+    one_seq = len(s) == 1 or (len(s) > 0 and s.min() == s.max())
     forward = _forward_flops_at(model, s[:1]) if one_seq else model.forward_flops_per_sequence(s)
     model_flops = 3.0 * forward * sequences
     devices = rows.dp * rows.fsdp * rows.cp * rows.tp * rows.pp
@@ -1781,7 +1929,7 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
     arrays: Dict[str, np.ndarray] = {}  # made NaN where a row is not priced, unless one group prices every row
     valid = np.asarray(result.valid, dtype=bool)
     provenance: Dict[str, Any] = {}
-    if valid.any():
+    if np.count_nonzero(valid):
         try:
             rows = np.flatnonzero(valid)
             every = len(rows) == n  # every row valid (one strategy's): the columns as they are
@@ -1795,7 +1943,8 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
             # group's per-rank arrays are only as wide as its pp; groups cut at CHUNK_ROWS rows
             pp = cols["pp"]
             key = inverse * (int(pp.max()) + 1) + pp
-            if len(key) <= CHUNK_ROWS and bool((key == key[0]).all()):  # one group (one strategy): no sort
+            if len(key) == 1 or (len(key) <= CHUNK_ROWS and np.count_nonzero(key == key[0]) == len(key)):
+                # one group (one strategy): no sort
                 order, cuts, ordered = np.arange(len(key)), [0, len(key)], cols
             else:
                 order = np.argsort(key, kind="stable")
@@ -1807,14 +1956,16 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
                 sub = ordered if hi - lo == len(order) else {k: None if v is None else v[lo:hi]
                                                              for k, v in ordered.items()}
                 group, ranks = rows[order[lo:hi]], int(cols["pp"][order[lo]])
+                in_order = every and ordered is cols  # one group of every row, in order: the arrays as they are
+                at = slice(None) if in_order else group
                 # the memory composition's placement of these rows (one pp a group: its ranks are the width)
                 placed = placement_rules.RankPlacement.from_stages(
-                    result.stage_kind_layers[group, :ranks], result.embedding_stage[group], result.head_stage[group],
+                    result.stage_kind_layers[at, :ranks], result.embedding_stage[at], result.head_stage[at],
                     mtp_counts(works[seq]))
                 priced = step_time(works[seq], sub, hardware, schedules=plugins.schedules,
                                    states_per_parameter=plugins.states_per_parameter, placed=placed,
-                                   offloaded_activations=result.stage_offloaded_activation_bytes[group, :ranks])
-                if every and hi - lo == n and ordered is cols:  # one group of every row, in order: its arrays
+                                   offloaded_activations=result.stage_offloaded_activation_bytes[at, :ranks])
+                if in_order:
                     arrays = {name: getattr(priced, name) for name in TIME_FIELDS}
                 else:
                     for name in TIME_FIELDS:
