@@ -359,6 +359,12 @@ class Family:
     # Transformers' Llama modules (plugins/estimators/flops.py): ``norm`` (18), ``rotary`` (10), ``rotary_table``
     # (1: a bf16 cos or sin element; 2 where fp32).
     elementwise_elements: Mapping[str, int] = {}
+    # The base model's modules its forward runs between the last layer and the final norm, in order (DeepSeek-V4's
+    # ``hc_head``, folding the hyper-connection streams into one): the output layer's census runs them on what the
+    # last layer hands on, ``[1, s, streams, h]`` with ``streams`` the config field ``output_streams`` names
+    # (empty: ``[1, s, h]``).
+    output_prelude: Tuple[str, ...] = ()
+    output_streams: str = ""
     # Transformers' defaults of the fields the family reads, so a config.json
     # written with only its differences reads the same.
     defaults: Mapping[str, Any] = {}

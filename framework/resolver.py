@@ -48,6 +48,7 @@ from ndcost.values import (
     StrategyCost,
     TimeBreakdown,  # the one message for an unregistered plugin name
 )
+from ndcost.work import KindWork
 
 __all__ = ["resolve", "CostModel", "BatchResult", "CENSUS_MODES", "CensusFallbackWarning"]
 
@@ -330,7 +331,12 @@ class CostModel:
             self.record_tables(seq)
             records, output = self.resolved.kind_records.get(seq, ({}, None))
             works, sources = {}, {}
+            built = self._built_kinds()
             for kind in self.spec.kinds:
+                if kind not in built:  # no layer of it runs (MTP under hf-cuda): nothing to price, none placed
+                    works[kind] = KindWork.idle(kind, f"not built by runtime {self.runtime}")
+                    sources[kind] = works[kind].source
+                    continue
                 record = records.get(kind)
                 by_part = self.parameters.by_kind.get(kind)
                 for name in self._family.flops_estimators(self.spec, kind):
@@ -347,7 +353,10 @@ class CostModel:
             flops = _estimator("flops", "analytic")
             merged = {**records, "output": output} if output is not None else dict(records)
             work = flops.model_work(self.spec, seq, merged, self.parameters, works)
-            self.resolved.model_work[seq] = attrs.evolve(work, attention_kernel=self._attention_kernel())
+            # the time model places MTP layers with the head only where the runtime builds them, as memory does
+            self.resolved.model_work[seq] = attrs.evolve(
+                work, attention_kernel=self._attention_kernel(),
+                mtp_kinds=work.mtp_kinds if self.tables.builds_mtp else ())
             self.resolved.flops_sources[seq] = sources
         return self.resolved.model_work[seq]
 
@@ -361,9 +370,13 @@ class CostModel:
         except NdcostError:
             return ""
 
+    def _built_kinds(self) -> List[str]:
+        """The kinds the runtime builds a layer of: the stack's, and the MTP layers' where it builds them."""
+        return [k for i, k in enumerate(self.tables.kinds)
+                if self.tables.stack.counts[i] > 0 or (self.tables.builds_mtp and self.tables.mtp_counts[i] > 0)]
+
     def _choose_records(self, seq: int) -> memory.RecordTables:
-        built = [k for i, k in enumerate(self.tables.kinds)
-                 if self.tables.stack.counts[i] > 0 or (self.tables.builds_mtp and self.tables.mtp_counts[i] > 0)]
+        built = self._built_kinds()
         records_all = self._choose_built_records(seq, tuple(built))
         if len(built) == len(self.tables.kinds):
             return records_all

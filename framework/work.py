@@ -132,6 +132,16 @@ class KindWork:
     attention_head_dim: int = 0
     attention_value_head_dim: int = 0
 
+    @classmethod
+    def idle(cls, kind: str, source: str) -> "KindWork":
+        """The work of a kind the runtime builds no layer of (MTP layers Transformers does not build): none, every
+        figure known to be zero, so no feature's pricing finds it unknown."""
+        return cls(kind=kind, source=source, attention_mm_flops_per_token=0.0, other_mm_flops_per_token=0.0,
+                   has_attention=False, recomputed_attention_mm_share=0.0, recomputed_other_mm_share=0.0,
+                   float8_mm_flops_per_token=0.0, float8_input_elements_per_token=0.0,
+                   float8_output_elements_per_token=0.0, compiled_elementwise_elements_per_token=0.0,
+                   compiled_replicated_elements_per_token=0.0)
+
     def forward_flops(self, seq, *, all_pairs: bool = False):
         """This kind's forward FLOPs on one sequence of *seq* tokens (vectorized)."""
         s = np.asarray(seq, dtype=np.float64)

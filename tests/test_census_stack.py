@@ -32,8 +32,10 @@ def test_stack_census_states_the_layer_census_selective_figures_gradient_share_a
     stack = stack_kind_records(_config(), [LayerGroup(kind="moe", count=2)], S, runtime)["moe"]
     assert stack.source == "census-stack"
     # under torchtitan's policy, each layer checkpointed as a trainer wraps it
-    for field in ("saved_per_token", "saved_tp_per_token", "ops", "ops_tp", "flops_by_part",
-                  "selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
+    # the working figures too: the stack's counts what the backward makes beyond every layer's saves, not what
+    # was live when the forward ended (the final norm's, the head's: freed before the layers' backward runs)
+    for field in ("saved_per_token", "saved_tp_per_token", "working_per_token", "working_tp_per_token", "ops",
+                  "ops_tp", "flops_by_part", "selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
                   "recomputed_other_mm_share", "working_grad_share"):
         assert getattr(alone, field) is not None and getattr(stack, field) == getattr(alone, field), field
     assert 0 < stack.working_grad_share < 1

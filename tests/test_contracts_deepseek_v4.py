@@ -145,3 +145,27 @@ def test_a_runtime_that_cannot_price_the_family_says_why():
     from ndcost.plugins.census.stack import census_stack
     with pytest.raises(CensusUnavailable, match="sinks"):
         census_stack(_config(), S, R.runtime_profile("hf-npu"))
+
+
+@pytest.mark.slow
+def test_output_census_runs_the_hyper_connection_head_on_the_streams(monkeypatch):
+    """``DeepseekV4Model.forward`` ends ``self.norm(self.hc_head(hidden_states))``: the output layer's census runs
+    the head on the ``[1, s, hc, h]`` streams the last layer hands on (the family's ``output_prelude``).
+
+    ``DeepseekV4HyperHead`` keeps, by hand (its fp32 parameters left out), a token: the streams flattened to fp32
+    (the unweighted RMSNorm's ``square`` and ``mul`` save it, 4 hc h), that norm's fp32 ``rsqrt`` (4), its fp32
+    output (the ``linear``'s input, 4 hc h), the mixes (the scale's ``mul``, 4 hc), the ``sigmoid``'s output
+    (4 hc), ``pre`` and the bf16 streams (the final ``mul``'s operands, 4 hc + 2 hc h): 10 hc h + 12 hc + 4.
+    """
+    from ndcost.plugins.census import records as R
+    from ndcost.plugins.census.output import measure_output, output_holder
+    from ndcost.plugins.census.stack import _family
+
+    config, runtime = _config(), R.runtime_profile("hf-cuda")
+    hc = config.hc_mult
+    with output_holder(config, runtime) as holder:
+        assert [type(m).__name__ for m in holder.prelude] == ["DeepseekV4HyperHead"]
+    with_head, _ = measure_output(config, S, runtime)
+    monkeypatch.setattr(type(_family("deepseek_v4")), "output_prelude", ())
+    without, _ = measure_output(config, S, runtime)
+    assert with_head.saved_bytes - without.saved_bytes == S * (10 * hc * HIDDEN + 12 * hc + 4) == S * 10_292

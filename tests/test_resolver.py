@@ -474,3 +474,24 @@ def test_hardware_defaults_to_the_resolved_one_and_can_be_given_per_call(llama):
     assert other.time["step_seconds"][1] > default.time["step_seconds"][1]
     assert llama.evaluate(Strategy.parse(f"seq={SEQ}"), hardware="a100").time.step_seconds == \
         other.time["step_seconds"][0]
+
+
+@pytest.mark.parametrize("strategy", ["tp=8,ep=8,seq=4096,recompute=full",
+                                      "tp=8,ep=8,pp=4,pp_layers=15/15/15/16,num_micro_batches=8,seq=4096"])
+def test_mtp_layers_a_runtime_does_not_build_take_no_time(strategy):
+    """Transformers builds no MTP layer (hf-cuda's ``build_mtp: false``): the memory model leaves DeepSeek-V3's
+    out, and the step's time must too, so the step is that of the same model without an MTP layer."""
+    from importlib import resources
+
+    import yaml
+
+    import ndcost
+    from ndcost.models import load_model
+
+    config = dict(yaml.safe_load((resources.files("ndcost.specs") / "models" / "deepseek-v3.yaml").read_text())
+                  ["config"])
+    assert config["num_nextn_predict_layers"] == 1
+    with_mtp = ndcost.resolve(load_model(config), census="off").evaluate(strategy)
+    without = ndcost.resolve(load_model({**config, "num_nextn_predict_layers": 0}), census="off").evaluate(strategy)
+    assert with_mtp.time.step_seconds == without.time.step_seconds
+    assert with_mtp.peak_bytes == without.peak_bytes

@@ -1,4 +1,5 @@
-"""The output layer's census: the final norm, the LM head and Transformers' causal-LM loss.
+"""The output layer's census: the final norm, the LM head and Transformers' causal-LM loss (and what a family
+runs between its last layer and its norm, its ``output_prelude``: DeepSeek-V4's hyper-connection head).
 
 Run as a trainer runs them: the loss (``transformers.loss.loss_utils.
 ForCausalLMLoss``, which upcasts the logits to fp32) holds what the backward
@@ -11,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib
-from typing import Any, Dict, Iterator, Mapping
+from typing import Any, Dict, Iterator, Mapping, Tuple
 
 from ndcost.records import KindRecord
 
@@ -26,6 +27,8 @@ def output_config(hf_config: Mapping[str, Any]) -> Dict[str, Any]:
     keep = ("model_type", "hidden_size", "vocab_size", "hidden_act", "n_embd", "layer_norm_epsilon", "pad_token_id")
     text = hf_config.get("text_config")
     source = {**hf_config, **text} if isinstance(text, Mapping) else hf_config
+    streams = _prelude(str(source.get("model_type", "")))[1]
+    keep += (streams,) if streams else ()
     return {k: v for k, v in sorted(source.items())
             if k in keep or "norm" in k or "eps" in k or "logit" in k or "softcap" in k}
 
@@ -78,6 +81,14 @@ def _stack_norm(model: Any) -> Any:
     return None
 
 
+def _prelude(model_type: str) -> Tuple[Tuple[str, ...], str]:
+    """The family's ``output_prelude`` and ``output_streams`` (none for a family that states none)."""
+    from ndcost.plugins.census.stack import _family
+
+    family = _family(model_type)
+    return tuple(getattr(family, "output_prelude", ()) or ()), str(getattr(family, "output_streams", "") or "")
+
+
 def final_norm(config: Any, modeling: Any) -> Any:
     """The final norm as the model builds it: its base model's own, built with one layer (fake tensors active).
 
@@ -86,6 +97,14 @@ def final_norm(config: Any, modeling: Any) -> Any:
     options, so a family with post-norms only (OLMo-2), a LayerNorm with a
     bias (GPT-2) or a norm of its own class is built as it is.
     """
+    return output_modules(config, modeling)[1]
+
+
+def output_modules(config: Any, modeling: Any) -> Tuple[Any, Any]:
+    """The modules the base model runs between its last layer and its final norm (the family's
+    ``output_prelude``, as one ``Sequential``; None where it names none), and :func:`final_norm`."""
+    import torch
+
     from ndcost.errors import CensusUnavailable
 
     one = copy.deepcopy(config)
@@ -104,12 +123,18 @@ def final_norm(config: Any, modeling: Any) -> Any:
         raise CensusUnavailable(f"{type(model).__name__} holds no final norm the output census recognises (a norm "
                                 f"beside its decoder layers); price the output layer from the formulas "
                                 f"(census='off')")
-    return norm
+    names = _prelude(str(getattr(config, "model_type", "")))[0]
+    missing = [name for name in names if not isinstance(getattr(model, name, None), torch.nn.Module)]
+    if missing:
+        raise CensusUnavailable(f"{type(model).__name__} has no module {', '.join(missing)} its family's "
+                                f"output_prelude names; price the output layer from the formulas (census='off')")
+    return (torch.nn.Sequential(*(getattr(model, name) for name in names)) if names else None), norm
 
 
 @contextlib.contextmanager
 def output_holder(config: Any, runtime: Any, fp32: bool = False) -> Iterator[Any]:
-    """A module holding ``norm`` (the model's final norm) and ``lm_head``, on fake tensors in bf16 (or fp32).
+    """A module holding ``norm`` (the model's final norm) and ``lm_head``, on fake tensors in bf16 (or fp32), and
+    ``prelude`` where the family runs modules between its last layer and its norm (:func:`output_modules`).
 
     The runtime's replacements apply to it (path ``norm`` for the final
     norm) and its profile-wide kernel contracts are active while the context
@@ -131,7 +156,9 @@ def output_holder(config: Any, runtime: Any, fp32: bool = False) -> Iterator[Any
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.float32 if fp32 else torch.bfloat16)
         try:
-            holder.norm = final_norm(config, modeling)
+            prelude, holder.norm = output_modules(config, modeling)
+            if prelude is not None:
+                holder.prelude = prelude
             holder.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         finally:
             torch.set_default_dtype(default)
@@ -155,13 +182,19 @@ def measure_output(config: Any, seq: int, runtime: Any, autocast: bool = False):
     loss_function = importlib.import_module("transformers.loss.loss_utils").ForCausalLMLoss
     config = text_config(config)
     with output_holder(config, runtime, fp32=autocast) as holder:
+        prelude = getattr(holder, "prelude", None)
+        streams = _prelude(str(getattr(config, "model_type", "")))[1]
         hidden = L.hidden_input(config, seq, fp32=autocast)
+        if prelude is not None and streams:  # what the last layer hands on: [1, s, streams, h]
+            hidden = torch.empty(1, seq, int(getattr(config, streams)), config.hidden_size, dtype=hidden.dtype,
+                                 requires_grad=True)
         labels = torch.zeros(1, seq, dtype=torch.long)
         params = list(holder.parameters())
 
         def forward():
             with L.autocast(autocast):
-                return loss_function(holder.lm_head(holder.norm(hidden)), labels, config.vocab_size)
+                ahead = hidden if prelude is None else prelude(hidden)
+                return loss_function(holder.lm_head(holder.norm(ahead)), labels, config.vocab_size)
 
         measured = measure(params, (hidden,), forward, lambda loss: loss.backward(), weight_copies=autocast)
         if autocast:

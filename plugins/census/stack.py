@@ -16,7 +16,9 @@ of one sequence, forward and backward:
   (a graph the forward drops, as the indexer's scores, is freed then);
 - a layer's backward holds what it keeps plus the most the backward holds
   beyond every layer's saves (the parameters and their gradients left out)
-  while it runs, over what was live when the forward ended;
+  while it runs, counting only what the backward made: what was live when
+  the forward ended is the output layer's (freed before most layers' backward
+  runs), and the loss and its seed are the census's own;
 - each kind's record averages the layers of that kind (so the kinds'
   records, times their layer counts, add back up to the stack's total), taken
   at TP 1 and as one rank of TP 2 and split the way the single-layer census
@@ -363,7 +365,10 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
                     for index in owners:
                         name = handed.names[key]
                         shared[index][name] = shared[index].get(name, 0) + live.sizes.get(key, 0)
-                out.float().sum().backward()
+                loss = out.float().sum()
+                seed = torch.ones_like(loss)
+                harness = {key for key, delta in live.events[forward_end:] if delta > 0}  # the loss and its seed
+                loss.backward(seed)
         finally:
             follow.close()
             for handle in handles:
@@ -373,9 +378,11 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
             own_grads[index].update(live.key(p.grad) for p in layer.parameters() if p.grad is not None)
         excluded = (set(saved_by) | set(shared_by) | set(grads)
                     | {key for key, _ in live.events if key[0] in stored})
-        # running total of the bytes live beyond every layer's saves, after each event
-        beyond = [0, *itertools.accumulate(delta * (key not in excluded) for key, delta in live.events)]
-        baseline = beyond[forward_end]
+        # running total of the bytes the backward makes beyond every layer's saves, after each event: what was
+        # live when the forward ended (the embedding's, the final norm's) is the output layer's, and freed by
+        # the time most layers' backward runs, so it is neither counted nor taken off
+        made_by_backward = {key for key, delta in live.events[forward_end:] if delta > 0} - harness - excluded
+        beyond = [0, *itertools.accumulate(delta * (key in made_by_backward) for key, delta in live.events)]
 
         def running(keys: set) -> List[int]:
             return [0, *itertools.accumulate(delta * (key in keys) for key, delta in live.events)]
@@ -387,10 +394,9 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
             own = running({key for key, owner in saved_by.items() if owner == index})
             made = running(own_grads[index])
             moment = max(range(begin, end + 1), key=lambda t: own[t] + beyond[t] + made[t], default=forward_end)
-            extra = beyond[moment] - baseline
             grad_bytes = sum({live.key(p.grad): p.grad.untyped_storage().nbytes()
                               for p in layers[index].parameters() if p.grad is not None}.values())
-            return LayerMeasure(kept_bytes=kept[index], working_bytes=own[moment] + max(0, extra),
+            return LayerMeasure(kept_bytes=kept[index], working_bytes=own[moment] + beyond[moment],
                                 ops_bytes=by_op[index], shared_bytes=shared[index],
                                 working_grad_bytes=made[moment], grad_bytes=grad_bytes)
 

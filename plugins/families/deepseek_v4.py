@@ -30,6 +30,9 @@ class DeepseekV4Family(DecoderFamily):
                            "state, take the model's pair of rotary flavours, and route their first MoE layers by a "
                            "hash of the input ids")
     supports_sdpa = False  # DeepseekV4PreTrainedModel refuses SDPA: eager attention under hf-cuda
+    # DeepseekV4Model.forward: ``self.norm(self.hc_head(hidden_states))`` on the hc_mult streams
+    output_prelude = ("hc_head",)
+    output_streams = "hc_mult"
     defaults = dict(vocab_size=129280, hidden_size=4096, moe_intermediate_size=2048, num_hidden_layers=43,
                     num_attention_heads=64, num_key_value_heads=1, head_dim=512, q_lora_rank=1024,
                     num_experts_per_tok=6, n_routed_experts=256, n_shared_experts=1, max_position_embeddings=1048576,
