@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from ndcost.errors import InvalidValue
 from ndcost.models import check_divides, formula
-from ndcost.plugins.formulas import deepseek_v4 as work
 from ndcost.plugins.families._base import DecoderFamily, check_experts, layer_types, register_family
+from ndcost.plugins.formulas import deepseek_v4 as work
 
 ATTENTION = {"sliding_attention": "sliding", "compressed_sparse_attention": "csa",
              "heavily_compressed_attention": "hca"}

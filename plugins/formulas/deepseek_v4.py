@@ -81,8 +81,8 @@ def attention_matmuls(*, hidden: int, heads: int, head_dim: int, q_lora_rank: in
     compressor at ``index_head_dim``, its ``q_b_proj`` from the query latent and ``weights_proj``. The
     compressor's pooling (a softmax-weighted sum over each window) is elementwise: no matmul.
     """
-    group_in = sliced("num_attention_heads * head_dim per o_groups", count("heads", heads) * count("head_dim", head_dim),
-                      count("o_groups", o_groups))
+    q = count("heads", heads) * count("head_dim", head_dim)
+    group_in = sliced("num_attention_heads * head_dim per o_groups", q, count("o_groups", o_groups))
     out: List[Matmul] = [(hidden, q_lora_rank, 1, "none"), (q_lora_rank, heads * head_dim, 1, "column"),
                          (hidden, head_dim, 1, "none")]
     out += [(group_in, o_lora_rank, 1, "row")] * o_groups + [(o_groups * o_lora_rank, hidden, 1, "none")]
