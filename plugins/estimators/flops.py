@@ -5,7 +5,9 @@ Two FLOPs estimators, registered as ``estimator/flops/census`` and
 by part on one sequence (``FlopCounterMode`` over the real modules), the
 analytic one counts the matmuls of the layer's :class:`~ndcost.layer.LayerKind`
 (``2 * tokens * in * out`` a projection), the attention kernel's pairs and the
-elementwise traffic of Transformers' eager modules. Both give the time model a
+elementwise traffic of Transformers' eager modules (a mechanism a family names
+itself, class ``other``, as its family's ``analytic_attention`` counts it:
+DeepSeek-V4's sparse attention). Both give the time model a
 :class:`~ndcost.work.KindWork`; the resolver picks per kind (the census where it
 measured the kind).
 """
@@ -103,7 +105,9 @@ def _family_attention(spec: ModelSpec, info: LayerKind, norm_elements: int) -> O
 
     ``Family.analytic_attention(spec, info, norm_elements)`` (DeepSeek-V4's,
     plugins/families/deepseek_v4.py) returns ``matmuls`` by part as ``(in, out,
-    tokens_per_token, split)``, ``scores(seq, all_pairs)`` (the kernel's FLOPs
+    tokens_per_token, split)`` (the attention's, and those the family's layer adds
+    beside its attention and MLP: DeepSeek-V4's hyper-connections, part ``other``),
+    ``scores(seq, all_pairs)`` (the kernel's FLOPs
     on one sequence) and ``window(seq)`` (the entries a query gathers), the
     kernel's ``heads`` ``(heads, head_dim, value_head_dim)``, CP's
     ``query_elements`` and ``kv_elements`` a token, ``elementwise`` (TP-split)

@@ -9,7 +9,8 @@ counted: the top-k routers' score-correction biases (the hash layers'
 token-to-expert table is an integer lookup, not counted). The MTP layers
 (``num_nextn_predict_layers``) are not built by Transformers; each is counted
 as a sliding-attention MoE layer with DeepSeek's MTP glue. The layers cannot be
-measured alone (the residual is ``hc_mult`` streams): ``stack_census``.
+measured alone (the residual is ``hc_mult`` streams): ``stack_census``. Without a
+census the analytic FLOPs estimator prices them from ``analytic_attention``.
 """
 from __future__ import annotations
 

@@ -4,7 +4,10 @@ Shapes follow Transformers' ``modeling_deepseek_v4``: a layer keeps ``hc_mult``
 residual streams mixed by two manifold-constrained hyper-connections; its
 attention is shared-KV MQA with a query latent, attention sinks and a grouped
 low-rank output projection; compressed layers add a compressor (CSA: with an
-overlapping window and a lightning indexer; HCA: without either).
+overlapping window and a lightning indexer; HCA: without either). Beside the
+parameters, the forward work the analytic FLOPs estimator counts of a layer: its
+matmuls, the sparse attention kernel's pairs, the indexer's scores, and
+estimates of its elementwise traffic and kernel launches.
 """
 from __future__ import annotations
 
@@ -100,9 +103,11 @@ def hyper_connection_matmuls(*, hidden: int, hc_mult: int) -> List[Matmul]:
     flattened (``hc_mult * hidden``) to the ``(2 + hc_mult) hc_mult`` pre, post and comb weights, and the layer
     mixes the streams by ``comb`` (``DeepseekV4DecoderLayer.forward``: ``comb^T @ streams``, a
     ``hc_mult x hc_mult`` by ``hc_mult x hidden`` product, written as ``hc_mult`` inputs to
-    ``hc_mult * hidden`` outputs: its FLOPs and the streams it writes)."""
+    ``hc_mult * hidden`` outputs: its FLOPs and the streams it writes; it has no weight, where
+    plugins/estimators/flops.py's ``analytic_parameters`` fallback counts ``in x out`` a matmul: the family's
+    formulas above count the parameters)."""
     n = count("hc_mult", hc_mult)
-    return [((n * count("hidden", hidden)), (2 + n) * n, 1, "none"), (n, n * hidden, 1, "none")] * 2
+    return [(n * count("hidden", hidden), (2 + n) * n, 1, "none"), (n, n * hidden, 1, "none")] * 2
 
 
 def compressed_entries(*, seq: int, rate: int) -> int:
