@@ -123,6 +123,11 @@ def test_bad_formula_input_is_named():
                                    rate=0, overlap=False, index_heads=4, index_head_dim=32)
 
 
+def test_the_work_formulas_are_registered_slots(registry):
+    for name in ("compressed_entries", "sparse_pairs", "indexer_scores"):
+        assert f"formula/deepseek_v4.flops.{name}" in registry
+
+
 def test_census_off_prices_deepseek_v4_flash():
     import ndcost
     cost = ndcost.resolve("deepseek-v4-flash", census="off").evaluate("tp=8,ep=8,seq=4096,recompute=full")
