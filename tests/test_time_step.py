@@ -81,10 +81,13 @@ def test_estimate_json_and_resolver_time(capsys):
         assert not batch.valid[1] and np.isnan(batch.time[key][1])
 
 
-def test_unpriced_time_is_said_not_zeroed(capsys):
-    """A kind no FLOPs source covers (DeepSeek-V4's compressed attention without a census): no "time" key, the
-    reason in the provenance and in the text."""
+def test_unpriced_time_is_said_not_zeroed(capsys, monkeypatch):
+    """A kind no FLOPs source covers (DeepSeek-V4's compressed attention without a census, were its family to
+    state no analytic work for it): no "time" key, the reason in the provenance and in the text."""
     from ndcost.cli import main
+    from ndcost.models import family_for
+
+    monkeypatch.delattr(type(family_for("deepseek_v4")), "analytic_attention")
 
     args = ["estimate", "deepseek-v4-flash", "--strategy", "seq=1024,dp=8,ep=8", "--census", "off"]
     assert main(args + ["--json"]) == 0

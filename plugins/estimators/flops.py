@@ -5,7 +5,9 @@ Two FLOPs estimators, registered as ``estimator/flops/census`` and
 by part on one sequence (``FlopCounterMode`` over the real modules), the
 analytic one counts the matmuls of the layer's :class:`~ndcost.layer.LayerKind`
 (``2 * tokens * in * out`` a projection), the attention kernel's pairs and the
-elementwise traffic of Transformers' eager modules. Both give the time model a
+elementwise traffic of Transformers' eager modules (a mechanism a family names
+itself, class ``other``, as its family's ``analytic_attention`` counts it:
+DeepSeek-V4's sparse attention). Both give the time model a
 :class:`~ndcost.work.KindWork`; the resolver picks per kind (the census where it
 measured the kind).
 """
@@ -98,6 +100,25 @@ def _gemms(mm: Mapping[str, Any], splits: Mapping[str, Any], experts: int) -> Tu
                  for (c, i, o, split, mult), n in counted.items())
 
 
+def _family_attention(spec: ModelSpec, info: LayerKind, norm_elements: int) -> Optional[Mapping[str, Any]]:
+    """A family's own attention mechanism (class ``other``) as its formulas count it, or None where it states none.
+
+    ``Family.analytic_attention(spec, info, norm_elements)`` (DeepSeek-V4's,
+    plugins/families/deepseek_v4.py) returns ``matmuls`` by part as ``(in, out,
+    tokens_per_token, split)`` (the attention's, and those the family's layer adds
+    beside its attention and MLP: DeepSeek-V4's hyper-connections, part ``other``),
+    ``scores(seq, all_pairs)`` (the kernel's FLOPs
+    on one sequence) and ``window(seq)`` (the entries a query gathers), the
+    kernel's ``heads`` ``(heads, head_dim, value_head_dim)``, CP's
+    ``query_elements`` and ``kv_elements`` a token, ``elementwise`` (TP-split)
+    and ``replicated`` elements a token, and its forward's ``launches`` outside
+    the matmuls.
+    """
+    from ndcost.models import family_for
+    describe = getattr(family_for(spec.model_type), "analytic_attention", None)
+    return describe(spec, info, norm_elements) if describe is not None else None
+
+
 def _family_elements(spec: ModelSpec) -> Dict[str, Any]:
     """A norm's and the rotary's elements an element, and whether a QK-norm is a head's, for *spec*'s family.
 
@@ -128,13 +149,28 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     family = _family_elements(spec)
     norm_elements, rotary_elements = family["norm"], family["rotary"]
     table_reads = ROTARY_TABLE_READS * family["rotary_table"]  # 2-byte elements a rotated width
+    described = None
     if info.attention_class == "other":
-        raise Unpriced(f"layer kind {kind!r} of {spec.name!r}: no analytic FLOPs for attention {info.attention!r}; "
-                       f"run the census (census='auto') to measure them")
+        described = _family_attention(spec, info, norm_elements)
+        if described is None:
+            raise Unpriced(f"layer kind {kind!r} of {spec.name!r}: no analytic FLOPs for attention "
+                           f"{info.attention!r}; run the census (census='auto') to measure them")
     if not info.has_mlp:
         raise Unpriced(f"layer kind {kind!r} of {spec.name!r}: no analytic FLOPs for mlp {info.mlp!r}; "
                        f"run the census (census='auto') to measure them")
-    if info.linear:
+    if described is not None:  # the family's own mechanism, counted by its formulas
+        for part, matmuls in described["matmuls"].items():
+            mm[part] = [(i, o, mult) for i, o, mult, _ in matmuls]
+            splits[part] = [split for *_, split in matmuls]
+        out["score_flops_at"], out["window_at"] = described["scores"], described["window"]
+        out["heads"] = tuple(described["heads"])
+        out["query_elements"], out["kv_elements"] = described["query_elements"], described["kv_elements"]
+        out["elementwise"] += described["elementwise"]
+        out["replicated"] += described["replicated"]
+        out["fused_elementwise"] += described["elementwise"]  # priced as eager
+        out["fused_replicated"] += described["replicated"]
+        out["launches"] += described["launches"]
+    elif info.linear:
         hk, hv = spec.linear_num_key_heads or spec.linear_num_value_heads, spec.linear_num_value_heads
         dk, dv = spec.linear_key_head_dim, spec.linear_value_head_dim
         if not (dk and dv):
@@ -260,7 +296,9 @@ def analytic_flops(spec: ModelSpec, kind: str, seq: int, *, all_pairs: bool = Fa
     flops: Dict[str, float] = {}
     for part, matmuls in shapes["matmuls"].items():
         flops[part] = float(sum(2 * seq * multiplier * i * o for i, o, multiplier in matmuls))
-    if shapes["has_attention"]:
+    if shapes.get("score_flops_at") is not None:
+        flops["scores"] = float(shapes["score_flops_at"](seq, all_pairs))
+    elif shapes["has_attention"]:
         window = _window(spec.kind(kind))
         pairs = float(seq) * seq if all_pairs else float(window_pairs(seq, window))
         flops["scores"] = shapes["score_per_pair"] * pairs
@@ -301,12 +339,13 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         if not measured:
             raise
         shapes = _generic_shapes(spec)  # the census measured what the formulas cannot shape
-    window = _window(spec.kind(kind))
     flops: Mapping[str, float]
     if measured:
         flops, at, source = dict(record.flops_by_part), int(record.seq), f"census flops ({record.source})"
     else:
         flops, at, source = analytic_flops(spec, kind, seq), int(seq), "analytic flops"
+    # a family's sparse kernel gathers a number of entries that depends on the sequence (the work is made at each)
+    window = int(shapes["window_at"](at)) if shapes.get("window_at") else _window(spec.kind(kind))
     unknown = sorted(set(flops) - set(FLOP_PARTS))
     if unknown:
         raise Unpriced(f"layer kind {kind!r}: FLOPs of part(s) {', '.join(unknown)} have no op class; "

@@ -9,13 +9,15 @@ counted: the top-k routers' score-correction biases (the hash layers'
 token-to-expert table is an integer lookup, not counted). The MTP layers
 (``num_nextn_predict_layers``) are not built by Transformers; each is counted
 as a sliding-attention MoE layer with DeepSeek's MTP glue. The layers cannot be
-measured alone (the residual is ``hc_mult`` streams): ``stack_census``.
+measured alone (the residual is ``hc_mult`` streams): ``stack_census``. Without a
+census the analytic FLOPs estimator prices them from ``analytic_attention``.
 """
 from __future__ import annotations
 
 from ndcost.errors import InvalidValue
 from ndcost.models import check_divides, formula
 from ndcost.plugins.families._base import DecoderFamily, check_experts, layer_types, register_family
+from ndcost.plugins.formulas import deepseek_v4 as work
 
 ATTENTION = {"sliding_attention": "sliding", "compressed_sparse_attention": "csa",
              "heavily_compressed_attention": "hca"}
@@ -83,9 +85,15 @@ class DeepseekV4Family(DecoderFamily):
         top_k = r.int("num_experts_per_tok")
         check_experts(r, experts, top_k)
         width = r.int("moe_intermediate_size")
+        # the rotated slice of a head: partial_rotary_factor, else legacy qk_rope_head_dim, else Transformers'
+        # default 64 / 512 (DeepseekV4Config.default_partial_rotary_factor)
+        factor = config.get("partial_rotary_factor")
+        if factor is None:
+            factor = (config["qk_rope_head_dim"] / head_dim) if config.get("qk_rope_head_dim") else 64 / 512
         extra = {"hc_mult": r.int("hc_mult"), "o_groups": o_groups, "o_lora_rank": r.int("o_lora_rank"),
                  "index_n_heads": r.int("index_n_heads"), "index_head_dim": r.int("index_head_dim"),
-                 "compress_rates": rates, "sliding_window": r.int("sliding_window")}
+                 "index_topk": r.int("index_topk"), "compress_rates": rates, "sliding_window": r.int("sliding_window"),
+                 "hc_sinkhorn_iters": int(config.get("hc_sinkhorn_iters") or 20), "rope_dim": int(head_dim * factor)}
         return self.build(
             r, name, "deepseek_v4", kinds, table, mtp=r.int("num_nextn_predict_layers", minimum=0), extra=extra,
             hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=r.int("num_key_value_heads"),
@@ -111,6 +119,48 @@ class DeepseekV4Family(DecoderFamily):
             parts["attention"] += formula("deepseek_v4.params.indexer")(
                 hidden=h, q_lora_rank=spec.q_lora_rank, index_heads=ex["index_n_heads"],
                 index_head_dim=ex["index_head_dim"], rate=rate)
+
+    def analytic_attention(self, spec, info, norm_elements):
+        """What plugins/estimators/flops.py counts of a kind's attention and its hyper-connections (the formulas'
+        ``attention_matmuls`` ..., plugins/formulas/deepseek_v4.py): matmuls by part, the sparse kernel's scores
+        and the entries a query gathers at a sequence length, heads, CP's widths, elementwise traffic, launches."""
+        ex = spec.extra
+        h, d, heads = spec.hidden_size, spec.head_dim, spec.num_attention_heads
+        rate = int(ex["compress_rates"].get(info.attention, 0))
+        overlap = info.attention == "compressed_sparse_attention"
+        index_heads, index_dim, window = ex["index_n_heads"], ex["index_head_dim"], ex["sliding_window"]
+        attention = work.attention_matmuls(hidden=h, heads=heads, head_dim=d, q_lora_rank=spec.q_lora_rank,
+                                           o_groups=ex["o_groups"], o_lora_rank=ex["o_lora_rank"], rate=rate,
+                                           overlap=overlap, index_heads=index_heads, index_head_dim=index_dim)
+
+        def gathered(seq):
+            """Compressed entries a query gathers (CSA: the indexer's top-k; HCA: all), and all there are."""
+            compressed = formula("deepseek_v4.flops.compressed_entries")(seq=seq, rate=rate)
+            return (min(ex["index_topk"], compressed) if overlap else compressed), compressed
+
+        def window_at(seq):
+            return min(window or seq, seq) + gathered(seq)[0]
+
+        def scores(seq, all_pairs=False):
+            selected, compressed = gathered(seq)
+            pairs = seq * (seq + compressed) if all_pairs else formula("deepseek_v4.flops.sparse_pairs")(
+                seq=seq, window=window, compressed=compressed, selected=selected)
+            indexer = formula("deepseek_v4.flops.indexer_scores")(
+                seq=seq, index_heads=index_heads, index_head_dim=index_dim, compressed=compressed) if overlap else 0
+            return 4 * heads * d * pairs + indexer  # Q K^T and P V, K = V one shared head of width d
+
+        split, whole = work.attention_elements(heads=heads, head_dim=d, rope_dim=ex["rope_dim"],
+                                               q_lora_rank=spec.q_lora_rank, rate=rate, overlap=overlap,
+                                               index_heads=index_heads, index_head_dim=index_dim, norm=norm_elements)
+        return {"matmuls": {"attention": attention,
+                            "other": work.hyper_connection_matmuls(hidden=h, hc_mult=ex["hc_mult"])},
+                "scores": scores, "window": window_at, "heads": (heads, d, d), "query_elements": heads * d,
+                # the shared K=V a token, and its share of the compressed entries (and the indexer's keys)
+                "kv_elements": d + ((d + (index_dim if overlap else 0)) // rate if rate else 0),
+                "elementwise": split, "replicated": whole
+                + work.hyper_connection_elements(hidden=h, hc_mult=ex["hc_mult"]),
+                "launches": work.attention_launches(rate=rate, overlap=overlap)
+                + work.hyper_connection_launches(sinkhorn_iters=ex["hc_sinkhorn_iters"])}
 
     def add_mlp(self, parts, spec, info):
         h = spec.hidden_size
