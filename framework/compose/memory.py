@@ -825,10 +825,12 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
     present = where.rank_kind_split > 0
     excess = _by_kind(layer.excess_plain, layer.excess_recomputed)
     working = _by_kind(layer.working_plain, layer.working_recomputed)
-    last = _first_largest(present, excess + made)
-    out["excess"], out["made_last"] = _pick(last, excess), _pick(last, made)
-    end = _first_largest(present, working - pending)
-    out["working_layer"], out["pending_end"] = _pick(end, working), _pick(end, pending)
+    chosen, last = _first_largest(present, excess + made)  # last: the candidate, last // 2 its kind
+    out["excess"] = _pick(chosen, last, excess.reshape((-1,) + excess.shape[2:]))
+    out["made_last"] = _pick(chosen, last // 2, made[:, 0])
+    chosen, end = _first_largest(present, working - pending)
+    out["working_layer"] = _pick(chosen, end, working.reshape((-1,) + working.shape[2:]))
+    out["pending_end"] = _pick(chosen, end // 2, pending[:, 0])
     out["shared_copies_extra"] = np.zeros((n, ranks))
     if np.count_nonzero(layer.shared):  # the tensors the model hands every layer: one storage a chunk and micro-batch
         per_kind = layer.shared.T[:, :, None, None]  # (K, N, 1, 1)
@@ -855,18 +857,27 @@ def _by_kind(plain, recomputed):
 
 
 def _first_largest(present, scores):
-    """(K, 2, N, R) bool: the first (kind by kind, plain then recomputed) of the candidates *present* with the
-    largest score (a NaN or -inf one never); none where there is none (as a loop keeping the first of strictly
-    larger ones)."""
-    scores = np.where(present & (scores > -np.inf), scores, -np.inf)
-    best = np.maximum.reduce(scores, axis=(0, 1), initial=-np.inf)
-    largest = (scores == best) & (best > -np.inf)
-    return largest & (largest.reshape((-1,) + best.shape).cumsum(axis=0) == 1).reshape(largest.shape)
+    """Of the (K, 2, N, R) candidates *present*, the first (kind by kind, plain then recomputed) with the largest
+    score (a NaN or -inf one never), as a loop keeping the first of strictly larger ones: (N, R) whether there
+    is one, and its index over the 2K candidates."""
+    scores = np.where(present & (scores > -np.inf), scores, -np.inf).reshape((-1,) + scores.shape[2:])
+    if not len(scores):  # no kind
+        return np.zeros(scores.shape[1:], dtype=bool), np.zeros(scores.shape[1:], dtype=np.int64)
+    index = scores.argmax(axis=0)  # the first of the largest
+    return np.maximum.reduce(scores, axis=0) > -np.inf, index
 
 
-def _pick(chosen, values):
-    """(N, R): the chosen candidate's figure (*chosen* one-hot over the leading two axes), 0 where none is."""
-    return np.add.reduce(np.where(chosen, values, 0.0), axis=(0, 1))
+def _pick(chosen, index, values):
+    """(N, R): the figure at *index* of *values* (M, N, R or 1), 0 where none is *chosen*."""
+    return np.where(chosen, _choose(index, values), 0.0)
+
+
+def _choose(index, choices):
+    """``np.choose(index, choices)``, past its limit on the choices (32) through ``take_along_axis``."""
+    if len(choices) <= 32:
+        return np.choose(index, choices)
+    full = np.broadcast_to(choices, (len(choices),) + np.broadcast_shapes(index.shape, choices.shape[1:]))
+    return np.take_along_axis(full, index[None], axis=0)[0]
 
 
 def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement, held):
@@ -1218,9 +1229,8 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
     stage_bytes = np.empty(base.shape + (len(CATEGORIES),), dtype=np.int64) if out is None else out
     for name in ("parameters", "master", "optimizer_states"):
         stage_bytes[:, :, CATEGORIES.index(name)] = persistent[name]
-    rows, ranks = np.arange(base.shape[0])[:, None], np.arange(base.shape[1])[None, :]
-    stage_bytes[:, :, _MOMENT_CATEGORY_INDEX] = held[best_index, :, rows, ranks]  # (N, R, 5): the largest moment's
-    stage_bytes[:, :, CATEGORIES.index("allocator")] = allocator[best_index, rows, ranks]
+    stage_bytes[:, :, _MOMENT_CATEGORY_INDEX] = np.choose(best_index, held).transpose(1, 2, 0)  # the largest moment's
+    stage_bytes[:, :, CATEGORIES.index("allocator")] = np.choose(best_index, allocator)
     return stage_bytes, np.maximum(best_total, 0).astype(np.int64), best_index
 
 
