@@ -817,18 +817,27 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
                    + where.recomputed * layer.keep_recomputed.T[:, :, None, None])
     out["activations"] = _sum_in_order(_chunks_by_kind(held_float * micro_batch), (n, ranks))
     out["one_micro_batch"] = _sum_in_order(_chunks_by_kind(np.where(held > 0, micro_batch, 0.0)), (n, ranks))
-    # (K, 1, N, R): each kind's gradients made by its layer's working moment and those still to come
-    layer_grads = ((params.layer_dense + params.layer_routed) * batch.grad_bytes)[:, None, :, None]
-    made = np.where(share_rows, grad_share.T[:, None, :, None] * layer_grads, 0.0)
-    pending = np.where(share_rows, layer_grads, 0.0) - made
-    # the candidates (K, 2, N, R): a kind's plain layers, then its recomputed ones (their figures (K, 2, N, 1))
-    present = where.rank_kind_split > 0
-    excess = _by_kind(layer.excess_plain, layer.excess_recomputed)
-    working = _by_kind(layer.working_plain, layer.working_recomputed)
-    last = _first_largest(present, excess + made)
-    out["excess"], out["made_last"] = _pick(last, excess), _pick(last, made)
-    end = _first_largest(present, working - pending)
-    out["working_layer"], out["pending_end"] = _pick(end, working), _pick(end, pending)
+    # (K, N, R): each kind's gradients made by its layer's working moment and those still to come
+    layer_grads = ((params.layer_dense + params.layer_routed) * batch.grad_bytes)[:, :, None]
+    made_by_kind = np.where(share_rows, grad_share.T[:, :, None] * layer_grads, 0.0)
+    pending_by_kind = np.where(share_rows, layer_grads, 0.0) - made_by_kind
+    present_by_kind = where.rank_kind_split > 0  # (K, 2, N, R): plain layers, recomputed ones
+    zeros = np.zeros((n, ranks))
+    out.update(excess=zeros, made_last=zeros, working_layer=zeros, pending_end=zeros)
+    best_last, best_end = np.full((n, ranks), -np.inf), np.full((n, ranks), -np.inf)
+    for k in range(len(made_by_kind)):  # a loop over kinds, never layers: the first whose backward holds the most
+        made, pending = made_by_kind[k], pending_by_kind[k]
+        for present, excess, working in ((present_by_kind[k, 0], layer.excess_plain, layer.working_plain),
+                                         (present_by_kind[k, 1], layer.excess_recomputed, layer.working_recomputed)):
+            excess, working = excess[:, k][:, None], working[:, k][:, None]
+            later = present & (excess + made > best_last)
+            out["excess"], out["made_last"] = np.where(later, excess, out["excess"]), np.where(later, made,
+                                                                                               out["made_last"])
+            best_last = np.where(later, excess + made, best_last)
+            later = present & (working - pending > best_end)
+            out["working_layer"] = np.where(later, working, out["working_layer"])
+            out["pending_end"] = np.where(later, pending, out["pending_end"])
+            best_end = np.where(later, working - pending, best_end)
     out["shared_copies_extra"] = np.zeros((n, ranks))
     if np.count_nonzero(layer.shared):  # the tensors the model hands every layer: one storage a chunk and micro-batch
         per_kind = layer.shared.T[:, :, None, None]  # (K, N, 1, 1)
@@ -847,26 +856,6 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
 def _chunks_by_kind(x):
     """(K, N, R, V) -> (K * V, N, R): a kind's chunks one after another."""
     return x.transpose(0, 3, 1, 2).reshape((-1,) + x.shape[1:3])
-
-
-def _by_kind(plain, recomputed):
-    """(K, 2, N, 1) from two (N, K) figures: each kind's plain one, then its recomputed one."""
-    return np.concatenate((plain.T[:, None, :, None], recomputed.T[:, None, :, None]), axis=1)
-
-
-def _first_largest(present, scores):
-    """(K, 2, N, R) bool: the first (kind by kind, plain then recomputed) of the candidates *present* with the
-    largest score (a NaN or -inf one never); none where there is none (as a loop keeping the first of strictly
-    larger ones)."""
-    scores = np.where(present & (scores > -np.inf), scores, -np.inf)
-    best = np.maximum.reduce(scores, axis=(0, 1), initial=-np.inf)
-    largest = (scores == best) & (best > -np.inf)
-    return largest & (largest.reshape((-1,) + best.shape).cumsum(axis=0) == 1).reshape(largest.shape)
-
-
-def _pick(chosen, values):
-    """(N, R): the chosen candidate's figure (*chosen* one-hot over the leading two axes), 0 where none is."""
-    return np.add.reduce(np.where(chosen, values, 0.0), axis=(0, 1))
 
 
 def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement, held):
@@ -1176,7 +1165,7 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
 
 # the categories a moment holds, in the order _peak sums them; their places in CATEGORIES
 _MOMENT_CATEGORIES = ("gradients", "activations", "working", "output", "communication")
-_MOMENT_CATEGORY_INDEX = np.array([CATEGORIES.index(name) for name in _MOMENT_CATEGORIES])
+_MOMENT_CATEGORY_INDEX = tuple(CATEGORIES.index(name) for name in _MOMENT_CATEGORIES)
 
 
 def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Optional[np.ndarray],
@@ -1190,37 +1179,39 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
     """
     base = persistent["parameters"] + persistent["master"] + persistent["optimizer_states"]
     overhead = cols["allocator_overhead"].astype(np.float64)[:, None]
-    # (M, 5, N, R): every moment's categories at once, in _MOMENT_CATEGORIES' order
-    held = np.array([[moment[name] for name in _MOMENT_CATEGORIES] for moment in moments], dtype=np.float64)
-    other = base
-    for c in range(len(_MOMENT_CATEGORIES)):  # a fixed order
-        other = other + held[:, c]
-    if np.count_nonzero(overhead):
-        allocator = np.ceil(overhead * other - 1e-3)
-        totals = other + allocator
-    else:  # the common case: no allocator overhead asked for, nothing to add
-        allocator, totals = np.zeros(other.shape), other
-    totals[0] = np.where(where.has_head, totals[0], -1.0)
-    totals[3] = np.where(where.has_embedding, totals[3], -1.0)
-    best_total = np.maximum.reduce(totals, axis=0)  # NaN where any moment's is
-    flagged = ~np.logical_and.reduce(best_total <= MAX_EXACT_BYTES, axis=1)  # NaN compares False: flagged too
-    if np.count_nonzero(flagged):  # the first largest moment before any NaN one
-        best_index = np.argmax(np.where(np.cumsum(np.isnan(totals), axis=0) > 0, -np.inf, totals), axis=0)
-    else:  # no NaN: the first largest
-        best_index = totals.argmax(axis=0)
-    beyond |= flagged
+    any_overhead = bool(np.count_nonzero(overhead))
+    totals, allocators = [], []
+    for i, moment in enumerate(moments):  # a loop over the five moments (a batch reads each array once)
+        total = base
+        for name in _MOMENT_CATEGORIES:  # a fixed order
+            total = total + moment[name]
+        if any_overhead:
+            allocators.append(np.ceil(overhead * total - 1e-3))
+            total = total + allocators[-1]
+        if i == 0:
+            total = np.where(where.has_head, total, -1.0)
+        if i == 3:
+            total = np.where(where.has_embedding, total, -1.0)
+        totals.append(total)
+    # the first largest moment, as the loop keeping the first of strictly larger ones (a NaN ends it)
+    best_total, best_index = totals[0], np.zeros(base.shape, dtype=np.int64)
+    for i in range(1, len(totals)):
+        best_index[totals[i] > best_total] = i
+        best_total = np.maximum(best_total, totals[i])
+    beyond |= ~np.logical_and.reduce(best_total <= MAX_EXACT_BYTES, axis=1)  # NaN compares False: flagged too
     if np.count_nonzero(beyond):  # categories are non-negative: none of a row within bound passes it
         kept_rows = ~beyond[:, None]
         persistent = {name: np.where(kept_rows, value, 0.0) for name, value in persistent.items()}
-        held, allocator = np.where(kept_rows, held, 0.0), np.where(kept_rows, allocator, 0.0)
+        moments = [{name: np.where(kept_rows, m[name], 0.0) for name in _MOMENT_CATEGORIES} for m in moments]
+        allocators = [np.where(kept_rows, value, 0.0) for value in allocators]
         best_total = np.where(kept_rows, best_total, 0.0)
     # every category is whole and non-negative by construction: written once, straight into int64
     stage_bytes = np.empty(base.shape + (len(CATEGORIES),), dtype=np.int64) if out is None else out
     for name in ("parameters", "master", "optimizer_states"):
         stage_bytes[:, :, CATEGORIES.index(name)] = persistent[name]
-    rows, ranks = np.arange(base.shape[0])[:, None], np.arange(base.shape[1])[None, :]
-    stage_bytes[:, :, _MOMENT_CATEGORY_INDEX] = held[best_index, :, rows, ranks]  # (N, R, 5): the largest moment's
-    stage_bytes[:, :, CATEGORIES.index("allocator")] = allocator[best_index, rows, ranks]
+    for name, category in zip(_MOMENT_CATEGORIES, _MOMENT_CATEGORY_INDEX, strict=True):  # the largest moment's
+        stage_bytes[:, :, category] = np.choose(best_index, [m[name] for m in moments])
+    stage_bytes[:, :, CATEGORIES.index("allocator")] = np.choose(best_index, allocators) if any_overhead else 0
     return stage_bytes, np.maximum(best_total, 0).astype(np.int64), best_index
 
 
