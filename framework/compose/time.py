@@ -521,12 +521,11 @@ def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any], hard
     forward = k["launches_per_layer"] + k["launches_per_token"] * (rows.seq / rows.cp)[:, None] + ring_launches
     floor = forward * max(launch, dispatch)
     mode = np.asarray(cols["recompute"])[:, None]
-    compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
-    full, selective, core = (mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention"))
-    eager = ~compiled
-    if not np.count_nonzero(full | selective | core):
+    if not np.count_nonzero(mode != RECOMPUTE.index("none")):
         return {"forward": floor, "backward": 2.0 * floor, "checkpointed_forward": floor,
                 "recompute": np.zeros(floor.shape)}
+    compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
+    full, selective, core = (mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention"))
 
     def host(ratio):
         return forward * np.maximum(launch, dispatch * ratio)
@@ -534,7 +533,11 @@ def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any], hard
     def core_ops(ops):
         return ops * np.where(k["has_attention"][None, :], dispatch, 0.0)
     (full_f, full_r), (sel_f, sel_r) = CHECKPOINT_HOST_RATIOS["full"], CHECKPOINT_HOST_RATIOS["selective"]
-    full_eager, selective_eager, core_eager = full & eager, selective & eager, core & eager
+    if np.count_nonzero(compiled):
+        eager = ~compiled
+        full_eager, selective_eager, core_eager = full & eager, selective & eager, core & eager
+    else:  # every row eager
+        full_eager, selective_eager, core_eager = full, selective, core
     checkpointed = _select_made([(full_eager, lambda: host(full_f)), (selective_eager, lambda: host(sel_f)),
                                  (core_eager, lambda: floor + core_ops(CORE_ATTENTION_HOST_OPS[0]))],
                                 floor, floor.shape)
@@ -1247,7 +1250,9 @@ def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) 
     """
     hbm, h, vocab = float(hardware.hbm_bytes_per_second), float(model.hidden_size), float(model.vocab_size)
     width, peak, tokens = rows.compute_bytes, rows.peak_flops, rows.tokens
-    head_split = np.where(rows.vocab_parallel, rows.tp, 1.0)
+    vocab_parallel = np.count_nonzero(rows.vocab_parallel)
+    head_split = (rows.tp if vocab_parallel == len(rows.tp) else np.ones(len(rows.tp)) if not vocab_parallel
+                  else np.where(rows.vocab_parallel, rows.tp, 1.0))
     head_flops = model.head_flops_per_token * tokens / head_split * (1 + len(model.mtp_kinds))
     head_weights = rows.param_bytes * (model.head_parameters or model.embedding_parameters) / head_split
     head_fwd = np.maximum(head_flops / (peak * eff["matmul"]), head_weights / (hbm * eff["memory"]))
@@ -1257,10 +1262,11 @@ def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) 
     else:
         loss_per_token = vocab / head_split * (width + 16.0) + NORM_ELEMENTS * h * 2.0
     loss_bytes = tokens * loss_per_token * (1 + len(model.mtp_kinds))
+    embedding_bytes = 2.0 * tokens * h * width
     return {"head_fwd": head_fwd + loss_bytes / (hbm * eff["memory"]),
             "head_bwd": head_bwd + loss_bytes / (hbm * eff["memory_backward"]),
-            "embed_fwd": 2.0 * tokens * h * width / (hbm * eff["memory"]),
-            "embed_bwd": 2.0 * tokens * h * width / (hbm * eff["memory_backward"]), "head_split": head_split}
+            "embed_fwd": embedding_bytes / (hbm * eff["memory"]),
+            "embed_bwd": embedding_bytes / (hbm * eff["memory_backward"]), "head_split": head_split}
 
 
 def _rank_parameters(model: ModelWork, rows: _Rows, counts, where: placement_rules.RankPlacement, head_split):
