@@ -1155,27 +1155,30 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
         cp_fwd_exposed, cp_bwd_exposed = cp_seconds("exposed_forward"), cp_seconds("exposed_backward")
     else:  # no row splits its sequence: no K/V pass nor all-to-all (each 0 s on a group of one)
         cp_fwd = cp_bwd = cp_fwd_exposed = cp_bwd_exposed = np.zeros((n, len(model.kinds)))
-    if np.count_nonzero(ep > 1):
+    expert_parallel = np.count_nonzero(ep > 1)
+    if expert_parallel:
         bw_ep, lat_ep, link_ep = group_link(hardware, etp, ep, eff, ring=False)
         ep_msg = (tokens * etp / tp * h * width * rows.imbalance)[:, None] * k["experts_per_token"][None, :]
         ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None],  # dispatch, combine
                                            **{key: value[:, None] for key, value in link_ep.items()})
-    else:  # no expert parallelism: no dispatch nor combine
-        ep_pass = np.zeros((n, len(model.kinds)))
-    overlapped = overlaps_ep[:, None]
-    exposed_fwd = tp_exposed_fwd + cp_fwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["forward"]),
-                                                             ep_pass)
-    exposed_bwd = tp_exposed_bwd + cp_bwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["backward"]),
-                                                             ep_pass)
+    exposed_fwd, exposed_bwd = tp_exposed_fwd + cp_fwd_exposed, tp_exposed_bwd + cp_bwd_exposed
+    comm_fwd, comm_bwd = tp_fwd + cp_fwd, tp_bwd + cp_bwd
+    if expert_parallel:  # (without, the all-to-alls are 0 s: nothing to add)
+        overlapped = overlaps_ep[:, None]
+        if np.count_nonzero(overlapped):
+            exposed_fwd = exposed_fwd + np.where(overlapped, np.maximum(0.0, ep_pass - layer["forward"]), ep_pass)
+            exposed_bwd = exposed_bwd + np.where(overlapped, np.maximum(0.0, ep_pass - layer["backward"]), ep_pass)
+        else:
+            exposed_fwd, exposed_bwd = exposed_fwd + ep_pass, exposed_bwd + ep_pass
+        comm_fwd, comm_bwd = comm_fwd + ep_pass, comm_bwd + ep_pass
     full = (np.asarray(cols["recompute"]) == RECOMPUTE.index("full"))[:, None]
     if np.count_nonzero(full):
-        comm_extra = np.where(full, tp_fwd + cp_fwd + ep_pass, 0.0)
+        comm_extra = np.where(full, comm_fwd, 0.0)
         exposed_extra = np.where(full, exposed_fwd, 0.0)
     else:
         comm_extra = exposed_extra = np.zeros(exposed_fwd.shape)
-    return {"comm_fwd": tp_fwd + cp_fwd + ep_pass, "comm_bwd": tp_bwd + cp_bwd + ep_pass,
-            "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd, "comm_extra": comm_extra,
-            "exposed_extra": exposed_extra}
+    return {"comm_fwd": comm_fwd, "comm_bwd": comm_bwd, "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd,
+            "comm_extra": comm_extra, "exposed_extra": exposed_extra}
 
 
 def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[str, Any], layer,
