@@ -1724,8 +1724,15 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     fsdp_exposed_f, fsdp_exposed_b = fsdp["exposed_f"], fsdp["exposed_b"]
     off = _offload_seconds(rows, cols, shard, dense_params, routed_params, rank, offloaded_activations, real_rank,
                            hardware)
-    forward = rank["compute_f"] + rank["exposed_f"] + fsdp_exposed_f + off["exposed_f"]
-    backward = rank["compute_b"] + rank["exposed_b"] + fsdp_exposed_b + off["exposed_b"]
+    # FSDP's per-layer collectives and offloading's copies are 0 s on rows without them: added only where some has
+    fsdp_rows = np.count_nonzero(shard.sharded["parameters"])
+    offloading = any(np.count_nonzero(np.asarray(cols[name], dtype=bool))
+                     for name in ("offload_optimizer", "offload_params", "offload_activations"))
+    forward, backward = rank["compute_f"] + rank["exposed_f"], rank["compute_b"] + rank["exposed_b"]
+    if fsdp_rows:
+        forward, backward = forward + fsdp_exposed_f, backward + fsdp_exposed_b
+    if offloading:
+        forward, backward = forward + off["exposed_f"], backward + off["exposed_b"]
     stage = forward + backward
     if np.count_nonzero(real_rank) != real_rank.size:  # ranks past a row's pp: none
         stage = np.where(real_rank, stage, 0.0)
@@ -1745,25 +1752,34 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     offloads_optimizer = np.asarray(cols["offload_optimizer"], dtype=bool)
     if np.count_nonzero(offloads_optimizer):
         optimizer = np.where(offloads_optimizer, off["cpu_step"], optimizer)
-    offload_step = _most_on_real_ranks(np.maximum(0.0, off["step_out"] - backward) + off["step_in"], real_rank)
     m = rows.micro_batches
     busiest = (np.arange(n), pipe["busiest"])
 
     def pick(a):  # (N, R) -> (N,): the busiest rank's (the only one without a pipeline: no picks)
         return a[:, 0] if a.shape[1] == 1 else a[busiest]
     compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
-    exposed = (m * (pick(rank["exposed_f"]) + pick(rank["exposed_b"]) + pick(fsdp_exposed_f) + pick(fsdp_exposed_b))
-               + pick(fsdp["step_exposed"]) + grad_exposed + param_exposed + pipe["pp_exposed"])
-    communication = (m * (pick(rank["comm_layers"]) + pick(fsdp["gathers"]) + pick(fsdp["scatters"])
-                          + pipe["pp_comm"]) + pick(fsdp["step_comm"]) + reductions * pick(dp["grad_step"])
-                     + pick(dp["param_step"]))
-    exposed_offload = m * (pick(off["exposed_f"]) + pick(off["exposed_b"])) + offload_step
+    exposed_layers = pick(rank["exposed_f"]) + pick(rank["exposed_b"])
+    comm_layers = pick(rank["comm_layers"])
+    if fsdp_rows:
+        exposed_layers = exposed_layers + pick(fsdp_exposed_f) + pick(fsdp_exposed_b)
+        comm_layers = comm_layers + pick(fsdp["gathers"]) + pick(fsdp["scatters"])
+    exposed, communication = m * exposed_layers, m * (comm_layers + pipe["pp_comm"])
+    if fsdp_rows:
+        exposed, communication = exposed + pick(fsdp["step_exposed"]), communication + pick(fsdp["step_comm"])
+    exposed = exposed + grad_exposed + param_exposed + pipe["pp_exposed"]
+    communication = communication + reductions * pick(dp["grad_step"]) + pick(dp["param_step"])
+    step = compute + exposed + pipe["bubble"] + optimizer
+    if offloading:
+        offload_step = _most_on_real_ranks(np.maximum(0.0, off["step_out"] - backward) + off["step_in"], real_rank)
+        exposed_offload = m * (pick(off["exposed_f"]) + pick(off["exposed_b"])) + offload_step
+        offload = m * pick(off["copies"]) + pick(off["step_out"] + off["step_in"])
+        step = step + exposed_offload
+    else:
+        exposed_offload, offload = np.zeros(n), np.zeros(n)
     seconds = {"compute_seconds": compute, "exposed_communication_seconds": exposed,
                "communication_seconds": communication, "bubble_seconds": pipe["bubble"],
-               "optimizer_seconds": optimizer,
-               "offload_seconds": m * pick(off["copies"]) + pick(off["step_out"] + off["step_in"]),
-               "exposed_offload_seconds": exposed_offload,
-               "step_seconds": compute + exposed + pipe["bubble"] + optimizer + exposed_offload}
+               "optimizer_seconds": optimizer, "offload_seconds": offload,
+               "exposed_offload_seconds": exposed_offload, "step_seconds": step}
     detail = {"stage_seconds": stage, "busiest_rank": pipe["busiest"], "forward_seconds": pick(forward),
               "backward_seconds": pick(backward), "grad_sync_seconds": pick(dp["grad_step"]),
               "pp_send_seconds": pipe["send"], "fsdp_exposed_forward_seconds": fsdp_exposed_f,
