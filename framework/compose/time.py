@@ -672,7 +672,7 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
         # the Float8 linears' share of the attention and other classes runs at the fp8 peak, at the compute
         # dtype's shape efficiency (an fp8 row of kernel_tables is not read)
         per_class = by_class * inverse
-        seconds = per_class.sum(axis=-1) / peak
+        seconds = np.add.reduce(per_class, axis=-1) / peak
         if fp8_on:  # a batch without Float8 linears adds no share (0 of finite seconds)
             dense = per_class[..., 0] + per_class[..., 1]
             fp8_share = np.divide(fp8_mm, by_class[..., 0] + by_class[..., 1], out=np.zeros_like(fp8_mm),
@@ -712,17 +712,20 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     measured = k["selective_measured"][None, :]
 
     def selective():
-        mm = by_class.sum(axis=-1)
+        mm = np.add.reduce(by_class, axis=-1)
         att_share = np.divide(by_class[..., 0], mm, out=np.zeros(mm.shape), where=mm > 0)
         return np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
                         + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_attention)
     mode = np.asarray(cols["recompute"])[:, None]
     # a layer's recompute runs at the start of its backward: the two are one stretch of the GPU's queue and of the
     # host's dispatch, bounded together (the host, running ahead, hides its recompute's work behind a long backward)
-    roofline_r = _select_made([(mode == RECOMPUTE.index(name), make) for name, make in (
-        ("full", lambda: roofline_f), ("selective", selective), ("core_attention", lambda: fwd_attention))],
-        0.0, forward.shape)
-    recompute = np.maximum(roofline_r + roofline_b, floor["recompute"] + floor["backward"]) - backward
+    if np.count_nonzero(mode != RECOMPUTE.index("none")):
+        roofline_r = _select_made([(mode == RECOMPUTE.index(name), make) for name, make in (
+            ("full", lambda: roofline_f), ("selective", selective), ("core_attention", lambda: fwd_attention))],
+            0.0, forward.shape)
+        recompute = np.maximum(roofline_r + roofline_b, floor["recompute"] + floor["backward"]) - backward
+    else:  # nothing recomputed: a roofline of 0 s
+        recompute = np.maximum(roofline_b, floor["recompute"] + floor["backward"]) - backward
     return {"forward": forward, "backward": backward, "recompute": recompute,
             "checkpointed_forward": np.maximum(roofline_f, floor["checkpointed_forward"]),
             "scores_forward": fwd_scores, "scores_backward": bwd_scores,
@@ -1310,8 +1313,7 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
     # the rows of each mode (a partition): a mode no row runs is skipped, a mode every row runs needs no picks
     g_rows, z_rows = np.count_nonzero(gathers), np.count_nonzero(distributed_optimizer)
     plain_rows = n - g_rows - z_rows
-    param_bytes, grad_bytes = dense_params * rows.param_bytes[:, None], dense_params * rows.grad_bytes[:, None]
-    eparam_bytes, egrad_bytes = routed_params * rows.param_bytes[:, None], routed_params * rows.grad_bytes[:, None]
+    grad_bytes, egrad_bytes = dense_params * rows.grad_bytes[:, None], routed_params * rows.grad_bytes[:, None]
 
     def run(name, needed, message, size, stride):  # the group's link found only where some row needs it
         if not np.count_nonzero(needed):
@@ -1341,8 +1343,11 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
         if _scatter_is_gather(coll, rows):  # the same bytes through the same function
             gather, egather = scatter, escatter
         else:
-            gather, egather = (run("all_gather", distributed_optimizer, param_bytes, group, shard.shard_stride),
-                               run("all_gather", distributed_optimizer, eparam_bytes, experts, rows.etp * rows.ep))
+            param_bytes = rows.param_bytes[:, None]
+            gather, egather = (run("all_gather", distributed_optimizer, dense_params * param_bytes, group,
+                                   shard.shard_stride),
+                               run("all_gather", distributed_optimizer, routed_params * param_bytes, experts,
+                                   rows.etp * rows.ep))
         param_step = gather + egather if z_rows == n else np.where(z, gather + egather, 0.0)
     return {"grad_step": dense_grad_step + expert_grad_step, "param_step": param_step}
 
@@ -1443,7 +1448,7 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     # the backward gathers again unless reshard_after_forward=false (a batch without it: the forward's figures)
     gather_b = np.where(shard.keeps_gathered[:, None], 0.0, gather) if np.count_nonzero(shard.keeps_gathered) \
         else gather
-    layers = counts.sum(axis=2)                                                      # (N, R)
+    layers = np.add.reduce(counts, axis=2)                                           # (N, R)
     placed = np.count_nonzero(layers > 0) == layers.size  # every rank holds a layer: no guard against none
 
     def total(per_layer):                                                            # (N, K) or (N, R, K) -> (N, R)
@@ -1522,7 +1527,7 @@ def _pipeline(model: ModelWork, rows: _Rows, cols, schedules, stage, hardware: H
     bw_pp, lat_pp, link_pp = group_link(hardware, rows.tp * rows.cp * rows.dp * rows.fsdp, pp, eff, ring=False)
     send = on_stages(coll["send_recv"](message, pp, bw_pp, lat_pp, nodes=link_pp["nodes"]))
     busiest = np.argmax(stage, axis=1)
-    idle = stage.sum(axis=1) - stage[np.arange(n), busiest]
+    idle = np.add.reduce(stage, axis=1) - stage[np.arange(n), busiest]
     steps = np.zeros(n)
     codes = np.asarray(cols["schedule"])
     for code in distinct(codes)[0].tolist():  # a loop over the schedules a batch uses
@@ -1539,11 +1544,19 @@ def _optimizer_seconds(rows: _Rows, shard: sharding_rules.Sharding, dense_params
     Parameters (read, written), gradients, master weights and optimizer
     states (read, written) of the rank's shard (:mod:`ndcost.compose.sharding`).
     """
-    local = (dense_params / shard.ways("optimizer_states")[:, None]
-             + routed_params / shard.expert_ways("optimizer_states")[:, None])
+    local = _local_elements(dense_params, routed_params, shard, "optimizer_states")
     per_param = 2 * rows.param_bytes + rows.grad_bytes + 2 * rows.master_bytes + 2 * states * rows.optimizer_bytes
     hbm = float(hardware.hbm_bytes_per_second)
     return _most_on_real_ranks(local * per_param[:, None] / (hbm * eff["memory"]), real_rank)
+
+
+def _local_elements(dense_params, routed_params, shard: sharding_rules.Sharding, category: str) -> np.ndarray:
+    """``(N, R)`` elements of each rank's shard of *category*: its dense and routed parameters over their ways
+    (a model without routed experts: the dense alone)."""
+    local = dense_params / shard.ways(category)[:, None]
+    if np.count_nonzero(routed_params):
+        local = local + routed_params / shard.expert_ways(category)[:, None]
+    return local
 
 
 def _most_on_real_ranks(values: np.ndarray, real_rank: np.ndarray) -> np.ndarray:
@@ -1551,7 +1564,7 @@ def _most_on_real_ranks(values: np.ndarray, real_rank: np.ndarray) -> np.ndarray
     picks where every rank is real (a group of one pp) or the reduction over one rank."""
     if np.count_nonzero(real_rank) != real_rank.size:
         values = np.where(real_rank, values, 0.0)
-    return values[:, 0] if values.shape[1] == 1 else values.max(axis=1)
+    return values[:, 0] if values.shape[1] == 1 else np.maximum.reduce(values, axis=1)
 
 
 def _offload_seconds(rows: _Rows, cols, shard: sharding_rules.Sharding, dense_params, routed_params, rank,
@@ -1585,8 +1598,7 @@ def _offload_seconds(rows: _Rows, cols, shard: sharding_rules.Sharding, dense_pa
                        "the strategies with CostModel.evaluate_many")
 
     def local(category):  # (N, R) elements of the rank's shard of *category*
-        return (dense_params / shard.ways(category)[:, None]
-                + routed_params / shard.expert_ways(category)[:, None])
+        return _local_elements(dense_params, routed_params, shard, category)
 
     def seconds(elements, width, flag):
         return np.where(flag[:, None], elements * width[:, None] / link, 0.0)
@@ -1639,7 +1651,7 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
     layer = layer_seconds(model, cols, hardware, eff, rows)
     comm = _layer_communication(model, rows, cols, layer, overlaps_ep, hardware, eff, coll)
     ends = _embedding_and_head(model, rows, hardware, eff)
-    layers_on_rank = counts.sum(axis=2)
+    layers_on_rank = np.add.reduce(counts, axis=2)
     rl = np.asarray(cols["recompute_layers"], dtype=np.float64)[:, None]
     partial = np.count_nonzero(rl >= 0)  # rows recomputing some of their layers (else all: a share of 1)
     fraction = np.where(rl < 0, 1.0, np.minimum(1.0, np.divide(rl * rows.vpp[:, None], layers_on_rank,
