@@ -1418,7 +1418,8 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
                 "step_exposed": zeros}
     k = _kind_arrays(model)
     link_sh = group_link(hardware, shard.shard_stride, shard.dense_ways, eff)
-    link_edp = group_link(hardware, rows.etp * rows.ep, shard.expert_replicas, eff)
+    routed_experts = np.count_nonzero(k["routed_parameters"])  # else no expert gathers (0 s)
+    link_edp = group_link(hardware, rows.etp * rows.ep, shard.expert_replicas, eff) if routed_experts else None
 
     def run(name, elements, width, size, link):  # one collective of *elements* a row and kind, where FSDP runs
         return _run_rows(coll[name], gathers, elements * width[:, None], size, link)
@@ -1436,15 +1437,19 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     root = (where.has_embedding * (model.embedding_parameters / rank["head_split"])[:, None]
             + where.has_head * (model.head_parameters / rank["head_split"] + model.final_norm_parameters)[:, None])
     # in elements at the compute width: the linears gathered in fp8 count 1 / width of theirs
-    gathered = dense - np.where(fp8_gather[:, None], linears * (1.0 - 1.0 / width[:, None]), 0.0)
+    fp8_rows = np.count_nonzero(fp8_gather)
+    gathered = dense - np.where(fp8_gather[:, None], linears * (1.0 - 1.0 / width[:, None]), 0.0) if fp8_rows \
+        else dense
     layer_gather, root_gather = run_shard_group("all_gather", gathered, root, width)
-    gather = layer_gather + run("all_gather", routed, width, shard.expert_replicas, link_edp)
-    same = _scatter_is_gather(coll, rows) and not np.count_nonzero(fp8_gather) and _equal(width, rows.grad_bytes)
+    gather = layer_gather + run("all_gather", routed, width, shard.expert_replicas, link_edp) if routed_experts \
+        else layer_gather
+    same = _scatter_is_gather(coll, rows) and not fp8_rows and _equal(width, rows.grad_bytes)
     if same:
         scatter, root_scatter = gather, root_gather
     else:
         layer_scatter, root_scatter = run_shard_group("reduce_scatter", dense, root, rows.grad_bytes)
-        scatter = layer_scatter + run("reduce_scatter", routed, rows.grad_bytes, shard.expert_replicas, link_edp)
+        scatter = layer_scatter + run("reduce_scatter", routed, rows.grad_bytes, shard.expert_replicas, link_edp) \
+            if routed_experts else layer_scatter
     # the backward gathers again unless reshard_after_forward=false (a batch without it: the forward's figures)
     gather_b = np.where(shard.keeps_gathered[:, None], 0.0, gather) if np.count_nonzero(shard.keeps_gathered) \
         else gather
@@ -1467,18 +1472,22 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     total_rs = total_g if scatter is gather else total(scatter)
     forward, backward = rank["layer_forward"][:, None, :], rank["layer_backward"]    # (N, 1, K), (N, R, K)
     g, gb, rs = gather[:, None, :], gather_b[:, None, :], scatter[:, None, :]
+    mean_g = mean(total_g)
+    mean_gb = mean_g if total_gb is total_g else mean(total_gb)
+    mean_rs = mean_g if total_rs is total_g else mean(total_rs)
     excess_f = np.maximum(0.0, g - forward)
-    layers_f = where_layers(mean(total_g) + total(excess_f) - mean(total(excess_f)))  # a forward's layer gathers
+    layers_f = where_layers(mean_g + total(excess_f) - mean(total(excess_f)))  # a forward's layer gathers
     exposed_f = layers_f + root_gather
     both = np.maximum(0.0, gb + rs - backward)
-    mean_excess_gb = mean(total(np.maximum(0.0, gb - backward)))
-    mean_excess_rs = mean_excess_gb if rs is gb else mean(total(np.maximum(0.0, rs - backward)))
+    total_excess_gb = total(np.maximum(0.0, gb - backward))
+    mean_excess_gb = mean(total_excess_gb)
+    mean_excess_rs = mean_excess_gb if scatter is gather_b else mean(total(np.maximum(0.0, rs - backward)))
     total_both = total(both)
-    many = (mean(total_gb) + mean(total_rs) + total_both - 2.0 * mean(total_both) + mean_excess_gb + mean_excess_rs)
+    many = (mean_gb + mean_rs + total_both - 2.0 * mean(total_both) + mean_excess_gb + mean_excess_rs)
     if np.count_nonzero(layers > 1) == layers.size:
         exposed_b = many + root_scatter
     else:
-        exposed_b = np.where(layers > 1, many, where_layers(mean(total_gb) + mean(total_rs))) + root_scatter
+        exposed_b = np.where(layers > 1, many, where_layers(mean_gb + mean_rs)) + root_scatter
     g_rows, rg = gathers[:, None], shard.keeps_gathered[:, None]
     gathers_f_b = total_g * np.where(rg, 1.0, 2.0) + root_gather
     scatters = total_rs + root_scatter
@@ -1488,8 +1497,7 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
         # (the first micro-batch's forward); one reduce-scatter of the stage, exposed whole
         d = shard.defers_reduce[:, None]
         once = d & rg
-        total_excess_b = total(np.maximum(0.0, gb - backward))
-        gathers_b = where_layers(mean(total_gb) + total_excess_b - mean(total_excess_b))
+        gathers_b = where_layers(mean_gb + total_excess_gb - mean_excess_gb)
         step_comm = np.where(d, scatters + root_gather + np.where(rg, total_g, 0.0), 0.0)
         step_exposed = np.where(d, scatters + root_gather + np.where(rg, layers_f, 0.0), 0.0)
         exposed_f = np.where(once, 0.0, np.where(d, layers_f, exposed_f))
@@ -1979,7 +1987,8 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
             # rows grouped by (sequence length, pp), each group a contiguous slice after one sort, so a
             # group's per-rank arrays are only as wide as its pp; groups cut at CHUNK_ROWS rows
             pp = cols["pp"]
-            key = inverse * (int(pp.max()) + 1) + pp
+            radix = int(np.maximum.reduce(pp)) + 1
+            key = inverse * radix + pp
             if len(key) == 1 or (len(key) <= CHUNK_ROWS and np.count_nonzero(key == key[0]) == len(key)):
                 # one group (one strategy): no sort
                 order, cuts, ordered = np.arange(len(key)), [0, len(key)], cols
@@ -1989,7 +1998,7 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
                 cuts = sorted(set(edges.tolist()) | set(range(0, len(order), CHUNK_ROWS)) | {len(order)})
                 ordered = {k: None if v is None else v[order] for k, v in cols.items()}
             for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):  # a loop over the groups, not rows
-                seq = seqs[key[order[lo]] // (int(pp.max()) + 1)].item()
+                seq = seqs[key[order[lo]] // radix].item()
                 sub = ordered if hi - lo == len(order) else {k: None if v is None else v[lo:hi]
                                                              for k, v in ordered.items()}
                 group, ranks = rows[order[lo:hi]], int(cols["pp"][order[lo]])
