@@ -31,6 +31,7 @@ Schema (docs/calibration.md, "Kernel tables")::
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -323,6 +324,12 @@ def _shape_factor(m, n, k, sm_count: Optional[int], bytes_per_flop: float, eleme
     return waves * np.minimum(1.0, intensity * bytes_per_flop)  # intensity / ridge, the ridge peak / HBM
 
 
+@functools.lru_cache(maxsize=256)
+def _reference_shape_factor(sm_count: Optional[int], bytes_per_flop: float, element_bytes: float) -> Any:
+    """:data:`REFERENCE_GEMM`'s shape factor on a device (a few scalars' arithmetic: made once a device and dtype)."""
+    return _shape_factor(*REFERENCE_GEMM, sm_count, bytes_per_flop, element_bytes)
+
+
 def prior_gemm_efficiency(m, n, k, *, stated: float, sm_count: Optional[int], peak_flops_per_second: float,
                           hbm_bytes_per_second: float, element_bytes: float, groups=1.0) -> np.ndarray:
     """The analytic prior of a GEMM's efficiency, ``(m x k) @ (k x n)``, vectorized: no measurement behind it.
@@ -343,7 +350,7 @@ def prior_gemm_efficiency(m, n, k, *, stated: float, sm_count: Optional[int], pe
     """
     bytes_per_flop = np.float64(hbm_bytes_per_second) / np.float64(peak_flops_per_second)  # inf, not an error
     m, n, k = (np.asarray(v, dtype=np.float64) for v in (m, n, k))
-    reference = _shape_factor(*REFERENCE_GEMM, sm_count, bytes_per_flop, element_bytes)
+    reference = _reference_shape_factor(sm_count, bytes_per_flop, element_bytes)
     return np.minimum(1.0, stated * _shape_factor(m, n, k, sm_count, bytes_per_flop, element_bytes, groups) / reference)
 
 
