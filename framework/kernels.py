@@ -330,7 +330,7 @@ def _reference_shape_factor(sm_count: Optional[int], bytes_per_flop: float, elem
     return _shape_factor(*REFERENCE_GEMM, sm_count, bytes_per_flop, element_bytes)
 
 
-def prior_gemm_efficiency(m, n, k, *, stated: float, sm_count: Optional[int], peak_flops_per_second: float,
+def prior_gemm_efficiency(m, n, k, *, stated: Any, sm_count: Optional[int], peak_flops_per_second: float,
                           hbm_bytes_per_second: float, element_bytes: float, groups=1.0) -> np.ndarray:
     """The analytic prior of a GEMM's efficiency, ``(m x k) @ (k x n)``, vectorized: no measurement behind it.
 
@@ -354,10 +354,11 @@ def prior_gemm_efficiency(m, n, k, *, stated: float, sm_count: Optional[int], pe
     return np.minimum(1.0, stated * _shape_factor(m, n, k, sm_count, bytes_per_flop, element_bytes, groups) / reference)
 
 
-def gemm_efficiency(hardware: Any, tables: Optional[KernelTables], dtype: str, m, n, k, *, stated: float,
+def gemm_efficiency(hardware: Any, tables: Optional[KernelTables], dtype: str, m, n, k, *, stated: Any,
                     groups=1.0) -> np.ndarray:
     """Achieved / peak of *dtype* GEMMs at (m, n, k): the hardware's table for the dtype (one problem's
-    shape: *groups* is the prior's only), else the prior."""
+    shape: *groups* is the prior's only), else the prior (*stated*: a float, or an array broadcasting against
+    the shapes, GEMMs of different stated figures priced at once)."""
     table = tables.gemm.get(dtype) if tables is not None else None
     if table is not None:
         return table_gemm_efficiency(table, m, n, k)

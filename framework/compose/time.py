@@ -939,16 +939,22 @@ def _eager_scores(hardware: Hardware, tables, dtype: str, eff, seq_q, seq_k, hea
     masks, it skips nothing: ``2 s_q s_k d`` FLOPs a head for ``Q K^T``, ``2 s_q s_k d_v`` for ``P V``, the
     backward's four products each its forward's) at their shapes' GEMM efficiency, and its softmax's bytes
     (:data:`EAGER_SOFTMAX_BYTES_PER_SCORE` a score)."""
-    def inverse(m, n, kk, key):
-        return 1.0 / kernels.gemm_efficiency(hardware, tables, dtype, m, n, kk, stated=eff[key], groups=heads)
+    def stacked(*operands):  # the six products' operands along a leading axis, at the heads' shape
+        out = np.empty((len(operands),) + np.shape(heads))
+        for i, operand in enumerate(operands):
+            out[i] = operand
+        return out
 
+    # Q K^T and P V, then the backward's dQ = dS K, dK = dS^T Q, dP = dO V^T, dV = P^T dO: one efficiency call
+    inverse = 1.0 / kernels.gemm_efficiency(
+        hardware, tables, dtype, stacked(seq_q, seq_q, seq_q, seq_k, seq_q, seq_k),
+        stacked(seq_k, dv, d, d, seq_k, dv), stacked(d, seq_k, seq_k, seq_q, dv, seq_q),
+        stated=np.array([eff["matmul"]] * 2 + [eff["matmul_backward"]] * 4).reshape((6,) + (1,) * np.ndim(heads)),
+        groups=heads)
     pairs = heads * seq_q * seq_k
     qk, pv = 2.0 * pairs * d, 2.0 * pairs * dv
-    forward = qk * inverse(seq_q, seq_k, d, "matmul") + pv * inverse(seq_q, dv, seq_k, "matmul")
-    backward = (qk * (inverse(seq_q, d, seq_k, "matmul_backward")             # dQ = dS K
-                      + inverse(seq_k, d, seq_q, "matmul_backward"))          # dK = dS^T Q
-                + pv * (inverse(seq_q, seq_k, dv, "matmul_backward")          # dP = dO V^T
-                        + inverse(seq_k, dv, seq_q, "matmul_backward")))      # dV = P^T dO
+    forward = qk * inverse[0] + pv * inverse[1]
+    backward = qk * (inverse[2] + inverse[3]) + pv * (inverse[4] + inverse[5])
     moved = EAGER_SOFTMAX_BYTES_PER_SCORE * width / 2.0 * pairs
     hbm = float(hardware.hbm_bytes_per_second)
     memory_f, memory_b = kernels.elementwise_efficiencies(tables, moved / EAGER_SOFTMAX_KERNELS,
