@@ -678,7 +678,7 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
             fp8_share = np.divide(fp8_mm, by_class[..., 0] + by_class[..., 1], out=np.zeros_like(fp8_mm),
                                   where=fp8_mm > 0)
             seconds = seconds + fp8_share * dense * (1.0 / fp8_peak - 1.0 / peak)
-        return np.maximum(seconds, passes * weights / (hbm * eff["memory"]))
+        return np.maximum(seconds, (weights if passes == 1.0 else passes * weights) / (hbm * eff["memory"]))
 
     tables = _kernel_tables(hardware)
     per_kernel = elementwise / k["elementwise_launches"]
