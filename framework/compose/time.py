@@ -1481,8 +1481,8 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     mean_g = mean(total_g)
     mean_gb = mean_g if total_gb is total_g else mean(total_gb)
     mean_rs = mean_g if total_rs is total_g else mean(total_rs)
-    excess_f = np.maximum(0.0, g - forward)
-    layers_f = where_layers(mean_g + total(excess_f) - mean(total(excess_f)))  # a forward's layer gathers
+    total_excess_f = total(np.maximum(0.0, g - forward))
+    layers_f = where_layers(mean_g + total_excess_f - mean(total_excess_f))  # a forward's layer gathers
     exposed_f = layers_f + root_gather
     both = np.maximum(0.0, gb + rs - backward)
     total_excess_gb = total(np.maximum(0.0, gb - backward))
