@@ -31,6 +31,7 @@ Schema (docs/calibration.md, "Kernel tables")::
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -323,7 +324,13 @@ def _shape_factor(m, n, k, sm_count: Optional[int], bytes_per_flop: float, eleme
     return waves * np.minimum(1.0, intensity * bytes_per_flop)  # intensity / ridge, the ridge peak / HBM
 
 
-def prior_gemm_efficiency(m, n, k, *, stated: float, sm_count: Optional[int], peak_flops_per_second: float,
+@functools.lru_cache(maxsize=256)
+def _reference_shape_factor(sm_count: Optional[int], bytes_per_flop: float, element_bytes: float) -> Any:
+    """:data:`REFERENCE_GEMM`'s shape factor on a device (a few scalars' arithmetic: made once a device and dtype)."""
+    return _shape_factor(*REFERENCE_GEMM, sm_count, bytes_per_flop, element_bytes)
+
+
+def prior_gemm_efficiency(m, n, k, *, stated: Any, sm_count: Optional[int], peak_flops_per_second: float,
                           hbm_bytes_per_second: float, element_bytes: float, groups=1.0) -> np.ndarray:
     """The analytic prior of a GEMM's efficiency, ``(m x k) @ (k x n)``, vectorized: no measurement behind it.
 
@@ -343,14 +350,15 @@ def prior_gemm_efficiency(m, n, k, *, stated: float, sm_count: Optional[int], pe
     """
     bytes_per_flop = np.float64(hbm_bytes_per_second) / np.float64(peak_flops_per_second)  # inf, not an error
     m, n, k = (np.asarray(v, dtype=np.float64) for v in (m, n, k))
-    reference = _shape_factor(*REFERENCE_GEMM, sm_count, bytes_per_flop, element_bytes)
+    reference = _reference_shape_factor(sm_count, bytes_per_flop, element_bytes)
     return np.minimum(1.0, stated * _shape_factor(m, n, k, sm_count, bytes_per_flop, element_bytes, groups) / reference)
 
 
-def gemm_efficiency(hardware: Any, tables: Optional[KernelTables], dtype: str, m, n, k, *, stated: float,
+def gemm_efficiency(hardware: Any, tables: Optional[KernelTables], dtype: str, m, n, k, *, stated: Any,
                     groups=1.0) -> np.ndarray:
     """Achieved / peak of *dtype* GEMMs at (m, n, k): the hardware's table for the dtype (one problem's
-    shape: *groups* is the prior's only), else the prior."""
+    shape: *groups* is the prior's only), else the prior (*stated*: a float, or an array broadcasting against
+    the shapes, GEMMs of different stated figures priced at once)."""
     table = tables.gemm.get(dtype) if tables is not None else None
     if table is not None:
         return table_gemm_efficiency(table, m, n, k)

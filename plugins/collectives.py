@@ -178,7 +178,7 @@ def _group(all_reduce: bool, n, nodes, latency, bandwidth, nvls=None):
         () if nvls is None else (nvls,))
     if any(array.size != 1 for array in arrays):
         return _group_terms(all_reduce, *arrays)
-    key = (all_reduce, *(array.shape for array in arrays), *(float(array.flat[0]) for array in arrays))
+    key = (all_reduce, *(array.shape for array in arrays), *(array.item() for array in arrays))
     hit = _ONE_GROUP.get(key)
     if hit is None:
         hit = _group_terms(all_reduce, *arrays)

@@ -521,12 +521,11 @@ def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any], hard
     forward = k["launches_per_layer"] + k["launches_per_token"] * (rows.seq / rows.cp)[:, None] + ring_launches
     floor = forward * max(launch, dispatch)
     mode = np.asarray(cols["recompute"])[:, None]
-    compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
-    full, selective, core = (mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention"))
-    eager = ~compiled
-    if not np.count_nonzero(full | selective | core):
+    if not np.count_nonzero(mode != RECOMPUTE.index("none")):
         return {"forward": floor, "backward": 2.0 * floor, "checkpointed_forward": floor,
                 "recompute": np.zeros(floor.shape)}
+    compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
+    full, selective, core = (mode == RECOMPUTE.index(name) for name in ("full", "selective", "core_attention"))
 
     def host(ratio):
         return forward * np.maximum(launch, dispatch * ratio)
@@ -534,7 +533,11 @@ def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any], hard
     def core_ops(ops):
         return ops * np.where(k["has_attention"][None, :], dispatch, 0.0)
     (full_f, full_r), (sel_f, sel_r) = CHECKPOINT_HOST_RATIOS["full"], CHECKPOINT_HOST_RATIOS["selective"]
-    full_eager, selective_eager, core_eager = full & eager, selective & eager, core & eager
+    if np.count_nonzero(compiled):
+        eager = ~compiled
+        full_eager, selective_eager, core_eager = full & eager, selective & eager, core & eager
+    else:  # every row eager
+        full_eager, selective_eager, core_eager = full, selective, core
     checkpointed = _select_made([(full_eager, lambda: host(full_f)), (selective_eager, lambda: host(sel_f)),
                                  (core_eager, lambda: floor + core_ops(CORE_ATTENTION_HOST_OPS[0]))],
                                 floor, floor.shape)
@@ -669,13 +672,13 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
         # the Float8 linears' share of the attention and other classes runs at the fp8 peak, at the compute
         # dtype's shape efficiency (an fp8 row of kernel_tables is not read)
         per_class = by_class * inverse
-        seconds = per_class.sum(axis=-1) / peak
+        seconds = np.add.reduce(per_class, axis=-1) / peak
         if fp8_on:  # a batch without Float8 linears adds no share (0 of finite seconds)
             dense = per_class[..., 0] + per_class[..., 1]
             fp8_share = np.divide(fp8_mm, by_class[..., 0] + by_class[..., 1], out=np.zeros_like(fp8_mm),
                                   where=fp8_mm > 0)
             seconds = seconds + fp8_share * dense * (1.0 / fp8_peak - 1.0 / peak)
-        return np.maximum(seconds, passes * weights / (hbm * eff["memory"]))
+        return np.maximum(seconds, (weights if passes == 1.0 else passes * weights) / (hbm * eff["memory"]))
 
     tables = _kernel_tables(hardware)
     per_kernel = elementwise / k["elementwise_launches"]
@@ -709,17 +712,20 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     measured = k["selective_measured"][None, :]
 
     def selective():
-        mm = by_class.sum(axis=-1)
+        mm = np.add.reduce(by_class, axis=-1)
         att_share = np.divide(by_class[..., 0], mm, out=np.zeros(mm.shape), where=mm > 0)
         return np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
                         + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_attention)
     mode = np.asarray(cols["recompute"])[:, None]
     # a layer's recompute runs at the start of its backward: the two are one stretch of the GPU's queue and of the
     # host's dispatch, bounded together (the host, running ahead, hides its recompute's work behind a long backward)
-    roofline_r = _select_made([(mode == RECOMPUTE.index(name), make) for name, make in (
-        ("full", lambda: roofline_f), ("selective", selective), ("core_attention", lambda: fwd_attention))],
-        0.0, forward.shape)
-    recompute = np.maximum(roofline_r + roofline_b, floor["recompute"] + floor["backward"]) - backward
+    if np.count_nonzero(mode != RECOMPUTE.index("none")):
+        roofline_r = _select_made([(mode == RECOMPUTE.index(name), make) for name, make in (
+            ("full", lambda: roofline_f), ("selective", selective), ("core_attention", lambda: fwd_attention))],
+            0.0, forward.shape)
+        recompute = np.maximum(roofline_r + roofline_b, floor["recompute"] + floor["backward"]) - backward
+    else:  # nothing recomputed: a roofline of 0 s
+        recompute = np.maximum(roofline_b, floor["recompute"] + floor["backward"]) - backward
     return {"forward": forward, "backward": backward, "recompute": recompute,
             "checkpointed_forward": np.maximum(roofline_f, floor["checkpointed_forward"]),
             "scores_forward": fwd_scores, "scores_backward": bwd_scores,
@@ -933,16 +939,22 @@ def _eager_scores(hardware: Hardware, tables, dtype: str, eff, seq_q, seq_k, hea
     masks, it skips nothing: ``2 s_q s_k d`` FLOPs a head for ``Q K^T``, ``2 s_q s_k d_v`` for ``P V``, the
     backward's four products each its forward's) at their shapes' GEMM efficiency, and its softmax's bytes
     (:data:`EAGER_SOFTMAX_BYTES_PER_SCORE` a score)."""
-    def inverse(m, n, kk, key):
-        return 1.0 / kernels.gemm_efficiency(hardware, tables, dtype, m, n, kk, stated=eff[key], groups=heads)
+    def stacked(*operands):  # the six products' operands along a leading axis, at the heads' shape
+        out = np.empty((len(operands),) + np.shape(heads))
+        for i, operand in enumerate(operands):
+            out[i] = operand
+        return out
 
+    # Q K^T and P V, then the backward's dQ = dS K, dK = dS^T Q, dP = dO V^T, dV = P^T dO: one efficiency call
+    inverse = 1.0 / kernels.gemm_efficiency(
+        hardware, tables, dtype, stacked(seq_q, seq_q, seq_q, seq_k, seq_q, seq_k),
+        stacked(seq_k, dv, d, d, seq_k, dv), stacked(d, seq_k, seq_k, seq_q, dv, seq_q),
+        stated=np.array([eff["matmul"]] * 2 + [eff["matmul_backward"]] * 4).reshape((6,) + (1,) * np.ndim(heads)),
+        groups=heads)
     pairs = heads * seq_q * seq_k
     qk, pv = 2.0 * pairs * d, 2.0 * pairs * dv
-    forward = qk * inverse(seq_q, seq_k, d, "matmul") + pv * inverse(seq_q, dv, seq_k, "matmul")
-    backward = (qk * (inverse(seq_q, d, seq_k, "matmul_backward")             # dQ = dS K
-                      + inverse(seq_k, d, seq_q, "matmul_backward"))          # dK = dS^T Q
-                + pv * (inverse(seq_q, seq_k, dv, "matmul_backward")          # dP = dO V^T
-                        + inverse(seq_k, dv, seq_q, "matmul_backward")))      # dV = P^T dO
+    forward = qk * inverse[0] + pv * inverse[1]
+    backward = qk * (inverse[2] + inverse[3]) + pv * (inverse[4] + inverse[5])
     moved = EAGER_SOFTMAX_BYTES_PER_SCORE * width / 2.0 * pairs
     hbm = float(hardware.hbm_bytes_per_second)
     memory_f, memory_b = kernels.elementwise_efficiencies(tables, moved / EAGER_SOFTMAX_KERNELS,
@@ -1152,27 +1164,30 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
         cp_fwd_exposed, cp_bwd_exposed = cp_seconds("exposed_forward"), cp_seconds("exposed_backward")
     else:  # no row splits its sequence: no K/V pass nor all-to-all (each 0 s on a group of one)
         cp_fwd = cp_bwd = cp_fwd_exposed = cp_bwd_exposed = np.zeros((n, len(model.kinds)))
-    if np.count_nonzero(ep > 1):
+    expert_parallel = np.count_nonzero(ep > 1)
+    if expert_parallel:
         bw_ep, lat_ep, link_ep = group_link(hardware, etp, ep, eff, ring=False)
         ep_msg = (tokens * etp / tp * h * width * rows.imbalance)[:, None] * k["experts_per_token"][None, :]
         ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None],  # dispatch, combine
                                            **{key: value[:, None] for key, value in link_ep.items()})
-    else:  # no expert parallelism: no dispatch nor combine
-        ep_pass = np.zeros((n, len(model.kinds)))
-    overlapped = overlaps_ep[:, None]
-    exposed_fwd = tp_exposed_fwd + cp_fwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["forward"]),
-                                                             ep_pass)
-    exposed_bwd = tp_exposed_bwd + cp_bwd_exposed + np.where(overlapped, np.maximum(0.0, ep_pass - layer["backward"]),
-                                                             ep_pass)
+    exposed_fwd, exposed_bwd = tp_exposed_fwd + cp_fwd_exposed, tp_exposed_bwd + cp_bwd_exposed
+    comm_fwd, comm_bwd = tp_fwd + cp_fwd, tp_bwd + cp_bwd
+    if expert_parallel:  # (without, the all-to-alls are 0 s: nothing to add)
+        overlapped = overlaps_ep[:, None]
+        if np.count_nonzero(overlapped):
+            exposed_fwd = exposed_fwd + np.where(overlapped, np.maximum(0.0, ep_pass - layer["forward"]), ep_pass)
+            exposed_bwd = exposed_bwd + np.where(overlapped, np.maximum(0.0, ep_pass - layer["backward"]), ep_pass)
+        else:
+            exposed_fwd, exposed_bwd = exposed_fwd + ep_pass, exposed_bwd + ep_pass
+        comm_fwd, comm_bwd = comm_fwd + ep_pass, comm_bwd + ep_pass
     full = (np.asarray(cols["recompute"]) == RECOMPUTE.index("full"))[:, None]
     if np.count_nonzero(full):
-        comm_extra = np.where(full, tp_fwd + cp_fwd + ep_pass, 0.0)
+        comm_extra = np.where(full, comm_fwd, 0.0)
         exposed_extra = np.where(full, exposed_fwd, 0.0)
     else:
         comm_extra = exposed_extra = np.zeros(exposed_fwd.shape)
-    return {"comm_fwd": tp_fwd + cp_fwd + ep_pass, "comm_bwd": tp_bwd + cp_bwd + ep_pass,
-            "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd, "comm_extra": comm_extra,
-            "exposed_extra": exposed_extra}
+    return {"comm_fwd": comm_fwd, "comm_bwd": comm_bwd, "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd,
+            "comm_extra": comm_extra, "exposed_extra": exposed_extra}
 
 
 def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[str, Any], layer,
@@ -1247,7 +1262,9 @@ def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) 
     """
     hbm, h, vocab = float(hardware.hbm_bytes_per_second), float(model.hidden_size), float(model.vocab_size)
     width, peak, tokens = rows.compute_bytes, rows.peak_flops, rows.tokens
-    head_split = np.where(rows.vocab_parallel, rows.tp, 1.0)
+    vocab_parallel = np.count_nonzero(rows.vocab_parallel)
+    head_split = (rows.tp if vocab_parallel == len(rows.tp) else np.ones(len(rows.tp)) if not vocab_parallel
+                  else np.where(rows.vocab_parallel, rows.tp, 1.0))
     head_flops = model.head_flops_per_token * tokens / head_split * (1 + len(model.mtp_kinds))
     head_weights = rows.param_bytes * (model.head_parameters or model.embedding_parameters) / head_split
     head_fwd = np.maximum(head_flops / (peak * eff["matmul"]), head_weights / (hbm * eff["memory"]))
@@ -1257,10 +1274,11 @@ def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) 
     else:
         loss_per_token = vocab / head_split * (width + 16.0) + NORM_ELEMENTS * h * 2.0
     loss_bytes = tokens * loss_per_token * (1 + len(model.mtp_kinds))
+    embedding_bytes = 2.0 * tokens * h * width
     return {"head_fwd": head_fwd + loss_bytes / (hbm * eff["memory"]),
             "head_bwd": head_bwd + loss_bytes / (hbm * eff["memory_backward"]),
-            "embed_fwd": 2.0 * tokens * h * width / (hbm * eff["memory"]),
-            "embed_bwd": 2.0 * tokens * h * width / (hbm * eff["memory_backward"]), "head_split": head_split}
+            "embed_fwd": embedding_bytes / (hbm * eff["memory"]),
+            "embed_bwd": embedding_bytes / (hbm * eff["memory_backward"]), "head_split": head_split}
 
 
 def _rank_parameters(model: ModelWork, rows: _Rows, counts, where: placement_rules.RankPlacement, head_split):
@@ -1301,8 +1319,7 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
     # the rows of each mode (a partition): a mode no row runs is skipped, a mode every row runs needs no picks
     g_rows, z_rows = np.count_nonzero(gathers), np.count_nonzero(distributed_optimizer)
     plain_rows = n - g_rows - z_rows
-    param_bytes, grad_bytes = dense_params * rows.param_bytes[:, None], dense_params * rows.grad_bytes[:, None]
-    eparam_bytes, egrad_bytes = routed_params * rows.param_bytes[:, None], routed_params * rows.grad_bytes[:, None]
+    grad_bytes, egrad_bytes = dense_params * rows.grad_bytes[:, None], routed_params * rows.grad_bytes[:, None]
 
     def run(name, needed, message, size, stride):  # the group's link found only where some row needs it
         if not np.count_nonzero(needed):
@@ -1332,8 +1349,11 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
         if _scatter_is_gather(coll, rows):  # the same bytes through the same function
             gather, egather = scatter, escatter
         else:
-            gather, egather = (run("all_gather", distributed_optimizer, param_bytes, group, shard.shard_stride),
-                               run("all_gather", distributed_optimizer, eparam_bytes, experts, rows.etp * rows.ep))
+            param_bytes = rows.param_bytes[:, None]
+            gather, egather = (run("all_gather", distributed_optimizer, dense_params * param_bytes, group,
+                                   shard.shard_stride),
+                               run("all_gather", distributed_optimizer, routed_params * param_bytes, experts,
+                                   rows.etp * rows.ep))
         param_step = gather + egather if z_rows == n else np.where(z, gather + egather, 0.0)
     return {"grad_step": dense_grad_step + expert_grad_step, "param_step": param_step}
 
@@ -1404,7 +1424,8 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
                 "step_exposed": zeros}
     k = _kind_arrays(model)
     link_sh = group_link(hardware, shard.shard_stride, shard.dense_ways, eff)
-    link_edp = group_link(hardware, rows.etp * rows.ep, shard.expert_replicas, eff)
+    routed_experts = np.count_nonzero(k["routed_parameters"])  # else no expert gathers (0 s)
+    link_edp = group_link(hardware, rows.etp * rows.ep, shard.expert_replicas, eff) if routed_experts else None
 
     def run(name, elements, width, size, link):  # one collective of *elements* a row and kind, where FSDP runs
         return _run_rows(coll[name], gathers, elements * width[:, None], size, link)
@@ -1422,19 +1443,23 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     root = (where.has_embedding * (model.embedding_parameters / rank["head_split"])[:, None]
             + where.has_head * (model.head_parameters / rank["head_split"] + model.final_norm_parameters)[:, None])
     # in elements at the compute width: the linears gathered in fp8 count 1 / width of theirs
-    gathered = dense - np.where(fp8_gather[:, None], linears * (1.0 - 1.0 / width[:, None]), 0.0)
+    fp8_rows = np.count_nonzero(fp8_gather)
+    gathered = dense - np.where(fp8_gather[:, None], linears * (1.0 - 1.0 / width[:, None]), 0.0) if fp8_rows \
+        else dense
     layer_gather, root_gather = run_shard_group("all_gather", gathered, root, width)
-    gather = layer_gather + run("all_gather", routed, width, shard.expert_replicas, link_edp)
-    same = _scatter_is_gather(coll, rows) and not np.count_nonzero(fp8_gather) and _equal(width, rows.grad_bytes)
+    gather = layer_gather + run("all_gather", routed, width, shard.expert_replicas, link_edp) if routed_experts \
+        else layer_gather
+    same = _scatter_is_gather(coll, rows) and not fp8_rows and _equal(width, rows.grad_bytes)
     if same:
         scatter, root_scatter = gather, root_gather
     else:
         layer_scatter, root_scatter = run_shard_group("reduce_scatter", dense, root, rows.grad_bytes)
-        scatter = layer_scatter + run("reduce_scatter", routed, rows.grad_bytes, shard.expert_replicas, link_edp)
+        scatter = layer_scatter + run("reduce_scatter", routed, rows.grad_bytes, shard.expert_replicas, link_edp) \
+            if routed_experts else layer_scatter
     # the backward gathers again unless reshard_after_forward=false (a batch without it: the forward's figures)
     gather_b = np.where(shard.keeps_gathered[:, None], 0.0, gather) if np.count_nonzero(shard.keeps_gathered) \
         else gather
-    layers = counts.sum(axis=2)                                                      # (N, R)
+    layers = np.add.reduce(counts, axis=2)                                           # (N, R)
     placed = np.count_nonzero(layers > 0) == layers.size  # every rank holds a layer: no guard against none
 
     def total(per_layer):                                                            # (N, K) or (N, R, K) -> (N, R)
@@ -1453,18 +1478,22 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     total_rs = total_g if scatter is gather else total(scatter)
     forward, backward = rank["layer_forward"][:, None, :], rank["layer_backward"]    # (N, 1, K), (N, R, K)
     g, gb, rs = gather[:, None, :], gather_b[:, None, :], scatter[:, None, :]
-    excess_f = np.maximum(0.0, g - forward)
-    layers_f = where_layers(mean(total_g) + total(excess_f) - mean(total(excess_f)))  # a forward's layer gathers
+    mean_g = mean(total_g)
+    mean_gb = mean_g if total_gb is total_g else mean(total_gb)
+    mean_rs = mean_g if total_rs is total_g else mean(total_rs)
+    total_excess_f = total(np.maximum(0.0, g - forward))
+    layers_f = where_layers(mean_g + total_excess_f - mean(total_excess_f))  # a forward's layer gathers
     exposed_f = layers_f + root_gather
     both = np.maximum(0.0, gb + rs - backward)
-    mean_excess_gb = mean(total(np.maximum(0.0, gb - backward)))
-    mean_excess_rs = mean_excess_gb if rs is gb else mean(total(np.maximum(0.0, rs - backward)))
+    total_excess_gb = total(np.maximum(0.0, gb - backward))
+    mean_excess_gb = mean(total_excess_gb)
+    mean_excess_rs = mean_excess_gb if scatter is gather_b else mean(total(np.maximum(0.0, rs - backward)))
     total_both = total(both)
-    many = (mean(total_gb) + mean(total_rs) + total_both - 2.0 * mean(total_both) + mean_excess_gb + mean_excess_rs)
+    many = (mean_gb + mean_rs + total_both - 2.0 * mean(total_both) + mean_excess_gb + mean_excess_rs)
     if np.count_nonzero(layers > 1) == layers.size:
         exposed_b = many + root_scatter
     else:
-        exposed_b = np.where(layers > 1, many, where_layers(mean(total_gb) + mean(total_rs))) + root_scatter
+        exposed_b = np.where(layers > 1, many, where_layers(mean_gb + mean_rs)) + root_scatter
     g_rows, rg = gathers[:, None], shard.keeps_gathered[:, None]
     gathers_f_b = total_g * np.where(rg, 1.0, 2.0) + root_gather
     scatters = total_rs + root_scatter
@@ -1474,8 +1503,7 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
         # (the first micro-batch's forward); one reduce-scatter of the stage, exposed whole
         d = shard.defers_reduce[:, None]
         once = d & rg
-        total_excess_b = total(np.maximum(0.0, gb - backward))
-        gathers_b = where_layers(mean(total_gb) + total_excess_b - mean(total_excess_b))
+        gathers_b = where_layers(mean_gb + total_excess_gb - mean_excess_gb)
         step_comm = np.where(d, scatters + root_gather + np.where(rg, total_g, 0.0), 0.0)
         step_exposed = np.where(d, scatters + root_gather + np.where(rg, layers_f, 0.0), 0.0)
         exposed_f = np.where(once, 0.0, np.where(d, layers_f, exposed_f))
@@ -1513,7 +1541,7 @@ def _pipeline(model: ModelWork, rows: _Rows, cols, schedules, stage, hardware: H
     bw_pp, lat_pp, link_pp = group_link(hardware, rows.tp * rows.cp * rows.dp * rows.fsdp, pp, eff, ring=False)
     send = on_stages(coll["send_recv"](message, pp, bw_pp, lat_pp, nodes=link_pp["nodes"]))
     busiest = np.argmax(stage, axis=1)
-    idle = stage.sum(axis=1) - stage[np.arange(n), busiest]
+    idle = np.add.reduce(stage, axis=1) - stage[np.arange(n), busiest]
     steps = np.zeros(n)
     codes = np.asarray(cols["schedule"])
     for code in distinct(codes)[0].tolist():  # a loop over the schedules a batch uses
@@ -1530,11 +1558,19 @@ def _optimizer_seconds(rows: _Rows, shard: sharding_rules.Sharding, dense_params
     Parameters (read, written), gradients, master weights and optimizer
     states (read, written) of the rank's shard (:mod:`ndcost.compose.sharding`).
     """
-    local = (dense_params / shard.ways("optimizer_states")[:, None]
-             + routed_params / shard.expert_ways("optimizer_states")[:, None])
+    local = _local_elements(dense_params, routed_params, shard, "optimizer_states")
     per_param = 2 * rows.param_bytes + rows.grad_bytes + 2 * rows.master_bytes + 2 * states * rows.optimizer_bytes
     hbm = float(hardware.hbm_bytes_per_second)
     return _most_on_real_ranks(local * per_param[:, None] / (hbm * eff["memory"]), real_rank)
+
+
+def _local_elements(dense_params, routed_params, shard: sharding_rules.Sharding, category: str) -> np.ndarray:
+    """``(N, R)`` elements of each rank's shard of *category*: its dense and routed parameters over their ways
+    (a model without routed experts: the dense alone)."""
+    local = dense_params / shard.ways(category)[:, None]
+    if np.count_nonzero(routed_params):
+        local = local + routed_params / shard.expert_ways(category)[:, None]
+    return local
 
 
 def _most_on_real_ranks(values: np.ndarray, real_rank: np.ndarray) -> np.ndarray:
@@ -1542,7 +1578,7 @@ def _most_on_real_ranks(values: np.ndarray, real_rank: np.ndarray) -> np.ndarray
     picks where every rank is real (a group of one pp) or the reduction over one rank."""
     if np.count_nonzero(real_rank) != real_rank.size:
         values = np.where(real_rank, values, 0.0)
-    return values[:, 0] if values.shape[1] == 1 else values.max(axis=1)
+    return values[:, 0] if values.shape[1] == 1 else np.maximum.reduce(values, axis=1)
 
 
 def _offload_seconds(rows: _Rows, cols, shard: sharding_rules.Sharding, dense_params, routed_params, rank,
@@ -1576,8 +1612,7 @@ def _offload_seconds(rows: _Rows, cols, shard: sharding_rules.Sharding, dense_pa
                        "the strategies with CostModel.evaluate_many")
 
     def local(category):  # (N, R) elements of the rank's shard of *category*
-        return (dense_params / shard.ways(category)[:, None]
-                + routed_params / shard.expert_ways(category)[:, None])
+        return _local_elements(dense_params, routed_params, shard, category)
 
     def seconds(elements, width, flag):
         return np.where(flag[:, None], elements * width[:, None] / link, 0.0)
@@ -1630,7 +1665,7 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
     layer = layer_seconds(model, cols, hardware, eff, rows)
     comm = _layer_communication(model, rows, cols, layer, overlaps_ep, hardware, eff, coll)
     ends = _embedding_and_head(model, rows, hardware, eff)
-    layers_on_rank = counts.sum(axis=2)
+    layers_on_rank = np.add.reduce(counts, axis=2)
     rl = np.asarray(cols["recompute_layers"], dtype=np.float64)[:, None]
     partial = np.count_nonzero(rl >= 0)  # rows recomputing some of their layers (else all: a share of 1)
     fraction = np.where(rl < 0, 1.0, np.minimum(1.0, np.divide(rl * rows.vpp[:, None], layers_on_rank,
@@ -1715,8 +1750,15 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     fsdp_exposed_f, fsdp_exposed_b = fsdp["exposed_f"], fsdp["exposed_b"]
     off = _offload_seconds(rows, cols, shard, dense_params, routed_params, rank, offloaded_activations, real_rank,
                            hardware)
-    forward = rank["compute_f"] + rank["exposed_f"] + fsdp_exposed_f + off["exposed_f"]
-    backward = rank["compute_b"] + rank["exposed_b"] + fsdp_exposed_b + off["exposed_b"]
+    # FSDP's per-layer collectives and offloading's copies are 0 s on rows without them: added only where some has
+    fsdp_rows = np.count_nonzero(shard.sharded["parameters"])
+    offloading = any(np.count_nonzero(np.asarray(cols[name], dtype=bool))
+                     for name in ("offload_optimizer", "offload_params", "offload_activations"))
+    forward, backward = rank["compute_f"] + rank["exposed_f"], rank["compute_b"] + rank["exposed_b"]
+    if fsdp_rows:
+        forward, backward = forward + fsdp_exposed_f, backward + fsdp_exposed_b
+    if offloading:
+        forward, backward = forward + off["exposed_f"], backward + off["exposed_b"]
     stage = forward + backward
     if np.count_nonzero(real_rank) != real_rank.size:  # ranks past a row's pp: none
         stage = np.where(real_rank, stage, 0.0)
@@ -1736,25 +1778,34 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     offloads_optimizer = np.asarray(cols["offload_optimizer"], dtype=bool)
     if np.count_nonzero(offloads_optimizer):
         optimizer = np.where(offloads_optimizer, off["cpu_step"], optimizer)
-    offload_step = _most_on_real_ranks(np.maximum(0.0, off["step_out"] - backward) + off["step_in"], real_rank)
     m = rows.micro_batches
     busiest = (np.arange(n), pipe["busiest"])
 
     def pick(a):  # (N, R) -> (N,): the busiest rank's (the only one without a pipeline: no picks)
         return a[:, 0] if a.shape[1] == 1 else a[busiest]
     compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
-    exposed = (m * (pick(rank["exposed_f"]) + pick(rank["exposed_b"]) + pick(fsdp_exposed_f) + pick(fsdp_exposed_b))
-               + pick(fsdp["step_exposed"]) + grad_exposed + param_exposed + pipe["pp_exposed"])
-    communication = (m * (pick(rank["comm_layers"]) + pick(fsdp["gathers"]) + pick(fsdp["scatters"])
-                          + pipe["pp_comm"]) + pick(fsdp["step_comm"]) + reductions * pick(dp["grad_step"])
-                     + pick(dp["param_step"]))
-    exposed_offload = m * (pick(off["exposed_f"]) + pick(off["exposed_b"])) + offload_step
+    exposed_layers = pick(rank["exposed_f"]) + pick(rank["exposed_b"])
+    comm_layers = pick(rank["comm_layers"])
+    if fsdp_rows:
+        exposed_layers = exposed_layers + pick(fsdp_exposed_f) + pick(fsdp_exposed_b)
+        comm_layers = comm_layers + pick(fsdp["gathers"]) + pick(fsdp["scatters"])
+    exposed, communication = m * exposed_layers, m * (comm_layers + pipe["pp_comm"])
+    if fsdp_rows:
+        exposed, communication = exposed + pick(fsdp["step_exposed"]), communication + pick(fsdp["step_comm"])
+    exposed = exposed + grad_exposed + param_exposed + pipe["pp_exposed"]
+    communication = communication + reductions * pick(dp["grad_step"]) + pick(dp["param_step"])
+    step = compute + exposed + pipe["bubble"] + optimizer
+    if offloading:
+        offload_step = _most_on_real_ranks(np.maximum(0.0, off["step_out"] - backward) + off["step_in"], real_rank)
+        exposed_offload = m * (pick(off["exposed_f"]) + pick(off["exposed_b"])) + offload_step
+        offload = m * pick(off["copies"]) + pick(off["step_out"] + off["step_in"])
+        step = step + exposed_offload
+    else:
+        exposed_offload, offload = np.zeros(n), np.zeros(n)
     seconds = {"compute_seconds": compute, "exposed_communication_seconds": exposed,
                "communication_seconds": communication, "bubble_seconds": pipe["bubble"],
-               "optimizer_seconds": optimizer,
-               "offload_seconds": m * pick(off["copies"]) + pick(off["step_out"] + off["step_in"]),
-               "exposed_offload_seconds": exposed_offload,
-               "step_seconds": compute + exposed + pipe["bubble"] + optimizer + exposed_offload}
+               "optimizer_seconds": optimizer, "offload_seconds": offload,
+               "exposed_offload_seconds": exposed_offload, "step_seconds": step}
     detail = {"stage_seconds": stage, "busiest_rank": pipe["busiest"], "forward_seconds": pick(forward),
               "backward_seconds": pick(backward), "grad_sync_seconds": pick(dp["grad_step"]),
               "pp_send_seconds": pipe["send"], "fsdp_exposed_forward_seconds": fsdp_exposed_f,
@@ -1942,7 +1993,8 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
             # rows grouped by (sequence length, pp), each group a contiguous slice after one sort, so a
             # group's per-rank arrays are only as wide as its pp; groups cut at CHUNK_ROWS rows
             pp = cols["pp"]
-            key = inverse * (int(pp.max()) + 1) + pp
+            radix = int(np.maximum.reduce(pp)) + 1
+            key = inverse * radix + pp
             if len(key) == 1 or (len(key) <= CHUNK_ROWS and np.count_nonzero(key == key[0]) == len(key)):
                 # one group (one strategy): no sort
                 order, cuts, ordered = np.arange(len(key)), [0, len(key)], cols
@@ -1952,7 +2004,7 @@ def attach(result: Any, batch: Any, hardware: Hardware, model_work: Callable[[in
                 cuts = sorted(set(edges.tolist()) | set(range(0, len(order), CHUNK_ROWS)) | {len(order)})
                 ordered = {k: None if v is None else v[order] for k, v in cols.items()}
             for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):  # a loop over the groups, not rows
-                seq = seqs[key[order[lo]] // (int(pp.max()) + 1)].item()
+                seq = seqs[key[order[lo]] // radix].item()
                 sub = ordered if hi - lo == len(order) else {k: None if v is None else v[lo:hi]
                                                              for k, v in ordered.items()}
                 group, ranks = rows[order[lo:hi]], int(cols["pp"][order[lo]])

@@ -66,7 +66,7 @@ def group_link(hardware, stride, size, efficiency: Mapping[str, float], *, ring:
     if stride.size != 1 or size.size != 1:
         return _group_link(hardware, stride, size, efficiency, ring)
     # one group (a batch of one strategy): kept by its figures, the arrays read-only
-    key = (id(hardware), stride.shape, size.shape, int(stride.flat[0]), int(size.flat[0]), bool(ring),
+    key = (id(hardware), stride.shape, size.shape, stride.item(), size.item(), bool(ring),
            efficiency["collective_within_node"], efficiency["collective_across_nodes"])
     hit = _ONE_GROUP.get(key)
     if hit is None or hit[0] is not hardware:
