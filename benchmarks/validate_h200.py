@@ -40,6 +40,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import ndcost
 from ndcost import manager
 from ndcost.compose import time as time_model
+from ndcost.errors import InvalidStrategy
 from ndcost.plugins import calibration
 from ndcost.specio import read_text
 
@@ -107,9 +108,6 @@ def _untracked_bytes(case: Dict[str, Any]) -> int:
 def evaluate_step(case: Dict[str, Any], source: str, census: str, hw: Dict[str, Any]) -> Dict[str, Any]:
     """One measured whole step beside ndcost's estimate of it (measured figures None where not measured)."""
     strategy, runtime = step_strategy(case), step_runtime(case)
-    costs = {name: ndcost.resolve(case["config"], runtime=runtime, hardware=h, census=census).evaluate(strategy)
-             for name, h in hw.items()}
-    fitted = costs["fitted"]
     untracked = None if case.get("max_allocated_during_step_bytes") is None else _untracked_bytes(case)
     measured_bytes = None if untracked is None else case["max_allocated_during_step_bytes"] - untracked
     measured_seconds = case["step_ms"] / 1e3 if case.get("step_ms") is not None else None
@@ -117,9 +115,19 @@ def evaluate_step(case: Dict[str, Any], source: str, census: str, hw: Dict[str, 
                            "runtime": runtime, "measured_seconds": measured_seconds,
                            "measured_allocated_bytes": measured_bytes,
                            "max_allocated_during_step_bytes": case.get("max_allocated_during_step_bytes"),
-                           "predicted_peak_bytes": fitted.peak_bytes,
-                           "allocated_error": _error(fitted.peak_bytes, measured_bytes),
                            "alloc_conf": case.get("alloc_conf")}
+    try:
+        costs = {name: ndcost.resolve(case["config"], runtime=runtime, hardware=h, census=census).evaluate(strategy)
+                 for name, h in hw.items()}
+    except InvalidStrategy as exc:  # refused (a figure ndcost cannot price here): no prediction, and why
+        out.update(predicted_peak_bytes=None, allocated_error=None, predicted_reserved_bytes=None,
+                   reserved_error=None, refused=str(exc).split(": ", 1)[-1],
+                   reserved="refused: " + ": ".join(str(exc).split(": ")[1:3]))
+        for name in hw:
+            out[f"predicted_seconds_{name}"] = out[f"time_error_{name}"] = None
+        return out
+    fitted = costs["fitted"]
+    out.update(predicted_peak_bytes=fitted.peak_bytes, allocated_error=_error(fitted.peak_bytes, measured_bytes))
     out.update(_reserved_row(case, fitted, untracked))
     for name, cost in costs.items():  # time None where ndcost leaves it unpriced (the provenance says why)
         seconds = None if cost.time is None else cost.time.step_seconds

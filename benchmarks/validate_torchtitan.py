@@ -37,7 +37,7 @@ import tempfile
 from typing import Any, Dict, List, Optional, Sequence
 
 import ndcost
-from ndcost.errors import NdcostError
+from ndcost.errors import InvalidStrategy, NdcostError
 from ndcost.specio import load_yaml, read_text
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "torchtitan_performance.yaml")
@@ -89,7 +89,12 @@ def read_job(row: Dict[str, Any], *, features: bool = True) -> "ndcost.trainers.
 
 def _price(config: Any, hardware: str, census: str) -> Dict[str, Any]:
     model = ndcost.resolve(config.model, hardware=hardware, census=census)
-    cost = model.evaluate(config.strategy)
+    try:
+        cost = model.evaluate(config.strategy)
+    except InvalidStrategy as exc:  # refused (unpriced): no figure, and why
+        return {"strategy": str(config.strategy), "valid": False, "reason": str(exc).split(": ", 1)[-1],
+                "fits": False, "fits_basis": None, "tokens_per_second_per_gpu": None, "peak_bytes": None,
+                "reserved_bytes": None, "memory_basis": None, "memory_gib": None, "mfu": None}
     time = cost.time
     return {"strategy": str(config.strategy), "valid": bool(cost.valid), "reason": cost.reason,
             "fits": bool(cost.valid and cost.fits), "fits_basis": cost.fits_basis,
@@ -168,6 +173,7 @@ def summary(results: List[Dict[str, Any]]) -> Dict[str, Any]:
                         [r["published"]["tokens_per_second_per_gpu"] for r in rows])
     return {"rows": len(results), "comparable_rows": len(comparable),
             "unpriceable_rows": sum(not r["comparable"] for r in results),
+            "refused_rows": sum(r["comparable"] and r["tokens_error"] is None for r in results),
             "spearman_tokens_per_second_comparable": rho(comparable),
             "spearman_tokens_per_second_without_features": rho(plain),
             "tokens_error_comparable": [r["tokens_error"] for r in comparable],
@@ -193,8 +199,9 @@ def table(results: List[Dict[str, Any]], summ: Dict[str, Any]) -> str:
             "; (figures) without them, not like-for-like"
         before = _pct(r.get("tokens_error_without_features")) if r["features"] and r["comparable"] else "-"
         if not p["fits"]:
-            note = (note + "; " if note else "") + "ndcost: " + (p["reason"] if not p["valid"] else
-                                                                  f"does not fit {r['hardware']}")
+            refused = "refuses: " + ": ".join(str(p["reason"]).split(": ")[:2])  # its first clauses (--json: all)
+            note = (note + "; " if note else "") + "ndcost " + (refused if not p["valid"] else
+                                                                 f"says it does not fit {r['hardware']}")
         lines.append(f"| {r['id']} | {r['model']} | {r['gpus']} | {r['hardware']} | {r['seq_len']} "
                      f"| {r['published']['tokens_per_second_per_gpu']:,} "
                      f"| {wrap(_num(p['tokens_per_second_per_gpu'], ',.0f'))} | {wrap(_pct(r['tokens_error']))} "
@@ -204,7 +211,7 @@ def table(results: List[Dict[str, Any]], summ: Dict[str, Any]) -> str:
     rho = summ["spearman_tokens_per_second_comparable"]
     lines.append("")
     lines.append(f"{summ['comparable_rows']} priced rows of {summ['rows']} ({summ['unpriceable_rows']} use "
-                 f"features ndcost does not price); Spearman rank correlation of TPS/GPU over the priced rows: "
+                 f"features ndcost does not price, {summ['refused_rows']} refused); Spearman rank correlation of TPS/GPU over the priced rows: "
                  f"{_num(rho, '.2f')} (over the rows without Float8, compile or async TP: "
                  f"{_num(summ['spearman_tokens_per_second_without_features'], '.2f')})")
     return "\n".join(lines)

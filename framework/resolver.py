@@ -411,8 +411,19 @@ class CostModel:
         except NdcostError as exc:
             prov["attention"] = f"unpriced: {exc}"
         sel_fallback: Dict[str, Any] = {}
+        names = self.resolved.activation_sources.get(seq, {})
         for k in kinds:
+            if k in names:  # an estimator's record (not given): its selective figure must price the runtime's policy
+                why = self._selective_mismatch(self._activation_estimator(names[k]))
+                if why is not None and records[k].selective_per_token is not None:
+                    records[k] = attrs.evolve(records[k], selective_per_token=None, selective_tp_per_token=None)
+                    prov.setdefault("selective", {})[k] = f"unpriced: {why}"
+                    continue
             if records[k].selective_per_token is None:
+                why = self._selective_mismatch(formulas)
+                if why is not None:
+                    prov.setdefault("selective", {})[k] = f"unpriced: {why}"
+                    continue
                 try:
                     sel_fallback[k] = formulas.records(self.spec, [k], seq, self._estimator_runtime)[0][k]
                 except (NdcostError, KeyError) as exc:
@@ -442,6 +453,38 @@ class CostModel:
 
     def _activation_estimator(self, name: str) -> Any:
         return _registry().find(f"estimator/activations/{name}")
+
+    @staticmethod
+    def _selective_refusal(tables: Sequence[memory.RecordTables]) -> str:
+        """The reason a row under recompute=selective is refused: the first unpriced kind's, from the provenance."""
+        for table in tables:
+            for kind, why in dict(table.provenance.get("selective", {})).items():
+                if str(why).startswith("unpriced: "):
+                    return f"recompute=selective: layer kind {kind!r} has no selective figure: {why[10:]}"
+        return ("recompute=selective: no selective figure for some layer kind (neither the census nor the formulas "
+                "state one); use recompute=full or core_attention")
+
+    def _selective_mismatch(self, estimator: Any) -> Optional[str]:
+        """Why *estimator*'s selective figures do not price ``recompute=selective`` here, or None.
+
+        ``selective`` is the runtime profile's checkpoint policy
+        (``Strategy.recompute``); an estimator stating ``selective_scope``
+        prices only a policy of that scope (the op records: the attention
+        core, Megatron-LM's selective), so under a runtime running another
+        (torchtitan's op-level policy) its figure is another recompute's.
+        Without a runtime profile the formulas' own selective is the one priced.
+        """
+        scope = getattr(estimator, "selective_scope", None)
+        if scope is None or self._profile is None:
+            return None
+        policy = _registry().find(f"checkpoint_policy/{self._profile.selective_policy}")
+        if policy is not None and policy.scope == scope:
+            return None
+        runs = (f"checkpoint_policy/{self._profile.selective_policy} (not registered)" if policy is None
+                else f"checkpoint_policy/{policy.name} (scope {policy.scope})")
+        return (f"the {estimator.name} estimator prices only selective recompute of scope {scope}; runtime "
+                f"{self.runtime}'s selective is {runs}, which only the census measures: use census='auto' "
+                f"(pip install 'ndcost[census]'), or recompute=core_attention (Megatron-LM's selective) or full")
 
     def _needs_census(self, name: str) -> bool:
         estimator = self._activation_estimator(name)
@@ -664,9 +707,7 @@ class CostModel:
                 unpriced_selective[order[lo:hi]] = composed.unpriced["selective"]
                 beyond_exact[order[lo:hi]] = composed.beyond_exact
                 lo = hi
-            batch.refuse(unpriced_selective,
-                         "recompute=selective: no selective figure for some layer kind (neither the census "
-                         "nor the formulas state one); use recompute=full or core_attention")
+            batch.refuse(unpriced_selective, self._selective_refusal(tables))
             batch.refuse(beyond_exact, lambda i: (
                 f"its bytes a device pass {memory.MAX_EXACT_BYTES:,} (2**53), past which they are not exact "
                 f"integers; spread the model over more devices (tp, pp, ep, zero, fsdp) or give fewer tokens a "

@@ -495,3 +495,37 @@ def test_mtp_layers_a_runtime_does_not_build_take_no_time(strategy):
     without = ndcost.resolve(load_model({**config, "num_nextn_predict_layers": 0}), census="off").evaluate(strategy)
     assert with_mtp.time.step_seconds == without.time.step_seconds
     assert with_mtp.peak_bytes == without.peak_bytes
+
+
+def test_the_formulas_price_selective_only_where_the_runtime_runs_their_policy(fresh):
+    """``recompute=selective`` is the runtime's checkpoint policy. The op records price only recomputing the
+    attention core (Megatron-LM's selective): under hf-cuda, whose policy is torchtitan's op-level one, a
+    strategy priced from them is refused, saying why and what prices it; under a runtime running a policy of
+    the records' scope it is priced, and is exactly that recompute (``recompute=core_attention``)."""
+    import attrs
+
+    import ndcost
+    from ndcost import manager
+    from ndcost.registry import Source
+
+    strategy = "fsdp=8,seq=8192,micro_batch=2,recompute=selective"
+    model = ndcost.resolve("llama-3.1-8b", runtime="hf-cuda", census="off")
+    with pytest.raises(InvalidStrategy) as refused:
+        model.evaluate(strategy)
+    for said in ("layer kind 'dense' has no selective figure", "checkpoint_policy/torchtitan (scope layer)",
+                 "census='auto'", "recompute=core_attention"):
+        assert said in str(refused.value)
+    batch = model.evaluate_many([strategy, strategy.replace("selective", "core_attention")])
+    assert batch.valid.tolist() == [False, True]
+    assert batch.reason[0] == str(refused.value).split(": ", 1)[1]
+
+    registry = manager.registry()
+    megatron_like = attrs.evolve(registry.get("runtime/hf-cuda"), name="hf-cuda-core-attention",
+                                 selective_policy="megatron-core-attention")
+    registry.add("runtime/hf-cuda-core-attention", megatron_like,
+                 source=Source(distribution="test", module="test_resolver"))
+    model = ndcost.resolve("llama-3.1-8b", runtime="hf-cuda-core-attention", census="off")
+    selective = model.evaluate(strategy)
+    core = model.evaluate(strategy.replace("selective", "core_attention"))
+    assert selective.peak_bytes == core.peak_bytes
+    assert [s.bytes_by_category for s in selective.stages] == [s.bytes_by_category for s in core.stages]

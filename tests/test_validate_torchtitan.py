@@ -109,7 +109,8 @@ def test_each_row_translates_with_its_features(row):
 
 def test_rows_with_features_are_priced_beside_the_figure_without_them():
     by_id = {r["id"]: r for r in ROWS}
-    plain, compiled = vt.evaluate_row(by_id["t1-fsdp"]), vt.evaluate_row(by_id["t1-fsdp-compile"])
+    # Table 1's rows under full checkpointing (their op-level selective policy is the census's alone: below)
+    plain, compiled = (vt.evaluate_row(dict(by_id[name], ac="full")) for name in ("t1-fsdp", "t1-fsdp-compile"))
     assert plain["comparable"] and plain["unpriceable_reason"] is None and "predicted" in plain
     assert "predicted_without_features" not in plain
     assert compiled["comparable"] and compiled["unpriceable_reason"] is None
@@ -120,7 +121,20 @@ def test_rows_with_features_are_priced_beside_the_figure_without_them():
     assert math.isclose(plain["tokens_error"], predicted / 5762 - 1)
     assert math.isclose(compiled["tokens_error_without_features"], predicted / 6667 - 1)
     summ = vt.summary([plain, compiled])
-    assert summ["comparable_rows"] == 2 and summ["unpriceable_rows"] == 0
+    assert summ["comparable_rows"] == 2 and summ["unpriceable_rows"] == 0 and summ["refused_rows"] == 0
+
+
+def test_a_row_the_formulas_cannot_price_is_refused_with_the_reason_not_priced_as_another():
+    """Table 1's torchtitan op-level selective checkpointing, priced with the census off: the op records price
+    only the attention core's recompute, so the row holds no figure, says why, and leaves the summary's errors."""
+    row = vt.evaluate_row({r["id"]: r for r in ROWS}["t1-fsdp"], census="off")
+    predicted = row["predicted"]
+    assert not predicted["valid"] and predicted["tokens_per_second_per_gpu"] is None
+    assert predicted["memory_gib"] is None and row["tokens_error"] is None and row["memory_error"] is None
+    assert "recompute=selective: layer kind 'dense' has no selective figure" in predicted["reason"]
+    summ = vt.summary([row])
+    assert summ["comparable_rows"] == 0 and summ["refused_rows"] == 1
+    assert "ndcost refuses: recompute=selective: layer kind 'dense' has no selective figure |" in vt.table([row], summ)
 
 
 def test_spearman_by_hand():

@@ -115,6 +115,9 @@ class OpRecordsActivations:
 
     name: str = "op_records"
     needs_census: bool = False
+    # the checkpoint policy scope its selective figures price: the op records' selective mode recomputes the
+    # attention core (specs/op_records.yaml); a runtime running another policy gets no selective figure here
+    selective_scope: str = "core_attention"
     description: str = "formulas: the op records' bytes (specs/op_records.yaml) under the runtime's attention kernel"
 
     def available(self, spec: ModelSpec, runtime: str) -> Optional[str]:
