@@ -42,8 +42,9 @@ class KindRecord:
     # The caching allocator's reserved bytes above the allocated ones (ndcost.allocator.stack_excess over the
     # census's allocation events, TP split alike): each kept layer's steady share, and the rest at the working
     # peak (first layer's segments, last layer's backward), once a stage; the output layer's record states the
-    # working figure alone (its forward and backward replayed once). None: not simulated (the formulas, op
-    # records, a stack census), and the composition claims no reserved figure.
+    # working figure alone (its forward and backward replayed once); a stack census replays each layer's windows
+    # of the whole stack's events. None: not simulated (the formulas, op records), and the composition claims no
+    # reserved figure.
     reserved_per_layer_per_token: Optional[float] = None
     reserved_per_layer_tp_per_token: Optional[float] = None
     reserved_working_per_token: Optional[float] = None

@@ -36,9 +36,15 @@ def test_stack_census_states_the_layer_census_selective_figures_gradient_share_a
     # was live when the forward ended (the final norm's, the head's: freed before the layers' backward runs)
     for field in ("saved_per_token", "saved_tp_per_token", "working_per_token", "working_tp_per_token", "ops",
                   "ops_tp", "flops_by_part", "selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
-                  "recomputed_other_mm_share", "working_grad_share"):
+                  "recomputed_other_mm_share", "working_grad_share", "reserved_working_per_token",
+                  "reserved_working_tp_per_token", "reserved_per_layer_tp_per_token"):
         assert getattr(alone, field) is not None and getattr(stack, field) == getattr(alone, field), field
     assert 0 < stack.working_grad_share < 1
+    # the layer census's replay allocates the rotary cos and sin in each copy's forward (their storages, made
+    # before it, are first seen there), the model once for the whole stack: at 32 tokens, in the small pool's
+    # segments, their 2 S D 2 bytes a layer are all the per-layer excess differs by
+    per_layer_difference = (stack.reserved_per_layer_per_token - alone.reserved_per_layer_per_token) * S
+    assert per_layer_difference == 2 * S * D * 2
     # the rotary cos and sin every layer saves: bf16 [1, 1, S, D] each, once for the stack
     assert dict(stack.shared_saved_per_token) == dict(alone.shared_saved_per_token) == {
         "position_embeddings": 2 * D * 2}
@@ -72,3 +78,20 @@ def test_stack_layers_get_no_mask_for_one_sequence_as_a_real_run(monkeypatch):
     by_hand = 2 * 2 * (heads - kv_heads) * S * D + 2 * S * S
     assert by_hand == 6_144
     assert [p.kept_bytes - u.kept_bytes for p, u in zip(packed, unpacked, strict=True)] == [by_hand] * 2
+
+
+@pytest.mark.slow
+def test_stack_census_replays_each_layers_allocations_as_the_layer_census_does():
+    """Each layer's reserved-over-allocated figures, from its windows of the whole stack's events, equal the layer
+    census's replay of the same layer built apart, at TP 1 and TP 2: at 16,384 tokens, where its tensors take
+    the large pool's blocks (over 1 MiB), so a storage missing from or added to a window moves the figures."""
+    from ndcost.plugins.census import stack as St
+    from ndcost.plugins.census.records import _measure_plain, runtime_profile
+
+    runtime, seq = runtime_profile("hf-cuda"), 16_384
+    for tp in (1, 2):
+        config = St.stack_tp_config(_config(), tp)
+        alone = _measure_plain(config, 0, seq, runtime).stack_excess
+        stacked = [layer.stack_excess for layer in St.census_stack(config, seq, runtime)]
+        assert alone.per_layer_bytes != 0 and alone.working_bytes > 0
+        assert stacked == [alone, alone], tp

@@ -28,7 +28,11 @@ of one sequence, forward and backward:
   figures are the mean of its layers' kept bytes; its gradient share is its
   layers' gradients made by their working moments over all of them;
 - what a layer saves of the tensors the model hands every layer (the rotary
-  tables) is stated apart (``shared_saved_per_token``): the stage's.
+  tables) is stated apart (``shared_saved_per_token``): the stage's;
+- the caching allocator's reserved bytes above allocated ones: each layer's
+  forward and backward windows of the stack's events replayed as the layer
+  census replays one layer (:func:`_layer_excess`), a kind's the mean of its
+  layers'; not under the selective policy (recompute=selective claims none).
 
 Registered as ``census/stack``; the census calls it for a family whose
 ``stack_census`` is set, and :func:`refuse_single_layer` refuses a
@@ -136,23 +140,34 @@ class LayerMeasure:
     # the layer's parameter gradients made by its working moment, and all of them
     working_grad_bytes: int = 0
     grad_bytes: int = 0
+    # the caching allocator's reserved bytes above allocated ones for a stack of this layer: its own forward and
+    # backward events replayed as the layer census replays one layer's (ndcost.allocator.stack_excess)
+    stack_excess: Any = None
 
 
 class _LayerPaths(ModuleStack):
     """Which decoder layer runs its forward, and which of its modules (paths relative to the layer).
 
     The census's ``ModuleStack`` over every decoder layer, for per-op
-    attribution; it notes each layer's backward window by hooks on its
-    output and input tensors.
+    attribution; it notes each layer's forward window (its pre- and post-
+    forward hooks) and backward window (hooks on its output and input
+    tensors) on *clock*, and by *key* (a storage's identity; no tensor is
+    held) its input, output and the gradient reaching its output.
     """
 
-    def __init__(self, layers: Sequence[Any], clock: Callable[[], int]) -> None:
+    def __init__(self, layers: Sequence[Any], clock: Callable[[], int],
+                 key: Callable[[Any], Any] = id) -> None:
         self._start()
         self.layers = list(layers)
         self.clock = clock
+        self.key = key
         self.layer_running: List[int] = []
         self.modules: Dict[str, Any] = {}
         self.windows: Dict[int, List[int]] = {}
+        self.forward_windows: Dict[int, List[int]] = {}
+        self.inputs: Dict[int, Tuple[Any, int]] = {}    # (key, bytes) of the layer's input storage
+        self.outputs: Dict[int, Any] = {}               # key of its output storage
+        self.incoming: Dict[int, Tuple[Any, int]] = {}  # (key, bytes) of the gradient reaching its output
         for index, layer in enumerate(self.layers):
             self.handles.append(layer.register_forward_pre_hook(functools.partial(self._enter_layer, index)))
             self.handles.append(layer.register_forward_hook(functools.partial(self._leave_layer, index)))
@@ -165,6 +180,9 @@ class _LayerPaths(ModuleStack):
     def _enter_layer(self, index: int, module: Any, args: Tuple[Any, ...]) -> None:
         self.layer_running.append(index)
         hidden = args[0] if args else None
+        self.forward_windows.setdefault(index, [self.clock(), self.clock()])
+        if hidden is not None and hasattr(hidden, "untyped_storage"):
+            self.inputs.setdefault(index, (self.key(hidden), hidden.untyped_storage().nbytes()))
         if hidden is not None and getattr(hidden, "requires_grad", False):
             # the gradient reaching the layer's input closes its backward
             hidden.register_hook(functools.partial(self._close, index))
@@ -173,6 +191,10 @@ class _LayerPaths(ModuleStack):
         if self.layer_running:
             self.layer_running.pop()
         out = output[0] if isinstance(output, tuple) else output
+        if index in self.forward_windows:
+            self.forward_windows[index][1] = self.clock()
+        if hasattr(out, "untyped_storage"):
+            self.outputs.setdefault(index, self.key(out))
         if getattr(out, "requires_grad", False):
             # the gradient reaching the layer's output opens its backward
             out.register_hook(functools.partial(self._open, index))
@@ -181,6 +203,7 @@ class _LayerPaths(ModuleStack):
     def _open(self, index: int, grad: Any) -> None:
         now = self.clock()
         self.windows.setdefault(index, [now, now])
+        self.incoming.setdefault(index, (self.key(grad), grad.untyped_storage().nbytes()))
 
     def _close(self, index: int, grad: Any) -> None:
         window = self.windows.setdefault(index, [self.clock(), self.clock()])
@@ -311,10 +334,11 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
         params = list(model.parameters())
         stored = {p.untyped_storage()._cdata for p in params}
         live = LiveBytes()
-        follow = _LayerPaths(layers, lambda: len(live.events))
+        follow = _LayerPaths(layers, lambda: len(live.events), live.key)
         ops = SavedOps(follow, stored, contracts)
         saved_by: Dict[Any, int] = {}
         saved_op: Dict[Any, SavedBy] = {}
+        saved_in: set = set()  # (storage, layer): each layer's saves, a storage two layers save counted by both
         handed = _Handed(layers, live)
         shared_by: Dict[Any, set] = {}  # a handed tensor's storage: the layers saving it
 
@@ -323,6 +347,7 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
             owner = follow.layer
             if owner is not None and tensor.untyped_storage()._cdata not in stored:
                 key = live.key(tensor)
+                saved_in.add((key, owner))
                 if key in handed.names:
                     shared_by.setdefault(key, set()).add(owner)
                 else:
@@ -384,6 +409,9 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
         made_by_backward = {key for key, delta in live.events[forward_end:] if delta > 0} - harness - excluded
         beyond = [0, *itertools.accumulate(delta * (key in made_by_backward) for key, delta in live.events)]
 
+        # what the layer census's replay leaves out too: the parameters, their gradients, the loss and its seed
+        excluded_from_replay = set(grads) | harness | {key for key, _ in live.events if key[0] in stored}
+
         def running(keys: set) -> List[int]:
             return [0, *itertools.accumulate(delta * (key in keys) for key, delta in live.events)]
 
@@ -398,9 +426,60 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
                               for p in layers[index].parameters() if p.grad is not None}.values())
             return LayerMeasure(kept_bytes=kept[index], working_bytes=own[moment] + beyond[moment],
                                 ops_bytes=by_op[index], shared_bytes=shared[index],
-                                working_grad_bytes=made[moment], grad_bytes=grad_bytes)
+                                working_grad_bytes=made[moment], grad_bytes=grad_bytes,
+                                stack_excess=_layer_excess(live.events, follow, index, saved_in,
+                                                           excluded_from_replay, forward_end))
 
         return [layer_measure(index) for index in range(len(layers))]
+
+
+def _layer_excess(events: Sequence[Tuple[Any, int]], follow: "_LayerPaths", index: int, saved_in: set,
+                  apart: set, forward_end: int) -> Any:
+    """One layer's reserved-over-allocated figures from its windows of the stack's events, replayed as the
+    layer census replays one layer built apart (``ndcost.plugins.census.measure.measure``).
+
+    The forward: the layer's input born first where the layer saves it (the
+    layer census tracks its input; an input it does not save is left out, as
+    there), then its window's events, its output left out; what it made and
+    frees only after its window (before its backward) is freed at the window's
+    end. The backward: the gradient reaching its output born first (the layer
+    census hands it in), then its window's events. Frees of storages another
+    layer made are not the layer's.
+    """
+    from ndcost.allocator import stack_excess
+
+    f0, f1 = follow.forward_windows.get(index, (forward_end, forward_end))
+    b0, b1 = follow.windows.get(index, (forward_end, forward_end))
+    out_key = follow.outputs.get(index)
+    left_out = set(apart) | {out_key}
+    forward: List[Tuple[Any, int]] = []
+    born: set = set()
+    if index in follow.inputs:
+        key, size = follow.inputs[index]
+        if (key, index) in saved_in and key not in left_out:
+            forward.append((key, size))
+            born.add(key)
+    for key, delta in events[f0:f1]:
+        if key in left_out or (delta < 0 and key not in born):
+            continue
+        forward.append((key, delta))
+        if delta > 0:
+            born.add(key)
+    for key, delta in events[f1:b0]:  # its temporaries freed after its forward: freed as it ends
+        if delta < 0 and key in born:
+            forward.append((key, delta))
+            born.discard(key)
+    backward: List[Tuple[Any, int]] = []
+    if index in follow.incoming and follow.incoming[index][0] not in left_out:
+        backward.append(follow.incoming[index])
+        born.add(follow.incoming[index][0])
+    for key, delta in events[b0:b1]:
+        if key in left_out or (delta < 0 and key not in born):
+            continue
+        backward.append((key, delta))
+        if delta > 0:
+            born.add(key)
+    return stack_excess(forward, backward)
 
 
 @attrs.frozen(kw_only=True)
@@ -638,6 +717,11 @@ def stack_kind_records(config: Any, groups: Sequence[Any], seq: int, runtime: An
                    "parameter_bytes": mean_table(lambda c: c.parameter_bytes),
                    "launches": mean_table(lambda c: c.launches)}
         grads = sum(one[index].grad_bytes for index in members)
+        reserved = {}  # the layer census's reserved figures, each layer's replay averaged over the kind's
+        for name, figure in (("per_layer", "per_layer_bytes"), ("working", "working_bytes")):
+            reserved[f"reserved_{name}_per_token"], reserved[f"reserved_{name}_tp_per_token"] = split(
+                mean(one, lambda m, figure=figure: getattr(m.stack_excess, figure)),
+                mean(two, lambda m, figure=figure: getattr(m.stack_excess, figure)), seq)
         shared = {name: sum(one[index].shared_bytes.get(name, 0) for index in members) / len(members) / seq
                   for name in sorted({name for index in members for name in one[index].shared_bytes})}
         out[kind] = KindRecord(kind=kind, seq=seq, source=SOURCE, saved_per_token=saved,
@@ -648,7 +732,7 @@ def stack_kind_records(config: Any, groups: Sequence[Any], seq: int, runtime: An
                                **_selective_figures(selective, members, one, seq, kind, say),
                                flops_by_part=mean_table(lambda c: c.flops),
                                flops_all_pairs_by_part=mean_table(lambda c: c.all_pairs_flops),
-                               traffic=traffic, shared_saved_per_token=shared)
+                               traffic=traffic, shared_saved_per_token=shared, **reserved)
     say(f"  stack census done ({time.perf_counter() - began:.1f} s)")
     return out
 
