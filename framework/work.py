@@ -131,6 +131,10 @@ class KindWork:
     attention_heads: int = 0
     attention_head_dim: int = 0
     attention_value_head_dim: int = 0
+    # keys a query's scores span beyond the sequence's own, per token of the sequence: eager attention runs
+    # s x s (1 + this) pairs (DeepSeek-V4 concatenates its s / compress rate compressed entries to the keys;
+    # a remainder shorter than a window is left out)
+    extra_keys_per_token: float = 0.0
 
     @classmethod
     def idle(cls, kind: str, source: str) -> "KindWork":

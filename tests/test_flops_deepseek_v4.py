@@ -109,6 +109,11 @@ def test_kind_work_states_the_kernel_and_the_widths(spec):
             shaped = sum(g.flops_per_token for g in work.gemms if g.op_class == op_class)
             assert shaped == pytest.approx(getattr(work, field), rel=1e-12), (kind, op_class)
         assert work.has_attention and work.launches_per_layer > 0 and work.elementwise_elements_per_token > 0
+    # eager attention concatenates every compressed entry to the keys (DeepseekV4Attention.forward): a query scores
+    # S + S / rate of them, the pairs of the all-pairs count above (S (S + 64) on CSA, S (S + 2) on HCA)
+    for kind, compressed in (("sliding_moe", 0), ("hca_hash_moe", 2), ("csa_hash_moe", 64)):
+        extra = kind_work(spec, kind, S).extra_keys_per_token
+        assert S * S * (1 + extra) == S * (S + compressed), kind
     # the shared K=V a token, and its share of the compressed entries (the indexer's keys too on CSA)
     assert kind_work(spec, "sliding_moe", S).kv_elements_per_token == D
     assert kind_work(spec, "hca_hash_moe", S).kv_elements_per_token == D + D // 128

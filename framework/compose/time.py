@@ -289,7 +289,7 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
               "score_flops_per_pair", "window", "linrec_flops_per_token", "elementwise_elements_per_token",
               "replicated_elements_per_token", "dense_parameters", "routed_parameters", "replicated_parameters",
               "query_elements_per_token", "kv_elements_per_token", "experts_per_token", "attention_heads",
-              "attention_head_dim", "attention_value_head_dim")
+              "attention_head_dim", "attention_value_head_dim", "extra_keys_per_token")
     out = {f: np.array([float(getattr(model.work[k], f)) for k in model.kinds]) for f in fields}
     out["has_attention"] = np.array([model.work[k].has_attention for k in model.kinds])
     out["launches_per_layer"] = np.array([float(model.work[k].launches_per_layer) for k in model.kinds])
@@ -848,10 +848,12 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
     heads split ``cp`` ways instead); the heads ``micro_batch x heads / tp``. A fused kernel takes
     :func:`ndcost.kernels.attention_efficiency` (measured curves, the plateau prior, else the constant) on the
     estimator's FLOPs. Eager attention is priced as what it runs (:func:`_eager_scores`): two batched matmuls
-    over every ``s_q x s`` pair at their GEMM efficiency (``Q K^T``: ``s_q x s x d``, ``P V``: ``s_q x d_v x s``,
-    the backward's four products likewise) and its softmax's elementwise bytes; left out there, the extra
-    elementwise ops a family's own eager function adds (GPT-OSS's sinks: a concatenation, a max). A kind
-    without heads (``KindWork.attention_heads`` 0), or a model without a runtime kernel, keeps
+    over every ``s_q x s_k`` pair at their GEMM efficiency (``s_k = s (1 + KindWork.extra_keys_per_token)``;
+    ``Q K^T``: ``s_q x s_k x d``, ``P V``: ``s_q x d_v x s_k``, the backward's four products likewise) and its
+    softmax's elementwise bytes; left out there, the extra elementwise ops a family's own eager function adds
+    (GPT-OSS's sinks: a concatenation, a max) and DeepSeek-V4's indexer scores (its compressed sparse layers'
+    lightning indexer). A kind without heads (``KindWork.attention_heads`` 0), or a model without a runtime
+    kernel, keeps
     ``efficiency.attention`` and ``attention_backward``; those, and eager attention (torch's ring runs the SDPA
     kernels only), take ``1 / cp`` of the pass as the ring's first step. The ring's merges and launches are
     :func:`_ring_attention_work`'s.
@@ -895,7 +897,8 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
         for name, kinds, d, dv in groups[dtype]:  # and the kernels its kinds run (one a kind)
             cell = (at, kinds) if isinstance(at, slice) or isinstance(kinds, slice) else np.ix_(at, kinds)
             if name == "eager":
-                f, b = _eager_scores(hardware, tables, dtype, eff, seq_q[at], seq[at], heads[cell], d, dv, peak[at],
+                keys = seq[at] * (1.0 + k["extra_keys_per_token"][kinds])  # and the compressed entries (DSV4)
+                f, b = _eager_scores(hardware, tables, dtype, eff, seq_q[at], keys, heads[cell], d, dv, peak[at],
                                      rows.compute_bytes[at][:, None])
                 priced = split(f, b, first_share[at])
             else:

@@ -108,7 +108,8 @@ def _family_attention(spec: ModelSpec, info: LayerKind, norm_elements: int) -> O
     tokens_per_token, split)`` (the attention's, and those the family's layer adds
     beside its attention and MLP: DeepSeek-V4's hyper-connections, part ``other``),
     ``scores(seq, all_pairs)`` (the kernel's FLOPs
-    on one sequence) and ``window(seq)`` (the entries a query gathers), the
+    on one sequence) and ``window(seq)`` (the entries a query gathers), optionally
+    ``extra_keys_per_token`` (the keys eager attention adds to the sequence's, a token), the
     kernel's ``heads`` ``(heads, head_dim, value_head_dim)``, CP's
     ``query_elements`` and ``kv_elements`` a token, ``elementwise`` (TP-split)
     and ``replicated`` elements a token, and its forward's ``launches`` outside
@@ -141,7 +142,8 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     out: Dict[str, Any] = {"matmuls": {}, "score_per_pair": 0.0, "linrec_per_token": 0.0,
                            "query_elements": 0, "kv_elements": 0, "has_attention": True, "experts_per_token": 0,
                            "elementwise": 0.0, "replicated": 0.0, "fused_elementwise": 0.0, "fused_replicated": 0.0,
-                           "splits": {}, "launches": 0, "launches_per_token": 0.0, "heads": (0, 0, 0)}
+                           "splits": {}, "launches": 0, "launches_per_token": 0.0, "heads": (0, 0, 0),
+                           "extra_keys_per_token": 0.0}
     mm = out["matmuls"]  # part -> list of (in, out, tokens_multiplier)
     splits = out["splits"]  # part -> how TP splits each of mm[part]: none, column, row
     info = spec.kind(kind)
@@ -164,6 +166,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             splits[part] = [split for *_, split in matmuls]
         out["score_flops_at"], out["window_at"] = described["scores"], described["window"]
         out["heads"] = tuple(described["heads"])
+        out["extra_keys_per_token"] = float(described.get("extra_keys_per_token", 0.0))
         out["query_elements"], out["kv_elements"] = described["query_elements"], described["kv_elements"]
         out["elementwise"] += described["elementwise"]
         out["replicated"] += described["replicated"]
@@ -401,7 +404,7 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         compiled_replicated_elements_per_token=shapes["fused_replicated"],
         gemms=tuple(shapes["gemms"]), launches_per_layer=launches, launches_per_token=launches_per_token,
         attention_heads=int(shapes["heads"][0]), attention_head_dim=int(shapes["heads"][1]),
-        attention_value_head_dim=int(shapes["heads"][2]),
+        attention_value_head_dim=int(shapes["heads"][2]), extra_keys_per_token=shapes["extra_keys_per_token"],
     )
 
 

@@ -155,6 +155,8 @@ class DeepseekV4Family(DecoderFamily):
         return {"matmuls": {"attention": attention,
                             "other": work.hyper_connection_matmuls(hidden=h, hc_mult=ex["hc_mult"])},
                 "scores": scores, "window": window_at, "heads": (heads, d, d), "query_elements": heads * d,
+                # eager attention scores every query against the sequence and all compressed entries
+                "extra_keys_per_token": 1.0 / rate if rate else 0.0,
                 # the shared K=V a token, and its share of the compressed entries (and the indexer's keys)
                 "kv_elements": d + ((d + (index_dim if overlap else 0)) // rate if rate else 0),
                 "elementwise": split, "replicated": whole
