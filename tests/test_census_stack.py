@@ -37,7 +37,8 @@ def test_stack_census_states_the_layer_census_selective_figures_gradient_share_a
     for field in ("saved_per_token", "saved_tp_per_token", "working_per_token", "working_tp_per_token", "ops",
                   "ops_tp", "flops_by_part", "selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
                   "recomputed_other_mm_share", "working_grad_share", "reserved_working_per_token",
-                  "reserved_working_tp_per_token", "reserved_per_layer_tp_per_token"):
+                  "reserved_working_tp_per_token", "reserved_per_layer_tp_per_token",
+                  "reserved_selective_working_per_token", "reserved_selective_working_tp_per_token"):
         assert getattr(alone, field) is not None and getattr(stack, field) == getattr(alone, field), field
     assert 0 < stack.working_grad_share < 1
     # the layer census's replay allocates the rotary cos and sin in each copy's forward (their storages, made
@@ -83,15 +84,20 @@ def test_stack_layers_get_no_mask_for_one_sequence_as_a_real_run(monkeypatch):
 @pytest.mark.slow
 def test_stack_census_replays_each_layers_allocations_as_the_layer_census_does():
     """Each layer's reserved-over-allocated figures, from its windows of the whole stack's events, equal the layer
-    census's replay of the same layer built apart, at TP 1 and TP 2: at 16,384 tokens, where its tensors take
-    the large pool's blocks (over 1 MiB), so a storage missing from or added to a window moves the figures."""
+    census's replay of the same layer built apart, at TP 1 and TP 2, plain and checkpointed under torchtitan's
+    policy (the recomputation in its backward): at 16,384 tokens, where its tensors take the large pool's blocks
+    (over 1 MiB), so a storage missing from or added to a window moves the figures."""
     from ndcost.plugins.census import stack as St
-    from ndcost.plugins.census.records import _measure_plain, runtime_profile
+    from ndcost.plugins.census.records import _measure_plain, _measure_selective, policy_for, runtime_profile
 
     runtime, seq = runtime_profile("hf-cuda"), 16_384
+    policy = policy_for(runtime)
     for tp in (1, 2):
         config = St.stack_tp_config(_config(), tp)
         alone = _measure_plain(config, 0, seq, runtime).stack_excess
         stacked = [layer.stack_excess for layer in St.census_stack(config, seq, runtime)]
         assert alone.per_layer_bytes != 0 and alone.working_bytes > 0
         assert stacked == [alone, alone], tp
+        checkpointed = _measure_selective(config, 0, seq, runtime, policy, False)[0].stack_excess
+        assert checkpointed != alone
+        assert [layer.stack_excess for layer in St.census_stack(config, seq, runtime, policy)] == [checkpointed] * 2

@@ -32,7 +32,7 @@ of one sequence, forward and backward:
 - the caching allocator's reserved bytes above allocated ones: each layer's
   forward and backward windows of the stack's events replayed as the layer
   census replays one layer (:func:`_layer_excess`), a kind's the mean of its
-  layers'; not under the selective policy (recompute=selective claims none).
+  layers', plain and under the selective policy (the stack checkpointed).
 
 Registered as ``census/stack``; the census calls it for a family whose
 ``stack_census`` is set, and :func:`refuse_single_layer` refuses a
@@ -323,8 +323,40 @@ class _Handed:
                     self.names.setdefault(self.live.key(tensor), name or "args")
 
 
-def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
-    """What each decoder layer of *config* keeps and holds, from one forward and backward of the stack."""
+@contextlib.contextmanager
+def _checkpointed(layers: Sequence[Any], policy: Any, contracts: Any,
+                  note: Optional[Callable[..., None]] = None) -> Iterator[None]:
+    """Each layer run under ``torch.utils.checkpoint`` (non-reentrant, RNG state not preserved) with
+    ``create_selective_checkpoint_contexts`` and *policy*, as a trainer wraps it; the forwards restored after."""
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    from ndcost.plugins.census.measure import checkpoints_on_cpu
+    from ndcost.plugins.census.selective import _stands_for
+
+    stands_for = _stands_for(contracts)
+
+    def context_fn():
+        return create_selective_checkpoint_contexts(policy.op_policy(stands_for, note=note))
+
+    originals = [layer.forward for layer in layers]
+    try:
+        for layer, forward in zip(layers, originals, strict=True):
+            layer.forward = functools.partial(checkpoint, forward, use_reentrant=False, preserve_rng_state=False,
+                                              context_fn=context_fn)
+        with checkpoints_on_cpu():
+            yield
+    finally:
+        for layer, forward in zip(layers, originals, strict=True):
+            layer.forward = forward
+
+
+def census_stack(config: Any, seq: int, runtime: Any, policy: Any = None) -> List[LayerMeasure]:
+    """What each decoder layer of *config* keeps and holds, from one forward and backward of the stack.
+
+    With *policy* (a ``layer``-scoped checkpoint policy) every layer runs checkpointed under it, and only each
+    layer's ``stack_excess`` is that pass's figure (the checkpoint keeps the layer's input; what a policy
+    keeps is :func:`census_stack_selective`'s).
+    """
     import torch
 
     from ndcost.plugins.census.measure import LiveBytes, SavedBy, SavedOps, delta_rule_followed
@@ -375,6 +407,8 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
                 stack.enter_context(ops)
                 for layer in layers:
                     stack.enter_context(delta_rule_followed(modeling, layer, follow))
+                if policy is not None:
+                    stack.enter_context(_checkpointed(layers, policy, contracts))
                 stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor))
                 input_ids = torch.zeros(1, seq, dtype=torch.long)
                 out = model(input_ids=input_ids, use_cache=False).last_hidden_state
@@ -428,19 +462,20 @@ def census_stack(config: Any, seq: int, runtime: Any) -> List[LayerMeasure]:
                                 ops_bytes=by_op[index], shared_bytes=shared[index],
                                 working_grad_bytes=made[moment], grad_bytes=grad_bytes,
                                 stack_excess=_layer_excess(live.events, follow, index, saved_in,
-                                                           excluded_from_replay, forward_end))
+                                                           excluded_from_replay, forward_end,
+                                                           checkpointed=policy is not None))
 
         return [layer_measure(index) for index in range(len(layers))]
 
 
 def _layer_excess(events: Sequence[Tuple[Any, int]], follow: "_LayerPaths", index: int, saved_in: set,
-                  apart: set, forward_end: int) -> Any:
+                  apart: set, forward_end: int, checkpointed: bool = False) -> Any:
     """One layer's reserved-over-allocated figures from its windows of the stack's events, replayed as the
     layer census replays one layer built apart (``ndcost.plugins.census.measure.measure``).
 
-    The forward: the layer's input born first where the layer saves it (the
-    layer census tracks its input; an input it does not save is left out, as
-    there), then its window's events, its output left out; what it made and
+    The forward: the layer's input born first where the layer saves it or a
+    *checkpointed* layer keeps it (the layer census tracks its input; an input
+    neither holds is left out, as there), then its window's events, its output left out; what it made and
     frees only after its window (before its backward) is freed at the window's
     end. The backward: the gradient reaching its output born first (the layer
     census hands it in), then its window's events. Frees of storages another
@@ -456,7 +491,7 @@ def _layer_excess(events: Sequence[Tuple[Any, int]], follow: "_LayerPaths", inde
     born: set = set()
     if index in follow.inputs:
         key, size = follow.inputs[index]
-        if (key, index) in saved_in and key not in left_out:
+        if (checkpointed or (key, index) in saved_in) and key not in left_out:
             forward.append((key, size))
             born.add(key)
     for key, delta in events[f0:f1]:
@@ -489,6 +524,9 @@ class SelectiveMeasure:
 
     kept_bytes: int
     ledger: Any
+    # the caching allocator's excess for a stack of this layer under the policy (census_stack's replay of the
+    # checkpointed stack, forward and backward); None: not replayed
+    stack_excess: Any = None
 
 
 def census_stack_selective(config: Any, seq: int, runtime: Any, policy: Any) -> List[SelectiveMeasure]:
@@ -505,10 +543,9 @@ def census_stack_selective(config: Any, seq: int, runtime: Any, policy: Any) -> 
     stage's, not a layer's.
     """
     import torch
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
-    from ndcost.plugins.census.measure import LiveBytes, checkpoints_on_cpu
-    from ndcost.plugins.census.selective import RecomputeLedger, _stands_for, attention_storages
+    from ndcost.plugins.census.measure import LiveBytes
+    from ndcost.plugins.census.selective import RecomputeLedger, attention_storages
 
     if policy.scope != "layer":
         raise CensusUnavailable(f"the stack census runs layer-scoped checkpoint policies; "
@@ -519,7 +556,6 @@ def census_stack_selective(config: Any, seq: int, runtime: Any, policy: Any) -> 
         live = LiveBytes()
         handed = _Handed(layers, live)
         ledgers = [RecomputeLedger(attention_storages(layer), contracts) for layer in layers]
-        stands_for = _stands_for(contracts)
         running: List[int] = []
         windows: Dict[int, Tuple[int, int]] = {}
         inputs: Dict[Any, int] = {}
@@ -528,9 +564,6 @@ def census_stack_selective(config: Any, seq: int, runtime: Any, policy: Any) -> 
         def note(func: Any, args: Any, saved: bool, is_recompute: bool) -> None:
             if running:
                 ledgers[running[-1]].note(func, args, saved, is_recompute)
-
-        def context_fn():
-            return create_selective_checkpoint_contexts(policy.op_policy(stands_for, note=note))
 
         def enter(index: int, module: Any, args: Tuple[Any, ...]) -> None:
             running.append(index)
@@ -545,16 +578,12 @@ def census_stack_selective(config: Any, seq: int, runtime: Any, policy: Any) -> 
             if isinstance(out, torch.Tensor):
                 outputs.add(live.key(out))
 
-        originals = []
         for index, layer in enumerate(layers):
-            originals.append(layer.forward)
-            layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False,
-                                              preserve_rng_state=False, context_fn=context_fn)
             handed.handles.append(layer.register_forward_pre_hook(functools.partial(enter, index)))
             handed.handles.append(layer.register_forward_hook(functools.partial(leave, index)))
         try:
             with contextlib.ExitStack() as stack:
-                stack.enter_context(checkpoints_on_cpu())
+                stack.enter_context(_checkpointed(layers, policy, contracts, note))
                 stack.enter_context(live)
                 out = model(input_ids=torch.zeros(1, seq, dtype=torch.long), use_cache=False)  # holds the graph
                 made_by = {}
@@ -572,8 +601,6 @@ def census_stack_selective(config: Any, seq: int, runtime: Any, policy: Any) -> 
         finally:
             for handle in handed.handles:
                 handle.remove()
-            for layer, forward in zip(layers, originals, strict=True):
-                layer.forward = forward
         return [SelectiveMeasure(kept_bytes=kept[index], ledger=ledgers[index]) for index in range(len(layers))]
 
 
@@ -637,22 +664,34 @@ def _selective_passes(config: Any, seq: int, runtime: Any,
     from ndcost.plugins.census.records import policy_for
 
     policy = policy_for(runtime)
+    failed = (CensusUnavailable, RuntimeError, TypeError, ValueError, NotImplementedError)
+
+    def first_line(exc: Exception) -> str:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
     try:
-        return (census_stack_selective(stack_tp_config(config, 1), seq, runtime, policy),
-                census_stack_selective(stack_tp_config(config, 2), seq, runtime, policy))
-    except (CensusUnavailable, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        say(f"  the stack under checkpoint_policy/{policy.name} not measured ({type(exc).__name__}: {first}); "
-            f"the formulas price selective recompute")
+        passes = tuple(census_stack_selective(stack_tp_config(config, tp), seq, runtime, policy) for tp in (1, 2))
+    except failed as exc:
+        say(f"  the stack under checkpoint_policy/{policy.name} not measured ({first_line(exc)}); "
+            f"recompute=selective is unpriced for it")
         return None
+    try:  # its allocations, forward and backward, replayed layer by layer (reserved bytes)
+        replayed = [census_stack(stack_tp_config(config, tp), seq, runtime, policy) for tp in (1, 2)]
+    except failed as exc:
+        say(f"  the stack's backward under checkpoint_policy/{policy.name} not replayed ({first_line(exc)}); "
+            f"recompute=selective claims no reserved bytes")
+        return passes[0], passes[1]
+    one, two = ([attrs.evolve(each, stack_excess=layer.stack_excess) for each, layer in zip(kept, run, strict=True)]
+                for kept, run in zip(passes, replayed, strict=True))
+    return one, two
 
 
 def _selective_figures(selective: Any, members: Sequence[int], plain: Sequence[LayerMeasure], seq: int,
                        kind: str, say: Callable[[str], None]) -> Dict[str, Any]:
-    """A kind's ``selective_*`` and recomputed-share fields: the mean of its layers under the policy, split as
-    the saved figures are, and their ledgers' FLOPs together. Empty (the formulas price it) where the stack
-    did not run under the policy, or where the kind keeps more under it than plain (the layer census refuses
-    such a layer: the policy holds outputs no backward reads)."""
+    """A kind's ``selective_*``, recomputed-share and ``reserved_selective_*`` fields: the mean of its layers
+    under the policy, split as the saved figures are, and their ledgers' FLOPs together. Empty (unpriced)
+    where the stack did not run under the policy, or where the kind keeps more under it than plain (the layer
+    census refuses such a layer: the policy holds outputs no backward reads)."""
     from ndcost.plugins.census.records import split
     from ndcost.plugins.census.selective import RecomputeLedger
 
@@ -661,7 +700,7 @@ def _selective_figures(selective: Any, members: Sequence[int], plain: Sequence[L
     one, two = selective
     mean_1, mean_2 = (sum(each[i].kept_bytes for i in members) / len(members) for each in (one, two))
     if mean_1 > sum(plain[i].kept_bytes for i in members) / len(members):
-        say(f"  {kind}: keeps more under the selective policy than plain; the formulas price selective recompute")
+        say(f"  {kind}: keeps more under the selective policy than plain; recompute=selective is unpriced for it")
         return {}
     together = RecomputeLedger(())
     for index in members:
@@ -670,7 +709,24 @@ def _selective_figures(selective: Any, members: Sequence[int], plain: Sequence[L
     selective_per_token, selective_tp_per_token = split(mean_1, mean_2, seq)
     return dict(selective_per_token=selective_per_token, selective_tp_per_token=selective_tp_per_token,
                 recomputed_attention_mm_share=together.share(attention=True),
-                recomputed_other_mm_share=together.share(attention=False))
+                recomputed_other_mm_share=together.share(attention=False),
+                **_reserved(one, two, members, seq, "reserved_selective"))
+
+
+def _reserved(one: Sequence[Any], two: Sequence[Any], members: Sequence[int], seq: int,
+              prefix: str) -> Dict[str, float]:
+    """KindRecord's ``<prefix>_per_layer`` and ``<prefix>_working`` fields (each with its TP part): the mean
+    of the kind's layers' ``stack_excess`` at TP 1 and TP 2; empty where a layer's was not replayed."""
+    from ndcost.plugins.census.records import split
+
+    if any(each[i].stack_excess is None for each in (one, two) for i in members):
+        return {}
+    out: Dict[str, float] = {}
+    for name, figure in (("per_layer", "per_layer_bytes"), ("working", "working_bytes")):
+        at_1, at_2 = (sum(getattr(each[i].stack_excess, figure) for i in members) / len(members)
+                      for each in (one, two))
+        out[f"{prefix}_{name}_per_token"], out[f"{prefix}_{name}_tp_per_token"] = split(at_1, at_2, seq)
+    return out
 
 
 def stack_kind_records(config: Any, groups: Sequence[Any], seq: int, runtime: Any,
@@ -717,11 +773,6 @@ def stack_kind_records(config: Any, groups: Sequence[Any], seq: int, runtime: An
                    "parameter_bytes": mean_table(lambda c: c.parameter_bytes),
                    "launches": mean_table(lambda c: c.launches)}
         grads = sum(one[index].grad_bytes for index in members)
-        reserved = {}  # the layer census's reserved figures, each layer's replay averaged over the kind's
-        for name, figure in (("per_layer", "per_layer_bytes"), ("working", "working_bytes")):
-            reserved[f"reserved_{name}_per_token"], reserved[f"reserved_{name}_tp_per_token"] = split(
-                mean(one, lambda m, figure=figure: getattr(m.stack_excess, figure)),
-                mean(two, lambda m, figure=figure: getattr(m.stack_excess, figure)), seq)
         shared = {name: sum(one[index].shared_bytes.get(name, 0) for index in members) / len(members) / seq
                   for name in sorted({name for index in members for name in one[index].shared_bytes})}
         out[kind] = KindRecord(kind=kind, seq=seq, source=SOURCE, saved_per_token=saved,
@@ -732,7 +783,8 @@ def stack_kind_records(config: Any, groups: Sequence[Any], seq: int, runtime: An
                                **_selective_figures(selective, members, one, seq, kind, say),
                                flops_by_part=mean_table(lambda c: c.flops),
                                flops_all_pairs_by_part=mean_table(lambda c: c.all_pairs_flops),
-                               traffic=traffic, shared_saved_per_token=shared, **reserved)
+                               traffic=traffic, shared_saved_per_token=shared,
+                               **_reserved(one, two, members, seq, "reserved"))
     say(f"  stack census done ({time.perf_counter() - began:.1f} s)")
     return out
 
