@@ -192,3 +192,19 @@ def test_deepseek_v4_flash_matmuls_equal_the_census_at_4096():
             {p: v for p, v in analytic.items() if p != "scores"}, kind
         assert records[kind].flops_all_pairs_by_part["scores"] == \
             analytic_flops(flash, kind, 4096, all_pairs=True)["scores"], kind
+
+
+def test_a_runtime_installing_the_sparse_kernel_is_priced_as_it_not_as_eager():
+    """hf-cuda-fused installs DeepSeek-V4's sparse attention contract in place of Transformers' eager function
+    (``Contract.attention``): the time model prices the kernel's own FLOPs (the window and the selected entries)
+    under its name, where hf-cuda's eager attention runs every pair of the sequence and the compressed entries."""
+    import ndcost
+    strategy = "dp=8,ep=8,seq=16384,recompute=full"
+    eager = ndcost.resolve("deepseek-v4-flash", runtime="hf-cuda", census="off")
+    fused = ndcost.resolve("deepseek-v4-flash", runtime="hf-cuda-fused", census="off")
+    e, f = eager.evaluate(strategy), fused.evaluate(strategy)
+    assert eager.resolved.model_work[16384].attention_kernel == "eager"
+    assert fused.resolved.model_work[16384].attention_kernel == "deepseek-v4-sparse-attention"
+    assert "csa_moe: deepseek-v4-sparse-attention, efficiency.attention" in f.provenance["time"]["kernels"]
+    assert f.peak_bytes == e.peak_bytes  # the formulas' bytes do not depend on the time model's kernel
+    assert f.time.compute_seconds < e.time.compute_seconds / 2  # 16,384 queries gather 640 entries, not 20,480

@@ -129,6 +129,11 @@ class Contract:
     ``implementation`` is ``"package.module:attribute"``, a zero-argument
     callable returning the :class:`KernelContract`, imported only when a
     census runs. ``saves`` says in words what the kernel keeps, for listings.
+    ``attention`` says the kernel is a family's attention function itself
+    (installed by a runtime's ``family_contracts`` in place of Transformers'
+    eager one): the time model then prices the layer's scores by the
+    estimator's FLOPs under this name (its ``kernel_tables.attention`` entry,
+    else ``efficiency.attention``), not as eager attention's every pair.
     """
 
     name: str = attrs.field(validator=attrs.validators.matches_re(r"^[a-z][a-z0-9_.\-]*$"))
@@ -136,6 +141,7 @@ class Contract:
     implementation: str = attrs.field(validator=attrs.validators.matches_re(r"^[\w.]+:[\w.]+$"))
     saves: str = ""
     device: str = ""
+    attention: bool = False
 
     def load(self) -> KernelContract:
         """The contract's implementation (imports torch on first use)."""

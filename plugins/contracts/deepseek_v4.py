@@ -47,7 +47,7 @@ CONTRACTS = (
              summary="DeepSeek-V4's sparse attention with sinks over window and selected compressed entries",
              implementation="ndcost.plugins.contracts.deepseek_v4:sparse_attention_implementation",
              saves="q [b, h, s, d], the shared K=V [b, 1, t, d], the output, fp32 log-sum-exp [b, h, s], "
-                   "int32 gathered indices [b, s, k]"),
+                   "int32 gathered indices [b, s, k]", attention=True),
     Contract(name=INDEXER, device="cuda",
              summary="DeepSeek-V4's lightning indexer: scores and top-k selection, no autograd state",
              implementation="ndcost.plugins.contracts.deepseek_v4:indexer_implementation",
