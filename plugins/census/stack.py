@@ -487,34 +487,27 @@ def _layer_excess(events: Sequence[Tuple[Any, int]], follow: "_LayerPaths", inde
     b0, b1 = follow.windows.get(index, (forward_end, forward_end))
     out_key = follow.outputs.get(index)
     left_out = set(apart) | {out_key}
-    forward: List[Tuple[Any, int]] = []
     born: set = set()
-    if index in follow.inputs:
-        key, size = follow.inputs[index]
-        if (checkpointed or (key, index) in saved_in) and key not in left_out:
-            forward.append((key, size))
-            born.add(key)
-    for key, delta in events[f0:f1]:
-        if key in left_out or (delta < 0 and key not in born):
-            continue
-        forward.append((key, delta))
-        if delta > 0:
-            born.add(key)
+
+    def replayed(first: Optional[Tuple[Any, int]], span: Sequence[Tuple[Any, int]]) -> List[Tuple[Any, int]]:
+        """*first* born, then *span*'s events but the left-out storages' and frees of what another layer made."""
+        out = []
+        for key, delta in ([first] if first is not None and first[0] not in left_out else []) + list(span):
+            if key in left_out or (delta < 0 and key not in born):
+                continue
+            out.append((key, delta))
+            if delta > 0:
+                born.add(key)
+        return out
+
+    entering = follow.inputs.get(index)
+    kept_input = entering is not None and (checkpointed or (entering[0], index) in saved_in)
+    forward = replayed(entering if kept_input else None, events[f0:f1])
     for key, delta in events[f1:b0]:  # its temporaries freed after its forward: freed as it ends
         if delta < 0 and key in born:
             forward.append((key, delta))
             born.discard(key)
-    backward: List[Tuple[Any, int]] = []
-    if index in follow.incoming and follow.incoming[index][0] not in left_out:
-        backward.append(follow.incoming[index])
-        born.add(follow.incoming[index][0])
-    for key, delta in events[b0:b1]:
-        if key in left_out or (delta < 0 and key not in born):
-            continue
-        backward.append((key, delta))
-        if delta > 0:
-            born.add(key)
-    return stack_excess(forward, backward)
+    return stack_excess(forward, replayed(follow.incoming.get(index), events[b0:b1]))
 
 
 @attrs.frozen(kw_only=True)
