@@ -38,7 +38,8 @@ def test_stack_census_states_the_layer_census_selective_figures_gradient_share_a
                   "ops_tp", "flops_by_part", "selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
                   "recomputed_other_mm_share", "working_grad_share", "reserved_working_per_token",
                   "reserved_working_tp_per_token", "reserved_per_layer_tp_per_token",
-                  "reserved_selective_working_per_token", "reserved_selective_working_tp_per_token"):
+                  "reserved_selective_working_per_token", "reserved_selective_working_tp_per_token",
+                  "reserved_core_attention_working_per_token", "reserved_core_attention_working_tp_per_token"):
         assert getattr(alone, field) is not None and getattr(stack, field) == getattr(alone, field), field
     assert 0 < stack.working_grad_share < 1
     # the layer census's replay allocates the rotary cos and sin in each copy's forward (their storages, made
@@ -84,11 +85,12 @@ def test_stack_layers_get_no_mask_for_one_sequence_as_a_real_run(monkeypatch):
 @pytest.mark.slow
 def test_stack_census_replays_each_layers_allocations_as_the_layer_census_does():
     """Each layer's reserved-over-allocated figures, from its windows of the whole stack's events, equal the layer
-    census's replay of the same layer built apart, at TP 1 and TP 2, plain and checkpointed under torchtitan's
-    policy (the recomputation in its backward): at 16,384 tokens, where its tensors take the large pool's blocks
+    census's replay of the same layer built apart, at TP 1 and TP 2, plain, checkpointed under torchtitan's
+    policy and with its attention function checkpointed (the recomputation in its backward): at 16,384 tokens, where its tensors take the large pool's blocks
     (over 1 MiB), so a storage missing from or added to a window moves the figures."""
     from ndcost.plugins.census import stack as St
-    from ndcost.plugins.census.records import _measure_plain, _measure_selective, policy_for, runtime_profile
+    from ndcost.plugins.census.records import (_measure_plain, _measure_selective, core_attention_policy,
+                                               policy_for, runtime_profile)
 
     runtime, seq = runtime_profile("hf-cuda"), 16_384
     policy = policy_for(runtime)
@@ -98,6 +100,8 @@ def test_stack_census_replays_each_layers_allocations_as_the_layer_census_does()
         stacked = [layer.stack_excess for layer in St.census_stack(config, seq, runtime)]
         assert alone.per_layer_bytes != 0 and alone.working_bytes > 0
         assert stacked == [alone, alone], tp
-        checkpointed = _measure_selective(config, 0, seq, runtime, policy, False)[0].stack_excess
-        assert checkpointed != alone
-        assert [layer.stack_excess for layer in St.census_stack(config, seq, runtime, policy)] == [checkpointed] * 2
+        for each in (policy, core_attention_policy()):  # the whole layer checkpointed; its attention alone
+            checkpointed = _measure_selective(config, 0, seq, runtime, each, False)[0].stack_excess
+            assert checkpointed != alone, each.name
+            assert [layer.stack_excess for layer in St.census_stack(config, seq, runtime, each)] == \
+                [checkpointed] * 2, each.name

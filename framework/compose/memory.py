@@ -432,8 +432,8 @@ class Composed:
 # why a row's reserved bytes are not claimed (Composed.reserved_unclaimed - 1)
 RESERVED_UNCLAIMED = (
     "no allocator simulation for some layer kind under this recompute mode (the census replays its events, "
-    "plain and under the selective and core-attention policies; the formulas, op records, a stack census under "
-    "core-attention recompute and census records cached before it state none)",
+    "plain and under the selective and core-attention policies; the formulas, op records and census records "
+    "cached before it state none)",
     "fp32 parameters under autocast: the census's autocast pass is replayed for plain layers and full recompute, "
     "not for some layer kind here (or the output layer) nor under recompute=selective or core_attention",
 )

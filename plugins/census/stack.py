@@ -32,7 +32,8 @@ of one sequence, forward and backward:
 - the caching allocator's reserved bytes above allocated ones: each layer's
   forward and backward windows of the stack's events replayed as the layer
   census replays one layer (:func:`_layer_excess`), a kind's the mean of its
-  layers', plain and under the selective policy (the stack checkpointed).
+  layers', plain, under the selective policy (the stack checkpointed) and
+  with each attention function checkpointed (``recompute=core_attention``).
 
 Registered as ``census/stack``; the census calls it for a family whose
 ``stack_census`` is set, and :func:`refuse_single_layer` refuses a
@@ -353,9 +354,9 @@ def _checkpointed(layers: Sequence[Any], policy: Any, contracts: Any,
 def census_stack(config: Any, seq: int, runtime: Any, policy: Any = None) -> List[LayerMeasure]:
     """What each decoder layer of *config* keeps and holds, from one forward and backward of the stack.
 
-    With *policy* (a ``layer``-scoped checkpoint policy) every layer runs checkpointed under it, and only each
-    layer's ``stack_excess`` is that pass's figure (the checkpoint keeps the layer's input; what a policy
-    keeps is :func:`census_stack_selective`'s).
+    With *policy* every layer runs checkpointed under it (a ``layer``-scoped one: the whole layer, which keeps
+    its input; ``core_attention``: its attention function alone), and only each layer's ``stack_excess`` is
+    that pass's figure (what a policy keeps is :func:`census_stack_selective`'s).
     """
     import torch
 
@@ -407,7 +408,12 @@ def census_stack(config: Any, seq: int, runtime: Any, policy: Any = None) -> Lis
                 stack.enter_context(ops)
                 for layer in layers:
                     stack.enter_context(delta_rule_followed(modeling, layer, follow))
-                if policy is not None:
+                if policy is not None and policy.scope == "core_attention":
+                    from ndcost.plugins.census.measure import checkpoints_on_cpu
+                    from ndcost.plugins.census.selective import _core_attention_checkpointed
+                    stack.enter_context(checkpoints_on_cpu())
+                    stack.enter_context(_core_attention_checkpointed())
+                elif policy is not None:
                     stack.enter_context(_checkpointed(layers, policy, contracts))
                 stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor))
                 input_ids = torch.zeros(1, seq, dtype=torch.long)
@@ -463,7 +469,8 @@ def census_stack(config: Any, seq: int, runtime: Any, policy: Any = None) -> Lis
                                 working_grad_bytes=made[moment], grad_bytes=grad_bytes,
                                 stack_excess=_layer_excess(live.events, follow, index, saved_in,
                                                            excluded_from_replay, forward_end,
-                                                           checkpointed=policy is not None))
+                                                           checkpointed=policy is not None
+                                                           and policy.scope == "layer"))
 
         return [layer_measure(index) for index in range(len(layers))]
 
@@ -679,6 +686,23 @@ def _selective_passes(config: Any, seq: int, runtime: Any,
     return one, two
 
 
+def _core_attention_passes(config: Any, seq: int, runtime: Any,
+                           say: Callable[[str], None]) -> Optional[Tuple[List[LayerMeasure], List[LayerMeasure]]]:
+    """The stack with each attention function checkpointed (``recompute=core_attention``: Megatron-LM's
+    selective) at TP 1 and TP 2, for its allocations' replay; None (said why) where it cannot run."""
+    from ndcost.plugins.census.records import core_attention_policy
+
+    policy = core_attention_policy()
+    try:
+        return census_stack(stack_tp_config(config, 1), seq, runtime, policy), \
+            census_stack(stack_tp_config(config, 2), seq, runtime, policy)
+    except (CensusUnavailable, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        say(f"  the stack under checkpoint_policy/{policy.name} not replayed ({type(exc).__name__}: {first}); "
+            f"recompute=core_attention claims no reserved bytes")
+        return None
+
+
 def _selective_figures(selective: Any, members: Sequence[int], plain: Sequence[LayerMeasure], seq: int,
                        kind: str, say: Callable[[str], None]) -> Dict[str, Any]:
     """A kind's ``selective_*``, recomputed-share and ``reserved_selective_*`` fields: the mean of its layers
@@ -738,6 +762,7 @@ def stack_kind_records(config: Any, groups: Sequence[Any], seq: int, runtime: An
     two = census_stack(stack_tp_config(config, 2), seq, runtime)
     counted = count_stack(stack_tp_config(config, 1), seq, runtime)
     selective = _selective_passes(config, seq, runtime, say)
+    core = _core_attention_passes(config, seq, runtime, say)
     if len(one) != len(kinds):
         raise CensusUnavailable(f"the model builds {len(one)} decoder layers but its spec lists {len(kinds)}; "
                                 f"check the spec's layer groups against the config's num_hidden_layers")
@@ -777,7 +802,8 @@ def stack_kind_records(config: Any, groups: Sequence[Any], seq: int, runtime: An
                                flops_by_part=mean_table(lambda c: c.flops),
                                flops_all_pairs_by_part=mean_table(lambda c: c.all_pairs_flops),
                                traffic=traffic, shared_saved_per_token=shared,
-                               **_reserved(one, two, members, seq, "reserved"))
+                               **_reserved(one, two, members, seq, "reserved"),
+                               **({} if core is None else _reserved(*core, members, seq, "reserved_core_attention")))
     say(f"  stack census done ({time.perf_counter() - began:.1f} s)")
     return out
 
