@@ -658,27 +658,30 @@ def _kinds(groups: Sequence[Any], build_mtp: bool = False) -> List[str]:
     return kinds
 
 
+# what a pass of the stack under a policy may raise: the pass is then left out (said), the rest priced
+_PASS_FAILURES = (CensusUnavailable, RuntimeError, TypeError, ValueError, NotImplementedError)
+
+
+def _first_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
 def _selective_passes(config: Any, seq: int, runtime: Any,
                       say: Callable[[str], None]) -> Optional[Tuple[List[SelectiveMeasure], List[SelectiveMeasure]]]:
     """The stack under the runtime's selective policy at TP 1 and TP 2; None (said why) where it cannot run."""
     from ndcost.plugins.census.records import policy_for
 
     policy = policy_for(runtime)
-    failed = (CensusUnavailable, RuntimeError, TypeError, ValueError, NotImplementedError)
-
-    def first_line(exc: Exception) -> str:
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-
     try:
         passes = tuple(census_stack_selective(stack_tp_config(config, tp), seq, runtime, policy) for tp in (1, 2))
-    except failed as exc:
-        say(f"  the stack under checkpoint_policy/{policy.name} not measured ({first_line(exc)}); "
+    except _PASS_FAILURES as exc:
+        say(f"  the stack under checkpoint_policy/{policy.name} not measured ({_first_line(exc)}); "
             f"recompute=selective is unpriced for it")
         return None
     try:  # its allocations, forward and backward, replayed layer by layer (reserved bytes)
         replayed = [census_stack(stack_tp_config(config, tp), seq, runtime, policy) for tp in (1, 2)]
-    except failed as exc:
-        say(f"  the stack's backward under checkpoint_policy/{policy.name} not replayed ({first_line(exc)}); "
+    except _PASS_FAILURES as exc:
+        say(f"  the stack's backward under checkpoint_policy/{policy.name} not replayed ({_first_line(exc)}); "
             f"recompute=selective claims no reserved bytes")
         return passes[0], passes[1]
     one, two = ([attrs.evolve(each, stack_excess=layer.stack_excess) for each, layer in zip(kept, run, strict=True)]
@@ -696,9 +699,8 @@ def _core_attention_passes(config: Any, seq: int, runtime: Any,
     try:
         return census_stack(stack_tp_config(config, 1), seq, runtime, policy), \
             census_stack(stack_tp_config(config, 2), seq, runtime, policy)
-    except (CensusUnavailable, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        say(f"  the stack under checkpoint_policy/{policy.name} not replayed ({type(exc).__name__}: {first}); "
+    except _PASS_FAILURES as exc:
+        say(f"  the stack under checkpoint_policy/{policy.name} not replayed ({_first_line(exc)}); "
             f"recompute=core_attention claims no reserved bytes")
         return None
 
