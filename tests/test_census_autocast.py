@@ -56,3 +56,36 @@ def test_the_output_layer_under_autocast_keeps_the_final_norm_in_fp32():
     assert autocast.saved_bytes - bf16.saved_bytes == 2 * S * H  # the fp32 normalized value
     record = census_output(_config(), S, profile)
     assert record.autocast_saved_per_token - record.saved_per_token == pytest.approx(2 * H)
+
+
+@pytest.mark.slow
+def test_a_layer_that_cannot_run_under_autocast_raises_without_torch_logging_a_traceback():
+    """Transformers' grouped_mm experts take bf16 operands only (torch's meta kernel checks them): under autocast
+    with fp32 parameters the layer raises, which the census states as "not measured"; FakeTensorMode's own ERROR
+    log of the same traceback is not shown."""
+    import logging
+
+    from transformers import AutoConfig
+
+    from ndcost.plugins.census import records as R
+    config = AutoConfig.for_model("qwen3_moe", hidden_size=H, intermediate_size=I, moe_intermediate_size=64,
+                                  num_attention_heads=N, num_key_value_heads=KV, head_dim=D, vocab_size=1000,
+                                  num_hidden_layers=1, num_experts=4, num_experts_per_tok=2)
+    profile = R.runtime_profile("hf-cuda")
+    seen = []
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            seen.append(record)
+    log = logging.getLogger("torch._subclasses.fake_tensor")  # torch's loggers do not propagate to the root
+    handler, level = Seen(logging.DEBUG), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        with pytest.raises(RuntimeError, match="BF16"):
+            R._measure_plain(config, 0, S, profile, autocast=True)
+        assert log.level == logging.INFO  # put back as it was
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    assert not [r for r in seen if r.levelno >= logging.ERROR]

@@ -217,12 +217,31 @@ def runtime_config(config: Any, modeling: Any, runtime: Any) -> Any:
     return config
 
 
+def enter_fake_mode(stack: contextlib.ExitStack) -> None:
+    """``FakeTensorMode`` entered on *stack*, with its logger quiet while it lasts.
+
+    An op a layer cannot run on fake tensors (grouped_mm on the fp32 operands
+    of a run under autocast) raises, and the census turns that into its own
+    reason (``CensusUnavailable``, "not measured"); FakeTensorMode also logs
+    the traceback at ERROR (``_dispatch_impl``,
+    torch/_subclasses/fake_tensor.py), which a user would read as a failure.
+    """
+    import logging
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    stack.callback(log.setLevel, level)
+    stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+
+
 def build_fake(stack: contextlib.ExitStack, build: Callable[[], Any], fp32: bool = False) -> Any:
     """``build()`` on fake tensors (the fake mode entered on *stack*, to last with it), bf16 (or fp32) the default dtype."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+    enter_fake_mode(stack)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float32 if fp32 else torch.bfloat16)
     try:

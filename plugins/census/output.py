@@ -141,7 +141,6 @@ def output_holder(config: Any, runtime: Any, fp32: bool = False) -> Iterator[Any
     lasts (CUDA's layer norm keeps fp32 statistics, as GPT-2's ``ln_f`` shows).
     """
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ndcost.plugins.census import layer as L
     from ndcost.plugins.contracts import Site
@@ -151,7 +150,7 @@ def output_holder(config: Any, runtime: Any, fp32: bool = False) -> Iterator[Any
     model_type = str(getattr(config, "model_type", ""))
     loaded = L.load_contracts(runtime.contracts, model_type, runtime.name)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        L.enter_fake_mode(stack)
         holder = torch.nn.Module()
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.float32 if fp32 else torch.bfloat16)
