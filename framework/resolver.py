@@ -31,6 +31,7 @@ import numpy as np
 from ndcost import columns, invariants, manager, models
 from ndcost.compose import memory
 from ndcost.compose import time as time_model
+from ndcost.compose.placement import balanced_split, split_bounds
 from ndcost.compose.sharding import sharding as sharding_of
 from ndcost.errors import CensusUnavailable, InvalidStrategy, InvalidValue, NdcostError, Unpriced
 from ndcost.specio import load_hardware_yaml
@@ -761,23 +762,9 @@ class CostModel:
         return time_model.attach(result, batch, hardware, self.model_work,
                                  self._codebook().plugins)
 
-    def _pp_bounds(self, pp_layers, rows) -> Optional[np.ndarray]:
-        if pp_layers is None:
-            return None
-        given = [pp_layers[i] for i in rows.tolist()]
-        if all(s is None for s in given):
-            return None
-        width = max(len(s) for s in given if s is not None) + 1
-        out = np.full((len(given), width), -1, dtype=np.int64)
-        cache: Dict[Tuple[int, ...], np.ndarray] = {}
-        for i, split in enumerate(given):
-            if split is None:
-                continue
-            edges = cache.get(split)
-            if edges is None:
-                edges = cache[split] = np.concatenate([[0], np.cumsum(split)])
-            out[i, :len(edges)] = edges
-        return out
+    @staticmethod
+    def _pp_bounds(pp_layers, rows) -> Optional[np.ndarray]:
+        return None if pp_layers is None else split_bounds([pp_layers[i] for i in rows.tolist()])
 
     def _model_checks(self, batch: columns.StrategyColumns, names) -> None:
         """Refuse what cannot run on this model, each with the constraint and the numbers."""
@@ -800,7 +787,7 @@ class CostModel:
             else np.zeros(batch.n, dtype=bool)
         batch.refuse(~explicit & (L % nv != 0),
                      lambda i: f"pp * vpp = {c['pp'][i]} * {c['vpp'][i]} = {nv[i]} does not divide the {L} layers; "
-                               f"give pp_layers (for example {'/'.join(map(str, _even_split(L, int(nv[i]))))})")
+                               f"{_split_hint(L, int(nv[i]))}")
         largest_stage = L // nv
         if explicit.any():
             assert batch.pp_layers is not None  # explicit rows exist only with pp_layers
@@ -947,9 +934,11 @@ def _padded(vocab: int, multiple: int) -> int:
     return -(-vocab // multiple) * multiple
 
 
-def _even_split(layers: int, stages: int) -> List[int]:
-    base, extra = divmod(layers, stages)
-    return [base + (1 if i >= stages - extra else 0) for i in range(stages)]
+def _split_hint(layers: int, stages: int) -> str:
+    split = balanced_split(layers, stages)
+    if split is None:
+        return f"use at most {layers} stages (pp * vpp), each holding a layer or more"
+    return f"give pp_layers (for example {'/'.join(map(str, split))})"
 
 
 def _estimator(kind: str, name: str) -> Any:

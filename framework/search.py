@@ -7,8 +7,12 @@ columns and priced by :meth:`ndcost.resolver.CostModel.evaluate_many` (the searc
 
 - the devices split as ``dp * fsdp * cp * tp * pp`` (``dp > 1`` with ``fsdp > 1`` is HSDP); ZeRO stages
   over ``dp * cp`` where FSDP is off; ``sp`` where ``tp > 1``; every registered schedule with each ``vpp``
-  that divides the layers; every ``cp_algo`` where ``cp > 1``; ``ep`` and ``etp`` that divide the experts
-  and their width (MoE models); ``micro_batch * num_micro_batches * dp * fsdp == global_batch``; every
+  that divides the layers, and under ``pp_splits="balanced"`` ``vpp`` 1 and 2 where ``pp * vpp`` does not
+  divide them, cut by :func:`ndcost.compose.placement.balanced_split` (``pp_layers``: torchtitan's split,
+  the embedding and the head a layer each; DeepSeek-V3's 61 layers take no pipeline otherwise, and a
+  pipeline's rows cost about ``pp`` times a row without); every ``cp_algo`` where ``cp > 1``; ``ep`` and
+  ``etp`` that divide the experts and their width (MoE models); ``micro_batch * num_micro_batches * dp *
+  fsdp == global_batch``; every
   recompute mode over all of a chunk's layers and over :data:`RECOMPUTE_LAYER_FRACTIONS` of them;
   ``vocab_parallel`` where ``tp > 1``; ``reshard_after_forward=false`` and ``gradient_sync=last_micro_batch``
   where FSDP shards and ``pp > 1`` (torchtitan's defaults there), ``pp_engine=torch`` where ``pp > 1``;
@@ -25,15 +29,15 @@ columns and priced by :meth:`ndcost.resolver.CostModel.evaluate_many` (the searc
 - dropped after pricing: rows ``evaluate_many`` refuses, and those that do not fit the cap on the resolver's rule
   (:func:`ndcost.resolver.fits_rule`: reserved bytes, or the allocated peak where reserved is not claimed).
 
-Left out (documented, never guessed): uneven ``pp_layers`` splits (a ``pp * vpp`` that does not divide the
-layers is refused, as ``evaluate_many`` refuses it), ZeRO with ``dp * cp == 1`` and ``vocab_parallel`` or
-``sp`` with ``tp == 1`` (each the same cost as without), dtypes, optimizers, ``moe_imbalance`` and
-``cp_rotate`` (the strategy's defaults; the ring's rotation is the trainer's setting: hold it, ``--hold
-cp_rotate=p2p``). ``reserved_bytes`` is what the caching allocator simulation reserves
-(:mod:`ndcost.allocator`; ``None`` where not claimed). The cap is the bytes a device's allocator may reserve
-(default the hardware's memory less its CUDA context, ``Hardware.usable_memory_bytes``). Both bounds above
-compare allocated bytes (without ``allocator_overhead``'s guess) with it: they are below the reserved bytes
-the composition claims and the peak it judges otherwise, so neither drops a strategy that fits.
+Left out (documented, never guessed): other uneven ``pp_layers`` splits (a ``pp * vpp`` that divides the layers
+is searched even; one that does not only under ``pp_splits="balanced"``, by the one split above), ZeRO with
+``dp * cp == 1`` and ``vocab_parallel`` or ``sp`` with ``tp == 1`` (each the same cost as without), dtypes,
+optimizers, ``moe_imbalance`` and ``cp_rotate`` (the strategy's defaults; the ring's rotation is the trainer's
+setting: hold it, ``--hold cp_rotate=p2p``). ``reserved_bytes`` is what the caching allocator simulation
+reserves (:mod:`ndcost.allocator`; ``None`` where not claimed). The cap is the bytes a device's allocator may
+reserve (default the hardware's memory less its CUDA context, ``Hardware.usable_memory_bytes``). Both bounds
+above compare allocated bytes (without ``allocator_overhead``'s guess) with it: they are below the reserved
+bytes the composition claims and the peak it judges otherwise, so neither drops a strategy that fits.
 
 ``workers=N`` prices the chunks in N local processes; ``scheduler="tcp://..."`` on a Dask distributed
 cluster (the ``dask`` extra). Either gives the single-process answer, whatever the chunks: ties in step
@@ -49,6 +53,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import attrs
 import numpy as np
 
+from ndcost.compose.placement import balanced_split
 from ndcost.errors import InvalidValue, MissingExtra, NoValidStrategy, UnknownKey, Unpriced
 from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Strategy
 
@@ -58,14 +63,15 @@ __all__ = ["search", "search_grid", "held_fields", "Candidate", "Pruning", "Sear
 
 GIB = 2 ** 30
 DEFAULT_TOP = 10
+PP_SPLITS = ("even", "balanced")  # SearchSettings.pp_splits
 CHUNK_ROWS = 1 << 17  # strategies priced in one evaluate_many call (and sent to one worker)
 # Besides every layer of a chunk, recompute this share of its first layers (Strategy.recompute_layers).
 RECOMPUTE_LAYER_FRACTIONS: Tuple[float, ...] = (0.5,)
 # Held at every moment a stage can peak at (compose/memory.py, _peak's base): a lower bound of the peak.
 _PERSISTENT = tuple(MEMORY_CATEGORIES.index(c) for c in ("parameters", "master", "optimizer_states"))
 _ALLOCATOR = MEMORY_CATEGORIES.index("allocator")  # allocator_overhead's guess, above the allocated bytes
-_LAYOUT_FIELDS = ("dp", "fsdp", "cp", "tp", "pp", "vpp", "schedule", "ep", "etp", "zero", "vocab_parallel",
-                  "reshard_after_forward", "gradient_sync", "pp_engine")
+_LAYOUT_FIELDS = ("dp", "fsdp", "cp", "tp", "pp", "vpp", "schedule", "pp_layers", "ep", "etp", "zero",
+                  "vocab_parallel", "reshard_after_forward", "gradient_sync", "pp_engine")
 _STRATEGY_COLUMNS = _LAYOUT_FIELDS + ("sp", "cp_algo", "micro_batch", "num_micro_batches", "recompute",
                                       "recompute_layers")
 
@@ -157,6 +163,17 @@ def _positive_int(name: str, value: Any, example: str) -> int:
     return int(value)
 
 
+def _objects(values: Sequence[Any]) -> np.ndarray:
+    """*values* as a 1-d object array (``pp_layers``: a split's text, or None for an even one)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = list(values)
+    return out
+
+
+def _item(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def _divisors(n: int) -> List[int]:
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -235,7 +252,8 @@ class _Inner:
 
 
 def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions: Tuple[float, ...],
-           pruning: List[Pruning], within_node: bool = True) -> Tuple[Dict[str, np.ndarray], _Inner]:
+           pruning: List[Pruning], within_node: bool = True,
+           pp_splits: str = "even") -> Tuple[Dict[str, np.ndarray], _Inner]:
     """The layouts (one row each, ``_LAYOUT_FIELDS``) worth pricing, and what each expands into."""
     names = model.names()
     L = model.tables.num_layers
@@ -243,18 +261,30 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
     tp_ok, tp_why = _allowed(model, hardware, "tp", divs, seq)
     cp_ok, cp_why = _allowed(model, hardware, "cp", divs, seq)
     # pipeline layouts: (pp, schedule, vpp) the model and its schedules accept (num_micro_batches ample)
-    triples: List[Tuple[int, str, int]] = [(1, "1f1b", 1)]
+    # (pp, schedule, vpp, pp_layers): even splits, and balanced_split's where pp * vpp (vpp 1 or 2) does not divide
+    triples: List[Tuple[int, str, int, Optional[str]]] = [(1, "1f1b", 1, None)]
     for pp in divs[1:]:
-        vpps = _divisors(L // pp) if L % pp == 0 else [1]
-        triples += [(pp, schedule, vpp) for schedule in names["schedule"] for vpp in vpps]
+        chunks: List[Tuple[int, Optional[str]]] = ([(vpp, None) for vpp in _divisors(L // pp)] if L % pp == 0
+                                                   else [(1, None)] if pp_splits == "even" else [])  # refused: why
+        for vpp in (1, 2) if pp_splits == "balanced" else ():
+            uneven = balanced_split(L, pp * vpp) if L % (pp * vpp) else None
+            if uneven is not None:
+                chunks.append((vpp, "/".join(map(str, uneven))))
+        triples += [(pp, schedule, vpp, split) for schedule in names["schedule"] for vpp, split in chunks]
     pipe_pp = [t[0] for t in triples]
-    pipe_rows = {"pp": pipe_pp, "schedule": [t[1] for t in triples], "vpp": [t[2] for t in triples]}
+    pipe_rows = {"pp": np.array(pipe_pp), "schedule": np.array([t[1] for t in triples]),
+                 "vpp": np.array([t[2] for t in triples]), "pp_layers": _objects([t[3] for t in triples])}
     valid, reason = _probe(model, hardware, dict(pipe_rows, seq=seq,
-                                                 num_micro_batches=[2 * pp * vpp for pp, _, vpp in triples]))
-    pipes = {k: np.array(v)[valid] for k, v in pipe_rows.items()}
+                                                 num_micro_batches=np.array([2 * t[0] * t[2] for t in triples])))
+    pipes = {k: v[valid] for k, v in pipe_rows.items()}
     pp_ok = sorted(set(pipes["pp"].tolist()))
     pp_refused = [str(reason[i]) for i, p in enumerate(pipe_pp) if not valid[i] and p not in pp_ok]
+    pp_refused += [f"pp={pp} is more stages than the {L} layers (each stage holds one or more)"
+                   for pp in divs[1:] if pp not in pipe_pp]
     pp_why = pp_refused[0] if pp_refused else ""
+    if pp_splits == "even" and any(L % pp for pp in divs[1:] if pp not in pp_ok and pp <= L):
+        pp_why += ("; pp_splits='balanced' (--pp-splits balanced) also searches the pp a layer count does not "
+                   "divide, cut by torchtitan's split (a longer search)")
 
     # the device splits dp * fsdp * cp * tp * pp == devices; each removed by the first constraint it breaks
     d = np.array(divs, dtype=np.int64)
@@ -285,7 +315,8 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
         return {}, _Inner(recompute_modes=(), fractions=(), cp_algos=(), sp_pairs=(), devices=devices,
                           global_batch=global_batch, num_layers=L)
 
-    layouts = _join(split, split["pp"], {"schedule": pipes["schedule"], "vpp": pipes["vpp"]}, pipes["pp"])
+    layouts = _join(split, split["pp"], {"schedule": pipes["schedule"], "vpp": pipes["vpp"],
+                                         "pp_layers": pipes["pp_layers"]}, pipes["pp"])
     # experts: ep and etp the model accepts (dp set to make the ranks divisible), their product dividing the ranks
     if model.tables.num_experts:
         ep_ok, why = _allowed(model, hardware, "ep", divs, seq, dp=divs)
@@ -472,6 +503,9 @@ def _price(job: _Job, model: Any = None) -> _Summary:
     model = _model_for(job) if model is None else model
     cols = _with_inner(job.layouts, job.inner, job.seq)
     strategies = {k: v for k, v in cols.items() if not k.startswith("_")}
+    # an even split's pp_layers is unset (None): a column of them only costs the batch a pass over its rows
+    priced_cols = {k: v for k, v in strategies.items()
+                   if k != "pp_layers" or any(split is not None for split in v)}
     n = len(cols["dp"])
     valid, peak = np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64)
     reserved = np.full(n, -1, dtype=np.int64)
@@ -485,7 +519,7 @@ def _price(job: _Job, model: Any = None) -> _Summary:
         rows = np.flatnonzero((cols["_mb_rank"] == rank) & (job.exhaustive | ~over[group]))
         if not len(rows):
             continue
-        result = model.evaluate_many({k: v[rows] for k, v in strategies.items()}, hardware=job.hardware)
+        result = model.evaluate_many({k: v[rows] for k, v in priced_cols.items()}, hardware=job.hardware)
         if result.time is None:
             unpriced = (result.provenance.get("time") or {}).get("unpriced", "no FLOPs source")
             raise Unpriced(f"the search ranks by step time, which is unpriced for {model.spec.name}: {unpriced}")
@@ -620,6 +654,8 @@ class SearchSettings:
     progress: bool = True
     exhaustive: bool = False
     within_node: bool = True
+    # "balanced": a pp * vpp that does not divide the layers is searched too, cut by balanced_split
+    pp_splits: str = "even"
     chunk_rows: int = CHUNK_ROWS
     # strategy fields every candidate holds (a trainer's precision recipe, an optimizer): not searched
     held: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda v: held_fields(v))
@@ -627,6 +663,9 @@ class SearchSettings:
     def __attrs_post_init__(self):
         for name, example in (("top", "10"), ("workers", "4"), ("chunk_rows", "131072")):
             _positive_int(name, getattr(self, name), example)
+        if self.pp_splits not in PP_SPLITS:
+            raise InvalidValue(f"pp_splits={self.pp_splits!r}: expected one of {', '.join(PP_SPLITS)} (even: pp * vpp "
+                               f"divides the layers; balanced: also torchtitan's split where it does not)")
         if self.tokens is not None:
             _positive_int("tokens", self.tokens, "1000000000000")
         if self.memory_cap_bytes is not None:
@@ -696,7 +735,7 @@ def _search_one(model, reference, devices: int, hw_name: Any, hw, global_batch: 
     pruning: List[Pruning] = []
     where = f"{model.spec.name} on {devices} {hw.name}"
     layouts, inner = _space(model, hw, devices, global_batch, seq, options.recompute_layer_fractions, pruning,
-                            options.within_node)
+                            options.within_node, options.pp_splits)
     min_bound = -1
     if layouts:
         ok, reason, bound = _layout_bounds(model, hw, layouts, inner, seq)
@@ -781,7 +820,7 @@ def _merge(summaries: List[_Summary], top: int, devices: int, hardware: str, tok
     order = np.lexsort((cols["_row"], chunk, cols["peak_bytes"], cols["step_seconds"]))[:top]
     out = []
     for i in order.tolist():
-        fields = {k: cols[k][i].item() for k in _STRATEGY_COLUMNS + ("seq",)}
+        fields = {k: _item(cols[k][i]) for k in _STRATEGY_COLUMNS + ("seq",)}
         if np.isnan(fields["recompute_layers"]):
             fields["recompute_layers"] = None
         else:

@@ -125,13 +125,45 @@ def test_tokens_and_price(llama):
 
 
 def test_no_valid_strategy_names_each_constraint(llama):
-    # 96 = 3 x 32: the factor 3 fits nowhere (32 heads, 32 layers, 4096 tokens, a batch of 4096)
+    # 37 devices: the prime 37 fits nowhere (32 heads, 32 layers, 4096 tokens, a batch of 4096)
     with pytest.raises(NoValidStrategy) as exc:
-        search(llama, devices=96, global_batch=4096, seq=4096)
+        search(llama, devices=37, global_batch=4096, seq=4096)
     text = str(exc.value)
-    for part in ("tp=3 does not divide num_attention_heads=32", "pp * vpp = 3 * 1 = 3 does not divide the 32 layers",
-                 "cp=3 does not divide seq=4096", "dp * fsdp = 3 does not divide the global batch of 4096"):
+    for part in ("tp=37 does not divide num_attention_heads=32", "pp * vpp = 37 * 1 = 37 does not divide the 32 layers; use at most 32 stages",
+                 "cp=37 does not divide seq=4096", "dp * fsdp = 37 does not divide the global batch of 4096"):
         assert part in text
+
+
+def test_balanced_split_is_torchtitans_and_falls_back_to_an_even_one():
+    from ndcost.compose.placement import balanced_split
+    # DeepSeek-V3's 61 layers over 16 stages: 63 = 16 x 3 + 15 -> fifteen stages of 4 and one of 3, the first
+    # and the last one lighter (the embedding, the head)
+    assert balanced_split(61, 16) == (3,) + (4,) * 14 + (2,)
+    # over 32: 63 = 32 x 1 + 31 leaves the last stage 1 - 1 = 0 layers, so no weights: 61 = 32 + 29, the first 29
+    # stages one more
+    assert balanced_split(61, 32) == (2,) * 29 + (1,) * 3
+    assert balanced_split(2, 3) is None  # more stages than layers
+
+
+def test_a_pipeline_the_layers_do_not_divide_takes_torchtitans_split(llama):
+    # 3 devices: tp=3 divides no 32 heads, cp=3 no 4096 tokens, so only dp, fsdp (a batch of 6) and pp run
+    # (DualPipeV needs 2 pp = 6 micro-batches).
+    # pp=3 over 32 layers, torchtitan's split (the embedding and the head a layer each, 34 over the stages):
+    #   vpp 1: 34 = 3 x 11 + 1 -> 12, 11, 11 less 1 first and last -> 11/11/10
+    #   vpp 2: 34 = 6 x 5 + 4 -> 6, 6, 6, 6, 5, 5 less 1 first and last -> 5/6/6/6/5/4
+    even = search(llama, devices=3, global_batch=6, seq=4096, top=1000)  # the default: no pp=3
+    assert {c.strategy.pp for c in even.candidates} == {1}
+    (pp,) = [p for p in even.pruning if p.step == "pp"]
+    assert "does not divide the 32 layers" in pp.reason and "--pp-splits balanced" in pp.reason
+    r = search(llama, devices=3, global_batch=6, seq=4096, top=1000, pp_splits="balanced")
+    splits = {(c.strategy.vpp, c.strategy.schedule, c.strategy.pp_layers) for c in r.candidates if c.strategy.pp == 3}
+    assert {split for _, _, split in splits} == {(11, 11, 10), (5, 6, 6, 6, 5, 4)}
+    assert {(vpp, schedule) for vpp, schedule, _ in splits} == {(1, "1f1b"), (1, "gpipe"), (2, "interleaved"),
+                                                                (2, "dualpipev")}
+    assert all(c.strategy.pp_layers is None for c in r.candidates if c.strategy.pp == 1)
+    for c in [c for c in r.candidates if c.strategy.pp == 3][:5]:  # priced as the strategy alone prices it
+        alone = llama.evaluate(c.strategy)
+        assert (alone.peak_bytes, alone.time.step_seconds) == (c.peak_bytes, c.step_seconds)
 
 
 def test_nothing_fits_says_the_smallest():
@@ -249,6 +281,15 @@ def test_cli_json_csv_and_table():
     assert out.returncode == 0, out.stderr
     assert max(len(line) for line in out.stdout.splitlines()) <= 100
     assert "simulated caching allocator" in out.stdout
+
+
+def test_cli_pp_splits_balanced_searches_torchtitans_split():
+    args = [LLAMA, "--devices", "3", "--global-batch", "6", "--seq", "4096", "--top", "1000", "--census", "off",
+            "--json"]
+    rows = json.loads(_cli(*args, "--pp-splits", "balanced").stdout)
+    splits = {ndcost.Strategy.parse(r["strategy"]).pp_layers for r in rows}
+    assert {(11, 11, 10), (5, 6, 6, 6, 5, 4)} <= splits  # test_a_pipeline_the_layers_do_not_divide_... derives them
+    assert {ndcost.Strategy.parse(r["strategy"]).pp for r in json.loads(_cli(*args).stdout)} == {1}
 
 
 @pytest.mark.slow

@@ -42,6 +42,10 @@ def add_arguments(parser) -> None:
                         help="also search tp and etp groups larger than a node")
     parser.add_argument("--exhaustive", action="store_true",
                         help="price every micro_batch, even above one that does not fit")
+    parser.add_argument("--pp-splits", default="even", choices=("even", "balanced"),
+                        help="even: pipelines whose pp * vpp divides the layers; balanced: also those it does not "
+                             "divide, cut by torchtitan's split (pp_layers; DeepSeek-V3's 61 layers take no "
+                             "pipeline otherwise; a longer search)")
     parser.add_argument("--emit", metavar="KIND[:PATH]",
                         help="write the fastest strategy a trainer can run as its configuration (torchtitan, "
                              "megatron, deepspeed; `ndcost list trainers`): on stdout in place of the table, or to "
@@ -112,7 +116,7 @@ def run(args):
         runtime=args.runtime, census=args.census, workers=args.workers, scheduler=args.scheduler,
         tokens=None if args.tokens is None else int(args.tokens), price_per_gpu_hour=args.price,
         keep_points=bool(args.plot), within_node=not args.across_nodes, exhaustive=args.exhaustive,
-        held=_held(args))
+        pp_splits=args.pp_splits, held=_held(args))
     if args.plot:
         plot_search(results, args.plot)
     data = [c.to_dict() for r in results for c in r.candidates]

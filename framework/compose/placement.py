@@ -19,7 +19,7 @@ import numpy as np
 
 from ndcost.values import RECOMPUTE
 
-__all__ = ["LayerStack", "Placement", "RankPlacement", "place", "split_bounds"]
+__all__ = ["LayerStack", "Placement", "RankPlacement", "balanced_split", "place", "split_bounds", "weighted_split"]
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -76,6 +76,33 @@ class LayerStack:
         return self.run_kind[run]
 
 
+def weighted_split(layers: int, stages: int, first: int = 1, last: int = 1) -> Optional[Tuple[int, ...]]:
+    """Layers of each stage as torchtitan's ``generate_llm_fqn_per_model_part`` assigns them, or None.
+
+    The embedding counts as *first* layers and the head as *last*
+    (torchtitan/distributed/pipeline_parallel.py): ``L + first + last``
+    spread evenly, the earlier stages one more where they do not divide,
+    the first and last stages that much lighter. None where a stage would
+    be empty or the weights exceed a stage's share.
+    """
+    each, extra = divmod(layers + first + last, stages)
+    if stages < 1 or each == 0 or first > each or last > each:
+        return None
+    split, placed = [], 0
+    for stage in range(stages):  # a loop over stages, once per split
+        share = each + (1 if stage < extra else 0) - (first if stage == 0 else last if stage == stages - 1 else 0)
+        split.append(max(0, min(share, layers - placed)))
+        placed += split[-1]
+    return tuple(split) if placed == layers and 0 not in split else None
+
+
+def balanced_split(layers: int, stages: int) -> Optional[Tuple[int, ...]]:
+    """The split ndcost proposes where ``stages`` does not divide ``layers``: torchtitan's with the
+    embedding and the head one layer each (:func:`weighted_split`), else without them; None where
+    there are more stages than layers."""
+    return weighted_split(layers, stages, 1, 1) or weighted_split(layers, stages, 0, 0)
+
+
 def split_bounds(splits: Sequence[Optional[Sequence[int]]]) -> Optional[np.ndarray]:
     """Each row's ``pp_layers`` as cumulative stage bounds ``(N, W)``, ``-1`` past them and on rows without one.
 
@@ -83,12 +110,15 @@ def split_bounds(splits: Sequence[Optional[Sequence[int]]]) -> Optional[np.ndarr
     """
     if all(split is None for split in splits):
         return None
-    width = max(len(split) for split in splits if split is not None) + 1
-    out = np.full((len(splits), width), -1, dtype=np.int64)
-    for i, split in enumerate(splits):  # the rows that state a split
+    distinct: Dict[Any, int] = {}
+    index = np.array([distinct.setdefault(None if split is None else tuple(split), len(distinct))
+                      for split in splits], dtype=np.int64)  # a dict lookup a row; the bounds once a split
+    width = max(len(split) for split in distinct if split is not None) + 1
+    table = np.full((len(distinct), width), -1, dtype=np.int64)
+    for split, row in distinct.items():
         if split is not None:
-            out[i, :len(split) + 1] = np.concatenate([[0], np.cumsum(split)])
-    return out
+            table[row, :len(split) + 1] = np.concatenate([[0], np.cumsum(split)])
+    return table[index]
 
 
 @attrs.frozen(kw_only=True, eq=False)

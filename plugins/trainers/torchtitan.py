@@ -55,6 +55,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import attrs
 
+from ndcost.compose.placement import weighted_split
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
 from ndcost.plugins.trainers import boolean, dtype, integer
@@ -357,23 +358,13 @@ def _pipeline(f: _File, p: Dict[str, int], layers: int) -> Dict[str, Any]:
 
 def _torchtitan_split(f: _File, stages: int, layers: int, first: int, last: int) -> List[int]:
     """Decoder layers of each stage as torchtitan's ``generate_llm_fqn_per_model_part`` assigns them
-    (torchtitan/distributed/pipeline_parallel.py): the embedding counts as *first* layers, the head as *last*."""
-    effective = layers + first + last
-    each, extra = divmod(effective, stages)
-    if each == 0 or first > each or last > each:
+    (:func:`ndcost.compose.placement.weighted_split`): the embedding counts as *first* layers, the head as *last*."""
+    split = weighted_split(layers, stages, first, last)
+    if split is None:
         raise f.error("[parallelism] pipeline_parallel_degree", f"{stages} stages over {layers} layers (with "
                       f"{first} and {last} for the embedding and head) leave a stage empty or lighter than them",
-                      "use fewer stages")
-    split, placed = [], 0
-    for stage in range(stages):
-        share = each + (1 if stage < extra else 0) - (first if stage == 0 else last if stage == stages - 1 else 0)
-        take = max(0, min(share, layers - placed))
-        split.append(take)
-        placed += take
-    if placed != layers or 0 in split:
-        raise f.error("[parallelism] pipeline_parallel_degree", f"torchtitan's split of {layers} layers over "
-                      f"{stages} stages is {split}", "give module_fqns_per_model_part or fewer stages")
-    return split
+                      "use fewer stages, or give module_fqns_per_model_part")
+    return list(split)
 
 
 def _split_from_fqns(f: _File, fqns: Any, layers: int) -> List[int]:
