@@ -436,3 +436,40 @@ def test_a_llama_shape_with_hidden_dropout_prices_transformers_layer_and_says_wh
     assert not any(isinstance(m, torch.nn.Dropout) for m in layer.modules())
     # at 0.0, as the script states, nothing is left out
     assert not any("--hidden-dropout" in d for d in read("llama3_8b_bf16_tp2_cp2.sh", 64).defaults)
+
+
+SPLIT = "--micro-batch-size 1 --num-layers 30 --hidden-size 256 --num-attention-heads 4 --bf16 "
+
+
+@pytest.mark.parametrize("flags, split", [
+    # megatron/core/transformer/transformer_block.py get_num_layers_to_build: first and last ranks theirs, the
+    # 30 - 6 - 6 = 18 others over the 2 middle ranks (9 each)
+    ("--decoder-first-pipeline-num-layers 6 --decoder-last-pipeline-num-layers 6", (6, 9, 9, 6)),
+    # only the last given: 30 - 3 = 27 over the 3 others
+    ("--decoder-last-pipeline-num-layers 3", (9, 9, 9, 3)),
+    # and 3 virtual stages a rank: each rank's layers in thirds, chunk c of rank r the virtual stage 4 c + r
+    ("--decoder-first-pipeline-num-layers 6 --decoder-last-pipeline-num-layers 6 "
+     "--num-virtual-stages-per-pipeline-rank 3", (2, 3, 3, 2) * 3),
+    # the embedding and the loss a layer each: 32 over 4 ranks, the first and the last chunk a layer fewer
+    ("--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split", (7, 8, 8, 7)),
+])
+def test_uneven_pipeline_splits_read_as_megatron_builds_them(tmp_path, flags, split):
+    path = write_args(tmp_path, SPLIT + "--pipeline-model-parallel-size 4 " + flags)
+    strategy = from_config("megatron", path, devices=8, model="llama-3.1-8b").strategy
+    assert strategy.pp_layers == split and sum(split) == 30 and strategy.pp == 4
+
+
+@pytest.mark.parametrize("flags, field, words", [
+    ("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 5", "--decoder-first-pipeline-num-layers",
+     "leaves 25 of the 30 layers to 3 middle stages"),
+    ("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 6 --account-for-loss-in-pipeline-split",
+     "--decoder-first-pipeline-num-layers", "not take together"),
+    ("--pipeline-model-parallel-size 4 --account-for-embedding-in-pipeline-split",
+     "--account-for-embedding-in-pipeline-split", "(31) do not divide over 4 stages"),
+    ("--decoder-last-pipeline-num-layers 6", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-size is 1"),
+])
+def test_uneven_pipeline_splits_megatron_refuses_are_refused(tmp_path, flags, field, words):
+    with pytest.raises(InvalidValue) as info:
+        from_config("megatron", write_args(tmp_path, SPLIT + flags), devices=8, model="llama-3.1-8b")
+    message = str(info.value)
+    assert field in message and words in message

@@ -48,7 +48,8 @@ INT_FLAGS = (
     "expert-tensor-parallel-size", "recompute-num-layers", "micro-batch-size", "global-batch-size", "seq-length",
     "num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups", "kv-channels",
     "vocab-size", "num-experts", "moe-router-topk", "moe-ffn-hidden-size", "make-vocab-size-divisible-by",
-    "max-position-embeddings", "moe-layer-freq", "moe-shared-expert-intermediate-size")
+    "max-position-embeddings", "moe-layer-freq", "moe-shared-expert-intermediate-size",
+    "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers")
 FLOAT_FLAGS = ("attention-dropout", "hidden-dropout", "rotary-base", "norm-epsilon")
 STR_FLAGS = ("recompute-granularity", "recompute-method", "normalization", "position-embedding-type", "optimizer",
              "tokenizer-type", "fp8-format", "fp8-recipe")
@@ -56,7 +57,8 @@ LIST_FLAGS = ("cp-comm-type",)
 BOOL_FLAGS = (
     "sequence-parallel", "use-distributed-optimizer", "bf16", "fp16", "swiglu", "group-query-attention",
     "untie-embeddings-and-output-weights", "disable-bias-linear", "add-qkv-bias", "qk-layernorm",
-    "grad-reduce-in-bf16", "optimizer-cpu-offload", "recompute-activations")
+    "grad-reduce-in-bf16", "optimizer-cpu-offload", "recompute-activations", "account-for-embedding-in-pipeline-split",
+    "account-for-loss-in-pipeline-split")
 
 # Flags with a bearing on the cost that are not priced or not read yet: refused by name, with the fix.
 REFUSED: Mapping[str, str] = {
@@ -69,16 +71,8 @@ REFUSED: Mapping[str, str] = {
     "use-megatron-fsdp": "Megatron-FSDP is not read yet; price it as fsdp=N with --strategy on a copy without it",
     "use-torch-fsdp2": "torch FSDP2 under Megatron-LM is not read yet; price it as fsdp=N with --strategy on a "
                        "copy without it",
-    "decoder-first-pipeline-num-layers": "an uneven pipeline split is not read yet; give pp_layers with "
-                                         "--strategy on a copy without it",
-    "decoder-last-pipeline-num-layers": "an uneven pipeline split is not read yet; give pp_layers with "
-                                        "--strategy on a copy without it",
     "pipeline-model-parallel-layout": "a pipeline layout is not read yet; give pp_layers with --strategy on a "
                                       "copy without it",
-    "account-for-embedding-in-pipeline-split": "an uneven pipeline split is not read yet; give pp_layers with "
-                                               "--strategy on a copy without it",
-    "account-for-loss-in-pipeline-split": "an uneven pipeline split is not read yet; give pp_layers with "
-                                          "--strategy on a copy without it",
     "multi-latent-attention": "multi-latent attention shapes are not read yet; give MODEL and remove the flag "
                               "in a copy",
     "mtp-num-layers": "multi-token prediction layers are not read yet; give MODEL and remove the flag in a copy",
@@ -368,6 +362,9 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
         vpp = v.integer("num-virtual-stages-per-pipeline-rank", 1) or 1
     if vpp > 1:
         fields.update(vpp=vpp, schedule="interleaved")
+    split = _pipeline_split(v, pp, vpp)
+    if split is not None:
+        fields["pp_layers"] = split
 
     sp = v.switch("sequence-parallel")
     if sp and tp == 1:
@@ -429,6 +426,57 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
     except InvalidValue as exc:  # a Strategy rule the flags break (ep * etp not dividing the ranks)
         raise v.refuse("the parallel sizes", str(exc), "change the degrees in a copy") from None
     return strategy, defaults, global_batch
+
+
+def _pipeline_split(v: _Values, pp: int, vpp: int) -> Optional[Tuple[int, ...]]:
+    """``pp_layers`` as Megatron-LM builds an uneven pipeline, or None for an even one.
+
+    megatron/core/transformer/transformer_block.py ``get_num_layers_to_build`` (NVIDIA/Megatron-LM d98e8a64dd):
+    ``--decoder-first/last-pipeline-num-layers`` give the first and last ranks theirs and the other ranks share
+    the rest evenly; ``--account-for-embedding/loss-in-pipeline-split`` count the embedding and the loss a layer
+    each, split evenly, the first chunk and the last one layer fewer. A rank's layers split evenly over its
+    ``vpp`` chunks, chunk ``c`` of rank ``r`` being virtual stage ``c * pp + r``.
+    """
+    first, last = v.integer("decoder-first-pipeline-num-layers"), v.integer("decoder-last-pipeline-num-layers")
+    embedding, loss = v.switch("account-for-embedding-in-pipeline-split"), v.switch("account-for-loss-in-pipeline-split")
+    flag = next((f"--{name}" for name, given in (("decoder-first-pipeline-num-layers", first is not None),
+                                                  ("decoder-last-pipeline-num-layers", last is not None),
+                                                  ("account-for-embedding-in-pipeline-split", embedding),
+                                                  ("account-for-loss-in-pipeline-split", loss)) if given), None)
+    if flag is None:
+        return None
+    layers = v.integer("num-layers")
+    if layers is None:
+        raise v.refuse(flag, "an uneven pipeline split needs the layer count", "give --num-layers")
+    if pp == 1:
+        raise v.refuse(flag, "splits a pipeline, and --pipeline-model-parallel-size is 1", "remove it in a copy")
+    if (first is not None or last is not None) and (embedding or loss):
+        raise v.refuse(flag, "given with --account-for-embedding/loss-in-pipeline-split, which Megatron-LM does "
+                       "not take together", "keep one way of splitting in a copy")
+    if first is not None or last is not None:
+        middle = layers - (first or 0) - (last or 0)
+        stages = pp - (first is not None) - (last is not None)
+        if middle < 0 or (middle % stages if stages else middle):
+            raise v.refuse(flag, f"leaves {middle} of the {layers} layers to {stages} middle stages, which "
+                           "Megatron-LM asserts divide evenly", "give first and last counts that leave a multiple")
+        ranks = [middle // stages if stages else 0] * pp
+        ranks[0], ranks[-1] = first if first is not None else ranks[0], last if last is not None else ranks[-1]
+    else:
+        total = layers + embedding + loss
+        if total % pp:
+            raise v.refuse(flag, f"{layers} layers with the embedding and loss counted ({total}) do not divide "
+                           f"over {pp} stages", "give a pipeline size that divides them")
+        ranks = [total // pp] * pp
+    if any(r % vpp for r in ranks):
+        raise v.refuse(flag, f"the ranks' layers {'/'.join(map(str, ranks))} do not split evenly over {vpp} "
+                       "virtual stages a rank", "give counts that divide by the virtual stages")
+    chunks = [r // vpp for _ in range(vpp) for r in ranks]
+    chunks[0] -= embedding
+    chunks[-1] -= loss
+    if min(chunks) < 1:
+        raise v.refuse(flag, f"leaves a pipeline stage without a layer ({'/'.join(map(str, chunks))}), a "
+                       "standalone embedding or loss stage ndcost does not price", "give every stage a layer")
+    return tuple(chunks)
 
 
 def _recompute(v: _Values) -> Dict[str, Any]:
