@@ -336,6 +336,10 @@ ROUND_TRIP = [
     dict(param_dtype="fp32"),
     dict(tp=2, dp=4, vocab_parallel=True, sp=True, seq=4096, param_dtype="bf16", float8="tensorwise",
          **MEGATRON_MIXED),
+    dict(pp=4, dp=2, pp_layers=(3, 4, 4, 2), param_dtype="fp32"),  # torchtitan's split of 13 layers
+    dict(pp=3, dp=2, pp_layers=(3, 4, 5), param_dtype="fp32"),
+    dict(pp=2, dp=4, pp_layers=(5, 8), param_dtype="fp32"),
+    dict(pp=2, vpp=2, schedule="interleaved", dp=4, pp_layers=(2, 3, 2, 3), param_dtype="fp32"),
 ]
 
 
@@ -369,6 +373,8 @@ def test_written_model_flags_count_the_same_model(tmp_path, model, tp):
     (dict(compile=True, param_dtype="fp32"), "compile=True"),
     (dict(float8="rowwise", param_dtype="fp32"), "float8=rowwise"),
     (dict(pp=2, pp_engine="torch", param_dtype="fp32"), "pp_engine=torch"),
+    (dict(pp=4, pp_layers=(3, 4, 5, 3), param_dtype="fp32"), "pp_layers=3/4/5/3: Megatron-LM splits"),  # middle ranks
+    (dict(pp=2, vpp=2, schedule="interleaved", pp_layers=(2, 3, 3, 3), param_dtype="fp32"), "pp_layers=2/3/3/3"),
     (dict(cp=2, cp_algo="hybrid", param_dtype="fp32"), r"cp_rotate=allgather: Megatron-LM's cp_algo=hybrid is "
                                                        r"--cp-comm-type a2a\+p2p \(cp_rotate=p2p\)"),
     (dict(cp=2, cp_algo="ulysses", cp_rotate="p2p", param_dtype="fp32"), "cp_rotate=p2p: Megatron-LM's "

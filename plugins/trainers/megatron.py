@@ -220,6 +220,8 @@ class MegatronFormat:
         flags = _strategy_flags(strategy, global_batch)
         if model is not None:
             flags += _model_flags(model, strategy.tp)
+        elif strategy.pp_layers is not None:  # the split is read back against the layer count
+            flags.append(f"--num-layers {sum(strategy.pp_layers)}")
         lines = [f"    {flag} \\" for flag in flags]
         devices = strategy.devices
         per_node = min(devices, 8) if devices % min(devices, 8) == 0 else devices
@@ -672,6 +674,23 @@ def _refuse_write(field: str, value: Any, why: str) -> InvalidValue:
     return InvalidValue(f"megatron writer: {field}={value}: {why}")
 
 
+def _split_flags(s: Strategy) -> List[str]:
+    """``pp_layers`` as ``--decoder-first/last-pipeline-num-layers`` (what :func:`_pipeline_split` reads back)."""
+    if s.pp_layers is None:
+        return []
+    chunks = s.pp_layers
+    per_rank = [{chunks[c * s.pp + r] for c in range(s.vpp)} for r in range(s.pp)]
+    ranks = [next(iter(p)) * s.vpp for p in per_rank]
+    if any(len(p) > 1 for p in per_rank) or len(set(ranks[1:-1])) > 1:
+        raise _refuse_write("pp_layers", "/".join(map(str, chunks)), "Megatron-LM splits a rank's layers evenly "
+                            "over its virtual stages and the middle ranks' evenly; only the first and the last rank "
+                            "may differ")
+    flags = [f"--decoder-first-pipeline-num-layers {ranks[0]}"]
+    if s.pp > 2 and ranks[-1] != ranks[1]:
+        flags.append(f"--decoder-last-pipeline-num-layers {ranks[-1]}")
+    return flags
+
+
 def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
     """*s* as Megatron-LM flags; a field Megatron-LM cannot express is refused by name."""
     if s.fsdp > 1:
@@ -704,7 +723,7 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
     if s.pp_engine == "torch":
         raise _refuse_write("pp_engine", "torch", "Megatron-LM's pipeline receives a tensor a transfer and frees it "
                             "with its micro-batch (p2p_communication.py): pp_engine=auto or megatron")
-    for name in ("pp_layers", "offload_params", "offload_activations", "moe_imbalance", "allocator_overhead",
+    for name in ("offload_params", "offload_activations", "moe_imbalance", "allocator_overhead",
                  "reshard_after_forward", "shard_mesh", "float8_all_gather", "compile", "async_tp", "gradient_sync"):
         # the distributed optimizer shards over dp * cp: dp_cp; Megatron-LM runs no torch.compile nor FSDP2
         default = Strategy().to_dict()[name]
@@ -724,6 +743,7 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
              f"--context-parallel-size {s.cp}"]
     if s.vpp > 1:
         flags.append(f"--num-virtual-stages-per-pipeline-rank {s.vpp}")
+    flags += _split_flags(s)
     if s.cp > 1 or s.cp_algo != "ring" or s.cp_rotate != "allgather":
         flags.append("--cp-comm-type " + comm_types[s.cp_algo, s.cp_rotate])
     if s.ep > 1 or s.etp > 1 or s.tp > 1:  # explicit: without them an MoE's expert tp would default to tp
