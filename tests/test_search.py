@@ -129,7 +129,8 @@ def test_no_valid_strategy_names_each_constraint(llama):
     with pytest.raises(NoValidStrategy) as exc:
         search(llama, devices=37, global_batch=4096, seq=4096)
     text = str(exc.value)
-    for part in ("tp=37 does not divide num_attention_heads=32", "pp * vpp = 37 * 1 = 37 does not divide the 32 layers; use at most 32 stages",
+    for part in ("tp=37 does not divide num_attention_heads=32",
+                 "pp * vpp = 37 * 1 = 37 does not divide the 32 layers; use at most 32 stages",
                  "cp=37 does not divide seq=4096", "dp * fsdp = 37 does not divide the global batch of 4096"):
         assert part in text
 

@@ -472,7 +472,8 @@ def test_uneven_pipeline_splits_read_as_megatron_builds_them(tmp_path, flags, sp
      "--decoder-first-pipeline-num-layers", "not take together"),
     ("--pipeline-model-parallel-size 4 --account-for-embedding-in-pipeline-split",
      "--account-for-embedding-in-pipeline-split", "(31) do not divide over 4 stages"),
-    ("--decoder-last-pipeline-num-layers 6", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-size is 1"),
+    ("--decoder-last-pipeline-num-layers 6", "--decoder-last-pipeline-num-layers",
+     "--pipeline-model-parallel-size is 1"),
 ])
 def test_uneven_pipeline_splits_megatron_refuses_are_refused(tmp_path, flags, field, words):
     with pytest.raises(InvalidValue) as info:

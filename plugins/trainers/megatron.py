@@ -440,7 +440,8 @@ def _pipeline_split(v: _Values, pp: int, vpp: int) -> Optional[Tuple[int, ...]]:
     ``vpp`` chunks, chunk ``c`` of rank ``r`` being virtual stage ``c * pp + r``.
     """
     first, last = v.integer("decoder-first-pipeline-num-layers"), v.integer("decoder-last-pipeline-num-layers")
-    embedding, loss = v.switch("account-for-embedding-in-pipeline-split"), v.switch("account-for-loss-in-pipeline-split")
+    embedding = v.switch("account-for-embedding-in-pipeline-split")
+    loss = v.switch("account-for-loss-in-pipeline-split")
     flag = next((f"--{name}" for name, given in (("decoder-first-pipeline-num-layers", first is not None),
                                                   ("decoder-last-pipeline-num-layers", last is not None),
                                                   ("account-for-embedding-in-pipeline-split", embedding),
