@@ -340,6 +340,8 @@ ROUND_TRIP = [
     dict(pp=3, dp=2, pp_layers=(3, 4, 5), param_dtype="fp32"),
     dict(pp=2, dp=4, pp_layers=(5, 8), param_dtype="fp32"),
     dict(pp=2, vpp=2, schedule="interleaved", dp=4, pp_layers=(2, 3, 2, 3), param_dtype="fp32"),
+    dict(pp=4, dp=2, pp_layers=(3, 4, 5, 3), param_dtype="fp32"),  # uneven middle ranks: a layout
+    dict(pp=3, vpp=2, schedule="interleaved", dp=2, pp_layers=(5, 6, 6, 6, 5, 4), param_dtype="fp32"),
 ]
 
 
@@ -373,8 +375,6 @@ def test_written_model_flags_count_the_same_model(tmp_path, model, tp):
     (dict(compile=True, param_dtype="fp32"), "compile=True"),
     (dict(float8="rowwise", param_dtype="fp32"), "float8=rowwise"),
     (dict(pp=2, pp_engine="torch", param_dtype="fp32"), "pp_engine=torch"),
-    (dict(pp=4, pp_layers=(3, 4, 5, 3), param_dtype="fp32"), "pp_layers=3/4/5/3: Megatron-LM splits"),  # middle ranks
-    (dict(pp=2, vpp=2, schedule="interleaved", pp_layers=(2, 3, 3, 3), param_dtype="fp32"), "pp_layers=2/3/3/3"),
     (dict(cp=2, cp_algo="hybrid", param_dtype="fp32"), r"cp_rotate=allgather: Megatron-LM's cp_algo=hybrid is "
                                                        r"--cp-comm-type a2a\+p2p \(cp_rotate=p2p\)"),
     (dict(cp=2, cp_algo="ulysses", cp_rotate="p2p", param_dtype="fp32"), "cp_rotate=p2p: Megatron-LM's "
@@ -480,3 +480,31 @@ def test_uneven_pipeline_splits_megatron_refuses_are_refused(tmp_path, flags, fi
         from_config("megatron", write_args(tmp_path, SPLIT + flags), devices=8, model="llama-3.1-8b")
     message = str(info.value)
     assert field in message and words in message
+
+
+@pytest.mark.parametrize("layout, pp, vpp, split", [
+    ("Et*7|t*8|t*8|t*7L", 4, 1, (7, 8, 8, 7)),
+    # (t*5|)*4 unrolls first, then each t*n: 6 stages over 2 ranks, 3 virtual stages a rank, in layer order
+    ("Et*4|(t*5|)*4,t*6L", 2, 3, (4, 5, 5, 5, 5, 6)),
+])
+def test_a_pipeline_layout_reads_as_megatron_parses_it(tmp_path, layout, pp, vpp, split):
+    path = write_args(tmp_path, SPLIT + f"--pipeline-model-parallel-size {pp} --pipeline-model-parallel-layout "
+                                        f"'{layout}'")
+    strategy = from_config("megatron", path, devices=8, model="llama-3.1-8b").strategy
+    assert (strategy.pp, strategy.vpp, strategy.pp_layers) == (pp, vpp, split)
+    assert strategy.schedule == ("interleaved" if vpp > 1 else "1f1b")
+
+
+@pytest.mark.parametrize("layout, words", [
+    ("E|t*15|t*15|L", "a stage holds no decoder layer (0/15/15/0)"),
+    ("Et*14|t*15mL", "multi-token prediction layers (m) are not read yet"),
+    ("Et*14|t*15L|", "3 stages do not divide over --pipeline-model-parallel-size 2"),
+    ("Et*14|t*14L", "places 28 decoder layers where --num-layers is 30"),
+    ("t*15|Et*15L", "the embedding (E) first and the loss (L) last"),
+    ("Et*15|x*15L", "'x' are not Megatron-LM's"),
+])
+def test_a_pipeline_layout_megatron_refuses_is_refused(tmp_path, layout, words):
+    path = write_args(tmp_path, SPLIT + f"--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout '{layout}'")
+    with pytest.raises(InvalidValue) as info:
+        from_config("megatron", path, devices=8, model="llama-3.1-8b")
+    assert "--pipeline-model-parallel-layout" in str(info.value) and words in str(info.value)

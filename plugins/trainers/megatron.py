@@ -30,6 +30,7 @@ known (``--vocab-size``); a tokenizer file is not read, so without
 from __future__ import annotations
 
 import math
+import re
 from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -52,7 +53,7 @@ INT_FLAGS = (
     "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers")
 FLOAT_FLAGS = ("attention-dropout", "hidden-dropout", "rotary-base", "norm-epsilon")
 STR_FLAGS = ("recompute-granularity", "recompute-method", "normalization", "position-embedding-type", "optimizer",
-             "tokenizer-type", "fp8-format", "fp8-recipe")
+             "tokenizer-type", "fp8-format", "fp8-recipe", "pipeline-model-parallel-layout")
 LIST_FLAGS = ("cp-comm-type",)
 BOOL_FLAGS = (
     "sequence-parallel", "use-distributed-optimizer", "bf16", "fp16", "swiglu", "group-query-attention",
@@ -71,8 +72,6 @@ REFUSED: Mapping[str, str] = {
     "use-megatron-fsdp": "Megatron-FSDP is not read yet; price it as fsdp=N with --strategy on a copy without it",
     "use-torch-fsdp2": "torch FSDP2 under Megatron-LM is not read yet; price it as fsdp=N with --strategy on a "
                        "copy without it",
-    "pipeline-model-parallel-layout": "a pipeline layout is not read yet; give pp_layers with --strategy on a "
-                                      "copy without it",
     "multi-latent-attention": "multi-latent attention shapes are not read yet; give MODEL and remove the flag "
                               "in a copy",
     "mtp-num-layers": "multi-token prediction layers are not read yet; give MODEL and remove the flag in a copy",
@@ -362,9 +361,13 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
         vpp = layers // pp // per_chunk
     elif v.present("num-virtual-stages-per-pipeline-rank"):
         vpp = v.integer("num-virtual-stages-per-pipeline-rank", 1) or 1
+    split: Optional[Tuple[int, ...]]
+    if v.present("pipeline-model-parallel-layout"):
+        vpp, split = _layout_split(v, pp, vpp)
+    else:
+        split = _pipeline_split(v, pp, vpp)
     if vpp > 1:
         fields.update(vpp=vpp, schedule="interleaved")
-    split = _pipeline_split(v, pp, vpp)
     if split is not None:
         fields["pp_layers"] = split
 
@@ -428,6 +431,50 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
     except InvalidValue as exc:  # a Strategy rule the flags break (ep * etp not dividing the ranks)
         raise v.refuse("the parallel sizes", str(exc), "change the degrees in a copy") from None
     return strategy, defaults, global_batch
+
+
+def _layout_split(v: _Values, pp: int, vpp: int) -> Tuple[int, Tuple[int, ...]]:
+    """(vpp, pp_layers) of ``--pipeline-model-parallel-layout``, as Megatron-LM parses and checks it.
+
+    megatron/core/transformer/pipeline_parallel_layer_layout.py (NVIDIA/Megatron-LM d98e8a64dd):
+    ``parse_str_to_list`` (commas dropped, ``(...)*n`` then ``x*n`` unrolled, stages split at ``|``: ``E``
+    the embedding, ``t`` a decoder layer, ``m`` an MTP layer, ``L`` the loss), the stages in virtual-stage
+    order (``vpp = stages / pp``), and ``validate_layer_layout`` (the embedding first, the loss last, once each).
+    """
+    flag = "--pipeline-model-parallel-layout"
+    text = (v.text("pipeline-model-parallel-layout") or "").replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+    stages = text.split("|")
+    odd = sorted(set(text) - set("ELtm|"))
+    if odd:
+        raise v.refuse(flag, f"layer character(s) {', '.join(map(repr, odd))} are not Megatron-LM's (E, L, t, m)",
+                       "give a layout such as 'Et*3|(tt|)*29L'")
+    if len(stages) % pp:
+        raise v.refuse(flag, f"{len(stages)} stages do not divide over --pipeline-model-parallel-size {pp}",
+                       "give pp times the virtual stages a rank")
+    if (vpp > 1 or v.present("num-virtual-stages-per-pipeline-rank")) and len(stages) != pp * vpp:
+        raise v.refuse(flag, f"{len(stages)} stages, but the virtual stages a rank say {pp * vpp}",
+                       "keep the layout alone in a copy")
+    for flag_name in ("decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers",
+                      "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split"):
+        if v.present(flag_name):
+            raise v.refuse(flag, f"given with --{flag_name}", "keep one way of splitting in a copy")
+    if not (text.startswith("E") and text.endswith("L") and text.count("E") == text.count("L") == 1):
+        raise v.refuse(flag, "Megatron-LM takes the embedding (E) first and the loss (L) last, once each",
+                       "give a layout such as 'Et*3|(tt|)*29L'")
+    if "m" in text:
+        raise v.refuse(flag, "multi-token prediction layers (m) are not read yet", "give MODEL and a layout "
+                       "without them in a copy")
+    split = tuple(stage.count("t") for stage in stages)
+    layers = v.integer("num-layers")
+    if layers is not None and sum(split) != layers:
+        raise v.refuse(flag, f"places {sum(split)} decoder layers where --num-layers is {layers}",
+                       "give every layer once")
+    if 0 in split:
+        raise v.refuse(flag, f"a stage holds no decoder layer ({'/'.join(map(str, split))}): a standalone "
+                       "embedding or loss stage ndcost does not price", "give every stage a layer")
+    return len(stages) // pp, split
 
 
 def _pipeline_split(v: _Values, pp: int, vpp: int) -> Optional[Tuple[int, ...]]:
@@ -676,16 +723,16 @@ def _refuse_write(field: str, value: Any, why: str) -> InvalidValue:
 
 
 def _split_flags(s: Strategy) -> List[str]:
-    """``pp_layers`` as ``--decoder-first/last-pipeline-num-layers`` (what :func:`_pipeline_split` reads back)."""
+    """``pp_layers`` as ``--decoder-first/last-pipeline-num-layers`` where only the first and the last rank differ
+    and a rank's chunks are equal, else as ``--pipeline-model-parallel-layout`` (what the reader reads back)."""
     if s.pp_layers is None:
         return []
     chunks = s.pp_layers
     per_rank = [{chunks[c * s.pp + r] for c in range(s.vpp)} for r in range(s.pp)]
     ranks = [next(iter(p)) * s.vpp for p in per_rank]
     if any(len(p) > 1 for p in per_rank) or len(set(ranks[1:-1])) > 1:
-        raise _refuse_write("pp_layers", "/".join(map(str, chunks)), "Megatron-LM splits a rank's layers evenly "
-                            "over its virtual stages and the middle ranks' evenly; only the first and the last rank "
-                            "may differ")
+        stages = [f"t*{n}" for n in chunks]
+        return [f"--pipeline-model-parallel-layout 'E{'|'.join(stages)}L'"]
     flags = [f"--decoder-first-pipeline-num-layers {ranks[0]}"]
     if s.pp > 2 and ranks[-1] != ranks[1]:
         flags.append(f"--decoder-last-pipeline-num-layers {ranks[-1]}")
