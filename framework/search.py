@@ -12,8 +12,8 @@ columns and priced by :meth:`ndcost.resolver.CostModel.evaluate_many` (the searc
   the embedding and the head a layer each; DeepSeek-V3's 61 layers take no pipeline otherwise, and a
   pipeline's rows cost about ``pp`` times a row without); every ``cp_algo`` where ``cp > 1``; ``ep`` and
   ``etp`` that divide the experts and their width (MoE models); ``micro_batch * num_micro_batches * dp *
-  fsdp == global_batch``; every
-  recompute mode over all of a chunk's layers and over :data:`RECOMPUTE_LAYER_FRACTIONS` of them;
+  fsdp == global_batch``; every recompute mode over all of a chunk's layers and over
+  :data:`RECOMPUTE_LAYER_FRACTIONS` of them;
   ``vocab_parallel`` where ``tp > 1``; ``reshard_after_forward=false`` and ``gradient_sync=last_micro_batch``
   where FSDP shards and ``pp > 1`` (torchtitan's defaults there), ``pp_engine=torch`` where ``pp > 1``;
 - pruned before pricing: each field's values the model refuses (probed through ``evaluate_many`` itself,
@@ -260,8 +260,8 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
     divs = _divisors(devices)
     tp_ok, tp_why = _allowed(model, hardware, "tp", divs, seq)
     cp_ok, cp_why = _allowed(model, hardware, "cp", divs, seq)
-    # pipeline layouts: (pp, schedule, vpp) the model and its schedules accept (num_micro_batches ample)
-    # (pp, schedule, vpp, pp_layers): even splits, and balanced_split's where pp * vpp (vpp 1 or 2) does not divide
+    # pipeline layouts (pp, schedule, vpp, pp_layers) the model and its schedules accept (num_micro_batches ample):
+    # even splits, and under "balanced" balanced_split's where pp * vpp (vpp 1 or 2) does not divide the layers
     triples: List[Tuple[int, str, int, Optional[str]]] = [(1, "1f1b", 1, None)]
     for pp in divs[1:]:
         chunks: List[Tuple[int, Optional[str]]] = ([(vpp, None) for vpp in _divisors(L // pp)] if L % pp == 0
