@@ -143,7 +143,7 @@ def test_balanced_split_is_torchtitans_and_falls_back_to_an_even_one():
     # over 32: 63 = 32 x 1 + 31 leaves the last stage 1 - 1 = 0 layers, so no weights: 61 = 32 + 29, the first 29
     # stages one more
     assert balanced_split(61, 32) == (2,) * 29 + (1,) * 3
-    assert balanced_split(2, 3) is None  # more stages than layers
+    assert balanced_split(2, 3) is None and balanced_split(2, 0) is None  # more stages than layers; none
 
 
 def test_a_pipeline_the_layers_do_not_divide_takes_torchtitans_split(llama):

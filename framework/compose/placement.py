@@ -85,8 +85,10 @@ def weighted_split(layers: int, stages: int, first: int = 1, last: int = 1) -> O
     the first and last stages that much lighter. None where a stage would
     be empty or the weights exceed a stage's share.
     """
+    if stages < 1:
+        return None
     each, extra = divmod(layers + first + last, stages)
-    if stages < 1 or each == 0 or first > each or last > each:
+    if each == 0 or first > each or last > each:
         return None
     split, placed = [], 0
     for stage in range(stages):  # a loop over stages, once per split
