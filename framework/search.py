@@ -29,15 +29,16 @@ columns and priced by :meth:`ndcost.resolver.CostModel.evaluate_many` (the searc
 - dropped after pricing: rows ``evaluate_many`` refuses, and those that do not fit the cap on the resolver's rule
   (:func:`ndcost.resolver.fits_rule`: reserved bytes, or the allocated peak where reserved is not claimed).
 
-Left out (documented, never guessed): other uneven ``pp_layers`` splits (a ``pp * vpp`` that divides the layers
-is searched even; one that does not only under ``pp_splits="balanced"``, by the one split above), ZeRO with
-``dp * cp == 1`` and ``vocab_parallel`` or ``sp`` with ``tp == 1`` (each the same cost as without), dtypes,
-optimizers, ``moe_imbalance`` and ``cp_rotate`` (the strategy's defaults; the ring's rotation is the trainer's
-setting: hold it, ``--hold cp_rotate=p2p``). ``reserved_bytes`` is what the caching allocator simulation
-reserves (:mod:`ndcost.allocator`; ``None`` where not claimed). The cap is the bytes a device's allocator may
-reserve (default the hardware's memory less its CUDA context, ``Hardware.usable_memory_bytes``). Both bounds
-above compare allocated bytes (without ``allocator_overhead``'s guess) with it: they are below the reserved
-bytes the composition claims and the peak it judges otherwise, so neither drops a strategy that fits.
+Left out (documented, never guessed): other uneven ``pp_layers`` splits (a ``pp * vpp`` that divides the layers is
+searched even; one that does not only under ``pp_splits="balanced"``, by the one split above), ZeRO with ``dp * cp
+== 1`` and ``vocab_parallel`` or ``sp`` with ``tp == 1`` (each the same cost as without), dtypes, optimizers,
+``moe_imbalance``, ``cp_rotate`` and ``ep_dispatcher`` (the strategy's defaults; the ring's rotation and the MoE
+dispatcher are the trainer's settings: hold them, ``--hold cp_rotate=p2p,ep_dispatcher=deepep``). ``reserved_bytes``
+is what the caching allocator simulation reserves (:mod:`ndcost.allocator`; ``None`` where not claimed). The cap is
+the bytes a device's allocator may reserve (default the hardware's memory less its CUDA context,
+``Hardware.usable_memory_bytes``). Both bounds above compare allocated bytes (without ``allocator_overhead``'s
+guess) with it: they are below the reserved bytes the composition claims and the peak it judges otherwise, so
+neither drops a strategy that fits.
 
 ``workers=N`` prices the chunks in N local processes; ``scheduler="tcp://..."`` on a Dask distributed
 cluster (the ``dask`` extra). Either gives the single-process answer, whatever the chunks: ties in step

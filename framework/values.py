@@ -110,6 +110,10 @@ class ModelSpec:
     shared_expert_intermediate_size: Optional[int] = _optional_count()
     first_k_dense: Optional[int] = _optional_count()
     sparse_step: Optional[int] = _optional_count()
+    # group-limited routing: the routed experts in expert_groups equal groups, a token's experts from at most
+    # expert_groups_per_token of them (DeepSeek-V3's n_group, topk_group); None: not limited
+    expert_groups: Optional[int] = _optional_count()
+    expert_groups_per_token: Optional[int] = _optional_count()
     # linear attention (gated delta net)
     linear_num_key_heads: Optional[int] = _optional_count()
     linear_num_value_heads: Optional[int] = _optional_count()
@@ -189,6 +193,7 @@ FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")  # torchao Float8LinearConfig
 GRADIENT_SYNC = ("auto", "every_micro_batch", "last_micro_batch")
 PP_ENGINES = ("auto", "megatron", "torch")
 CP_ROTATES = ("allgather", "p2p")
+EP_DISPATCHERS = ("alltoall", "deepep")
 
 
 def _column(convert: Any, kind: str, **facts: Any) -> Any:
@@ -393,6 +398,7 @@ class Strategy:
     gradient_sync: str = attrs.field(default="auto", converter=_choice("gradient_sync", GRADIENT_SYNC))
     pp_engine: str = attrs.field(default="auto", converter=_choice("pp_engine", PP_ENGINES))
     cp_rotate: str = attrs.field(default="allgather", converter=_choice("cp_rotate", CP_ROTATES))
+    ep_dispatcher: str = attrs.field(default="alltoall", converter=_choice("ep_dispatcher", EP_DISPATCHERS))
 
     def __init__(self, *args: Any, **fields: Any) -> None:
         # attrs' own __init__ would answer an unknown or positional field with a bare TypeError;
@@ -744,6 +750,20 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                   "with cp_algo=ulysses (no ring); no effect at cp=1",
                           synonyms=("context_parallel_rotate_method", "rotate_method", "cp_rotate_method",
                                     "kv_rotation", "cp_rotation")),
+    "ep_dispatcher": FieldDoc(meaning="how expert parallelism sends tokens to their experts and back. alltoall: "
+                                      "a token's copy for each of its experts, in one all-to-all of the EP group "
+                                      "(torchtitan's \"standard\", Megatron-LM's --moe-token-dispatcher-type "
+                                      "alltoall). deepep: DeepEP's dispatch and combine (arXiv:2412.19437 section "
+                                      "3.2.2; Megatron-LM's flex dispatcher with the deepep or hybridep backend): a "
+                                      "token sent once to each EP rank holding any of its experts, and across "
+                                      "NVLink domains once over the network to each domain holding any, then "
+                                      "forwarded on NVLink, the two legs pipelined; a model's group-limited "
+                                      "routing (n_group, topk_group) bounds the domains. The expected ranks and "
+                                      "domains a token reaches assume its experts uniform among those its routing "
+                                      "allows; memory: the dispatched tokens as alltoall's (DeepEP's own "
+                                      "registered buffers are not counted); no effect at ep=1",
+                              synonyms=("moe_token_dispatcher_type", "token_dispatcher", "moe_comm_backend",
+                                        "moe_dispatcher", "expert_dispatcher")),
 })
 
 

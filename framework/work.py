@@ -173,6 +173,10 @@ class ModelWork:
     loss_bytes_per_token: Optional[float] = None  # the output layer's elementwise bytes (census); else analytic
     source: str = ""
     attention_kernel: str = ""             # the runtime's attention kernel (attention_kernel/<name>); "": unknown
+    routed_experts: int = 0                # each MoE layer's routed experts (0: none)
+    experts_per_token: int = 0             # the routed experts a token takes
+    expert_groups: int = 1                 # group-limited routing: a token's experts from expert_groups_per_token
+    expert_groups_per_token: int = 1       # of expert_groups equal groups (ModelSpec's; 1 and 1: not limited)
 
     @property
     def num_layers(self) -> int:

@@ -89,6 +89,8 @@ def strategy_fields(draw, model):
     if draw(st.integers(0, 3)) == 0:
         fields.update(float8=draw(st.sampled_from(["none", "tensorwise", "rowwise"])), compile=draw(st.booleans()))
     if draw(st.integers(0, 3)) == 0:
+        fields["ep_dispatcher"] = "deepep"
+    if draw(st.integers(0, 3)) == 0:
         fields.update(draw(st.sampled_from(BREAKERS)))
     return fields
 
@@ -310,7 +312,8 @@ OTHER_VALUE = {"dp": 1, "fsdp": 4, "tp": 4, "pp": 4, "vpp": 2, "cp": 2, "ep": 4,
                "offload_params": True, "offload_activations": True, "float8": "tensorwise",
                "float8_all_gather": {"float8": "tensorwise", "float8_all_gather": True}, "compile": True,
                "async_tp": {"async_tp": True, "compile": True}, "gradient_sync": "last_micro_batch",
-               "pp_engine": "torch", "cp_rotate": {"cp_rotate": "p2p", "cp": 2}}
+               "pp_engine": "torch", "cp_rotate": {"cp_rotate": "p2p", "cp": 2},
+               "ep_dispatcher": {"ep_dispatcher": "deepep", "ep": 4}}
 
 
 def test_every_field_reaches_one_strategys_figures():

@@ -138,7 +138,7 @@ PLAUSIBLE: Dict[str, List[str]] = {
     "float8": ["none", "tensorwise", "rowwise"], "float8_all_gather": ["false", "true"],
     "compile": ["false", "true"], "async_tp": ["false", "true"],
     "gradient_sync": ["auto", "every_micro_batch", "last_micro_batch"], "pp_engine": ["auto", "megatron", "torch"],
-    "cp_rotate": ["allgather", "p2p"],
+    "cp_rotate": ["allgather", "p2p"], "ep_dispatcher": ["alltoall", "deepep"],
 }
 FIELDS = Strategy.field_names()
 # the fields the bytes and seconds scale with: drawn more often

@@ -188,6 +188,7 @@ def test_written_configs_read_back_to_the_same_strategy(tmp_path, fields):
     (dict(), "param_dtype=bf16"), (dict(compile=True), "compile=True"),
     (dict(float8="tensorwise"), "float8=tensorwise"), (dict(pp_engine="torch"), "pp_engine=torch"),
     (dict(cp=2, cp_algo="ulysses", cp_rotate="p2p"), "cp_rotate=p2p"),
+    (dict(ep_dispatcher="deepep"), "ep_dispatcher=deepep"),
 ])
 def test_the_writer_refuses_what_deepspeed_cannot_say(fields, named):
     with pytest.raises(InvalidValue, match=f"deepspeed writer: {named}"):

@@ -25,7 +25,9 @@ work and all-to-all volume.
 """
 from __future__ import annotations
 
+import functools
 import inspect
+import math
 import weakref
 from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Sequence, Tuple
 
@@ -43,6 +45,7 @@ from ndcost.values import (
     CP_ALGOS,
     CP_ROTATES,
     CPU_ADAM_PARAMETERS_PER_SECOND,
+    EP_DISPATCHERS,
     FLOAT8_RECIPES,
     GRADIENT_SYNC,
     RECOMPUTE,
@@ -53,7 +56,8 @@ from ndcost.values import (
 from ndcost.work import GEMM_CLASSES, GEMM_SPLITS, NORM_ELEMENTS, ModelWork, causal_pairs, window_pairs
 
 __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS", "OVERLAP_RULES", "COLLECTIVES",
-           "TimeArrays", "efficiencies", "strategy_columns", "layer_seconds", "step_time", "attach"]
+           "TimeArrays", "efficiencies", "strategy_columns", "layer_seconds", "step_time", "attach",
+           "expected_parts_reached"]
 
 CHUNK_ROWS = 1 << 16  # strategies priced at once (the per-rank arrays are rows x ranks x kinds)
 TIME_FIELDS = ("step_seconds", "tokens_per_second", "mfu", "compute_seconds", "communication_seconds",
@@ -1170,9 +1174,13 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     expert_parallel = np.count_nonzero(ep > 1)
     if expert_parallel:
         bw_ep, lat_ep, link_ep = group_link(hardware, etp, ep, eff, ring=False)
-        ep_msg = (tokens * etp / tp * h * width * rows.imbalance)[:, None] * k["experts_per_token"][None, :]
+        token_bytes = (tokens * etp / tp * h * width * rows.imbalance)[:, None]  # a copy of each token
+        ep_msg = token_bytes * k["experts_per_token"][None, :]
         ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None],  # dispatch, combine
                                            **{key: value[:, None] for key, value in link_ep.items()})
+        deepep = (np.asarray(cols["ep_dispatcher"]) == EP_DISPATCHERS.index("deepep")) & (ep > 1)
+        if np.count_nonzero(deepep):
+            ep_pass = np.where(deepep[:, None], _deepep_pass(model, rows, hardware, eff, coll, token_bytes, k), ep_pass)
     exposed_fwd, exposed_bwd = tp_exposed_fwd + cp_fwd_exposed, tp_exposed_bwd + cp_bwd_exposed
     comm_fwd, comm_bwd = tp_fwd + cp_fwd, tp_bwd + cp_bwd
     if expert_parallel:  # (without, the all-to-alls are 0 s: nothing to add)
@@ -1191,6 +1199,78 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
         comm_extra = exposed_extra = np.zeros(exposed_fwd.shape)
     return {"comm_fwd": comm_fwd, "comm_bwd": comm_bwd, "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd,
             "comm_extra": comm_extra, "exposed_extra": exposed_extra}
+
+
+@functools.lru_cache(maxsize=4096)
+def expected_parts_reached(experts: int, top_k: int, groups: int, allowed: int, parts: int) -> float:
+    """The expected number of *parts* (equal runs of the routed experts in order: the EP ranks, or the NVLink
+    domains an EP group spans) holding at least one of a token's *top_k* experts.
+
+    The token's experts are drawn uniformly among those of *allowed* of the *groups* equal groups, the groups
+    chosen uniformly (group-limited routing, ``DeepseekV3TopkRouter``; ``groups = allowed = 1``: any expert),
+    as a balanced router spreads them. Exact under that assumption where parts and groups nest (one count
+    divides the other); otherwise the groups' limit is dropped, which reaches more parts (an upper bound), and
+    where *parts* does not divide the experts, every copy is counted (``min(parts, top_k)``).
+    """
+    if top_k <= 0 or parts <= 1:
+        return float(min(max(parts, 0), 1)) if top_k > 0 else 0.0
+    if experts % parts:
+        return float(min(parts, top_k))
+    per_part, per_group = experts // parts, experts // groups
+    pool = allowed * per_group  # the experts a token may take
+    miss = 1.0 / math.comb(pool, top_k)
+    if parts % groups == 0:  # a group spans parts // groups parts (groups = 1: no limit)
+        hit = allowed / groups * (1.0 - math.comb(pool - per_part, top_k) * miss)
+    elif groups % parts == 0:  # a part holds groups // parts whole groups, m of them allowed (hypergeometric)
+        held = groups // parts
+        hit = sum(math.comb(held, m) * math.comb(groups - held, allowed - m) / math.comb(groups, allowed)
+                  * (1.0 - math.comb(pool - m * per_group, top_k) * miss)
+                  for m in range(0, min(held, allowed) + 1))
+    else:
+        hit = 1.0 - math.comb(experts - per_part, top_k) / math.comb(experts, top_k)
+    return parts * hit
+
+
+def _reached(model: ModelWork, parts: np.ndarray) -> np.ndarray:
+    """``(N,)`` :func:`expected_parts_reached` of the model's routing, one figure a distinct *parts*."""
+    values, inverse = np.unique(np.asarray(parts, dtype=np.int64), return_inverse=True)
+    figures = np.array([expected_parts_reached(model.routed_experts, model.experts_per_token, model.expert_groups,
+                                               model.expert_groups_per_token, v) for v in values.tolist()])
+    return figures[inverse.reshape(-1)]
+
+
+def _deepep_pass(model: ModelWork, rows: _Rows, hardware: Hardware, eff, coll, token_bytes: np.ndarray,
+                 k: Mapping[str, np.ndarray]) -> np.ndarray:
+    """``(N, K)`` seconds of a layer's dispatch and combine a micro-batch as DeepEP runs them.
+
+    Dispatch (DeepSeek-V3, arXiv:2412.19437 section 3.2.2; deepseek-ai/DeepEP's normal kernels): a token goes
+    once to each EP rank holding any of its experts; an EP group over several NVLink domains sends it once
+    over the network to each other domain holding any (to the rank of the same index there), which forwards
+    it on NVLink to the ranks that need it. The legs run at once, chunk by chunk, so a pass takes the slower:
+    the network's all-to-all of ``D`` domains reached copies over the domains, or NVLink's of ``R`` ranks
+    reached copies over a domain's EP ranks (:func:`expected_parts_reached`). Combine sends the same bytes
+    back. Without the model's expert count (a third party's estimator) every copy is sent, as ``alltoall``'s.
+    Left out: DeepEP's SMs taken from the layer's compute, and its FP8 dispatch (the compute width here).
+    """
+    ep, etp = rows.ep.astype(np.int64), rows.etp.astype(np.int64)
+    moe = k["experts_per_token"][None, :] > 0
+    if not model.routed_experts:
+        copies = np.minimum(ep, model.experts_per_token or k["experts_per_token"].max()).astype(np.float64)
+        reached_ranks = reached_domains = copies
+    per_domain = np.clip(int(hardware.nvlink_domain_devices) // np.maximum(etp, 1), 1, ep)  # EP ranks a domain
+    domains = -(-ep // per_domain)
+    if model.routed_experts:
+        reached_ranks, reached_domains = _reached(model, ep), _reached(model, domains)
+    bw, lat, link = group_link(hardware, etp, per_domain, eff, ring=False)
+    seconds = coll["all_to_all"](token_bytes * reached_ranks[:, None], per_domain[:, None], bw[:, None],
+                                 lat[:, None], **{key: value[:, None] for key, value in link.items()})
+    across = domains > 1
+    if np.count_nonzero(across):
+        bw, lat, link = group_link(hardware, etp * per_domain, domains, eff, ring=False)
+        network = coll["all_to_all"](token_bytes * reached_domains[:, None], domains[:, None], bw[:, None],
+                                     lat[:, None], **{key: value[:, None] for key, value in link.items()})
+        seconds = np.where(across[:, None], np.maximum(seconds, network), seconds)
+    return 2.0 * np.where(moe, seconds, 0.0)
 
 
 def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[str, Any], layer,

@@ -504,6 +504,8 @@ def model_work(spec: ModelSpec, seq: int, records: Optional[Mapping[str, Any]] =
         mtp_kinds=tuple(g.kind for g in spec.layers if g.mtp for _ in range(g.count)),
         embedding_parameters=int(embedding), head_parameters=int(head), final_norm_parameters=int(final_norm),
         head_flops_per_token=head_flops, loss_bytes_per_token=loss_bytes, source="; ".join(sources),
+        routed_experts=spec.num_experts or 0, experts_per_token=spec.num_experts_per_tok or 0,
+        expert_groups=spec.expert_groups or 1, expert_groups_per_token=spec.expert_groups_per_token or 1,
     )
 
 

@@ -60,6 +60,25 @@ def check_experts(r: ConfigReader, experts: int, top_k: Optional[int]) -> None:
         raise InvalidValue(f"{r.family} config: num_experts_per_tok {top_k} exceeds the {experts} routed experts")
 
 
+def read_expert_groups(r: ConfigReader, experts: int, top_k: Optional[int]) -> Dict[str, int]:
+    """Group-limited routing (``n_group``, ``topk_group``: DeepSeek-V3's ``DeepseekV3TopkRouter`` picks a token's
+    experts within its ``topk_group`` best of ``n_group`` equal groups) as ModelSpec fields; none where the
+    groups limit nothing (one group, or every group allowed)."""
+    groups, allowed = r.int("n_group"), r.int("topk_group")
+    if groups is None or allowed is None:
+        return {}
+    if experts % groups:
+        raise InvalidValue(f"{r.family} config: n_group {groups} does not divide the {experts} routed experts")
+    if allowed > groups:
+        raise InvalidValue(f"{r.family} config: topk_group {allowed} exceeds n_group {groups}")
+    if top_k is not None and top_k > allowed * (experts // groups):
+        raise InvalidValue(f"{r.family} config: num_experts_per_tok {top_k} exceeds the "
+                           f"{allowed * (experts // groups)} experts of topk_group {allowed} groups")
+    if allowed == groups:
+        return {}
+    return {"expert_groups": groups, "expert_groups_per_token": allowed}
+
+
 def _probability(config: Mapping[str, Any], keys: Sequence[str], default: float) -> float:
     for key in keys:
         if config.get(key) is not None:

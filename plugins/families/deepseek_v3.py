@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ndcost.errors import InvalidValue
 from ndcost.models import check_heads
-from ndcost.plugins.families._base import DecoderFamily, check_experts, register_family
+from ndcost.plugins.families._base import DecoderFamily, check_experts, read_expert_groups, register_family
 
 KINDS = {"dense": {"attention": "mla", "mlp": "dense"}, "moe": {"attention": "mla", "mlp": "moe"},
          "mtp": {"attention": "mla", "mlp": "moe", "mtp": True}}
@@ -26,7 +26,7 @@ class DeepseekV3Family(DecoderFamily):
                     n_routed_experts=256, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
                     qk_nope_head_dim=128, num_experts_per_tok=8, first_k_dense_replace=3,
                     max_position_embeddings=4096, tie_word_embeddings=False, attention_bias=False,
-                    num_nextn_predict_layers=1)
+                    num_nextn_predict_layers=1, n_group=8, topk_group=4)
     aliases = {"n_routed_experts": ("num_local_experts",), "num_nextn_predict_layers": ("num_mtp_layers",)}
 
     def mlp_kinds(self, r, n):
@@ -63,7 +63,7 @@ class DeepseekV3Family(DecoderFamily):
             moe_intermediate_size=moe_width, shared_expert_intermediate_size=shared * moe_width,
             first_k_dense=first, tie_word_embeddings=r.bool("tie_word_embeddings"),
             attention_bias=r.bool("attention_bias"), mlp_bias=False,
-            max_position_embeddings=r.int("max_position_embeddings"))
+            max_position_embeddings=r.int("max_position_embeddings"), **read_expert_groups(r, experts, top_k))
 
     def buffers(self, spec):
         """One score-correction bias per routed expert in every MoE layer (MTP layers are not built)."""

@@ -6,7 +6,8 @@ The routers' score-correction biases are buffers (counted in ``buffers``).
 from __future__ import annotations
 
 from ndcost.errors import InvalidValue
-from ndcost.plugins.families._base import DecoderFamily, check_experts, read_attention, register_family
+from ndcost.plugins.families._base import (DecoderFamily, check_experts, read_attention, read_expert_groups,
+                                            register_family)
 
 KINDS = {"dense": {"attention": "gqa", "mlp": "dense"}, "moe": {"attention": "gqa", "mlp": "moe"},
          "mtp": {"attention": "gqa", "mlp": "moe", "mtp": True}}
@@ -19,7 +20,7 @@ class Glm4MoeFamily(DecoderFamily):
                     num_attention_heads=96, num_key_value_heads=8, max_position_embeddings=131072,
                     tie_word_embeddings=False, attention_bias=False, moe_intermediate_size=1408,
                     num_experts_per_tok=8, n_shared_experts=1, n_routed_experts=128, first_k_dense_replace=1,
-                    use_qk_norm=False, num_nextn_predict_layers=1)
+                    use_qk_norm=False, num_nextn_predict_layers=1, n_group=1, topk_group=1)
     aliases = {"n_routed_experts": ("num_local_experts",), "num_nextn_predict_layers": ("num_mtp_layers",)}
 
     def spec(self, config, name):
@@ -43,7 +44,8 @@ class Glm4MoeFamily(DecoderFamily):
             num_experts=experts, num_shared_experts=shared, num_experts_per_tok=top_k,
             moe_intermediate_size=moe_width, shared_expert_intermediate_size=shared * moe_width,
             first_k_dense=first, tie_word_embeddings=r.bool("tie_word_embeddings"), attention_bias=bias,
-            mlp_bias=False, max_position_embeddings=r.int("max_position_embeddings"), **att)
+            mlp_bias=False, max_position_embeddings=r.int("max_position_embeddings"), **att,
+            **read_expert_groups(r, experts, top_k))
 
     def buffers(self, spec):
         moe = sum(g.count for g in spec.layers if not g.mtp and spec.kind(g.kind).mlp == "moe")

@@ -365,7 +365,8 @@ def _document(s: Strategy, global_batch: Optional[int]) -> Dict[str, Any]:
         raise _refuse_write("pp_engine", s.pp_engine, "no DeepSpeed config field says this (its pipeline is set in "
                             "the model code, PipelineModule): pp_engine=auto")
     for name in ("pp_layers", "moe_imbalance", "allocator_overhead", "shard_mesh", "reshard_after_forward",
-                 "float8", "float8_all_gather", "compile", "async_tp", "gradient_sync", "cp_rotate"):
+                 "float8", "float8_all_gather", "compile", "async_tp", "gradient_sync", "cp_rotate",
+                 "ep_dispatcher"):
         default = Strategy().to_dict()[name]
         if getattr(s, name) != default:
             raise _refuse_write(name, getattr(s, name), "no DeepSpeed config field says this")

@@ -53,13 +53,14 @@ INT_FLAGS = (
     "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers")
 FLOAT_FLAGS = ("attention-dropout", "hidden-dropout", "rotary-base", "norm-epsilon")
 STR_FLAGS = ("recompute-granularity", "recompute-method", "normalization", "position-embedding-type", "optimizer",
-             "tokenizer-type", "fp8-format", "fp8-recipe", "pipeline-model-parallel-layout")
+             "tokenizer-type", "fp8-format", "fp8-recipe", "pipeline-model-parallel-layout",
+             "moe-token-dispatcher-type", "moe-flex-dispatcher-backend")
 LIST_FLAGS = ("cp-comm-type",)
 BOOL_FLAGS = (
     "sequence-parallel", "use-distributed-optimizer", "bf16", "fp16", "swiglu", "group-query-attention",
     "untie-embeddings-and-output-weights", "disable-bias-linear", "add-qkv-bias", "qk-layernorm",
     "grad-reduce-in-bf16", "optimizer-cpu-offload", "recompute-activations", "account-for-embedding-in-pipeline-split",
-    "account-for-loss-in-pipeline-split")
+    "account-for-loss-in-pipeline-split", "moe-enable-deepep")
 
 # Flags with a bearing on the cost that are not priced or not read yet: refused by name, with the fix.
 REFUSED: Mapping[str, str] = {
@@ -107,7 +108,7 @@ IGNORED_PREFIXES = (
 # Kernel and overlap choices: they bear on the cost, but ndcost prices them from the runtime profile and the
 # time model, not from the flag; reported as such.
 KERNEL_PREFIXES = (
-    "overlap-grad-reduce", "overlap-param-gather", "moe-grouped-gemm", "moe-token-dispatcher-type",
+    "overlap-grad-reduce", "overlap-param-gather", "moe-grouped-gemm",
     "attention-backend", "cross-entropy-loss-fusion", "empty-unused-memory-level", "masked-softmax-fusion",
     "no-masked-softmax-fusion", "attention-softmax-in-fp32", "use-flash-attn", "transformer-impl")
 
@@ -326,6 +327,26 @@ class _Values:
         return field_error(KIND, self.path, flag, problem, fix)
 
 
+def _ep_dispatcher(v: _Values, ep: int, defaults: List[str]) -> str:
+    """--moe-token-dispatcher-type (arguments.py): flex with its deepep or hybridep backend (HybridEP: DeepEP's
+    hierarchical dispatch, in Megatron-LM's examples) or --moe-enable-deepep is deepep; alltoall is alltoall;
+    allgather (its default) is priced as alltoall's traffic, and said so."""
+    kind = v.text("moe-token-dispatcher-type", "allgather")
+    backend = v.text("moe-flex-dispatcher-backend", "deepep")
+    if v.switch("moe-enable-deepep") or kind == "flex":
+        if backend not in ("deepep", "hybridep"):
+            raise v.refuse("--moe-flex-dispatcher-backend", f"{backend!r} is not priced",
+                           "give deepep or hybridep (ep_dispatcher=deepep), or --moe-token-dispatcher-type alltoall")
+        return "deepep"
+    if kind not in ("alltoall", "allgather"):
+        raise v.refuse("--moe-token-dispatcher-type", f"{kind!r} is not one of Megatron-LM's dispatchers "
+                       "(allgather, alltoall, flex)", "give one of them")
+    if kind == "allgather" and ep > 1:
+        defaults.append("--moe-token-dispatcher-type allgather (Megatron-LM's default) is priced as alltoall's "
+                        "traffic: ep_dispatcher=alltoall")
+    return "alltoall"
+
+
 def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
     defaults: List[str] = []
     tp = v.integer("tensor-model-parallel-size", 1)
@@ -346,6 +367,7 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
         if etp > 1:
             defaults.append(f"--expert-tensor-parallel-size = --tensor-model-parallel-size = {tp}")
     fields.update(ep=ep, etp=etp)
+    fields["ep_dispatcher"] = _ep_dispatcher(v, ep, defaults)
 
     vpp = 1
     if v.present("num-layers-per-virtual-pipeline-stage") and v.present("num-virtual-stages-per-pipeline-rank"):
@@ -796,6 +818,9 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
         flags.append("--cp-comm-type " + comm_types[s.cp_algo, s.cp_rotate])
     if s.ep > 1 or s.etp > 1 or s.tp > 1:  # explicit: without them an MoE's expert tp would default to tp
         flags.append(f"--expert-model-parallel-size {s.ep} --expert-tensor-parallel-size {s.etp}")
+    if s.ep > 1:
+        flags.append("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep"
+                     if s.ep_dispatcher == "deepep" else "--moe-token-dispatcher-type alltoall")
     if s.sp:
         flags.append("--sequence-parallel")
     if s.zero == 1:

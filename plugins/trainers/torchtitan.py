@@ -698,6 +698,8 @@ def _check_writable(s: Strategy) -> None:
         (s.float8_all_gather and s.fsdp == 1, "float8_all_gather=true with fsdp=1",
          "torchtitan gathers fp8 only with data_parallel_shard_degree > 1"),
         (s.async_tp and s.tp == 1, "async_tp=true with tp=1", "torchtitan's async TP needs TP"),
+        (s.ep_dispatcher != "alltoall", f"ep_dispatcher={s.ep_dispatcher}", "a job TOML has no MoE dispatcher "
+         "setting (torchtitan's standard all-to-all is ep_dispatcher=alltoall)"),
         (s.moe_imbalance != default.moe_imbalance or s.allocator_overhead != default.allocator_overhead,
          "moe_imbalance or allocator_overhead", "they are ndcost's assumptions, not torchtitan settings"),
     ]
