@@ -1254,13 +1254,12 @@ def _deepep_pass(model: ModelWork, rows: _Rows, hardware: Hardware, eff, coll, t
     """
     ep, etp = rows.ep.astype(np.int64), rows.etp.astype(np.int64)
     moe = k["experts_per_token"][None, :] > 0
-    if not model.routed_experts:
-        copies = np.minimum(ep, model.experts_per_token or k["experts_per_token"].max()).astype(np.float64)
-        reached_ranks = reached_domains = copies
     per_domain = np.clip(int(hardware.nvlink_domain_devices) // np.maximum(etp, 1), 1, ep)  # EP ranks a domain
     domains = -(-ep // per_domain)
     if model.routed_experts:
         reached_ranks, reached_domains = _reached(model, ep), _reached(model, domains)
+    else:
+        reached_ranks = reached_domains = np.minimum(ep, k["experts_per_token"].max()).astype(np.float64)
     bw, lat, link = group_link(hardware, etp, per_domain, eff, ring=False)
     seconds = coll["all_to_all"](token_bytes * reached_ranks[:, None], per_domain[:, None], bw[:, None],
                                  lat[:, None], **{key: value[:, None] for key, value in link.items()})
