@@ -90,21 +90,49 @@ def ndcost(*argv, cwd=None, check=True):
 NDCOST_SOURCES = ("pyproject.toml", "README.md", "framework", "registry", "plugins", "specs")
 
 
+def _ndcost_entries(site_packages: Path) -> set:
+    """Top-level names in *site_packages* that belong to a distribution declaring ``ndcost.plugins`` entry points.
+
+    That is ndcost itself and every plugin distribution (its dist-info, its package, an editable install's
+    ``.pth`` and finder), read from each distribution's RECORD.
+    """
+    from importlib import metadata
+
+    names = set()
+    for dist in metadata.distributions(path=[str(site_packages)]):
+        if not any(ep.group == "ndcost.plugins" for ep in dist.entry_points):
+            continue
+        for file in dist.files or ():
+            first = Path(file).parts[0]
+            if first != "..":
+                names.add(first)
+    return names
+
+
 def throwaway_venv(work: Path, repo: Path) -> Path:
     """A new virtual environment under *work* holding a plain install of ndcost from *repo*; its bin folder.
 
-    Made with ``--system-site-packages`` so torch, Transformers and ndcost's own dependencies come from the
-    base interpreter, while whatever the test's own environment installed (ndcost-olmo2 in CI) is not there:
-    what a test installs or uninstalls here never touches it. Skips the test where the base interpreter
-    lacks ndcost's dependencies (a CI environment holding them only in its own venv).
+    It sees the packages of the environment running the tests (torch, Transformers, pip, setuptools) through a
+    folder of links added as a site directory, less every distribution that declares ``ndcost.plugins`` entry
+    points (ndcost and, in CI, ndcost-olmo2): ndcost is installed here afresh, and what a test installs or
+    uninstalls lands in this venv's own site-packages, never in the test environment.
     """
-    import pytest
+    import sysconfig
 
     venv = work / "venv"
-    # without pip: Python 3.11's ensurepip would put its own old setuptools first; the base's pip and
-    # setuptools install into the venv (pip installs into sys.prefix), and a `pip` script here runs them
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
-                   timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    own_site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   check=True, capture_output=True, text=True, timeout=60).stdout.strip())
+    view = work / "test-env-view"
+    view.mkdir()
+    for site_packages in {Path(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")}:
+        skipped = _ndcost_entries(site_packages)
+        for entry in site_packages.iterdir():
+            if entry.name not in skipped and not (view / entry.name).exists():
+                (view / entry.name).symlink_to(entry)
+    # a line starting with `import` runs: addsitedir also processes the .pth files among the links
+    (own_site / "test-env-view.pth").write_text(f"import site; site.addsitedir({str(view)!r})\n")
     pip = venv / "bin" / "pip"
     pip.write_text('#!/bin/sh\nexec "$(dirname "$0")/python" -m pip "$@"\n')
     pip.chmod(0o755)
@@ -116,18 +144,11 @@ def throwaway_venv(work: Path, repo: Path) -> Path:
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
         else:
             shutil.copy(repo / name, source / name)
-    python = venv / "bin" / "python"
     result = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                              "--no-index", str(source)], capture_output=True, text=True, timeout=600)
-    if result.returncode != 0 and "No module named" in result.stderr:
-        pytest.skip(f"the base interpreter has no pip or setuptools to install ndcost in a throwaway venv: "
-                    f"{result.stderr.strip().splitlines()[-1]}")
     assert result.returncode == 0, result.stderr
     check = subprocess.run([str(python), "-c", "from ndcost import manager; manager.plugins()"],
                            capture_output=True, text=True, timeout=300, cwd=work)
-    if check.returncode != 0 and "ModuleNotFoundError" in check.stderr:
-        pytest.skip(f"the base interpreter lacks ndcost's dependencies for a throwaway venv: "
-                    f"{check.stderr.strip().splitlines()[-1]}")
     assert check.returncode == 0, check.stderr
     return venv / "bin"
 
