@@ -106,6 +106,26 @@ def test_deepep_across_domains_is_the_slower_leg_and_hides_under_dualpipe():
     assert model.evaluate(dense).time.step_seconds == model.evaluate(dense + ",ep_dispatcher=deepep").time.step_seconds
 
 
+def test_dualpipe_hides_deepep_but_for_the_sms_its_kernels_take(monkeypatch):
+    # Under DualPipe a pass of c seconds runs beside t seconds of compute, which runs on the SMs DeepEP's kernels
+    # leave (a share s = sms / 132 on an H200): both end max(c, t + s c) after they start, so s c is exposed where
+    # t > c (every Qwen3-30B-A3B layer at 4,096 tokens: a pass within one NVLink domain is a fraction of the
+    # layer's compute). With no SMs taken nothing is exposed; with all 132 the whole pass is; so what 20 SMs
+    # expose above none is 20/132 of what all of them expose above none, whatever c is.
+    import ndcost.compose.time as time_model
+
+    model = ndcost.resolve("qwen3-30b-a3b", hardware="h200", census="off")
+    base = "pp=2,vpp=2,schedule=dualpipev,ep=8,dp=8,zero=1,seq=4096,micro_batch=1,num_micro_batches=8"
+    exposed, alltoall = {}, set()
+    for sms in (0, 20, 132):
+        monkeypatch.setattr(time_model, "DEEPEP_SMS", sms)
+        exposed[sms] = model.evaluate(base + ",ep_dispatcher=deepep").time.exposed_communication_seconds
+        alltoall.add(model.evaluate(base).time.exposed_communication_seconds)
+    assert (exposed[20] - exposed[0]) / (exposed[132] - exposed[0]) == pytest.approx(20 / 132, rel=1e-9)
+    assert exposed[0] < exposed[20] < exposed[132]
+    assert len(alltoall) == 1  # NCCL's all-to-all: no SMs priced
+
+
 def test_megatron_flex_dispatcher_reads_as_deepep_and_writes_back(tmp_path):
     args = tmp_path / "args.txt"
     base = ("pretrain_gpt.py --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "

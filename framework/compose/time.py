@@ -1013,6 +1013,10 @@ def _async_tp_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
 
 
 # async TP's four forward collectives, in _async_tp_arrays' order: what each fuses with
+# The SMs DeepEP's normal (high-throughput) kernels take: deepseek-ai/DeepEP deep_ep/buffer.py ``Buffer.num_sms``,
+# Megatron-LM's ``moe_deepep_num_sms`` (megatron/core/transformer/transformer_config.py); arXiv:2412.19437 section
+# 3.2.2 ("only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink").
+DEEPEP_SMS = 20
 ASYNC_TP_GROUPS = ("all_gather", "reduce_scatter", "all_gather", "reduce_scatter")
 
 
@@ -1179,15 +1183,21 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
         ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None],  # dispatch, combine
                                            **{key: value[:, None] for key, value in link_ep.items()})
         deepep = (np.asarray(cols["ep_dispatcher"]) == EP_DISPATCHERS.index("deepep")) & (ep > 1)
+        sm_share = 0.0  # the SMs the dispatch kernels hold while they run beside the layer's compute
         if np.count_nonzero(deepep):
             ep_pass = np.where(deepep[:, None], _deepep_pass(model, rows, hardware, eff, coll, token_bytes, k), ep_pass)
+            if hardware.sm_count:
+                sm_share = np.where(deepep, DEEPEP_SMS / float(hardware.sm_count), 0.0)[:, None]
     exposed_fwd, exposed_bwd = tp_exposed_fwd + cp_fwd_exposed, tp_exposed_bwd + cp_bwd_exposed
     comm_fwd, comm_bwd = tp_fwd + cp_fwd, tp_bwd + cp_bwd
     if expert_parallel:  # (without, the all-to-alls are 0 s: nothing to add)
         overlapped = overlaps_ep[:, None]
         if np.count_nonzero(overlapped):
-            exposed_fwd = exposed_fwd + np.where(overlapped, np.maximum(0.0, ep_pass - layer["forward"]), ep_pass)
-            exposed_bwd = exposed_bwd + np.where(overlapped, np.maximum(0.0, ep_pass - layer["backward"]), ep_pass)
+            # the compute beside a pass of c seconds runs on the SMs its kernels leave (a share s of them held):
+            # both done max(c, t + s c) after they start, t the compute alone, so max(s c, c - t) is exposed
+            slowed = ep_pass * sm_share
+            exposed_fwd = exposed_fwd + np.where(overlapped, np.maximum(slowed, ep_pass - layer["forward"]), ep_pass)
+            exposed_bwd = exposed_bwd + np.where(overlapped, np.maximum(slowed, ep_pass - layer["backward"]), ep_pass)
         else:
             exposed_fwd, exposed_bwd = exposed_fwd + ep_pass, exposed_bwd + ep_pass
         comm_fwd, comm_bwd = comm_fwd + ep_pass, comm_bwd + ep_pass
@@ -1250,7 +1260,8 @@ def _deepep_pass(model: ModelWork, rows: _Rows, hardware: Hardware, eff, coll, t
     the network's all-to-all of ``D`` domains reached copies over the domains, or NVLink's of ``R`` ranks
     reached copies over a domain's EP ranks (:func:`expected_parts_reached`). Combine sends the same bytes
     back. Without the model's expert count (a third party's estimator) every copy is sent, as ``alltoall``'s.
-    Left out: DeepEP's SMs taken from the layer's compute, and its FP8 dispatch (the compute width here).
+    Where a schedule overlaps the pass with compute, the compute runs on the SMs the kernels leave
+    (``DEEPEP_SMS``; :func:`_layer_communication`). Left out: its FP8 dispatch (the compute width here).
     """
     ep, etp = rows.ep.astype(np.int64), rows.etp.astype(np.int64)
     moe = k["experts_per_token"][None, :] > 0
