@@ -1183,7 +1183,7 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
         ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None],  # dispatch, combine
                                            **{key: value[:, None] for key, value in link_ep.items()})
         deepep = (np.asarray(cols["ep_dispatcher"]) == EP_DISPATCHERS.index("deepep")) & (ep > 1)
-        sm_share = 0.0  # the SMs the dispatch kernels hold while they run beside the layer's compute
+        sm_share = np.zeros((n, 1))  # the SMs the dispatch kernels hold while they run beside the layer's compute
         if np.count_nonzero(deepep):
             ep_pass = np.where(deepep[:, None], _deepep_pass(model, rows, hardware, eff, coll, token_bytes, k), ep_pass)
             if hardware.sm_count:
