@@ -761,8 +761,8 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                       "routing (n_group, topk_group) bounds the domains. The expected ranks and "
                                       "domains a token reaches assume its experts uniform among those its routing "
                                       "allows; overlapped with compute (DualPipe), its kernels hold 20 SMs the "
-                                      "compute beside them lacks; memory: the dispatched tokens as alltoall's (DeepEP's own "
-                                      "registered buffers are not counted); no effect at ep=1",
+                                      "compute beside them lacks; memory: the dispatched tokens as alltoall's "
+                                      "(DeepEP's own registered buffers are not counted); no effect at ep=1",
                               synonyms=("moe_token_dispatcher_type", "token_dispatcher", "moe_comm_backend",
                                         "moe_dispatcher", "expert_dispatcher")),
 })
