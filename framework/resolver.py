@@ -363,14 +363,11 @@ class CostModel:
 
     def _attention_kernel(self) -> str:
         """The attention kernel the runtime profile runs for this model, which the time model prices the scores
-        by: a contract the profile installs for the model's family in place of its attention function (stated
-        by ``Contract.attention``), else the profile's kernel (its fallback where the family refuses it); ""
-        without a profile or where none is registered."""
+        by (the op records' rule, ``attention_kernel``: a contract the profile installs in place of the family's
+        attention function, else the profile's kernel or its fallback); "" without a profile or where none is
+        registered."""
         if self._profile is None:
             return ""
-        for name in self._profile.family_contracts.get(self.spec.model_type, ()):
-            if getattr(_registry().find(f"contract/{name}"), "attention", False):
-                return str(name)
         try:
             return str(_estimator("activations", "op_records").attention_kernel(self.spec, self._estimator_runtime))
         except NdcostError:

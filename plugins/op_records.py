@@ -869,10 +869,17 @@ def runtime_attention(spec: ModelSpec, profile: Any) -> str:
     would be charged scores its run never materializes (or spared those it
     does). The family says whether it supports SDPA (``Family.supports_sdpa``),
     so this needs no transformers. Without a profile: ``eager``, the published
-    formulas' assumption.
+    formulas' assumption. A contract the profile installs for the model's family in place of its
+    attention function (``Contract.attention``) is the kernel, under its own name.
     """
     if profile is None:
         return "eager"
+    from ndcost import manager
+    registry = manager.registry()
+    for name in profile.family_contracts.get(spec.model_type, ()):
+        if getattr(registry.find(f"contract/{name}"), "attention", False):
+            attention_kernel(name, where=f"runtime {profile.name!r} installs contract {name!r}, whose attention ")
+            return str(name)
     kernel = str(profile.attention)
     if kernel == "sdpa":
         from ndcost.models import family_for

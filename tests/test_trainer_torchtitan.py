@@ -241,6 +241,7 @@ ROUND_TRIPS = [
     ("llama-3.1-8b", "fsdp=8,seq=8192,float8=rowwise,compile=true"),
     ("llama-3.1-8b", "fsdp=4,cp=2,seq=8192,cp_rotate=p2p"),  # context_parallel_rotate_method = "alltoall"
     ("llama-3.1-8b", "fsdp=8,seq=8192,cp_rotate=p2p"),  # no effect at cp=1, but said and read back
+    ("deepseek-v3", "fsdp=64,ep=8,seq=4096,ep_dispatcher=deepep"),  # expert_parallel_comm_backend = "deepep"
 ]
 
 
@@ -288,6 +289,7 @@ def test_equal_dtypes_stated_or_not_write_the_same_file():
     ("llama-3.1-8b", "pp=2,fsdp=2,num_micro_batches=4,seq=4096,gradient_sync=last_micro_batch",
      "pp_engine=auto with pp=2"),
     ("llama-3.1-8b", "fsdp=8,seq=4096,pp_engine=torch", "pp_engine=torch with pp=1"),
+    ("deepseek-v3", "fsdp=8,seq=4096,ep_dispatcher=deepep", "ep_dispatcher=deepep with ep=1"),
     ("llama-3.1-8b", "fsdp=8,num_micro_batches=2,seq=4096,gradient_sync=last_micro_batch",
      "gradient_sync=last_micro_batch with pp=1"),
 ])
@@ -486,3 +488,22 @@ def test_older_float8_section_with_moe_experts_is_refused(tmp_path):
                         'converters = ["float8"]', tmp_path / "job.toml")
     with pytest.raises(InvalidValue, match=r"\[float8\] moe_fqns: float8 grouped GEMMs"):
         from_config("torchtitan", path, devices=64)
+
+
+@pytest.mark.parametrize("backend, dispatcher", [("standard", "alltoall"), ("deepep", "deepep"),
+                                                 ("hybridep", "deepep")])
+def test_the_expert_parallel_comm_backend_is_the_dispatcher(tmp_path, backend, dispatcher):
+    path = file_variant(CONFIGS / "deepseek_v3_671b.toml", "expert_parallel_degree = 1",
+                        f'expert_parallel_degree = 8\nexpert_parallel_comm_backend = "{backend}"', tmp_path / "j.toml")
+    assert read(path, devices=64).strategy.ep_dispatcher == dispatcher
+
+
+@pytest.mark.parametrize("degrees, backend, message", [
+    ("expert_parallel_degree = 1", "deepep", "torchtitan runs DeepEP only at ep > 1 without expert TP"),
+    ("expert_parallel_degree = 8", "nccl", "'nccl' is not priced"),
+])
+def test_a_backend_torchtitan_does_not_run_is_refused(tmp_path, degrees, backend, message):
+    path = file_variant(CONFIGS / "deepseek_v3_671b.toml", "expert_parallel_degree = 1",
+                        f'{degrees}\nexpert_parallel_comm_backend = "{backend}"', tmp_path / "j.toml")
+    with pytest.raises(InvalidValue, match=message):
+        read(path, devices=64)

@@ -291,6 +291,36 @@ def register_attention_function(name: str, forward: Callable[..., Any]) -> None:
     AttentionMaskInterface.register(name, flash_attention_mask)
 
 
+class FamilyAttentionContract(OpContract):
+    """An :class:`OpContract` that is a family's attention function itself (``Contract(attention=True)``).
+
+    Installing it registers ``attention_forward`` as the Transformers attention implementation
+    ``implementation_name`` and points every config at the site to it while the context lasts, so the
+    layer's attention module calls the contract's op in place of the eager function its family ships.
+    """
+
+    implementation_name: str = ""
+
+    @staticmethod
+    def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                          **kwargs: Any) -> Tuple[Any, None]:
+        raise NotImplementedError
+
+    def register(self) -> None:
+        register_attention_function(self.implementation_name, self.attention_forward)
+
+    @contextlib.contextmanager
+    def install(self, site: Site) -> Iterator[None]:
+        self.register()
+        modules = site.root.modules() if site.root is not None else ()
+        configs = {id(c): c for c in [site.config] + [getattr(m, "config", None) for m in modules]
+                   if c is not None and hasattr(c, "_attn_implementation")}
+        with Patched() as patched:
+            for config in configs.values():
+                patched.set(config, "_attn_implementation", self.implementation_name)
+            yield
+
+
 class Patched:
     """Attributes set on objects while the context lasts, each put back on exit, the last set first.
 

@@ -34,9 +34,9 @@ import functools
 from typing import Any, Iterator, Optional, Tuple
 
 from ndcost.hookspecs import hookimpl
-from ndcost.plugins.contracts import (Contract, FlopCount, OpContract, Patched, Site, attention_saved_op,
-                                      fake_only_op, register_attention_function, register_contracts,
-                                      register_kernel_autograd)
+from ndcost.plugins.contracts import (AttentionKernel, Contract, FamilyAttentionContract, FlopCount, OpContract,
+                                      Patched, Site, attention_saved_op, fake_only_op, register_attention_kernels,
+                                      register_contracts, register_kernel_autograd)
 
 SPARSE_ATTENTION = "deepseek-v4-sparse-attention"
 INDEXER = "deepseek-v4-indexer"
@@ -52,6 +52,11 @@ CONTRACTS = (
              summary="DeepSeek-V4's lightning indexer: scores and top-k selection, no autograd state",
              implementation="ndcost.plugins.contracts.deepseek_v4:indexer_implementation",
              saves="nothing: its indices take no gradient and its scores' graph is not kept"),
+)
+# the formulas price the layer under the sparse kernel's name as one keeping a row's statistics, not its scores
+ATTENTION_KERNELS = (
+    AttentionKernel(name=SPARSE_ATTENTION, materializes_scores=False,
+                    description="DeepSeek-V4's sparse attention: the log-sum-exp and gathered indices, not the scores"),
 )
 
 
@@ -130,40 +135,18 @@ def dsv4_sparse_attention_forward(module: Any, query: Any, key: Any, value: Any,
     return out, None
 
 
-def _register_attention_function() -> None:
-    # The kernel takes the window and causality from the layer: no dense mask is built.
-    register_attention_function(ATTENTION_IMPLEMENTATION, dsv4_sparse_attention_forward)
-
-
-def _configs(site: Site) -> list:
-    """The config objects the modules at *site* read their attention implementation from."""
-    found = {}
-    for config in [site.config] + [getattr(m, "config", None) for m in (site.root.modules() if site.root else ())]:
-        if config is not None and hasattr(config, "_attn_implementation"):
-            found[id(config)] = config
-    return list(found.values())
-
-
-class _SparseAttention(OpContract):
+class _SparseAttention(FamilyAttentionContract):
     name = SPARSE_ATTENTION
     forward, backward = "sparse_attention", "sparse_attention_grad"
     stands = ("dsv4.sparse_attn", "dsv4.sparse_attn_backward")
     runs_as = "scores"
+    # the kernel takes the window and causality from the layer: no dense mask is built
+    implementation_name = ATTENTION_IMPLEMENTATION
+    attention_forward = staticmethod(dsv4_sparse_attention_forward)
 
     def __init__(self) -> None:
         super().__init__(_ops())
-        _register_attention_function()
-
-    def install(self, site: Site):
-        return self._installed(site)
-
-    @contextlib.contextmanager
-    def _installed(self, site: Site) -> Iterator[None]:
-        _register_attention_function()
-        with Patched() as patched:
-            for config in _configs(site):
-                patched.set(config, "_attn_implementation", ATTENTION_IMPLEMENTATION)
-            yield
+        self.register()
 
     def saved_op(self, func: Any, tensor: Any) -> Optional[str]:
         if func is not self.forward_op:
@@ -241,3 +224,4 @@ def indexer_implementation() -> _Indexer:
 @hookimpl
 def ndcost_register(register):
     register_contracts(register, CONTRACTS)
+    register_attention_kernels(register, ATTENTION_KERNELS)

@@ -98,7 +98,8 @@ _READ = {
                     "pipeline_parallel_layers_per_stage", "pipeline_parallel_microbatch_size",
                     "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
                     "module_fqns_per_model_part", "context_parallel_degree", "context_parallel_rotate_method",
-                    "expert_parallel_degree", "expert_tensor_parallel_degree", "fsdp_reshard_after_forward"),
+                    "expert_parallel_degree", "expert_tensor_parallel_degree", "expert_parallel_comm_backend",
+                    "fsdp_reshard_after_forward"),
     "activation_checkpoint": ("mode", "selective_ac_option"),
     "compile": ("enable", "components", "backend"),
     "fault_tolerance": ("enable",),
@@ -113,6 +114,10 @@ FLOAT8_CONVERTERS = ("float8", "quantize.linear.float8")
 _FLOAT8_KEPT = ("output", "router.gate")
 # [parallelism] context_parallel_rotate_method's values (torchtitan/config/job_config.py) as cp_rotate's
 ROTATE_METHODS = {"allgather": "allgather", "alltoall": "p2p"}
+# [parallelism] expert_parallel_comm_backend's values as ep_dispatcher's: "standard" is the all-to-all of
+# torchtitan/distributed/expert_parallel.py, "deepep" DeepEP's dispatch and "hybridep" its hierarchical variant
+# for NVLink-72 domains (torchtitan/distributed/deepep/)
+EP_COMM_BACKENDS = {"standard": "alltoall", "deepep": "deepep", "hybridep": "deepep"}
 # older files keep pipeline and context parallelism under [experimental]
 _EXPERIMENTAL = ("pipeline_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
                  "context_parallel_degree")
@@ -317,6 +322,22 @@ def _degrees(f: _File, devices: Optional[int]) -> Dict[str, int]:
     return p
 
 
+def _ep_dispatcher(f: _File, p: Dict[str, int]) -> str:
+    """``ep_dispatcher`` from ``[parallelism] expert_parallel_comm_backend``, refused where torchtitan refuses it
+    (the DeepSeek-V3 and Qwen3 parallelize functions: DeepEP needs ep > 1 and takes no expert TP)."""
+    name = _name(KIND, f.path, "[parallelism] expert_parallel_comm_backend",
+                 f.get("parallelism", "expert_parallel_comm_backend", "standard"))
+    if name not in EP_COMM_BACKENDS:
+        raise f.error("[parallelism] expert_parallel_comm_backend", f"{name!r} is not priced",
+                      f"set it to one of {', '.join(map(repr, EP_COMM_BACKENDS))}")
+    if EP_COMM_BACKENDS[name] == "deepep" and (p["ep"] <= 1 or p["etp"] > 1):
+        raise f.error("[parallelism] expert_parallel_comm_backend", f"{name!r} with expert_parallel_degree "
+                      f"{p['ep']} and expert_tensor_parallel_degree {p['etp']}: torchtitan runs DeepEP only at "
+                      "ep > 1 without expert TP", 'set expert_parallel_degree > 1 and '
+                      'expert_tensor_parallel_degree = 1, or use "standard"')
+    return EP_COMM_BACKENDS[name]
+
+
 def _pipeline(f: _File, p: Dict[str, int], layers: int) -> Dict[str, Any]:
     """schedule, vpp and pp_layers: torchtitan's own split of the stack over pp * stages-per-rank stages."""
     if p["pp"] == 1:
@@ -502,6 +523,7 @@ def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConf
     fields["cp_rotate"] = ROTATE_METHODS[rotate]
     if p["cp"] > 1:
         fields["cp_algo"] = "ring"
+    fields["ep_dispatcher"] = _ep_dispatcher(f, p)
     pipeline = _pipeline(f, p, layers)
     fields.update(pipeline)
     batches, global_batch, notes = _batches(f, p, pipeline)
@@ -585,6 +607,8 @@ def write(strategy: Strategy, *, model: Any, global_batch: Optional[int]) -> str
                 f"tensor_parallel_degree = {s.tp}", f"context_parallel_degree = {s.cp}",
                 f"pipeline_parallel_degree = {s.pp}", f"expert_parallel_degree = {s.ep}",
                 f"expert_tensor_parallel_degree = {s.etp}"]
+    if s.ep_dispatcher == "deepep":
+        parallel.append('expert_parallel_comm_backend = "deepep"')
     if s.cp > 1 or s.cp_rotate != "allgather":
         rotate = {v: k for k, v in ROTATE_METHODS.items()}[s.cp_rotate]
         parallel.append(f'context_parallel_rotate_method = "{rotate}"')
@@ -698,8 +722,8 @@ def _check_writable(s: Strategy) -> None:
         (s.float8_all_gather and s.fsdp == 1, "float8_all_gather=true with fsdp=1",
          "torchtitan gathers fp8 only with data_parallel_shard_degree > 1"),
         (s.async_tp and s.tp == 1, "async_tp=true with tp=1", "torchtitan's async TP needs TP"),
-        (s.ep_dispatcher != "alltoall", f"ep_dispatcher={s.ep_dispatcher}", "a job TOML has no MoE dispatcher "
-         "setting (torchtitan's standard all-to-all is ep_dispatcher=alltoall)"),
+        (s.ep_dispatcher == "deepep" and (s.ep == 1 or s.etp > 1), f"ep_dispatcher=deepep with ep={s.ep}, "
+         f"etp={s.etp}", "torchtitan runs DeepEP only at ep > 1 without expert TP"),
         (s.moe_imbalance != default.moe_imbalance or s.allocator_overhead != default.allocator_overhead,
          "moe_imbalance or allocator_overhead", "they are ndcost's assumptions, not torchtitan settings"),
     ]
