@@ -378,6 +378,7 @@ def _cross_checks(out: StrategyColumns) -> None:
     compute = np.where(c["compute_dtype"] < 0, c["param_dtype"], c["compute_dtype"])
     refused = low_precision_refusals(float8 != FLOAT8_RECIPES.index("none"),
                                      float8 == FLOAT8_RECIPES.index("tensorwise"), c["float8_all_gather"],
-                                     c["compile"], c["async_tp"], c["sp"], compute == DTYPE_NAMES.index("fp8"))
+                                     c["compile"], c["async_tp"], c["sp"], compute == DTYPE_NAMES.index("fp8"),
+                                     c["float8_experts"])
     for bad, message in zip(refused, LOW_PRECISION_REFUSALS, strict=True):
         out.refuse(bad, message)

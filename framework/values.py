@@ -393,6 +393,7 @@ class Strategy:
     offload_activations: bool = attrs.field(default=False, converter=_bool_field("offload_activations"))
     float8: str = attrs.field(default="none", converter=_choice("float8", FLOAT8_RECIPES))
     float8_all_gather: bool = attrs.field(default=False, converter=_bool_field("float8_all_gather"))
+    float8_experts: bool = attrs.field(default=False, converter=_bool_field("float8_experts"))
     compile: bool = attrs.field(default=False, converter=_bool_field("compile"))
     async_tp: bool = attrs.field(default=False, converter=_bool_field("async_tp"))
     gradient_sync: str = attrs.field(default="auto", converter=_choice("gradient_sync", GRADIENT_SYNC))
@@ -422,7 +423,8 @@ class Strategy:
             raise InvalidValue(f"Strategy: ep * etp = {self.ep} * {self.etp} = {self.ep * self.etp} must divide "
                                f"dp * fsdp * cp * tp = {ranks}")
         refused = low_precision_refusals(self.float8 != "none", self.float8 == "tensorwise", self.float8_all_gather,
-                                         self.compile, self.async_tp, self.sp, self.compute == "fp8")
+                                         self.compile, self.async_tp, self.sp, self.compute == "fp8",
+                                         self.float8_experts)
         for bad, message in zip(refused, LOW_PRECISION_REFUSALS, strict=True):
             if bad:
                 raise InvalidValue(message)
@@ -529,13 +531,17 @@ LOW_PRECISION_REFUSALS = (
     "only (torchtitan asserts it away with a recipe_name); set float8=tensorwise or float8_all_gather=false",
     "Strategy.float8 with compute_dtype=fp8: float8 casts compute_dtype's linears to fp8 and keeps the rest at "
     "compute_dtype; give compute_dtype=bf16 (or float8=none for every op at fp8)",
+    "Strategy.float8_experts=true needs float8: the experts' grouped GEMMs take the float8 recipe's scaling; set "
+    "float8=tensorwise or rowwise, or float8_experts=false",
 )
 
 
-def low_precision_refusals(float8_on, tensorwise, float8_all_gather, compile, async_tp, sp, compute_fp8):
+def low_precision_refusals(float8_on, tensorwise, float8_all_gather, compile, async_tp, sp, compute_fp8,
+                           float8_experts):
     """Which of :data:`LOW_PRECISION_REFUSALS` hold, in order: flags for one strategy or bool arrays for columns
     (``a > b`` is "a without b" for both)."""
-    return (async_tp > compile, async_tp > sp, float8_all_gather > tensorwise, float8_on & compute_fp8)
+    return (async_tp > compile, async_tp > sp, float8_all_gather > tensorwise, float8_on & compute_fp8,
+            float8_experts > float8_on)
 
 
 def devices_message(dp, fsdp, cp, tp, pp) -> str:
@@ -681,7 +687,8 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                "their inputs, weights and output gradients cast (amax read, then read and written "
                                "as fp8: 2 w + 1 bytes an element at compute width w; six casts a linear a step, "
                                "as torchao's matmul_with_hp_or_float8_args runs them); the attention scores, the "
-                               "router, the routed experts and the output head stay at compute_dtype; saved "
+                               "router, the routed experts (unless float8_experts) and the output head stay at "
+                               "compute_dtype; saved "
                                "activations unchanged (the high-precision input is saved). tensorwise and rowwise "
                                "are priced alike (same cast bytes, the hardware's matmul efficiency); no amax "
                                "history (dynamic scaling keeps none). Needs a hardware fp8 peak",
@@ -693,6 +700,15 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                           "float8=tensorwise only; no effect where FSDP gathers nothing",
                                   synonyms=("enable_fsdp_float8_all_gather", "fp8_all_gather", "fp8_param_gather",
                                             "fp8_param")),
+    "float8_experts": FieldDoc(meaning="the routed experts' grouped GEMMs in fp8 too, under float8's recipe "
+                                       "(torchtitan's float8 moe_fqns / quantize.grouped_mm.float8, torchao's "
+                                       "_scaled_grouped_mm; Transformer Engine's grouped linears under Megatron-LM's "
+                                       "--fp8-format; DeepSeek-V3's FP8 training): their FLOPs at the fp8 peak, "
+                                       "each copy's input, output gradient and the rank's expert weights cast as "
+                                       "float8's linears are; saved activations unchanged. Needs float8; no "
+                                       "effect on a model without routed experts",
+                               synonyms=("fp8_experts", "float8_moe", "fp8_moe", "moe_fqns", "float8_grouped_mm",
+                                         "fp8_grouped_gemm")),
     "compile": FieldDoc(meaning="torch.compile of each layer (torchtitan [compile] enable, per TransformerBlock): "
                                 "each chain of pointwise ops between matmuls reads its inputs and writes its "
                                 "outputs once (an analytic fused count a kind: norms, residual adds, rotary, the "

@@ -119,6 +119,10 @@ class KindWork:
     float8_mm_flops_per_token: Optional[float] = None
     float8_input_elements_per_token: Optional[float] = None
     float8_output_elements_per_token: Optional[float] = None
+    # under Strategy.float8_experts: the routed experts' matmuls' input and output elements a token (each of its
+    # copies, one an expert it is routed to); their FLOPs are routed_mm_flops_per_token; None: unknown
+    float8_routed_input_elements_per_token: Optional[float] = None
+    float8_routed_output_elements_per_token: Optional[float] = None
     # under Strategy.compile: the elementwise elements a token with each pointwise chain fused (TP-split, and
     # those TP splits only under SP, as the eager pair above); None: unknown
     compiled_elementwise_elements_per_token: Optional[float] = None
@@ -143,7 +147,8 @@ class KindWork:
         return cls(kind=kind, source=source, attention_mm_flops_per_token=0.0, other_mm_flops_per_token=0.0,
                    has_attention=False, recomputed_attention_mm_share=0.0, recomputed_other_mm_share=0.0,
                    float8_mm_flops_per_token=0.0, float8_input_elements_per_token=0.0,
-                   float8_output_elements_per_token=0.0, compiled_elementwise_elements_per_token=0.0,
+                   float8_output_elements_per_token=0.0, float8_routed_input_elements_per_token=0.0,
+                   float8_routed_output_elements_per_token=0.0, compiled_elementwise_elements_per_token=0.0,
                    compiled_replicated_elements_per_token=0.0)
 
     def forward_flops(self, seq, *, all_pairs: bool = False):

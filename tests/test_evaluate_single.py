@@ -88,6 +88,7 @@ def strategy_fields(draw, model):
                       pp_engine=draw(st.sampled_from(PP_ENGINES)))
     if draw(st.integers(0, 3)) == 0:
         fields.update(float8=draw(st.sampled_from(["none", "tensorwise", "rowwise"])), compile=draw(st.booleans()))
+        fields["float8_experts"] = fields["float8"] != "none" and draw(st.booleans())
     if draw(st.integers(0, 3)) == 0:
         fields["ep_dispatcher"] = "deepep"
     if draw(st.integers(0, 3)) == 0:
@@ -310,7 +311,8 @@ OTHER_VALUE = {"dp": 1, "fsdp": 4, "tp": 4, "pp": 4, "vpp": 2, "cp": 2, "ep": 4,
                "master_dtype": "fp32", "pp_layers": (20, 28), "moe_imbalance": 1.5, "allocator_overhead": 0.1,
                "shard_mesh": "fsdp_cp", "reshard_after_forward": False, "offload_optimizer": True,
                "offload_params": True, "offload_activations": True, "float8": "tensorwise",
-               "float8_all_gather": {"float8": "tensorwise", "float8_all_gather": True}, "compile": True,
+               "float8_all_gather": {"float8": "tensorwise", "float8_all_gather": True},
+               "float8_experts": {"float8": "tensorwise", "float8_experts": True}, "compile": True,
                "async_tp": {"async_tp": True, "compile": True}, "gradient_sync": "last_micro_batch",
                "pp_engine": "torch", "cp_rotate": {"cp_rotate": "p2p", "cp": 2},
                "ep_dispatcher": {"ep_dispatcher": "deepep", "ep": 4}}

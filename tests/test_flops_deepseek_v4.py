@@ -197,7 +197,8 @@ def test_deepseek_v4_flash_matmuls_equal_the_census_at_4096():
 def test_a_runtime_installing_the_sparse_kernel_is_priced_as_it_not_as_eager():
     """hf-cuda-fused installs DeepSeek-V4's sparse attention contract in place of Transformers' eager function
     (``Contract.attention``): the time model prices the kernel's own FLOPs (the window and the selected entries)
-    under its name, where hf-cuda's eager attention runs every pair of the sequence and the compressed entries."""
+    under its name, where hf-cuda's eager attention runs every pair of the sequence and the compressed entries; the
+    formulas price the same kernel (``op_records.runtime_attention``: a row's statistics kept, not its scores)."""
     import ndcost
     strategy = "dp=8,ep=8,seq=16384,recompute=full"
     eager = ndcost.resolve("deepseek-v4-flash", runtime="hf-cuda", census="off")
@@ -206,5 +207,5 @@ def test_a_runtime_installing_the_sparse_kernel_is_priced_as_it_not_as_eager():
     assert eager.resolved.model_work[16384].attention_kernel == "eager"
     assert fused.resolved.model_work[16384].attention_kernel == "deepseek-v4-sparse-attention"
     assert "csa_moe: deepseek-v4-sparse-attention, efficiency.attention" in f.provenance["time"]["kernels"]
-    assert f.peak_bytes == e.peak_bytes  # the formulas' bytes do not depend on the time model's kernel
+    assert f.peak_bytes < e.peak_bytes  # eager attention's scores are not kept by the sparse kernel
     assert f.time.compute_seconds < e.time.compute_seconds / 2  # 16,384 queries gather 640 entries, not 20,480

@@ -136,6 +136,7 @@ PLAUSIBLE: Dict[str, List[str]] = {
     "shard_mesh": ["dp_cp", "dp", "fsdp_cp"], "reshard_after_forward": ["true", "false"], "offload_optimizer": ["false", "true"],
     "offload_params": ["false", "true"], "offload_activations": ["false", "true"],
     "float8": ["none", "tensorwise", "rowwise"], "float8_all_gather": ["false", "true"],
+    "float8_experts": ["false", "true"],
     "compile": ["false", "true"], "async_tp": ["false", "true"],
     "gradient_sync": ["auto", "every_micro_batch", "last_micro_batch"], "pp_engine": ["auto", "megatron", "torch"],
     "cp_rotate": ["allgather", "p2p"], "ep_dispatcher": ["alltoall", "deepep"],

@@ -239,3 +239,60 @@ def test_mfu_counts_the_float8_linears_against_the_fp8_peak(h100, work):
     expected = ((model_flops - linears) / bf16 + linears / fp8) / float(priced.step_seconds[0])
     assert float(priced.mfu[0]) == pytest.approx(expected, rel=1e-12)
     assert 0 < float(priced.mfu[0]) <= 1
+
+
+# A Qwen3-MoE layer: hidden 2048, 128 experts of width 768 (SwiGLU: gate and up fused, H -> 2 I; down I -> H),
+# 8 a token; the router (H -> E) stays at the compute dtype
+MOE_H, MOE_E, MOE_K, MOE_I = 2048, 128, 8, 768
+
+
+def _moe_work(seq):
+    transformers = pytest.importorskip("transformers")
+    from ndcost.models import load_model
+
+    config = transformers.Qwen3MoeConfig(hidden_size=MOE_H, num_experts=MOE_E, num_experts_per_tok=MOE_K,
+                                         moe_intermediate_size=MOE_I, num_hidden_layers=2, num_attention_heads=32,
+                                         num_key_value_heads=4, head_dim=128, vocab_size=1000)
+    return analytic.model_work(load_model(config), seq)
+
+
+def test_float8_experts_cast_each_copy_and_the_ranks_expert_weights(h100):
+    """Under float8_experts each of a token's 8 copies casts its inputs (H into gate-up, I into down) and, in the
+    backward, twice its output gradients (2 I out of gate-up, H out of down) and its inputs again; the rank's
+    experts' weights (128 / ep of them, 3 H I each) once a pass: 2 w + 1 bytes an element."""
+    seq, batch, ep, hbm, eff = 16384, 4, 8, 3.35e12, 0.70  # enough tokens that no pass is launch-bound
+    work = _moe_work(seq)
+    kind = work.kinds[0]
+    assert work.work[kind].float8_routed_input_elements_per_token == MOE_K * (MOE_H + MOE_I)
+    assert work.work[kind].float8_routed_output_elements_per_token == MOE_K * (2 * MOE_I + MOE_H)
+    assert work.work[kind].routed_mm_flops_per_token == 2 * MOE_K * 3 * MOE_H * MOE_I
+    base = f"ep={ep},dp={ep},seq={seq},micro_batch={batch},param_dtype=bf16,float8=tensorwise"
+    linears, experts = _layer(work, h100, base), _layer(work, h100, base + ",float8_experts=true")
+    tokens = seq * batch  # the rank's micro-batch: ep borrows the data-parallel ranks, each routing its own
+    weights = MOE_E // ep * 3 * MOE_H * MOE_I
+    cast_fwd = 5 * (MOE_K * (MOE_H + MOE_I) * tokens + weights)
+    cast_bwd = 5 * (2 * MOE_K * (2 * MOE_I + MOE_H) * tokens + MOE_K * (MOE_H + MOE_I) * tokens + weights)
+    assert experts["forward"] - linears["forward"] == pytest.approx(
+        experts["matmul_forward"] - linears["matmul_forward"] + cast_fwd / (hbm * eff), rel=1e-9)
+    assert experts["backward"] - linears["backward"] == pytest.approx(
+        experts["matmul_backward"] - linears["matmul_backward"] + cast_bwd / (hbm * eff), rel=1e-9)
+
+
+def test_float8_experts_run_the_grouped_gemms_at_the_fp8_peak(h100):
+    """With D, R and O a pass's dense-linear, routed and router matmul seconds at bf16 and r = bf16 / fp8 peak:
+    no float8 takes D + R + O, float8 D r + R + O, float8_experts (D + R) r + O; so what the experts save over
+    float8 alone is R (1 - r), and the routed seconds float8 alone leaves are that over 1 - r. A dense model's
+    passes are the same with it or without."""
+    work = _moe_work(4096)
+    base = "ep=8,dp=8,seq=4096,param_dtype=bf16"
+    none, f8, f8e = (_layer(work, h100, base + extra) for extra in
+                     ("", ",float8=tensorwise", ",float8=tensorwise,float8_experts=true"))
+    r = 989.4e12 / 1978.9e12  # specs/hardware/h100.yaml
+    for key in ("matmul_forward", "matmul_backward"):
+        routed = (f8[key] - f8e[key]) / (1 - r)
+        dense = (none[key] - f8[key]) / (1 - r)
+        assert 0 < routed < f8[key] and 0 < dense
+        assert f8e[key] == pytest.approx((none[key] - routed - dense) + (routed + dense) * r, rel=1e-12)
+    dense_work = analytic.model_work(llama_spec(), 4096)
+    assert (_layer(dense_work, h100, "seq=4096,param_dtype=bf16,float8=tensorwise,float8_experts=true")
+            == _layer(dense_work, h100, "seq=4096,param_dtype=bf16,float8=tensorwise"))

@@ -550,10 +550,12 @@ def test_attention_kernels_are_registered_by_their_contracts(registry):
 
     materializes = {name: registry.get(f"attention_kernel/{name}").materializes_scores
                     for name in registry.names("attention_kernel")}
-    # the kernels and flags the op records' closed table held before
+    # the kernels and flags the op records' closed table held before, and the family attention contracts' own
     assert materializes == {"eager": True, "sdpa": False, "flash": False, "flash_attention_2": False,
-                            "flash_attention_3": False, "flex_attention": False, "npu_fusion_attention": False}
+                            "flash_attention_3": False, "flex_attention": False, "npu_fusion_attention": False,
+                            "deepseek-v4-sparse-attention": False, "gpt-oss-flash-sinks": False}
     assert registry.entry("attention_kernel/sdpa").source.module == "ndcost.plugins.contracts.cuda_sdpa"
+    assert registry.entry("attention_kernel/gpt-oss-flash-sinks").source.module == "ndcost.plugins.contracts.gpt_oss"
     assert registry.entry("attention_kernel/npu_fusion_attention").source.module == "ndcost.plugins.contracts.npu"
     assert all(isinstance(v, AttentionKernel) for _, v in registry.items("attention_kernel"))
 

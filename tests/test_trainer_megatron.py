@@ -44,7 +44,7 @@ def test_llama3_8b_fp8_script_is_refused_naming_fp8(tmp_path):
     path = file_variant(path, '"--fp8-format hybrid"', '"--fp8-format hybrid"\n        "--fp8-recipe tensorwise"',
                         tmp_path / "train_tensorwise.sh")
     config = from_config("megatron", path, devices=8)
-    assert config.strategy.float8 == "tensorwise" and not config.strategy.compile
+    assert config.strategy.float8 == "tensorwise" and config.strategy.float8_experts and not config.strategy.compile
     assert "--fp8-recipe" in config.read_fields and "--fp8-format" in config.read_fields
 
 
@@ -335,7 +335,7 @@ ROUND_TRIP = [
          offload_optimizer=True),
     dict(param_dtype="fp32"),
     dict(tp=2, dp=4, vocab_parallel=True, sp=True, seq=4096, param_dtype="bf16", float8="tensorwise",
-         **MEGATRON_MIXED),
+         float8_experts=True, **MEGATRON_MIXED),
     dict(pp=4, dp=2, pp_layers=(3, 4, 4, 2), param_dtype="fp32"),  # torchtitan's split of 13 layers
     dict(pp=3, dp=2, pp_layers=(3, 4, 5), param_dtype="fp32"),
     dict(pp=2, dp=4, pp_layers=(5, 8), param_dtype="fp32"),
@@ -374,6 +374,7 @@ def test_written_model_flags_count_the_same_model(tmp_path, model, tp):
     (dict(cp=2, dp=2, zero=1, shard_mesh="dp", param_dtype="fp32"), "shard_mesh=dp"),
     (dict(compile=True, param_dtype="fp32"), "compile=True"),
     (dict(float8="rowwise", param_dtype="fp32"), "float8=rowwise"),
+    (dict(float8="tensorwise", param_dtype="bf16", **MEGATRON_MIXED), "float8_experts=False"),
     (dict(pp=2, pp_engine="torch", param_dtype="fp32"), "pp_engine=torch"),
     (dict(cp=2, cp_algo="hybrid", param_dtype="fp32"), r"cp_rotate=allgather: Megatron-LM's cp_algo=hybrid is "
                                                        r"--cp-comm-type a2a\+p2p \(cp_rotate=p2p\)"),

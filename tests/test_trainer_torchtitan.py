@@ -242,6 +242,7 @@ ROUND_TRIPS = [
     ("llama-3.1-8b", "fsdp=4,cp=2,seq=8192,cp_rotate=p2p"),  # context_parallel_rotate_method = "alltoall"
     ("llama-3.1-8b", "fsdp=8,seq=8192,cp_rotate=p2p"),  # no effect at cp=1, but said and read back
     ("deepseek-v3", "fsdp=64,ep=8,seq=4096,ep_dispatcher=deepep"),  # expert_parallel_comm_backend = "deepep"
+    ("deepseek-v3", "fsdp=64,ep=8,seq=4096,float8=rowwise,float8_experts=true"),  # quantize.grouped_mm.float8
 ]
 
 
@@ -467,7 +468,7 @@ def test_async_tp_without_compile_is_refused_as_torchtitan_refuses_it(tmp_path):
 
 
 @pytest.mark.parametrize("converters, section, message", [
-    ('["mx"]', None, "[model] converters = ['mx']: MX and grouped-GEMM float8 training not priced yet"),
+    ('["mx"]', None, "[model] converters = ['mx']: MX training not priced yet"),
     ('["float8"]', 'recipe_name = "rowwise_with_gw_hp"', "'rowwise_with_gw_hp' is not priced"),
     ('["float8"]', 'recipe_name = "tensorwise"\nenable_fsdp_float8_all_gather = true',
      "torchtitan asserts it away with a recipe_name"),
@@ -481,12 +482,32 @@ def test_float8_settings_not_priced_are_refused_by_name(tmp_path, converters, se
     assert message in str(info.value) and str(path) in str(info.value)
 
 
-def test_older_float8_section_with_moe_experts_is_refused(tmp_path):
+def test_older_float8_section_with_moe_experts_runs_the_experts_in_fp8(tmp_path):
     """deepseek_v3_671b_aeb3a4b.toml ([float8] of 2025) with its commented converters line turned on: moe_fqns
-    asks for float8 grouped GEMMs, not priced."""
+    asks for float8 grouped GEMMs of the experts."""
     path = file_variant(CONFIGS / "deepseek_v3_671b_aeb3a4b.toml", '# converters = ["float8"]',
                         'converters = ["float8"]', tmp_path / "job.toml")
-    with pytest.raises(InvalidValue, match=r"\[float8\] moe_fqns: float8 grouped GEMMs"):
+    strategy = from_config("torchtitan", path, devices=64).strategy
+    assert strategy.float8 == "tensorwise" and strategy.float8_experts
+
+
+@pytest.mark.parametrize("converters, fields", [
+    ('["quantize.linear.float8", "quantize.grouped_mm.float8"]', {"float8": "tensorwise", "float8_experts": True}),
+    ('["quantize.linear.float8"]', {"float8": "tensorwise", "float8_experts": False}),  # the section alone: unread
+])
+def test_the_grouped_gemm_converter_runs_the_experts_in_fp8(tmp_path, converters, fields):
+    """deepseek_v3_671b.toml (238fa99) states [quantize.grouped_mm.float8] fqns = ["experts"]."""
+    path = file_variant(CONFIGS / "deepseek_v3_671b.toml", '# converters = ["float8"]',
+                        f"converters = {converters}", tmp_path / "job.toml")
+    strategy = from_config("torchtitan", path, devices=64).strategy
+    assert {name: getattr(strategy, name) for name in fields} == fields
+
+
+def test_the_grouped_gemm_converter_alone_is_refused(tmp_path):
+    path = file_variant(CONFIGS / "deepseek_v3_671b.toml", '# converters = ["float8"]',
+                        'converters = ["quantize.grouped_mm.float8"]', tmp_path / "job.toml")
+    with pytest.raises(InvalidValue, match=r"\[quantize.grouped_mm.float8\] fqns: the experts' grouped GEMMs in "
+                                           r"fp8 without the Float8 linears"):
         from_config("torchtitan", path, devices=64)
 
 

@@ -322,7 +322,8 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
 # the KindWork figures float8 and compile read (NaN where an estimator left them unstated)
 _LOW_PRECISION_WORK = ("float8_mm_flops_per_token", "float8_input_elements_per_token",
                        "float8_output_elements_per_token", "compiled_elementwise_elements_per_token",
-                       "compiled_replicated_elements_per_token")
+                       "compiled_replicated_elements_per_token", "float8_routed_input_elements_per_token",
+                       "float8_routed_output_elements_per_token")
 
 
 def float8_refusal(hardware: Hardware) -> Optional[str]:
@@ -348,8 +349,9 @@ def _stated(model: ModelWork, k: Mapping[str, np.ndarray], names: Sequence[str],
 
 def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows", cols: Mapping[str, Any],
                     split: np.ndarray):
-    """Under ``float8``: each kind's Linear FLOPs priced at the fp8 peak ``(N, K)``, and the bytes the casts move
-    in the forward and the backward ``(N, K)`` (one layer, one micro-batch, one device).
+    """Under ``float8``: each kind's Linear FLOPs priced at the fp8 peak ``(N, K)``, the bytes the casts move
+    in the forward and the backward ``(N, K)`` (one layer, one micro-batch, one device), and where the routed
+    experts' grouped GEMMs run in fp8 too ``(N, 1)`` (``float8_experts``).
 
     A cast (torchao ``hp_tensor_to_float8_dynamic``) reads its high-precision tensor for the amax, then reads it
     again and writes it as fp8: ``2 w + 1`` bytes an element at the compute width ``w``. A linear casts its
@@ -358,12 +360,15 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     recipes alike (rowwise's row scales are vectors, left out). Activations and weights a TP rank holds are
     cast (torchao's Float8 TP styles cast before SP's all-gather: ``float8_tensor_parallel.py``). Under
     ``float8_all_gather`` (FSDP2) the weight shard is cast before each gather and the gathered weight is fp8
-    already: the matmuls cast no weight. Left out: the scales' all-reduce and the casts' launch overheads.
+    already: the matmuls cast no weight. Under ``float8_experts`` each routed copy's input and output gradient
+    and the rank's expert weights are cast alike (torchao's ``_scaled_grouped_mm`` path), the copies as many as
+    the busiest expert rank receives. Left out: the scales' all-reduce and the casts' launch overheads.
     """
     on = (np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none"))[:, None]
     zeros = np.zeros((len(rows.tp), len(model.kinds)))
+    experts = np.asarray(cols["float8_experts"], dtype=bool)[:, None]
     if not np.count_nonzero(on):
-        return zeros, zeros, zeros
+        return zeros, zeros, zeros, experts
     _stated(model, k, _LOW_PRECISION_WORK[:3], on, "float8=tensorwise/rowwise")
     shard = sharding_rules.sharding(cols)
     fp8_gather = (np.asarray(cols["float8_all_gather"], dtype=bool) & shard.fsdp)[:, None]
@@ -375,8 +380,16 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     weight_fwd = np.where(fp8_gather, shard_weight, weight)
     weight_bwd = np.where(fp8_gather, np.where(shard.keeps_gathered[:, None], 0.0, shard_weight), weight)
     flops = np.where(on, k["float8_mm_flops_per_token"] * split, 0.0)
-    return (flops, np.where(on, cast * (inputs + weight_fwd), 0.0),
-            np.where(on, cast * (2.0 * grads + inputs + weight_bwd), 0.0))
+    cast_fwd = np.where(on, cast * (inputs + weight_fwd), 0.0)
+    cast_bwd = np.where(on, cast * (2.0 * grads + inputs + weight_bwd), 0.0)
+    if np.count_nonzero(experts):
+        _stated(model, k, _LOW_PRECISION_WORK[5:], experts[:, 0], "float8_experts=true")
+        copies = split * rows.imbalance[:, None]
+        routed_in, routed_grads = (k[name] * copies for name in _LOW_PRECISION_WORK[5:])
+        routed_weight = k["routed_parameters"][None, :] / (rows.ep * rows.etp)[:, None]
+        cast_fwd = cast_fwd + np.where(experts, cast * (routed_in + routed_weight), 0.0)
+        cast_bwd = cast_bwd + np.where(experts, cast * (2.0 * routed_grads + routed_in + routed_weight), 0.0)
+    return flops, cast_fwd, cast_bwd, experts
 
 
 def _gemm_arrays(model: ModelWork) -> Dict[str, np.ndarray]:
@@ -665,8 +678,9 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
         weights = weights + k["routed_parameters"] / (rows.ep * rows.etp)[:, None]
     weights = rows.param_bytes[:, None] * (weights + k["replicated_parameters"])
     elementwise = rows.compute_bytes[:, None] * tokens * _elementwise_elements(model, k, cols, tp, sp)
-    fp8_mm, cast_fwd, cast_bwd = _float8_linears(model, k, rows, cols, split)
-    fp8_on = bool(np.count_nonzero(fp8_mm))
+    fp8_mm, cast_fwd, cast_bwd, fp8_experts = _float8_linears(model, k, rows, cols, split)
+    fp8_experts = fp8_experts & (k["routed_mm_flops_per_token"][None, :] > 0)
+    fp8_on = bool(np.count_nonzero(fp8_mm)) or bool(np.count_nonzero(fp8_experts))
     refusal = float8_refusal(hardware) if fp8_on else None
     if refusal:
         raise InvalidValue(refusal)
@@ -681,7 +695,8 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
             dense = per_class[..., 0] + per_class[..., 1]
             fp8_share = np.divide(fp8_mm, by_class[..., 0] + by_class[..., 1], out=np.zeros_like(fp8_mm),
                                   where=fp8_mm > 0)
-            seconds = seconds + fp8_share * dense * (1.0 / fp8_peak - 1.0 / peak)
+            # under float8_experts the routed class's every FLOP (its grouped GEMMs) runs at the fp8 peak
+            seconds = seconds + (fp8_share * dense + fp8_experts * per_class[..., 2]) * (1.0 / fp8_peak - 1.0 / peak)
         return np.maximum(seconds, (weights if passes == 1.0 else passes * weights) / (hbm * eff["memory"]))
 
     tables = _kernel_tables(hardware)
@@ -977,7 +992,7 @@ def _elementwise_elements(model: ModelWork, k: Mapping[str, np.ndarray], cols: M
     compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
     if not np.count_nonzero(compiled):
         return eager
-    _stated(model, k, _LOW_PRECISION_WORK[3:], compiled, "compile=true")
+    _stated(model, k, _LOW_PRECISION_WORK[3:5], compiled, "compile=true")
     fused = k["compiled_elementwise_elements_per_token"] / tp + k["compiled_replicated_elements_per_token"] / tp_split
     return np.where(compiled, fused, eager)
 
@@ -2014,12 +2029,15 @@ def _offload_provenance(hardware: Hardware) -> str:
 
 def _float8_model_flops(model: ModelWork, rows: _Rows, cols, hardware: Hardware) -> Optional[Tuple[np.ndarray, float]]:
     """Under ``float8``: ``(N,)`` of a sequence's training model FLOPs (three times the forward's), those of the
-    Float8 linears, and the fp8 peak; None where no row runs float8."""
+    Float8 linears (and of the routed experts under ``float8_experts``), and the fp8 peak; None where no row runs
+    float8."""
     on = np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none")
     if not np.count_nonzero(on):
         return None
     counts = model.layer_counts()
     per_token = sum(count * float(model.work[kind].float8_mm_flops_per_token or 0.0) for kind, count in counts.items())
+    routed = sum(count * float(model.work[kind].routed_mm_flops_per_token) for kind, count in counts.items())
+    per_token = per_token + np.asarray(cols["float8_experts"], dtype=bool) * routed
     return np.where(on, 3.0 * per_token * rows.seq, 0.0), hardware.peak_flops("fp8")
 
 

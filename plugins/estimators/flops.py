@@ -381,6 +381,14 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
     # the Linear layers torchao's float8 converts: the TP-split parts (attention projections, dense and shared
     # MLP), their FLOPs and the input and output widths of their matmuls; None where no shapes are known
     linears = [m for p in TP_PARTS for m in shapes["matmuls"].get(p, ())]
+    # under float8_experts: a copy's inputs and outputs of the experts' matmuls; the column ones (gate and up) are
+    # one grouped GEMM reading the copy once (Transformers' experts hold gate_up_proj fused)
+    experts = [(m, split) for p in ROUTED_PARTS
+               for m, split in zip(shapes["matmuls"].get(p, ()), shapes["splits"].get(p, ()), strict=True)]
+    column = [m for m, split in experts if split == "column"]
+    routed_inputs = (column[0][0] * column[0][2] if column else 0) + sum(
+        i * m for (i, _, m), split in experts if split != "column")
+    routed_outputs = sum(o * m for (_, o, m), _ in experts)
     shaped = shapes["fused_elementwise"] is not None
     routed_params = sum(v for p, v in params.items() if p in ROUTED_PARTS)
     replicated = sum(params.values()) - dense - routed_params
@@ -400,6 +408,8 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         float8_mm_flops_per_token=sum(per_token.get(p, 0.0) for p in TP_PARTS) if shaped else None,
         float8_input_elements_per_token=float(sum(i * m for i, _, m in linears)) if shaped else None,
         float8_output_elements_per_token=float(sum(o * m for _, o, m in linears)) if shaped else None,
+        float8_routed_input_elements_per_token=float(routed_inputs) if shaped else None,
+        float8_routed_output_elements_per_token=float(routed_outputs) if shaped else None,
         compiled_elementwise_elements_per_token=shapes["fused_elementwise"],
         compiled_replicated_elements_per_token=shapes["fused_replicated"],
         gemms=tuple(shapes["gemms"]), launches_per_layer=launches, launches_per_token=launches_per_token,

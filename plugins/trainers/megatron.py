@@ -623,8 +623,9 @@ def _float8(v: _Values, defaults: List[str]) -> Dict[str, Any]:
         raise v.refuse("--fp8-recipe", f"{recipe!r} (block-scaled) is not priced", "give --fp8-recipe tensorwise "
                        "in a copy")
     defaults.append(f"--fp8-format {form} --fp8-recipe tensorwise: Transformer Engine's current scaling, priced as "
-                    "float8=tensorwise (the layers' linears in fp8, the head and router at the compute dtype)")
-    return {"float8": "tensorwise"}
+                    "float8=tensorwise with float8_experts (the layers' linears and the experts' grouped linears in "
+                    "fp8, the head and router at the compute dtype)")
+    return {"float8": "tensorwise", "float8_experts": True}
 
 
 def _model(v: _Values, tp: int) -> Tuple[Optional[Dict[str, Any]], List[str]]:
@@ -809,6 +810,9 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
     if s.float8 not in ("none", "tensorwise"):
         raise _refuse_write("float8", s.float8, "Transformer Engine's recipes under Megatron-LM price as "
                             "tensorwise only (--fp8-recipe tensorwise)")
+    if s.float8_experts != (s.float8 != "none"):
+        raise _refuse_write("float8_experts", s.float8_experts, "Megatron-LM's --fp8-format runs every Transformer "
+                            "Engine linear in fp8, the experts' grouped ones too: float8_experts=true with float8")
     dtypes = (s.param_dtype, s.compute_dtype, s.grad_dtype, s.optimizer_dtype, s.master_dtype)
     if dtypes not in _MEGATRON_DTYPES:
         raise _refuse_write("param_dtype", s.param_dtype, "Megatron-LM's precisions are --bf16 or --fp16 "

@@ -41,7 +41,10 @@ the last commit with TOML job files; older files' ``[training] compile`` and
   ``[training] compile``) as ``compile``; ``enable_async_tensor_parallel`` with
   TP as ``async_tp``.
 
-Refused by name (not priced yet): MX and grouped-GEMM float8 converters,
+The grouped-GEMM float8 converter (``[quantize.grouped_mm.float8] fqns``, or 2025's
+``[float8] moe_fqns``) beside the float8 one is ``float8_experts``.
+
+Refused by name (not priced yet): MX converters,
 float8 emulation and ``rowwise_with_gw_hp``, the memory-budget checkpointing
 mode, the all-to-all CP rotation, the zero-bubble and looped-BFS schedules,
 TorchFT.
@@ -110,6 +113,9 @@ _READ = {
 }
 # the Float8Linear converter's names: [model] converters = ["float8"] (2025), "quantize.linear.float8" (238fa99)
 FLOAT8_CONVERTERS = ("float8", "quantize.linear.float8")
+# the grouped-GEMM converter (238fa99: torchao's _scaled_grouped_mm on the modules [quantize.grouped_mm.float8]
+# fqns names); in 2025 the float8 converter did the same for [float8] moe_fqns
+GROUPED_FLOAT8_CONVERTER = "quantize.grouped_mm.float8"
 # filter_fqns ndcost prices: the head and the MoE router stay at the compute dtype under ndcost's float8
 _FLOAT8_KEPT = ("output", "router.gate")
 # [parallelism] context_parallel_rotate_method's values (torchtitan/config/job_config.py) as cp_rotate's
@@ -210,10 +216,11 @@ def _model(f: _File, model: Any) -> Tuple[Any, int]:
 def _refusals(f: _File) -> None:
     """Refuse, in one line, every setting the file turns on that ndcost does not price yet."""
     found = []
-    other = [c for c in _converters(f) if c not in FLOAT8_CONVERTERS]
+    other = [c for c in _converters(f) if c not in FLOAT8_CONVERTERS + (GROUPED_FLOAT8_CONVERTER,)]
     if other:
-        found.append((f"[model] converters = {other}", "MX and grouped-GEMM float8 training",
-                      f"keep only {' or '.join(map(repr, FLOAT8_CONVERTERS))} among the converters"))
+        found.append((f"[model] converters = {other}", "MX training",
+                      f"keep only {' or '.join(map(repr, FLOAT8_CONVERTERS + (GROUPED_FLOAT8_CONVERTER,)))} among "
+                      f"the converters"))
     if boolean(KIND, f.path, "[fault_tolerance] enable", f.get("fault_tolerance", "enable", False)):
         found.append(("[fault_tolerance] enable = true", "TorchFT", "set [fault_tolerance] enable = false"))
     if found:
@@ -230,6 +237,23 @@ def _converters(f: _File) -> List[str]:
     return converters
 
 
+def _grouped_float8(f: _File) -> Optional[str]:
+    """The setting that turns the routed experts' grouped GEMMs to fp8 (``float8_experts``), or None: the
+    grouped-GEMM converter with ``[quantize.grouped_mm.float8] fqns`` (238fa99), or, with the 2025 float8
+    converter, ``[float8] moe_fqns``."""
+    for converted, table, key in ((GROUPED_FLOAT8_CONVERTER in _converters(f), "quantize.grouped_mm.float8", "fqns"),
+                                  ("float8" in _converters(f), "float8", "moe_fqns")):
+        fqns = f.get(table, key, []) if converted else []
+        if not isinstance(fqns, list) or not all(isinstance(n, str) for n in fqns):
+            raise f.error(f"[{table}] {key}", f"{fqns!r} is not a list of module names", 'give ["experts"]')
+        if fqns:
+            return f"[{table}] {key}"
+        if converted and table != "float8":
+            raise f.error(f"[{table}] {key}", "empty: the grouped-GEMM converter converts no module",
+                          'give ["experts"]')
+    return None
+
+
 def _low_precision(f: _File, p: Dict[str, int]) -> Tuple[Dict[str, Any], List[str]]:
     """Float8 (torchao's Float8Linear through the converter), torch.compile and async TP as strategy fields."""
     fields: Dict[str, Any] = {}
@@ -237,10 +261,8 @@ def _low_precision(f: _File, p: Dict[str, int]) -> Tuple[Dict[str, Any], List[st
     legacy = boolean(KIND, f.path, "[float8] enable_float8_linear", f.get("float8", "enable_float8_linear", False))
     if legacy or set(_converters(f)) & set(FLOAT8_CONVERTERS):
         table = "quantize.linear.float8" if f.section("quantize.linear.float8") else "float8"
-        for key, why in (("emulate", "emulation runs no fp8 GEMM"),
-                         ("moe_fqns", "float8 grouped GEMMs of the routed experts are not priced")):
-            if f.get(table, key, False):
-                raise f.error(f"[{table}] {key}", why, f"remove {key} in a copy")
+        if f.get(table, "emulate", False):
+            raise f.error(f"[{table}] emulate", "emulation runs no fp8 GEMM", "remove emulate in a copy")
         recipe = f.get(table, "recipe_name")
         if recipe not in (None, "tensorwise", "rowwise"):
             raise f.error(f"[{table}] recipe_name", f"{recipe!r} is not priced (rowwise_with_gw_hp keeps the weight "
@@ -266,6 +288,13 @@ def _low_precision(f: _File, p: Dict[str, int]) -> Tuple[Dict[str, Any], List[st
                           f"give a list of {', '.join(map(repr, _FLOAT8_KEPT))} in a copy")
         if "output" not in filtered and not legacy:
             notes.append("filter_fqns leaves the output head to Float8; ndcost prices the head at compute_dtype")
+    grouped = _grouped_float8(f)
+    if grouped:
+        if "float8" not in fields:
+            raise f.error(grouped, "the experts' grouped GEMMs in fp8 without the Float8 linears are not priced "
+                          "(ndcost's float8_experts goes with float8)", f"add {FLOAT8_CONVERTERS[1]!r} to "
+                          "[model] converters, or remove the grouped-GEMM float8 in a copy")
+        fields["float8_experts"] = True
     backend = f.get("compile", "backend", "inductor")
     compiled = boolean(KIND, f.path, "[compile] enable", f.get("compile", "enable", False))
     components = f.get("compile", "components", ["model", "loss"])
@@ -600,7 +629,8 @@ def write(strategy: Strategy, *, model: Any, global_batch: Optional[int]) -> str
              "# precision of one strategy; the rest of a job (dataset, optimizer settings, checkpoints) is",
              "# torchtitan's defaults", "", "[model]", f'name = "{name}"', f'flavor = "{flavor}"']
     if s.float8 != "none":
-        lines.append('converters = ["quantize.linear.float8"]')
+        grouped = f', "{GROUPED_FLOAT8_CONVERTER}"' if s.float8_experts else ""
+        lines.append(f'converters = ["quantize.linear.float8"{grouped}]')
     lines += ["",
              "[optimizer]", f'name = "{_OPTIMIZER_NAMES[s.optimizer]}"', "", "[training]"]
     parallel = [f"data_parallel_replicate_degree = {s.dp}", f"data_parallel_shard_degree = {s.fsdp}",
@@ -654,6 +684,8 @@ def write(strategy: Strategy, *, model: Any, global_batch: Optional[int]) -> str
         lines += ["[quantize.linear.float8]"] + ([] if s.float8 == "tensorwise" else [f'recipe_name = "{s.float8}"'])
         lines += [f"enable_fsdp_float8_all_gather = {'true' if s.float8_all_gather else 'false'}",
                   'filter_fqns = ["output", "router.gate"]', ""]
+    if s.float8_experts:
+        lines += [f"[{GROUPED_FLOAT8_CONVERTER}]", 'fqns = ["experts"]', ""]
     return "\n".join(lines)
 
 
