@@ -2035,9 +2035,9 @@ def _float8_model_flops(model: ModelWork, rows: _Rows, cols, hardware: Hardware)
     if not np.count_nonzero(on):
         return None
     counts = model.layer_counts()
-    per_token = sum(count * float(model.work[kind].float8_mm_flops_per_token or 0.0) for kind, count in counts.items())
+    linears = sum(count * float(model.work[kind].float8_mm_flops_per_token or 0.0) for kind, count in counts.items())
     routed = sum(count * float(model.work[kind].routed_mm_flops_per_token) for kind, count in counts.items())
-    per_token = per_token + np.asarray(cols["float8_experts"], dtype=bool) * routed
+    per_token = linears + np.asarray(cols["float8_experts"], dtype=bool) * routed
     return np.where(on, 3.0 * per_token * rows.seq, 0.0), hardware.peak_flops("fp8")
 
 
