@@ -1,0 +1,60 @@
+"""benchmarks/validate_megatron_bridge.py: each published row read as Megatron-LM reads its command line.
+
+The expected strategies are the table's columns by hand: DP = GPUs / (TP x PP x CP), micro-batches a step
+GBS / (MBS x DP), the virtual stages, and a pipeline the layers do not divide split as Megatron-LM's
+``get_num_layers_to_build`` splits it with the embedding and the loss counted as a layer each.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from ndcost.models import load_model
+from ndcost.values import Strategy
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports validate_torchtitan beside it
+_spec = importlib.util.spec_from_file_location("validate_megatron_bridge",
+                                               ROOT / "benchmarks" / "validate_megatron_bridge.py")
+vm = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(vm)
+ROWS = {row["id"]: row for row in vm.load_yaml(vm.read_text(vm.DATA, "rows"), vm.DATA)["rows"]}
+
+
+def test_every_row_names_a_shipped_model_and_hardware():
+    for row in ROWS.values():
+        load_model(row["model"])
+        assert row["system"] in vm.HARDWARE, row["id"]
+        assert row["gbs"] % (row["mbs"] * row["gpus"] // (row["tp"] * row["pp"] * row["cp"])) == 0, row["id"]
+
+
+def test_the_gpt_oss_row_is_the_table_s_layout():
+    # 64 GPUs, PP 4, EP 8: DP 16; 512 sequences of 4 a micro-batch over 16 ranks: 8 micro-batches a step
+    predicted = vm.price(ROWS["h100-gpt-oss-120b"], "full")
+    strategy = Strategy.parse(predicted["strategy"])
+    assert (strategy.dp, strategy.pp, strategy.ep, strategy.micro_batch, strategy.num_micro_batches,
+            strategy.seq, strategy.recompute) == (16, 4, 8, 4, 8, 4096, "full")
+    assert (strategy.zero, strategy.master_dtype, strategy.grad_dtype) == (1, "fp32", "fp32")
+
+
+def test_an_uneven_pipeline_counts_the_embedding_and_the_loss():
+    # Llama-3.1-405B's 126 layers over PP 8 x VP 8 = 64 chunks: with the embedding and the loss, 128 = 2 a chunk,
+    # so the first chunk (the embedding's) and the last (the loss's) hold 1; FP8-CS is float8 with its experts
+    strategy = Strategy.parse(vm.price(ROWS["h100-llama31-405b-fp8"], "none")["strategy"])
+    assert strategy.pp_layers == (1,) + (2,) * 62 + (1,)
+    assert (strategy.tp, strategy.cp, strategy.dp, strategy.num_micro_batches) == (8, 2, 8, 64)
+    assert strategy.float8 == "tensorwise" and strategy.float8_experts
+
+
+def test_a_row_the_reader_cannot_read_is_reported_with_its_reason():
+    predicted = vm.price(ROWS["h100-llama3-8b-fp8"], "none")  # FSDP 8: Megatron-FSDP
+    assert not predicted["priced"] and "--use-megatron-fsdp" in predicted["reason"]
+
+
+@pytest.mark.slow
+def test_the_table_prints_every_row():
+    text = vm.table(vm.evaluate())
+    assert all(f"| {row_id} |" in text for row_id in ROWS) and "Spearman rank correlation" in text
