@@ -1027,11 +1027,12 @@ def _async_tp_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
     return frozen_mapping(out)
 
 
-# async TP's four forward collectives, in _async_tp_arrays' order: what each fuses with
 # The SMs DeepEP's normal (high-throughput) kernels take: deepseek-ai/DeepEP deep_ep/buffer.py ``Buffer.num_sms``,
 # Megatron-LM's ``moe_deepep_num_sms`` (megatron/core/transformer/transformer_config.py); arXiv:2412.19437 section
-# 3.2.2 ("only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink").
+# 3.2.2 (its dispatch and combine kernels on 20 SMs saturate IB and NVLink).
 DEEPEP_SMS = 20
+
+# async TP's four forward collectives, in _async_tp_arrays' order: what each fuses with
 ASYNC_TP_GROUPS = ("all_gather", "reduce_scatter", "all_gather", "reduce_scatter")
 
 

@@ -241,17 +241,19 @@ def _grouped_float8(f: _File) -> Optional[str]:
     """The setting that turns the routed experts' grouped GEMMs to fp8 (``float8_experts``), or None: the
     grouped-GEMM converter with ``[quantize.grouped_mm.float8] fqns`` (238fa99), or, with the 2025 float8
     converter, ``[float8] moe_fqns``."""
-    for converted, table, key in ((GROUPED_FLOAT8_CONVERTER in _converters(f), "quantize.grouped_mm.float8", "fqns"),
-                                  ("float8" in _converters(f), "float8", "moe_fqns")):
-        fqns = f.get(table, key, []) if converted else []
-        if not isinstance(fqns, list) or not all(isinstance(n, str) for n in fqns):
-            raise f.error(f"[{table}] {key}", f"{fqns!r} is not a list of module names", 'give ["experts"]')
-        if fqns:
-            return f"[{table}] {key}"
-        if converted and table != "float8":
-            raise f.error(f"[{table}] {key}", "empty: the grouped-GEMM converter converts no module",
-                          'give ["experts"]')
-    return None
+    converters = _converters(f)
+    if GROUPED_FLOAT8_CONVERTER in converters:
+        table, key = GROUPED_FLOAT8_CONVERTER, "fqns"
+    elif "float8" in converters:
+        table, key = "float8", "moe_fqns"
+    else:
+        return None
+    fqns = f.get(table, key, [])
+    if not isinstance(fqns, list) or not all(isinstance(n, str) for n in fqns):
+        raise f.error(f"[{table}] {key}", f"{fqns!r} is not a list of module names", 'give ["experts"]')
+    if not fqns and table == GROUPED_FLOAT8_CONVERTER:
+        raise f.error(f"[{table}] {key}", "empty: the grouped-GEMM converter converts no module", 'give ["experts"]')
+    return f"[{table}] {key}" if fqns else None
 
 
 def _low_precision(f: _File, p: Dict[str, int]) -> Tuple[Dict[str, Any], List[str]]:
