@@ -52,8 +52,8 @@ def command(row: Dict[str, Any], recompute: str) -> str:
         flags.append(f"--num-virtual-stages-per-pipeline-rank {row['vp']}")
     if layers % (row["pp"] * row["vp"]):
         flags += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
-    if row["fsdp"]:
-        flags.append("--use-megatron-fsdp")
+    if row["fsdp"]:  # the tables' FSDP: parameters, gradients and states sharded over the data-parallel ranks
+        flags.append("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params")
     if row["precision"] == "FP8-CS":
         flags.append("--fp8-format hybrid --fp8-recipe tensorwise")
     return "pretrain_gpt.py " + " ".join(flags) + RECOMPUTE[recompute] + "\n"

@@ -212,6 +212,12 @@ BASE = "--micro-batch-size 1 --num-layers 4 --hidden-size 256 --num-attention-he
     (BASE + "--optimizer muon", "--optimizer", "'muon' is not priced"),
     (BASE + "--fp16 --bf16", "--bf16", "given with --fp16"),
     (BASE + "--tp-comm-overlap", "--tp-comm-overlap", "not priced yet"),
+    (BASE + "--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "--data-parallel-sharding-strategy",
+     "'zero3' is not one of Megatron-FSDP's (no_shard, optim, optim_grads, optim_grads_params)"),
+    (BASE + "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --outer-dp-sharding-strategy "
+            "optim", "--outer-dp-sharding-strategy", "(HSDP) is not read yet"),
+    (BASE + "--use-megatron-fsdp --num-distributed-optimizer-instances 2", "--num-distributed-optimizer-instances",
+     "replicated optimizer shards (HSDP) are not read yet"),
     ("--tensor-model-parallel-size 2", "--micro-batch-size", "missing"),
 ])
 def test_bad_flags_are_refused_naming_the_flag(tmp_path, text, field, words):
@@ -342,6 +348,9 @@ ROUND_TRIP = [
     dict(pp=2, vpp=2, schedule="interleaved", dp=4, pp_layers=(2, 3, 2, 3), param_dtype="fp32"),
     dict(pp=4, dp=2, pp_layers=(3, 4, 5, 3), param_dtype="fp32"),  # uneven middle ranks: a layout
     dict(pp=3, vpp=2, schedule="interleaved", dp=2, pp_layers=(5, 6, 6, 6, 5, 4), param_dtype="fp32"),
+    dict(fsdp=8, param_dtype="bf16", **MEGATRON_MIXED),                # Megatron-FSDP optim_grads_params
+    dict(fsdp=4, cp=2, shard_mesh="fsdp_cp", param_dtype="bf16", **MEGATRON_MIXED),
+    dict(dp=8, zero=2, param_dtype="bf16", **MEGATRON_MIXED),          # Megatron-FSDP optim_grads
 ]
 
 
@@ -366,7 +375,9 @@ def test_written_model_flags_count_the_same_model(tmp_path, model, tp):
 
 
 @pytest.mark.parametrize("fields, named", [
-    (dict(fsdp=8), "fsdp=8"), (dict(dp=2, zero=3), "zero=3"), (dict(tp=2), "vocab_parallel=false"),
+    (dict(fsdp=4, dp=2, param_dtype="fp32"), "dp=2: Megatron-FSDP shards over every data-parallel rank"),
+    (dict(fsdp=4, cp=2, param_dtype="fp32"), "shard_mesh=dp_cp"),
+    (dict(dp=2, zero=3), "zero=3"), (dict(tp=2), "vocab_parallel=false"),
     (dict(recompute="selective"), "recompute=selective"), (dict(), "param_dtype=bf16"),
     (dict(pp=2, schedule="gpipe", param_dtype="fp32"), "schedule=gpipe"),
     (dict(offload_params=True, param_dtype="fp32"), "offload_params=True"),
@@ -509,3 +520,18 @@ def test_a_pipeline_layout_megatron_refuses_is_refused(tmp_path, layout, words):
     with pytest.raises(InvalidValue) as info:
         from_config("megatron", path, devices=8, model="llama-3.1-8b")
     assert "--pipeline-model-parallel-layout" in str(info.value) and words in str(info.value)
+
+
+@pytest.mark.parametrize("sharding, fields", [
+    # megatron/core/distributed/fsdp: optim shards the optimizer states, optim_grads the gradients too,
+    # optim_grads_params the parameters too (over dp * cp); no_shard (the default) leaves the distributed optimizer's
+    ("optim_grads_params", dict(dp=1, fsdp=4, cp=2, zero=0, shard_mesh="fsdp_cp")),
+    ("optim_grads", dict(dp=4, fsdp=1, cp=2, zero=2)),
+    ("optim", dict(dp=4, fsdp=1, cp=2, zero=1)),
+    (None, dict(dp=4, fsdp=1, cp=2, zero=1)),
+])
+def test_megatron_fsdp_sharding_strategies(tmp_path, sharding, fields):
+    flags = " --use-megatron-fsdp" + (f" --data-parallel-sharding-strategy {sharding}" if sharding else "")
+    path = write_args(tmp_path, BASE + "--context-parallel-size 2 --use-distributed-optimizer" + flags)
+    strategy = from_config("megatron", path, devices=8, model="llama-3.1-8b").strategy
+    assert {name: getattr(strategy, name) for name in fields} == fields

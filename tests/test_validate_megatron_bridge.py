@@ -50,8 +50,14 @@ def test_an_uneven_pipeline_counts_the_embedding_and_the_loss():
 
 
 def test_a_row_the_reader_cannot_read_is_reported_with_its_reason():
-    predicted = vm.price(ROWS["h100-llama3-8b-fp8"], "none")  # FSDP 8: Megatron-FSDP
-    assert not predicted["priced"] and "--use-megatron-fsdp" in predicted["reason"]
+    # DeepSeek-V3's 61 layers with the embedding and the loss (63) do not split over 4 x 4 chunks
+    predicted = vm.price(ROWS["gb200-deepseek-v3"], "none")
+    assert not predicted["priced"] and "--account-for-embedding-in-pipeline-split" in predicted["reason"]
+
+
+def test_a_megatron_fsdp_row_shards_over_every_data_parallel_rank():
+    strategy = Strategy.parse(vm.price(ROWS["h100-llama3-8b-fp8"], "none")["strategy"])  # FSDP 8 on 8 GPUs
+    assert (strategy.dp, strategy.fsdp, strategy.zero, strategy.num_micro_batches) == (1, 8, 0, 16)
 
 
 @pytest.mark.slow

@@ -50,17 +50,18 @@ INT_FLAGS = (
     "num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups", "kv-channels",
     "vocab-size", "num-experts", "moe-router-topk", "moe-ffn-hidden-size", "make-vocab-size-divisible-by",
     "max-position-embeddings", "moe-layer-freq", "moe-shared-expert-intermediate-size",
-    "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers")
+    "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "num-distributed-optimizer-instances")
 FLOAT_FLAGS = ("attention-dropout", "hidden-dropout", "rotary-base", "norm-epsilon")
 STR_FLAGS = ("recompute-granularity", "recompute-method", "normalization", "position-embedding-type", "optimizer",
              "tokenizer-type", "fp8-format", "fp8-recipe", "pipeline-model-parallel-layout",
-             "moe-token-dispatcher-type", "moe-flex-dispatcher-backend")
+             "moe-token-dispatcher-type", "moe-flex-dispatcher-backend", "data-parallel-sharding-strategy",
+             "outer-dp-sharding-strategy")
 LIST_FLAGS = ("cp-comm-type",)
 BOOL_FLAGS = (
     "sequence-parallel", "use-distributed-optimizer", "bf16", "fp16", "swiglu", "group-query-attention",
     "untie-embeddings-and-output-weights", "disable-bias-linear", "add-qkv-bias", "qk-layernorm",
     "grad-reduce-in-bf16", "optimizer-cpu-offload", "recompute-activations", "account-for-embedding-in-pipeline-split",
-    "account-for-loss-in-pipeline-split", "moe-enable-deepep")
+    "account-for-loss-in-pipeline-split", "moe-enable-deepep", "use-megatron-fsdp")
 
 # Flags with a bearing on the cost that are not priced or not read yet: refused by name, with the fix.
 REFUSED: Mapping[str, str] = {
@@ -70,7 +71,6 @@ REFUSED: Mapping[str, str] = {
     "fp4-format": "fp4 training is not priced yet; remove --fp4-format in a copy to price it in bf16",
     "moe-shared-expert-gate": "a gated shared expert has no Transformers model type ndcost maps; give MODEL and "
                               "remove the flag in a copy",
-    "use-megatron-fsdp": "Megatron-FSDP is not read yet; price it as fsdp=N with --strategy on a copy without it",
     "use-torch-fsdp2": "torch FSDP2 under Megatron-LM is not read yet; price it as fsdp=N with --strategy on a "
                        "copy without it",
     "multi-latent-attention": "multi-latent attention shapes are not read yet; give MODEL and remove the flag "
@@ -120,6 +120,10 @@ PROGRAM_FLAGS = ("--num-layers", "--micro-batch-size", "--tensor-model-parallel-
 # --cp-comm-type as (cp_algo, cp_rotate): p2p and a2a+p2p pass K/V blocks a step (Transformer Engine's
 # AttnFuncWithCPAndKVP2P, transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py; under
 # a2a+p2p between its all-to-all groups), allgather gathers them (AttnFuncWithCPAndKVAllGather), a2a is Ulysses
+# --data-parallel-sharding-strategy under --use-megatron-fsdp (megatron/core/distributed/fsdp; default no_shard):
+# what it shards over the data-parallel ranks with context parallelism, as ndcost's ZeRO stages and FSDP
+MEGATRON_FSDP = {"no_shard": {}, "optim": {"zero": 1}, "optim_grads": {"zero": 2},
+                 "optim_grads_params": {"zero": 0, "fsdp": None}}
 CP_COMM_TYPES = {"p2p": ("ring", "p2p"), "allgather": ("ring", "allgather"), "a2a": ("ulysses", "allgather"),
                  "a2a+p2p": ("hybrid", "p2p")}
 
@@ -352,6 +356,34 @@ def _ep_dispatcher(v: _Values, ep: int, defaults: List[str]) -> str:
     return "alltoall"
 
 
+def _megatron_fsdp(v: _Values, dp: int, cp: int, defaults: List[str]) -> Dict[str, Any]:
+    """The fields of ``--use-megatron-fsdp``'s ``--data-parallel-sharding-strategy``: ``optim`` and ``optim_grads``
+    are ZeRO 1 and 2, ``optim_grads_params`` FSDP over the data-parallel ranks (with the cp ranks where cp > 1:
+    ``shard_mesh=fsdp_cp``), ``no_shard`` (the default) what the distributed optimizer alone gives."""
+    name = v.text("data-parallel-sharding-strategy", "no_shard")
+    if name not in MEGATRON_FSDP:
+        raise v.refuse("--data-parallel-sharding-strategy", f"{name!r} is not one of Megatron-FSDP's "
+                       f"({', '.join(MEGATRON_FSDP)})", "give one of them")
+    outer = v.text("outer-dp-sharding-strategy", "no_shard")
+    if outer != "no_shard":
+        raise v.refuse("--outer-dp-sharding-strategy", f"{outer!r}: sharding across the outer data-parallel "
+                       "groups (HSDP) is not read yet", "give no_shard in a copy")
+    instances = v.integer("num-distributed-optimizer-instances", 1)
+    if instances != 1:
+        raise v.refuse("--num-distributed-optimizer-instances", f"{instances}: replicated optimizer shards (HSDP) "
+                       "are not read yet", "give 1 in a copy")
+    fields = dict(MEGATRON_FSDP[name])
+    if not v.present("data-parallel-sharding-strategy"):
+        defaults.append("--data-parallel-sharding-strategy no_shard (Megatron-FSDP's default): nothing sharded "
+                        "beyond the distributed optimizer")
+    if "fsdp" in fields:
+        fields.update(dp=1, fsdp=dp, **({"shard_mesh": "fsdp_cp"} if cp > 1 else {}))
+        defaults.append(f"Megatron-FSDP optim_grads_params shards the parameters, gradients and optimizer states "
+                        f"over the {dp * cp} data-parallel ranks with context parallelism: fsdp={dp}"
+                        + (", shard_mesh=fsdp_cp" if cp > 1 else ""))
+    return fields
+
+
 def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
     defaults: List[str] = []
     tp = v.integer("tensor-model-parallel-size", 1)
@@ -402,7 +434,9 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
     if sp and tp == 1:
         defaults.append("--sequence-parallel is turned off without tensor parallelism (tp = 1)")
     fields["sp"] = sp and tp > 1
-    if v.switch("use-distributed-optimizer"):
+    sharded = _megatron_fsdp(v, dp, cp, defaults) if v.switch("use-megatron-fsdp") else {}
+    fields.update(sharded)
+    if v.switch("use-distributed-optimizer") and not sharded:
         fields["zero"] = 1
         defaults.append("the distributed optimizer shards the fp32 main parameters and the optimizer states "
                         "over the data-parallel ranks with context parallelism (dp * cp): zero=1, "
@@ -769,12 +803,15 @@ def _split_flags(s: Strategy) -> List[str]:
 
 def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
     """*s* as Megatron-LM flags; a field Megatron-LM cannot express is refused by name."""
-    if s.fsdp > 1:
-        raise _refuse_write("fsdp", s.fsdp, "Megatron-LM's FSDP is not written; use dp with zero=1 (the "
-                            "distributed optimizer)")
-    if s.zero not in (0, 1):
-        raise _refuse_write("zero", s.zero, "Megatron-LM's distributed optimizer is zero=1 (gradients and "
-                            "parameters are not sharded)")
+    if s.zero == 3:
+        raise _refuse_write("zero", s.zero, "Megatron-FSDP's optim_grads_params shards the parameters as FSDP "
+                            "does: fsdp=N (zero=1 is the distributed optimizer, zero=2 Megatron-FSDP's optim_grads)")
+    if s.fsdp > 1 and s.dp > 1:
+        raise _refuse_write("dp", s.dp, "Megatron-FSDP shards over every data-parallel rank (HSDP's outer "
+                            "replication is not written): dp=1 with fsdp")
+    if s.fsdp > 1 and s.shard_mesh != ("fsdp_cp" if s.cp > 1 else "dp_cp"):
+        raise _refuse_write("shard_mesh", s.shard_mesh, "Megatron-FSDP shards over the data-parallel ranks with "
+                            "context parallelism: shard_mesh=fsdp_cp where cp > 1")
     if s.vocab_parallel != (s.tp > 1):
         raise _refuse_write("vocab_parallel", str(s.vocab_parallel).lower(), f"Megatron-LM always splits the "
                             f"vocabulary over tp (vocab_parallel={'true' if s.tp > 1 else 'false'} at tp={s.tp})")
@@ -800,7 +837,8 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
         raise _refuse_write("pp_engine", "torch", "Megatron-LM's pipeline receives a tensor a transfer and frees it "
                             "with its micro-batch (p2p_communication.py): pp_engine=auto or megatron")
     for name in ("offload_params", "offload_activations", "moe_imbalance", "allocator_overhead",
-                 "reshard_after_forward", "shard_mesh", "float8_all_gather", "compile", "async_tp", "gradient_sync"):
+                 "reshard_after_forward", "float8_all_gather", "compile", "async_tp", "gradient_sync") + (
+                     () if s.fsdp > 1 else ("shard_mesh",)):
         # the distributed optimizer shards over dp * cp: dp_cp; Megatron-LM runs no torch.compile nor FSDP2
         default = Strategy().to_dict()[name]
         if getattr(s, name) != default:
@@ -834,16 +872,19 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
         flags.append("--sequence-parallel")
     if s.zero == 1:
         flags.append("--use-distributed-optimizer")
+    elif s.zero == 2 or s.fsdp > 1:  # Megatron-FSDP takes the distributed optimizer beside it
+        sharding = "optim_grads" if s.zero == 2 else "optim_grads_params"
+        flags.append(f"--use-megatron-fsdp --data-parallel-sharding-strategy {sharding} --use-distributed-optimizer")
     if s.recompute == "core_attention":
         flags.append("--recompute-granularity selective")
     elif s.recompute == "full":
         flags.append("--recompute-granularity full")
         flags.append("--recompute-method uniform --recompute-num-layers 1" if s.recompute_layers is None
                      else f"--recompute-method block --recompute-num-layers {s.recompute_layers}")
-    batch = s.micro_batch * s.num_micro_batches * s.dp
+    batch = s.micro_batch * s.num_micro_batches * s.dp * s.fsdp
     if global_batch is not None and global_batch != batch:
         raise _refuse_write("global_batch", global_batch, f"micro_batch {s.micro_batch} * num_micro_batches "
-                            f"{s.num_micro_batches} * dp {s.dp} = {batch} sequences a step")
+                            f"{s.num_micro_batches} * dp * fsdp {s.dp * s.fsdp} = {batch} sequences a step")
     flags += [f"--micro-batch-size {s.micro_batch}", f"--global-batch-size {batch}"]
     if s.seq is not None:
         flags.append(f"--seq-length {s.seq}")
