@@ -363,9 +363,9 @@ class CostModel:
 
     def _attention_kernel(self) -> str:
         """The attention kernel the runtime profile runs for this model, which the time model prices the scores
-        by (the op records' rule, ``attention_kernel``: a contract the profile installs in place of the family's
-        attention function, else the profile's kernel or its fallback); "" without a profile or where none is
-        registered."""
+        by (the formulas' rule, ``op_records.runtime_attention``: a contract the profile installs in place of the
+        family's attention function, else the profile's kernel or its fallback); "" without a profile or where none
+        is registered."""
         if self._profile is None:
             return ""
         try:
