@@ -7,7 +7,8 @@ December 2024 edition's Tables 1 to 6 on H100, and the 2024 edition's 64-A100 Ll
 stored beside it). Each row is written as a torchtitan job TOML and read by ndcost's torchtitan reader
 (``ndcost.from_config("torchtitan", path, devices=N)``), so torchtitan's semantics are the reader's: FSDP over
 ``dp_shard * cp`` (``shard_mesh=fsdp_cp`` where dp_shard is 1), loss parallel with TP, fp32 parameters computed
-in bf16. The strategy is priced by ``ndcost.resolve(model, hardware=h100-hbm2e-500w|a100, census="off")``
+in bf16. The strategy is priced by ``ndcost.resolve(model, runtime=<the reader's: torchtitan-cuda>,
+hardware=h100-hbm2e-500w|a100, census="off")``
 (``--census auto``
 measures the layers instead of the op records: slower, and different activation bytes under selective
 checkpointing).
@@ -88,7 +89,7 @@ def read_job(row: Dict[str, Any], *, features: bool = True) -> "ndcost.trainers.
 
 
 def _price(config: Any, hardware: str, census: str) -> Dict[str, Any]:
-    model = ndcost.resolve(config.model, hardware=hardware, census=census)
+    model = ndcost.resolve(config.model, runtime=config.runtime or "hf-cuda", hardware=hardware, census=census)
     try:
         cost = model.evaluate(config.strategy)
     except InvalidStrategy as exc:  # refused (unpriced): no figure, and why

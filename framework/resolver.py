@@ -283,11 +283,12 @@ class CostModel:
             if self._profile is None and not runtime_note:
                 runtime_note = f"runtime/{runtime} is not registered: no MTP layers built"
             builds_mtp = self._profile is not None and bool(self._profile.build_mtp)
-        self.resolved = ResolvedModel(spec=spec, parameters=parameters,
-                                      tables=memory.ModelTables.build(spec, parameters, builds_mtp))
         self._family = models.family_for(spec.model_type) or models.generic_family()
         # the runtime the estimators price under: none where no profile is registered (the formulas' eager)
         self._estimator_runtime = runtime if self._profile is not None else None
+        self.resolved = ResolvedModel(spec=spec, parameters=parameters,
+                                      tables=memory.ModelTables.build(spec, parameters, builds_mtp,
+                                                                      kv_repeated=self._repeats_kv()))
         self.provenance: Dict[str, Any] = {
             "model": spec.name, "model_type": spec.model_type,
             "family": _source_of(f"family/{spec.model_type}"),
@@ -357,7 +358,7 @@ class CostModel:
             # the time model places MTP layers with the head only where the runtime builds them, as memory does
             self.resolved.model_work[seq] = attrs.evolve(
                 work, attention_kernel=self._attention_kernel(),
-                mtp_kinds=work.mtp_kinds if self.tables.builds_mtp else ())
+                mtp_kinds=work.mtp_kinds if self.tables.builds_mtp else (), work=self._repeated_kv(work.work))
             self.resolved.flops_sources[seq] = sources
         return self.resolved.model_work[seq]
 
@@ -372,6 +373,21 @@ class CostModel:
             return str(_estimator("activations", "op_records").attention_kernel(self.spec, self._estimator_runtime))
         except NdcostError:
             return ""
+
+    def _repeats_kv(self) -> bool:
+        """Whether the runtime's attention takes this model's keys and values repeated to every query head (the
+        formulas' rule, ``op_records.runtime_repeats_kv``); False without a profile."""
+        if self._profile is None:
+            return False
+        return bool(_estimator("activations", "op_records").repeats_kv(self.spec, self._estimator_runtime))
+
+    def _repeated_kv(self, works: Mapping[str, KindWork]) -> Dict[str, KindWork]:
+        """Each kind's work with the K/V elements its attention takes: a KV head's times its copies
+        (``ModelTables.kv_copies``), what ring CP and Ulysses pass."""
+        copies = dict(zip(self.tables.kinds, self.tables.kv_copies.tolist(), strict=True))
+        return {kind: work if copies.get(kind, 1) == 1 else
+                attrs.evolve(work, kv_elements_per_token=work.kv_elements_per_token * copies[kind])
+                for kind, work in works.items()}
 
     def _built_kinds(self) -> List[str]:
         """The kinds the runtime builds a layer of: the stack's, and the MTP layers' where it builds them."""
@@ -972,6 +988,7 @@ def _note_census_extra(why: str) -> None:
 def resolve(model: Any, runtime: str = "hf-cuda", hardware: Any = "h200", census: str = "auto") -> CostModel:
     """A :class:`CostModel` for *model* (anything :func:`ndcost.models.load_model` reads, or a ModelSpec)."""
     spec = model if isinstance(model, ModelSpec) else models.load_model(model)
+    _registry().entry(f"runtime/{runtime}")  # an unknown runtime fails naming the closest, never priced as none
     counts = models.parameters(spec)
     prov = {"parameters": "ndcost.models.parameters over the formula slots of "
                           f"{_source_of('family/' + spec.model_type)}"}

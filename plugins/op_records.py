@@ -890,6 +890,23 @@ def runtime_attention(spec: ModelSpec, profile: Any) -> str:
     return kernel
 
 
+def runtime_repeats_kv(spec: ModelSpec, profile: Any) -> bool:
+    """Whether *spec*'s attention under the runtime *profile* takes keys and values repeated to every query head.
+
+    So where the model runs SDPA (:func:`runtime_attention`) and a contract the
+    profile installs for it states ``repeats_kv`` (the caller's ``repeat_kv``
+    before the kernel, as torchtitan's Llama). The census measures it under
+    that contract; the formulas (``kv_repeated``) and the composition (the K/V
+    elements ring CP passes) read it here.
+    """
+    if profile is None or runtime_attention(spec, profile) != "sdpa":
+        return False
+    from ndcost import manager
+    registry = manager.registry()
+    return any(getattr(registry.find(f"contract/{name}"), "repeats_kv", False)
+               for name in profile.contracts_for(spec.model_type))
+
+
 def values_for(spec: ModelSpec, kind: str, *, seq: Optional[int] = None, strategy: Any = None,
                micro_batch: Optional[int] = None, tp: Optional[int] = None, sp: Optional[bool] = None,
                cp: Optional[int] = None, cp_algo: Optional[str] = None, etp: Optional[int] = None,

@@ -138,10 +138,16 @@ class ModelTables:
     kv_elements_per_token: np.ndarray  # (K,): keys and values a token, all heads, TP 1 (0: no KV to gather)
     kv_params: np.ndarray         # (K,): of tp_params, the key and value projections (GQA; 0 for MLA, linear)
     q_elements_per_token: np.ndarray  # (K,): queries a token, all heads, TP 1 (0 where there is no KV to gather)
+    # the attention takes K/V repeated to every query head (op_records.runtime_repeats_kv): kv_elements_per_token
+    # is every query head's, which TP splits like the queries (none replicated beyond the KV heads)
+    kv_repeated: bool = False
+    # (K,): the copies of each KV head the attention takes (1: not repeated)
+    kv_copies: np.ndarray = attrs.field(factory=lambda: np.ones(0, dtype=np.int64))
 
     @classmethod
-    def build(cls, spec, counts, builds_mtp: bool) -> "ModelTables":
-        """From a ModelSpec and the family's ParameterCount (``by_kind``, ``embedding``, ``head``, ``final_norm``)."""
+    def build(cls, spec, counts, builds_mtp: bool, kv_repeated: bool = False) -> "ModelTables":
+        """From a ModelSpec and the family's ParameterCount (``by_kind``, ``embedding``, ``head``, ``final_norm``);
+        *kv_repeated* where the runtime's attention takes the keys and values repeated to every query head."""
         kinds = tuple(dict.fromkeys(g.kind for g in spec.layers))
         index = {k: i for i, k in enumerate(kinds)}
         stack = placement_rules.LayerStack.from_runs(kinds, [(g.kind, g.count) for g in spec.layers if not g.mtp])
@@ -172,18 +178,22 @@ class ModelTables:
             raise Unpriced(f"model {spec.name!r}: no parameters for layer kinds {missing} "
                            f"(the family's parameters() left them out)")
         head_dim = spec.resolved_head_dim
-        kv_elems, q_elems = [], []
+        kv_elems, q_elems, kv_copies = [], [], []
         for k in kinds:
+            copies = 1
             if spec.kind(k).linear:
                 kv_elems.append(0)
                 q_elems.append(0)
-            elif spec.kind(k).latent:
+            elif spec.kind(k).latent:  # a key and a value a query head already
                 qk = (spec.qk_nope_head_dim or head_dim) + (spec.qk_rope_head_dim or 0)
                 kv_elems.append(spec.num_attention_heads * (qk + (spec.v_head_dim or head_dim)))
                 q_elems.append(spec.num_attention_heads * qk)
             else:
-                kv_elems.append(2 * (spec.num_key_value_heads or spec.num_attention_heads) * head_dim)
+                kv_heads = spec.num_key_value_heads or spec.num_attention_heads
+                copies = spec.num_attention_heads // kv_heads if kv_repeated else 1
+                kv_elems.append(2 * kv_heads * copies * head_dim)
                 q_elems.append(spec.num_attention_heads * head_dim)
+            kv_copies.append(copies)
         routed = parts(ROUTED_PARTS)
         kv_params = []
         for k in kinds:
@@ -206,7 +216,8 @@ class ModelTables:
             experts_per_token=spec.num_experts_per_tok or 0, moe_intermediate_size=spec.moe_intermediate_size,
             linear_heads=linear, is_moe=routed > 0, kv_elements_per_token=np.array(kv_elems, dtype=np.float64),
             kv_params=np.minimum(np.array(kv_params, dtype=np.int64), parts(("attention",))),
-            q_elements_per_token=np.array(q_elems, dtype=np.float64))
+            q_elements_per_token=np.array(q_elems, dtype=np.float64), kv_repeated=bool(kv_repeated),
+            kv_copies=np.array(kv_copies, dtype=np.int64))
 
 
 def _nan(value):
@@ -731,12 +742,20 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
         routed_one = (_rows_where(batch.sp[:, None], batch.sp_rows, lambda: etp / t[:, None], lambda: 1.0)
                       * (routed_tokens + routed_width / etp))
         plain_per_token = plain_per_token + imbalance * routed_one
-    kv_split = np.minimum(batch.tp_int, model.kv_heads)
+    # the K/V a rank's attention takes: repeated to every query head, split by tp as the queries are
+    kv_split = batch.tp_int if model.kv_repeated else np.minimum(batch.tp_int, model.kv_heads)
     # keys and values replicated where TP exceeds the KV heads: a rank keeps 1/kv_heads of them, not 1/tp
     replicated_kv: Any = 0.0  # no row's tp exceeds them: 1 / kv_split - 1 / tp is 0
-    if np.count_nonzero(batch.tp_int > model.kv_heads):
+    if not model.kv_repeated and np.count_nonzero(batch.tp_int > model.kv_heads):
         replicated_kv = np.where(model.kv_params[None, :] > 0, model.kv_elements_per_token[None, :]
                                  * batch.compute_bytes[:, None] * (1.0 / kv_split - 1.0 / t)[:, None], 0.0)
+    elif model.kv_repeated and np.count_nonzero(batch.tp_int >= model.kv_heads):
+        # TP at or past the KV heads leaves a rank one: repeating one head is a view (the reshape of its expand
+        # copies nothing), so the kernel saves that head alone, not its copies (1/tp of the repeated K/V)
+        one_head = model.kv_elements_per_token / (model.kv_heads * model.kv_copies)
+        replicated_kv = np.where((model.kv_params[None, :] > 0) & (batch.tp_int >= model.kv_heads)[:, None],
+                                 (one_head[None, :] - model.kv_elements_per_token[None, :] / t[:, None])
+                                 * batch.compute_bytes[:, None], 0.0)
     tokens = batch.tokens[:, None]
     keep_plain = tokens * (plain_per_token + replicated_kv)
     mode, used = cols["recompute"], batch.recompute_used

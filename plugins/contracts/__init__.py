@@ -134,6 +134,10 @@ class Contract:
     eager one): the time model then prices the layer's scores by the
     estimator's FLOPs under this name (its ``kernel_tables.attention`` entry,
     else ``efficiency.attention``), not as eager attention's every pair.
+    ``repeats_kv`` says the SDPA calls it answers take keys and values
+    repeated to every query head by the caller (torchtitan's ``repeat_kv``):
+    the kernel saves, and ring CP passes, a query head's K/V each, not a KV
+    head's (``op_records.runtime_repeats_kv``).
     """
 
     name: str = attrs.field(validator=attrs.validators.matches_re(r"^[a-z][a-z0-9_.\-]*$"))
@@ -142,6 +146,7 @@ class Contract:
     saves: str = ""
     device: str = ""
     attention: bool = False
+    repeats_kv: bool = False
 
     def load(self) -> KernelContract:
         """The contract's implementation (imports torch on first use)."""

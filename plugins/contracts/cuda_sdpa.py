@@ -235,6 +235,58 @@ def implementation() -> _CudaSdpa:
     return _CudaSdpa()
 
 
+# -- SDPA called on keys and values repeated to every query head -------------------------------------
+REPEAT_KV_NAME = "cuda-sdpa-repeat-kv"
+
+REPEAT_KV_CONTRACT = Contract(
+    name=REPEAT_KV_NAME,
+    summary="torch SDPA on a CUDA GPU, called on keys and values repeated to every query head (torchtitan's Llama)",
+    implementation="ndcost.plugins.contracts.cuda_sdpa:repeat_kv_implementation",
+    saves="as cuda-sdpa, with k and v the caller's copies repeated to every query head",
+    device="cuda",
+    repeats_kv=True,
+)
+
+
+class _CudaSdpaRepeatKv(_CudaSdpa):
+    """``cuda-sdpa``'s kernel called as torchtitan's Llama calls it.
+
+    torchtitan's ``Attention.forward`` (torchtitan/models/llama3/model/model.py,
+    pytorch/torchtitan 018740b) runs ``repeat_kv`` on the keys and values before
+    SDPA: an unsqueeze, an expand to ``n_rep`` copies of each KV head and a
+    reshape, which copies them into a tensor of every query head's. The kernel
+    then saves those copies (``n_heads / n_kv_heads`` times a KV head's bytes)
+    and torch's ring attention, which stands in for SDPA under context
+    parallelism, passes them around the ring. The expand and the reshape save
+    nothing for their backward (a sum over the copies).
+    """
+
+    name = REPEAT_KV_NAME
+
+    def __init__(self, kernel: _CudaSdpa) -> None:
+        vars(self).update(vars(kernel))  # its custom ops: a torch.library op is defined once a process
+
+    def call(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+             enable_gqa=False):
+        return super().call(query, _repeated(key, query), _repeated(value, query), attn_mask, dropout_p,
+                            is_causal, scale, False)
+
+
+def _repeated(states: Any, query: Any) -> Any:
+    """*states* ``[b, kv_heads, s, d]`` with each KV head repeated to its query heads, as torchtitan's ``repeat_kv``."""
+    batch, kv_heads, tokens, width = states.shape
+    copies = query.shape[-3] // kv_heads
+    if copies == 1:
+        return states
+    return states[:, :, None].expand(batch, kv_heads, copies, tokens, width).reshape(
+        batch, kv_heads * copies, tokens, width)
+
+
+@functools.lru_cache(maxsize=None)
+def repeat_kv_implementation() -> _CudaSdpaRepeatKv:
+    return _CudaSdpaRepeatKv(implementation())
+
+
 # -- CUDA's own ATen kernels where their outputs differ from the CPU's -------------------------------
 NATIVE_NAME = "cuda-native"
 
@@ -310,5 +362,5 @@ ATTENTION_KERNELS = (
 
 @hookimpl
 def ndcost_register(register):
-    register_contracts(register, (CONTRACT, NATIVE_CONTRACT))
+    register_contracts(register, (CONTRACT, REPEAT_KV_CONTRACT, NATIVE_CONTRACT))
     register_attention_kernels(register, ATTENTION_KERNELS)

@@ -130,21 +130,30 @@ class OpRecordsActivations:
         profile = None if runtime is None else _registry().find(f"runtime/{runtime}")
         return op_records.runtime_attention(spec, profile)
 
+    def repeats_kv(self, spec: ModelSpec, runtime: Optional[str]) -> bool:
+        """Whether the runtime's attention takes keys and values repeated to every query head."""
+        from ndcost.plugins import op_records
+        profile = None if runtime is None else _registry().find(f"runtime/{runtime}")
+        return op_records.runtime_repeats_kv(spec, profile)
+
+    def _overrides(self, spec: ModelSpec, runtime: Optional[str]) -> Dict[str, int]:
+        return {"kv_repeated": 1} if self.repeats_kv(spec, runtime) else {}
+
     def records(self, spec: ModelSpec, kinds: Sequence[str], seq: int, runtime: str) -> Records:
         from ndcost.plugins import op_records
-        kernel = self.attention_kernel(spec, runtime)
-        return ({k: op_records.formula_record(spec, k, seq, attention=kernel) for k in kinds},
+        kernel, overrides = self.attention_kernel(spec, runtime), self._overrides(spec, runtime)
+        return ({k: op_records.formula_record(spec, k, seq, attention=kernel, overrides=overrides) for k in kinds},
                 analytic_output_record(spec, seq))
 
     def core_attention_kept(self, spec: ModelSpec, kinds: Sequence[str], seq: int,
                             runtime: str) -> Dict[str, Tuple[float, float]]:
         """Per kind, bytes a token (not split, split by TP) a layer keeps under core-attention recompute."""
         from ndcost.plugins import op_records
-        kernel = self.attention_kernel(spec, runtime)
+        kernel, overrides = self.attention_kernel(spec, runtime), self._overrides(spec, runtime)
         out = {}
         for kind in kinds:
             values = op_records.values_for(spec, kind, seq=seq, micro_batch=1, tp=1, sp=False, cp=1,
-                                           attention=kernel)
+                                           attention=kernel, overrides=overrides)
             kept = {"sequence": 0.0, "tp": 0.0}
             core = {"sequence": 0.0, "tp": 0.0}
             for *_, split, value in op_records.term_bytes(values, None):

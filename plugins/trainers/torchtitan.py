@@ -29,6 +29,9 @@ the last commit with TOML job files; older files' ``[training] compile`` and
   ``recompute=full`` with ``recompute_layers`` = layers // N, priced as the
   first layers of the rank (the same count; which layers differs for a model
   mixing layer kinds), and only without PP.
+- The runtime is ``torchtitan-cuda``: torchtitan's Llama repeats the keys and
+  values to every query head before SDPA (``repeat_kv``), which SDPA saves and
+  ring CP passes (``--runtime`` overrides it).
 - Mixed precision (FSDP2 ``MixedPrecisionPolicy``, or autocast without FSDP):
   parameters, gradients and optimizer states in ``training.dtype`` (fp32
   by default), computed in ``mixed_precision_param``; no master copy.
@@ -71,6 +74,8 @@ else:  # pragma: no cover - exercised on Python 3.10
     import tomli as tomllib
 
 KIND = "torchtitan"
+# The runtime profile a torchtitan job is priced under: its models' attention (specs/runtimes/torchtitan-cuda.yaml)
+RUNTIME = "torchtitan-cuda"
 
 # (model name, flavor) -> specs/models name; torchtitan/models/*/__init__.py at 238fa99 defines the flavors
 MODELS = {
@@ -599,9 +604,11 @@ def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConf
         strategy = Strategy.from_mapping(fields)
     except InvalidValue as exc:  # a combination Strategy refuses (ep not dividing the ranks, ...)
         raise f.error("[parallelism]", str(exc), "fix the degrees in a copy") from None
+    defaults.append(f"runtime {RUNTIME}: torchtitan's attention repeats the keys and values to every query head "
+                    "before SDPA (repeat_kv), which SDPA then saves and ring CP passes")
     return TrainerConfig(kind=KIND, path=path, strategy=strategy, model=model, devices=p["world"],
                          global_batch=global_batch, read_fields=tuple(f.read), ignored_fields=f.ignored(),
-                         defaults=tuple(defaults))
+                         defaults=tuple(defaults), runtime=RUNTIME)
 
 
 # --------------------------------------------------------------------------- writer
