@@ -85,6 +85,7 @@ def test_census_saves_the_copies_the_formulas_price():
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from ndcost import manager
+    from ndcost.models import load_model
     from ndcost.plugins.census import records
     from ndcost.values import LayerGroup
 
@@ -103,7 +104,7 @@ def test_census_saves_the_copies_the_formulas_price():
     assert repeated.saved_tp_per_token - plain.saved_tp_per_token == extra
     assert repeated.ops_tp["attBMM"] - plain.ops_tp["attBMM"] == extra
     # the formulas (the registered op-records estimator) under the same runtime: the same copies, in the same op
-    spec = ndcost.models.load_model(config)
+    spec = load_model(config)
     estimator = manager.registry().get("estimator/activations/op_records")
     formulas = {runtime: estimator.records(spec, ["dense"], seq, runtime)[0]["dense"]
                 for runtime in ("hf-cuda", "torchtitan-cuda")}
