@@ -320,6 +320,7 @@ class TrainerFormatLike(Protocol):
     description: str
     writes: bool  # whether write() can put a strategy in this trainer's form
     recipe: Mapping[str, Any]  # the strategy fields its default precision sets (search --emit holds them)
+    runtime: str  # the runtime profile its runs are priced under (search --emit prices under it; "": hf-cuda's)
 
     def read(self, path: str, *, devices: Optional[int]) -> Any:
         """The :class:`ndcost.trainers.TrainerConfig` the file at *path* says (*devices*: the world size given).
@@ -348,7 +349,7 @@ def _function(namespace: str, what: str) -> NamespaceContract:
 
 CONTRACTS: Mapping[str, NamespaceContract] = {c.namespace: c for c in (
     _contract("trainer", "a trainer configuration format", TrainerFormatLike, name=STR, description=STR,
-              writes=BOOL, recipe=MAPPING, read=METHOD, write=METHOD),
+              writes=BOOL, recipe=MAPPING, runtime=STR, read=METHOD, write=METHOD),
     _contract("optimizer", "an optimizer", OptimizerLike, states_per_parameter=COUNT,
               step_temporaries_per_parameter=COUNT, name=STR),
     _contract("schedule", "a pipeline schedule", ScheduleLike, name=STR, overlaps_expert_communication=BOOL,

@@ -311,11 +311,12 @@ def test_write_refuses_a_global_batch_the_strategy_does_not_run():
 def test_search_emit_torchtitan(tmp_path):
     args = ("search", "llama-3.1-8b", "--devices", "8", "--hardware", "h200", "--global-batch", "32", "--seq",
             "8192", "--census", "off", "--top", "3")
-    # --emit holds torchtitan's default precision (fp32 parameters, bf16 compute): the same held, the table's
-    # row it names ("#N") is the strategy --emit writes, the fastest torchtitan can say
+    # --emit holds torchtitan's default precision (fp32 parameters, bf16 compute) and prices under the runtime its
+    # reader prices the file under: the same held and run, the table's row it names ("#N") is the strategy --emit
+    # writes, the fastest torchtitan can say
     emitted = ndcost(*args, "--emit", "torchtitan")
     rank = emitted.stderr.strip().splitlines()[-1].split(" ", 3)[2].lstrip("#")
-    table = ndcost(*args[:-1], rank, "--hold", "param_dtype=fp32,compute_dtype=bf16")
+    table = ndcost(*args[:-1], rank, "--hold", "param_dtype=fp32,compute_dtype=bf16", "--runtime", "torchtitan-cuda")
     best = table.stdout
     assert emitted.stdout.startswith("# written by ndcost") and "#  peak GiB" not in emitted.stdout
     path = tmp_path / "stdout.toml"
@@ -326,6 +327,7 @@ def test_search_emit_torchtitan(tmp_path):
     assert ",".join(p for p in chosen.split(",") if p != "seq=8192") in best.replace("\n", "").replace(" ", "")
     written = ndcost(*args, "--emit", f"torchtitan:{tmp_path / 'job.toml'}")
     assert f"torchtitan configuration: {tmp_path / 'job.toml'}" in written.stdout and "peak GiB" in written.stdout
+    assert "8 x h200 (torchtitan-cuda)" in written.stdout and config.runtime == "torchtitan-cuda"
     assert (tmp_path / "job.toml").read_text() == emitted.stdout
 
 

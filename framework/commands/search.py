@@ -35,7 +35,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workers", type=int, default=1, metavar="N", help="price chunks in N local processes")
     parser.add_argument("--scheduler", metavar="ADDRESS",
                         help="price chunks on the Dask distributed cluster at ADDRESS (the dask extra)")
-    parser.add_argument("--runtime", default="hf-cuda", help="the runtime profile (default hf-cuda)")
+    parser.add_argument("--runtime", help="the runtime profile (default hf-cuda, or the one --emit's trainer runs)")
     parser.add_argument("--census", default="auto", choices=("auto", "on", "off"),
                         help="auto: measure where a census can run, else the formulas; off: the formulas alone")
     parser.add_argument("--across-nodes", action="store_true",
@@ -113,7 +113,7 @@ def run(args):
     results = search_grid(
         args.model, devices=devices, hardware=hardware, global_batch=args.global_batch, seq=args.seq,
         memory_cap_bytes=None if args.memory_cap is None else int(args.memory_cap * _GIB), top=depth,
-        runtime=args.runtime, census=args.census, workers=args.workers, scheduler=args.scheduler,
+        runtime=_runtime(args), census=args.census, workers=args.workers, scheduler=args.scheduler,
         tokens=None if args.tokens is None else int(args.tokens), price_per_gpu_hour=args.price,
         keep_points=bool(args.plot), within_node=not args.across_nodes, exhaustive=args.exhaustive,
         pp_splits=args.pp_splits, held=_held(args))
@@ -130,12 +130,23 @@ def run(args):
             return Output(data=data, text=emitted)
     if args.csv:
         return Output(data=data, text=_csv(data))
-    text = "\n\n".join(_render(r) for r in results)
+    text = "\n\n".join(_render(r, _runtime(args)) for r in results)
     if args.plot:
         text += f"\n\nplot: {args.plot}"
     if emitted is not None:
         text += f"\n\n{args.emit.partition(':')[0]} configuration: {args.emit.partition(':')[2]}"
     return Output(data=data, text=text)
+
+
+def _runtime(args) -> str:
+    """--runtime; without it, the runtime --emit's trainer runs (its reader prices a file under it), else hf-cuda."""
+    from ndcost.trainers import trainer_format
+
+    if args.runtime is not None:
+        return args.runtime
+    if args.emit is not None:
+        return trainer_format(args.emit.partition(":")[0].strip().lower()).runtime or "hf-cuda"
+    return "hf-cuda"
 
 
 def _held(args) -> Any:
@@ -199,12 +210,12 @@ def _csv(rows: List[dict]) -> str:
     return out.getvalue()
 
 
-def _render(result: Any) -> str:
+def _render(result: Any, runtime: str) -> str:
     """A header, the best strategies (fit in 100 columns, the strategy wrapped at commas) and what was pruned."""
     from ndcost.search import wrap_strategy
 
     lines = textwrap.wrap(
-        f"{result.model} on {result.devices} x {result.hardware}, global batch {result.global_batch:,} x "
+        f"{result.model} on {result.devices} x {result.hardware} ({runtime}), global batch {result.global_batch:,} x "
         f"{result.seq:,} tokens, cap {result.memory_cap_bytes / _GIB:.1f} GiB: {result.priced:,} strategies "
         f"priced, {result.valid:,} run, {result.fitting:,} fit; best {len(result.candidates)} by step time. "
         f"Peak is allocated bytes; reserved_bytes (--json) is the simulated caching allocator's, what fits "

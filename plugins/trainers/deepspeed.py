@@ -123,6 +123,7 @@ class DeepSpeedFormat:
     name = KIND
     description = "DeepSpeed: a config JSON (ZeRO stage, offload, batch sizes, precision); the model is given"
     writes = True
+    runtime = ""  # Transformers' modules as a plain install runs them: the default, hf-cuda
     # bf16.enabled: bf16 parameters and gradients, fp32 master copy and optimizer states
     recipe = MappingProxyType({"param_dtype": "bf16", "grad_dtype": "bf16", "optimizer_dtype": "fp32",
                                "master_dtype": "fp32"})

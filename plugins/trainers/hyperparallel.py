@@ -302,6 +302,7 @@ class HyperParallelFormat:
     description: str = "HyperParallel trainer train.yaml (accelerator, fsdp_config, plan_overrides, ...): read"
     writes: bool = False
     recipe = MappingProxyType({})  # it writes nothing
+    runtime = ""  # hf-npu where the file installs HyperParallel's fused modules, else --runtime's (it writes nothing)
 
     def read(self, path: str, *, devices: Optional[int], model: Any = None) -> TrainerConfig:
         return read(path, devices=devices, model=model)

@@ -139,6 +139,7 @@ class MegatronFormat:
     description = "Megatron-LM: a launch script (bash arrays, variables, if), a command line or an args file"
     writes = True
     # --bf16: bf16 parameters, fp32 main gradients, fp32 main parameters and optimizer states
+    runtime = RUNTIME
     recipe = MappingProxyType({"param_dtype": "bf16", "grad_dtype": "fp32", "optimizer_dtype": "fp32",
                                "master_dtype": "fp32"})
 

@@ -780,6 +780,7 @@ class TorchtitanFormat:
     writes: bool = True
     # FSDP2's MixedPrecisionPolicy as torchtitan's defaults set it: fp32 parameters, bf16 compute
     recipe = MappingProxyType({"param_dtype": "fp32", "compute_dtype": "bf16"})
+    runtime = RUNTIME
 
     def read(self, path: str, *, devices: Optional[int], model: Any = None) -> TrainerConfig:
         return read(path, devices=devices, model=model)
