@@ -190,7 +190,8 @@ class ModelTables:
                 q_elems.append(spec.num_attention_heads * qk)
             else:
                 kv_heads = spec.num_key_value_heads or spec.num_attention_heads
-                copies = spec.num_attention_heads // kv_heads if kv_repeated else 1
+                # one KV head is repeated as a view at every TP degree (multi-query attention): no copy is kept
+                copies = spec.num_attention_heads // kv_heads if kv_repeated and kv_heads > 1 else 1
                 kv_elems.append(2 * kv_heads * copies * head_dim)
                 q_elems.append(spec.num_attention_heads * head_dim)
             kv_copies.append(copies)
