@@ -128,3 +128,17 @@ def test_verify_holds_the_formulas_to_the_census_under_torchtitan_cuda(tmp_path)
     # the copies kept plain and recomputed with the attention core alike; the formulas' elementwise traffic leaves
     # the repeat's copy out (the census counts it), the one row of the layer they may differ on
     assert flagged <= {"traffic.elementwise_per_token"}
+
+
+def test_one_kv_head_is_never_copied():
+    # multi-query attention: repeat_kv's reshape of one head's expand is a view at every TP degree, so the kernel
+    # keeps the one head and the formulas count no copies (a Llama of 8 query heads of 32 and one KV head)
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_attention_heads=8,
+                                      num_key_value_heads=1, head_dim=32, num_hidden_layers=2, vocab_size=1000)
+    plain = ndcost.resolve(config, runtime="hf-cuda", census="off")
+    repeated = ndcost.resolve(config, runtime="torchtitan-cuda", census="off")
+    assert repeated.tables.kv_copies.tolist() == [1]
+    for strategy in ("seq=1024", "tp=2,seq=1024", "tp=8,seq=1024"):
+        assert (repeated.evaluate(strategy).stages[0].bytes_by_category
+                == plain.evaluate(strategy).stages[0].bytes_by_category)
