@@ -825,19 +825,23 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
     zeros = np.zeros((n, ranks))
     out.update(excess=zeros, made_last=zeros, working_layer=zeros, pending_end=zeros)
     best_last, best_end = np.full((n, ranks), -np.inf), np.full((n, ranks), -np.inf)
+    # (K, N, 1): each kind's figure a row, the kinds leading as the loop reads them
+    excess_plain, excess_recomputed = layer.excess_plain.T[:, :, None], layer.excess_recomputed.T[:, :, None]
+    working_plain, working_recomputed = layer.working_plain.T[:, :, None], layer.working_recomputed.T[:, :, None]
     for k in range(len(made_by_kind)):  # a loop over kinds, never layers: the first whose backward holds the most
         made, pending = made_by_kind[k], pending_by_kind[k]
-        for present, excess, working in ((present_by_kind[k, 0], layer.excess_plain, layer.working_plain),
-                                         (present_by_kind[k, 1], layer.excess_recomputed, layer.working_recomputed)):
-            excess, working = excess[:, k][:, None], working[:, k][:, None]
-            later = present & (excess + made > best_last)
+        for present, excess, working in ((present_by_kind[k, 0], excess_plain[k], working_plain[k]),
+                                         (present_by_kind[k, 1], excess_recomputed[k], working_recomputed[k])):
+            score = excess + made
+            later = present & (score > best_last)
             out["excess"], out["made_last"] = np.where(later, excess, out["excess"]), np.where(later, made,
                                                                                                out["made_last"])
-            best_last = np.where(later, excess + made, best_last)
-            later = present & (working - pending > best_end)
+            best_last = np.where(later, score, best_last)
+            score = working - pending
+            later = present & (score > best_end)
             out["working_layer"] = np.where(later, working, out["working_layer"])
             out["pending_end"] = np.where(later, pending, out["pending_end"])
-            best_end = np.where(later, working - pending, best_end)
+            best_end = np.where(later, score, best_end)
     out["shared_copies_extra"] = np.zeros((n, ranks))
     if np.count_nonzero(layer.shared):  # the tensors the model hands every layer: one storage a chunk and micro-batch
         per_kind = layer.shared.T[:, :, None, None]  # (K, N, 1, 1)
@@ -1210,8 +1214,8 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
     for name in ("parameters", "master", "optimizer_states"):
         stage_bytes[:, :, CATEGORIES.index(name)] = persistent[name]
     for name, category in zip(_MOMENT_CATEGORIES, _MOMENT_CATEGORY_INDEX, strict=True):  # the largest moment's
-        stage_bytes[:, :, category] = np.choose(best_index, [m[name] for m in moments])
-    stage_bytes[:, :, CATEGORIES.index("allocator")] = np.choose(best_index, allocators) if any_overhead else 0
+        stage_bytes[:, :, category] = best_index.choose([m[name] for m in moments])  # np.choose without its wrapper
+    stage_bytes[:, :, CATEGORIES.index("allocator")] = best_index.choose(allocators) if any_overhead else 0
     return stage_bytes, np.maximum(best_total, 0).astype(np.int64), best_index
 
 

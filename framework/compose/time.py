@@ -658,6 +658,34 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     """
     eff = efficiencies(hardware)[0] if eff is None else eff
     rows = _rows(cols, hardware) if rows is None else rows
+    if len(rows.tp) != 1:
+        return _layer_seconds(model, cols, hardware, eff, rows)
+    # one row (one strategy): its figures kept a model, hardware, efficiencies and the columns they read (a
+    # search's strategies share them where they differ in dp, pp, zero, micro-batches ...), read-only
+    kept = _derived("layer_one_row", model, lambda _: {})
+    float8 = np.asarray(cols["float8"])[0] != FLOAT8_RECIPES.index("none")
+    key = (id(hardware), *eff.items(), *(np.asarray(cols[name]).item()
+                                         for name in (_LAYER_READ + _LAYER_READ_FLOAT8 if float8 else _LAYER_READ)))
+    hit = kept.get(key)
+    if hit is None or hit[0] is not hardware:
+        figures = _layer_seconds(model, cols, hardware, eff, rows)
+        for array in figures.values():
+            array.setflags(write=False)
+        if len(kept) >= _ONE_ROW_KEPT:
+            kept.clear()
+        hit = kept[key] = (hardware, figures)
+    return dict(hit[1])
+
+
+# every column layer_seconds reads (through _Rows and its helpers), and those float8's rows read besides (their
+# sharding, :func:`_float8_linears`): a one-row key missing one would hand a strategy another's figures
+_LAYER_READ = ("tp", "cp", "micro_batch", "seq", "sp", "compute_dtype", "param_dtype", "moe_imbalance", "ep", "etp",
+               "recompute", "compile", "cp_algo", "cp_rotate", "float8", "float8_experts")
+_LAYER_READ_FLOAT8 = sharding_rules.READ + ("float8_all_gather",)
+
+
+def _layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware, eff: Mapping[str, float],
+                   rows: _Rows) -> Dict[str, np.ndarray]:
     k = _kind_arrays(model)
     tp, cp, b, s = rows.tp[:, None], rows.cp[:, None], rows.micro_batch[:, None], rows.seq[:, None]
     sp, peak = rows.sp[:, None], rows.peak_flops[:, None]
@@ -1785,9 +1813,10 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
     def share(per_rank):  # the recomputed layers' share of a rank's figure
         return fraction * per_rank if partial else per_rank
     is_first, is_head = where.has_embedding, where.has_head
-    # each (N, K) figure summed over each rank's layers, (N, R), in one contraction
+    # each (N, K) figure summed over each rank's layers, (N, R), in one contraction (the figures stacked by
+    # np.array: np.stack's result where their shapes agree, as np.stack requires, without its Python wrapper)
     (forward, checkpointed, backward, recompute, comm_layers, comm_extra, exposed_f, exposed_b,
-     exposed_extra) = np.einsum("srk,msk->msr", counts, np.stack([
+     exposed_extra) = np.einsum("srk,msk->msr", counts, np.array([
          layer["forward"], layer["checkpointed_forward"] - layer["forward"], layer["backward"], layer["recompute"],
          comm["comm_fwd"] + comm["comm_bwd"], comm["comm_extra"], comm["exposed_fwd"], comm["exposed_bwd"],
          comm["exposed_extra"]]))
