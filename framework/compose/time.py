@@ -660,28 +660,37 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     rows = _rows(cols, hardware) if rows is None else rows
     if len(rows.tp) != 1:
         return _layer_seconds(model, cols, hardware, eff, rows)
-    # one row (one strategy): its figures kept a model, hardware, efficiencies and the columns they read (a
-    # search's strategies share them where they differ in dp, pp, zero, micro-batches ...), read-only
-    kept = _derived("layer_one_row", model, lambda _: {})
+    # one row (one strategy): its figures kept (a search's strategies share them where they differ in dp, pp,
+    # zero, micro-batches ...)
     float8 = np.asarray(cols["float8"])[0] != FLOAT8_RECIPES.index("none")
-    key = (id(hardware), *eff.items(), *(np.asarray(cols[name]).item()
-                                         for name in (_LAYER_READ + _LAYER_READ_FLOAT8 if float8 else _LAYER_READ)))
-    hit = kept.get(key)
-    if hit is None or hit[0] is not hardware:
-        figures = _layer_seconds(model, cols, hardware, eff, rows)
-        for array in figures.values():
-            array.setflags(write=False)
-        if len(kept) >= _ONE_ROW_KEPT:
-            kept.clear()
-        hit = kept[key] = (hardware, figures)
-    return dict(hit[1])
+    return _kept_one_row("layer_one_row", model, hardware, eff, cols, _LAYER_READ + _FLOAT8_READ if float8
+                         else _LAYER_READ, (), lambda: _layer_seconds(model, cols, hardware, eff, rows))
 
 
 # every column layer_seconds reads (through _Rows and its helpers), and those float8's rows read besides (their
 # sharding, :func:`_float8_linears`): a one-row key missing one would hand a strategy another's figures
 _LAYER_READ = ("tp", "cp", "micro_batch", "seq", "sp", "compute_dtype", "param_dtype", "moe_imbalance", "ep", "etp",
                "recompute", "compile", "cp_algo", "cp_rotate", "float8", "float8_experts")
-_LAYER_READ_FLOAT8 = sharding_rules.READ + ("float8_all_gather",)
+_FLOAT8_READ = sharding_rules.READ + ("float8_all_gather",)
+
+
+def _kept_one_row(tag: str, model: ModelWork, hardware: Hardware, eff: Mapping[str, float], cols: Mapping[str, Any],
+                  read: Tuple[str, ...], extra: Tuple[Hashable, ...], make: Callable[[], Dict[str, Any]]):
+    """A one-row batch's figures ``make()`` (a dict of arrays), kept a model (by *tag*), hardware, efficiencies,
+    the values of the columns *read* (every one the figures depend on) and *extra* (any other input), read-only;
+    a fresh dict of them each call."""
+    kept = _derived(tag, model, lambda _: {})
+    key = (id(hardware), *eff.items(), *extra, *(np.asarray(cols[name]).item() for name in read))
+    hit = kept.get(key)
+    if hit is None or hit[0] is not hardware:
+        figures = make()
+        for array in figures.values():
+            if isinstance(array, np.ndarray):
+                array.setflags(write=False)
+        if len(kept) >= _ONE_ROW_KEPT:
+            kept.clear()
+        hit = kept[key] = (hardware, figures)
+    return dict(hit[1])
 
 
 def _layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware, eff: Mapping[str, float],
@@ -1175,6 +1184,23 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     dispatch and combine all-to-alls. ``*_extra``: what recomputing a layer's
     forward repeats (its forward collectives; full recompute only).
     """
+    if len(rows.tp) != 1:
+        return _layer_communication_rows(model, rows, cols, layer, overlaps_ep, hardware, eff, coll)
+    # one row: kept as layer_seconds' figures (*layer*, made from the columns of _LAYER_READ), with the columns
+    # the collectives read besides, the schedule's overlap, the collectives and DEEPEP_SMS; async TP's float8 rows
+    # read the sharding (:func:`_async_tp`)
+    lowp = np.asarray(cols["float8"])[0] != FLOAT8_RECIPES.index("none") or bool(np.asarray(cols["async_tp"])[0])
+    return _kept_one_row("communication_one_row", model, hardware, eff, cols,
+                         _COMMUNICATION_READ + _FLOAT8_READ if lowp else _COMMUNICATION_READ,
+                         (bool(overlaps_ep[0]), DEEPEP_SMS, *coll.items()),
+                         lambda: _layer_communication_rows(model, rows, cols, layer, overlaps_ep, hardware, eff, coll))
+
+
+_COMMUNICATION_READ = _LAYER_READ + ("async_tp", "ep_dispatcher")
+
+
+def _layer_communication_rows(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep: np.ndarray,
+                              hardware: Hardware, eff, coll) -> Dict[str, np.ndarray]:
     n, h, width = len(rows.tp), float(model.hidden_size), rows.compute_bytes
     tp, cp, ep, etp, tokens = rows.tp, rows.cp, rows.ep, rows.etp, rows.tokens
     k = _kind_arrays(model)
