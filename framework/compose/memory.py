@@ -713,6 +713,31 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
     leaves it out (no op of the layer saves it). What the model hands every layer (the rotary tables) is
     the stage's, not in these (``shared``, bytes a layer saves of it for one micro-batch).
     """
+    if len(seq_index) != 1:
+        return _layer_activations_rows(model, recs, seq_index, cols, batch)
+    # one row (one strategy): kept a model, records and the columns it reads, with the row's autocast (the
+    # sharding's: :func:`_batch`), read-only (a search's strategies share it where they differ in dp, pp, ep ...)
+    key = (id(model), id(recs), int(seq_index[0]), bool(batch.autocast[0]),
+           *(np.asarray(cols[name]).item() for name in _LAYER_READ))
+    hit = _LAYER_ONE_ROW.get(key)
+    if hit is None or hit[0] is not model or hit[1] is not recs:
+        layer = _layer_activations_rows(model, recs, seq_index, cols, batch)
+        for field in attrs.fields(_LayerActivations):
+            getattr(layer, field.name).setflags(write=False)
+        if len(_LAYER_ONE_ROW) >= placement_rules.ONE_ROW_KEPT:
+            _LAYER_ONE_ROW.clear()
+        hit = _LAYER_ONE_ROW[key] = (model, recs, layer)
+    return hit[2]
+
+
+# every column _layer_activations reads (itself, through _Batch and _ring_attention_working) beside the autocast:
+# a one-row key missing one would hand a strategy another's figures
+_LAYER_READ = ("tp", "cp", "sp", "micro_batch", "seq", "compute_dtype", "param_dtype", "recompute", "cp_algo",
+               "cp_rotate", "etp", "moe_imbalance")
+_LAYER_ONE_ROW: Dict[Tuple[Any, ...], Tuple[ModelTables, Any, "_LayerActivations"]] = {}
+
+
+def _layer_activations_rows(model: ModelTables, recs, seq_index, cols, batch: _Batch) -> _LayerActivations:
     def row(name):
         return _figure(recs, name, seq_index, batch) if name in AUTOCAST_FIELDS else recs[name][seq_index]
 
