@@ -1415,6 +1415,10 @@ def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[
     return {key: np.where(on, value, 0.0) for key, value in out.items()}
 
 
+# every column _embedding_and_head reads (through _Rows): a one-row key missing one would hand a strategy another's
+_ENDS_READ = ("tp", "micro_batch", "seq", "cp", "compute_dtype", "param_dtype", "vocab_parallel")
+
+
 def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) -> Dict[str, np.ndarray]:
     """``(N,)`` seconds of the embedding and of the head and loss, forward and backward, a micro-batch.
 
@@ -1827,7 +1831,9 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
                            dtype=bool)[np.asarray(cols["schedule"])]
     layer = layer_seconds(model, cols, hardware, eff, rows)
     comm = _layer_communication(model, rows, cols, layer, overlaps_ep, hardware, eff, coll)
-    ends = _embedding_and_head(model, rows, hardware, eff)
+    ends = (_embedding_and_head(model, rows, hardware, eff) if len(rows.tp) != 1 else  # one row: kept
+            _kept_one_row("ends_one_row", model, hardware, eff, cols, _ENDS_READ, (),
+                          lambda: _embedding_and_head(model, rows, hardware, eff)))
     layers_on_rank = np.add.reduce(counts, axis=2)
     rl = np.asarray(cols["recompute_layers"], dtype=np.float64)[:, None]
     partial = np.count_nonzero(rl >= 0)  # rows recomputing some of their layers (else all: a share of 1)
