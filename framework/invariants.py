@@ -35,15 +35,17 @@ def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:
     stage_bytes, stage_peak, peak = result.stage_bytes, result.stage_peak_bytes, result.peak_bytes
     moments = result.stage_moment
     none = np.zeros(len(peak), dtype=bool)
-    # each check one pass over the batch, finding its rows only where it fails somewhere
-    negative = (stage_bytes < 0).any(axis=(1, 2)) if stage_bytes.size and stage_bytes.min() < 0 else none
+    # each check one pass over the batch, finding its rows only where it fails somewhere (the ufuncs' reductions,
+    # without the array methods' Python wrappers: they weigh on a batch of one strategy)
+    least, most_moment = np.minimum.reduce, np.maximum.reduce
+    negative = (stage_bytes < 0).any(axis=(1, 2)) if stage_bytes.size and least(stage_bytes, axis=None) < 0 else none
     sums = stage_bytes.sum(axis=2)  # within int64: non-negative categories of rows within bound
-    mismatch = none if bool((sums == stage_peak).all()) else (sums != stage_peak).any(axis=1)  # both (N, R)
-    most = stage_peak.max(axis=1, initial=0)
+    mismatch = none if np.logical_and.reduce(sums == stage_peak, axis=None) else (sums != stage_peak).any(axis=1)
+    most = np.maximum.reduce(stage_peak, axis=1, initial=0)
     beyond = (peak > MAX_EXACT_BYTES) | (most > MAX_EXACT_BYTES)
     top = peak != most
     moment = none  # a stage past a row's pp, or an invalid row, holds moment 0
-    if moments.size and (moments.min() < 0 or moments.max() >= len(MOMENTS)):
+    if moments.size and (least(moments, axis=None) < 0 or most_moment(moments, axis=None) >= len(MOMENTS)):
         moment = ((moments < 0) | (moments >= len(MOMENTS))).any(axis=1)
     host, stage_host, node_host = result.host_bytes, result.stage_host_bytes, result.host_bytes_per_node
     host_broken = none
@@ -52,7 +54,8 @@ def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:
                        | (node_host < host) | (node_host > MAX_EXACT_BYTES))
     bad = valid & (negative | beyond | mismatch | top | moment | host_broken)
     out: Dict[int, str] = {}
-    for i in np.flatnonzero(bad).tolist():  # the breaking rows alone (none, unless the composition errs)
+    for i in np.flatnonzero(bad).tolist() if np.count_nonzero(bad) else ():  # the breaking rows alone (none, unless
+        # the composition errs)
         if negative[i]:
             s, c = np.argwhere(stage_bytes[i] < 0)[0].tolist()
             out[i] = f"stage {s} holds {int(stage_bytes[i, s, c]):,} bytes of {result.categories[c]} (negative)"
@@ -79,9 +82,9 @@ def _time_breaks(time: Any, valid: np.ndarray) -> Dict[int, str]:
     # every figure checked at once (one array, a row a figure); the rows are named only where one fails
     figures = np.array([time[name] for name in _POSITIVE_TIMES + _NON_NEGATIVE_TIMES + ("mfu",)], dtype=np.float64)
     positive, non_negative, mfu = figures[:len(_POSITIVE_TIMES)], figures[len(_POSITIVE_TIMES):-1], figures[-1]
-    holds = (np.isfinite(figures).all(axis=0) & (positive > 0.0).all(axis=0) & (non_negative >= 0.0).all(axis=0)
-             & (mfu > 0.0) & (mfu <= 1.0))
-    if not (valid & ~holds).any():
+    holds = (np.logical_and.reduce(np.isfinite(figures), axis=0) & np.logical_and.reduce(positive > 0.0, axis=0)
+             & np.logical_and.reduce(non_negative >= 0.0, axis=0) & (mfu > 0.0) & (mfu <= 1.0))
+    if not np.count_nonzero(valid & ~holds):
         return out
     checks: List[Any] = [(name, lambda v: v > 0.0, "positive") for name in _POSITIVE_TIMES]
     checks += [(name, lambda v: v >= 0.0, "non-negative") for name in _NON_NEGATIVE_TIMES]
@@ -96,7 +99,7 @@ def _time_breaks(time: Any, valid: np.ndarray) -> Dict[int, str]:
 def enforce(result: Any) -> Any:
     """*result* (a ``BatchResult``) with every valid row that breaks an invariant made invalid, with its reason."""
     valid = np.asarray(result.valid, dtype=bool)
-    if not valid.any():
+    if not np.count_nonzero(valid):
         return result
     broken = _memory_breaks(result, valid)
     if result.time is not None:

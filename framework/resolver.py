@@ -726,13 +726,13 @@ class CostModel:
                 unpriced_selective[order[lo:hi]] = composed.unpriced["selective"]
                 beyond_exact[order[lo:hi]] = composed.beyond_exact
                 lo = hi
-            batch.refuse(unpriced_selective, self._selective_refusal(tables))
+            batch.refuse(unpriced_selective, lambda i: self._selective_refusal(tables))  # said where refused
             batch.refuse(beyond_exact, lambda i: (
                 f"its bytes a device pass {memory.MAX_EXACT_BYTES:,} (2**53), past which they are not exact "
                 f"integers; spread the model over more devices (tp, pp, ep, zero, fsdp) or give fewer tokens a "
                 f"micro-batch (micro_batch * seq = {c['micro_batch'][i] * c['seq'][i]:,}) or a smaller "
                 f"moe_imbalance ({float(c['moe_imbalance'][i])!r})"))
-            if unpriced_selective.any() or beyond_exact.any():
+            if np.count_nonzero(unpriced_selective) or np.count_nonzero(beyond_exact):
                 reason = batch.reason_array()
                 valid = ~batch.invalid()
         if in_order:

@@ -725,6 +725,31 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
     leaves it out (no op of the layer saves it). What the model hands every layer (the rotary tables) is
     the stage's, not in these (``shared``, bytes a layer saves of it for one micro-batch).
     """
+    if len(seq_index) != 1:
+        return _layer_activations_rows(model, recs, seq_index, cols, batch)
+    # one row (one strategy): kept a model, records and the columns it reads, with the row's autocast (the
+    # sharding's: :func:`_batch`), read-only (a search's strategies share it where they differ in dp, pp, ep ...)
+    key = (id(model), id(recs), int(seq_index[0]), bool(batch.autocast[0]),
+           *(np.asarray(cols[name]).item() for name in _LAYER_READ))
+    hit = _LAYER_ONE_ROW.get(key)
+    if hit is None or hit[0] is not model or hit[1] is not recs:
+        layer = _layer_activations_rows(model, recs, seq_index, cols, batch)
+        for field in attrs.fields(_LayerActivations):
+            getattr(layer, field.name).setflags(write=False)
+        if len(_LAYER_ONE_ROW) >= placement_rules.ONE_ROW_KEPT:
+            _LAYER_ONE_ROW.clear()
+        hit = _LAYER_ONE_ROW[key] = (model, recs, layer)
+    return hit[2]
+
+
+# every column _layer_activations reads (itself, through _Batch and _ring_attention_working) beside the autocast:
+# a one-row key missing one would hand a strategy another's figures
+_LAYER_READ = ("tp", "cp", "sp", "micro_batch", "seq", "compute_dtype", "param_dtype", "recompute", "cp_algo",
+               "cp_rotate", "etp", "moe_imbalance")
+_LAYER_ONE_ROW: Dict[Tuple[Any, ...], Tuple[ModelTables, Any, "_LayerActivations"]] = {}
+
+
+def _layer_activations_rows(model: ModelTables, recs, seq_index, cols, batch: _Batch) -> _LayerActivations:
     def row(name):
         return _figure(recs, name, seq_index, batch) if name in AUTOCAST_FIELDS else recs[name][seq_index]
 
@@ -845,19 +870,23 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
     zeros = np.zeros((n, ranks))
     out.update(excess=zeros, made_last=zeros, working_layer=zeros, pending_end=zeros)
     best_last, best_end = np.full((n, ranks), -np.inf), np.full((n, ranks), -np.inf)
+    # (K, N, 1): each kind's figure a row, the kinds leading as the loop reads them
+    excess_plain, excess_recomputed = layer.excess_plain.T[:, :, None], layer.excess_recomputed.T[:, :, None]
+    working_plain, working_recomputed = layer.working_plain.T[:, :, None], layer.working_recomputed.T[:, :, None]
     for k in range(len(made_by_kind)):  # a loop over kinds, never layers: the first whose backward holds the most
         made, pending = made_by_kind[k], pending_by_kind[k]
-        for present, excess, working in ((present_by_kind[k, 0], layer.excess_plain, layer.working_plain),
-                                         (present_by_kind[k, 1], layer.excess_recomputed, layer.working_recomputed)):
-            excess, working = excess[:, k][:, None], working[:, k][:, None]
-            later = present & (excess + made > best_last)
+        for present, excess, working in ((present_by_kind[k, 0], excess_plain[k], working_plain[k]),
+                                         (present_by_kind[k, 1], excess_recomputed[k], working_recomputed[k])):
+            score = excess + made
+            later = present & (score > best_last)
             out["excess"], out["made_last"] = np.where(later, excess, out["excess"]), np.where(later, made,
                                                                                                out["made_last"])
-            best_last = np.where(later, excess + made, best_last)
-            later = present & (working - pending > best_end)
+            best_last = np.where(later, score, best_last)
+            score = working - pending
+            later = present & (score > best_end)
             out["working_layer"] = np.where(later, working, out["working_layer"])
             out["pending_end"] = np.where(later, pending, out["pending_end"])
-            best_end = np.where(later, working - pending, best_end)
+            best_end = np.where(later, score, best_end)
     out["shared_copies_extra"] = np.zeros((n, ranks))
     if np.count_nonzero(layer.shared):  # the tensors the model hands every layer: one storage a chunk and micro-batch
         per_kind = layer.shared.T[:, :, None, None]  # (K, N, 1, 1)
@@ -1230,8 +1259,8 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
     for name in ("parameters", "master", "optimizer_states"):
         stage_bytes[:, :, CATEGORIES.index(name)] = persistent[name]
     for name, category in zip(_MOMENT_CATEGORIES, _MOMENT_CATEGORY_INDEX, strict=True):  # the largest moment's
-        stage_bytes[:, :, category] = np.choose(best_index, [m[name] for m in moments])
-    stage_bytes[:, :, CATEGORIES.index("allocator")] = np.choose(best_index, allocators) if any_overhead else 0
+        stage_bytes[:, :, category] = best_index.choose([m[name] for m in moments])  # np.choose without its wrapper
+    stage_bytes[:, :, CATEGORIES.index("allocator")] = best_index.choose(allocators) if any_overhead else 0
     return stage_bytes, np.maximum(best_total, 0).astype(np.int64), best_index
 
 

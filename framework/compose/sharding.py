@@ -103,7 +103,7 @@ def sharding(cols: Mapping[str, Any]) -> Sharding:
     (``expert_replicas``); elsewhere the two agree.
     """
     if np.shape(cols["tp"]) == (1,):  # one strategy (memory, time and the resolver's checks ask): kept by its fields
-        key = tuple(np.asarray(cols[name]).item() for name in _READ)
+        key = tuple(np.asarray(cols[name]).item() for name in READ)
         hit = _ONE_ROW.get(key)
         if hit is None:
             hit = _sharding(cols)
@@ -119,7 +119,7 @@ def sharding(cols: Mapping[str, Any]) -> Sharding:
 
 
 # every column _sharding reads: a one-row key missing one would hand a strategy another's sharding
-_READ = ("dp", "fsdp", "cp", "tp", "zero", "shard_mesh", "ep", "etp", "reshard_after_forward", "gradient_sync")
+READ = ("dp", "fsdp", "cp", "tp", "zero", "shard_mesh", "ep", "etp", "reshard_after_forward", "gradient_sync")
 _ONE_ROW: Dict[Tuple[Any, ...], Sharding] = {}
 _ONE_ROW_KEPT = 4096
 

@@ -658,6 +658,43 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     """
     eff = efficiencies(hardware)[0] if eff is None else eff
     rows = _rows(cols, hardware) if rows is None else rows
+    if len(rows.tp) != 1:
+        return _layer_seconds(model, cols, hardware, eff, rows)
+    # one row (one strategy): its figures kept (a search's strategies share them where they differ in dp, pp,
+    # zero, micro-batches ...)
+    float8 = np.asarray(cols["float8"])[0] != FLOAT8_RECIPES.index("none")
+    return _kept_one_row("layer_one_row", model, hardware, eff, cols, _LAYER_READ + _FLOAT8_READ if float8
+                         else _LAYER_READ, (), lambda: _layer_seconds(model, cols, hardware, eff, rows))
+
+
+# every column layer_seconds reads (through _Rows and its helpers), and those float8's rows read besides (their
+# sharding, :func:`_float8_linears`): a one-row key missing one would hand a strategy another's figures
+_LAYER_READ = ("tp", "cp", "micro_batch", "seq", "sp", "compute_dtype", "param_dtype", "moe_imbalance", "ep", "etp",
+               "recompute", "compile", "cp_algo", "cp_rotate", "float8", "float8_experts")
+_FLOAT8_READ = sharding_rules.READ + ("float8_all_gather",)
+
+
+def _kept_one_row(tag: str, model: ModelWork, hardware: Hardware, eff: Mapping[str, float], cols: Mapping[str, Any],
+                  read: Tuple[str, ...], extra: Tuple[Hashable, ...], make: Callable[[], Dict[str, Any]]):
+    """A one-row batch's figures ``make()`` (a dict of arrays), kept a model (by *tag*), hardware, efficiencies,
+    the values of the columns *read* (every one the figures depend on) and *extra* (any other input), read-only;
+    a fresh dict of them each call."""
+    kept = _derived(tag, model, lambda _: {})
+    key = (id(hardware), *eff.items(), *extra, *(np.asarray(cols[name]).item() for name in read))
+    hit = kept.get(key)
+    if hit is None or hit[0] is not hardware:
+        figures = make()
+        for array in figures.values():
+            if isinstance(array, np.ndarray):
+                array.setflags(write=False)
+        if len(kept) >= _ONE_ROW_KEPT:
+            kept.clear()
+        hit = kept[key] = (hardware, figures)
+    return dict(hit[1])
+
+
+def _layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware, eff: Mapping[str, float],
+                   rows: _Rows) -> Dict[str, np.ndarray]:
     k = _kind_arrays(model)
     tp, cp, b, s = rows.tp[:, None], rows.cp[:, None], rows.micro_batch[:, None], rows.seq[:, None]
     sp, peak = rows.sp[:, None], rows.peak_flops[:, None]
@@ -1147,6 +1184,23 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     dispatch and combine all-to-alls. ``*_extra``: what recomputing a layer's
     forward repeats (its forward collectives; full recompute only).
     """
+    if len(rows.tp) != 1:
+        return _layer_communication_rows(model, rows, cols, layer, overlaps_ep, hardware, eff, coll)
+    # one row: kept as layer_seconds' figures (*layer*, made from the columns of _LAYER_READ), with the columns
+    # the collectives read besides, the schedule's overlap, the collectives and DEEPEP_SMS; async TP's float8 rows
+    # read the sharding (:func:`_async_tp`)
+    lowp = np.asarray(cols["float8"])[0] != FLOAT8_RECIPES.index("none") or bool(np.asarray(cols["async_tp"])[0])
+    return _kept_one_row("communication_one_row", model, hardware, eff, cols,
+                         _COMMUNICATION_READ + _FLOAT8_READ if lowp else _COMMUNICATION_READ,
+                         (bool(overlaps_ep[0]), DEEPEP_SMS, *coll.items()),
+                         lambda: _layer_communication_rows(model, rows, cols, layer, overlaps_ep, hardware, eff, coll))
+
+
+_COMMUNICATION_READ = _LAYER_READ + ("async_tp", "ep_dispatcher")
+
+
+def _layer_communication_rows(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep: np.ndarray,
+                              hardware: Hardware, eff, coll) -> Dict[str, np.ndarray]:
     n, h, width = len(rows.tp), float(model.hidden_size), rows.compute_bytes
     tp, cp, ep, etp, tokens = rows.tp, rows.cp, rows.ep, rows.etp, rows.tokens
     k = _kind_arrays(model)
@@ -1359,6 +1413,10 @@ def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[
     if np.count_nonzero(on) == len(on):  # every row rings
         return out
     return {key: np.where(on, value, 0.0) for key, value in out.items()}
+
+
+# every column _embedding_and_head reads (through _Rows): a one-row key missing one would hand a strategy another's
+_ENDS_READ = ("tp", "micro_batch", "seq", "cp", "compute_dtype", "param_dtype", "vocab_parallel")
 
 
 def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) -> Dict[str, np.ndarray]:
@@ -1773,7 +1831,9 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
                            dtype=bool)[np.asarray(cols["schedule"])]
     layer = layer_seconds(model, cols, hardware, eff, rows)
     comm = _layer_communication(model, rows, cols, layer, overlaps_ep, hardware, eff, coll)
-    ends = _embedding_and_head(model, rows, hardware, eff)
+    ends = (_embedding_and_head(model, rows, hardware, eff) if len(rows.tp) != 1 else  # one row: kept
+            _kept_one_row("ends_one_row", model, hardware, eff, cols, _ENDS_READ, (),
+                          lambda: _embedding_and_head(model, rows, hardware, eff)))
     layers_on_rank = np.add.reduce(counts, axis=2)
     rl = np.asarray(cols["recompute_layers"], dtype=np.float64)[:, None]
     partial = np.count_nonzero(rl >= 0)  # rows recomputing some of their layers (else all: a share of 1)
@@ -1785,9 +1845,10 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
     def share(per_rank):  # the recomputed layers' share of a rank's figure
         return fraction * per_rank if partial else per_rank
     is_first, is_head = where.has_embedding, where.has_head
-    # each (N, K) figure summed over each rank's layers, (N, R), in one contraction
+    # each (N, K) figure summed over each rank's layers, (N, R), in one contraction (the figures stacked by
+    # np.array: np.stack's result where their shapes agree, as np.stack requires, without its Python wrapper)
     (forward, checkpointed, backward, recompute, comm_layers, comm_extra, exposed_f, exposed_b,
-     exposed_extra) = np.einsum("srk,msk->msr", counts, np.stack([
+     exposed_extra) = np.einsum("srk,msk->msr", counts, np.array([
          layer["forward"], layer["checkpointed_forward"] - layer["forward"], layer["backward"], layer["recompute"],
          comm["comm_fwd"] + comm["comm_bwd"], comm["comm_extra"], comm["exposed_fwd"], comm["exposed_bwd"],
          comm["exposed_extra"]]))
