@@ -37,15 +37,15 @@ def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:
     none = np.zeros(len(peak), dtype=bool)
     # each check one pass over the batch, finding its rows only where it fails somewhere (the ufuncs' reductions,
     # without the array methods' Python wrappers: they weigh on a batch of one strategy)
-    least, most_moment = np.minimum.reduce, np.maximum.reduce
+    least, greatest = np.minimum.reduce, np.maximum.reduce
     negative = (stage_bytes < 0).any(axis=(1, 2)) if stage_bytes.size and least(stage_bytes, axis=None) < 0 else none
     sums = stage_bytes.sum(axis=2)  # within int64: non-negative categories of rows within bound
     mismatch = none if np.logical_and.reduce(sums == stage_peak, axis=None) else (sums != stage_peak).any(axis=1)
-    most = np.maximum.reduce(stage_peak, axis=1, initial=0)
+    most = greatest(stage_peak, axis=1, initial=0)
     beyond = (peak > MAX_EXACT_BYTES) | (most > MAX_EXACT_BYTES)
     top = peak != most
     moment = none  # a stage past a row's pp, or an invalid row, holds moment 0
-    if moments.size and (least(moments, axis=None) < 0 or most_moment(moments, axis=None) >= len(MOMENTS)):
+    if moments.size and (least(moments, axis=None) < 0 or greatest(moments, axis=None) >= len(MOMENTS)):
         moment = ((moments < 0) | (moments >= len(MOMENTS))).any(axis=1)
     host, stage_host, node_host = result.host_bytes, result.stage_host_bytes, result.host_bytes_per_node
     host_broken = none
@@ -54,8 +54,8 @@ def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:
                        | (node_host < host) | (node_host > MAX_EXACT_BYTES))
     bad = valid & (negative | beyond | mismatch | top | moment | host_broken)
     out: Dict[int, str] = {}
-    for i in np.flatnonzero(bad).tolist() if np.count_nonzero(bad) else ():  # the breaking rows alone (none, unless
-        # the composition errs)
+    # the breaking rows alone (none, unless the composition errs)
+    for i in np.flatnonzero(bad).tolist() if np.count_nonzero(bad) else ():
         if negative[i]:
             s, c = np.argwhere(stage_bytes[i] < 0)[0].tolist()
             out[i] = f"stage {s} holds {int(stage_bytes[i, s, c]):,} bytes of {result.categories[c]} (negative)"

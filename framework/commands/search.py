@@ -110,10 +110,11 @@ def run(args):
     # --emit writes the fastest strategy the trainer can express: it looks past the shown --top, through the best
     # EMIT_DEPTH (strategies the trainer has no form for, such as fsdp for DeepSpeed's ZeRO-3, can fill the top)
     depth = max(args.top, EMIT_DEPTH) if args.emit is not None else args.top
+    runtime = _runtime(args)
     results = search_grid(
         args.model, devices=devices, hardware=hardware, global_batch=args.global_batch, seq=args.seq,
         memory_cap_bytes=None if args.memory_cap is None else int(args.memory_cap * _GIB), top=depth,
-        runtime=_runtime(args), census=args.census, workers=args.workers, scheduler=args.scheduler,
+        runtime=runtime, census=args.census, workers=args.workers, scheduler=args.scheduler,
         tokens=None if args.tokens is None else int(args.tokens), price_per_gpu_hour=args.price,
         keep_points=bool(args.plot), within_node=not args.across_nodes, exhaustive=args.exhaustive,
         pp_splits=args.pp_splits, held=_held(args))
@@ -130,7 +131,7 @@ def run(args):
             return Output(data=data, text=emitted)
     if args.csv:
         return Output(data=data, text=_csv(data))
-    text = "\n\n".join(_render(r, _runtime(args)) for r in results)
+    text = "\n\n".join(_render(r, runtime) for r in results)
     if args.plot:
         text += f"\n\nplot: {args.plot}"
     if emitted is not None:
