@@ -92,10 +92,16 @@ def _alone(n, s, *operands):
     """Zeros of the collective's shape where no group (*n*, as :func:`_n` makes it) has a peer or no message
     (*s*, float64) has a byte (a dense model's expert collectives), else None: the arithmetic whose every figure
     would be zeroed is skipped; and whether every group has a peer and every message a byte (nothing to zero)."""
-    peers, moved = np.count_nonzero(n > 1.0), np.count_nonzero(s > 0)  # np.any's wrappers weigh on one row
+    peers, moved = _count_above(n, 1.0), _count_above(s, 0.0)
     if peers and moved:
         return None, peers == n.size and moved == s.size
     return np.zeros(np.broadcast(n, s, *operands).shape), False
+
+
+def _count_above(values: np.ndarray, floor: float) -> int:
+    """``np.count_nonzero(values > floor)`` of a float64 array, one element compared as a Python float (np.any's
+    and the comparison's wrappers weigh on one row)."""
+    return int(values.item() > floor) if values.size == 1 else np.count_nonzero(values > floor)
 
 
 def _zeroed(n, seconds, s, every: bool):

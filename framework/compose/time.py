@@ -220,8 +220,10 @@ def strategy_columns(strategies: Any, names: Optional[Mapping[str, Sequence[str]
 def _peak_flops(hardware: Hardware, compute_dtype: np.ndarray) -> np.ndarray:
     """(N,) the hardware's peak FLOP/s in each row's compute dtype (a loop over the dtypes used)."""
     codes = np.asarray(compute_dtype, dtype=np.int64)
+    if len(codes) == 1:  # one strategy's dtype: no table
+        return np.full(1, hardware.peak_flops(DTYPE_NAMES[codes.item()]))
     found = distinct(codes)[0].tolist()
-    if len(found) == 1:  # one dtype (one strategy's): no table
+    if len(found) == 1:  # one dtype: no table
         return np.full(len(codes), hardware.peak_flops(DTYPE_NAMES[found[0]]))
     table = np.full(len(DTYPE_NAMES), np.nan)
     for code in found:
@@ -1489,7 +1491,7 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
     grad_bytes, egrad_bytes = dense_params * rows.grad_bytes[:, None], routed_params * rows.grad_bytes[:, None]
 
     def run(name, needed, message, size, stride):  # the group's link found only where some row needs it
-        if not np.count_nonzero(needed):
+        if not (_some_peer(needed, size) and np.count_nonzero(message)):
             return np.zeros(np.shape(message))
         return _run_rows(coll[name], needed, message, size, group_link(hardware, stride, size, eff))
 
@@ -1523,6 +1525,13 @@ def _data_parallel(rows: _Rows, shard: sharding_rules.Sharding, dense_params, ro
                                    rows.etp * rows.ep))
         param_step = gather + egather if z_rows == n else np.where(z, gather + egather, 0.0)
     return {"grad_step": dense_grad_step + expert_grad_step, "param_step": param_step}
+
+
+def _some_peer(needed: np.ndarray, size: np.ndarray) -> bool:
+    """Whether some row *needed* has a group of more than one member (*size*): a collective over a group of one,
+    or of no bytes, is 0 s (NCCL returns at once), so a batch with neither skips it (as CP's and the experts')
+    without finding its link."""
+    return bool(np.count_nonzero(needed & (size > 1)))
 
 
 def _run_rows(seconds, needed, message, size, link) -> np.ndarray:
@@ -1591,7 +1600,8 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
                 "step_exposed": zeros}
     k = _kind_arrays(model)
     link_sh = group_link(hardware, shard.shard_stride, shard.dense_ways, eff)
-    routed_experts = np.count_nonzero(k["routed_parameters"])  # else no expert gathers (0 s)
+    # else no expert gathers (0 s: no bytes, or every expert group of one)
+    routed_experts = np.count_nonzero(k["routed_parameters"]) and _some_peer(gathers, shard.expert_replicas)
     link_edp = group_link(hardware, rows.etp * rows.ep, shard.expert_replicas, eff) if routed_experts else None
 
     def run(name, elements, width, size, link):  # one collective of *elements* a row and kind, where FSDP runs
@@ -1711,15 +1721,19 @@ def _pipeline(model: ModelWork, rows: _Rows, cols, schedules, stage, hardware: H
     idle = np.add.reduce(stage, axis=1) - stage[np.arange(n), busiest]
     steps = np.zeros(n)
     codes = np.asarray(cols["schedule"])
-    for code in distinct(codes)[0].tolist():  # a loop over the schedules a batch uses
-        mask = codes == code
-        steps[mask] = schedules[code].bubble_stage_steps(pp[mask], vpp[mask], rows.micro_batches[mask])
+    found = distinct(codes)[0].tolist()
+    if len(found) == 1:  # one schedule (one strategy's): every row, no picks
+        steps[:] = schedules[found[0]].bubble_stage_steps(pp, vpp, rows.micro_batches)
+    else:
+        for code in found:  # a loop over the schedules a batch uses
+            mask = codes == code
+            steps[mask] = schedules[code].bubble_stage_steps(pp[mask], vpp[mask], rows.micro_batches[mask])
     return {"send": send, "pp_comm": 2.0 * vpp * send, "pp_exposed": on_stages(2.0 * (pp * vpp - 1.0) * send),
             "busiest": busiest, "bubble": on_stages(steps * idle / np.maximum(pp - 1.0, 1.0))}
 
 
 def _optimizer_seconds(rows: _Rows, shard: sharding_rules.Sharding, dense_params, routed_params, states,
-                       real_rank, hardware: Hardware, eff) -> np.ndarray:
+                       real_rank: Optional[np.ndarray], hardware: Hardware, eff) -> np.ndarray:
     """``(N,)`` the optimizer step on the busiest rank: the bytes it reads and writes against HBM bandwidth.
 
     Parameters (read, written), gradients, master weights and optimizer
@@ -1740,10 +1754,10 @@ def _local_elements(dense_params, routed_params, shard: sharding_rules.Sharding,
     return local
 
 
-def _most_on_real_ranks(values: np.ndarray, real_rank: np.ndarray) -> np.ndarray:
+def _most_on_real_ranks(values: np.ndarray, real_rank: Optional[np.ndarray]) -> np.ndarray:
     """``(N,)`` the most of ``(N, R)`` *values* on each row's real ranks (those past its pp count 0); without the
-    picks where every rank is real (a group of one pp) or the reduction over one rank."""
-    if np.count_nonzero(real_rank) != real_rank.size:
+    picks where every rank is real (*real_rank* None: a group of one pp) or the reduction over one rank."""
+    if real_rank is not None:
         values = np.where(real_rank, values, 0.0)
     return values[:, 0] if values.shape[1] == 1 else np.maximum.reduce(values, axis=1)
 
@@ -1912,25 +1926,27 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
         placement_rules.LayerStack.from_runs(model.kinds, model.layer_runs), cols, schedules,
         mtp_counts=mtp_counts(model), pp_bounds=cols.get("pp_bounds")))
     counts = where.layers.astype(np.float64)                           # (N, R, K)
-    real_rank = np.arange(counts.shape[1])[None, :] < rows.pp[:, None]
+    ranks_real = np.arange(counts.shape[1])[None, :] < rows.pp[:, None]
+    # None where every rank is real (a group of one pp): no picks
+    real_rank = None if np.count_nonzero(ranks_real) == ranks_real.size else ranks_real
     rank = _rank_compute(model, rows, cols, where, counts, schedules, hardware, eff, coll)
     dense_params, routed_params = _rank_parameters(model, rows, counts, where, rank["head_split"])
     dp = _data_parallel(rows, shard, dense_params, routed_params, hardware, eff, coll)
     fsdp = _fsdp(model, rows, shard, counts, where, rank, hardware, eff, coll, _fp8_gathered(cols, shard))
     fsdp_exposed_f, fsdp_exposed_b = fsdp["exposed_f"], fsdp["exposed_b"]
-    off = _offload_seconds(rows, cols, shard, dense_params, routed_params, rank, offloaded_activations, real_rank,
-                           hardware)
     # FSDP's per-layer collectives and offloading's copies are 0 s on rows without them: added only where some has
     fsdp_rows = np.count_nonzero(shard.sharded["parameters"])
     offloading = any(np.count_nonzero(np.asarray(cols[name], dtype=bool))
                      for name in ("offload_optimizer", "offload_params", "offload_activations"))
+    off = _offload_seconds(rows, cols, shard, dense_params, routed_params, rank, offloaded_activations, real_rank,
+                           hardware) if offloading else None
     forward, backward = rank["compute_f"] + rank["exposed_f"], rank["compute_b"] + rank["exposed_b"]
     if fsdp_rows:
         forward, backward = forward + fsdp_exposed_f, backward + fsdp_exposed_b
-    if offloading:
+    if off is not None:
         forward, backward = forward + off["exposed_f"], backward + off["exposed_b"]
     stage = forward + backward
-    if np.count_nonzero(real_rank) != real_rank.size:  # ranks past a row's pp: none
+    if real_rank is not None:  # ranks past a row's pp: none
         stage = np.where(real_rank, stage, 0.0)
     pipe = _pipeline(model, rows, cols, schedules, stage, hardware, eff, coll)
     # a shard's all-reduce over its replicas follows FSDP's deferred reduce-scatter, after the backward (exposed);
@@ -1946,7 +1962,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     states = np.asarray(states_per_parameter, dtype=np.float64)[np.asarray(cols["optimizer"])]
     optimizer = _optimizer_seconds(rows, shard, dense_params, routed_params, states, real_rank, hardware, eff)
     offloads_optimizer = np.asarray(cols["offload_optimizer"], dtype=bool)
-    if np.count_nonzero(offloads_optimizer):
+    if off is not None and np.count_nonzero(offloads_optimizer):
         optimizer = np.where(offloads_optimizer, off["cpu_step"], optimizer)
     m = rows.micro_batches
     busiest = (np.arange(n), pipe["busiest"])
@@ -1965,7 +1981,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     exposed = exposed + grad_exposed + param_exposed + pipe["pp_exposed"]
     communication = communication + reductions * pick(dp["grad_step"]) + pick(dp["param_step"])
     step = compute + exposed + pipe["bubble"] + optimizer
-    if offloading:
+    if off is not None:
         offload_step = _most_on_real_ranks(np.maximum(0.0, off["step_out"] - backward) + off["step_in"], real_rank)
         exposed_offload = m * (pick(off["exposed_f"]) + pick(off["exposed_b"])) + offload_step
         offload = m * pick(off["copies"]) + pick(off["step_out"] + off["step_in"])
