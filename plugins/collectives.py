@@ -260,6 +260,39 @@ def _tree_best(s, bandwidth, across, latencies):
     return (latencies + data / (factor * np.where(corrected, correction, 1.0))).min(axis=0)
 
 
+_ONE_ROW: Dict[Tuple[Any, ...], Any] = {}
+_ONE_ROW_KEPT = 4096  # one group's collectives kept (a search's few thousand messages and groups)
+_ONE_ROW_MESSAGES = 64  # the most message elements a kept call holds (one strategy's ranks or kinds)
+
+
+def _kept_one_row(seconds: Callable[..., Any]) -> Callable[..., Any]:
+    """*seconds*, kept for a call on one group (every figure but the message one element, the message a few
+    elements, all of them numbers): a batch of one strategy prices the same collectives strategy after
+    strategy, each priced once by its operands' bits (the key: dtypes, shapes and bytes, so that only the very
+    same operands share a figure), a fresh copy each call."""
+    @functools.wraps(seconds)
+    def kept(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
+        operands = [np.asarray(value) for value in (message_bytes, group_size, bytes_per_second, latency_seconds,
+                                                     nodes, nvls_efficiency)]
+        key = [seconds]
+        for i, operand in enumerate(operands):
+            if operand.size > (1 if i else _ONE_ROW_MESSAGES) or operand.dtype.kind not in "biuf":
+                return seconds(message_bytes, group_size, bytes_per_second, latency_seconds, nodes=nodes,
+                               nvls_efficiency=nvls_efficiency)
+            key += (operand.dtype.char, operand.shape, operand.tobytes())
+        hit = _ONE_ROW.get(tuple(key))
+        if hit is None:
+            hit = seconds(message_bytes, group_size, bytes_per_second, latency_seconds, nodes=nodes,
+                          nvls_efficiency=nvls_efficiency)
+            if len(_ONE_ROW) >= _ONE_ROW_KEPT:
+                _ONE_ROW.clear()
+            _ONE_ROW[tuple(key)] = hit
+        return hit.copy() if isinstance(hit, np.ndarray) else hit
+
+    return kept
+
+
+@_kept_one_row
 def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
     """The fastest of NCCL's ring, tree and (within one NVLink domain with ``nvls_efficiency > 0``) NVLS
     all-reduce of *message_bytes* on each member, each at its fastest protocol; *nodes*: the NVLink domains
@@ -279,6 +312,7 @@ def all_reduce_seconds(message_bytes, group_size, bytes_per_second, latency_seco
     return _zeroed(n, best, s, every)
 
 
+@_kept_one_row
 def all_gather_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
     """NCCL's ring all-gather ending with *message_bytes* (the full tensor) on each member, fastest protocol; as
     ``reduce_scatter_seconds``, the reduce-scatter of the full tensor each member starts with."""
@@ -302,6 +336,7 @@ def _p2p_step_seconds(nodes, latency_seconds):
     return hop + latency_seconds
 
 
+@_kept_one_row
 def all_to_all_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
     """A pairwise all-to-all of the *message_bytes* each member holds (it keeps 1/n of them): n - 1 rounds."""
     n, s = _n(group_size), np.asarray(message_bytes, dtype=np.float64)
@@ -313,6 +348,7 @@ def all_to_all_seconds(message_bytes, group_size, bytes_per_second, latency_seco
     return _zeroed(n, seconds, s, every)
 
 
+@_kept_one_row
 def send_recv_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
     """One point-to-point message (``group_size`` 1 means no peer, no time); *nodes* > 1: it crosses nodes."""
     n, s = _n(group_size), np.asarray(message_bytes, dtype=np.float64)
