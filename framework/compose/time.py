@@ -741,17 +741,15 @@ def _layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware
     tables = _kernel_tables(hardware)
     per_kernel = elementwise / k["elementwise_launches"]
     fwd_mm, bwd_mm = matmul(1.0, inverse_f), matmul(2.0, inverse_b)
-    fwd_scores, bwd_scores, first_fwd_scores, first_bwd_scores = _scores_seconds(model, rows, cols, hardware, eff,
-                                                                                  scores)
-    ring = _ring_attention_work(k, rows, cols)
-    floor = _launch_bound(model, rows, cols, hardware, ring["launches"])
+    # the attention's figures and the launch floor read fewer columns than the layer's: one row's kept by those
+    attention = _kept_where_one_row("attention_one_row", model, hardware, eff, cols, _ATTENTION_READ,
+                                    lambda: _attention_seconds(model, rows, cols, hardware, eff, scores))
+    fwd_scores, bwd_scores = attention["scores_forward"], attention["scores_backward"]
+    first_fwd_scores, first_bwd_scores = attention["scores_first_forward"], attention["scores_first_backward"]
+    ring_fwd, ring_bwd = attention["ring_merges_forward"], attention["ring_merges_backward"]
+    floor = _kept_where_one_row("launch_one_row", model, hardware, eff, cols, _LAUNCH_READ,
+                                lambda: _launch_bound(model, rows, cols, hardware, attention["ring_launches"]))
     memory = (eff["memory"], eff["memory_backward"])
-    if np.count_nonzero(ring["launches"]):  # some row runs ring CP (its launches: > 0 exactly there)
-        ring_f, ring_b = kernels.elementwise_efficiencies(
-            tables, ring["forward_bytes"] / np.maximum(ring["launches"], 1.0), stated=memory)
-        ring_fwd, ring_bwd = ring["forward_bytes"] / (hbm * ring_f), ring["backward_bytes"] / (hbm * ring_b)
-    else:  # no merges: zero bytes
-        ring_fwd, ring_bwd = ring["forward_bytes"], ring["backward_bytes"]
     fwd_attention = fwd_scores + ring_fwd  # what recomputing the attention function reruns
     elementwise_f, elementwise_b = kernels.elementwise_efficiencies(tables, per_kernel, stated=memory)
     roofline_f, roofline_b = fwd_mm + fwd_attention, bwd_mm + bwd_scores + ring_bwd
@@ -792,6 +790,42 @@ def _layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware
             "matmul_forward": fwd_mm, "matmul_backward": bwd_mm,
             "selective_measured": measured if measured.shape == forward.shape else np.broadcast_to(measured,
                                                                                                    forward.shape)}
+
+
+# every column _attention_seconds reads (through _Rows, _scores_seconds' scores and _ring_attention_work), and
+# _launch_bound (its ring launches: ring CP's steps): a one-row key missing one would hand a strategy another's
+_ATTENTION_READ = ("tp", "cp", "micro_batch", "seq", "compute_dtype", "cp_algo", "cp_rotate", "compile")
+_LAUNCH_READ = ("seq", "cp", "cp_algo", "recompute", "compile")
+
+
+def _kept_where_one_row(tag: str, model: ModelWork, hardware: Hardware, eff: Mapping[str, float],
+                        cols: Mapping[str, Any], read: Tuple[str, ...], make: Callable[[], Dict[str, Any]]):
+    """``make()``; for a batch of one strategy kept by the columns *read* (:func:`_kept_one_row`)."""
+    if len(cols["tp"]) != 1:
+        return make()
+    return _kept_one_row(tag, model, hardware, eff, cols, read, (), make)
+
+
+def _attention_seconds(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any], hardware: Hardware, eff,
+                       scores: np.ndarray) -> Dict[str, np.ndarray]:
+    """``(N, K)`` the attention's seconds of a layer and micro-batch: its kernel's (:func:`_scores_seconds`:
+    ``scores_forward``, ``scores_backward``, ``scores_first_forward``, ``scores_first_backward``) and ring CP's
+    merges and accumulations at HBM (:func:`_ring_attention_work`: ``ring_merges_forward``,
+    ``ring_merges_backward``, at the elementwise efficiency of their mean kernel), and the ring's launches
+    (``ring_launches``)."""
+    forward, backward, first_forward, first_backward = _scores_seconds(model, rows, cols, hardware, eff, scores)
+    ring = _ring_attention_work(_kind_arrays(model), rows, cols)
+    if np.count_nonzero(ring["launches"]):  # some row runs ring CP (its launches: > 0 exactly there)
+        hbm = float(hardware.hbm_bytes_per_second)
+        ring_f, ring_b = kernels.elementwise_efficiencies(
+            _kernel_tables(hardware), ring["forward_bytes"] / np.maximum(ring["launches"], 1.0),
+            stated=(eff["memory"], eff["memory_backward"]))
+        ring_fwd, ring_bwd = ring["forward_bytes"] / (hbm * ring_f), ring["backward_bytes"] / (hbm * ring_b)
+    else:  # no merges: zero bytes
+        ring_fwd, ring_bwd = ring["forward_bytes"], ring["backward_bytes"]
+    return {"scores_forward": forward, "scores_backward": backward, "scores_first_forward": first_forward,
+            "scores_first_backward": first_backward, "ring_merges_forward": ring_fwd, "ring_merges_backward": ring_bwd,
+            "ring_launches": ring["launches"]}
 
 
 # Transformers' eager_attention_forward (modeling_llama.py and the families that copy it) on a 2-byte compute dtype,
