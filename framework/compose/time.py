@@ -799,11 +799,12 @@ _LAUNCH_READ = ("seq", "cp", "cp_algo", "recompute", "compile")
 
 
 def _kept_where_one_row(tag: str, model: ModelWork, hardware: Hardware, eff: Mapping[str, float],
-                        cols: Mapping[str, Any], read: Tuple[str, ...], make: Callable[[], Dict[str, Any]]):
-    """``make()``; for a batch of one strategy kept by the columns *read* (:func:`_kept_one_row`)."""
+                        cols: Mapping[str, Any], read: Tuple[str, ...], make: Callable[[], Dict[str, Any]],
+                        extra: Tuple[Hashable, ...] = ()):
+    """``make()``; for a batch of one strategy kept by the columns *read* and *extra* (:func:`_kept_one_row`)."""
     if len(cols["tp"]) != 1:
         return make()
-    return _kept_one_row(tag, model, hardware, eff, cols, read, (), make)
+    return _kept_one_row(tag, model, hardware, eff, cols, read, extra, make)
 
 
 def _attention_seconds(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any], hardware: Hardware, eff,
@@ -1238,49 +1239,23 @@ _COMMUNICATION_READ = _LAYER_READ + ("async_tp", "ep_dispatcher")
 def _layer_communication_rows(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep: np.ndarray,
                               hardware: Hardware, eff, coll) -> Dict[str, np.ndarray]:
     n, h, width = len(rows.tp), float(model.hidden_size), rows.compute_bytes
-    tp, cp, ep, etp, tokens = rows.tp, rows.cp, rows.ep, rows.etp, rows.tokens
+    tp, ep, etp, tokens = rows.tp, rows.ep, rows.etp, rows.tokens
     k = _kind_arrays(model)
-    hidden_msg = tokens * h * width                                    # a TP rank's activations of a layer
-    bw_tp, lat_tp, link_tp = group_link(hardware, np.ones(n), tp, eff)
-    sp_rows = np.count_nonzero(rows.sp)  # priced only where a row runs it: SP's pair, or the all-reduce
-    if sp_rows:
-        gather = coll["all_gather"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
-        tp_sp = gather + (gather if coll["reduce_scatter"] is coll["all_gather"]  # one function: the same figure
-                          else coll["reduce_scatter"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
-    if sp_rows < n:
-        tp_ar = coll["all_reduce"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
-    tp_pass = 2.0 * (tp_sp if sp_rows == n else tp_ar if not sp_rows else np.where(rows.sp, tp_sp, tp_ar))
-    # (N, 1): broadcast over the kinds by the sums below
-    tp_fwd = tp_bwd = tp_exposed_fwd = tp_exposed_bwd = tp_pass[:, None]
-    async_tp = np.asarray(cols["async_tp"], dtype=bool)
-    if np.count_nonzero(async_tp):  # the collective matmuls of torch's micro-pipelined TP
-        fused = _async_tp(model, rows, cols, hardware, eff, coll, hidden_msg, (bw_tp, lat_tp, link_tp), async_tp)
-        on = async_tp[:, None]
-        tp_fwd, tp_bwd = np.where(on, fused["comm_fwd"], tp_fwd), np.where(on, fused["comm_bwd"], tp_bwd)
-        tp_exposed_fwd = np.where(on, fused["exposed_fwd"], tp_exposed_fwd)
-        tp_exposed_bwd = np.where(on, fused["exposed_bwd"], tp_exposed_bwd)
-    if np.count_nonzero(cp > 1):
-        bw_cp, lat_cp, link_cp = group_link(hardware, tp, cp, eff, ring=False)
-        link_cp = {key: value[:, None] for key, value in link_cp.items()}
-        attends = k["has_attention"][None, :]
-        ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
-        ulysses_rows = np.count_nonzero(ulysses)  # each algorithm priced only where a row runs it
-        if ulysses_rows < n:
-            ring = _ring_communication(k, rows, cols, layer, hardware, eff, coll, (bw_cp, lat_cp, link_cp))
-        if ulysses_rows:
-            cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
-                                                               + k["kv_elements_per_token"])[None, :]
-            cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
-        every_kind_attends = np.count_nonzero(attends) == attends.size
-
-        def cp_seconds(key):  # (N, K) the row's algorithm's, 0 on a kind without attention
-            seconds = (ring[key] if not ulysses_rows else cp_ulysses if ulysses_rows == n
-                       else np.where(ulysses, cp_ulysses, ring[key]))
-            return seconds if every_kind_attends else np.where(attends, seconds, 0.0)
-        cp_fwd, cp_bwd = cp_seconds("forward"), cp_seconds("backward")
-        cp_fwd_exposed, cp_bwd_exposed = cp_seconds("exposed_forward"), cp_seconds("exposed_backward")
-    else:  # no row splits its sequence: no K/V pass nor all-to-all (each 0 s on a group of one)
-        cp_fwd = cp_bwd = cp_fwd_exposed = cp_bwd_exposed = np.zeros((n, len(model.kinds)))
+    # TP's and CP's collectives read fewer columns than the layer's: one row's kept by those (async TP's rows by
+    # every column the layer's communication reads, as _layer_communication keeps it)
+    one_row_async = n == 1 and bool(np.asarray(cols["async_tp"])[0])
+    tp_part = _kept_where_one_row("tp_communication_one_row", model, hardware, eff, cols,
+                                  _COMMUNICATION_READ + _FLOAT8_READ if one_row_async else _TP_READ,
+                                  lambda: _tp_communication(model, rows, cols, hardware, eff, coll),
+                                  tuple(coll.items()))
+    tp_fwd, tp_bwd, tp_exposed_fwd, tp_exposed_bwd = (tp_part[key] for key in ("fwd", "bwd", "exposed_fwd",
+                                                                                "exposed_bwd"))
+    # the CP collectives' overlap reads the layer's attention figures: those of _ATTENTION_READ's columns
+    cp_part = _kept_where_one_row("cp_communication_one_row", model, hardware, eff, cols, _ATTENTION_READ,
+                                  lambda: _cp_communication(model, rows, cols, layer, hardware, eff, coll),
+                                  tuple(coll.items()))
+    cp_fwd, cp_bwd, cp_fwd_exposed, cp_bwd_exposed = (cp_part[key] for key in ("fwd", "bwd", "exposed_fwd",
+                                                                                "exposed_bwd"))
     expert_parallel = np.count_nonzero(ep > 1)
     if expert_parallel:
         bw_ep, lat_ep, link_ep = group_link(hardware, etp, ep, eff, ring=False)
@@ -1315,6 +1290,70 @@ def _layer_communication_rows(model: ModelWork, rows: _Rows, cols, layer, overla
         comm_extra = exposed_extra = np.zeros(exposed_fwd.shape)
     return {"comm_fwd": comm_fwd, "comm_bwd": comm_bwd, "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd,
             "comm_extra": comm_extra, "exposed_extra": exposed_extra}
+
+
+# every column _tp_communication reads without async TP (through _Rows)
+_TP_READ = ("tp", "micro_batch", "seq", "cp", "compute_dtype", "sp", "async_tp")
+
+
+def _tp_communication(model: ModelWork, rows: _Rows, cols, hardware: Hardware, eff, coll) -> Dict[str, np.ndarray]:
+    """A layer's TP collectives a micro-batch (:func:`_layer_communication`), all of them and the exposed ones of
+    each pass (``fwd``, ``bwd``, ``exposed_fwd``, ``exposed_bwd``): ``(N, 1)``, or ``(N, K)`` under ``async_tp``."""
+    n, h = len(rows.tp), float(model.hidden_size)
+    tp = rows.tp
+    hidden_msg = rows.tokens * h * rows.compute_bytes                  # a TP rank's activations of a layer
+    bw_tp, lat_tp, link_tp = group_link(hardware, np.ones(n), tp, eff)
+    sp_rows = np.count_nonzero(rows.sp)  # priced only where a row runs it: SP's pair, or the all-reduce
+    if sp_rows:
+        gather = coll["all_gather"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
+        tp_sp = gather + (gather if coll["reduce_scatter"] is coll["all_gather"]  # one function: the same figure
+                          else coll["reduce_scatter"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
+    if sp_rows < n:
+        tp_ar = coll["all_reduce"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
+    tp_pass = 2.0 * (tp_sp if sp_rows == n else tp_ar if not sp_rows else np.where(rows.sp, tp_sp, tp_ar))
+    # (N, 1): broadcast over the kinds by the sums below
+    tp_fwd = tp_bwd = tp_exposed_fwd = tp_exposed_bwd = tp_pass[:, None]
+    async_tp = np.asarray(cols["async_tp"], dtype=bool)
+    if np.count_nonzero(async_tp):  # the collective matmuls of torch's micro-pipelined TP
+        fused = _async_tp(model, rows, cols, hardware, eff, coll, hidden_msg, (bw_tp, lat_tp, link_tp), async_tp)
+        on = async_tp[:, None]
+        tp_fwd, tp_bwd = np.where(on, fused["comm_fwd"], tp_fwd), np.where(on, fused["comm_bwd"], tp_bwd)
+        tp_exposed_fwd = np.where(on, fused["exposed_fwd"], tp_exposed_fwd)
+        tp_exposed_bwd = np.where(on, fused["exposed_bwd"], tp_exposed_bwd)
+    return {"fwd": tp_fwd, "bwd": tp_bwd, "exposed_fwd": tp_exposed_fwd, "exposed_bwd": tp_exposed_bwd}
+
+
+def _cp_communication(model: ModelWork, rows: _Rows, cols, layer, hardware: Hardware, eff,
+                      coll) -> Dict[str, np.ndarray]:
+    """A layer's CP collectives a micro-batch (:func:`_layer_communication`: ring CP's, :func:`_ring_communication`,
+    or Ulysses' all-to-alls), all of them and the exposed ones of each pass (``fwd``, ``bwd``, ``exposed_fwd``,
+    ``exposed_bwd``), ``(N, K)``, 0 on a kind without attention."""
+    n, width = len(rows.tp), rows.compute_bytes
+    tp, cp, tokens = rows.tp, rows.cp, rows.tokens
+    k = _kind_arrays(model)
+    if np.count_nonzero(cp > 1):
+        bw_cp, lat_cp, link_cp = group_link(hardware, tp, cp, eff, ring=False)
+        link_cp = {key: value[:, None] for key, value in link_cp.items()}
+        attends = k["has_attention"][None, :]
+        ulysses = (np.asarray(cols["cp_algo"]) == CP_ALGOS.index("ulysses"))[:, None]
+        ulysses_rows = np.count_nonzero(ulysses)  # each algorithm priced only where a row runs it
+        if ulysses_rows < n:
+            ring = _ring_communication(k, rows, cols, layer, hardware, eff, coll, (bw_cp, lat_cp, link_cp))
+        if ulysses_rows:
+            cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
+                                                               + k["kv_elements_per_token"])[None, :]
+            cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
+        every_kind_attends = np.count_nonzero(attends) == attends.size
+
+        def cp_seconds(key):  # (N, K) the row's algorithm's, 0 on a kind without attention
+            seconds = (ring[key] if not ulysses_rows else cp_ulysses if ulysses_rows == n
+                       else np.where(ulysses, cp_ulysses, ring[key]))
+            return seconds if every_kind_attends else np.where(attends, seconds, 0.0)
+        cp_fwd, cp_bwd = cp_seconds("forward"), cp_seconds("backward")
+        cp_fwd_exposed, cp_bwd_exposed = cp_seconds("exposed_forward"), cp_seconds("exposed_backward")
+    else:  # no row splits its sequence: no K/V pass nor all-to-all (each 0 s on a group of one)
+        cp_fwd = cp_bwd = cp_fwd_exposed = cp_bwd_exposed = np.zeros((n, len(model.kinds)))
+    return {"fwd": cp_fwd, "bwd": cp_bwd, "exposed_fwd": cp_fwd_exposed, "exposed_bwd": cp_bwd_exposed}
 
 
 @functools.lru_cache(maxsize=4096)
