@@ -698,6 +698,57 @@ def _kept_one_row(tag: str, model: ModelWork, hardware: Hardware, eff: Mapping[s
 def _layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware, eff: Mapping[str, float],
                    rows: _Rows) -> Dict[str, np.ndarray]:
     k = _kind_arrays(model)
+    # the rooflines read every column the layer's figures read but recompute, and the launch floor fewer: one
+    # row's kept by those (a strategy differing in its recompute alone finds them)
+    float8 = len(rows.tp) == 1 and np.asarray(cols["float8"])[0] != FLOAT8_RECIPES.index("none")
+    roofline = _kept_where_one_row("rooflines_one_row", model, hardware, eff, cols,
+                                   _ROOFLINE_READ + _FLOAT8_READ if float8 else _ROOFLINE_READ,
+                                   lambda: _layer_rooflines(model, cols, hardware, eff, rows))
+    floor = _kept_where_one_row("launch_one_row", model, hardware, eff, cols, _LAUNCH_READ,
+                                lambda: _launch_bound(model, rows, cols, hardware, roofline["ring_launches"]))
+    roofline_f, roofline_b = roofline["roofline_f"], roofline["roofline_b"]
+    fwd_mm, fwd_attention, by_class = roofline["matmul_forward"], roofline["attention_forward"], roofline["by_class"]
+    forward, backward = np.maximum(roofline_f, floor["forward"]), np.maximum(roofline_b, floor["backward"])
+    share_att = k["recomputed_attention_mm_share"][None, :]
+    share_other = k["recomputed_other_mm_share"][None, :]
+    measured = k["selective_measured"][None, :]
+
+    def selective():
+        mm = np.add.reduce(by_class, axis=-1)
+        att_share = np.divide(by_class[..., 0], mm, out=np.zeros(mm.shape), where=mm > 0)
+        return np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
+                        + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_attention)
+    mode = np.asarray(cols["recompute"])[:, None]
+    # a layer's recompute runs at the start of its backward: the two are one stretch of the GPU's queue and of the
+    # host's dispatch, bounded together (the host, running ahead, hides its recompute's work behind a long backward)
+    if np.count_nonzero(mode != RECOMPUTE.index("none")):
+        roofline_r = _select_made([(mode == RECOMPUTE.index(name), make) for name, make in (
+            ("full", lambda: roofline_f), ("selective", selective), ("core_attention", lambda: fwd_attention))],
+            0.0, forward.shape)
+        recompute = np.maximum(roofline_r + roofline_b, floor["recompute"] + floor["backward"]) - backward
+    else:  # nothing recomputed: a roofline of 0 s
+        recompute = np.maximum(roofline_b, floor["recompute"] + floor["backward"]) - backward
+    return {"forward": forward, "backward": backward, "recompute": recompute,
+            "checkpointed_forward": np.maximum(roofline_f, floor["checkpointed_forward"]),
+            **{key: roofline[key] for key in ("scores_forward", "scores_backward", "scores_first_forward",
+                                              "scores_first_backward", "ring_merges_forward", "ring_merges_backward",
+                                              "matmul_forward", "matmul_backward")},
+            "selective_measured": measured if measured.shape == forward.shape else np.broadcast_to(measured,
+                                                                                                   forward.shape)}
+
+
+# every column _layer_rooflines reads: the layer's but recompute
+_ROOFLINE_READ = tuple(name for name in _LAYER_READ if name != "recompute")
+
+
+def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware, eff: Mapping[str, float],
+                     rows: _Rows) -> Dict[str, np.ndarray]:
+    """``(N, K)`` a layer's rooflines a micro-batch, forward and backward (``roofline_f``, ``roofline_b``: matmuls,
+    attention, linear recurrence, elementwise bytes; :func:`layer_seconds`), and their parts the recompute and
+    the callers read: ``matmul_forward``, ``matmul_backward``, ``attention_forward`` (what recomputing the
+    attention function reruns), :func:`_attention_seconds`' figures, and ``by_class`` ``(N, K, 3)``, the matmul
+    FLOPs of each op class."""
+    k = _kind_arrays(model)
     tp, cp, b, s = rows.tp[:, None], rows.cp[:, None], rows.micro_batch[:, None], rows.seq[:, None]
     sp, peak = rows.sp[:, None], rows.peak_flops[:, None]
     hbm = float(hardware.hbm_bytes_per_second)
@@ -741,14 +792,11 @@ def _layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware
     tables = _kernel_tables(hardware)
     per_kernel = elementwise / k["elementwise_launches"]
     fwd_mm, bwd_mm = matmul(1.0, inverse_f), matmul(2.0, inverse_b)
-    # the attention's figures and the launch floor read fewer columns than the layer's: one row's kept by those
+    # the attention's figures read fewer columns than the rooflines': one row's kept by those
     attention = _kept_where_one_row("attention_one_row", model, hardware, eff, cols, _ATTENTION_READ,
                                     lambda: _attention_seconds(model, rows, cols, hardware, eff, scores))
     fwd_scores, bwd_scores = attention["scores_forward"], attention["scores_backward"]
-    first_fwd_scores, first_bwd_scores = attention["scores_first_forward"], attention["scores_first_backward"]
     ring_fwd, ring_bwd = attention["ring_merges_forward"], attention["ring_merges_backward"]
-    floor = _kept_where_one_row("launch_one_row", model, hardware, eff, cols, _LAUNCH_READ,
-                                lambda: _launch_bound(model, rows, cols, hardware, attention["ring_launches"]))
     memory = (eff["memory"], eff["memory_backward"])
     fwd_attention = fwd_scores + ring_fwd  # what recomputing the attention function reruns
     elementwise_f, elementwise_b = kernels.elementwise_efficiencies(tables, per_kernel, stated=memory)
@@ -762,34 +810,8 @@ def _layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware
         elementwise_fwd, elementwise_bwd = elementwise, 2.0 * elementwise
     roofline_f = roofline_f + elementwise_fwd / (hbm * elementwise_f)
     roofline_b = roofline_b + elementwise_bwd / (hbm * elementwise_b)
-    forward, backward = np.maximum(roofline_f, floor["forward"]), np.maximum(roofline_b, floor["backward"])
-    share_att = k["recomputed_attention_mm_share"][None, :]
-    share_other = k["recomputed_other_mm_share"][None, :]
-    measured = k["selective_measured"][None, :]
-
-    def selective():
-        mm = np.add.reduce(by_class, axis=-1)
-        att_share = np.divide(by_class[..., 0], mm, out=np.zeros(mm.shape), where=mm > 0)
-        return np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
-                        + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_attention)
-    mode = np.asarray(cols["recompute"])[:, None]
-    # a layer's recompute runs at the start of its backward: the two are one stretch of the GPU's queue and of the
-    # host's dispatch, bounded together (the host, running ahead, hides its recompute's work behind a long backward)
-    if np.count_nonzero(mode != RECOMPUTE.index("none")):
-        roofline_r = _select_made([(mode == RECOMPUTE.index(name), make) for name, make in (
-            ("full", lambda: roofline_f), ("selective", selective), ("core_attention", lambda: fwd_attention))],
-            0.0, forward.shape)
-        recompute = np.maximum(roofline_r + roofline_b, floor["recompute"] + floor["backward"]) - backward
-    else:  # nothing recomputed: a roofline of 0 s
-        recompute = np.maximum(roofline_b, floor["recompute"] + floor["backward"]) - backward
-    return {"forward": forward, "backward": backward, "recompute": recompute,
-            "checkpointed_forward": np.maximum(roofline_f, floor["checkpointed_forward"]),
-            "scores_forward": fwd_scores, "scores_backward": bwd_scores,
-            "scores_first_forward": first_fwd_scores, "scores_first_backward": first_bwd_scores,
-            "ring_merges_forward": ring_fwd, "ring_merges_backward": ring_bwd,
-            "matmul_forward": fwd_mm, "matmul_backward": bwd_mm,
-            "selective_measured": measured if measured.shape == forward.shape else np.broadcast_to(measured,
-                                                                                                   forward.shape)}
+    return {"roofline_f": roofline_f, "roofline_b": roofline_b, "matmul_forward": fwd_mm, "matmul_backward": bwd_mm,
+            "attention_forward": fwd_attention, "by_class": by_class, **attention}
 
 
 # every column _attention_seconds reads (through _Rows, _scores_seconds' scores and _ring_attention_work), and
