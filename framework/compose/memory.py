@@ -33,6 +33,7 @@ beside the rest) is not one of ``MOMENTS``.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
@@ -521,22 +522,72 @@ def _whole_gradients(batch: _Batch) -> np.ndarray:
     return ~batch.sharding.sharded["gradients"] | batch.sharding.defers_reduce
 
 
-_HELD_ONE_ROW: Dict[Tuple[int, int], Tuple[placement_rules.Placement, np.ndarray]] = {}
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
 
 
-def _in_flight(cols: Mapping[str, Any], schedules: Sequence[Any], where: placement_rules.Placement) -> np.ndarray:
-    """(N, R, V) micro-batches whose activations each chunk keeps at its rank's peak (the schedule's); for one
+@attrs.frozen(kw_only=True, eq=False)
+class _InFlight:
+    """The micro-batches each chunk keeps at its rank's peak (``held``, the schedule's), and what the steps read
+    of them with the placement, each made once when first read (read-only: one strategy's are kept)."""
+
+    held: np.ndarray               # (N, R, V) int64
+    passes: np.ndarray             # (N,) int64: the backward passes each rank runs a step (num_micro_batches * vpp)
+    where: placement_rules.Placement
+
+    @functools.cached_property
+    def as_float(self) -> np.ndarray:
+        return _read_only(self.held.astype(np.float64))
+
+    @functools.cached_property
+    def keeps(self) -> np.ndarray:
+        """(N, R, V) bool: the chunk keeps a micro-batch."""
+        return _read_only(self.held > 0)
+
+    @functools.cached_property
+    def per_rank(self) -> np.ndarray:
+        """(N, R) int64: over the rank's chunks."""
+        return _read_only(np.add.reduce(self.held, axis=2))
+
+    @functools.cached_property
+    def accumulating(self) -> np.ndarray:
+        """(N, R) bool: the rank has run a backward before its last (it holds every gradient)."""
+        return _read_only(self.passes[:, None] > self.per_rank)
+
+    @functools.cached_property
+    def on_head(self) -> np.ndarray:
+        """(N, R) int64: those of the chunk holding the head."""
+        return _read_only(np.add.reduce(np.where(self.where.last, self.held, 0), axis=2))
+
+    @functools.cached_property
+    def plain_layers(self) -> np.ndarray:
+        """(K, N, R) int64: each kind's layers that do not recompute times their chunk's micro-batches."""
+        return _read_only(np.add.reduce(self.where.plain * self.held, axis=3))
+
+    @functools.cached_property
+    def recomputed_layers(self) -> np.ndarray:
+        """(K, N, R) int64: and those that recompute."""
+        return _read_only(np.add.reduce(self.where.recomputed * self.held, axis=3))
+
+
+_HELD_ONE_ROW: Dict[Tuple[int, int], Tuple[placement_rules.Placement, _InFlight]] = {}
+
+
+def _in_flight(cols: Mapping[str, Any], schedules: Sequence[Any], where: placement_rules.Placement) -> _InFlight:
+    """The micro-batches whose activations each chunk keeps at its rank's peak (the schedule's); for one
     strategy kept with its placement (:func:`ndcost.compose.placement.place` keeps that per layout), read-only."""
     if len(cols["pp"]) != 1:
-        return _held(cols, schedules, where)
+        return _InFlight(held=_held(cols, schedules, where), passes=cols["num_micro_batches"] * cols["vpp"],
+                         where=where)
     key = (id(where), int(cols["num_micro_batches"][0]))  # with the placement, every field _held reads
     hit = _HELD_ONE_ROW.get(key)
     if hit is None or hit[0] is not where:
-        held = _held(cols, schedules, where)
-        held.setflags(write=False)
+        flight = _InFlight(held=_read_only(_held(cols, schedules, where)),
+                           passes=_read_only(cols["num_micro_batches"] * cols["vpp"]), where=where)
         if len(_HELD_ONE_ROW) >= placement_rules.ONE_ROW_KEPT:
             _HELD_ONE_ROW.clear()
-        hit = _HELD_ONE_ROW[key] = (where, held)
+        hit = _HELD_ONE_ROW[key] = (where, flight)
     return hit[1]
 
 
@@ -569,8 +620,7 @@ class _StageParameters:
     embedding_gradient: np.ndarray  # the embedding's own (a tied one's comes with the head's)
 
 
-def _stage_parameters(model: ModelTables, batch: _Batch, cols, where: placement_rules.Placement,
-                      layers: np.ndarray) -> _StageParameters:
+def _stage_parameters(model: ModelTables, batch: _Batch, cols, where: placement_rules.Placement) -> _StageParameters:
     """Each stage's parameter elements: its layers, the embedding on the first virtual stage, final norm and head on
     the last.
 
@@ -578,9 +628,32 @@ def _stage_parameters(model: ModelTables, batch: _Batch, cols, where: placement_
     projections by ``min(tp, kv_heads)``: TP beyond the KV heads replicates
     them, as Megatron does), routed experts by ``ep * etp``, embedding and
     head by ``tp`` under ``vocab_parallel``; a tied head is the embedding,
-    counted once per holder.
+    counted once per holder. For one strategy kept by the model, its placement and the columns it reads,
+    read-only (a search's strategies share them where they differ in dp, cp, dtypes, the micro-batches ...).
     """
-    ti = batch.tp_int
+    if len(batch.tp_int) != 1:
+        return _stage_parameters_rows(model, batch, cols, where)
+    key = (id(model), id(where), *(cols[name].item() for name in _PARAMETERS_READ))
+    hit = _PARAMETERS_ONE_ROW.get(key)
+    if hit is None or hit[0] is not model or hit[1] is not where:
+        params = _stage_parameters_rows(model, batch, cols, where)
+        for field in attrs.fields(_StageParameters):
+            getattr(params, field.name).setflags(write=False)
+        if len(_PARAMETERS_ONE_ROW) >= placement_rules.ONE_ROW_KEPT:
+            _PARAMETERS_ONE_ROW.clear()
+        hit = _PARAMETERS_ONE_ROW[key] = (model, where, params)
+    return hit[2]
+
+
+# every column _stage_parameters reads beside its placement (tp through _Batch): a one-row key missing one would
+# hand a strategy another's parameters
+_PARAMETERS_READ = ("tp", "ep", "etp", "vocab_parallel")
+_PARAMETERS_ONE_ROW: Dict[Tuple[Any, ...], Tuple[ModelTables, placement_rules.Placement, _StageParameters]] = {}
+
+
+def _stage_parameters_rows(model: ModelTables, batch: _Batch, cols,
+                           where: placement_rules.Placement) -> _StageParameters:
+    ti, layers = batch.tp_int, where.rank_kind_layers
     ep_etp = (cols["ep"] * cols["etp"]).astype(np.int64)
     kv_split = np.minimum(ti, model.kv_heads)
     # (K, N): the kinds at once
@@ -838,8 +911,8 @@ class _StageActivations:
     shared_copies_extra: np.ndarray
 
 
-def _stage_activations(layer: _LayerActivations, where: placement_rules.Placement, held, params: _StageParameters,
-                       batch: _Batch, cols, grad_share) -> _StageActivations:
+def _stage_activations(layer: _LayerActivations, where: placement_rules.Placement, flight: _InFlight,
+                       params: _StageParameters, batch: _Batch, grad_share) -> _StageActivations:
     """Activations of every chunk's layers times the micro-batches it keeps, and the kind whose backward peaks.
 
     What the model hands every layer and they save (the rotary tables) is one storage a chunk and
@@ -851,48 +924,49 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
     accumulating: every gradient exists already). The kind whose backward
     holds the most decides.
     """
+    held, held_float = flight.held, flight.as_float
     n, ranks = held.shape[:2]
-    accumulating = (cols["num_micro_batches"] * cols["vpp"]).astype(np.int64)[:, None] > np.add.reduce(held, axis=2)
+    accumulating = flight.accumulating
     share_rows = ~accumulating & _whole_gradients(batch)[:, None]
-    held_float = held.astype(np.float64)
     out: Dict[str, np.ndarray] = {}
     # (K, N, R, V), the kinds and chunks at once (never a layer): one micro-batch of each chunk's layers; the
     # sums run kind by kind, chunk by chunk (as a loop would, to the bit)
-    micro_batch = (where.plain * layer.keep_plain.T[:, :, None, None]
-                   + where.recomputed * layer.keep_recomputed.T[:, :, None, None])
+    micro_batch = where.plain * layer.keep_plain.T[:, :, None, None]
+    if where.recomputes:  # (a recomputing layer's keep is finite: without one the term adds zeros)
+        micro_batch = micro_batch + where.recomputed * layer.keep_recomputed.T[:, :, None, None]
     out["activations"] = _sum_in_order(_chunks_by_kind(held_float * micro_batch), (n, ranks))
-    out["one_micro_batch"] = _sum_in_order(_chunks_by_kind(np.where(held > 0, micro_batch, 0.0)), (n, ranks))
+    out["one_micro_batch"] = _sum_in_order(_chunks_by_kind(np.where(flight.keeps, micro_batch, 0.0)), (n, ranks))
     # (K, N, R): each kind's gradients made by its layer's working moment and those still to come
     layer_grads = ((params.layer_dense + params.layer_routed) * batch.grad_bytes)[:, :, None]
     made_by_kind = np.where(share_rows, grad_share.T[:, :, None] * layer_grads, 0.0)
     pending_by_kind = np.where(share_rows, layer_grads, 0.0) - made_by_kind
-    present_by_kind = where.rank_kind_split > 0  # (K, 2, N, R): plain layers, recomputed ones
     zeros = np.zeros((n, ranks))
     out.update(excess=zeros, made_last=zeros, working_layer=zeros, pending_end=zeros)
-    best_last, best_end = np.full((n, ranks), -np.inf), np.full((n, ranks), -np.inf)
-    # (K, N, 1): each kind's figure a row, the kinds leading as the loop reads them
-    excess_plain, excess_recomputed = layer.excess_plain.T[:, :, None], layer.excess_recomputed.T[:, :, None]
-    working_plain, working_recomputed = layer.working_plain.T[:, :, None], layer.working_recomputed.T[:, :, None]
-    for k in range(len(made_by_kind)):  # a loop over kinds, never layers: the first whose backward holds the most
-        made, pending = made_by_kind[k], pending_by_kind[k]
-        for present, excess, working in ((present_by_kind[k, 0], excess_plain[k], working_plain[k]),
-                                         (present_by_kind[k, 1], excess_recomputed[k], working_recomputed[k])):
-            score = excess + made
-            later = present & (score > best_last)
-            out["excess"], out["made_last"] = np.where(later, excess, out["excess"]), np.where(later, made,
-                                                                                               out["made_last"])
-            best_last = np.where(later, score, best_last)
-            score = working - pending
-            later = present & (score > best_end)
-            out["working_layer"] = np.where(later, working, out["working_layer"])
-            out["pending_end"] = np.where(later, pending, out["pending_end"])
-            best_end = np.where(later, score, best_end)
-    out["shared_copies_extra"] = np.zeros((n, ranks))
+    best_last: Any = -np.inf  # the best score yet, each rank's once a kind is held
+    best_end: Any = -np.inf
+    # (N, K): each kind's figure a row, plain layers', recomputed ones'
+    excess_by_split, working_by_split = ((layer.excess_plain, layer.excess_recomputed),
+                                         (layer.working_plain, layer.working_recomputed))
+    # a loop over the kinds and splits some rank holds, never layers: the first whose backward holds the most
+    for k, split in where.held_splits:
+        made, pending, present = made_by_kind[k], pending_by_kind[k], where.holds_split[k, split]
+        excess, working = excess_by_split[split][:, k, None], working_by_split[split][:, k, None]
+        score = excess + made
+        later = present & (score > best_last)
+        out["excess"], out["made_last"] = np.where(later, excess, out["excess"]), np.where(later, made,
+                                                                                           out["made_last"])
+        best_last = np.where(later, score, best_last)
+        score = working - pending
+        later = present & (score > best_end)
+        out["working_layer"] = np.where(later, working, out["working_layer"])
+        out["pending_end"] = np.where(later, pending, out["pending_end"])
+        best_end = np.where(later, score, best_end)
+    out["shared_copies_extra"] = zeros
     if np.count_nonzero(layer.shared):  # the tensors the model hands every layer: one storage a chunk and micro-batch
         per_kind = layer.shared.T[:, :, None, None]  # (K, N, 1, 1)
         shared = np.where(where.layers > 0, per_kind, 0.0).max(axis=0)  # (N, R, V)
         copies = (where.layers * per_kind).sum(axis=0)
-        in_flight = np.where(held > 0, shared, 0.0)
+        in_flight = np.where(flight.keeps, shared, 0.0)
         out["shared_copies_extra"] = (held_float * (copies - shared)).sum(axis=2)
         out["activations"] = out["activations"] + (held_float * shared).sum(axis=2)
         out["one_micro_batch"] = out["one_micro_batch"] + in_flight.sum(axis=2)
@@ -907,7 +981,7 @@ def _chunks_by_kind(x):
     return x.transpose(0, 3, 1, 2).reshape((-1,) + x.shape[1:3])
 
 
-def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement, held):
+def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement, flight: _InFlight):
     """(N, R) bytes of the output layer (final norm, head, loss with fp32 logits) on the head's stage.
 
     Kept bytes per micro-batch in flight and its backward peak; the
@@ -930,8 +1004,7 @@ def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.P
     peak = _rows_where(unpriced, int(np.count_nonzero(unpriced)), lambda: keep,
                        lambda: tokens * at_tp(nan_to_zero(out_working), row("working_tp")))
     has_head = where.has_head
-    head_held = np.add.reduce(np.where(where.last, held, 0), axis=2)
-    others = np.where(has_head, np.maximum(head_held - 1, 0) * keep[:, None], 0.0)
+    others = np.where(has_head, np.maximum(flight.on_head - 1, 0) * keep[:, None], 0.0)
     return np.where(has_head, others + np.maximum(peak, keep)[:, None], 0.0), others, unpriced
 
 
@@ -1022,7 +1095,7 @@ _TORCH_ENGINE = PP_ENGINES.index("torch")
 
 
 def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement,
-                      held) -> Optional[List[np.ndarray]]:
+                      flight: _InFlight) -> Optional[List[np.ndarray]]:
     """(N, R) bytes of ``pp_engine=torch``'s receive buffers at each of ``MOMENTS``; None where no row runs it.
 
     ``torch/distributed/pipelining/stage.py``: ``_setup_forward_recv_info`` gives each local stage but the
@@ -1050,6 +1123,7 @@ def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, 
     rows = np.asarray(cols["pp_engine"]) == _TORCH_ENGINE
     if not np.count_nonzero(rows):
         return None
+    held = flight.held
     n = held.shape[0]
     torch_rows = (rows & (cols["pp"] > 1))[:, None, None]
     boundary = whole(model.hidden_size * batch.residual_bytes * batch.tokens / np.where(batch.sp, batch.tp, 1.0))
@@ -1066,7 +1140,7 @@ def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, 
                & ~np.asarray(cols["offload_activations"], dtype=bool)[:, None, None])
     in_flight = (held * aliased).sum(axis=2) * boundary[:, None]
     others = (np.maximum(held - 1, 0) * aliased).sum(axis=2) * boundary[:, None]
-    arriving = np.where(~where.has_head & torch_rows[:, :, 0] & (held.sum(axis=2) > 0), boundary[:, None], 0.0)
+    arriving = np.where(~where.has_head & torch_rows[:, :, 0] & (flight.per_rank > 0), boundary[:, None], 0.0)
     return [buffers - in_flight, buffers - in_flight - arriving, buffers - others, buffers - others, buffers]
 
 
@@ -1269,7 +1343,8 @@ _BLOCK_CATEGORIES = np.array([CATEGORIES.index(name) for name in ("parameters", 
                                                                    "gradients", "communication")])
 
 
-def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement, held,
+def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement,
+              flight: _InFlight,
               stage_bytes, stage_peak, stage_exists):
     """(N, R) bytes the caching allocator reserves for each stage's peak (-1: not claimed), and why not (N,).
 
@@ -1320,8 +1395,8 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     n, ranks = stage_peak.shape
     # (K, N, R) over the kinds at once, never a layer: their layers on each rank, and those times the
     # micro-batches each chunk holds
-    present, redone = where.rank_kind_layers > 0, where.rank_kind_split[:, 1] > 0
-    redone_held = np.add.reduce(where.recomputed * held, axis=3)
+    present, redone = where.holds_kind, where.holds_split[:, 1]
+    redone_held = flight.recomputed_layers
     recomputed = np.add.reduce(redone_held, axis=0)
     missing = present & (np.isnan(per_layer) | np.isnan(working))[:, :, None]
     if any_policed:  # a policy's recomputed layers: its replays' figures
@@ -1342,7 +1417,7 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
         unclaimed = unknown.astype(np.int64)
     if np.count_nonzero(unclaimed) == n:  # no row's claimed (no replay of some kind's, as the formulas')
         return np.full((n, ranks), -1, dtype=np.int64), unclaimed
-    plain = np.add.reduce(where.plain * held, axis=3)
+    plain = flight.plain_layers
     kept = plain * nan_to_zero(per_layer)[:, :, None]
     as_plain = present
     if any_policed:
@@ -1395,11 +1470,11 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     where = placement_rules.place(model.stack, cols, schedules, mtp_counts=mtp, pp_bounds=cols.get("pp_bounds"))
     held = _in_flight(cols, schedules, where)
     layers = where.rank_kind_layers  # (K, N, R): each rank's layers, MTP ones with the head
-    params = _stage_parameters(model, batch, cols, where, layers)
+    params = _stage_parameters(model, batch, cols, where)
     persistent = _persistent_bytes(params, batch, cols, states_per_parameter, step_temporaries_per_parameter)
     persistent, host_states = _offload_states(persistent, batch, cols)
     layer = _layer_activations(model, recs, seq_index, cols, batch)
-    stage = _stage_activations(layer, where, held, params, batch, cols, recs["grad_share"][seq_index])
+    stage = _stage_activations(layer, where, held, params, batch, recs["grad_share"][seq_index])
     output_bytes, other_outputs, unpriced_output = _output_layer(recs, seq_index, cols, batch, where, held)
     buffers = _communication_buffers(model, params, batch, cols, where, layers)
     moments = _moments(model, persistent, params, stage, output_bytes, other_outputs, buffers, batch, cols,
