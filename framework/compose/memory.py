@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import attrs
 import numpy as np
 
-from ndcost.allocator import large_block_bytes, packed_reserved_bytes
+from ndcost.allocator import large_block_excess_bytes, packed_reserved_bytes
 from ndcost.columns import DTYPE_BYTES
 from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
@@ -82,10 +82,10 @@ def _sum_in_order(terms, shape):
 def _rows_where(condition, count: int, if_true, if_false):
     """``np.where(condition, if_true(), if_false())``, computing only the branch a row takes where every row
     takes the same one (a batch of one strategy always does); *count* is ``np.count_nonzero(condition)``.
-    The branches have the result's shape."""
+    The branches have the result's shape (or broadcast to it)."""
     if count == 0:
         return if_false()
-    if count == len(condition):
+    if count == condition.size:
         return if_true()
     return np.where(condition, if_true(), if_false())
 
@@ -502,24 +502,26 @@ def _batch(cols: Mapping[str, Any]) -> _Batch:
     compute_bytes, param_bytes = DTYPE_BYTES[cols["compute_dtype"]], DTYPE_BYTES[cols["param_dtype"]]
     shard = sharding_rules.sharding(cols)
     autocast = (cols["compute_dtype"] != cols["param_dtype"]) & ~shard.sharded["parameters"]
-    fp32_autocast = autocast & (param_bytes == 4) & (compute_bytes == 2)
+    autocast_rows = int(np.count_nonzero(autocast))
+    fp32_autocast = autocast & (param_bytes == 4) & (compute_bytes == 2) if autocast_rows else autocast
     mode = cols["recompute"]
     used = (np.bincount(mode, minlength=len(RECOMPUTE)) > 0).tolist() if len(mode) != 1 else \
         [code == int(mode[0]) for code in range(len(RECOMPUTE))]
-    return _Batch(tp=cols["tp"].astype(np.float64), tp_int=cols["tp"].astype(np.int64), cp=cp,
-                  cp_int=cols["cp"].astype(np.int64), sp=cols["sp"].astype(bool),
+    return _Batch(tp=cols["tp"].astype(np.float64), tp_int=np.asarray(cols["tp"], dtype=np.int64), cp=cp,
+                  cp_int=np.asarray(cols["cp"], dtype=np.int64), sp=np.asarray(cols["sp"], dtype=bool),
                   tokens=cols["micro_batch"].astype(np.float64) * cols["seq"].astype(np.float64) / cp,
                   compute_bytes=compute_bytes, param_bytes=param_bytes,
                   grad_bytes=DTYPE_BYTES[cols["grad_dtype"]], optimizer_bytes=DTYPE_BYTES[cols["optimizer_dtype"]],
                   master_bytes=DTYPE_BYTES[cols["master_dtype"]], autocast=autocast,
-                  residual_bytes=np.where(autocast, param_bytes, compute_bytes), sharding=shard,
-                  fp32_autocast=fp32_autocast, any_fp32_autocast=bool(np.count_nonzero(fp32_autocast)),
+                  residual_bytes=_rows_where(autocast, autocast_rows, lambda: param_bytes, lambda: compute_bytes),
+                  sharding=shard, fp32_autocast=fp32_autocast,
+                  any_fp32_autocast=autocast_rows > 0 and bool(np.count_nonzero(fp32_autocast)),
                   recompute_used=tuple(used), sp_rows=int(np.count_nonzero(cols["sp"])))
 
 
 def _whole_gradients(batch: _Batch) -> np.ndarray:
-    """(N,) bool: the backward holds each gradient whole (not sharded, or FSDP deferring its reduce-scatter)."""
-    return ~batch.sharding.sharded["gradients"] | batch.sharding.defers_reduce
+    """(N,) bool: the backward holds each gradient whole (:attr:`ndcost.compose.sharding.Sharding.whole_gradients`)."""
+    return batch.sharding.whole_gradients
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -569,6 +571,11 @@ class _InFlight:
     def recomputed_layers(self) -> np.ndarray:
         """(K, N, R) int64: and those that recompute."""
         return _read_only(np.add.reduce(self.where.recomputed * self.held, axis=3))
+
+    @functools.cached_property
+    def recomputed(self) -> np.ndarray:
+        """(N, R) int64: the recomputing layers times their chunk's micro-batches, over the kinds."""
+        return _read_only(np.add.reduce(self.recomputed_layers, axis=0))
 
 
 _HELD_ONE_ROW: Dict[Tuple[int, int], Tuple[placement_rules.Placement, _InFlight]] = {}
@@ -702,9 +709,13 @@ def _persistent_bytes(params: _StageParameters, batch: _Batch, cols, states_per_
     root = ceil_div(np.concatenate((params.head_gradient[None], params.embedding_gradient[None])),
                     dense_ways[_SHARDED_INDEX["gradients"]][:, None]) * grad_bytes
     optimizer = cols["optimizer"]
-    return {
-        "parameters": parameters * batch.param_bytes[:, None]
-        + np.where(batch.autocast[:, None], params.copies * batch.compute_bytes[:, None], 0),
+    parameter_bytes = parameters * batch.param_bytes[:, None]
+    autocast_rows = int(np.count_nonzero(batch.autocast))
+    if autocast_rows:  # the copies autocast makes (a row without them adds 0, left out: exact, bytes are not -0.0)
+        parameter_bytes = parameter_bytes + _rows_where(batch.autocast[:, None], autocast_rows,
+                                                        lambda: params.copies * batch.compute_bytes[:, None], lambda: 0)
+    out = {
+        "parameters": parameter_bytes,
         "gradients": gradients * grad_bytes,
         "master": master * batch.master_bytes[:, None],
         "optimizer_states": states * (states_per_parameter[optimizer] * batch.optimizer_bytes)[:, None],
@@ -712,12 +723,14 @@ def _persistent_bytes(params: _StageParameters, batch: _Batch, cols, states_per_
         "head_gradients": root[0],
         "embedding_gradients": root[1],
         "optimizer_shard_elements": states,  # the parameters this device's optimizer steps
+    }
+    if np.count_nonzero(batch.sharding.defers_reduce):  # read by _moments where some row defers
         # under gradient_sync=last_micro_batch FSDP2 accumulates each gradient unsharded (FSDPParam.
         # unsharded_accumulated_grad, in the reduce dtype: torchtitan's mixed_precision_reduce, ndcost's grad_dtype)
-        "gradients_whole": (params.dense + params.routed) * batch.grad_bytes[:, None],
-        "head_gradients_whole": params.head_gradient * batch.grad_bytes[:, None],
-        "embedding_gradients_whole": params.embedding_gradient * batch.grad_bytes[:, None],
-    }
+        out.update(gradients_whole=(params.dense + params.routed) * grad_bytes,
+                   head_gradients_whole=params.head_gradient * grad_bytes,
+                   embedding_gradients_whole=params.embedding_gradient * grad_bytes)
+    return out
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -733,6 +746,8 @@ class _LayerActivations:
     unpriced_working: np.ndarray  # (N,) bool
     unpriced_selective: np.ndarray  # (N,) bool
     shared: np.ndarray            # what a layer saves of the tensors its model hands every layer, once a stage
+    kept: np.ndarray              # whole bytes a layer keeps under the row's recompute (nan: unpriced)
+    beyond_exact: np.ndarray      # (N,) bool: some kind's kept bytes not finite or past MAX_EXACT_BYTES
 
 
 def _ring_attention_working(model: ModelTables, cols, batch: _Batch, kv_split) -> np.ndarray:
@@ -882,8 +897,13 @@ def _layer_activations_rows(model: ModelTables, recs, seq_index, cols, batch: _B
     if used[full_code]:  # the input a full checkpoint keeps, where the working figure leaves it out
         full = (mode == full_code)[:, None]
         working_recomputed = working_plain + np.where(full, tokens * full_input * row("working_input"), 0.0)
+    keep_recomputed_priced = nan_to_zero(keep_recomputed)
+    plain_rows = mode == RECOMPUTE.index("none")
+    kept = whole(_rows_where(plain_rows[:, None], int(np.count_nonzero(plain_rows)), lambda: keep_plain,
+                             lambda: keep_recomputed_priced))
     return _LayerActivations(
-        keep_plain=keep_plain, keep_recomputed=nan_to_zero(keep_recomputed), working_plain=working_plain,
+        kept=kept, beyond_exact=~np.logical_and.reduce(kept <= MAX_EXACT_BYTES, axis=1),
+        keep_plain=keep_plain, keep_recomputed=keep_recomputed_priced, working_plain=working_plain,
         working_recomputed=working_recomputed, excess_plain=np.maximum(working_plain - keep_plain, 0.0),
         excess_recomputed=np.maximum(working_recomputed - keep_recomputed, 0.0),
         unpriced_working=np.logical_or.reduce(unpriced_working, axis=1),
@@ -989,7 +1009,7 @@ def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.P
     output backward moment's bytes, the other micro-batches' kept bytes, and
     which rows' output working figure is unpriced.
     """
-    vocab_parallel, tokens = cols["vocab_parallel"].astype(bool), batch.tokens
+    vocab_parallel, tokens = np.asarray(cols["vocab_parallel"], dtype=bool), batch.tokens
     vocab_rows = int(np.count_nonzero(vocab_parallel))
 
     def at_tp(x, x_tp):
@@ -1171,9 +1191,9 @@ def _offload_states(persistent, batch: _Batch, cols) -> Tuple[Dict[str, np.ndarr
     bound for DeepSpeed, which also keeps its host copy in fp32 whatever ``grad_dtype``). Returns the
     device's persistent dict and the host's ``{"persistent", "step"}`` ``(N, R)`` bytes.
     """
-    optimizer, params = cols["offload_optimizer"].astype(bool), cols["offload_params"].astype(bool)
-    zeros = np.zeros_like(persistent["parameters"], dtype=np.float64)
+    optimizer, params = (np.asarray(cols[name], dtype=bool) for name in ("offload_optimizer", "offload_params"))
     if not (np.count_nonzero(optimizer) or np.count_nonzero(params)):
+        zeros = np.zeros(np.shape(persistent["parameters"]))
         return persistent, {"persistent": zeros, "step": zeros}
     optimizer, params = optimizer[:, None], params[:, None]
     moved = dict(persistent)
@@ -1201,7 +1221,7 @@ def _offload_activations(moments, stage: _StageActivations, layer: _LayerActivat
     the step runs once the backward has freed them) and a micro-batch's activation bytes a stage copies
     each way (the time model's traffic). Left out: the pinned staging and the copy stream's events.
     """
-    rows = cols["offload_activations"].astype(bool)
+    rows = np.asarray(cols["offload_activations"], dtype=bool)
     zeros = np.zeros(stage.activations.shape)
     if not np.count_nonzero(rows):
         return moments, host_states["persistent"] + host_states["step"], zeros
@@ -1253,10 +1273,19 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
         return whole(_rows_where(defers, defer_rows, lambda: persistent[f"{name}_whole"], lambda: persistent[name]))
 
     grads_all, head_grads = held("gradients"), held("head_gradients")
+    accumulating_ranks = int(np.count_nonzero(accumulating))
+
+    def unless_accumulating(fresh):  # np.where(accumulating, grads_all, fresh), fresh made only where some rank is
+        return _rows_where(accumulating, accumulating_ranks, lambda: grads_all, fresh)
+
     fsdp_rows = np.count_nonzero(fsdp2)
-    root_late = np.where(fsdp2, head_grads, 0.0) if fsdp_rows else 0.0
-    grads_first = np.where(accumulating, grads_all, head_grads - root_late)
-    grads_last = np.where(accumulating, grads_all, grads_all - held("embedding_gradients") - root_late)
+    if fsdp_rows:
+        root_late = np.where(fsdp2, head_grads, 0.0)
+        grads_first = unless_accumulating(lambda: head_grads - root_late)
+        grads_last = unless_accumulating(lambda: grads_all - held("embedding_gradients") - root_late)
+    else:  # no root gradient comes late (subtracting zero is exact: left out)
+        grads_first = unless_accumulating(lambda: head_grads)
+        grads_last = unless_accumulating(lambda: grads_all - held("embedding_gradients"))
     others = whole(other_outputs)
     # the embedding's arriving gradient is the rank's whole sequence (SP gathers it); where a gradient exists
     # already (accumulation, a tied head's) the new one is held before it is added in
@@ -1267,12 +1296,15 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
         sort_rows = np.where(tokens > EMBEDDING_SORT_MIN_TOKENS, np.minimum(tokens, vocab_rows), 0.0)
         embedding_input = embedding_input + 4.0 * hidden * sort_rows
     embedding_whole = np.where(_whole_gradients(batch), params.embedding * batch.grad_bytes, 0.0)[:, None]
-    embedding_working = embedding_input[:, None] + np.where(accumulating | model.tied, embedding_whole, 0.0)
+    embedding_working = embedding_input[:, None] + (embedding_whole if model.tied else _rows_where(
+        accumulating, accumulating_ranks, lambda: embedding_whole, lambda: 0.0))
     kept = whole(stage.activations)
     others_kept = whole(stage.activations - stage.one_micro_batch)
-    at_loss, at_last, at_end = (whole(buffer) for buffer in buffers)
+    made: Dict[int, np.ndarray] = {}  # the moments' buffers are often one array: made whole once
+    at_loss, at_last, at_end = (made[id(b)] if id(b) in made else made.setdefault(id(b), whole(b)) for b in buffers)
     return [
-        dict(gradients=np.where(accumulating, grads_all, 0.0), activations=kept, working=zeros,
+        dict(gradients=_rows_where(accumulating, accumulating_ranks, lambda: grads_all, lambda: zeros),
+             activations=kept, working=zeros,
              output=whole(output_bytes), communication=at_loss),
         dict(gradients=whole(grads_first + stage.made_last), activations=kept, working=whole(stage.excess),
              output=others, communication=at_last),
@@ -1281,7 +1313,8 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
         dict(gradients=np.where(fsdp2 & ~accumulating, grads_last, grads_all) if fsdp_rows else grads_all,
              activations=others_kept,
              working=whole(embedding_working), output=others, communication=at_end),
-        dict(gradients=whole(persistent["gradients"]), activations=zeros, working=whole(persistent["step_temporaries"]),
+        dict(gradients=whole(persistent["gradients"]) if defer_rows else grads_all, activations=zeros,
+             working=whole(persistent["step_temporaries"]),
              output=zeros, communication=zeros),
     ]
 
@@ -1301,7 +1334,7 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
     set in *beyond* ``(N,)`` and hold 0.
     """
     base = persistent["parameters"] + persistent["master"] + persistent["optimizer_states"]
-    overhead = cols["allocator_overhead"].astype(np.float64)[:, None]
+    overhead = np.asarray(cols["allocator_overhead"], dtype=np.float64)[:, None]
     any_overhead = bool(np.count_nonzero(overhead))
     totals, allocators = [], []
     for i, moment in enumerate(moments):  # a loop over the five moments (a batch reads each array once)
@@ -1397,25 +1430,26 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     # micro-batches each chunk holds
     present, redone = where.holds_kind, where.holds_split[:, 1]
     redone_held = flight.recomputed_layers
-    recomputed = np.add.reduce(redone_held, axis=0)
     missing = present & (np.isnan(per_layer) | np.isnan(working))[:, :, None]
     if any_policed:  # a policy's recomputed layers: its replays' figures
         sel_layer, sel_working = at_tp(policy("layer"), policy("layer_tp")), at_tp(policy("working"),
                                                                                     policy("working_tp"))
         by_policy = policed[None, :, None] & redone
         missing |= by_policy & (np.isnan(sel_layer) | np.isnan(sel_working))[:, :, None]
-    vocab_parallel = cols["vocab_parallel"].astype(bool)
+    vocab_parallel = np.asarray(cols["vocab_parallel"], dtype=bool)
     x, x_tp = row("out_reserved", "out_autocast_reserved"), row("out_reserved_tp", "out_autocast_reserved_tp")
     output = batch.tokens * _rows_where(vocab_parallel, int(np.count_nonzero(vocab_parallel)),
                                         lambda: _tp_share(batch, x, x_tp), lambda: x + x_tp)
     unknown = (np.logical_or.reduce(missing, axis=(0, 2))
                | np.logical_or.reduce(where.has_head & np.isnan(output)[:, None], axis=1))
     if any_fp32_autocast:  # under fp32 autocast the policies' passes (run with bf16 parameters) are not the run's
-        autocast_unknown = fp32_autocast & (unknown | (policed & np.logical_or.reduce(recomputed > 0, axis=1)))
+        autocast_unknown = fp32_autocast & (unknown | (policed & np.logical_or.reduce(flight.recomputed > 0,
+                                                                                          axis=1)))
         unclaimed = np.where(unknown & ~fp32_autocast, 1, np.where(autocast_unknown, 2, 0))
     else:
         unclaimed = unknown.astype(np.int64)
-    if np.count_nonzero(unclaimed) == n:  # no row's claimed (no replay of some kind's, as the formulas')
+    unclaimed_rows = int(np.count_nonzero(unclaimed))
+    if unclaimed_rows == n:  # no row's claimed (no replay of some kind's, as the formulas')
         return np.full((n, ranks), -1, dtype=np.int64), unclaimed
     plain = flight.plain_layers
     kept = plain * nan_to_zero(per_layer)[:, :, None]
@@ -1434,20 +1468,22 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     output = np.where(where.has_head, nan_to_zero(output)[:, None], 0.0)
     layers = activations
     if used[RECOMPUTE.index("full")]:  # a full-recompute layer's kept input, as packed into segments
-        full = (mode == RECOMPUTE.index("full"))[:, None]
+        full, recomputed = (mode == RECOMPUTE.index("full"))[:, None], flight.recomputed
         split = np.where(batch.sp, batch.tp, 1.0)
         input_bytes = whole(model.hidden_size * batch.residual_bytes * batch.tokens / split).astype(np.int64)[:, None]
         packed = packed_reserved_bytes(recomputed, np.maximum(input_bytes, 1)) - recomputed * input_bytes
         layers = layers + np.where(full & (recomputed > 0), packed, 0)
-    layers = np.where(np.asarray(cols["offload_activations"], dtype=bool)[:, None], 0.0, layers)
+    offloaded = np.asarray(cols["offload_activations"], dtype=bool)[:, None]
+    layers = _rows_where(offloaded, int(np.count_nonzero(offloaded)), lambda: 0.0, lambda: layers)
     layers = layers + np.where(np.isfinite(working_most), working_most, 0.0) + output
-    held_bytes = stage_bytes[:, :, _BLOCK_CATEGORIES]  # each held as one large block
-    blocks = np.add.reduce(large_block_bytes(held_bytes) - held_bytes, axis=2)
+    # each held as one large block
+    blocks = np.add.reduce(large_block_excess_bytes(stage_bytes[:, :, _BLOCK_CATEGORIES]), axis=2)
     allocated = stage_peak - stage_bytes[:, :, CATEGORIES.index("allocator")]
     reserved = allocated + blocks + whole(np.maximum(layers, 0.0)).astype(np.int64)
     if stage_exists is not None:
         reserved = np.where(stage_exists, reserved, 0)
-    reserved = np.where((unclaimed > 0)[:, None], -1, reserved)
+    if unclaimed_rows:
+        reserved = np.where((unclaimed > 0)[:, None], -1, reserved)
     return reserved, unclaimed
 
 
@@ -1486,9 +1522,8 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     moments, host_bytes, offloaded_activations = _offload_activations(moments, stage, layer, where, cols,
                                                                       host_states)
     kept = {name: whole(persistent[name]) for name in ("parameters", "master", "optimizer_states")}
-    layer_keep = np.ceil(np.where((cols["recompute"] == RECOMPUTE.index("none"))[:, None], layer.keep_plain,
-                                  layer.keep_recomputed) - 1e-3)
-    beyond = ~np.logical_and.reduce(layer_keep <= MAX_EXACT_BYTES, axis=1)
+    layer_keep = layer.kept
+    beyond = layer.beyond_exact.copy()  # (more rows are set below)
     host_per_node = np.zeros(len(beyond))
     if np.count_nonzero(host_bytes):  # NaN or past 2**53 flags the row below
         host_per_node = topology.worst_node_total(
@@ -1518,12 +1553,12 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
                                           stage_exists)
     return Composed(stage_reserved_bytes=stage_reserved, reserved_unclaimed=unclaimed, stage_bytes=stage_bytes,
                     stage_peak_bytes=stage_peak,
-                    peak_bytes=stage_peak[np.arange(len(peak_stage)), peak_stage], peak_stage=peak_stage,
+                    peak_bytes=np.maximum.reduce(stage_peak, axis=1), peak_stage=peak_stage,  # the argmax's
                     stage_layers=stage_layers, stage_moment=best_moment,
                     layer_bytes=kept_rows(layer_keep),  # NaN rows are beyond
                     unpriced={"working": layer.unpriced_working, "output working": unpriced_output,
                               "selective": layer.unpriced_selective}, beyond_exact=beyond,
                     stage_kind_layers=where.rank_layers(with_mtp=False), head_stage=where.head_rank,
-                    embedding_stage=np.argmax(where.has_embedding, axis=1), stage_host_bytes=host_bytes,
+                    embedding_stage=where.has_embedding.argmax(axis=1), stage_host_bytes=host_bytes,
                     host_bytes_per_node=kept_rows(host_per_node),
                     stage_offloaded_activation_bytes=offloaded_activations)
