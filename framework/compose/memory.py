@@ -748,6 +748,67 @@ class _LayerActivations:
     shared: np.ndarray            # what a layer saves of the tensors its model hands every layer, once a stage
     kept: np.ndarray              # whole bytes a layer keeps under the row's recompute (nan: unpriced)
     beyond_exact: np.ndarray      # (N,) bool: some kind's kept bytes not finite or past MAX_EXACT_BYTES
+    reserved: "_LayerReserved"    # what the caching allocator reserves beyond them (_reserved)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class _LayerReserved:
+    """What the caching allocator reserves beyond one layer's bytes of each kind, one micro-batch: the census's
+    replays (:func:`_reserved`), ``(K, N)``, the kinds leading as the placement's counts."""
+
+    unpriced: np.ndarray  # bool: no replay of a kept layer's or of the working peak's
+    layer: np.ndarray     # a kept layer's excess (0 where unpriced)
+    working: np.ndarray   # the working peak's (0 where unpriced)
+    # the same under the row's selective or core-attention policy, for its recomputed layers (arrays); None where
+    # no row runs one
+    policy_unpriced: Any = None
+    policy_layer: Any = None
+    policy_working: Any = None
+
+    def arrays(self) -> List[np.ndarray]:
+        return [x for x in (self.unpriced, self.layer, self.working, self.policy_unpriced, self.policy_layer,
+                            self.policy_working) if x is not None]
+
+
+def _replay_figure(recs, seq_index, batch: "_Batch", name: str, autocast_name: Optional[str] = None) -> np.ndarray:
+    """The record's allocator figure *name*, or the autocast pass's replay (*autocast_name*) where the row runs
+    fp32 parameters under it."""
+    values = recs[name][seq_index]
+    if autocast_name is None or not batch.any_fp32_autocast:
+        return values
+    fp32_autocast = batch.fp32_autocast
+    return np.where(fp32_autocast[:, None] if values.ndim == 2 else fp32_autocast, recs[autocast_name][seq_index],
+                    values)
+
+
+def _layer_reserved(recs, seq_index, cols, batch: "_Batch") -> _LayerReserved:
+    """Each kind's replays' figures a layer and micro-batch of the row's tokens, split by tp as the records say."""
+    def row(name, autocast_name=None):
+        return _replay_figure(recs, seq_index, batch, name, autocast_name)
+
+    def at_tp(x, x_tp):  # (K, N): the kinds lead, as the placement's counts
+        return (batch.tokens[:, None] * _tp_share(batch, x, x_tp)).T
+
+    per_layer = at_tp(row("reserved_layer", "autocast_reserved_layer"),
+                      row("reserved_layer_tp", "autocast_reserved_layer_tp"))
+    working = at_tp(row("reserved_working", "autocast_reserved_working"),
+                    row("reserved_working_tp", "autocast_reserved_working_tp"))
+    out = _LayerReserved(unpriced=np.isnan(per_layer) | np.isnan(working), layer=nan_to_zero(per_layer),
+                         working=nan_to_zero(working))
+    used = batch.recompute_used
+    if not (used[RECOMPUTE.index("core_attention")] or used[RECOMPUTE.index("selective")]):
+        return out
+    core = cols["recompute"] == RECOMPUTE.index("core_attention")
+
+    def policy(name):
+        if not used[RECOMPUTE.index("core_attention")]:
+            return row(f"reserved_selective_{name}")
+        return np.where(core[:, None], row(f"reserved_core_attention_{name}"), row(f"reserved_selective_{name}"))
+
+    sel_layer, sel_working = at_tp(policy("layer"), policy("layer_tp")), at_tp(policy("working"),
+                                                                                policy("working_tp"))
+    return attrs.evolve(out, policy_unpriced=np.isnan(sel_layer) | np.isnan(sel_working),
+                        policy_layer=nan_to_zero(sel_layer), policy_working=nan_to_zero(sel_working))
 
 
 def _ring_attention_working(model: ModelTables, cols, batch: _Batch, kv_split) -> np.ndarray:
@@ -822,15 +883,17 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
     hit = _LAYER_ONE_ROW.get(key)
     if hit is None or hit[0] is not model or hit[1] is not recs:
         layer = _layer_activations_rows(model, recs, seq_index, cols, batch)
-        for field in attrs.fields(_LayerActivations):
-            getattr(layer, field.name).setflags(write=False)
+        for array in [getattr(layer, field.name) for field in attrs.fields(_LayerActivations)
+                      if field.name != "reserved"] + layer.reserved.arrays():
+            array.setflags(write=False)
         if len(_LAYER_ONE_ROW) >= placement_rules.ONE_ROW_KEPT:
             _LAYER_ONE_ROW.clear()
         hit = _LAYER_ONE_ROW[key] = (model, recs, layer)
     return hit[2]
 
 
-# every column _layer_activations reads (itself, through _Batch and _ring_attention_working) beside the autocast:
+# every column _layer_activations reads (itself, through _Batch, _ring_attention_working and _layer_reserved) beside
+# the autocast:
 # a one-row key missing one would hand a strategy another's figures
 _LAYER_READ = ("tp", "cp", "sp", "micro_batch", "seq", "compute_dtype", "param_dtype", "recompute", "cp_algo",
                "cp_rotate", "etp", "moe_imbalance")
@@ -903,6 +966,7 @@ def _layer_activations_rows(model: ModelTables, recs, seq_index, cols, batch: _B
                              lambda: keep_recomputed_priced))
     return _LayerActivations(
         kept=kept, beyond_exact=~np.logical_and.reduce(kept <= MAX_EXACT_BYTES, axis=1),
+        reserved=_layer_reserved(recs, seq_index, cols, batch),
         keep_plain=keep_plain, keep_recomputed=keep_recomputed_priced, working_plain=working_plain,
         working_recomputed=working_recomputed, excess_plain=np.maximum(working_plain - keep_plain, 0.0),
         excess_recomputed=np.maximum(working_recomputed - keep_recomputed, 0.0),
@@ -968,19 +1032,20 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
     excess_by_split, working_by_split = ((layer.excess_plain, layer.excess_recomputed),
                                          (layer.working_plain, layer.working_recomputed))
     # a loop over the kinds and splits some rank holds, never layers: the first whose backward holds the most
-    for k, split in where.held_splits:
+    pairs = where.held_splits
+    for i, (k, split) in enumerate(pairs):
         made, pending, present = made_by_kind[k], pending_by_kind[k], where.holds_split[k, split]
         excess, working = excess_by_split[split][:, k, None], working_by_split[split][:, k, None]
         score = excess + made
         later = present & (score > best_last)
         out["excess"], out["made_last"] = np.where(later, excess, out["excess"]), np.where(later, made,
                                                                                            out["made_last"])
-        best_last = np.where(later, score, best_last)
-        score = working - pending
-        later = present & (score > best_end)
-        out["working_layer"] = np.where(later, working, out["working_layer"])
-        out["pending_end"] = np.where(later, pending, out["pending_end"])
-        best_end = np.where(later, score, best_end)
+        score_end = working - pending
+        later_end = present & (score_end > best_end)
+        out["working_layer"] = np.where(later_end, working, out["working_layer"])
+        out["pending_end"] = np.where(later_end, pending, out["pending_end"])
+        if i + 1 < len(pairs):  # (the last pair's best is read by none)
+            best_last, best_end = np.where(later, score, best_last), np.where(later_end, score_end, best_end)
     out["shared_copies_extra"] = zeros
     if np.count_nonzero(layer.shared):  # the tensors the model hands every layer: one storage a chunk and micro-batch
         per_kind = layer.shared.T[:, :, None, None]  # (K, N, 1, 1)
@@ -1023,8 +1088,11 @@ def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.P
     unpriced = np.isnan(out_working)
     peak = _rows_where(unpriced, int(np.count_nonzero(unpriced)), lambda: keep,
                        lambda: tokens * at_tp(nan_to_zero(out_working), row("working_tp")))
+    others = np.maximum(flight.on_head - 1, 0) * keep[:, None]
+    if where.head_everywhere:
+        return others + np.maximum(peak, keep)[:, None], others, unpriced
     has_head = where.has_head
-    others = np.where(has_head, np.maximum(flight.on_head - 1, 0) * keep[:, None], 0.0)
+    others = np.where(has_head, others, 0.0)
     return np.where(has_head, others + np.maximum(peak, keep)[:, None], 0.0), others, unpriced
 
 
@@ -1344,9 +1412,9 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
         if any_overhead:
             allocators.append(np.ceil(overhead * total - 1e-3))
             total = total + allocators[-1]
-        if i == 0:
+        if i == 0 and not where.head_everywhere:
             total = np.where(where.has_head, total, -1.0)
-        if i == 3:
+        if i == 3 and not where.embedding_everywhere:
             total = np.where(where.has_embedding, total, -1.0)
         totals.append(total)
     # the first largest moment, as the loop keeping the first of strictly larger ones (a NaN ends it)
@@ -1377,8 +1445,7 @@ _BLOCK_CATEGORIES = np.array([CATEGORIES.index(name) for name in ("parameters", 
 
 
 def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement,
-              flight: _InFlight,
-              stage_bytes, stage_peak, stage_exists):
+              flight: _InFlight, layer: "_LayerActivations", stage_bytes, stage_peak, stage_exists):
     """(N, R) bytes the caching allocator reserves for each stage's peak (-1: not claimed), and why not (N,).
 
     The peak's allocated bytes (``allocator_overhead``'s guess replaced) plus what the allocator
@@ -1399,49 +1466,29 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     and values and ``etp`` do not change it.
     """
     fp32_autocast, any_fp32_autocast = batch.fp32_autocast, batch.any_fp32_autocast
-
-    def row(name, autocast_name=None):  # the autocast pass's replay where the row runs fp32 parameters under it
-        values = recs[name][seq_index]
-        if autocast_name is None or not any_fp32_autocast:
-            return values
-        return np.where(fp32_autocast[:, None] if values.ndim == 2 else fp32_autocast,
-                        recs[autocast_name][seq_index], values)
-
-    def at_tp(x, x_tp):  # (K, N): the kinds lead, as the placement's counts
-        return (batch.tokens[:, None] * _tp_share(batch, x, x_tp)).T
-
     mode = cols["recompute"]
     used = batch.recompute_used
-    core = mode == RECOMPUTE.index("core_attention")
-    policed = core | (mode == RECOMPUTE.index("selective"))  # rows whose recomputed layers run a policy
+    policed = (mode == RECOMPUTE.index("core_attention")) | (mode == RECOMPUTE.index("selective"))
     any_policed = used[RECOMPUTE.index("core_attention")] or used[RECOMPUTE.index("selective")]
-    per_layer = at_tp(row("reserved_layer", "autocast_reserved_layer"),
-                      row("reserved_layer_tp", "autocast_reserved_layer_tp"))
-    working = at_tp(row("reserved_working", "autocast_reserved_working"),
-                    row("reserved_working_tp", "autocast_reserved_working_tp"))
-
-    def policy(name):
-        if not used[RECOMPUTE.index("core_attention")]:
-            return row(f"reserved_selective_{name}")
-        return np.where(core[:, None], row(f"reserved_core_attention_{name}"), row(f"reserved_selective_{name}"))
-
+    figures = layer.reserved  # (K, N) each kind's replays' figures
     n, ranks = stage_peak.shape
     # (K, N, R) over the kinds at once, never a layer: their layers on each rank, and those times the
     # micro-batches each chunk holds
     present, redone = where.holds_kind, where.holds_split[:, 1]
     redone_held = flight.recomputed_layers
-    missing = present & (np.isnan(per_layer) | np.isnan(working))[:, :, None]
+    missing = present & figures.unpriced[:, :, None]
     if any_policed:  # a policy's recomputed layers: its replays' figures
-        sel_layer, sel_working = at_tp(policy("layer"), policy("layer_tp")), at_tp(policy("working"),
-                                                                                    policy("working_tp"))
         by_policy = policed[None, :, None] & redone
-        missing |= by_policy & (np.isnan(sel_layer) | np.isnan(sel_working))[:, :, None]
+        missing |= by_policy & figures.policy_unpriced[:, :, None]
     vocab_parallel = np.asarray(cols["vocab_parallel"], dtype=bool)
-    x, x_tp = row("out_reserved", "out_autocast_reserved"), row("out_reserved_tp", "out_autocast_reserved_tp")
+    x, x_tp = (_replay_figure(recs, seq_index, batch, name, name.replace("out_", "out_autocast_"))
+               for name in ("out_reserved", "out_reserved_tp"))
     output = batch.tokens * _rows_where(vocab_parallel, int(np.count_nonzero(vocab_parallel)),
                                         lambda: _tp_share(batch, x, x_tp), lambda: x + x_tp)
-    unknown = (np.logical_or.reduce(missing, axis=(0, 2))
-               | np.logical_or.reduce(where.has_head & np.isnan(output)[:, None], axis=1))
+    output_unknown = np.isnan(output)
+    if not where.head_everywhere:  # the head's stage's
+        output_unknown = np.logical_or.reduce(where.has_head & output_unknown[:, None], axis=1)
+    unknown = np.logical_or.reduce(missing, axis=(0, 2)) | output_unknown
     if any_fp32_autocast:  # under fp32 autocast the policies' passes (run with bf16 parameters) are not the run's
         autocast_unknown = fp32_autocast & (unknown | (policed & np.logical_or.reduce(flight.recomputed > 0,
                                                                                           axis=1)))
@@ -1452,20 +1499,22 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     if unclaimed_rows == n:  # no row's claimed (no replay of some kind's, as the formulas')
         return np.full((n, ranks), -1, dtype=np.int64), unclaimed
     plain = flight.plain_layers
-    kept = plain * nan_to_zero(per_layer)[:, :, None]
+    kept = plain * figures.layer[:, :, None]
     as_plain = present
     if any_policed:
         as_plain = present & ~(by_policy & (plain == 0))
-        by_policy_kept = np.where(policed[None, :, None], redone_held * nan_to_zero(sel_layer)[:, :, None], 0.0)
+        by_policy_kept = np.where(policed[None, :, None], redone_held * figures.policy_layer[:, :, None], 0.0)
         # each kind's plain layers, then its policy's: the order of the sum over kinds
         kept = np.concatenate((kept[:, None], by_policy_kept[:, None]), axis=1).reshape((-1, n, ranks))
-    most = np.where(as_plain, nan_to_zero(working)[:, :, None], -np.inf)
+    most = np.where(as_plain, figures.working[:, :, None], -np.inf)
     if any_policed:
-        most = np.concatenate((most, np.where(by_policy, nan_to_zero(sel_working)[:, :, None], -np.inf)))
+        most = np.concatenate((most, np.where(by_policy, figures.policy_working[:, :, None], -np.inf)))
     activations = _sum_in_order(kept, (n, ranks))
     # the working peak's excess: the largest of a plain (or fully recomputed) layer's and a policy's
     working_most = np.maximum.reduce(most, axis=0, initial=-np.inf)
-    output = np.where(where.has_head, nan_to_zero(output)[:, None], 0.0)
+    output = nan_to_zero(output)[:, None]
+    if not where.head_everywhere:
+        output = np.where(where.has_head, output, 0.0)
     layers = activations
     if used[RECOMPUTE.index("full")]:  # a full-recompute layer's kept input, as packed into segments
         full, recomputed = (mode == RECOMPUTE.index("full"))[:, None], flight.recomputed
@@ -1549,8 +1598,8 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
         host_bytes[~stage_exists] = 0
         offloaded_activations[~stage_exists] = 0
     peak_stage = stage_peak.argmax(axis=1)
-    stage_reserved, unclaimed = _reserved(model, recs, seq_index, cols, batch, where, held, stage_bytes, stage_peak,
-                                          stage_exists)
+    stage_reserved, unclaimed = _reserved(model, recs, seq_index, cols, batch, where, held, layer, stage_bytes,
+                                          stage_peak, stage_exists)
     return Composed(stage_reserved_bytes=stage_reserved, reserved_unclaimed=unclaimed, stage_bytes=stage_bytes,
                     stage_peak_bytes=stage_peak,
                     peak_bytes=np.maximum.reduce(stage_peak, axis=1), peak_stage=peak_stage,  # the argmax's

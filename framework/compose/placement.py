@@ -147,6 +147,16 @@ class Placement:
         return _read_only(self.last.any(axis=2))
 
     @functools.cached_property
+    def head_everywhere(self) -> bool:
+        """Every rank holds the head (one stage: a step skips its choice by rank)."""
+        return bool(np.logical_and.reduce(self.has_head, axis=None))
+
+    @functools.cached_property
+    def embedding_everywhere(self) -> bool:
+        """Every rank holds the embedding."""
+        return bool(np.logical_and.reduce(self.has_embedding, axis=None))
+
+    @functools.cached_property
     def rank_kind_layers(self) -> np.ndarray:
         """(K, N, R) int64: each rank's layers of each kind over its chunks, MTP ones with the head (read-only)."""
         return _read_only(self.layers.sum(axis=3))
