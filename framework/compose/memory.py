@@ -505,8 +505,11 @@ def _batch(cols: Mapping[str, Any]) -> _Batch:
     autocast_rows = int(np.count_nonzero(autocast))
     fp32_autocast = autocast & (param_bytes == 4) & (compute_bytes == 2) if autocast_rows else autocast
     mode = cols["recompute"]
-    used = (np.bincount(mode, minlength=len(RECOMPUTE)) > 0).tolist() if len(mode) != 1 else \
-        [code == int(mode[0]) for code in range(len(RECOMPUTE))]
+    if len(mode) != 1:
+        used = (np.bincount(mode, minlength=len(RECOMPUTE)) > 0).tolist()
+    else:  # one strategy: its mode alone
+        code = mode.item()
+        used = [code == other for other in range(len(RECOMPUTE))]
     return _Batch(tp=cols["tp"].astype(np.float64), tp_int=np.asarray(cols["tp"], dtype=np.int64), cp=cp,
                   cp_int=np.asarray(cols["cp"], dtype=np.int64), sp=np.asarray(cols["sp"], dtype=bool),
                   tokens=cols["micro_batch"].astype(np.float64) * cols["seq"].astype(np.float64) / cp,
@@ -701,7 +704,9 @@ def _persistent_bytes(params: _StageParameters, batch: _Batch, cols, states_per_
     """
     dense_ways, routed_ways = batch.sharding.category_ways
     # (C, N, R): the parameter elements of each category of SHARDED_FROM_ZERO this device holds
-    elements = (ceil_div(params.dense, dense_ways[:, :, None]) + ceil_div(params.routed, routed_ways[:, :, None]))
+    elements = ceil_div(params.dense, dense_ways[:, :, None])
+    if np.count_nonzero(params.routed):  # (a dense model's stages hold no routed experts: 0 elements)
+        elements = elements + ceil_div(params.routed, routed_ways[:, :, None])
     parameters, gradients, master, states = (elements[_SHARDED_INDEX[name]] for name in
                                              ("parameters", "gradients", "master", "optimizer_states"))
     grad_bytes = batch.grad_bytes[:, None]
@@ -1122,7 +1127,6 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     place: no buffer).
     """
     n, ranks = params.dense.shape
-    compute, grad = batch.compute_bytes[:, None], batch.grad_bytes[:, None]
     t, sp, tokens = batch.tp, batch.sp, batch.tokens
     activation_buffers = np.zeros((n, ranks))  # each below where some row holds it (bytes are never negative)
     tp_rows = sp & (batch.tp_int > 1)
@@ -1145,6 +1149,7 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     gathers = batch.sharding.sharded["parameters"]
     if not np.count_nonzero(gathers):  # no row gathers parameters (no FSDP, no ZeRO-3): the activations' alone
         return activation_buffers, activation_buffers, activation_buffers
+    compute, grad = batch.compute_bytes[:, None], batch.grad_bytes[:, None]
     layer_gathered = _gathered_layer_bytes(model, params, batch, cols)[:, :, None]  # (K, N, 1) bytes
     on_rank = layers > 0  # (K, N, R)
     largest = np.maximum.reduce(np.where(on_rank, (params.layer_dense + params.layer_routed)[:, :, None], 0), axis=0,
