@@ -135,7 +135,13 @@ def large_block_bytes(nbytes):
     For the composition's persistent tensors (parameters, gradients, optimizer states), each reserved as
     its own segment; the same rule as :func:`segment_bytes` for requests of 10 MiB and more.
     """
-    return -(-nbytes // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
+    return nbytes + large_block_excess_bytes(nbytes)
+
+
+def large_block_excess_bytes(nbytes):
+    """What the block of :func:`large_block_bytes` reserves beyond the tensor's *nbytes* (integers): up to the
+    next multiple of 2 MiB, ``-nbytes`` modulo 2 MiB (one operation: the memory composition takes it of a batch)."""
+    return -nbytes % ROUND_LARGE_BYTES
 
 
 def packed_reserved_bytes(count, nbytes):
@@ -395,4 +401,5 @@ def stack_excess(forward: Sequence[Tuple[Hashable, int]], backward: Sequence[Tup
 
 
 __all__ = ["AllocatorConfig", "AllocatorStats", "CachingAllocator", "StackExcess", "large_block_bytes",
-           "packed_reserved_bytes", "replay", "round_size", "segment_bytes", "stack_excess", "tagged", "MIB"]
+           "large_block_excess_bytes", "packed_reserved_bytes", "replay", "round_size", "segment_bytes", "stack_excess",
+           "tagged", "MIB"]

@@ -33,12 +33,13 @@ beside the rest) is not one of ``MOMENTS``.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np
 
-from ndcost.allocator import large_block_bytes, packed_reserved_bytes
+from ndcost.allocator import large_block_excess_bytes, packed_reserved_bytes
 from ndcost.columns import DTYPE_BYTES
 from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
@@ -81,10 +82,10 @@ def _sum_in_order(terms, shape):
 def _rows_where(condition, count: int, if_true, if_false):
     """``np.where(condition, if_true(), if_false())``, computing only the branch a row takes where every row
     takes the same one (a batch of one strategy always does); *count* is ``np.count_nonzero(condition)``.
-    The branches have the result's shape."""
+    The branches have the result's shape (or broadcast to it)."""
     if count == 0:
         return if_false()
-    if count == len(condition):
+    if count == condition.size:
         return if_true()
     return np.where(condition, if_true(), if_false())
 
@@ -501,42 +502,102 @@ def _batch(cols: Mapping[str, Any]) -> _Batch:
     compute_bytes, param_bytes = DTYPE_BYTES[cols["compute_dtype"]], DTYPE_BYTES[cols["param_dtype"]]
     shard = sharding_rules.sharding(cols)
     autocast = (cols["compute_dtype"] != cols["param_dtype"]) & ~shard.sharded["parameters"]
-    fp32_autocast = autocast & (param_bytes == 4) & (compute_bytes == 2)
+    autocast_rows = int(np.count_nonzero(autocast))
+    fp32_autocast = autocast & (param_bytes == 4) & (compute_bytes == 2) if autocast_rows else autocast
     mode = cols["recompute"]
-    used = (np.bincount(mode, minlength=len(RECOMPUTE)) > 0).tolist() if len(mode) != 1 else \
-        [code == int(mode[0]) for code in range(len(RECOMPUTE))]
-    return _Batch(tp=cols["tp"].astype(np.float64), tp_int=cols["tp"].astype(np.int64), cp=cp,
-                  cp_int=cols["cp"].astype(np.int64), sp=cols["sp"].astype(bool),
+    if len(mode) != 1:
+        used = (np.bincount(mode, minlength=len(RECOMPUTE)) > 0).tolist()
+    else:  # one strategy: its mode alone
+        code = mode.item()
+        used = [code == other for other in range(len(RECOMPUTE))]
+    return _Batch(tp=cols["tp"].astype(np.float64), tp_int=np.asarray(cols["tp"], dtype=np.int64), cp=cp,
+                  cp_int=np.asarray(cols["cp"], dtype=np.int64), sp=np.asarray(cols["sp"], dtype=bool),
                   tokens=cols["micro_batch"].astype(np.float64) * cols["seq"].astype(np.float64) / cp,
                   compute_bytes=compute_bytes, param_bytes=param_bytes,
                   grad_bytes=DTYPE_BYTES[cols["grad_dtype"]], optimizer_bytes=DTYPE_BYTES[cols["optimizer_dtype"]],
                   master_bytes=DTYPE_BYTES[cols["master_dtype"]], autocast=autocast,
-                  residual_bytes=np.where(autocast, param_bytes, compute_bytes), sharding=shard,
-                  fp32_autocast=fp32_autocast, any_fp32_autocast=bool(np.count_nonzero(fp32_autocast)),
+                  residual_bytes=_rows_where(autocast, autocast_rows, lambda: param_bytes, lambda: compute_bytes),
+                  sharding=shard, fp32_autocast=fp32_autocast,
+                  any_fp32_autocast=autocast_rows > 0 and bool(np.count_nonzero(fp32_autocast)),
                   recompute_used=tuple(used), sp_rows=int(np.count_nonzero(cols["sp"])))
 
 
 def _whole_gradients(batch: _Batch) -> np.ndarray:
-    """(N,) bool: the backward holds each gradient whole (not sharded, or FSDP deferring its reduce-scatter)."""
-    return ~batch.sharding.sharded["gradients"] | batch.sharding.defers_reduce
+    """(N,) bool: the backward holds each gradient whole (:attr:`ndcost.compose.sharding.Sharding.whole_gradients`)."""
+    return batch.sharding.whole_gradients
 
 
-_HELD_ONE_ROW: Dict[Tuple[int, int], Tuple[placement_rules.Placement, np.ndarray]] = {}
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
 
 
-def _in_flight(cols: Mapping[str, Any], schedules: Sequence[Any], where: placement_rules.Placement) -> np.ndarray:
-    """(N, R, V) micro-batches whose activations each chunk keeps at its rank's peak (the schedule's); for one
+@attrs.frozen(kw_only=True, eq=False)
+class _InFlight:
+    """The micro-batches each chunk keeps at its rank's peak (``held``, the schedule's), and what the steps read
+    of them with the placement, each made once when first read (read-only: one strategy's are kept)."""
+
+    held: np.ndarray               # (N, R, V) int64
+    passes: np.ndarray             # (N,) int64: the backward passes each rank runs a step (num_micro_batches * vpp)
+    where: placement_rules.Placement
+
+    @functools.cached_property
+    def as_float(self) -> np.ndarray:
+        return _read_only(self.held.astype(np.float64))
+
+    @functools.cached_property
+    def keeps(self) -> np.ndarray:
+        """(N, R, V) bool: the chunk keeps a micro-batch."""
+        return _read_only(self.held > 0)
+
+    @functools.cached_property
+    def per_rank(self) -> np.ndarray:
+        """(N, R) int64: over the rank's chunks."""
+        return _read_only(np.add.reduce(self.held, axis=2))
+
+    @functools.cached_property
+    def accumulating(self) -> np.ndarray:
+        """(N, R) bool: the rank has run a backward before its last (it holds every gradient)."""
+        return _read_only(self.passes[:, None] > self.per_rank)
+
+    @functools.cached_property
+    def on_head(self) -> np.ndarray:
+        """(N, R) int64: those of the chunk holding the head."""
+        return _read_only(np.add.reduce(np.where(self.where.last, self.held, 0), axis=2))
+
+    @functools.cached_property
+    def plain_layers(self) -> np.ndarray:
+        """(K, N, R) int64: each kind's layers that do not recompute times their chunk's micro-batches."""
+        return _read_only(np.add.reduce(self.where.plain * self.held, axis=3))
+
+    @functools.cached_property
+    def recomputed_layers(self) -> np.ndarray:
+        """(K, N, R) int64: and those that recompute."""
+        return _read_only(np.add.reduce(self.where.recomputed * self.held, axis=3))
+
+    @functools.cached_property
+    def recomputed(self) -> np.ndarray:
+        """(N, R) int64: the recomputing layers times their chunk's micro-batches, over the kinds."""
+        return _read_only(np.add.reduce(self.recomputed_layers, axis=0))
+
+
+_HELD_ONE_ROW: Dict[Tuple[int, int], Tuple[placement_rules.Placement, _InFlight]] = {}
+
+
+def _in_flight(cols: Mapping[str, Any], schedules: Sequence[Any], where: placement_rules.Placement) -> _InFlight:
+    """The micro-batches whose activations each chunk keeps at its rank's peak (the schedule's); for one
     strategy kept with its placement (:func:`ndcost.compose.placement.place` keeps that per layout), read-only."""
     if len(cols["pp"]) != 1:
-        return _held(cols, schedules, where)
+        return _InFlight(held=_held(cols, schedules, where), passes=cols["num_micro_batches"] * cols["vpp"],
+                         where=where)
     key = (id(where), int(cols["num_micro_batches"][0]))  # with the placement, every field _held reads
     hit = _HELD_ONE_ROW.get(key)
     if hit is None or hit[0] is not where:
-        held = _held(cols, schedules, where)
-        held.setflags(write=False)
+        flight = _InFlight(held=_read_only(_held(cols, schedules, where)),
+                           passes=_read_only(cols["num_micro_batches"] * cols["vpp"]), where=where)
         if len(_HELD_ONE_ROW) >= placement_rules.ONE_ROW_KEPT:
             _HELD_ONE_ROW.clear()
-        hit = _HELD_ONE_ROW[key] = (where, held)
+        hit = _HELD_ONE_ROW[key] = (where, flight)
     return hit[1]
 
 
@@ -569,8 +630,7 @@ class _StageParameters:
     embedding_gradient: np.ndarray  # the embedding's own (a tied one's comes with the head's)
 
 
-def _stage_parameters(model: ModelTables, batch: _Batch, cols, where: placement_rules.Placement,
-                      layers: np.ndarray) -> _StageParameters:
+def _stage_parameters(model: ModelTables, batch: _Batch, cols, where: placement_rules.Placement) -> _StageParameters:
     """Each stage's parameter elements: its layers, the embedding on the first virtual stage, final norm and head on
     the last.
 
@@ -578,9 +638,32 @@ def _stage_parameters(model: ModelTables, batch: _Batch, cols, where: placement_
     projections by ``min(tp, kv_heads)``: TP beyond the KV heads replicates
     them, as Megatron does), routed experts by ``ep * etp``, embedding and
     head by ``tp`` under ``vocab_parallel``; a tied head is the embedding,
-    counted once per holder.
+    counted once per holder. For one strategy kept by the model, its placement and the columns it reads,
+    read-only (a search's strategies share them where they differ in dp, cp, dtypes, the micro-batches ...).
     """
-    ti = batch.tp_int
+    if len(batch.tp_int) != 1:
+        return _stage_parameters_rows(model, batch, cols, where)
+    key = (id(model), id(where), *(cols[name].item() for name in _PARAMETERS_READ))
+    hit = _PARAMETERS_ONE_ROW.get(key)
+    if hit is None or hit[0] is not model or hit[1] is not where:
+        params = _stage_parameters_rows(model, batch, cols, where)
+        for field in attrs.fields(_StageParameters):
+            getattr(params, field.name).setflags(write=False)
+        if len(_PARAMETERS_ONE_ROW) >= placement_rules.ONE_ROW_KEPT:
+            _PARAMETERS_ONE_ROW.clear()
+        hit = _PARAMETERS_ONE_ROW[key] = (model, where, params)
+    return hit[2]
+
+
+# every column _stage_parameters reads beside its placement (tp through _Batch): a one-row key missing one would
+# hand a strategy another's parameters
+_PARAMETERS_READ = ("tp", "ep", "etp", "vocab_parallel")
+_PARAMETERS_ONE_ROW: Dict[Tuple[Any, ...], Tuple[ModelTables, placement_rules.Placement, _StageParameters]] = {}
+
+
+def _stage_parameters_rows(model: ModelTables, batch: _Batch, cols,
+                           where: placement_rules.Placement) -> _StageParameters:
+    ti, layers = batch.tp_int, where.rank_kind_layers
     ep_etp = (cols["ep"] * cols["etp"]).astype(np.int64)
     kv_split = np.minimum(ti, model.kv_heads)
     # (K, N): the kinds at once
@@ -621,7 +704,9 @@ def _persistent_bytes(params: _StageParameters, batch: _Batch, cols, states_per_
     """
     dense_ways, routed_ways = batch.sharding.category_ways
     # (C, N, R): the parameter elements of each category of SHARDED_FROM_ZERO this device holds
-    elements = (ceil_div(params.dense, dense_ways[:, :, None]) + ceil_div(params.routed, routed_ways[:, :, None]))
+    elements = ceil_div(params.dense, dense_ways[:, :, None])
+    if np.count_nonzero(params.routed):  # (a dense model's stages hold no routed experts: 0 elements)
+        elements = elements + ceil_div(params.routed, routed_ways[:, :, None])
     parameters, gradients, master, states = (elements[_SHARDED_INDEX[name]] for name in
                                              ("parameters", "gradients", "master", "optimizer_states"))
     grad_bytes = batch.grad_bytes[:, None]
@@ -629,9 +714,13 @@ def _persistent_bytes(params: _StageParameters, batch: _Batch, cols, states_per_
     root = ceil_div(np.concatenate((params.head_gradient[None], params.embedding_gradient[None])),
                     dense_ways[_SHARDED_INDEX["gradients"]][:, None]) * grad_bytes
     optimizer = cols["optimizer"]
-    return {
-        "parameters": parameters * batch.param_bytes[:, None]
-        + np.where(batch.autocast[:, None], params.copies * batch.compute_bytes[:, None], 0),
+    parameter_bytes = parameters * batch.param_bytes[:, None]
+    autocast_rows = int(np.count_nonzero(batch.autocast))
+    if autocast_rows:  # the copies autocast makes (a row without them adds 0, left out: exact, bytes are not -0.0)
+        parameter_bytes = parameter_bytes + _rows_where(batch.autocast[:, None], autocast_rows,
+                                                        lambda: params.copies * batch.compute_bytes[:, None], lambda: 0)
+    out = {
+        "parameters": parameter_bytes,
         "gradients": gradients * grad_bytes,
         "master": master * batch.master_bytes[:, None],
         "optimizer_states": states * (states_per_parameter[optimizer] * batch.optimizer_bytes)[:, None],
@@ -639,12 +728,14 @@ def _persistent_bytes(params: _StageParameters, batch: _Batch, cols, states_per_
         "head_gradients": root[0],
         "embedding_gradients": root[1],
         "optimizer_shard_elements": states,  # the parameters this device's optimizer steps
+    }
+    if np.count_nonzero(batch.sharding.defers_reduce):  # read by _moments where some row defers
         # under gradient_sync=last_micro_batch FSDP2 accumulates each gradient unsharded (FSDPParam.
         # unsharded_accumulated_grad, in the reduce dtype: torchtitan's mixed_precision_reduce, ndcost's grad_dtype)
-        "gradients_whole": (params.dense + params.routed) * batch.grad_bytes[:, None],
-        "head_gradients_whole": params.head_gradient * batch.grad_bytes[:, None],
-        "embedding_gradients_whole": params.embedding_gradient * batch.grad_bytes[:, None],
-    }
+        out.update(gradients_whole=(params.dense + params.routed) * grad_bytes,
+                   head_gradients_whole=params.head_gradient * grad_bytes,
+                   embedding_gradients_whole=params.embedding_gradient * grad_bytes)
+    return out
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -660,6 +751,69 @@ class _LayerActivations:
     unpriced_working: np.ndarray  # (N,) bool
     unpriced_selective: np.ndarray  # (N,) bool
     shared: np.ndarray            # what a layer saves of the tensors its model hands every layer, once a stage
+    kept: np.ndarray              # whole bytes a layer keeps under the row's recompute (nan: unpriced)
+    beyond_exact: np.ndarray      # (N,) bool: some kind's kept bytes not finite or past MAX_EXACT_BYTES
+    reserved: "_LayerReserved"    # what the caching allocator reserves beyond them (_reserved)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class _LayerReserved:
+    """What the caching allocator reserves beyond one layer's bytes of each kind, one micro-batch: the census's
+    replays (:func:`_reserved`), ``(K, N)``, the kinds leading as the placement's counts."""
+
+    unpriced: np.ndarray  # bool: no replay of a kept layer's or of the working peak's
+    layer: np.ndarray     # a kept layer's excess (0 where unpriced)
+    working: np.ndarray   # the working peak's (0 where unpriced)
+    # the same under the row's selective or core-attention policy, for its recomputed layers (arrays); None where
+    # no row runs one
+    policy_unpriced: Any = None
+    policy_layer: Any = None
+    policy_working: Any = None
+
+    def arrays(self) -> List[np.ndarray]:
+        return [x for x in (self.unpriced, self.layer, self.working, self.policy_unpriced, self.policy_layer,
+                            self.policy_working) if x is not None]
+
+
+def _replay_figure(recs, seq_index, batch: "_Batch", name: str, autocast_name: Optional[str] = None) -> np.ndarray:
+    """The record's allocator figure *name*, or the autocast pass's replay (*autocast_name*) where the row runs
+    fp32 parameters under it."""
+    values = recs[name][seq_index]
+    if autocast_name is None or not batch.any_fp32_autocast:
+        return values
+    fp32_autocast = batch.fp32_autocast
+    return np.where(fp32_autocast[:, None] if values.ndim == 2 else fp32_autocast, recs[autocast_name][seq_index],
+                    values)
+
+
+def _layer_reserved(recs, seq_index, cols, batch: "_Batch") -> _LayerReserved:
+    """Each kind's replays' figures a layer and micro-batch of the row's tokens, split by tp as the records say."""
+    def row(name, autocast_name=None):
+        return _replay_figure(recs, seq_index, batch, name, autocast_name)
+
+    def at_tp(x, x_tp):  # (K, N): the kinds lead, as the placement's counts
+        return (batch.tokens[:, None] * _tp_share(batch, x, x_tp)).T
+
+    per_layer = at_tp(row("reserved_layer", "autocast_reserved_layer"),
+                      row("reserved_layer_tp", "autocast_reserved_layer_tp"))
+    working = at_tp(row("reserved_working", "autocast_reserved_working"),
+                    row("reserved_working_tp", "autocast_reserved_working_tp"))
+    out = _LayerReserved(unpriced=np.isnan(per_layer) | np.isnan(working), layer=nan_to_zero(per_layer),
+                         working=nan_to_zero(working))
+    used = batch.recompute_used
+    if not (used[RECOMPUTE.index("core_attention")] or used[RECOMPUTE.index("selective")]):
+        return out
+    core = cols["recompute"] == RECOMPUTE.index("core_attention")
+
+    def policy(name):
+        if not used[RECOMPUTE.index("core_attention")]:
+            return row(f"reserved_selective_{name}")
+        return np.where(core[:, None], row(f"reserved_core_attention_{name}"), row(f"reserved_selective_{name}"))
+
+    sel_layer, sel_working = at_tp(policy("layer"), policy("layer_tp")), at_tp(policy("working"),
+                                                                                policy("working_tp"))
+    return attrs.evolve(out, policy_unpriced=np.isnan(sel_layer) | np.isnan(sel_working),
+                        policy_layer=nan_to_zero(sel_layer), policy_working=nan_to_zero(sel_working))
 
 
 def _ring_attention_working(model: ModelTables, cols, batch: _Batch, kv_split) -> np.ndarray:
@@ -734,15 +888,17 @@ def _layer_activations(model: ModelTables, recs, seq_index, cols, batch: _Batch)
     hit = _LAYER_ONE_ROW.get(key)
     if hit is None or hit[0] is not model or hit[1] is not recs:
         layer = _layer_activations_rows(model, recs, seq_index, cols, batch)
-        for field in attrs.fields(_LayerActivations):
-            getattr(layer, field.name).setflags(write=False)
+        for array in [getattr(layer, field.name) for field in attrs.fields(_LayerActivations)
+                      if field.name != "reserved"] + layer.reserved.arrays():
+            array.setflags(write=False)
         if len(_LAYER_ONE_ROW) >= placement_rules.ONE_ROW_KEPT:
             _LAYER_ONE_ROW.clear()
         hit = _LAYER_ONE_ROW[key] = (model, recs, layer)
     return hit[2]
 
 
-# every column _layer_activations reads (itself, through _Batch and _ring_attention_working) beside the autocast:
+# every column _layer_activations reads (itself, through _Batch, _ring_attention_working and _layer_reserved) beside
+# the autocast:
 # a one-row key missing one would hand a strategy another's figures
 _LAYER_READ = ("tp", "cp", "sp", "micro_batch", "seq", "compute_dtype", "param_dtype", "recompute", "cp_algo",
                "cp_rotate", "etp", "moe_imbalance")
@@ -809,8 +965,14 @@ def _layer_activations_rows(model: ModelTables, recs, seq_index, cols, batch: _B
     if used[full_code]:  # the input a full checkpoint keeps, where the working figure leaves it out
         full = (mode == full_code)[:, None]
         working_recomputed = working_plain + np.where(full, tokens * full_input * row("working_input"), 0.0)
+    keep_recomputed_priced = nan_to_zero(keep_recomputed)
+    plain_rows = mode == RECOMPUTE.index("none")
+    kept = whole(_rows_where(plain_rows[:, None], int(np.count_nonzero(plain_rows)), lambda: keep_plain,
+                             lambda: keep_recomputed_priced))
     return _LayerActivations(
-        keep_plain=keep_plain, keep_recomputed=nan_to_zero(keep_recomputed), working_plain=working_plain,
+        kept=kept, beyond_exact=~np.logical_and.reduce(kept <= MAX_EXACT_BYTES, axis=1),
+        reserved=_layer_reserved(recs, seq_index, cols, batch),
+        keep_plain=keep_plain, keep_recomputed=keep_recomputed_priced, working_plain=working_plain,
         working_recomputed=working_recomputed, excess_plain=np.maximum(working_plain - keep_plain, 0.0),
         excess_recomputed=np.maximum(working_recomputed - keep_recomputed, 0.0),
         unpriced_working=np.logical_or.reduce(unpriced_working, axis=1),
@@ -838,8 +1000,8 @@ class _StageActivations:
     shared_copies_extra: np.ndarray
 
 
-def _stage_activations(layer: _LayerActivations, where: placement_rules.Placement, held, params: _StageParameters,
-                       batch: _Batch, cols, grad_share) -> _StageActivations:
+def _stage_activations(layer: _LayerActivations, where: placement_rules.Placement, flight: _InFlight,
+                       params: _StageParameters, batch: _Batch, grad_share) -> _StageActivations:
     """Activations of every chunk's layers times the micro-batches it keeps, and the kind whose backward peaks.
 
     What the model hands every layer and they save (the rotary tables) is one storage a chunk and
@@ -851,48 +1013,50 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
     accumulating: every gradient exists already). The kind whose backward
     holds the most decides.
     """
+    held, held_float = flight.held, flight.as_float
     n, ranks = held.shape[:2]
-    accumulating = (cols["num_micro_batches"] * cols["vpp"]).astype(np.int64)[:, None] > np.add.reduce(held, axis=2)
+    accumulating = flight.accumulating
     share_rows = ~accumulating & _whole_gradients(batch)[:, None]
-    held_float = held.astype(np.float64)
     out: Dict[str, np.ndarray] = {}
     # (K, N, R, V), the kinds and chunks at once (never a layer): one micro-batch of each chunk's layers; the
     # sums run kind by kind, chunk by chunk (as a loop would, to the bit)
-    micro_batch = (where.plain * layer.keep_plain.T[:, :, None, None]
-                   + where.recomputed * layer.keep_recomputed.T[:, :, None, None])
+    micro_batch = where.plain * layer.keep_plain.T[:, :, None, None]
+    if where.recomputes:  # (a recomputing layer's keep is finite: without one the term adds zeros)
+        micro_batch = micro_batch + where.recomputed * layer.keep_recomputed.T[:, :, None, None]
     out["activations"] = _sum_in_order(_chunks_by_kind(held_float * micro_batch), (n, ranks))
-    out["one_micro_batch"] = _sum_in_order(_chunks_by_kind(np.where(held > 0, micro_batch, 0.0)), (n, ranks))
+    out["one_micro_batch"] = _sum_in_order(_chunks_by_kind(np.where(flight.keeps, micro_batch, 0.0)), (n, ranks))
     # (K, N, R): each kind's gradients made by its layer's working moment and those still to come
     layer_grads = ((params.layer_dense + params.layer_routed) * batch.grad_bytes)[:, :, None]
     made_by_kind = np.where(share_rows, grad_share.T[:, :, None] * layer_grads, 0.0)
     pending_by_kind = np.where(share_rows, layer_grads, 0.0) - made_by_kind
-    present_by_kind = where.rank_kind_split > 0  # (K, 2, N, R): plain layers, recomputed ones
     zeros = np.zeros((n, ranks))
     out.update(excess=zeros, made_last=zeros, working_layer=zeros, pending_end=zeros)
-    best_last, best_end = np.full((n, ranks), -np.inf), np.full((n, ranks), -np.inf)
-    # (K, N, 1): each kind's figure a row, the kinds leading as the loop reads them
-    excess_plain, excess_recomputed = layer.excess_plain.T[:, :, None], layer.excess_recomputed.T[:, :, None]
-    working_plain, working_recomputed = layer.working_plain.T[:, :, None], layer.working_recomputed.T[:, :, None]
-    for k in range(len(made_by_kind)):  # a loop over kinds, never layers: the first whose backward holds the most
-        made, pending = made_by_kind[k], pending_by_kind[k]
-        for present, excess, working in ((present_by_kind[k, 0], excess_plain[k], working_plain[k]),
-                                         (present_by_kind[k, 1], excess_recomputed[k], working_recomputed[k])):
-            score = excess + made
-            later = present & (score > best_last)
-            out["excess"], out["made_last"] = np.where(later, excess, out["excess"]), np.where(later, made,
-                                                                                               out["made_last"])
-            best_last = np.where(later, score, best_last)
-            score = working - pending
-            later = present & (score > best_end)
-            out["working_layer"] = np.where(later, working, out["working_layer"])
-            out["pending_end"] = np.where(later, pending, out["pending_end"])
-            best_end = np.where(later, score, best_end)
-    out["shared_copies_extra"] = np.zeros((n, ranks))
+    best_last: Any = -np.inf  # the best score yet, each rank's once a kind is held
+    best_end: Any = -np.inf
+    # (N, K): each kind's figure a row, plain layers', recomputed ones'
+    excess_by_split, working_by_split = ((layer.excess_plain, layer.excess_recomputed),
+                                         (layer.working_plain, layer.working_recomputed))
+    # a loop over the kinds and splits some rank holds, never layers: the first whose backward holds the most
+    pairs = where.held_splits
+    for i, (k, split) in enumerate(pairs):
+        made, pending, present = made_by_kind[k], pending_by_kind[k], where.holds_split[k, split]
+        excess, working = excess_by_split[split][:, k, None], working_by_split[split][:, k, None]
+        score = excess + made
+        later = present & (score > best_last)
+        out["excess"], out["made_last"] = np.where(later, excess, out["excess"]), np.where(later, made,
+                                                                                           out["made_last"])
+        score_end = working - pending
+        later_end = present & (score_end > best_end)
+        out["working_layer"] = np.where(later_end, working, out["working_layer"])
+        out["pending_end"] = np.where(later_end, pending, out["pending_end"])
+        if i + 1 < len(pairs):  # (the last pair's best is read by none)
+            best_last, best_end = np.where(later, score, best_last), np.where(later_end, score_end, best_end)
+    out["shared_copies_extra"] = zeros
     if np.count_nonzero(layer.shared):  # the tensors the model hands every layer: one storage a chunk and micro-batch
         per_kind = layer.shared.T[:, :, None, None]  # (K, N, 1, 1)
         shared = np.where(where.layers > 0, per_kind, 0.0).max(axis=0)  # (N, R, V)
         copies = (where.layers * per_kind).sum(axis=0)
-        in_flight = np.where(held > 0, shared, 0.0)
+        in_flight = np.where(flight.keeps, shared, 0.0)
         out["shared_copies_extra"] = (held_float * (copies - shared)).sum(axis=2)
         out["activations"] = out["activations"] + (held_float * shared).sum(axis=2)
         out["one_micro_batch"] = out["one_micro_batch"] + in_flight.sum(axis=2)
@@ -907,7 +1071,7 @@ def _chunks_by_kind(x):
     return x.transpose(0, 3, 1, 2).reshape((-1,) + x.shape[1:3])
 
 
-def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement, held):
+def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement, flight: _InFlight):
     """(N, R) bytes of the output layer (final norm, head, loss with fp32 logits) on the head's stage.
 
     Kept bytes per micro-batch in flight and its backward peak; the
@@ -915,7 +1079,7 @@ def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.P
     output backward moment's bytes, the other micro-batches' kept bytes, and
     which rows' output working figure is unpriced.
     """
-    vocab_parallel, tokens = cols["vocab_parallel"].astype(bool), batch.tokens
+    vocab_parallel, tokens = np.asarray(cols["vocab_parallel"], dtype=bool), batch.tokens
     vocab_rows = int(np.count_nonzero(vocab_parallel))
 
     def at_tp(x, x_tp):
@@ -929,9 +1093,11 @@ def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.P
     unpriced = np.isnan(out_working)
     peak = _rows_where(unpriced, int(np.count_nonzero(unpriced)), lambda: keep,
                        lambda: tokens * at_tp(nan_to_zero(out_working), row("working_tp")))
+    others = np.maximum(flight.on_head - 1, 0) * keep[:, None]
+    if where.head_everywhere:
+        return others + np.maximum(peak, keep)[:, None], others, unpriced
     has_head = where.has_head
-    head_held = np.add.reduce(np.where(where.last, held, 0), axis=2)
-    others = np.where(has_head, np.maximum(head_held - 1, 0) * keep[:, None], 0.0)
+    others = np.where(has_head, others, 0.0)
     return np.where(has_head, others + np.maximum(peak, keep)[:, None], 0.0), others, unpriced
 
 
@@ -961,7 +1127,6 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     place: no buffer).
     """
     n, ranks = params.dense.shape
-    compute, grad = batch.compute_bytes[:, None], batch.grad_bytes[:, None]
     t, sp, tokens = batch.tp, batch.sp, batch.tokens
     activation_buffers = np.zeros((n, ranks))  # each below where some row holds it (bytes are never negative)
     tp_rows = sp & (batch.tp_int > 1)
@@ -984,6 +1149,7 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     gathers = batch.sharding.sharded["parameters"]
     if not np.count_nonzero(gathers):  # no row gathers parameters (no FSDP, no ZeRO-3): the activations' alone
         return activation_buffers, activation_buffers, activation_buffers
+    compute, grad = batch.compute_bytes[:, None], batch.grad_bytes[:, None]
     layer_gathered = _gathered_layer_bytes(model, params, batch, cols)[:, :, None]  # (K, N, 1) bytes
     on_rank = layers > 0  # (K, N, R)
     largest = np.maximum.reduce(np.where(on_rank, (params.layer_dense + params.layer_routed)[:, :, None], 0), axis=0,
@@ -1022,7 +1188,7 @@ _TORCH_ENGINE = PP_ENGINES.index("torch")
 
 
 def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement,
-                      held) -> Optional[List[np.ndarray]]:
+                      flight: _InFlight) -> Optional[List[np.ndarray]]:
     """(N, R) bytes of ``pp_engine=torch``'s receive buffers at each of ``MOMENTS``; None where no row runs it.
 
     ``torch/distributed/pipelining/stage.py``: ``_setup_forward_recv_info`` gives each local stage but the
@@ -1050,6 +1216,7 @@ def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, 
     rows = np.asarray(cols["pp_engine"]) == _TORCH_ENGINE
     if not np.count_nonzero(rows):
         return None
+    held = flight.held
     n = held.shape[0]
     torch_rows = (rows & (cols["pp"] > 1))[:, None, None]
     boundary = whole(model.hidden_size * batch.residual_bytes * batch.tokens / np.where(batch.sp, batch.tp, 1.0))
@@ -1066,7 +1233,7 @@ def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, 
                & ~np.asarray(cols["offload_activations"], dtype=bool)[:, None, None])
     in_flight = (held * aliased).sum(axis=2) * boundary[:, None]
     others = (np.maximum(held - 1, 0) * aliased).sum(axis=2) * boundary[:, None]
-    arriving = np.where(~where.has_head & torch_rows[:, :, 0] & (held.sum(axis=2) > 0), boundary[:, None], 0.0)
+    arriving = np.where(~where.has_head & torch_rows[:, :, 0] & (flight.per_rank > 0), boundary[:, None], 0.0)
     return [buffers - in_flight, buffers - in_flight - arriving, buffers - others, buffers - others, buffers]
 
 
@@ -1097,9 +1264,9 @@ def _offload_states(persistent, batch: _Batch, cols) -> Tuple[Dict[str, np.ndarr
     bound for DeepSpeed, which also keeps its host copy in fp32 whatever ``grad_dtype``). Returns the
     device's persistent dict and the host's ``{"persistent", "step"}`` ``(N, R)`` bytes.
     """
-    optimizer, params = cols["offload_optimizer"].astype(bool), cols["offload_params"].astype(bool)
-    zeros = np.zeros_like(persistent["parameters"], dtype=np.float64)
+    optimizer, params = (np.asarray(cols[name], dtype=bool) for name in ("offload_optimizer", "offload_params"))
     if not (np.count_nonzero(optimizer) or np.count_nonzero(params)):
+        zeros = np.zeros(np.shape(persistent["parameters"]))
         return persistent, {"persistent": zeros, "step": zeros}
     optimizer, params = optimizer[:, None], params[:, None]
     moved = dict(persistent)
@@ -1127,7 +1294,7 @@ def _offload_activations(moments, stage: _StageActivations, layer: _LayerActivat
     the step runs once the backward has freed them) and a micro-batch's activation bytes a stage copies
     each way (the time model's traffic). Left out: the pinned staging and the copy stream's events.
     """
-    rows = cols["offload_activations"].astype(bool)
+    rows = np.asarray(cols["offload_activations"], dtype=bool)
     zeros = np.zeros(stage.activations.shape)
     if not np.count_nonzero(rows):
         return moments, host_states["persistent"] + host_states["step"], zeros
@@ -1179,10 +1346,19 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
         return whole(_rows_where(defers, defer_rows, lambda: persistent[f"{name}_whole"], lambda: persistent[name]))
 
     grads_all, head_grads = held("gradients"), held("head_gradients")
+    accumulating_ranks = int(np.count_nonzero(accumulating))
+
+    def unless_accumulating(fresh):  # np.where(accumulating, grads_all, fresh), fresh made only where some rank is
+        return _rows_where(accumulating, accumulating_ranks, lambda: grads_all, fresh)
+
     fsdp_rows = np.count_nonzero(fsdp2)
-    root_late = np.where(fsdp2, head_grads, 0.0) if fsdp_rows else 0.0
-    grads_first = np.where(accumulating, grads_all, head_grads - root_late)
-    grads_last = np.where(accumulating, grads_all, grads_all - held("embedding_gradients") - root_late)
+    if fsdp_rows:
+        root_late = np.where(fsdp2, head_grads, 0.0)
+        grads_first = unless_accumulating(lambda: head_grads - root_late)
+        grads_last = unless_accumulating(lambda: grads_all - held("embedding_gradients") - root_late)
+    else:  # no root gradient comes late (subtracting zero is exact: left out)
+        grads_first = unless_accumulating(lambda: head_grads)
+        grads_last = unless_accumulating(lambda: grads_all - held("embedding_gradients"))
     others = whole(other_outputs)
     # the embedding's arriving gradient is the rank's whole sequence (SP gathers it); where a gradient exists
     # already (accumulation, a tied head's) the new one is held before it is added in
@@ -1193,12 +1369,15 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
         sort_rows = np.where(tokens > EMBEDDING_SORT_MIN_TOKENS, np.minimum(tokens, vocab_rows), 0.0)
         embedding_input = embedding_input + 4.0 * hidden * sort_rows
     embedding_whole = np.where(_whole_gradients(batch), params.embedding * batch.grad_bytes, 0.0)[:, None]
-    embedding_working = embedding_input[:, None] + np.where(accumulating | model.tied, embedding_whole, 0.0)
+    embedding_working = embedding_input[:, None] + (embedding_whole if model.tied else _rows_where(
+        accumulating, accumulating_ranks, lambda: embedding_whole, lambda: 0.0))
     kept = whole(stage.activations)
     others_kept = whole(stage.activations - stage.one_micro_batch)
-    at_loss, at_last, at_end = (whole(buffer) for buffer in buffers)
+    made: Dict[int, np.ndarray] = {}  # the moments' buffers are often one array: made whole once
+    at_loss, at_last, at_end = (made[id(b)] if id(b) in made else made.setdefault(id(b), whole(b)) for b in buffers)
     return [
-        dict(gradients=np.where(accumulating, grads_all, 0.0), activations=kept, working=zeros,
+        dict(gradients=_rows_where(accumulating, accumulating_ranks, lambda: grads_all, lambda: zeros),
+             activations=kept, working=zeros,
              output=whole(output_bytes), communication=at_loss),
         dict(gradients=whole(grads_first + stage.made_last), activations=kept, working=whole(stage.excess),
              output=others, communication=at_last),
@@ -1207,7 +1386,8 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
         dict(gradients=np.where(fsdp2 & ~accumulating, grads_last, grads_all) if fsdp_rows else grads_all,
              activations=others_kept,
              working=whole(embedding_working), output=others, communication=at_end),
-        dict(gradients=whole(persistent["gradients"]), activations=zeros, working=whole(persistent["step_temporaries"]),
+        dict(gradients=whole(persistent["gradients"]) if defer_rows else grads_all, activations=zeros,
+             working=whole(persistent["step_temporaries"]),
              output=zeros, communication=zeros),
     ]
 
@@ -1227,7 +1407,7 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
     set in *beyond* ``(N,)`` and hold 0.
     """
     base = persistent["parameters"] + persistent["master"] + persistent["optimizer_states"]
-    overhead = cols["allocator_overhead"].astype(np.float64)[:, None]
+    overhead = np.asarray(cols["allocator_overhead"], dtype=np.float64)[:, None]
     any_overhead = bool(np.count_nonzero(overhead))
     totals, allocators = [], []
     for i, moment in enumerate(moments):  # a loop over the five moments (a batch reads each array once)
@@ -1237,9 +1417,9 @@ def _peak(persistent, moments, where: placement_rules.Placement, cols, out: Opti
         if any_overhead:
             allocators.append(np.ceil(overhead * total - 1e-3))
             total = total + allocators[-1]
-        if i == 0:
+        if i == 0 and not where.head_everywhere:
             total = np.where(where.has_head, total, -1.0)
-        if i == 3:
+        if i == 3 and not where.embedding_everywhere:
             total = np.where(where.has_embedding, total, -1.0)
         totals.append(total)
     # the first largest moment, as the loop keeping the first of strictly larger ones (a NaN ends it)
@@ -1269,8 +1449,8 @@ _BLOCK_CATEGORIES = np.array([CATEGORIES.index(name) for name in ("parameters", 
                                                                    "gradients", "communication")])
 
 
-def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement, held,
-              stage_bytes, stage_peak, stage_exists):
+def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement,
+              flight: _InFlight, layer: "_LayerActivations", stage_bytes, stage_peak, stage_exists):
     """(N, R) bytes the caching allocator reserves for each stage's peak (-1: not claimed), and why not (N,).
 
     The peak's allocated bytes (``allocator_overhead``'s guess replaced) plus what the allocator
@@ -1291,88 +1471,73 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
     and values and ``etp`` do not change it.
     """
     fp32_autocast, any_fp32_autocast = batch.fp32_autocast, batch.any_fp32_autocast
-
-    def row(name, autocast_name=None):  # the autocast pass's replay where the row runs fp32 parameters under it
-        values = recs[name][seq_index]
-        if autocast_name is None or not any_fp32_autocast:
-            return values
-        return np.where(fp32_autocast[:, None] if values.ndim == 2 else fp32_autocast,
-                        recs[autocast_name][seq_index], values)
-
-    def at_tp(x, x_tp):  # (K, N): the kinds lead, as the placement's counts
-        return (batch.tokens[:, None] * _tp_share(batch, x, x_tp)).T
-
     mode = cols["recompute"]
     used = batch.recompute_used
-    core = mode == RECOMPUTE.index("core_attention")
-    policed = core | (mode == RECOMPUTE.index("selective"))  # rows whose recomputed layers run a policy
+    policed = (mode == RECOMPUTE.index("core_attention")) | (mode == RECOMPUTE.index("selective"))
     any_policed = used[RECOMPUTE.index("core_attention")] or used[RECOMPUTE.index("selective")]
-    per_layer = at_tp(row("reserved_layer", "autocast_reserved_layer"),
-                      row("reserved_layer_tp", "autocast_reserved_layer_tp"))
-    working = at_tp(row("reserved_working", "autocast_reserved_working"),
-                    row("reserved_working_tp", "autocast_reserved_working_tp"))
-
-    def policy(name):
-        if not used[RECOMPUTE.index("core_attention")]:
-            return row(f"reserved_selective_{name}")
-        return np.where(core[:, None], row(f"reserved_core_attention_{name}"), row(f"reserved_selective_{name}"))
-
+    figures = layer.reserved  # (K, N) each kind's replays' figures
     n, ranks = stage_peak.shape
     # (K, N, R) over the kinds at once, never a layer: their layers on each rank, and those times the
     # micro-batches each chunk holds
-    present, redone = where.rank_kind_layers > 0, where.rank_kind_split[:, 1] > 0
-    redone_held = np.add.reduce(where.recomputed * held, axis=3)
-    recomputed = np.add.reduce(redone_held, axis=0)
-    missing = present & (np.isnan(per_layer) | np.isnan(working))[:, :, None]
+    present, redone = where.holds_kind, where.holds_split[:, 1]
+    redone_held = flight.recomputed_layers
+    missing = present & figures.unpriced[:, :, None]
     if any_policed:  # a policy's recomputed layers: its replays' figures
-        sel_layer, sel_working = at_tp(policy("layer"), policy("layer_tp")), at_tp(policy("working"),
-                                                                                    policy("working_tp"))
         by_policy = policed[None, :, None] & redone
-        missing |= by_policy & (np.isnan(sel_layer) | np.isnan(sel_working))[:, :, None]
-    vocab_parallel = cols["vocab_parallel"].astype(bool)
-    x, x_tp = row("out_reserved", "out_autocast_reserved"), row("out_reserved_tp", "out_autocast_reserved_tp")
+        missing |= by_policy & figures.policy_unpriced[:, :, None]
+    vocab_parallel = np.asarray(cols["vocab_parallel"], dtype=bool)
+    x, x_tp = (_replay_figure(recs, seq_index, batch, name, name.replace("out_", "out_autocast_"))
+               for name in ("out_reserved", "out_reserved_tp"))
     output = batch.tokens * _rows_where(vocab_parallel, int(np.count_nonzero(vocab_parallel)),
                                         lambda: _tp_share(batch, x, x_tp), lambda: x + x_tp)
-    unknown = (np.logical_or.reduce(missing, axis=(0, 2))
-               | np.logical_or.reduce(where.has_head & np.isnan(output)[:, None], axis=1))
+    output_unknown = np.isnan(output)
+    if not where.head_everywhere:  # the head's stage's
+        output_unknown = np.logical_or.reduce(where.has_head & output_unknown[:, None], axis=1)
+    unknown = np.logical_or.reduce(missing, axis=(0, 2)) | output_unknown
     if any_fp32_autocast:  # under fp32 autocast the policies' passes (run with bf16 parameters) are not the run's
-        autocast_unknown = fp32_autocast & (unknown | (policed & np.logical_or.reduce(recomputed > 0, axis=1)))
+        autocast_unknown = fp32_autocast & (unknown | (policed & np.logical_or.reduce(flight.recomputed > 0,
+                                                                                          axis=1)))
         unclaimed = np.where(unknown & ~fp32_autocast, 1, np.where(autocast_unknown, 2, 0))
     else:
         unclaimed = unknown.astype(np.int64)
-    if np.count_nonzero(unclaimed) == n:  # no row's claimed (no replay of some kind's, as the formulas')
+    unclaimed_rows = int(np.count_nonzero(unclaimed))
+    if unclaimed_rows == n:  # no row's claimed (no replay of some kind's, as the formulas')
         return np.full((n, ranks), -1, dtype=np.int64), unclaimed
-    plain = np.add.reduce(where.plain * held, axis=3)
-    kept = plain * nan_to_zero(per_layer)[:, :, None]
+    plain = flight.plain_layers
+    kept = plain * figures.layer[:, :, None]
     as_plain = present
     if any_policed:
         as_plain = present & ~(by_policy & (plain == 0))
-        by_policy_kept = np.where(policed[None, :, None], redone_held * nan_to_zero(sel_layer)[:, :, None], 0.0)
+        by_policy_kept = np.where(policed[None, :, None], redone_held * figures.policy_layer[:, :, None], 0.0)
         # each kind's plain layers, then its policy's: the order of the sum over kinds
         kept = np.concatenate((kept[:, None], by_policy_kept[:, None]), axis=1).reshape((-1, n, ranks))
-    most = np.where(as_plain, nan_to_zero(working)[:, :, None], -np.inf)
+    most = np.where(as_plain, figures.working[:, :, None], -np.inf)
     if any_policed:
-        most = np.concatenate((most, np.where(by_policy, nan_to_zero(sel_working)[:, :, None], -np.inf)))
+        most = np.concatenate((most, np.where(by_policy, figures.policy_working[:, :, None], -np.inf)))
     activations = _sum_in_order(kept, (n, ranks))
     # the working peak's excess: the largest of a plain (or fully recomputed) layer's and a policy's
     working_most = np.maximum.reduce(most, axis=0, initial=-np.inf)
-    output = np.where(where.has_head, nan_to_zero(output)[:, None], 0.0)
+    output = nan_to_zero(output)[:, None]
+    if not where.head_everywhere:
+        output = np.where(where.has_head, output, 0.0)
     layers = activations
     if used[RECOMPUTE.index("full")]:  # a full-recompute layer's kept input, as packed into segments
-        full = (mode == RECOMPUTE.index("full"))[:, None]
+        full, recomputed = (mode == RECOMPUTE.index("full"))[:, None], flight.recomputed
         split = np.where(batch.sp, batch.tp, 1.0)
         input_bytes = whole(model.hidden_size * batch.residual_bytes * batch.tokens / split).astype(np.int64)[:, None]
         packed = packed_reserved_bytes(recomputed, np.maximum(input_bytes, 1)) - recomputed * input_bytes
         layers = layers + np.where(full & (recomputed > 0), packed, 0)
-    layers = np.where(np.asarray(cols["offload_activations"], dtype=bool)[:, None], 0.0, layers)
+    offloaded = np.asarray(cols["offload_activations"], dtype=bool)[:, None]
+    layers = _rows_where(offloaded, int(np.count_nonzero(offloaded)), lambda: 0.0, lambda: layers)
     layers = layers + np.where(np.isfinite(working_most), working_most, 0.0) + output
-    held_bytes = stage_bytes[:, :, _BLOCK_CATEGORIES]  # each held as one large block
-    blocks = np.add.reduce(large_block_bytes(held_bytes) - held_bytes, axis=2)
+    # each held as one large block
+    blocks = np.add.reduce(large_block_excess_bytes(stage_bytes[:, :, _BLOCK_CATEGORIES]), axis=2)
     allocated = stage_peak - stage_bytes[:, :, CATEGORIES.index("allocator")]
     reserved = allocated + blocks + whole(np.maximum(layers, 0.0)).astype(np.int64)
     if stage_exists is not None:
         reserved = np.where(stage_exists, reserved, 0)
-    reserved = np.where((unclaimed > 0)[:, None], -1, reserved)
+    if unclaimed_rows:
+        reserved = np.where((unclaimed > 0)[:, None], -1, reserved)
     return reserved, unclaimed
 
 
@@ -1395,11 +1560,11 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     where = placement_rules.place(model.stack, cols, schedules, mtp_counts=mtp, pp_bounds=cols.get("pp_bounds"))
     held = _in_flight(cols, schedules, where)
     layers = where.rank_kind_layers  # (K, N, R): each rank's layers, MTP ones with the head
-    params = _stage_parameters(model, batch, cols, where, layers)
+    params = _stage_parameters(model, batch, cols, where)
     persistent = _persistent_bytes(params, batch, cols, states_per_parameter, step_temporaries_per_parameter)
     persistent, host_states = _offload_states(persistent, batch, cols)
     layer = _layer_activations(model, recs, seq_index, cols, batch)
-    stage = _stage_activations(layer, where, held, params, batch, cols, recs["grad_share"][seq_index])
+    stage = _stage_activations(layer, where, held, params, batch, recs["grad_share"][seq_index])
     output_bytes, other_outputs, unpriced_output = _output_layer(recs, seq_index, cols, batch, where, held)
     buffers = _communication_buffers(model, params, batch, cols, where, layers)
     moments = _moments(model, persistent, params, stage, output_bytes, other_outputs, buffers, batch, cols,
@@ -1411,9 +1576,8 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     moments, host_bytes, offloaded_activations = _offload_activations(moments, stage, layer, where, cols,
                                                                       host_states)
     kept = {name: whole(persistent[name]) for name in ("parameters", "master", "optimizer_states")}
-    layer_keep = np.ceil(np.where((cols["recompute"] == RECOMPUTE.index("none"))[:, None], layer.keep_plain,
-                                  layer.keep_recomputed) - 1e-3)
-    beyond = ~np.logical_and.reduce(layer_keep <= MAX_EXACT_BYTES, axis=1)
+    layer_keep = layer.kept
+    beyond = layer.beyond_exact.copy()  # (more rows are set below)
     host_per_node = np.zeros(len(beyond))
     if np.count_nonzero(host_bytes):  # NaN or past 2**53 flags the row below
         host_per_node = topology.worst_node_total(
@@ -1439,16 +1603,16 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
         host_bytes[~stage_exists] = 0
         offloaded_activations[~stage_exists] = 0
     peak_stage = stage_peak.argmax(axis=1)
-    stage_reserved, unclaimed = _reserved(model, recs, seq_index, cols, batch, where, held, stage_bytes, stage_peak,
-                                          stage_exists)
+    stage_reserved, unclaimed = _reserved(model, recs, seq_index, cols, batch, where, held, layer, stage_bytes,
+                                          stage_peak, stage_exists)
     return Composed(stage_reserved_bytes=stage_reserved, reserved_unclaimed=unclaimed, stage_bytes=stage_bytes,
                     stage_peak_bytes=stage_peak,
-                    peak_bytes=stage_peak[np.arange(len(peak_stage)), peak_stage], peak_stage=peak_stage,
+                    peak_bytes=np.maximum.reduce(stage_peak, axis=1), peak_stage=peak_stage,  # the argmax's
                     stage_layers=stage_layers, stage_moment=best_moment,
                     layer_bytes=kept_rows(layer_keep),  # NaN rows are beyond
                     unpriced={"working": layer.unpriced_working, "output working": unpriced_output,
                               "selective": layer.unpriced_selective}, beyond_exact=beyond,
                     stage_kind_layers=where.rank_layers(with_mtp=False), head_stage=where.head_rank,
-                    embedding_stage=np.argmax(where.has_embedding, axis=1), stage_host_bytes=host_bytes,
+                    embedding_stage=where.has_embedding.argmax(axis=1), stage_host_bytes=host_bytes,
                     host_bytes_per_node=kept_rows(host_per_node),
                     stage_offloaded_activation_bytes=offloaded_activations)

@@ -147,6 +147,16 @@ class Placement:
         return _read_only(self.last.any(axis=2))
 
     @functools.cached_property
+    def head_everywhere(self) -> bool:
+        """Every rank holds the head (one stage: a step skips its choice by rank)."""
+        return bool(np.logical_and.reduce(self.has_head, axis=None))
+
+    @functools.cached_property
+    def embedding_everywhere(self) -> bool:
+        """Every rank holds the embedding."""
+        return bool(np.logical_and.reduce(self.has_embedding, axis=None))
+
+    @functools.cached_property
     def rank_kind_layers(self) -> np.ndarray:
         """(K, N, R) int64: each rank's layers of each kind over its chunks, MTP ones with the head (read-only)."""
         return _read_only(self.layers.sum(axis=3))
@@ -162,6 +172,29 @@ class Placement:
         that do (read-only)."""
         return _read_only(np.concatenate((self.plain.sum(axis=3)[:, None], self.recomputed.sum(axis=3)[:, None]),
                                          axis=1))
+
+    @functools.cached_property
+    def holds_kind(self) -> np.ndarray:
+        """(K, N, R) bool: the rank holds a layer of the kind, MTP ones with the head (read-only)."""
+        return _read_only(self.rank_kind_layers > 0)
+
+    @functools.cached_property
+    def holds_split(self) -> np.ndarray:
+        """(K, 2, N, R) bool: the rank holds a layer of the kind that does not recompute, one that does (read-only)."""
+        return _read_only(self.rank_kind_split > 0)
+
+    @functools.cached_property
+    def held_splits(self) -> Tuple[Tuple[int, int], ...]:
+        """The ``(kind, 0 plain or 1 recomputed)`` pairs of :attr:`holds_split` some row's rank holds, in order:
+        a step looping over the kinds skips those none holds (a plain stack has one kind, unrecomputed)."""
+        held = np.logical_or.reduce(self.holds_split.reshape(self.holds_split.shape[:2] + (-1,)), axis=2)
+        kinds, splits = np.nonzero(held)
+        return tuple(zip(kinds.tolist(), splits.tolist(), strict=True))
+
+    @functools.cached_property
+    def recomputes(self) -> bool:
+        """Some chunk recomputes a layer."""
+        return bool(np.count_nonzero(self.recomputed))
 
     @property
     def head_rank(self) -> np.ndarray:

@@ -83,6 +83,14 @@ class Sharding:
             array.setflags(write=False)
         return out
 
+    @functools.cached_property
+    def whole_gradients(self) -> np.ndarray:
+        """(N,) bool: the backward holds each gradient whole: not sharded, or FSDP deferring its reduce-scatter
+        (made once, read-only)."""
+        out = ~self.sharded["gradients"] | self.defers_reduce
+        out.setflags(write=False)
+        return out
+
     def expert_ways(self, category: str) -> np.ndarray:
         """As :meth:`routed_ways_of`, over every expert replica (the time model's optimizer step)."""
         return np.where(self.sharded[category], self.expert_replicas, 1.0)
