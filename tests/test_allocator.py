@@ -8,6 +8,7 @@ free_block (merge with free neighbours, keep cached).
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ndcost.allocator import (
@@ -164,6 +165,9 @@ def test_round_size():
 
 def test_large_block_bytes():
     assert [large_block_bytes(n) for n in (1, 2 * MIB, 2 * MIB + 1)] == [2 * MIB, 2 * MIB, 4 * MIB]
+    # the composition's arrays (int64): the same blocks, and 0 bytes reserve none
+    sizes = np.array([0, 1, 2 * MIB, 2 * MIB + 1, 3 * MIB - 512], dtype=np.int64)
+    assert large_block_bytes(sizes).tolist() == [0, 2 * MIB, 2 * MIB, 4 * MIB, 4 * MIB]
 
 
 def test_parse_alloc_conf():
