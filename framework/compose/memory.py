@@ -522,16 +522,6 @@ def _batch(cols: Mapping[str, Any]) -> _Batch:
                   recompute_used=tuple(used), sp_rows=int(np.count_nonzero(cols["sp"])))
 
 
-def _whole_gradients(batch: _Batch) -> np.ndarray:
-    """(N,) bool: the backward holds each gradient whole (:attr:`ndcost.compose.sharding.Sharding.whole_gradients`)."""
-    return batch.sharding.whole_gradients
-
-
-def _read_only(array: np.ndarray) -> np.ndarray:
-    array.setflags(write=False)
-    return array
-
-
 @attrs.frozen(kw_only=True, eq=False)
 class _InFlight:
     """The micro-batches each chunk keeps at its rank's peak (``held``, the schedule's), and what the steps read
@@ -543,42 +533,42 @@ class _InFlight:
 
     @functools.cached_property
     def as_float(self) -> np.ndarray:
-        return _read_only(self.held.astype(np.float64))
+        return placement_rules.read_only(self.held.astype(np.float64))
 
     @functools.cached_property
     def keeps(self) -> np.ndarray:
         """(N, R, V) bool: the chunk keeps a micro-batch."""
-        return _read_only(self.held > 0)
+        return placement_rules.read_only(self.held > 0)
 
     @functools.cached_property
     def per_rank(self) -> np.ndarray:
         """(N, R) int64: over the rank's chunks."""
-        return _read_only(np.add.reduce(self.held, axis=2))
+        return placement_rules.read_only(np.add.reduce(self.held, axis=2))
 
     @functools.cached_property
     def accumulating(self) -> np.ndarray:
         """(N, R) bool: the rank has run a backward before its last (it holds every gradient)."""
-        return _read_only(self.passes[:, None] > self.per_rank)
+        return placement_rules.read_only(self.passes[:, None] > self.per_rank)
 
     @functools.cached_property
     def on_head(self) -> np.ndarray:
         """(N, R) int64: those of the chunk holding the head."""
-        return _read_only(np.add.reduce(np.where(self.where.last, self.held, 0), axis=2))
+        return placement_rules.read_only(np.add.reduce(np.where(self.where.last, self.held, 0), axis=2))
 
     @functools.cached_property
     def plain_layers(self) -> np.ndarray:
         """(K, N, R) int64: each kind's layers that do not recompute times their chunk's micro-batches."""
-        return _read_only(np.add.reduce(self.where.plain * self.held, axis=3))
+        return placement_rules.read_only(np.add.reduce(self.where.plain * self.held, axis=3))
 
     @functools.cached_property
     def recomputed_layers(self) -> np.ndarray:
         """(K, N, R) int64: and those that recompute."""
-        return _read_only(np.add.reduce(self.where.recomputed * self.held, axis=3))
+        return placement_rules.read_only(np.add.reduce(self.where.recomputed * self.held, axis=3))
 
     @functools.cached_property
     def recomputed(self) -> np.ndarray:
         """(N, R) int64: the recomputing layers times their chunk's micro-batches, over the kinds."""
-        return _read_only(np.add.reduce(self.recomputed_layers, axis=0))
+        return placement_rules.read_only(np.add.reduce(self.recomputed_layers, axis=0))
 
 
 _HELD_ONE_ROW: Dict[Tuple[int, int], Tuple[placement_rules.Placement, _InFlight]] = {}
@@ -593,8 +583,8 @@ def _in_flight(cols: Mapping[str, Any], schedules: Sequence[Any], where: placeme
     key = (id(where), int(cols["num_micro_batches"][0]))  # with the placement, every field _held reads
     hit = _HELD_ONE_ROW.get(key)
     if hit is None or hit[0] is not where:
-        flight = _InFlight(held=_read_only(_held(cols, schedules, where)),
-                           passes=_read_only(cols["num_micro_batches"] * cols["vpp"]), where=where)
+        flight = _InFlight(held=placement_rules.read_only(_held(cols, schedules, where)),
+                           passes=placement_rules.read_only(cols["num_micro_batches"] * cols["vpp"]), where=where)
         if len(_HELD_ONE_ROW) >= placement_rules.ONE_ROW_KEPT:
             _HELD_ONE_ROW.clear()
         hit = _HELD_ONE_ROW[key] = (where, flight)
@@ -1016,7 +1006,7 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
     held, held_float = flight.held, flight.as_float
     n, ranks = held.shape[:2]
     accumulating = flight.accumulating
-    share_rows = ~accumulating & _whole_gradients(batch)[:, None]
+    share_rows = ~accumulating & batch.sharding.whole_gradients[:, None]
     out: Dict[str, np.ndarray] = {}
     # (K, N, R, V), the kinds and chunks at once (never a layer): one micro-batch of each chunk's layers; the
     # sums run kind by kind, chunk by chunk (as a loop would, to the bit)
@@ -1368,7 +1358,7 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
         vocab_rows = ceil_div(np.int64(model.embedding // max(hidden, 1)), params.vocab_split)
         sort_rows = np.where(tokens > EMBEDDING_SORT_MIN_TOKENS, np.minimum(tokens, vocab_rows), 0.0)
         embedding_input = embedding_input + 4.0 * hidden * sort_rows
-    embedding_whole = np.where(_whole_gradients(batch), params.embedding * batch.grad_bytes, 0.0)[:, None]
+    embedding_whole = np.where(batch.sharding.whole_gradients, params.embedding * batch.grad_bytes, 0.0)[:, None]
     embedding_working = embedding_input[:, None] + (embedding_whole if model.tied else _rows_where(
         accumulating, accumulating_ranks, lambda: embedding_whole, lambda: 0.0))
     kept = whole(stage.activations)
@@ -1486,8 +1476,8 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
         by_policy = policed[None, :, None] & redone
         missing |= by_policy & figures.policy_unpriced[:, :, None]
     vocab_parallel = np.asarray(cols["vocab_parallel"], dtype=bool)
-    x, x_tp = (_replay_figure(recs, seq_index, batch, name, name.replace("out_", "out_autocast_"))
-               for name in ("out_reserved", "out_reserved_tp"))
+    x = _replay_figure(recs, seq_index, batch, "out_reserved", "out_autocast_reserved")
+    x_tp = _replay_figure(recs, seq_index, batch, "out_reserved_tp", "out_autocast_reserved_tp")
     output = batch.tokens * _rows_where(vocab_parallel, int(np.count_nonzero(vocab_parallel)),
                                         lambda: _tp_share(batch, x, x_tp), lambda: x + x_tp)
     output_unknown = np.isnan(output)

@@ -139,12 +139,12 @@ class Placement:
     @functools.cached_property
     def has_embedding(self) -> np.ndarray:
         """(N, R) bool: the rank holds the embedding (made once, read-only: memory and time read it often)."""
-        return _read_only(self.first.any(axis=2))
+        return read_only(self.first.any(axis=2))
 
     @functools.cached_property
     def has_head(self) -> np.ndarray:
         """(N, R) bool: the rank holds the final norm and the head (made once, read-only)."""
-        return _read_only(self.last.any(axis=2))
+        return read_only(self.last.any(axis=2))
 
     @functools.cached_property
     def head_everywhere(self) -> bool:
@@ -159,29 +159,29 @@ class Placement:
     @functools.cached_property
     def rank_kind_layers(self) -> np.ndarray:
         """(K, N, R) int64: each rank's layers of each kind over its chunks, MTP ones with the head (read-only)."""
-        return _read_only(self.layers.sum(axis=3))
+        return read_only(self.layers.sum(axis=3))
 
     @functools.cached_property
     def plain(self) -> np.ndarray:
         """(K, N, R, V) int64: each chunk's layers that do not recompute (read-only)."""
-        return _read_only(self.layers - self.recomputed)
+        return read_only(self.layers - self.recomputed)
 
     @functools.cached_property
     def rank_kind_split(self) -> np.ndarray:
         """(K, 2, N, R) int64: each rank's layers of each kind over its chunks that do not recompute, then those
         that do (read-only)."""
-        return _read_only(np.concatenate((self.plain.sum(axis=3)[:, None], self.recomputed.sum(axis=3)[:, None]),
+        return read_only(np.concatenate((self.plain.sum(axis=3)[:, None], self.recomputed.sum(axis=3)[:, None]),
                                          axis=1))
 
     @functools.cached_property
     def holds_kind(self) -> np.ndarray:
         """(K, N, R) bool: the rank holds a layer of the kind, MTP ones with the head (read-only)."""
-        return _read_only(self.rank_kind_layers > 0)
+        return read_only(self.rank_kind_layers > 0)
 
     @functools.cached_property
     def holds_split(self) -> np.ndarray:
         """(K, 2, N, R) bool: the rank holds a layer of the kind that does not recompute, one that does (read-only)."""
-        return _read_only(self.rank_kind_split > 0)
+        return read_only(self.rank_kind_split > 0)
 
     @functools.cached_property
     def held_splits(self) -> Tuple[Tuple[int, int], ...]:
@@ -230,7 +230,8 @@ class RankPlacement:
         return cls(layers=layers, has_embedding=ranks == np.asarray(embedding_stage)[:, None], has_head=has_head)
 
 
-def _read_only(array: Any) -> np.ndarray:
+def read_only(array: Any) -> np.ndarray:
+    """*array* as a numpy array no one can write (what the one-strategy caches hand out)."""
     out = np.asarray(array)
     out.setflags(write=False)
     return out
