@@ -433,13 +433,13 @@ class CostModel:
         names = self.resolved.activation_sources.get(seq, {})
         for k in kinds:
             if k in names:  # an estimator's record (not given): its selective figure must price the runtime's policy
-                why = self._selective_mismatch(self._activation_estimator(names[k]))
+                why = self._selective_mismatch(self._activation_estimator(names[k]), k)
                 if why is not None and records[k].selective_per_token is not None:
                     records[k] = attrs.evolve(records[k], selective_per_token=None, selective_tp_per_token=None)
                     prov.setdefault("selective", {})[k] = f"unpriced: {why}"
                     continue
             if records[k].selective_per_token is None:
-                why = self._selective_mismatch(formulas)
+                why = self._selective_mismatch(formulas, k)
                 if why is not None:
                     prov.setdefault("selective", {})[k] = f"unpriced: {why}"
                     continue
@@ -483,27 +483,16 @@ class CostModel:
         return ("recompute=selective: no selective figure for some layer kind (neither the census nor the formulas "
                 "state one); use recompute=full or core_attention")
 
-    def _selective_mismatch(self, estimator: Any) -> Optional[str]:
-        """Why *estimator*'s selective figures do not price ``recompute=selective`` here, or None.
+    def _selective_mismatch(self, estimator: Any, kind: str) -> Optional[str]:
+        """Why *estimator*'s selective figure for *kind* does not price ``recompute=selective`` here, or None.
 
         ``selective`` is the runtime profile's checkpoint policy
-        (``Strategy.recompute``); an estimator stating ``selective_scope``
-        prices only a policy of that scope (the op records: the attention
-        core, Megatron-LM's selective), so under a runtime running another
-        (torchtitan's op-level policy) its figure is another recompute's.
-        Without a runtime profile the formulas' own selective is the one priced.
+        (``Strategy.recompute``), which the census runs; an estimator stating
+        ``selective_unpriced`` (the op records) says where its figures price
+        another recompute or none.
         """
-        scope = getattr(estimator, "selective_scope", None)
-        if scope is None or self._profile is None:
-            return None
-        policy = _registry().find(f"checkpoint_policy/{self._profile.selective_policy}")
-        if policy is not None and policy.scope == scope:
-            return None
-        runs = (f"checkpoint_policy/{self._profile.selective_policy} (not registered)" if policy is None
-                else f"checkpoint_policy/{policy.name} (scope {policy.scope})")
-        return (f"the {estimator.name} estimator prices only selective recompute of scope {scope}; runtime "
-                f"{self.runtime}'s selective is {runs}, which only the census measures: use census='auto' "
-                f"(pip install 'ndcost[census]'), or recompute=core_attention (Megatron-LM's selective) or full")
+        unpriced = getattr(estimator, "selective_unpriced", None)
+        return None if unpriced is None else unpriced(self.spec, kind, self._estimator_runtime)
 
     def _needs_census(self, name: str) -> bool:
         estimator = self._activation_estimator(name)

@@ -175,6 +175,16 @@ class ModelSpec:
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
+    @property
+    def qkv_bias(self) -> Optional[bool]:
+        """Whether the query, key and value projections add a bias (a family's ``extra``, else ``attention_bias``)."""
+        return self.extra.get("qkv_bias", self.attention_bias)
+
+    @property
+    def o_bias(self) -> Optional[bool]:
+        """Whether the attention's output projection adds a bias (a family's ``extra``, else ``attention_bias``)."""
+        return self.extra.get("o_bias", self.attention_bias)
+
     def layer_kinds(self, include_mtp: bool = False) -> Tuple[str, ...]:
         """The kind of every layer in model order."""
         return tuple(g.kind for g in self.layers if include_mtp or not g.mtp for _ in range(g.count))

@@ -32,9 +32,12 @@ __all__ = ["verify", "Verification", "VerifyRow", "DEFAULT_THRESHOLD"]
 DEFAULT_THRESHOLD = 0.02
 
 # KindRecord fields compared (bytes a token at TP 1).
-_RECORD_FIELDS = ("saved_per_token", "saved_tp_per_token", "working_per_token", "working_tp_per_token",
-                  "selective_per_token", "selective_tp_per_token")
-_SELECTIVE_FIELDS = ("selective_per_token", "selective_tp_per_token")
+# KindRecord fields compared: (field, unit); the selective ones under the runtime's checkpoint policy.
+_SELECTIVE_FIELDS = ("selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
+                     "recomputed_other_mm_share")
+_RECORD_FIELDS = tuple((name, "bytes/token") for name in ("saved_per_token", "saved_tp_per_token", "working_per_token",
+                                                          "working_tp_per_token") + _SELECTIVE_FIELDS[:2]) + tuple(
+    (name, "share of the forward's FLOPs") for name in _SELECTIVE_FIELDS[2:])
 # KindWork fields compared: (quantity, field, unit).
 _WORK_FIELDS = (("flops.attention_mm_per_token", "attention_mm_flops_per_token", "FLOPs/token"),
                 ("flops.other_mm_per_token", "other_mm_flops_per_token", "FLOPs/token"),
@@ -163,21 +166,20 @@ def _parameter_rows(spec: ModelSpec, count: Any, registry: Any) -> List[VerifyRo
 # activations, FLOPs and traffic
 # ---------------------------------------------------------------------------
 def _record_rows(kind: str, ours: Any, theirs: Any, threshold: float, ours_why: str,
-                 theirs_why: str, selective: Optional[Tuple[Any, str]] = None) -> List[VerifyRow]:
-    """The record's rows; the selective ones from *selective* (the census record and its note) where given."""
+                 theirs_why: str, selective_why: str = "") -> List[VerifyRow]:
+    """The record's rows; *selective_why* is why the formulas state no selective figure, where they do not."""
     rows = []
-    for name in _RECORD_FIELDS:
-        measured, said = selective if selective is not None and name in _SELECTIVE_FIELDS else (theirs, "")
+    for name, unit in _RECORD_FIELDS:
         f = None if ours is None else getattr(ours, name)
-        c = None if measured is None else getattr(measured, name)
-        note = ours_why if ours is None else (said or (theirs_why if measured is None else ""))
+        c = None if theirs is None else getattr(theirs, name)
+        note = ours_why if ours is None else (theirs_why if theirs is None else "")
         if f is None and c is None:
             continue  # neither side states it (the output layer's selective figure)
         if ours is not None and f is None:
-            note = note or "the formulas state no figure"
-        if measured is not None and c is None:
+            note = note or (selective_why if name in _SELECTIVE_FIELDS else "") or "the formulas state no figure"
+        if theirs is not None and c is None:
             note = note or "the census states no figure"
-        rows.append(_row(kind, name, "bytes/token", f, c, threshold, note))
+        rows.append(_row(kind, name, unit, f, c, threshold, note))
     for name in ("ops", "ops_tp"):
         f_ops = {} if ours is None else dict(getattr(ours, name))
         c_ops = {} if theirs is None else dict(getattr(theirs, name))
@@ -234,7 +236,6 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
                                                           runtime=runtime, use_cache=use_cache))
     census_output, output_why = _attempt(functools.partial(registry.get("census/output_record"), spec, seq,
                                                            runtime=runtime, use_cache=use_cache))
-    core_kinds, core_note = _core_attention_census(registry, spec, seq, runtime, use_cache)
     ours_works: Dict[str, Any] = {}
     theirs_works: Dict[str, Any] = {}
     formula_output = None
@@ -248,10 +249,8 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
             theirs = census_kinds.get(kind)
             if theirs is None:
                 theirs_why = f"the census measured no layer of this kind (runtime {runtime} builds none)"
-        selective = None
-        if core_note:  # the runtime's policy is not the formulas': their selective figures beside this census
-            selective = (None if core_kinds is None else core_kinds.get(kind), core_note)
-        rows += _record_rows(kind, ours, theirs, threshold, ours_why, theirs_why, selective)
+        selective_why = "" if ours is None else (formulas.selective_unpriced(spec, kind, runtime) or "")
+        rows += _record_rows(kind, ours, theirs, threshold, ours_why, theirs_why, selective_why)
         by_part = count.by_kind.get(kind)
         work_ours, work_ours_why = _attempt(functools.partial(analytic.kind_work, spec, kind, seq, ours, by_part))
         work_theirs, work_theirs_why = (None, theirs_why) if theirs is None else _attempt(
@@ -266,35 +265,6 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
     rows += _output_work_rows(spec, seq, count, analytic, formula_output, census_output, ours_works,
                               theirs_works, threshold, output_why)
     return Verification(model=spec.name, seq=seq, runtime=runtime, threshold=float(threshold), rows=tuple(rows))
-
-
-def _core_attention_census(registry: Any, spec: ModelSpec, seq: int, runtime: str,
-                           use_cache: bool) -> Tuple[Optional[Mapping[str, Any]], str]:
-    """The census under the formulas' selective recompute where the runtime runs another policy, and a note.
-
-    The op records' ``selective`` mode recomputes the attention core (Korthikanti
-    et al. 2022's selective recompute, Megatron's ``core_attn``), while a
-    runtime's ``selective_policy`` may be an op-level one (torchtitan's): its
-    census figures price another recompute than the formulas', so the selective
-    rows put the formulas beside the census of the same layer under a
-    registered ``core_attention``-scoped policy. ``(None, "")`` where the
-    runtime's own policy is that scope (the plain census is the comparison).
-    """
-    profile = registry.get(f"runtime/{runtime}")
-    own = registry.find(f"checkpoint_policy/{profile.selective_policy}")
-    if own is None or own.scope == "core_attention":  # unregistered: the census's own refusal is on its rows
-        return None, ""
-    core = next((policy for _key, policy in registry.items("checkpoint_policy")
-                 if policy.scope == "core_attention"), None)
-    if core is None:
-        return None, (f"not compared: the formulas price recomputing the attention core, runtime {runtime} runs "
-                      f"the {own.name} policy, and no checkpoint_policy of scope core_attention is registered")
-    measured, why = _attempt(functools.partial(registry.get("census/kind_records"), spec, seq,
-                                               runtime=attrs.evolve(profile, selective_policy=core.name),
-                                               use_cache=use_cache))
-    note = (f"the census under {core.name} (the formulas' selective recompute, the attention core); "
-            f"runtime {runtime}'s own {own.name} policy is what its census prices")
-    return measured, note if measured is not None else f"{note}: {why}"
 
 
 def _output_work_rows(spec: ModelSpec, seq: int, count: Any, analytic: Any, formula_output: Any,

@@ -57,23 +57,38 @@ class CheckpointPolicy:
         """
         from torch.utils.checkpoint import CheckpointPolicy as Decision
 
-        saves = {_base(n) for n in self.saves}
-        alternate = {_base(n) for n in self.alternate}
-        recomputes = {_base(n) for n in self.recomputes}
-        aliases = {op: _base(name) for op, name in (stands_for or {}).items()}
-        counts: Dict[bool, int] = {False: 0, True: 0}
+        aliases = dict(stands_for or {})
+        saves = {False: self.decider(), True: self.decider()}  # the forward's and the recompute's counters
 
         def policy(ctx, func, *args, **kwargs):
-            name = aliases.get(func) or _base(str(func))
-            save = name in saves and name not in recomputes
-            if name in alternate:
-                counts[ctx.is_recompute] += 1
-                save = counts[ctx.is_recompute] % 2 == 1  # the first saved, the second recomputed, ...
+            save = saves[ctx.is_recompute](aliases.get(func) or str(func))
             if note is not None:
                 note(func, args, save, ctx.is_recompute)
             return Decision.MUST_SAVE if save else Decision.PREFER_RECOMPUTE
 
         return policy
+
+    def decider(self) -> Callable[[str], bool]:
+        """``save(op_name)``: whether the policy keeps the output of the next call, with its own counter.
+
+        One forward's calls (or one recompute's) go through one decider, in
+        order; the op records' formulas decide on a layer's listed calls with
+        it (``ndcost.plugins.op_records.policy_kept``), the census on the ops
+        it dispatches (:meth:`op_policy`), so both read this one rule.
+        """
+        saves = {_base(n) for n in self.saves}
+        alternate = {_base(n) for n in self.alternate}
+        recomputes = {_base(n) for n in self.recomputes}
+        count = [0]
+
+        def save(op_name: str) -> bool:
+            name = _base(op_name)
+            if name in alternate:
+                count[0] += 1
+                return count[0] % 2 == 1  # the first saved, the second recomputed, ...
+            return name in saves and name not in recomputes
+
+        return save
 
 
 BUILTIN = (

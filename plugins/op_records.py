@@ -54,7 +54,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 import attrs
 
 from ndcost.specio import load_yaml
-from ndcost.errors import InvalidValue, RegistrationError, StalePluginSet, UnknownKey
+from ndcost.errors import InvalidValue, RegistrationError, StalePluginSet, UnknownKey, Unpriced
 from ndcost.hookspecs import hookimpl
 from ndcost.layer import DENSE_MLPS, NO_MLPS
 from ndcost.plugins.expressions import Expression, Number, divide
@@ -63,7 +63,10 @@ from ndcost.values import CP_ALGOS, DTYPES, PARTS, ModelSpec
 
 SOURCE = "op_records"
 SPLITS = ("tp", "sequence")
-SECTIONS = ("values", "switches", "ops", "modes", "slots")
+SECTIONS = ("values", "switches", "ops", "modes", "slots", "calls")
+MATMUL_SHARES = ("attention", "other")
+# a call resolved by the layer: F.linear (aten.mm, or aten.addmm with a bias), the runtime's attention kernel
+LINEAR, KERNEL = "linear", "attention_kernel"
 _TOP_LEVEL = frozenset(SECTIONS) | {"schema", "doc"}
 ALL = "*"
 
@@ -136,16 +139,33 @@ class Slot:
         return self.holds is None or bool(self.holds.evaluate(values))
 
 
+@attrs.frozen(kw_only=True)
+class Call:
+    """A forward call of a layer an op-level checkpoint policy decides on (``calls`` in specs/op_records.yaml)."""
+
+    name: str
+    call: str
+    output: Tuple[Tuple[str, Expression], ...]  # (split, bytes of its outputs at TP 1)
+    bias: Optional[str] = None
+    holds: Optional[Expression] = None
+    matmul: Optional[str] = None
+    flops: Optional[Expression] = None
+    doc: str = ""
+    source: str = ""
+
+
 class OpRecords:
-    """Merged op records: values, switches, ops, modes and slots, validated together."""
+    """Merged op records: values, switches, ops, modes, slots and calls, validated together."""
 
     def __init__(self, values: Mapping[str, ValueDecl], switches: Mapping[str, str], ops: Mapping[str, Op],
-                 modes: Mapping[str, Mode], slots: Mapping[str, Slot], sources: Sequence[str] = ()):
+                 modes: Mapping[str, Mode], slots: Mapping[str, Slot], sources: Sequence[str] = (),
+                 calls: Optional[Mapping[str, Call]] = None):
         self.values = dict(values)
         self.switches = dict(switches)
         self.ops = dict(ops)
         self.modes = dict(modes)
         self.slots = dict(slots)
+        self.calls = dict(calls or {})
         self.sources = tuple(sources)
         self.defaults = {n: d.default for n, d in self.values.items() if d.default is not None}
         self.derived = {n: d.expr for n, d in self.values.items() if d.expr is not None}
@@ -241,8 +261,6 @@ class OpRecords:
             keep = None
         if not slot.held(values):
             return
-        tp = values["tp"]
-        sp = values["sp"]
         for term in slot.terms:
             if only is not None and only not in (term.op, term.name):
                 continue
@@ -254,9 +272,7 @@ class OpRecords:
                     state = state * keep.get(switch, 1)
                 if not state:
                     continue
-            raw = term.bytes.evaluate(values)
-            if term.split == "tp" or sp:
-                raw = divide(raw, tp)
+            raw = on_rank(term.bytes.evaluate(values), term.split, values)
             yield term, raw if state == 1 else raw * state
 
     def _parts(self) -> set:
@@ -446,8 +462,14 @@ def merge(contributions: Sequence[Tuple[str, Any]]) -> OpRecords:
                 holds=None if raw.get("holds") is None else Expression(raw["holds"], label + " holds")))
         slots[name] = Slot(name=name, part=part, terms=tuple(terms), holds=holds, doc=_text(entry), source=source)
 
+    calls = {name: _call(name, source, entry, values) for name, (source, entry) in resolved["calls"].items()}
+
     # every name every expression reads is declared; derived values do not loop
     declared = set(values)
+    for each in calls.values():
+        for expression in [e for _, e in each.output] + [each.holds, each.flops]:
+            if expression is not None:
+                expression.check_names(declared)
     for decl in values.values():
         if decl.expr is not None:
             decl.expr.check_names(declared)
@@ -459,7 +481,31 @@ def merge(contributions: Sequence[Tuple[str, Any]]) -> OpRecords:
             if term.holds is not None:
                 term.holds.check_names(declared)
     _check_cycles(values)
-    return OpRecords(values, switches, ops, modes, slots, sources)
+    return OpRecords(values, switches, ops, modes, slots, sources, calls)
+
+
+def _call(name: str, source: str, entry: Mapping[str, Any], values: Mapping[str, ValueDecl]) -> Call:
+    where = f"op records of {source}: call {name!r}"
+    _check_keys(entry, ("call", "bias", "holds", "matmul", "flops", "output"), where)
+    call = entry.get("call")
+    if not isinstance(call, str) or not call:
+        raise InvalidValue(f"{where}: 'call' must be an operator's name (aten.bmm), {LINEAR!r} or {KERNEL!r}")
+    bias = entry.get("bias")
+    if bias is not None and (call != LINEAR or bias not in values):
+        raise InvalidValue(f"{where}: 'bias' names a declared value, and only for call: {LINEAR}; got {bias!r}")
+    output = entry.get("output")
+    if not isinstance(output, Mapping) or not output or any(split not in SPLITS for split in output):
+        raise InvalidValue(f"{where}: 'output' must map splits ({', '.join(SPLITS)}) to bytes expressions, "
+                           f"got {output!r}")
+    matmul = entry.get("matmul")
+    if matmul not in (None,) + MATMUL_SHARES or (matmul is None) != ("flops" not in entry):
+        raise InvalidValue(f"{where}: a matmul states 'matmul' ({', '.join(MATMUL_SHARES)}) and 'flops' "
+                           f"together; another call neither")
+    label = f"call {name!r} ({source})"
+    return Call(name=name, call=call, bias=bias, matmul=matmul, doc=_text(entry), source=source,
+                output=tuple((split, Expression(text, f"{label} output")) for split, text in output.items()),
+                holds=None if entry.get("holds") is None else Expression(entry["holds"], f"{label} holds"),
+                flops=None if matmul is None else Expression(entry["flops"], f"{label} flops"))
 
 
 def _check_cycles(values: Mapping[str, ValueDecl]) -> None:
@@ -754,6 +800,72 @@ def kv_shards(values: Union[Values, Mapping[str, Any]], *, records: Optional[OpR
     return as_values(values, records)["kv_shards"]
 
 
+def on_rank(raw: Number, split: str, values: Mapping[str, Any]) -> Number:
+    """Bytes at TP 1 as one rank holds them: a ``tp`` split divided by TP, a ``sequence`` one only under SP."""
+    return divide(raw, values["tp"]) if split == "tp" or values["sp"] else raw
+
+
+def policy_unpriced(values: Union[Values, Mapping[str, Any]], kernel_call: Optional[str], *,
+                    records: Optional[OpRecords] = None) -> Optional[str]:
+    """Why the records cannot say what this layer keeps under an op-level checkpoint policy, or None.
+
+    *kernel_call* is the operator the attention kernel stands for
+    (``AttentionKernel.call``; None where the kernel states none).
+    """
+    values = as_values(values, records)
+    if not values["calls_listed"]:
+        return ("the op records list the forward calls of softmax-attention layers with separate projections and "
+                "a gated feed-forward only (calls_listed), not this layer's")
+    if not values["scores"] and kernel_call is None:
+        return "the attention kernel states no operator a checkpoint policy decides on (AttentionKernel.call)"
+    for call in values.records.calls.values():
+        if call.bias is not None and call.bias not in values:
+            return (f"the model does not state whether its {call.name} adds a bias (the value {call.bias!r}: "
+                    f"aten.addmm or aten.mm); state attention_bias / mlp_bias in its config")
+    return None
+
+
+def policy_saves(values: Union[Values, Mapping[str, Any]], policy: Any, kernel_call: Optional[str], *,
+                 records: Optional[OpRecords] = None) -> Tuple[Dict[str, Number], Dict[str, float]]:
+    """What the op-level checkpoint *policy* keeps of this layer's calls, and the matmul FLOPs it recomputes.
+
+    Returns the bytes one rank keeps of the outputs the policy saves, by
+    split, and per matmul share (``attention``, ``other``) the fraction of its
+    forward FLOPs the backward runs again. The layer's input, which the
+    checkpoint keeps, is full recompute's (the ``full`` mode) and not in these
+    bytes. The policy decides call by call in the records' order
+    (``CheckpointPolicy.decider``, the rule the census runs on the ops it
+    dispatches). Raises :class:`~ndcost.errors.Unpriced` with
+    :func:`policy_unpriced`'s reason.
+    """
+    values = as_values(values, records)
+    why = policy_unpriced(values, kernel_call)
+    if why is not None:
+        raise Unpriced(why)
+    save = policy.decider()
+    kept: Dict[str, Number] = {}
+    flops: Dict[Tuple[str, bool], Number] = {}
+    for call in values.records.calls.values():
+        if call.holds is not None and not call.holds.evaluate(values):
+            continue
+        if call.call == LINEAR:
+            name = "aten.addmm" if call.bias is not None and values[call.bias] else "aten.mm"
+        else:
+            name = kernel_call if call.call == KERNEL else call.call
+        saved = save(str(name))
+        if saved:
+            for split, expression in call.output:
+                kept[split] = kept.get(split, 0) + on_rank(expression.evaluate(values), split, values)
+        if call.flops is not None:
+            key = (str(call.matmul), not saved)
+            flops[key] = flops.get(key, 0) + call.flops.evaluate(values)
+    shares = {}
+    for share in MATMUL_SHARES:
+        again, once = flops.get((share, True), 0), flops.get((share, False), 0)
+        shares[share] = 0.0 if again + once == 0 else float(again / (again + once))
+    return kept, shares
+
+
 # ---------------------------------------------------------------------------
 # a ModelSpec's values
 # ---------------------------------------------------------------------------
@@ -820,6 +932,10 @@ def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropou
         head = spec.resolved_head_dim
         out.update(kv_heads=spec.num_key_value_heads or a, dk=head, dv=head)
 
+    # stated biases only: an unstated one leaves op-level checkpoint policies unpriced (policy_unpriced)
+    for name, stated in (("qkv_bias", spec.qkv_bias), ("o_bias", spec.o_bias), ("mlp_bias", spec.mlp_bias)):
+        if stated is not None:
+            out[name] = int(bool(stated))
     out["act_widths"] = 3 if info.gated_mlp else 1
     out["qk_norm"] = int(info.qk_norm)
     out["rotary"] = int(info.rotary and not info.linear)
@@ -959,7 +1075,7 @@ def _per_token(by_split: Mapping[str, Number], split: str, seq: int) -> Number:
 
 def formula_record(spec: ModelSpec, kind: str, seq: int, *, attention: str = "eager",
                    dropout: Optional[bool] = None, overrides: Optional[Mapping[str, Any]] = None,
-                   records: Optional[OpRecords] = None) -> KindRecord:
+                   records: Optional[OpRecords] = None, policy: Any = None) -> KindRecord:
     """One layer of *kind*: analytic activation bytes per token at TP 1, from the op records.
 
     *attention* is the kernel: ``eager`` (the default, the published formulas'
@@ -971,7 +1087,11 @@ def formula_record(spec: ModelSpec, kind: str, seq: int, *, attention: str = "ea
     ``saved + saved_tp / t``, and ``(saved + saved_tp) / t`` under sequence
     parallelism; ``ops``/``ops_tp`` split them by op. ``selective_*`` is the
     layer under the formulas' selective recompute (the attention core), which
-    recomputes no weight matmul (both recomputed shares 0). The backward's
+    recomputes no weight matmul (both recomputed shares 0); with *policy*, an
+    op-level checkpoint policy (``checkpoint_policy/<name>`` of scope
+    ``layer``), it is the layer under that policy (:func:`policy_saves`: its
+    input and the outputs it saves, the shares it recomputes), None where the
+    records cannot say (:func:`policy_unpriced`). The backward's
     working peak is not priced here (None). A term marked ``shared`` (the
     rotary cos and sin the model hands every layer) is in none of these but
     in ``shared_saved_per_token``, under its argument's name.
@@ -996,15 +1116,27 @@ def formula_record(spec: ModelSpec, kind: str, seq: int, *, attention: str = "ea
         return splits, ops
 
     kept, ops = by_split(None)
-    selective, _ = by_split("selective")
+    selective: Optional[Dict[str, Number]]
+    shares: Dict[str, Optional[float]] = {share: 0.0 for share in MATMUL_SHARES}
+    if policy is None or policy.scope != "layer":
+        selective, _ = by_split("selective")
+    else:
+        try:
+            saves, shares = policy_saves(values, policy, attention_kernel(attention).call)  # type: ignore[assignment]
+        except Unpriced:
+            selective, shares = None, {share: None for share in MATMUL_SHARES}
+        else:
+            selective, _ = by_split("full")  # the checkpoint's input
+            for split, value in saves.items():
+                selective[split] = selective.get(split, 0) + value
     return KindRecord(
         kind=kind, seq=int(seq), source=SOURCE,
         saved_per_token=_per_token(kept, "sequence", seq),
         saved_tp_per_token=_per_token(kept, "tp", seq),
-        selective_per_token=_per_token(selective, "sequence", seq),
-        selective_tp_per_token=_per_token(selective, "tp", seq),
-        recomputed_attention_mm_share=0.0,
-        recomputed_other_mm_share=0.0,
+        selective_per_token=None if selective is None else _per_token(selective, "sequence", seq),
+        selective_tp_per_token=None if selective is None else _per_token(selective, "tp", seq),
+        recomputed_attention_mm_share=shares["attention"],
+        recomputed_other_mm_share=shares["other"],
         ops={op: divide(v, seq) for op, v in ops["sequence"].items()},
         ops_tp={op: divide(v, seq) for op, v in ops["tp"].items()},
         shared_saved_per_token={name: divide(v, seq) for name, v in shared.items()},

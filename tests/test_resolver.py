@@ -497,11 +497,11 @@ def test_mtp_layers_a_runtime_does_not_build_take_no_time(strategy):
     assert with_mtp.peak_bytes == without.peak_bytes
 
 
-def test_the_formulas_price_selective_only_where_the_runtime_runs_their_policy(fresh):
-    """``recompute=selective`` is the runtime's checkpoint policy. The op records price only recomputing the
-    attention core (Megatron-LM's selective): under hf-cuda, whose policy is torchtitan's op-level one, a
-    strategy priced from them is refused, saying why and what prices it; under a runtime running a policy of
-    the records' scope it is priced, and is exactly that recompute (``recompute=core_attention``)."""
+def test_the_formulas_price_selective_only_where_they_price_the_runtimes_policy(fresh):
+    """``recompute=selective`` is the runtime's checkpoint policy. The op records price torchtitan's op-level one
+    where they list a layer's calls (tests/test_policy_formulas.py), not a MoE layer's: under hf-cuda a MoE model's
+    strategy is refused, saying why and what prices it; under a runtime running a policy of scope core_attention
+    it is priced, and is exactly that recompute (``recompute=core_attention``)."""
     import attrs
 
     import ndcost
@@ -509,13 +509,13 @@ def test_the_formulas_price_selective_only_where_the_runtime_runs_their_policy(f
     from ndcost.registry import Source
 
     strategy = "fsdp=8,seq=8192,micro_batch=2,recompute=selective"
-    model = ndcost.resolve("llama-3.1-8b", runtime="hf-cuda", census="off")
+    moe = ndcost.resolve("qwen3-30b-a3b", runtime="hf-cuda", census="off")
     with pytest.raises(InvalidStrategy) as refused:
-        model.evaluate(strategy)
-    for said in ("layer kind 'dense' has no selective figure", "checkpoint_policy/torchtitan (scope layer)",
+        moe.evaluate(strategy)
+    for said in ("layer kind 'moe' has no selective figure", "checkpoint_policy/torchtitan", "calls_listed",
                  "census='auto'", "recompute=core_attention"):
         assert said in str(refused.value)
-    batch = model.evaluate_many([strategy, strategy.replace("selective", "core_attention")])
+    batch = moe.evaluate_many([strategy, strategy.replace("selective", "core_attention")])
     assert batch.valid.tolist() == [False, True]
     assert batch.reason[0] == str(refused.value).split(": ", 1)[1]
 

@@ -46,25 +46,38 @@ def test_the_space_of_two_devices_counted_by_hand(llama):
     #   pp=2:   2 micro_batch x 4 recompute x schedules: 1f1b, gpipe (vpp 1), interleaved with vpp 2, 4, 8, 16
     #           (pp * vpp divides the 32 layers) = 6 x 2 pp_engine (auto, torch) -> 96; dualpipev (vpp 2) needs
     #           num_micro_batches >= 2 * pp = 4 and has at most 2: that layout is refused before pricing
-    # 276 strategies in all. A quarter are recompute=selective, the runtime's (hf-cuda's) op-level policy, which
-    # the formulas (census off) do not price: the mode is pruned before pricing, 4 + 1 + 32 + 8 + 24 = 69 fewer.
+    # 276 strategies in all, every one priced (hf-cuda's selective, torchtitan's op-level policy, by the formulas).
     r = search(llama, devices=2, global_batch=2, seq=4096, recompute_layer_fractions=(), exhaustive=True, top=1000)
-    assert r.priced == r.valid == r.fitting == len(r.candidates) == 276 - 69
+    assert r.priced == r.valid == r.fitting == len(r.candidates) == 276
+    assert {c.strategy.recompute for c in r.candidates} == {"none", "full", "selective", "core_attention"}
+    assert not [p for p in r.pruning if p.step == "recompute"]
+    layout = [p for p in r.pruning if p.step == "layout"]
+    assert [p.removed for p in layout] == [2] and "dualpipev" in layout[0].reason  # under either pp_engine
+    # with recompute_layers at half a chunk's layers: each of the 3 modes but none gains one option where a chunk
+    # has 2 or more layers, i.e. everywhere but interleaved pp=2, vpp=16 (one layer a chunk):
+    #   dp 4 x 7 = 28; fsdp 7; cp 2 x 4 x 4 x 7 = 224; tp 2 x 2 x 2 x 7 = 56; pp 2 x 2 x (5 x 7 + 1 x 4) = 156
+    r = search(llama, devices=2, global_batch=2, seq=4096, recompute_layer_fractions=(0.5,), exhaustive=True,
+               top=1000)
+    assert r.priced == 471
+    halves = {c.strategy.recompute_layers for c in r.candidates if c.strategy.pp == 1} - {None}
+    assert halves == {16}
+
+
+def test_a_recompute_mode_the_model_cannot_price_is_pruned_before_pricing():
+    """Under hf-npu the selective policy is HyperParallel's, which the formulas (census off) do not price for
+    Llama's layer under the NPU's attention kernel: the mode is pruned, a quarter of the 276 above
+    (4 + 1 + 32 + 8 + 24 = 69), with the reason; and with recompute_layers at half a chunk's layers, selective's
+    two options (one at vpp=16) of the 471: dp 4 x 2 + fsdp 2 + cp 2 x 4 x 4 x 2 + tp 2 x 2 x 2 x 2 +
+    pp 2 x 2 x (5 x 2 + 1) = 134."""
+    npu = ndcost.resolve(LLAMA, hardware="h200", runtime="hf-npu", census="off")
+    r = search(npu, devices=2, global_batch=2, seq=4096, recompute_layer_fractions=(), exhaustive=True, top=1000)
+    assert r.priced == r.valid == len(r.candidates) == 276 - 69
     assert {c.strategy.recompute for c in r.candidates} == {"none", "full", "core_attention"}
     (mode,) = [p for p in r.pruning if p.step == "recompute"]
     assert mode.removed == 1 and "recompute=selective" in mode.reason and "census='auto'" in mode.reason
-    layout = [p for p in r.pruning if p.step == "layout"]
-    assert [p.removed for p in layout] == [2] and "dualpipev" in layout[0].reason  # under either pp_engine
-    # with recompute_layers at half a chunk's layers: each of the 3 modes gains one option where a chunk has
-    # 2 or more layers, i.e. everywhere but interleaved pp=2, vpp=16 (one layer a chunk):
-    #   dp 4 x 7 = 28; fsdp 7; cp 2 x 4 x 4 x 7 = 224; tp 2 x 2 x 2 x 7 = 56; pp 2 x 2 x (5 x 7 + 1 x 4) = 156
-    #   -> 471, of which selective's two options (one at vpp=16) are pruned:
-    #   dp 4 x 2 + fsdp 2 + cp 2 x 4 x 4 x 2 + tp 2 x 2 x 2 x 2 + pp 2 x 2 x (5 x 2 + 1) = 134
-    r = search(llama, devices=2, global_batch=2, seq=4096, recompute_layer_fractions=(0.5,), exhaustive=True,
+    r = search(npu, devices=2, global_batch=2, seq=4096, recompute_layer_fractions=(0.5,), exhaustive=True,
                top=1000)
     assert r.priced == 471 - 134
-    halves = {c.strategy.recompute_layers for c in r.candidates if c.strategy.pp == 1} - {None}
-    assert halves == {16}
 
 
 @pytest.fixture(scope="module")

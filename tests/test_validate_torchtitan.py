@@ -124,17 +124,31 @@ def test_rows_with_features_are_priced_beside_the_figure_without_them():
     assert summ["comparable_rows"] == 2 and summ["unpriceable_rows"] == 0 and summ["refused_rows"] == 0
 
 
-def test_a_row_the_formulas_cannot_price_is_refused_with_the_reason_not_priced_as_another():
-    """Table 1's torchtitan op-level selective checkpointing, priced with the census off: the op records price
-    only the attention core's recompute, so the row holds no figure, says why, and leaves the summary's errors."""
-    row = vt.evaluate_row({r["id"]: r for r in ROWS}["t1-fsdp"], census="off")
+def test_a_row_ndcost_refuses_holds_no_figure_says_why_and_leaves_the_summary():
+    """A strategy the resolver refuses (Table 2's CP 2 row at a sequence ring attention cannot cut in 2 * cp
+    chunks) holds no figure, says why, and leaves the summary's errors."""
+    row = vt.evaluate_row(dict({r["id"]: r for r in ROWS}["t2-fsdp4-cp2"], seq_len=65534), census="off")
     predicted = row["predicted"]
     assert not predicted["valid"] and predicted["tokens_per_second_per_gpu"] is None
     assert predicted["memory_gib"] is None and row["tokens_error"] is None and row["memory_error"] is None
-    assert "recompute=selective: layer kind 'dense' has no selective figure" in predicted["reason"]
+    assert "seq=65534 is not a multiple of 2 * cp = 4" in predicted["reason"]
     summ = vt.summary([row])
     assert summ["comparable_rows"] == 0 and summ["refused_rows"] == 1
-    assert "ndcost refuses: recompute=selective: layer kind 'dense' has no selective figure |" in vt.table([row], summ)
+    assert "ndcost refuses: cp_algo=ring: seq=65534 is not a multiple of 2 * cp = 4" in vt.table([row], summ)
+
+
+def test_torchtitans_op_level_selective_is_priced_with_the_census_off():
+    """Table 1's rows run torchtitan's op-level selective checkpointing: the op records price it (the calls of
+    specs/op_records.yaml), so the row holds a figure between the same job's under full recompute and none."""
+    row = {r["id"]: r for r in ROWS}["t1-fsdp"]
+    assert row["ac"] == "selective"
+    predicted = vt.evaluate_row(row, census="off")["predicted"]
+    assert predicted["valid"] and "recompute=selective" in predicted["strategy"]
+    full = vt.evaluate_row(dict(row, ac="full"), census="off")["predicted"]
+    none = vt.evaluate_row(dict(row, ac="none"), census="off")["predicted"]
+    assert full["peak_bytes"] < predicted["peak_bytes"] < none["peak_bytes"]
+    assert full["tokens_per_second_per_gpu"] < predicted["tokens_per_second_per_gpu"] \
+        < none["tokens_per_second_per_gpu"]
 
 
 def test_spearman_by_hand():

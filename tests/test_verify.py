@@ -122,24 +122,22 @@ def test_where_the_census_cannot_run_each_row_says_so():
 
 
 @pytest.mark.slow
-def test_the_selective_rows_put_the_formulas_beside_the_census_of_the_same_recompute(llama_config):
-    """hf-cuda's census prices torchtitan's op-level policy; the formulas recompute the attention core.
-
-    So the selective rows read the census under megatron-core-attention. By hand, recomputing SDPA alone
-    keeps its inputs (q, k, v: what SDPA keeps anyway) and loses nothing of its output (o_proj keeps it as
-    its input): it drops SDPA's fp32 log-sum-exp, 4 bytes a head a token (8 heads), and its philox seed
-    and offset, 16 bytes a layer. The formulas drop the same: their fp32 statistics and philox state.
-    """
+def test_the_selective_rows_put_the_formulas_beside_the_census_under_the_runtimes_policy(llama_config):
+    """hf-cuda's selective is torchtitan's op-level policy, which both sides price. By hand (h 256, 8 heads and 2
+    KV heads of 32, feed-forward 688): the layer keeps its input and down's output (2 * 256 each) and SDPA's
+    philox state (16 bytes a layer), and, split by TP, q (2 * 256), v (2 * 64), SDPA's output and fp32
+    log-sum-exp (2 * 256 + 4 * 8) and gate (2 * 688); k and o are recomputed, half the attention's matmul
+    FLOPs (64 + 256 of 640 columns), and up, a third of the feed-forward's."""
     pytest.importorskip("transformers")
     result = ndcost.verify(llama_config, seq=SEQ)
-    rows = rows_of(result, "s")
-    saved, saved_tp = rows[("dense", "saved_per_token")], rows[("dense", "saved_tp_per_token")]
+    rows = rows_of(result, "")
     selective, selective_tp = rows[("dense", "selective_per_token")], rows[("dense", "selective_tp_per_token")]
-    assert selective_tp.census == saved_tp.census - 4 * 8
-    assert selective.census == pytest.approx(saved.census - 16 / SEQ, abs=1e-9)
-    assert selective_tp.formula == saved_tp.formula - 4 * 8
-    assert selective.formula == pytest.approx(saved.formula - 16 / SEQ, abs=1e-9)  # the philox state too
-    assert "megatron-core-attention" in selective_tp.note and "torchtitan" in selective_tp.note
+    assert selective.formula == pytest.approx(selective.census) == pytest.approx(4 * 256 + 16 / SEQ)
+    assert selective_tp.formula == selective_tp.census == 512 + 128 + 544 + 2 * 688
+    attention, other = rows[("dense", "recomputed_attention_mm_share")], rows[("dense", "recomputed_other_mm_share")]
+    assert attention.formula == attention.census == 0.5
+    assert other.formula == pytest.approx(other.census) == pytest.approx(1 / 3)
+    assert not any(r.flagged for r in (selective, selective_tp, attention, other))
 
 
 # ---------------------------------------------------------------------------

@@ -176,13 +176,18 @@ class AttentionKernel:
     ``materializes_scores`` says whether the kernel keeps the ``[b, h, s, s]``
     score matrix for the backward (eager does) or only a row's softmax
     statistics (fused kernels); the op records' ``score`` slot prices one or
-    the other. The plugin that knows the kernel (its contract) registers it,
-    so a new kernel needs no edit of the op records.
+    the other. ``call`` is the operator an op-level checkpoint policy sees
+    for the kernel's forward (the one its contract stands for), so that the
+    formulas can price such a policy; None where unstated (the formulas then
+    leave the policy unpriced; eager runs matmuls the op records list). The
+    plugin that knows the kernel (its contract) registers it, so a new kernel
+    needs no edit of the op records.
     """
 
     name: str = attrs.field(validator=attrs.validators.matches_re(r"^[a-z][a-z0-9_.\-]*$"))
     materializes_scores: bool = attrs.field(validator=attrs.validators.instance_of(bool))
     description: str = ""
+    call: Optional[str] = None
 
 
 def attention_kernel_key(name: str) -> str:

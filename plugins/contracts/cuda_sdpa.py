@@ -46,6 +46,8 @@ from ndcost.plugins.contracts import (AttentionKernel, Contract, FlopCount, Kern
                                       register_contracts, register_kernel_autograd)
 
 NAME = "cuda-sdpa"
+# the operator the contract's kernel stands for, which an op-level checkpoint policy decides on
+SDPA_CALL = "aten._scaled_dot_product_cudnn_attention"
 
 CONTRACT = Contract(
     name=NAME,
@@ -110,7 +112,7 @@ class _CudaSdpa(OpContract):
     name = NAME
     forward, backward = "cuda_sdpa", "cuda_sdpa_backward"
     # torchtitan's policy saves the cuDNN and the efficient kernels alike
-    stands = ("aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_cudnn_attention_backward")
+    stands = (SDPA_CALL, SDPA_CALL + "_backward")
     runs_as = "scores"
 
     def __init__(self) -> None:
@@ -350,7 +352,7 @@ def native_implementation() -> _CudaNative:
 ATTENTION_KERNELS = (
     AttentionKernel(name="eager", materializes_scores=True,
                     description="Transformers' eager attention: matmul, softmax, dropout; the scores are saved"),
-    AttentionKernel(name="sdpa", materializes_scores=False,
+    AttentionKernel(name="sdpa", materializes_scores=False, call=SDPA_CALL,
                     description="torch SDPA (cuDNN / flash / memory-efficient): the logsumexp, not the scores"),
     AttentionKernel(name="flash", materializes_scores=False, description="a flash-attention kernel"),
     AttentionKernel(name="flash_attention_2", materializes_scores=False, description="FlashAttention-2"),

@@ -115,9 +115,6 @@ class OpRecordsActivations:
 
     name: str = "op_records"
     needs_census: bool = False
-    # the checkpoint policy scope its selective figures price: the op records' selective mode recomputes the
-    # attention core (specs/op_records.yaml); a runtime running another policy gets no selective figure here
-    selective_scope: str = "core_attention"
     description: str = "formulas: the op records' bytes (specs/op_records.yaml) under the runtime's attention kernel"
 
     def available(self, spec: ModelSpec, runtime: str) -> Optional[str]:
@@ -139,11 +136,45 @@ class OpRecordsActivations:
     def _overrides(self, spec: ModelSpec, runtime: Optional[str]) -> Dict[str, int]:
         return {"kv_repeated": 1} if self.repeats_kv(spec, runtime) else {}
 
+    @staticmethod
+    def _policy(runtime: Optional[str]) -> Tuple[str, Any]:
+        """The runtime's selective checkpoint policy: its name, and the policy (None where unregistered); no
+        runtime: ``("", None)``, the records' own selective mode."""
+        if runtime is None:
+            return "", None
+        name = _registry().get(f"runtime/{runtime}").selective_policy
+        return name, _registry().find(f"checkpoint_policy/{name}")
+
     def records(self, spec: ModelSpec, kinds: Sequence[str], seq: int, runtime: str) -> Records:
         from ndcost.plugins import op_records
         kernel, overrides = self.attention_kernel(spec, runtime), self._overrides(spec, runtime)
-        return ({k: op_records.formula_record(spec, k, seq, attention=kernel, overrides=overrides) for k in kinds},
-                analytic_output_record(spec, seq))
+        policy = self._policy(runtime)[1]
+        return ({k: op_records.formula_record(spec, k, seq, attention=kernel, overrides=overrides, policy=policy)
+                 for k in kinds}, analytic_output_record(spec, seq))
+
+    def selective_unpriced(self, spec: ModelSpec, kind: str, runtime: Optional[str]) -> Optional[str]:
+        """Why the formulas give *kind* no figure under the runtime's selective policy, or None.
+
+        The records price recomputing the attention core (a policy of scope
+        ``core_attention``, or no runtime) for every kind, and an op-level
+        policy where they list the layer's calls (``calls`` in
+        specs/op_records.yaml; :func:`ndcost.plugins.op_records.policy_unpriced`).
+        """
+        from ndcost.plugins import op_records
+        name, policy = self._policy(runtime)
+        if policy is None:
+            why = f"checkpoint_policy/{name} is not registered" if name else None
+        elif policy.scope != "layer":
+            why = None
+        else:
+            kernel = self.attention_kernel(spec, runtime)
+            values = op_records.values_for(spec, kind, seq=1, attention=kernel,
+                                           overrides=self._overrides(spec, runtime))
+            why = op_records.policy_unpriced(values, op_records.attention_kernel(kernel).call)
+        return None if why is None else (
+            f"runtime {runtime}'s selective is checkpoint_policy/{name}, which the formulas do not price for this "
+            f"layer ({why}): use census='auto' (pip install 'ndcost[census]'), or recompute=core_attention "
+            f"(Megatron-LM's selective) or full")
 
     def core_attention_kept(self, spec: ModelSpec, kinds: Sequence[str], seq: int,
                             runtime: str) -> Dict[str, Tuple[float, float]]:

@@ -141,10 +141,10 @@ class DecoderFamily(Family):
         ex = spec.extra
         h, heads, d = spec.hidden_size, spec.num_attention_heads, spec.resolved_head_dim
         if mechanism == "gqa":
-            qkv_bias = ex.get("qkv_bias", spec.attention_bias)
+            qkv_bias = spec.qkv_bias
             parts["attention"] += formula("attention.params.gqa")(
                 hidden=h, heads=heads, kv_heads=spec.num_key_value_heads or heads, head_dim=d,
-                qkv_bias=qkv_bias, o_bias=ex.get("o_bias", spec.attention_bias))
+                qkv_bias=qkv_bias, o_bias=spec.o_bias)
             if info.output_gate:
                 parts["attention"] += formula("attention.params.output_gate")(
                     hidden=h, heads=heads, head_dim=d, qkv_bias=qkv_bias)
