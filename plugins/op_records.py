@@ -26,6 +26,10 @@ Layers:
   term holds them.
 - :func:`runtime_attention` says which attention kernel a runtime profile
   runs for a model (eager materializes the scores; SDPA and flash do not).
+- :func:`policy_saves` prices an op-level checkpoint policy (torchtitan's) on a
+  layer's ``calls``: the forward calls such a policy decides on, in order, with
+  their outputs' bytes and matmul FLOPs; :func:`policy_unpriced` says where the
+  records cannot (a layer whose calls are not listed, a kernel stating no operator).
 - :func:`formula_record` gives the resolver a :class:`~ndcost.records.KindRecord`:
   bytes per token at TP 1, the part TP does not split (``saved_per_token``)
   and the part it does (``saved_tp_per_token``), so that a rank at TP t
@@ -39,7 +43,12 @@ DeepSeek-V3.2/V4's indexer and compressors, and GPT-OSS's sinks are not in
 the records (the census measures them); a fused attention kernel keeps one
 fp32 statistic a head a query (``bytes_stat``), whatever its own layout.
 Keys and values are split linearly over TP, even where TP exceeds the KV heads
-and a run replicates them.
+and a run replicates them. The calls are listed for softmax-attention layers
+with a gated feed-forward only (MoE, MLA and linear-attention layers under an
+op-level policy are the census's), and as the census runs TP (each rank's layer
+at its share of the widths): the sequence-parallel collectives a run makes
+around the projections, whose outputs torchtitan's policy also saves
+(reduce_scatter), are not among them.
 """
 from __future__ import annotations
 
