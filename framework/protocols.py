@@ -292,7 +292,12 @@ class ActivationsEstimator(Protocol):
 
     def records(self, spec: "ModelSpec", kinds: Sequence[str], seq: int,
                 runtime: Any) -> Tuple[Dict[str, "KindRecord"], Optional["KindRecord"]]:
-        """The record of each of *kinds*, and the output layer's (or None)."""
+        """The record of each of *kinds*, and the output layer's (or None).
+
+        An estimator whose selective figures price one checkpoint policy and not another may also state
+        ``selective_unpriced(spec, kind, runtime) -> Optional[str]``: why its figure for *kind* is not the
+        runtime's ``recompute=selective`` (None where it is); the resolver leaves the kind to the next estimator
+        there (``resolver.py`` ``_selective_mismatch``)."""
 
 
 @runtime_checkable

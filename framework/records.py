@@ -69,6 +69,9 @@ class KindRecord:
     autocast_reserved_working_tp_per_token: Optional[float] = None
     selective_per_token: Optional[float] = None
     selective_tp_per_token: Optional[float] = None
+    # The fractions of the attention's and the other parts' forward weight-matmul FLOPs the runtime's selective
+    # policy runs again in the backward. None: not stated, or a policy recomputing the attention function alone
+    # (scope core_attention), which the time model prices as that function's forward.
     recomputed_attention_mm_share: Optional[float] = None
     recomputed_other_mm_share: Optional[float] = None
     ops: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)

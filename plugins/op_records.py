@@ -1096,7 +1096,8 @@ def formula_record(spec: ModelSpec, kind: str, seq: int, *, attention: str = "ea
     ``saved + saved_tp / t``, and ``(saved + saved_tp) / t`` under sequence
     parallelism; ``ops``/``ops_tp`` split them by op. ``selective_*`` is the
     layer under the formulas' selective recompute (the attention core), which
-    recomputes no weight matmul (both recomputed shares 0); with *policy*, an
+    reruns the attention function and no weight matmul (the recomputed shares
+    None, as the time model prices that recompute); with *policy*, an
     op-level checkpoint policy (``checkpoint_policy/<name>`` of scope
     ``layer``), it is the layer under that policy (:func:`policy_saves`: its
     input and the outputs it saves, the shares it recomputes), None where the
@@ -1126,14 +1127,14 @@ def formula_record(spec: ModelSpec, kind: str, seq: int, *, attention: str = "ea
 
     kept, ops = by_split(None)
     selective: Optional[Dict[str, Number]]
-    shares: Dict[str, Optional[float]] = {share: 0.0 for share in MATMUL_SHARES}
+    shares: Dict[str, Optional[float]] = {share: None for share in MATMUL_SHARES}
     if policy is None or policy.scope != "layer":
         selective, _ = by_split("selective")
     else:
         try:
             saves, shares = policy_saves(values, policy, attention_kernel(attention).call)  # type: ignore[assignment]
         except Unpriced:
-            selective, shares = None, {share: None for share in MATMUL_SHARES}
+            selective = None
         else:
             selective, _ = by_split("full")  # the checkpoint's input
             for split, value in saves.items():

@@ -529,3 +529,6 @@ def test_the_formulas_price_selective_only_where_they_price_the_runtimes_policy(
     core = model.evaluate(strategy.replace("selective", "core_attention"))
     assert selective.peak_bytes == core.peak_bytes
     assert [s.bytes_by_category for s in selective.stages] == [s.bytes_by_category for s in core.stages]
+    # and it runs the attention function again, as core_attention does (no weight matmul: no shares stated)
+    assert selective.time.step_seconds == core.time.step_seconds
+    assert selective.time.step_seconds > model.evaluate(strategy.replace("selective", "none")).time.step_seconds

@@ -225,8 +225,9 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         **reserved_figures(plain_1, plain_2, seq), **reserved_figures(sel_1, sel_2, seq, "reserved_selective"),
         **core,
         selective_per_token=selective, selective_tp_per_token=selective_tp,
-        recomputed_attention_mm_share=ledger.share(attention=True) if ledger else 0.0,
-        recomputed_other_mm_share=ledger.share(attention=False) if ledger else 0.0,
+        # a core-attention policy reruns the attention function, no weight matmul: None, which the time model prices
+        recomputed_attention_mm_share=ledger.share(attention=True) if policy.scope == "layer" else None,
+        recomputed_other_mm_share=ledger.share(attention=False) if policy.scope == "layer" else None,
         ops=ops, ops_tp=ops_tp,
         flops_by_part=counted.flops, flops_all_pairs_by_part=counted.all_pairs_flops,
         traffic=counted.traffic(), shared_saved_per_token=shared_figure(plain_1, seq),

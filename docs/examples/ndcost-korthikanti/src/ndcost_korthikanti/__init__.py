@@ -16,7 +16,10 @@ attention. :meth:`KorthikantiActivations.available` declines any other layer
 or runtime, with why, and the resolver moves on to the family's next
 estimator. It leaves out what the paper leaves out: the norms' fp32
 statistics, and what a layer's backward holds beyond what it keeps (its
-working peak: None here).
+working peak: None here). Its selective figure is the paper's (the attention
+core recomputed): :meth:`KorthikantiActivations.selective_unpriced` says so
+where a runtime runs another checkpoint policy, and the resolver leaves
+``recompute=selective`` to the family's next estimator there.
 
 The estimator is registered as ``estimator/activations/korthikanti``; a
 family prices a kind with it where its ``activation_estimators`` names it.
@@ -72,6 +75,18 @@ class KorthikantiActivations:
                                    selective_per_token=10 * h, selective_tp_per_token=24 * h)
                   for kind in kinds}
         return record, analytic_output_record(spec, seq)  # the output layer: ndcost's analytic record
+
+    def selective_unpriced(self, spec, kind, runtime) -> Optional[str]:
+        """Why the paper's selective figure (the attention core recomputed) is not ``recompute=selective`` under
+        *runtime*, whose checkpoint policy may be another (torchtitan's op-level one), or None."""
+        from ndcost import manager
+
+        profile = None if runtime is None else manager.registry().find(f"runtime/{runtime}")
+        policy = None if profile is None else manager.registry().find(f"checkpoint_policy/{profile.selective_policy}")
+        if profile is None or (policy is not None and policy.scope == "core_attention"):
+            return None
+        return (f"the paper's selective recompute is the attention core's; runtime {runtime}'s is "
+                f"checkpoint_policy/{profile.selective_policy}")
 
 
 class GPT2Korthikanti(GPT2Family):
