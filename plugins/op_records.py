@@ -823,8 +823,8 @@ def policy_unpriced(values: Union[Values, Mapping[str, Any]], kernel_call: Optio
     """
     values = as_values(values, records)
     if not values["calls_listed"]:
-        return ("the op records list the forward calls of softmax-attention layers with separate projections and "
-                "a gated feed-forward only (calls_listed), not this layer's")
+        return ("the op records list the calls of a layer whose family states it makes them (calls_known), with a "
+                "gated feed-forward and no output gate (calls_listed), not this layer's")
     if not values["scores"] and kernel_call is None:
         return "the attention kernel states no operator a checkpoint policy decides on (AttentionKernel.call)"
     for call in values.records.calls.values():

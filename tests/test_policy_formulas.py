@@ -74,14 +74,37 @@ def test_a_bias_folds_the_projection_into_addmm_which_torchtitan_neither_saves_n
     assert dense.recomputed_other_mm_share == pytest.approx(2 / 3)
 
 
+def test_a_moe_layer_keeps_its_router_logits_and_recomputes_its_experts():
+    """Qwen3-30B-A3B's MoE layer (h 2048, 32 heads and 4 KV heads of 128, 128 experts of 768, top 8): q, k, v,
+    SDPA, o, then the router (mm 5: kept, its bf16 logits, 2 bytes an expert a token, not split by TP) and the
+    experts' two grouped GEMMs (aten._grouped_mm, outside torchtitan's list: recomputed). Of the other matmuls'
+    FLOPs a token, the experts' 8 copies of 2 * 2048 * 1536 and 2 * 768 * 2048 run again, the router's
+    2 * 2048 * 128 does not."""
+    _, _, records = _formulas("qwen3-30b-a3b", "hf-cuda")
+    moe = records["moe"]
+    assert moe.selective_per_token == 2 * 2048 + 2 * 128 + 16 / SEQ
+    assert moe.selective_tp_per_token == 2 * 32 * 128 + 2 * 4 * 128 + 32 * (2 * 128 + 4)
+    # k (2048 x 512) and o (4096 x 2048) of q, k, v, o's columns of h: (512 + 4096) / (4096 + 512 + 512 + 4096)
+    assert moe.recomputed_attention_mm_share == (4 * 128 + 32 * 128) / (2 * 32 * 128 + 2 * 4 * 128)
+    experts, router = 8 * (2 * 2048 * 1536 + 2 * 768 * 2048), 2 * 2048 * 128
+    assert moe.recomputed_other_mm_share == pytest.approx(experts / (experts + router))
+
+
 def test_layers_the_calls_do_not_list_are_unpriced_with_the_reason():
-    spec, estimator, records = _formulas("qwen3-30b-a3b", "hf-cuda")
-    assert records["moe"].selective_per_token is None and records["moe"].recomputed_other_mm_share is None
-    why = estimator.selective_unpriced(spec, "moe", "hf-cuda")
-    assert "checkpoint_policy/torchtitan" in why and "calls_listed" in why and "census='auto'" in why
-    values = op_records.values_for(spec, "moe", seq=SEQ, attention="sdpa")
-    with pytest.raises(Unpriced, match="calls_listed"):
-        op_records.policy_saves(values, manager.registry().get("checkpoint_policy/torchtitan"), "aten.x")
+    """A family whose modules make other calls does not state ``calls_known``: GPT-OSS (sinks, router bias),
+    Phi-3 (fused q/k/v and gate/up projections: under the Llama family, which states it for Llama and Mistral
+    only), DeepSeek-V3.2 (its indexer's projections)."""
+    for model, kind in (("gpt-oss-20b", "full_attention"), ("deepseek-v3.2", "moe")):
+        spec, estimator, records = _formulas(model, "hf-cuda")
+        assert records[kind].selective_per_token is None and records[kind].recomputed_other_mm_share is None
+        why = estimator.selective_unpriced(spec, kind, "hf-cuda")
+        assert "checkpoint_policy/torchtitan" in why and "calls_known" in why and "census='auto'" in why
+        values = op_records.values_for(spec, kind, seq=SEQ, attention="sdpa")
+        with pytest.raises(Unpriced, match="calls_known"):
+            op_records.policy_saves(values, manager.registry().get("checkpoint_policy/torchtitan"), "aten.x")
+    phi3 = load_model({"model_type": "phi3", "hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 8,
+                       "num_hidden_layers": 2, "vocab_size": 1000})
+    assert op_records.policy_unpriced(op_records.values_for(phi3, "dense", seq=SEQ, attention="sdpa"), "x")
     # a kernel stating no operator: the NPU runtime's (HyperParallel's policy)
     spec, estimator, records = _formulas("llama-3.1-8b", "hf-npu")
     assert records["dense"].selective_per_token is None
@@ -98,18 +121,18 @@ def test_an_unstated_bias_leaves_the_policy_unpriced():
     assert op_records.policy_unpriced(values, "aten._scaled_dot_product_cudnn_attention") is None
 
 
-def test_census_off_prices_selective_for_a_dense_model_and_refuses_a_moe_one():
-    """Selective sits between full recompute and none; a MoE model's rows are refused saying why."""
+def test_census_off_prices_selective_where_the_calls_are_listed_and_refuses_it_elsewhere():
+    """Selective sits between full recompute and none; GPT-OSS's rows are refused saying why."""
     model = ndcost.resolve("llama-3.1-8b", runtime="hf-cuda", census="off")
     base = "fsdp=8,seq=8192,micro_batch=2,recompute="
     peaks = {mode: model.evaluate(base + mode).peak_bytes for mode in ("none", "selective", "full")}
     assert peaks["full"] < peaks["selective"] < peaks["none"]
     times = {mode: model.evaluate(base + mode).time.step_seconds for mode in ("none", "selective", "full")}
     assert times["none"] < times["selective"] < times["full"]
-    moe = ndcost.resolve("qwen3-30b-a3b", runtime="hf-cuda", census="off")
+    unlisted = ndcost.resolve("gpt-oss-20b", runtime="hf-cuda", census="off")
     with pytest.raises(InvalidStrategy) as refused:
-        moe.evaluate("fsdp=8,seq=8192,recompute=selective")
-    for said in ("layer kind 'moe' has no selective figure", "checkpoint_policy/torchtitan", "census='auto'",
+        unlisted.evaluate("fsdp=8,seq=8192,recompute=selective")
+    for said in ("has no selective figure", "checkpoint_policy/torchtitan", "census='auto'",
                  "recompute=core_attention"):
         assert said in str(refused.value)
 
@@ -125,10 +148,25 @@ CONFIGS = {
     "qwen2": dict(SMALL, model_type="qwen2"),
     "qwen3": dict(SMALL, model_type="qwen3", head_dim=32, attention_bias=False),
     # GLM-4.5-Air's (specs/models/glm-4.5-air.yaml) at small widths: a dense layer with q/k/v biases, then MoE
+    # with a shared expert and an fp32 router
     "glm4_moe": dict(SMALL, model_type="glm4_moe", head_dim=32, moe_intermediate_size=64, n_shared_experts=1,
                      n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=1, n_group=1, topk_group=1,
                      norm_topk_prob=True, use_qk_norm=False, attention_bias=True, num_nextn_predict_layers=0,
                      partial_rotary_factor=0.5),
+    "qwen3_moe": dict(SMALL, model_type="qwen3_moe", head_dim=32, moe_intermediate_size=64, num_experts=8,
+                      num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True),
+    "mixtral": dict(SMALL, model_type="mixtral", num_local_experts=8, num_experts_per_tok=2),
+    # DeepSeek-V3's at small widths: MLA with a query latent, a dense layer, then MoE with a shared expert
+    "deepseek_v3": dict(SMALL, model_type="deepseek_v3", num_key_value_heads=8, moe_intermediate_size=64,
+                        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                        n_group=1, topk_group=1, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32,
+                        qk_rope_head_dim=16, v_head_dim=32, num_nextn_predict_layers=0),
+    # and without the query latent (q_proj)
+    "deepseek_v3_no_q_latent": dict(SMALL, model_type="deepseek_v3", num_key_value_heads=8, moe_intermediate_size=64,
+                                    n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                                    first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=None,
+                                    kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+                                    num_nextn_predict_layers=0),
 }
 
 
@@ -143,8 +181,8 @@ def test_the_formulas_equal_the_census_under_the_runtimes_policy(family, runtime
     estimator = manager.registry().get("estimator/activations/op_records")
     formulas = estimator.records(spec, list(spec.kinds), 256, runtime)[0]
     census = kind_records(spec, 256, runtime, use_cache=False, progress=None)
-    priced = [kind for kind in spec.kinds if formulas[kind].selective_per_token is not None]
-    assert priced == ["dense"]  # GLM's MoE layer is not listed: unpriced, not compared
-    for field in ("selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
-                  "recomputed_other_mm_share"):
-        assert getattr(formulas["dense"], field) == pytest.approx(getattr(census["dense"], field), rel=1e-12), field
+    for kind in spec.kinds:
+        for field in ("selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
+                      "recomputed_other_mm_share"):
+            assert getattr(formulas[kind], field) == pytest.approx(getattr(census[kind], field), rel=1e-12), \
+                (kind, field)

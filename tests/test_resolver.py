@@ -499,8 +499,8 @@ def test_mtp_layers_a_runtime_does_not_build_take_no_time(strategy):
 
 def test_the_formulas_price_selective_only_where_they_price_the_runtimes_policy(fresh):
     """``recompute=selective`` is the runtime's checkpoint policy. The op records price torchtitan's op-level one
-    where they list a layer's calls (tests/test_policy_formulas.py), not a MoE layer's: under hf-cuda a MoE model's
-    strategy is refused, saying why and what prices it; under a runtime running a policy of scope core_attention
+    where they list a layer's calls (tests/test_policy_formulas.py), not GPT-OSS's (its family does not state
+    them): under hf-cuda its strategy is refused, saying why and what prices it; under a runtime running a policy of scope core_attention
     it is priced, and is exactly that recompute (``recompute=core_attention``)."""
     import attrs
 
@@ -509,13 +509,13 @@ def test_the_formulas_price_selective_only_where_they_price_the_runtimes_policy(
     from ndcost.registry import Source
 
     strategy = "fsdp=8,seq=8192,micro_batch=2,recompute=selective"
-    moe = ndcost.resolve("qwen3-30b-a3b", runtime="hf-cuda", census="off")
+    unlisted = ndcost.resolve("gpt-oss-20b", runtime="hf-cuda", census="off")
     with pytest.raises(InvalidStrategy) as refused:
-        moe.evaluate(strategy)
-    for said in ("layer kind 'moe' has no selective figure", "checkpoint_policy/torchtitan", "calls_listed",
+        unlisted.evaluate(strategy)
+    for said in ("has no selective figure", "checkpoint_policy/torchtitan", "calls_known",
                  "census='auto'", "recompute=core_attention"):
         assert said in str(refused.value)
-    batch = moe.evaluate_many([strategy, strategy.replace("selective", "core_attention")])
+    batch = unlisted.evaluate_many([strategy, strategy.replace("selective", "core_attention")])
     assert batch.valid.tolist() == [False, True]
     assert batch.reason[0] == str(refused.value).split(": ", 1)[1]
 

@@ -16,6 +16,8 @@ KINDS = {"dense": {"attention": "gqa", "mlp": "dense"}, "moe": {"attention": "gq
 class Glm4MoeFamily(DecoderFamily):
     name = "glm4_moe"
     model_types = ("glm4_moe",)
+    # its layers make the calls specs/op_records.yaml lists; the router casts to fp32 before its matmul
+    op_record_values = {"calls_known": 1, "router_logit_bytes": 4}
     defaults = dict(vocab_size=151552, hidden_size=4096, intermediate_size=10944, num_hidden_layers=46,
                     num_attention_heads=96, num_key_value_heads=8, max_position_embeddings=131072,
                     tie_word_embeddings=False, attention_bias=False, moe_intermediate_size=1408,

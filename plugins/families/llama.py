@@ -16,11 +16,13 @@ DENSE = {"dense": {"attention": "gqa", "mlp": "dense"}}
 class LlamaFamily(DecoderFamily):
     """Llama (``attention_bias`` and ``mlp_bias`` as stated, False by default), Mistral and Phi-3 (no biases)."""
 
-    def __init__(self, name: str, model_types, defaults: Mapping[str, Any], biases: bool):
+    def __init__(self, name: str, model_types, defaults: Mapping[str, Any], biases: bool, fused: bool = False):
         self.name = name
         self.model_types = tuple(model_types)
         self.defaults = dict(defaults)
         self.biases = biases
+        # separate q, k, v and gate, up projections make the calls the op records list (specs/op_records.yaml)
+        self.op_record_values = {} if fused else {"calls_known": 1}
 
     def spec(self, config, name):
         r = self.reader(config)
@@ -44,6 +46,6 @@ MISTRAL = LlamaFamily("mistral", ["mistral"], dict(
 
 PHI3 = LlamaFamily("phi3", ["phi3"], dict(  # Transformers 5.24's Phi3Config defaults
     vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32,
-    max_position_embeddings=4096, tie_word_embeddings=False), biases=False)
+    max_position_embeddings=4096, tie_word_embeddings=False), biases=False, fused=True)
 
 ndcost_register = register_family(LLAMA, MISTRAL, PHI3)

@@ -9,6 +9,7 @@ KINDS = {"moe": {"attention": "gqa", "mlp": "moe"}}
 class MixtralFamily(DecoderFamily):
     name = "mixtral"
     model_types = ("mixtral",)
+    op_record_values = {"calls_known": 1}  # its layers make the calls specs/op_records.yaml lists
     defaults = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                     num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096 * 32,
                     tie_word_embeddings=False, num_experts_per_tok=2, num_local_experts=8)

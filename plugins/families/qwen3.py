@@ -7,6 +7,7 @@ from ndcost.plugins.families._base import ATTENTION_KINDS, DecoderFamily, dense_
 class Qwen3Family(DecoderFamily):
     name = "qwen3"
     model_types = ("qwen3",)
+    op_record_values = {"calls_known": 1}  # its layers make the calls specs/op_records.yaml lists
     defaults = dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
                     num_attention_heads=32, num_key_value_heads=32, head_dim=128, max_position_embeddings=32768,
                     tie_word_embeddings=False, attention_bias=False)

@@ -14,6 +14,7 @@ KINDS = {"dense": {"attention": "gqa", "mlp": "dense"}, "moe": {"attention": "gq
 class Qwen3MoeFamily(DecoderFamily):
     name = "qwen3_moe"
     model_types = ("qwen3_moe",)
+    op_record_values = {"calls_known": 1}  # its layers make the calls specs/op_records.yaml lists
     defaults = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
                     num_attention_heads=32, num_key_value_heads=4, head_dim=None, max_position_embeddings=32768,
                     tie_word_embeddings=False, attention_bias=False, decoder_sparse_step=1,

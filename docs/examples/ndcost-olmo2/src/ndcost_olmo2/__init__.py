@@ -66,7 +66,10 @@ class Olmo2Family(DecoderFamily):
     # modeling_olmo2.py: Olmo2RMSNorm returns (weight * x).to(dtype), so its weight multiply keeps the fp32
     # normalized tensor (4 bytes an element beside the fp32 input's 4); q_norm and k_norm normalize the whole
     # projections (a row a token each); Olmo2RotaryEmbedding returns cos and sin in fp32, which q * cos keeps.
-    op_record_values: Mapping[str, float] = {"norm_bytes": 8, "qk_norm_per_head": 0, "rotary_bytes": 4}
+    # Its layer makes the calls the op records list (separate q, k, v, o, gate, up, down projections), so the
+    # formulas price an op-level checkpoint policy on it (calls_known).
+    op_record_values: Mapping[str, float] = {"norm_bytes": 8, "qk_norm_per_head": 0, "rotary_bytes": 4,
+                                             "calls_known": 1}
     # Their traffic in 2-byte elements an element (Llama's: 18 and 10, ndcost.plugins.estimators.flops). The
     # norm: to(float32) 3, pow 4, mean 2, x * rsqrt 4, the fp32 weight multiply 4, to(dtype) 3: 20. The
     # rotary, q * cos promoting to fp32: q * cos 3, rotate_half's neg 1 and cat 2, times sin 3, their fp32
