@@ -91,10 +91,10 @@ def test_a_moe_layer_keeps_its_router_logits_and_recomputes_its_experts():
 
 
 def test_layers_the_calls_do_not_list_are_unpriced_with_the_reason():
-    """A family whose modules make other calls does not state ``calls_known``: GPT-OSS (sinks, router bias),
-    Phi-3 (fused q/k/v and gate/up projections: under the Llama family, which states it for Llama and Mistral
-    only), DeepSeek-V3.2 (its indexer's projections)."""
-    for model, kind in (("gpt-oss-20b", "full_attention"), ("deepseek-v3.2", "moe")):
+    """A family whose modules make other calls does not state ``calls_known``: Qwen3.5 (an output gate, linear
+    attention), Phi-3 (fused q/k/v and gate/up projections: under the Llama family, which states it for Llama
+    and Mistral only), DeepSeek-V3.2 (its indexer's projections)."""
+    for model, kind in (("qwen3.5-9b", "full_attention"), ("deepseek-v3.2", "moe")):
         spec, estimator, records = _formulas(model, "hf-cuda")
         assert records[kind].selective_per_token is None and records[kind].recomputed_other_mm_share is None
         why = estimator.selective_unpriced(spec, kind, "hf-cuda")
@@ -122,14 +122,14 @@ def test_an_unstated_bias_leaves_the_policy_unpriced():
 
 
 def test_census_off_prices_selective_where_the_calls_are_listed_and_refuses_it_elsewhere():
-    """Selective sits between full recompute and none; GPT-OSS's rows are refused saying why."""
+    """Selective sits between full recompute and none; Qwen3.5's rows are refused saying why."""
     model = ndcost.resolve("llama-3.1-8b", runtime="hf-cuda", census="off")
     base = "fsdp=8,seq=8192,micro_batch=2,recompute="
     peaks = {mode: model.evaluate(base + mode).peak_bytes for mode in ("none", "selective", "full")}
     assert peaks["full"] < peaks["selective"] < peaks["none"]
     times = {mode: model.evaluate(base + mode).time.step_seconds for mode in ("none", "selective", "full")}
     assert times["none"] < times["selective"] < times["full"]
-    unlisted = ndcost.resolve("gpt-oss-20b", runtime="hf-cuda", census="off")
+    unlisted = ndcost.resolve("qwen3.5-9b", runtime="hf-cuda", census="off")
     with pytest.raises(InvalidStrategy) as refused:
         unlisted.evaluate("fsdp=8,seq=8192,recompute=selective")
     for said in ("has no selective figure", "checkpoint_policy/torchtitan", "census='auto'",
@@ -161,6 +161,11 @@ CONFIGS = {
                         n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
                         n_group=1, topk_group=1, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32,
                         qk_rope_head_dim=16, v_head_dim=32, num_nextn_predict_layers=0),
+    # GPT-OSS's at small widths: biases on every projection and the router, sinks (eager attention under
+    # hf-cuda: GptOssPreTrainedModel refuses SDPA), a sliding and a full layer
+    "gpt_oss": dict(SMALL, model_type="gpt_oss", intermediate_size=64, head_dim=32, num_local_experts=8,
+                    num_experts_per_tok=2, sliding_window=32, layer_types=["sliding_attention", "full_attention"],
+                    attention_bias=True),
     # and without the query latent (q_proj)
     "deepseek_v3_no_q_latent": dict(SMALL, model_type="deepseek_v3", num_key_value_heads=8, moe_intermediate_size=64,
                                     n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,

@@ -499,7 +499,7 @@ def test_mtp_layers_a_runtime_does_not_build_take_no_time(strategy):
 
 def test_the_formulas_price_selective_only_where_they_price_the_runtimes_policy(fresh):
     """``recompute=selective`` is the runtime's checkpoint policy. The op records price torchtitan's op-level one
-    where they list a layer's calls (tests/test_policy_formulas.py), not GPT-OSS's (its family does not state
+    where they list a layer's calls (tests/test_policy_formulas.py), not Qwen3.5's (its family does not state
     them): under hf-cuda its strategy is refused, saying why and what prices it; under a runtime running a policy of scope core_attention
     it is priced, and is exactly that recompute (``recompute=core_attention``)."""
     import attrs
@@ -509,7 +509,7 @@ def test_the_formulas_price_selective_only_where_they_price_the_runtimes_policy(
     from ndcost.registry import Source
 
     strategy = "fsdp=8,seq=8192,micro_batch=2,recompute=selective"
-    unlisted = ndcost.resolve("gpt-oss-20b", runtime="hf-cuda", census="off")
+    unlisted = ndcost.resolve("qwen3.5-9b", runtime="hf-cuda", census="off")
     with pytest.raises(InvalidStrategy) as refused:
         unlisted.evaluate(strategy)
     for said in ("has no selective figure", "checkpoint_policy/torchtitan", "calls_known",
