@@ -31,7 +31,6 @@ __all__ = ["verify", "Verification", "VerifyRow", "DEFAULT_THRESHOLD"]
 # Bytes and FLOPs within 2% of the census are taken to agree; parameters must match exactly.
 DEFAULT_THRESHOLD = 0.02
 
-# KindRecord fields compared (bytes a token at TP 1).
 # KindRecord fields compared: (field, unit); the selective ones under the runtime's checkpoint policy.
 _SELECTIVE_FIELDS = ("selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
                      "recomputed_other_mm_share")

@@ -21,7 +21,7 @@ operator it stands for (``KernelContract.stands_for``).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 import attrs
 
@@ -73,7 +73,7 @@ class CheckpointPolicy:
 
         One forward's calls (or one recompute's) go through one decider, in
         order; the op records' formulas decide on a layer's listed calls with
-        it (``ndcost.plugins.op_records.policy_kept``), the census on the ops
+        it (``ndcost.plugins.op_records.policy_saves``), the census on the ops
         it dispatches (:meth:`op_policy`), so both read this one rule.
         """
         saves = {_base(n) for n in self.saves}

@@ -43,11 +43,12 @@ DeepSeek-V3.2/V4's indexer and compressors, and GPT-OSS's sinks are not in
 the records (the census measures them); a fused attention kernel keeps one
 fp32 statistic a head a query (``bytes_stat``), whatever its own layout.
 Keys and values are split linearly over TP, even where TP exceeds the KV heads
-and a run replicates them. The calls are listed for softmax-attention layers
-with a gated feed-forward only (MoE, MLA and linear-attention layers under an
-op-level policy are the census's), and as the census runs TP (each rank's layer
-at its share of the widths): the sequence-parallel collectives a run makes
-around the projections, whose outputs torchtitan's policy also saves
+and a run replicates them. The calls hold for the families that state them
+(``calls_known``): a layer with linear attention, an output gate or another
+family's calls (DeepSeek-V3.2's indexer, DeepSeek-V4) under an op-level policy
+is the census's. They are listed as the census runs TP (each rank's layer at
+its share of the widths): the sequence-parallel collectives a run makes around
+the projections, whose outputs torchtitan's policy also saves
 (reduce_scatter), are not among them.
 """
 from __future__ import annotations
@@ -827,11 +828,16 @@ def policy_unpriced(values: Union[Values, Mapping[str, Any]], kernel_call: Optio
                 "gated feed-forward and no output gate (calls_listed), not this layer's")
     if not values["scores"] and kernel_call is None:
         return "the attention kernel states no operator a checkpoint policy decides on (AttentionKernel.call)"
-    for call in values.records.calls.values():
+    for call in _held_calls(values):
         if call.bias is not None and call.bias not in values:
             return (f"the model does not state whether its {call.name} adds a bias (the value {call.bias!r}: "
                     f"aten.addmm or aten.mm); state attention_bias / mlp_bias in its config")
     return None
+
+
+def _held_calls(values: Values) -> Iterator[Call]:
+    """The calls a layer of *values* makes, in order."""
+    return (call for call in values.records.calls.values() if call.holds is None or call.holds.evaluate(values))
 
 
 def policy_saves(values: Union[Values, Mapping[str, Any]], policy: Any, kernel_call: Optional[str], *,
@@ -854,9 +860,7 @@ def policy_saves(values: Union[Values, Mapping[str, Any]], policy: Any, kernel_c
     save = policy.decider()
     kept: Dict[str, Number] = {}
     flops: Dict[Tuple[str, bool], Number] = {}
-    for call in values.records.calls.values():
-        if call.holds is not None and not call.holds.evaluate(values):
-            continue
+    for call in _held_calls(values):
         if call.call == LINEAR:
             name = "aten.addmm" if call.bias is not None and values[call.bias] else "aten.mm"
         else:
