@@ -329,7 +329,9 @@ def test_census_traffic_becomes_elementwise_bytes():
 
 
 def test_selective_recompute_repeats_the_measured_shares(h200):
-    """Selective recompute adds the census's shares of the attention's and the other matmuls' forward time."""
+    """Selective recompute adds the census's shares of the attention's and the other matmuls' forward time and,
+    eager, the forward's elementwise kernels (an op-level policy reruns every op it does not keep); compiled, the
+    shares alone (the partitioner fuses the rerun into the backward's kernels)."""
     from ndcost.records import KindRecord
     spec = llama_spec(2)
     seq = 4096
@@ -343,6 +345,14 @@ def test_selective_recompute_repeats_the_measured_shares(h200):
     w = work.work["dense"]
     attention = w.attention_mm_flops_per_token * seq / (989e12 * eff["matmul"])
     other = w.other_mm_flops_per_token * seq / (989e12 * eff["matmul"])
+    # eager: bf16 elements a token through HBM at the stated memory efficiency (the H200 states no elementwise table)
+    assert "elementwise" not in h200.kernel_tables
+    moved_bytes = 2 * seq * (w.elementwise_elements_per_token + w.replicated_elements_per_token)
+    elementwise = moved_bytes / (h200.hbm_bytes_per_second * eff["memory"])
+    assert elementwise > 0.1 * (0.5 * attention + other / 3)
+    assert seconds["recompute"][0, 0] == pytest.approx(0.5 * attention + other / 3 + elementwise, rel=1e-12)
+    compiled = ct.strategy_columns([Strategy.parse(f"seq={seq},recompute=selective,compile=true")])
+    seconds = ct.layer_seconds(work, compiled, h200, eff)
     assert seconds["recompute"][0, 0] == pytest.approx(0.5 * attention + other / 3, rel=1e-12)
 
 

@@ -634,8 +634,10 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     the attention scores and the linear recurrence at their own efficiency,
     elementwise bytes against HBM. The backward is twice the forward's work;
     recompute adds the forward (``full``), the census's measured shares of
-    the matmuls (``selective``; without them the core attention, as
+    the matmuls and, eager, the forward's elementwise kernels (``selective``
+    under an op-level policy; without the shares the core attention, as
     Megatron's selective recompute) or the scores (``core_attention``).
+    Left out: eager attention's score matmuls where the policy reruns them.
     Under ``float8`` the Float8 linears' FLOPs run at the fp8 peak and their
     casts add elementwise bytes (:func:`_float8_linears`); under ``compile``
     the elementwise bytes are the fused count (:func:`_elementwise_elements`).
@@ -716,8 +718,14 @@ def _layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware
     def selective():
         mm = np.add.reduce(by_class, axis=-1)
         att_share = np.divide(by_class[..., 0], mm, out=np.zeros(mm.shape), where=mm > 0)
+        # an op-level policy keeps the outputs of the ops it lists (matmuls, attention kernels, collectives) and
+        # reruns every other op of the forward (_CachedTorchDispatchMode, torch/utils/checkpoint.py): the
+        # elementwise kernels with the recomputed matmuls; under compile the partitioner fuses the rerun
+        # elementwise ops into the backward's kernels (what they read the backward reads): not added
+        eager_elementwise = np.where(np.asarray(cols["compile"], dtype=bool)[:, None], 0.0,
+                                     roofline["elementwise_forward"])
         return np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
-                        + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share), fwd_attention)
+                        + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share) + eager_elementwise, fwd_attention)
     mode = np.asarray(cols["recompute"])[:, None]
     # a layer's recompute runs at the start of its backward: the two are one stretch of the GPU's queue and of the
     # host's dispatch, bounded together (the host, running ahead, hides its recompute's work behind a long backward)
@@ -808,10 +816,12 @@ def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardwa
         elementwise_fwd, elementwise_bwd = elementwise + cast_fwd, 2.0 * elementwise + cast_bwd
     else:
         elementwise_fwd, elementwise_bwd = elementwise, 2.0 * elementwise
-    roofline_f = roofline_f + elementwise_fwd / (hbm * elementwise_f)
+    elementwise_f_seconds = elementwise_fwd / (hbm * elementwise_f)
+    roofline_f = roofline_f + elementwise_f_seconds
     roofline_b = roofline_b + elementwise_bwd / (hbm * elementwise_b)
     return {"roofline_f": roofline_f, "roofline_b": roofline_b, "matmul_forward": fwd_mm, "matmul_backward": bwd_mm,
-            "attention_forward": fwd_attention, "by_class": by_class, **attention}
+            "attention_forward": fwd_attention, "elementwise_forward": elementwise_f_seconds, "by_class": by_class,
+            **attention}
 
 
 # every column _attention_seconds reads (through _Rows, _scores_seconds' scores and _ring_attention_work), and
