@@ -48,12 +48,23 @@ from ndcost.values import (
     Strategy,
     StrategyCost,
     TimeBreakdown,  # the one message for an unregistered plugin name
+    frozen_mapping,
 )
 from ndcost.work import KindWork
 
 __all__ = ["resolve", "CostModel", "BatchResult", "CENSUS_MODES", "CensusFallbackWarning"]
 
 CENSUS_MODES = ("auto", "on", "off")
+
+# the functional collectives (torch/distributed/_functional_collectives.py) a decoder layer runs where DTensor shards
+# it (torch.distributed.tensor.parallel, as torchtitan's and HyperParallel's plans do): SP's all-gather into the
+# attention and the MLP and reduce-scatter out of them, the all-reduce in their place without SP, EP's dispatch
+# and combine all-to-alls; an op-level checkpoint policy decides on them as on any op
+LAYER_COLLECTIVE_OPS: Mapping[str, str] = frozen_mapping({
+    "all_gather": "_c10d_functional.all_gather_into_tensor.default",
+    "reduce_scatter": "_c10d_functional.reduce_scatter_tensor.default",
+    "all_reduce": "_c10d_functional.all_reduce.default",
+    "all_to_all": "_c10d_functional.all_to_all_single.default"})
 
 
 class CensusFallbackWarning(UserWarning):
@@ -286,9 +297,11 @@ class CostModel:
         self._family = models.family_for(spec.model_type) or models.generic_family()
         # the runtime the estimators price under: none where no profile is registered (the formulas' eager)
         self._estimator_runtime = runtime if self._profile is not None else None
+        self._selective_kept, self._selective_rerun = self._selective_collectives()
         self.resolved = ResolvedModel(spec=spec, parameters=parameters,
-                                      tables=memory.ModelTables.build(spec, parameters, builds_mtp,
-                                                                      kv_repeated=self._repeats_kv()))
+                                      tables=memory.ModelTables.build(
+                                          spec, parameters, builds_mtp, kv_repeated=self._repeats_kv(),
+                                          selective_kept_collectives=self._selective_kept))
         self.provenance: Dict[str, Any] = {
             "model": spec.name, "model_type": spec.model_type,
             "family": _source_of(f"family/{spec.model_type}"),
@@ -357,7 +370,7 @@ class CostModel:
             work = flops.model_work(self.spec, seq, merged, self.parameters, works)
             # the time model places MTP layers with the head only where the runtime builds them, as memory does
             self.resolved.model_work[seq] = attrs.evolve(
-                work, attention_kernel=self._attention_kernel(),
+                work, attention_kernel=self._attention_kernel(), selective_rerun_collectives=self._selective_rerun,
                 mtp_kinds=work.mtp_kinds if self.tables.builds_mtp else (), work=self._repeated_kv(work.work))
             self.resolved.flops_sources[seq] = sources
         return self.resolved.model_work[seq]
@@ -373,6 +386,19 @@ class CostModel:
             return str(_estimator("activations", "op_records").attention_kernel(self.spec, self._estimator_runtime))
         except NdcostError:
             return ""
+
+    def _selective_collectives(self) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+        """``(kept, rerun)``: the layer collectives (:data:`LAYER_COLLECTIVE_OPS`' keys) whose outputs
+        ``recompute=selective`` keeps under the runtime's policy, and those its recompute runs again; neither where
+        the policy's scope is the core attention (the attention function alone runs again), it states no
+        ``decider``, or there is no profile."""
+        if self._profile is None:
+            return (), ()
+        policy = _registry().find(f"checkpoint_policy/{self._profile.selective_policy}")
+        if policy is None or policy.scope != "layer" or not hasattr(policy, "decider"):
+            return (), ()
+        kept = tuple(name for name, op in LAYER_COLLECTIVE_OPS.items() if policy.decider()(op))
+        return kept, tuple(name for name in LAYER_COLLECTIVE_OPS if name not in kept)
 
     def _repeats_kv(self) -> bool:
         """Whether the runtime's attention takes this model's keys and values repeated to every query head (the

@@ -182,6 +182,8 @@ class ModelWork:
     experts_per_token: int = 0             # the routed experts a token takes
     expert_groups: int = 1                 # group-limited routing: a token's experts from expert_groups_per_token
     expert_groups_per_token: int = 1       # of expert_groups equal groups (ModelSpec's; 1 and 1: not limited)
+    # the layer collectives (resolver.LAYER_COLLECTIVE_OPS' keys) recompute=selective runs again in its recompute
+    selective_rerun_collectives: Tuple[str, ...] = ()
 
     @property
     def num_layers(self) -> int:

@@ -144,11 +144,15 @@ class ModelTables:
     kv_repeated: bool = False
     # (K,): the copies of each KV head the attention takes (1: not repeated)
     kv_copies: np.ndarray = attrs.field(factory=lambda: np.ones(0, dtype=np.int64))
+    # the layer collectives (resolver.LAYER_COLLECTIVE_OPS' keys) whose outputs recompute=selective keeps
+    selective_kept_collectives: Tuple[str, ...] = ()
 
     @classmethod
-    def build(cls, spec, counts, builds_mtp: bool, kv_repeated: bool = False) -> "ModelTables":
+    def build(cls, spec, counts, builds_mtp: bool, kv_repeated: bool = False,
+              selective_kept_collectives: Tuple[str, ...] = ()) -> "ModelTables":
         """From a ModelSpec and the family's ParameterCount (``by_kind``, ``embedding``, ``head``, ``final_norm``);
-        *kv_repeated* where the runtime's attention takes the keys and values repeated to every query head."""
+        *kv_repeated* where the runtime's attention takes the keys and values repeated to every query head;
+        *selective_kept_collectives* the layer collectives whose outputs the runtime's selective policy keeps."""
         kinds = tuple(dict.fromkeys(g.kind for g in spec.layers))
         index = {k: i for i, k in enumerate(kinds)}
         stack = placement_rules.LayerStack.from_runs(kinds, [(g.kind, g.count) for g in spec.layers if not g.mtp])
@@ -219,7 +223,8 @@ class ModelTables:
             linear_heads=linear, is_moe=routed > 0, kv_elements_per_token=np.array(kv_elems, dtype=np.float64),
             kv_params=np.minimum(np.array(kv_params, dtype=np.int64), parts(("attention",))),
             q_elements_per_token=np.array(q_elems, dtype=np.float64), kv_repeated=bool(kv_repeated),
-            kv_copies=np.array(kv_copies, dtype=np.int64))
+            kv_copies=np.array(kv_copies, dtype=np.int64),
+            selective_kept_collectives=tuple(selective_kept_collectives))
 
 
 def _nan(value):
@@ -936,7 +941,8 @@ def _layer_activations_rows(model: ModelTables, recs, seq_index, cols, batch: _B
                   / _rows_where(batch.sp, batch.sp_rows, lambda: t, lambda: 1.0))[:, None]
     per_token_by_mode = {  # what a recomputing layer keeps a token, by mode (only the modes some row runs)
         full_code: lambda: np.broadcast_to(full_input, plain_per_token.shape),
-        selective_code: lambda: at_tp(row("selective"), row("selective_tp")) + replicated_kv,
+        selective_code: lambda: at_tp(row("selective"), row("selective_tp")) + replicated_kv + _kept_collectives(
+            model, batch),
         core_code: lambda: plain_per_token - at_tp(row("dropped"), row("dropped_tp")) + replicated_kv}
     modes = [code for code in (full_code, selective_code, core_code) if used[code]]
     if used.count(True) == 1:  # every row runs one mode
@@ -972,6 +978,17 @@ def _layer_activations_rows(model: ModelTables, recs, seq_index, cols, batch: _B
         # one row of position ids: the sequence on this CP rank, whatever the micro-batch (Transformers' model
         # makes them so where the caller passes none)
         shared=(cols["seq"].astype(np.float64) / batch.cp)[:, None] * _figure(recs, "shared", seq_index, batch))
+
+
+def _kept_collectives(model: ModelTables, batch: _Batch):
+    """``(N, 1)`` bytes a token a selective checkpoint keeps of the layer's collectives beyond its record's (which
+    measures the layer unsharded): under SP two reduce-scatters' outputs, the attention's and the MLP's, ``h``
+    elements a token split by tp, where the policy keeps them (torchtitan's ``_save_list``). Left out: the
+    all-to-alls' outputs a policy keeps under EP (HyperParallel's)."""
+    if "reduce_scatter" not in model.selective_kept_collectives or not batch.sp_rows:
+        return 0.0
+    sharded = batch.sp & (batch.tp_int > 1)
+    return np.where(sharded, 2.0 * model.hidden_size * batch.compute_bytes / batch.tp, 0.0)[:, None]
 
 
 @attrs.frozen(kw_only=True, eq=False)

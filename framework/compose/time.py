@@ -1251,7 +1251,11 @@ def _layer_communication(model: ModelWork, rows: _Rows, cols, layer, overlaps_ep
     (:func:`_ring_communication`). Ulysses: all-to-alls of queries, keys,
     values and the output, the backward's the same bytes transposed. EP:
     dispatch and combine all-to-alls. ``*_extra``: what recomputing a layer's
-    forward repeats (its forward collectives; full recompute only).
+    forward repeats: its forward collectives under full recompute; under
+    selective, those of TP and EP its policy does not keep
+    (``ModelWork.selective_rerun_collectives``: torchtitan's keeps SP's
+    reduce-scatters and reruns its all-gathers, the all-reduces and the
+    all-to-alls; a kept attention kernel keeps CP's exchanges out of the rerun).
     """
     if len(rows.tp) != 1:
         return _layer_communication_rows(model, rows, cols, layer, overlaps_ep, hardware, eff, coll)
@@ -1280,8 +1284,8 @@ def _layer_communication_rows(model: ModelWork, rows: _Rows, cols, layer, overla
                                   _COMMUNICATION_READ + _FLOAT8_READ if one_row_async else _TP_READ,
                                   lambda: _tp_communication(model, rows, cols, hardware, eff, coll),
                                   tuple(coll.items()))
-    tp_fwd, tp_bwd, tp_exposed_fwd, tp_exposed_bwd = (tp_part[key] for key in ("fwd", "bwd", "exposed_fwd",
-                                                                                "exposed_bwd"))
+    tp_fwd, tp_bwd, tp_exposed_fwd, tp_exposed_bwd, rerun, exposed_rerun = (tp_part[key] for key in (
+        "fwd", "bwd", "exposed_fwd", "exposed_bwd", "rerun", "exposed_rerun"))
     # the CP collectives' overlap reads the layer's attention figures: those of _ATTENTION_READ's columns
     cp_part = _kept_where_one_row("cp_communication_one_row", model, hardware, eff, cols, _ATTENTION_READ,
                                   lambda: _cp_communication(model, rows, cols, layer, hardware, eff, coll),
@@ -1309,15 +1313,21 @@ def _layer_communication_rows(model: ModelWork, rows: _Rows, cols, layer, overla
             # the compute beside a pass of c seconds runs on the SMs its kernels leave (a share s of them held):
             # both done max(c, t + s c) after they start, t the compute alone, so max(s c, c - t) is exposed
             slowed = ep_pass * sm_share
-            exposed_fwd = exposed_fwd + np.where(overlapped, np.maximum(slowed, ep_pass - layer["forward"]), ep_pass)
+            ep_exposed_fwd = np.where(overlapped, np.maximum(slowed, ep_pass - layer["forward"]), ep_pass)
             exposed_bwd = exposed_bwd + np.where(overlapped, np.maximum(slowed, ep_pass - layer["backward"]), ep_pass)
         else:
-            exposed_fwd, exposed_bwd = exposed_fwd + ep_pass, exposed_bwd + ep_pass
+            ep_exposed_fwd = ep_pass
+            exposed_bwd = exposed_bwd + ep_pass
+        exposed_fwd = exposed_fwd + ep_exposed_fwd
         comm_fwd, comm_bwd = comm_fwd + ep_pass, comm_bwd + ep_pass
-    full = (np.asarray(cols["recompute"]) == RECOMPUTE.index("full"))[:, None]
-    if np.count_nonzero(full):
-        comm_extra = np.where(full, comm_fwd, 0.0)
-        exposed_extra = np.where(full, exposed_fwd, 0.0)
+        if "all_to_all" in model.selective_rerun_collectives:  # the dispatch and combine run again too
+            rerun, exposed_rerun = rerun + ep_pass, exposed_rerun + ep_exposed_fwd
+    mode = np.asarray(cols["recompute"])[:, None]
+    full = mode == RECOMPUTE.index("full")
+    selective = mode == RECOMPUTE.index("selective")
+    if np.count_nonzero(full) or np.count_nonzero(selective):
+        comm_extra = np.where(full, comm_fwd, np.where(selective, rerun, 0.0))
+        exposed_extra = np.where(full, exposed_fwd, np.where(selective, exposed_rerun, 0.0))
     else:
         comm_extra = exposed_extra = np.zeros(exposed_fwd.shape)
     return {"comm_fwd": comm_fwd, "comm_bwd": comm_bwd, "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd,
@@ -1330,19 +1340,31 @@ _TP_READ = ("tp", "micro_batch", "seq", "cp", "compute_dtype", "sp", "async_tp")
 
 def _tp_communication(model: ModelWork, rows: _Rows, cols, hardware: Hardware, eff, coll) -> Dict[str, np.ndarray]:
     """A layer's TP collectives a micro-batch (:func:`_layer_communication`), all of them and the exposed ones of
-    each pass (``fwd``, ``bwd``, ``exposed_fwd``, ``exposed_bwd``): ``(N, 1)``, or ``(N, K)`` under ``async_tp``."""
+    each pass (``fwd``, ``bwd``, ``exposed_fwd``, ``exposed_bwd``): ``(N, 1)``, or ``(N, K)`` under ``async_tp``;
+    ``rerun`` and ``exposed_rerun``, those of the forward's a selective recompute runs again
+    (``ModelWork.selective_rerun_collectives``)."""
     n, h = len(rows.tp), float(model.hidden_size)
     tp = rows.tp
     hidden_msg = rows.tokens * h * rows.compute_bytes                  # a TP rank's activations of a layer
     bw_tp, lat_tp, link_tp = group_link(hardware, np.ones(n), tp, eff)
     sp_rows = np.count_nonzero(rows.sp)  # priced only where a row runs it: SP's pair, or the all-reduce
+    zero = np.zeros(n)
+    gather = scatter = reduce = zero
     if sp_rows:
         gather = coll["all_gather"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
-        tp_sp = gather + (gather if coll["reduce_scatter"] is coll["all_gather"]  # one function: the same figure
-                          else coll["reduce_scatter"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
+        scatter = (gather if coll["reduce_scatter"] is coll["all_gather"]  # one function: the same figure
+                   else coll["reduce_scatter"](hidden_msg, tp, bw_tp, lat_tp, **link_tp))
+        if sp_rows < n:
+            gather, scatter = np.where(rows.sp, gather, 0.0), np.where(rows.sp, scatter, 0.0)
     if sp_rows < n:
-        tp_ar = coll["all_reduce"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
-    tp_pass = 2.0 * (tp_sp if sp_rows == n else tp_ar if not sp_rows else np.where(rows.sp, tp_sp, tp_ar))
+        reduce = coll["all_reduce"](hidden_msg, tp, bw_tp, lat_tp, **link_tp)
+        if sp_rows:
+            reduce = np.where(rows.sp, 0.0, reduce)
+    # each pass's two: the attention's and the MLP's
+    by_collective = {"all_gather": 2.0 * gather, "reduce_scatter": 2.0 * scatter, "all_reduce": 2.0 * reduce}
+    tp_pass = by_collective["all_gather"] + by_collective["reduce_scatter"] + by_collective["all_reduce"]
+    # what recompute=selective runs again: the forward's collectives its policy does not keep
+    rerun = sum((by_collective[name] for name in model.selective_rerun_collectives if name in by_collective), zero)
     # (N, 1): broadcast over the kinds by the sums below
     tp_fwd = tp_bwd = tp_exposed_fwd = tp_exposed_bwd = tp_pass[:, None]
     async_tp = np.asarray(cols["async_tp"], dtype=bool)
@@ -1352,7 +1374,10 @@ def _tp_communication(model: ModelWork, rows: _Rows, cols, hardware: Hardware, e
         tp_fwd, tp_bwd = np.where(on, fused["comm_fwd"], tp_fwd), np.where(on, fused["comm_bwd"], tp_bwd)
         tp_exposed_fwd = np.where(on, fused["exposed_fwd"], tp_exposed_fwd)
         tp_exposed_bwd = np.where(on, fused["exposed_bwd"], tp_exposed_bwd)
-    return {"fwd": tp_fwd, "bwd": tp_bwd, "exposed_fwd": tp_exposed_fwd, "exposed_bwd": tp_exposed_bwd}
+    # the rerun exposed as the forward's collectives are (all of them, but under async TP)
+    exposed_share = np.divide(tp_exposed_fwd, tp_fwd, out=np.ones(np.shape(tp_fwd)), where=tp_fwd > 0)
+    return {"fwd": tp_fwd, "bwd": tp_bwd, "exposed_fwd": tp_exposed_fwd, "exposed_bwd": tp_exposed_bwd,
+            "rerun": rerun[:, None], "exposed_rerun": rerun[:, None] * exposed_share}
 
 
 def _cp_communication(model: ModelWork, rows: _Rows, cols, layer, hardware: Hardware, eff,
