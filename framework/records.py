@@ -7,11 +7,29 @@ micro-batch of one sequence at ``seq`` tokens, TP 1; a rank at TP t keeps
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import attrs
 
 from ndcost.values import frozen_mapping
+
+
+# what an op-level selective policy decides on, for the shares it runs again: a weight matmul of the attention's, one
+# of another part's, a matmul of no weight (eager attention's scores, a reference linear recurrence's), and a fused
+# attention or recurrence kernel's call
+DECIDED_CLASSES = ("attention", "other", "scores", "kernel")
+
+
+def recomputed_shares(decided: Mapping[Tuple[str, bool], float]) -> Dict[str, float]:
+    """``{"attention", "other", "scores"}``: the fraction of each the backward runs again, from *decided*
+    ``{(class, recomputed): amount}`` over :data:`DECIDED_CLASSES` (matmul FLOPs, a kernel's calls). ``scores`` is
+    the kernel calls' fraction where a fused kernel ran, else the weightless matmuls'; a class nothing was decided
+    on has 0."""
+    def share(name: str) -> float:
+        again, once = decided.get((name, True), 0), decided.get((name, False), 0)
+        return 0.0 if again + once == 0 else float(again / (again + once))
+    kernel = decided.get(("kernel", True), 0) + decided.get(("kernel", False), 0)
+    return {"attention": share("attention"), "other": share("other"), "scores": share("kernel" if kernel else "scores")}
 
 
 @attrs.frozen(kw_only=True)
@@ -70,10 +88,12 @@ class KindRecord:
     selective_per_token: Optional[float] = None
     selective_tp_per_token: Optional[float] = None
     # The fractions of the attention's and the other parts' forward weight-matmul FLOPs the runtime's selective
-    # policy runs again in the backward. None: not stated, or a policy recomputing the attention function alone
+    # policy runs again in the backward, and of the attention's scores (or linear recurrence) it runs again
+    # (:func:`recomputed_shares`). None: not stated, or a policy recomputing the attention function alone
     # (scope core_attention), which the time model prices as that function's forward.
     recomputed_attention_mm_share: Optional[float] = None
     recomputed_other_mm_share: Optional[float] = None
+    recomputed_scores_share: Optional[float] = None
     ops: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
     ops_tp: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
     flops_by_part: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)

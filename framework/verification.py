@@ -33,7 +33,7 @@ DEFAULT_THRESHOLD = 0.02
 
 # KindRecord fields compared: (field, unit); the selective ones under the runtime's checkpoint policy.
 _SELECTIVE_FIELDS = ("selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
-                     "recomputed_other_mm_share")
+                     "recomputed_other_mm_share", "recomputed_scores_share")
 _RECORD_FIELDS = tuple((name, "bytes/token") for name in ("saved_per_token", "saved_tp_per_token", "working_per_token",
                                                           "working_tp_per_token") + _SELECTIVE_FIELDS[:2]) + tuple(
     (name, "share of the forward's FLOPs") for name in _SELECTIVE_FIELDS[2:])

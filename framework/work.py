@@ -110,6 +110,7 @@ class KindWork:
     replicated_parameters: int = 0     # norms: held whole by every TP rank
     recomputed_attention_mm_share: Optional[float] = None
     recomputed_other_mm_share: Optional[float] = None
+    recomputed_scores_share: Optional[float] = None
     query_elements_per_token: int = 0  # what Ulysses moves for queries and outputs
     kv_elements_per_token: int = 0     # keys and values a CP ring passes
     experts_per_token: int = 0         # 0: no expert all-to-all
@@ -146,6 +147,7 @@ class KindWork:
         figure known to be zero, so no feature's pricing finds it unknown."""
         return cls(kind=kind, source=source, attention_mm_flops_per_token=0.0, other_mm_flops_per_token=0.0,
                    has_attention=False, recomputed_attention_mm_share=0.0, recomputed_other_mm_share=0.0,
+                   recomputed_scores_share=0.0,
                    float8_mm_flops_per_token=0.0, float8_input_elements_per_token=0.0,
                    float8_output_elements_per_token=0.0, float8_routed_input_elements_per_token=0.0,
                    float8_routed_output_elements_per_token=0.0, compiled_elementwise_elements_per_token=0.0,

@@ -68,13 +68,14 @@ from ndcost.errors import InvalidValue, RegistrationError, StalePluginSet, Unkno
 from ndcost.hookspecs import hookimpl
 from ndcost.layer import DENSE_MLPS, NO_MLPS
 from ndcost.plugins.expressions import Expression, Number, divide
-from ndcost.records import KindRecord
+from ndcost.records import KindRecord, recomputed_shares
 from ndcost.values import CP_ALGOS, DTYPES, PARTS, ModelSpec
 
 SOURCE = "op_records"
 SPLITS = ("tp", "sequence")
 SECTIONS = ("values", "switches", "ops", "modes", "slots", "calls")
-MATMUL_SHARES = ("attention", "other")
+# a listed matmul's class: a weight of the attention's, another weight, none (eager attention's scores)
+MATMUL_SHARES = ("attention", "other", "scores")
 # a call resolved by the layer: F.linear (aten.mm, or aten.addmm with a bias), the runtime's attention kernel
 LINEAR, KERNEL = "linear", "attention_kernel"
 _TOP_LEVEL = frozenset(SECTIONS) | {"schema", "doc"}
@@ -845,8 +846,9 @@ def policy_saves(values: Union[Values, Mapping[str, Any]], policy: Any, kernel_c
     """What the op-level checkpoint *policy* keeps of this layer's calls, and the matmul FLOPs it recomputes.
 
     Returns the bytes one rank keeps of the outputs the policy saves, by
-    split, and per matmul share (``attention``, ``other``) the fraction of its
-    forward FLOPs the backward runs again. The layer's input, which the
+    split, and per share (``attention``, ``other``, ``scores``) the fraction
+    of its forward FLOPs (the kernel's calls) the backward runs again
+    (:func:`ndcost.records.recomputed_shares`). The layer's input, which the
     checkpoint keeps, is full recompute's (the ``full`` mode) and not in these
     bytes. The policy decides call by call in the records' order
     (``CheckpointPolicy.decider``, the rule the census runs on the ops it
@@ -872,11 +874,9 @@ def policy_saves(values: Union[Values, Mapping[str, Any]], policy: Any, kernel_c
         if call.flops is not None:
             key = (str(call.matmul), not saved)
             flops[key] = flops.get(key, 0) + call.flops.evaluate(values)
-    shares = {}
-    for share in MATMUL_SHARES:
-        again, once = flops.get((share, True), 0), flops.get((share, False), 0)
-        shares[share] = 0.0 if again + once == 0 else float(again / (again + once))
-    return kept, shares
+        elif call.call == KERNEL:  # the fused kernel: decided on by the call
+            flops[("kernel", not saved)] = flops.get(("kernel", not saved), 0) + 1
+    return kept, recomputed_shares(flops)
 
 
 # ---------------------------------------------------------------------------
@@ -1151,6 +1151,7 @@ def formula_record(spec: ModelSpec, kind: str, seq: int, *, attention: str = "ea
         selective_tp_per_token=None if selective is None else _per_token(selective, "tp", seq),
         recomputed_attention_mm_share=shares["attention"],
         recomputed_other_mm_share=shares["other"],
+        recomputed_scores_share=shares["scores"],
         ops={op: divide(v, seq) for op, v in ops["sequence"].items()},
         ops_tp={op: divide(v, seq) for op, v in ops["tp"].items()},
         shared_saved_per_token={name: divide(v, seq) for name, v in shared.items()},

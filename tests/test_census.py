@@ -324,7 +324,8 @@ def test_selective_policy_alternates_mm_in_forward_and_recompute():
 
     prof = profile()
     with fake_layer(small_llama(), 0, prof) as fake:
-        ledger = RecomputeLedger(attention_storages(fake.layer))
+        ledger = RecomputeLedger(attention_storages(fake.layer), fake.contracts,
+                                 {p.untyped_storage()._cdata for p in fake.layer.parameters()})
         kept = measure_selective(fake, records.policy_for(prof), S, ledger)
     forward = [saved for op, saved, again in ledger.decisions if op == "aten.mm.default" and not again]
     # q, k, v, o, gate, up, down
@@ -347,8 +348,11 @@ def test_selective_policy_alternates_mm_in_forward_and_recompute():
                                 + 4 * HEADS * S + 16 + 2 * S * I + 2 * S * H)
     # recomputed matmul FLOPs: k and o of q, k, v, o; up of gate, up, down
     q, k, v, o = HEADS * D, KV * D, KV * D, HEADS * D
-    assert ledger.share(attention=True) == pytest.approx((k + o) / (q + k + v + o))
-    assert ledger.share(attention=False) == pytest.approx(1 / 3)
+    shares = ledger.shares()
+    assert shares["attention"] == pytest.approx((k + o) / (q + k + v + o))
+    assert shares["other"] == pytest.approx(1 / 3)
+    assert shares["scores"] == 0.0  # SDPA's call kept
+    assert ledger.flops[("kernel", False)] == 1 and ("kernel", True) not in ledger.flops
 
 
 def test_hyperparallel_policy_alternates_grouped_mm_with_the_matmuls():
@@ -617,8 +621,8 @@ def test_cli_json_shape(tmp_path, monkeypatch, capsys):
     assert set(data["kinds"]) == {"dense"} and "output" in data
     fields = {"saved_per_token", "saved_tp_per_token", "working_per_token", "working_tp_per_token",
               "selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
-              "recomputed_other_mm_share", "ops", "ops_tp", "flops_by_part", "flops_all_pairs_by_part", "traffic",
-              "shared_saved_per_token"}
+              "recomputed_other_mm_share", "recomputed_scores_share", "ops", "ops_tp", "flops_by_part",
+              "flops_all_pairs_by_part", "traffic", "shared_saved_per_token"}
     assert set(data["kinds"]["dense"]) == fields
     assert data["kinds"]["dense"]["shared_saved_per_token"] == {"position_embeddings": 2 * D * 2}  # cos, sin bf16
     assert "census" in captured.err                       # progress per kind on stderr

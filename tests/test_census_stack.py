@@ -36,7 +36,8 @@ def test_stack_census_states_the_layer_census_selective_figures_gradient_share_a
     # was live when the forward ended (the final norm's, the head's: freed before the layers' backward runs)
     for field in ("saved_per_token", "saved_tp_per_token", "working_per_token", "working_tp_per_token", "ops",
                   "ops_tp", "flops_by_part", "selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
-                  "recomputed_other_mm_share", "working_grad_share", "reserved_working_per_token",
+                  "recomputed_other_mm_share", "recomputed_scores_share", "working_grad_share",
+                  "reserved_working_per_token",
                   "reserved_working_tp_per_token", "reserved_per_layer_tp_per_token",
                   "reserved_selective_working_per_token", "reserved_selective_working_tp_per_token",
                   "reserved_core_attention_working_per_token", "reserved_core_attention_working_tp_per_token"):

@@ -47,18 +47,19 @@ def test_llama_under_torchtitans_policy_by_hand(runtime):
     assert dense.selective_tp_per_token == 2 * 32 * 128 + 2 * 8 * 128 + (2 * 32 * 128 + 4 * 32) + 2 * 14336
     assert dense.recomputed_attention_mm_share == (1024 + 4096) / (4096 + 1024 + 1024 + 4096)
     assert dense.recomputed_other_mm_share == pytest.approx(1 / 3)
+    assert dense.recomputed_scores_share == 0.0  # the kernel's call kept
 
 
 def test_eager_attention_keeps_no_attention_output_and_recomputes_its_batched_matmuls():
     """Eager attention runs two bmm (not in torchtitan's list: recomputed) and no SDPA: the layer keeps q, v,
-    gate and down. The bmm read activations, not the attention's weights, so their FLOPs (2 s a d each a
-    token) count in the other share beside the feed-forward's: (up + both bmm) / (3 projections + both bmm)."""
+    gate and down. The bmm read no weight: theirs is the scores' share, all of it recomputed, and the other
+    share is the feed-forward's alone, up of its three projections."""
     _, _, records = _formulas("llama-3.1-8b", "hf-cuda-eager")
     dense = records["dense"]
     assert dense.selective_per_token == 2 * 4096 + 2 * 4096
     assert dense.selective_tp_per_token == 2 * 32 * 128 + 2 * 8 * 128 + 2 * 14336
-    ffn, bmm = 2 * 4096 * 14336, 2 * 32 * 128 * SEQ
-    assert dense.recomputed_other_mm_share == pytest.approx((ffn + 2 * bmm) / (3 * ffn + 2 * bmm))
+    assert dense.recomputed_other_mm_share == pytest.approx(1 / 3)
+    assert dense.recomputed_scores_share == 1.0
 
 
 def test_a_bias_folds_the_projection_into_addmm_which_torchtitan_neither_saves_nor_counts():
@@ -188,6 +189,6 @@ def test_the_formulas_equal_the_census_under_the_runtimes_policy(family, runtime
     census = kind_records(spec, 256, runtime, use_cache=False, progress=None)
     for kind in spec.kinds:
         for field in ("selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
-                      "recomputed_other_mm_share"):
+                      "recomputed_other_mm_share", "recomputed_scores_share"):
             assert getattr(formulas[kind], field) == pytest.approx(getattr(census[kind], field), rel=1e-12), \
                 (kind, field)

@@ -354,6 +354,12 @@ def test_selective_recompute_repeats_the_measured_shares(h200):
     compiled = ct.strategy_columns([Strategy.parse(f"seq={seq},recompute=selective,compile=true")])
     seconds = ct.layer_seconds(work, compiled, h200, eff)
     assert seconds["recompute"][0, 0] == pytest.approx(0.5 * attention + other / 3, rel=1e-12)
+    # a policy rerunning the scores (eager attention's matmuls under torchtitan's) adds their forward too
+    rerun = analytic.model_work(spec, seq, {"dense": attrs.evolve(record, recomputed_scores_share=1.0)})
+    seconds = ct.layer_seconds(rerun, cols, h200, eff)
+    assert seconds["scores_forward"][0, 0] > 0
+    assert seconds["recompute"][0, 0] == pytest.approx(
+        0.5 * attention + other / 3 + elementwise + seconds["scores_forward"][0, 0], rel=1e-12)
 
 
 def test_recompute_layers_limits_the_recompute(h200, llama_work):

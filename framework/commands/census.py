@@ -6,8 +6,8 @@ HELP = "measure each layer kind's saved bytes, working peak, FLOPs and traffic o
 # The fields of a kind in --json, in the order `ndcost census --json` prints them (docs/architecture.md).
 FIELDS = ("saved_per_token", "saved_tp_per_token", "working_per_token", "working_tp_per_token",
           "selective_per_token", "selective_tp_per_token", "recomputed_attention_mm_share",
-          "recomputed_other_mm_share", "ops", "ops_tp", "flops_by_part", "flops_all_pairs_by_part", "traffic",
-          "shared_saved_per_token")
+          "recomputed_other_mm_share", "recomputed_scores_share", "ops", "ops_tp", "flops_by_part",
+          "flops_all_pairs_by_part", "traffic", "shared_saved_per_token")
 
 
 def add_arguments(parser) -> None:

@@ -306,7 +306,8 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
     out.update(_gemm_arrays(model))
     out["class_mm_flops_per_token"] = np.stack([out[f"{c}_mm_flops_per_token"] for c in GEMM_CLASSES], axis=-1)
     out["parameters_by_part"] = np.stack([out[f"{part}_parameters"] for part in ("dense", "replicated", "routed")])
-    for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share") + _LOW_PRECISION_WORK:
+    for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share",
+                 "recomputed_scores_share") + _LOW_PRECISION_WORK:
         out[name] = np.array([np.nan if getattr(model.work[k], name) is None else float(getattr(model.work[k], name))
                               for k in model.kinds])
     # the attention's output elements a token (ring CP merges them): its heads' values, else the queries'
@@ -634,10 +635,11 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     the attention scores and the linear recurrence at their own efficiency,
     elementwise bytes against HBM. The backward is twice the forward's work;
     recompute adds the forward (``full``), the census's measured shares of
-    the matmuls and, eager, the forward's elementwise kernels (``selective``
-    under an op-level policy; without the shares the core attention, as
-    Megatron's selective recompute) or the scores (``core_attention``).
-    Left out: eager attention's score matmuls where the policy reruns them.
+    the weight matmuls and of the scores (or linear recurrence) and, eager,
+    the forward's elementwise kernels (``selective`` under an op-level
+    policy; without the shares the core attention, as Megatron's selective
+    recompute) or the scores (``core_attention``). Left out: eager softmax's
+    rerun where a policy keeps both of eager attention's matmuls.
     Under ``float8`` the Float8 linears' FLOPs run at the fp8 peak and their
     casts add elementwise bytes (:func:`_float8_linears`); under ``compile``
     the elementwise bytes are the fused count (:func:`_elementwise_elements`).
@@ -713,6 +715,7 @@ def _layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware
     forward, backward = np.maximum(roofline_f, floor["forward"]), np.maximum(roofline_b, floor["backward"])
     share_att = k["recomputed_attention_mm_share"][None, :]
     share_other = k["recomputed_other_mm_share"][None, :]
+    share_scores = k["recomputed_scores_share"][None, :]
     measured = k["selective_measured"][None, :]
 
     def selective():
@@ -724,8 +727,11 @@ def _layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware
         # elementwise ops into the backward's kernels (what they read the backward reads): not added
         eager_elementwise = np.where(np.asarray(cols["compile"], dtype=bool)[:, None], 0.0,
                                      roofline["elementwise_forward"])
+        # the scores (eager's matmuls and softmax, or the kernel) and a linear recurrence, where it reruns them
+        scores = nan_to_zero(share_scores) * (fwd_attention + roofline["recurrence_forward"])
         return np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
-                        + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share) + eager_elementwise, fwd_attention)
+                        + nan_to_zero(share_other) * fwd_mm * (1.0 - att_share) + scores + eager_elementwise,
+                        fwd_attention)
     mode = np.asarray(cols["recompute"])[:, None]
     # a layer's recompute runs at the start of its backward: the two are one stretch of the GPU's queue and of the
     # host's dispatch, bounded together (the host, running ahead, hides its recompute's work behind a long backward)
@@ -809,8 +815,10 @@ def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardwa
     fwd_attention = fwd_scores + ring_fwd  # what recomputing the attention function reruns
     elementwise_f, elementwise_b = kernels.elementwise_efficiencies(tables, per_kernel, stated=memory)
     roofline_f, roofline_b = fwd_mm + fwd_attention, bwd_mm + bwd_scores + ring_bwd
+    recurrence_f: Any = 0.0  # no linear recurrence: 0 s
     if linrec is not None:
-        roofline_f = roofline_f + linrec / (peak * eff["linrec"])
+        recurrence_f = linrec / (peak * eff["linrec"])
+        roofline_f = roofline_f + recurrence_f
         roofline_b = roofline_b + 2.0 * linrec / (peak * eff["linrec_backward"])
     if np.count_nonzero(np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none")):  # the Float8 casts' bytes
         elementwise_fwd, elementwise_bwd = elementwise + cast_fwd, 2.0 * elementwise + cast_bwd
@@ -820,8 +828,8 @@ def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardwa
     roofline_f = roofline_f + elementwise_f_seconds
     roofline_b = roofline_b + elementwise_bwd / (hbm * elementwise_b)
     return {"roofline_f": roofline_f, "roofline_b": roofline_b, "matmul_forward": fwd_mm, "matmul_backward": bwd_mm,
-            "attention_forward": fwd_attention, "elementwise_forward": elementwise_f_seconds, "by_class": by_class,
-            **attention}
+            "attention_forward": fwd_attention, "elementwise_forward": elementwise_f_seconds,
+            "recurrence_forward": recurrence_f, "by_class": by_class, **attention}
 
 
 # every column _attention_seconds reads (through _Rows, _scores_seconds' scores and _ring_attention_work), and

@@ -38,7 +38,7 @@ import attrs
 from ndcost.records import KindRecord
 
 # Bumped whenever the census's rules change what it measures.
-CENSUS_VERSION = 15
+CENSUS_VERSION = 16
 
 # Config fields of the whole model, not of one layer: left out of a layer kind's key.
 STACK_FIELDS = frozenset({
@@ -128,7 +128,8 @@ MAX_ENTRY_BYTES = 4 * 1024 * 1024
 _PAIRS = (("saved_per_token", "saved_tp_per_token"), ("working_per_token", "working_tp_per_token"),
           ("selective_per_token", "selective_tp_per_token"))
 _BYTES = ("working_input_per_token",)
-_SHARES = ("working_grad_share", "recomputed_attention_mm_share", "recomputed_other_mm_share")
+_SHARES = ("working_grad_share", "recomputed_attention_mm_share", "recomputed_other_mm_share",
+           "recomputed_scores_share")
 _RESERVED = ("reserved_per_layer_per_token", "reserved_per_layer_tp_per_token", "reserved_working_per_token",
              "reserved_working_tp_per_token", "reserved_selective_per_layer_per_token",
              "reserved_selective_per_layer_tp_per_token", "reserved_selective_working_per_token",

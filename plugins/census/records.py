@@ -79,7 +79,8 @@ def _measure_selective(config: Any, layer_index: int, seq: int, runtime: Any, po
     from ndcost.plugins.census.selective import RecomputeLedger, attention_storages, measure_selective
 
     with L.fake_layer(config, layer_index, runtime) as fake:
-        book = RecomputeLedger(attention_storages(fake.layer), fake.contracts) if ledger else None
+        book = (RecomputeLedger(attention_storages(fake.layer), fake.contracts,
+                                {p.untyped_storage()._cdata for p in fake.layer.parameters()}) if ledger else None)
         return measure_selective(fake, policy, seq, book), book
 
 
@@ -90,6 +91,14 @@ def _count(config: Any, layer_index: int, seq: int, runtime: Any):
     # Transformers' own modules (no replacement): a fused module runs the same arithmetic
     with L.fake_layer(config, layer_index, runtime, replacements=False) as fake:
         return count_forward(fake, seq)
+
+
+def recomputed_share_fields(ledger: Any) -> Dict[str, Optional[float]]:
+    """KindRecord's ``recomputed_*_share`` fields from a :class:`RecomputeLedger` (None: a policy whose scope is
+    the core attention, which reruns that function and no weight matmul; the time model prices it so)."""
+    shares = ledger.shares() if ledger is not None else {}
+    return {f"recomputed_{name}{'_mm' if name != 'scores' else ''}_share": shares.get(name)
+            for name in ("attention", "other", "scores")}
 
 
 def policy_for(runtime: Any) -> Any:
@@ -226,8 +235,7 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         **core,
         selective_per_token=selective, selective_tp_per_token=selective_tp,
         # a core-attention policy reruns the attention function, no weight matmul: None, which the time model prices
-        recomputed_attention_mm_share=ledger.share(attention=True) if policy.scope == "layer" else None,
-        recomputed_other_mm_share=ledger.share(attention=False) if policy.scope == "layer" else None,
+        **recomputed_share_fields(ledger if policy.scope == "layer" else None),
         ops=ops, ops_tp=ops_tp,
         flops_by_part=counted.flops, flops_all_pairs_by_part=counted.all_pairs_flops,
         traffic=counted.traffic(), shared_saved_per_token=shared_figure(plain_1, seq),

@@ -16,6 +16,7 @@ import functools
 from typing import Any, Dict, Iterator, Mapping, Tuple
 
 from ndcost.plugins.census import layer as L
+from ndcost.records import recomputed_shares
 from ndcost.plugins.census.measure import Measured, measure
 
 _MATMULS = ("mm", "addmm", "bmm", "baddbmm", "_grouped_mm")
@@ -44,12 +45,16 @@ def grouped_mm_flops(a: Tuple[int, ...], b: Tuple[int, ...]) -> int:
 
 
 class RecomputeLedger:
-    """Forward matmul FLOPs a selective policy decided on, by attention or not and saved or recomputed."""
+    """What a selective policy decided on in the forward, saved or recomputed, by class
+    (:data:`ndcost.records.DECIDED_CLASSES`): matmul FLOPs with a weight of the attention's (*attention_storages*),
+    with another weight (*parameter_storages*), with none; and a fused kernel's calls (a contract op running as
+    the scores or a linear recurrence)."""
 
-    def __init__(self, attention_storages, contracts=()) -> None:
+    def __init__(self, attention_storages, contracts=(), parameter_storages=()) -> None:
         self.attention = set(attention_storages)
+        self.parameters = set(parameter_storages) | self.attention
         self.contracts = list(contracts)  # their matmuls (a fused module's grouped GEMMs) count as aten's do
-        self.flops: Dict[Tuple[bool, bool], int] = {}
+        self.flops: Dict[Tuple[str, bool], int] = {}
         self.decisions = []
 
     def note(self, func: Any, args: Tuple[Any, ...], saved: bool, is_recompute: bool) -> None:
@@ -57,18 +62,19 @@ class RecomputeLedger:
         self.decisions.append((str(func), saved, is_recompute))
         if is_recompute:
             return
+        if any(c.part(func) in ("scores", "linrec") for c in self.contracts):
+            self.flops[("kernel", not saved)] = self.flops.get(("kernel", not saved), 0) + 1
+            return
         flops = matmul_flops(func, args) or sum(c.matmul_flops(func, args) for c in self.contracts)
         if flops:
-            attention = any(isinstance(a, torch.Tensor) and a.untyped_storage()._cdata in self.attention
-                            for a in args)
-            key = (attention, not saved)
-            self.flops[key] = self.flops.get(key, 0) + flops
+            storages = {a.untyped_storage()._cdata for a in args if isinstance(a, torch.Tensor)}
+            kind = ("attention" if storages & self.attention else "other" if storages & self.parameters
+                    else "scores")
+            self.flops[(kind, not saved)] = self.flops.get((kind, not saved), 0) + flops
 
-    def share(self, attention: bool) -> float:
-        """Fraction of the attention's matmul FLOPs (with *attention* false: the other parts') recomputed in the backward."""
-        again = self.flops.get((attention, True), 0)
-        once = self.flops.get((attention, False), 0)
-        return 0.0 if again + once == 0 else again / (again + once)
+    def shares(self) -> Dict[str, float]:
+        """The share of each class the backward runs again (:func:`ndcost.records.recomputed_shares`)."""
+        return recomputed_shares(self.flops)
 
 
 def _stands_for(contracts) -> Mapping[Any, str]:

@@ -555,7 +555,7 @@ def census_stack_selective(config: Any, seq: int, runtime: Any, policy: Any) -> 
         stored = {p.untyped_storage()._cdata for p in model.parameters()}
         live = LiveBytes()
         handed = _Handed(layers, live)
-        ledgers = [RecomputeLedger(attention_storages(layer), contracts) for layer in layers]
+        ledgers = [RecomputeLedger(attention_storages(layer), contracts, stored) for layer in layers]
         running: List[int] = []
         windows: Dict[int, Tuple[int, int]] = {}
         inputs: Dict[Any, int] = {}
@@ -711,7 +711,7 @@ def _selective_figures(selective: Any, members: Sequence[int], plain: Sequence[L
     under the policy, split as the saved figures are, and their ledgers' FLOPs together. Empty (unpriced)
     where the stack did not run under the policy, or where the kind keeps more under it than plain (the layer
     census refuses such a layer: the policy holds outputs no backward reads)."""
-    from ndcost.plugins.census.records import split
+    from ndcost.plugins.census.records import recomputed_share_fields, split
     from ndcost.plugins.census.selective import RecomputeLedger
 
     if selective is None:
@@ -727,8 +727,7 @@ def _selective_figures(selective: Any, members: Sequence[int], plain: Sequence[L
             together.flops[key] = together.flops.get(key, 0) + value
     selective_per_token, selective_tp_per_token = split(mean_1, mean_2, seq)
     return dict(selective_per_token=selective_per_token, selective_tp_per_token=selective_tp_per_token,
-                recomputed_attention_mm_share=together.share(attention=True),
-                recomputed_other_mm_share=together.share(attention=False),
+                **recomputed_share_fields(together),
                 **_reserved(one, two, members, seq, "reserved_selective"))
 
 
