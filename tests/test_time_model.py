@@ -368,3 +368,26 @@ def test_recompute_layers_limits_the_recompute(h200, llama_work):
                      + [Strategy.parse("seq=4096,pp=2,num_micro_batches=4")], h200)
     assert r.compute_seconds[0] > r.compute_seconds[1] > r.compute_seconds[2]
     assert r.compute_seconds[2] == pytest.approx(r.compute_seconds[3], rel=1e-12)
+
+
+def test_fsdp_copies_each_gather_into_the_parameters_on_the_compute_stream(h200, llama_work):
+    """FSDP2 copies every all-gather's output into the parameters' unsharded storage (``split_with_sizes_copy``,
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) on the compute stream: over a replicated run of the
+    same work, the compute grows by those bytes read and written at HBM. Llama-3.1-8B: 218,112,000 parameters a
+    layer (q and o 4096 x 4096, k and v 4096 x 1024, three 4096 x 14336 projections, two norms), 32 layers
+    gathered in the forward and again in the backward, and the root (embedding and head 128,256 x 4096, the final
+    norm) once, at 2 bytes."""
+    fsdp, replicated = ct.step_time(llama_work, [Strategy.parse(f"seq=4096,{x}=8") for x in ("fsdp", "dp")],
+                                    h200).compute_seconds
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    assert layer == 218_112_000
+    root = 2 * 128_256 * 4096 + 4096
+    copied = 2 * 2 * (2 * 32 * layer + root)
+    eff, _ = ct.efficiencies(h200)
+    assert "elementwise" not in h200.kernel_tables  # each copy at the stated memory efficiency
+    assert fsdp - replicated == pytest.approx(copied / (h200.hbm_bytes_per_second * eff["memory"]), rel=1e-9)
+    # reshard_after_forward=false: the backward finds the layers gathered, and copies none
+    kept = ct.step_time(llama_work, [Strategy.parse("seq=4096,fsdp=8,reshard_after_forward=false")],
+                        h200).compute_seconds[0]
+    assert kept - replicated == pytest.approx(
+        2 * 2 * (32 * layer + root) / (h200.hbm_bytes_per_second * eff["memory"]), rel=1e-9)

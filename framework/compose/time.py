@@ -1719,6 +1719,12 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     ``MixedPrecisionPolicy.param_dtype`` casts the shard before the all-gather); under *fp8_gather*
     (``float8_all_gather``, ``(N,)``) a kind's Float8 linears (its TP-split parameters) at one byte.
 
+    Each gather's copy-out (``foreach_all_gather_copy_out``, ``_fsdp_collectives.py``: ``split_with_sizes_copy``
+    of the gathered bytes into the parameters' unsharded storage, one kernel a group) runs on the compute stream
+    once the all-gather is done, serial with the layers' compute: ``copies_f`` and ``copies_b`` ``(N, R)`` a
+    micro-batch, ``step_copies`` a step, its bytes read and written at HBM. The copy-in before the all-gather and
+    the reduce-scatter's run on FSDP's own streams, behind the compute (left out).
+
     Under ``gradient_sync=last_micro_batch`` (``shard.defers_reduce``; ``torch/distributed/pipelining/stage.py``:
     every micro-batch's backward runs with ``set_requires_gradient_sync(False)`` and
     ``set_reshard_after_backward(False)``, then each parameter group's ``post_backward`` once) nothing is
@@ -1735,7 +1741,7 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     if not np.count_nonzero(gathers):
         zeros = np.zeros((n, ranks))
         return {"gathers": zeros, "scatters": zeros, "exposed_f": zeros, "exposed_b": zeros, "step_comm": zeros,
-                "step_exposed": zeros}
+                "step_exposed": zeros, "copies_f": zeros, "copies_b": zeros, "step_copies": zeros}
     k = _kind_arrays(model)
     link_sh = group_link(hardware, shard.shard_stride, shard.dense_ways, eff)
     # else no expert gathers (0 s: no bytes, or every expert group of one)
@@ -1812,6 +1818,15 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     g_rows, rg = gathers[:, None], shard.keeps_gathered[:, None]
     gathers_f_b = total_g * np.where(rg, 1.0, 2.0) + root_gather
     scatters = total_rs + root_scatter
+    # the copy-outs: a rank's layers' gathered bytes (and the root's) read and written, each layer one kernel
+    layer_bytes = gathered * width[:, None] + (routed * width[:, None] if routed_experts else 0.0)    # (N, K)
+    copied = 2.0 * total(layer_bytes)                                                 # (N, R)
+    copied_root = 2.0 * root * width[:, None]
+    hbm = float(hardware.hbm_bytes_per_second)
+    copy_efficiency = kernels.elementwise_efficiency(_kernel_tables(hardware), mean(copied), stated=eff["memory"])
+    copy_layers, copy_root = copied / (hbm * copy_efficiency), copied_root / (hbm * eff["memory"])
+    copies_f, copies_b = copy_layers + copy_root, np.where(rg, 0.0, copy_layers)
+    step_copies = np.zeros((n, ranks))
     step_comm = step_exposed = np.zeros((n, ranks))
     if np.count_nonzero(shard.defers_reduce):
         # gradient_sync=last_micro_batch: the root and, under keeps_gathered, the layers gathered once a step
@@ -1825,12 +1840,14 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
         exposed_b = np.where(d, gathers_b, exposed_b)
         gathers_f_b = np.where(once, 0.0, np.where(d, 2.0 * total_g, gathers_f_b))
         scatters = np.where(d, 0.0, scatters)
+        step_copies = np.where(d, copy_root + np.where(rg, copy_layers, 0.0), 0.0)
+        copies_f = np.where(once, 0.0, np.where(d, copy_layers, copies_f))
+    out = {"gathers": gathers_f_b, "scatters": scatters, "exposed_f": exposed_f, "exposed_b": exposed_b,
+           "step_comm": step_comm, "step_exposed": step_exposed, "copies_f": copies_f, "copies_b": copies_b,
+           "step_copies": step_copies}
     if np.count_nonzero(gathers) == n:  # every row gathers: the figures as they are
-        return {"gathers": gathers_f_b, "scatters": scatters, "exposed_f": exposed_f, "exposed_b": exposed_b,
-                "step_comm": step_comm, "step_exposed": step_exposed}
-    return {"gathers": np.where(g_rows, gathers_f_b, 0.0), "scatters": np.where(g_rows, scatters, 0.0),
-            "exposed_f": np.where(g_rows, exposed_f, 0.0), "exposed_b": np.where(g_rows, exposed_b, 0.0),
-            "step_comm": step_comm, "step_exposed": step_exposed}
+        return out
+    return {key: np.where(g_rows, value, 0.0) for key, value in out.items()}
 
 
 def _pipeline(model: ModelWork, rows: _Rows, cols, schedules, stage, hardware: Hardware, eff, coll):
@@ -2080,7 +2097,8 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
                            hardware) if offloading else None
     forward, backward = rank["compute_f"] + rank["exposed_f"], rank["compute_b"] + rank["exposed_b"]
     if fsdp_rows:
-        forward, backward = forward + fsdp_exposed_f, backward + fsdp_exposed_b
+        forward = forward + fsdp_exposed_f + fsdp["copies_f"]
+        backward = backward + fsdp_exposed_b + fsdp["copies_b"]
     if off is not None:
         forward, backward = forward + off["exposed_f"], backward + off["exposed_b"]
     stage = forward + backward
@@ -2108,6 +2126,8 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     def pick(a):  # (N, R) -> (N,): the busiest rank's (the only one without a pipeline: no picks)
         return a[:, 0] if a.shape[1] == 1 else a[busiest]
     compute = m * (pick(rank["compute_f"]) + pick(rank["compute_b"]))
+    if fsdp_rows:  # FSDP's copy-outs, on the compute stream
+        compute = compute + m * (pick(fsdp["copies_f"]) + pick(fsdp["copies_b"])) + pick(fsdp["step_copies"])
     exposed_layers = pick(rank["exposed_f"]) + pick(rank["exposed_b"])
     comm_layers = pick(rank["comm_layers"])
     if fsdp_rows:
