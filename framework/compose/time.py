@@ -1701,7 +1701,7 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts, where: placement_rules.RankPlacement,
-          rank, hardware: Hardware, eff, coll, fp8_gather: np.ndarray) -> Dict[str, np.ndarray]:
+          rank, hardware: Hardware, eff, coll, fp8_gather: np.ndarray, copies_out: np.ndarray) -> Dict[str, np.ndarray]:
     """``(N, R)`` seconds a micro-batch of FSDP / ZeRO-3's per-layer gathers and reduce-scatters, all of them and
     the exposed ones, as FSDP2 schedules them (``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`` and
     ``_fsdp_state.py``; torchtitan's ``apply_fsdp`` wraps each block, the root holding embedding, norm and head).
@@ -1719,11 +1719,13 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     ``MixedPrecisionPolicy.param_dtype`` casts the shard before the all-gather); under *fp8_gather*
     (``float8_all_gather``, ``(N,)``) a kind's Float8 linears (its TP-split parameters) at one byte.
 
-    Each gather's copy-out (``foreach_all_gather_copy_out``, ``_fsdp_collectives.py``: ``split_with_sizes_copy``
-    of the gathered bytes into the parameters' unsharded storage, one kernel a group) runs on the compute stream
-    once the all-gather is done, serial with the layers' compute: ``copies_f`` and ``copies_b`` ``(N, R)`` a
-    micro-batch, ``step_copies`` a step, its bytes read and written at HBM. The copy-in before the all-gather and
-    the reduce-scatter's run on FSDP's own streams, behind the compute (left out).
+    On the rows *copies_out* ``(N,)`` marks (FSDP2's), each gather's copy-out (``foreach_all_gather_copy_out``,
+    ``_fsdp_collectives.py``: ``split_with_sizes_copy`` of the gathered bytes into the parameters' unsharded
+    storage, one kernel a group) runs on the compute stream once the all-gather is done, serial with the layers'
+    compute: ``copies_f`` and ``copies_b`` ``(N, R)`` a micro-batch, ``step_copies`` a step, its bytes read and
+    written at HBM. ZeRO-3's parameters are views of the gathered buffer (DeepSpeed's
+    ``partition_parameters.py``, Megatron-FSDP's): no copy. The copy-in before the all-gather and the
+    reduce-scatter's run on FSDP's own streams, behind the compute (left out).
 
     Under ``gradient_sync=last_micro_batch`` (``shard.defers_reduce``; ``torch/distributed/pipelining/stage.py``:
     every micro-batch's backward runs with ``set_requires_gradient_sync(False)`` and
@@ -1825,6 +1827,8 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     hbm = float(hardware.hbm_bytes_per_second)
     copy_efficiency = kernels.elementwise_efficiency(_kernel_tables(hardware), mean(copied), stated=eff["memory"])
     copy_layers, copy_root = copied / (hbm * copy_efficiency), copied_root / (hbm * eff["memory"])
+    if np.count_nonzero(copies_out) < n:
+        copy_layers, copy_root = (np.where(copies_out[:, None], x, 0.0) for x in (copy_layers, copy_root))
     copies_f, copies_b = copy_layers + copy_root, np.where(rg, 0.0, copy_layers)
     step_copies = np.zeros((n, ranks))
     step_comm = step_exposed = np.zeros((n, ranks))
@@ -2087,7 +2091,8 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     rank = _rank_compute(model, rows, cols, where, counts, schedules, hardware, eff, coll)
     dense_params, routed_params = _rank_parameters(model, rows, counts, where, rank["head_split"])
     dp = _data_parallel(rows, shard, dense_params, routed_params, hardware, eff, coll)
-    fsdp = _fsdp(model, rows, shard, counts, where, rank, hardware, eff, coll, _fp8_gathered(cols, shard))
+    fsdp = _fsdp(model, rows, shard, counts, where, rank, hardware, eff, coll, _fp8_gathered(cols, shard),
+                 np.asarray(cols["zero"]) != 3)
     fsdp_exposed_f, fsdp_exposed_b = fsdp["exposed_f"], fsdp["exposed_b"]
     # FSDP's per-layer collectives and offloading's copies are 0 s on rows without them: added only where some has
     fsdp_rows = np.count_nonzero(shard.sharded["parameters"])
