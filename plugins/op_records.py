@@ -1022,13 +1022,18 @@ def runtime_attention(spec: ModelSpec, profile: Any) -> str:
 def runtime_repeats_kv(spec: ModelSpec, profile: Any) -> bool:
     """Whether *spec*'s attention under the runtime *profile* takes keys and values repeated to every query head.
 
-    So where the model runs SDPA (:func:`runtime_attention`) and a contract the
-    profile installs for it states ``repeats_kv`` (the caller's ``repeat_kv``
-    before the kernel, as torchtitan's Llama). The census measures it under
-    that contract; the formulas (``kv_repeated``) and the composition (the K/V
-    elements ring CP passes) read it here.
+    So where the model's attention materializes the scores (Transformers' ``eager_attention_forward`` calls
+    ``repeat_kv`` first), and where it runs SDPA (:func:`runtime_attention`) and a contract the profile installs
+    for it states ``repeats_kv`` (the caller's ``repeat_kv`` before the kernel, as torchtitan's Llama). The census
+    measures it as the modules run; the formulas (``kv_repeated``) and the composition (the K/V elements ring CP
+    passes) read it here.
     """
-    if profile is None or runtime_attention(spec, profile) != "sdpa":
+    if profile is None:
+        return False
+    attention = runtime_attention(spec, profile)
+    if attention_kernel(attention).materializes_scores:
+        return True
+    if attention != "sdpa":
         return False
     from ndcost import manager
     registry = manager.registry()

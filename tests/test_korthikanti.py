@@ -246,8 +246,11 @@ def test_census_off_prices_the_runtimes_attention_kernel(t):
 def test_census_off_prices_eager_attention_where_the_model_refuses_sdpa():
     """GPT-OSS refuses SDPA (its sinks), so hf-cuda runs it eager: its formulas keep the scores.
 
-    Against Llama under the same runtime (SDPA, no dropout): eager adds the softmax output (2 bytes a
-    score, a heads x s scores a token) and drops the 4-byte statistic a head.
+    Against Llama under the same runtime (SDPA, no dropout, the KV heads as they are): Transformers' eager
+    attention (``eager_attention_forward``, models/llama/modeling_llama.py) copies the keys and values to every
+    query head (``repeat_kv``: 2 KV heads to 4, 16 wide, 2 bytes), runs its softmax in fp32 (keeping the 4-byte
+    output, a heads x s scores a token) and casts it back to bf16 for the second matmul, which keeps the cast
+    copy (2 bytes a score); it drops SDPA's 4-byte statistic a head.
     """
     transformers = pytest.importorskip("transformers")
     s, a = 512, 4
@@ -262,7 +265,8 @@ def test_census_off_prices_eager_attention_where_the_model_refuses_sdpa():
     sdpa, said = _resolved_layer(llama, "hf-cuda", 1, seq=s)
     assert said.startswith("sdpa")
     eager, _ = _resolved_layer(llama, "hf-cuda-eager", 1, seq=s)
-    assert eager[0] - sdpa[0] == s * a * s * 2 - s * a * 4 - 16  # and SDPA's philox seed and offset
+    copies = s * (a - 2) * 16 * 2 * 2
+    assert eager[0] - sdpa[0] == s * a * s * (4 + 2) + copies - s * a * 4 - 16  # and SDPA's philox seed and offset
 
 
 @pytest.mark.slow

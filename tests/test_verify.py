@@ -204,3 +204,21 @@ def test_help_prints_the_default_threshold(capsys):
         main(["verify", "--help"])
     assert exit_info.value.code == 0
     assert "(default 0.02, i.e. 2%)" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.slow
+def test_eager_attention_keeps_what_transformers_eager_attention_saves(llama_config):
+    """hf-cuda-eager runs Transformers' eager_attention_forward: ``repeat_kv`` copies the keys and values to all 8
+    heads, the softmax runs in fp32 and keeps its output (4 bytes a score), and the second matmul keeps its bf16
+    cast (2 bytes a score). The formulas' layer equals the census's (the TP split aside: at TP 2 one KV head a
+    rank is repeated as a view), its softmax 8 heads x 128 scores x 4 bytes a token."""
+    pytest.importorskip("transformers")
+    rows = rows_of(ndcost.verify(llama_config, seq=SEQ, runtime="hf-cuda-eager"), "")
+
+    def layer(side):
+        return sum(getattr(rows[("dense", name)], side) for name in ("saved_per_token", "saved_tp_per_token"))
+    assert layer("formula") == pytest.approx(layer("census"), rel=1e-12)
+    softmax = rows[("dense", "ops_tp.softmax")]
+    assert softmax.formula == softmax.census == 8 * SEQ * 4
+    # q, and k and v copied to every head, 2 bytes, with the cast probabilities, 2 bytes a score
+    assert rows[("dense", "ops_tp.attBMM")].formula == 3 * 256 * 2 + 8 * SEQ * 2

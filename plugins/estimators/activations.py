@@ -134,6 +134,8 @@ class OpRecordsActivations:
         return op_records.runtime_repeats_kv(spec, profile)
 
     def _overrides(self, spec: ModelSpec, runtime: Optional[str]) -> Dict[str, int]:
+        if runtime is None:  # the published formulas' eager attention: Megatron's softmax in the compute dtype
+            return {"softmax_upcast": 0}
         return {"kv_repeated": 1} if self.repeats_kv(spec, runtime) else {}
 
     @staticmethod
