@@ -134,12 +134,14 @@ def counter_class():
     scores_ops = {"_softmax", "_log_softmax", "bmm", "baddbmm"}
 
     class _ForwardCounter(TorchDispatchMode):
-        def __init__(self, stack: ModuleStack, params, contracts, formulas: Mapping[Any, Any]) -> None:
+        def __init__(self, stack: ModuleStack, params, contracts, formulas: Mapping[Any, Any],
+                     seq: int = 0) -> None:
             super().__init__()
             self.stack = stack
             self.params = params
             self.contracts = list(contracts)
             self.formulas = formulas
+            self.seq = seq  # the layer's tokens a sequence: a tensor of seq x (at least) seq scores is the scores'
             self.flops: Dict[str, int] = {}
             self.all_pairs: Dict[str, int] = {}
             self.moved: Dict[str, int] = {}
@@ -172,6 +174,11 @@ def counter_class():
                 return out
             weights = [t for t in tensors if t.untyped_storage()._cdata in self.params]
             part = self._part(func, bool(weights))
+            if part == "attention" and not weights and self.seq and any(
+                    t.dim() >= 2 and t.shape[-2] == self.seq and t.shape[-1] >= self.seq for t in returned):
+                # eager attention's elementwise ops on the scores (scaling, mask, casts): the time model prices
+                # them with the scores (compose/time.py EAGER_SOFTMAX_BYTES_PER_SCORE), not as the layer's
+                part = "scores"
             counted = None
             for contract in self.contracts:
                 counted = contract.flops(func, args, kwargs, out)
@@ -206,7 +213,7 @@ def count_forward(fake, seq: int) -> ForwardCount:
     mask = L.attention_mask(fake, hidden, where[0])
     stack = ModuleStack(fake.layer)
     params = {p.untyped_storage()._cdata for p in fake.layer.parameters()}
-    counter = counter_class()(stack, params, fake.contracts, flop_formulas(fake.contracts))
+    counter = counter_class()(stack, params, fake.contracts, flop_formulas(fake.contracts), seq)
     try:
         with torch.no_grad(), delta_rule_followed(fake.modeling, fake.layer, stack), counter:
             L.run(fake, hidden, where, mask)

@@ -622,7 +622,7 @@ def count_stack(config: Any, seq: int, runtime: Any) -> List[Any]:
         params = {p.untyped_storage()._cdata for p in model.parameters()}
         follow = _LayerPaths(layers, lambda: 0)
         formulas = flop_formulas(contracts)
-        counters = [counter_class()(follow, params, contracts, formulas) for _ in layers]
+        counters = [counter_class()(follow, params, contracts, formulas, seq) for _ in layers]
 
         class _PerLayer(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
