@@ -96,3 +96,23 @@ def test_the_kind_record_splits_attbmm_over_tp():
                                    use_cache=False, progress=None)["dense"]
     assert record.ops.get("attBMM", 0) == 0
     assert record.ops_tp["attBMM"] * S == 3 * B * HEADS * S * D * 2 + B * HEADS * S * S * 2
+
+
+def test_eager_scores_traffic_is_the_scores_part():
+    """Every op of eager attention on the [b, a, s, s] scores counts toward the ``scores`` part, which the time model
+    prices with the attention (``EAGER_SOFTMAX_BYTES_PER_SCORE``), not among the layer's elementwise bytes. By hand
+    (bf16, no dropout), bytes each op reads and writes: ``Q K^T`` reads q and the copied k (a x s x d x 2 each) and
+    writes the scores (a x s x s x 2); the scaling reads and writes them; the mask add reads them and the
+    [1, 1, s, s] mask and writes them; softmax's fp32 upcast reads 2 and writes 4 bytes a score, the softmax reads
+    and writes 4, the cast back reads 4 and writes 2; ``P V`` reads the probabilities and the copied v and
+    writes the output (a x s x d x 2)."""
+    from ndcost.plugins.census import layer as L
+    from ndcost.plugins.census.flops import count_forward
+
+    with L.fake_layer(_config(attention_dropout=0.0), 0, records.runtime_profile("hf-cuda-eager")) as fake:
+        counted = count_forward(fake, S)
+    scores, heads = HEADS * S * S, HEADS * S * D * 2
+    expected = ((2 * heads + 2 * scores) + 2 * (2 * scores) + (2 * scores + 2 * S * S + 2 * scores)
+                + (2 + 4) * scores + (4 + 4) * scores + (4 + 2) * scores + (2 * scores + 2 * heads))
+    assert counted.moved_bytes["scores"] == expected
+    assert counted.launches["scores"] == 7
