@@ -202,6 +202,7 @@ SHARD_MESHES = ("dp_cp", "dp", "fsdp_cp")
 FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")  # torchao Float8LinearConfig.from_recipe_name, dynamic scaling
 GRADIENT_SYNC = ("auto", "every_micro_batch", "last_micro_batch")
 PP_ENGINES = ("auto", "megatron", "torch")
+FSDP_ENGINES = ("auto", "torch", "megatron")
 CP_ROTATES = ("allgather", "p2p")
 EP_DISPATCHERS = ("alltoall", "deepep")
 
@@ -408,6 +409,7 @@ class Strategy:
     async_tp: bool = attrs.field(default=False, converter=_bool_field("async_tp"))
     gradient_sync: str = attrs.field(default="auto", converter=_choice("gradient_sync", GRADIENT_SYNC))
     pp_engine: str = attrs.field(default="auto", converter=_choice("pp_engine", PP_ENGINES))
+    fsdp_engine: str = attrs.field(default="auto", converter=_choice("fsdp_engine", FSDP_ENGINES))
     cp_rotate: str = attrs.field(default="allgather", converter=_choice("cp_rotate", CP_ROTATES))
     ep_dispatcher: str = attrs.field(default="alltoall", converter=_choice("ep_dispatcher", EP_DISPATCHERS))
 
@@ -763,6 +765,16 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                   "micro-batches in flight (the received buffer is their input); no effect at pp=1",
                           synonyms=("pipeline_engine", "pp_runtime", "pipeline_runtime", "pp_backend",
                                     "pipeline_backend")),
+    "fsdp_engine": FieldDoc(meaning="the engine gathering FSDP's sharded parameters (fsdp > 1, or shard_mesh=fsdp_cp "
+                                    "over cp ranks). auto: as torch. torch: PyTorch's FSDP2 (fully_shard, "
+                                    "torchtitan's), which copies each all-gather's output into the parameters' "
+                                    "unsharded storage on the compute stream (_fsdp_collectives.py "
+                                    "foreach_all_gather_copy_out): those bytes read and written at HBM are compute "
+                                    "time. megatron: Megatron-FSDP (Megatron-LM's --use-megatron-fsdp), whose "
+                                    "parameters are views of the gathered buffer: no copy. No effect without "
+                                    "FSDP (ZeRO-3 gathers into buffers its parameters are views of, as megatron)",
+                            synonyms=("fsdp_backend", "fsdp_impl", "fsdp_implementation", "fsdp_version",
+                                      "sharding_engine")),
     "cp_rotate": FieldDoc(meaning="how a K/V-passing context-parallel ring (cp_algo ring, colossal or hybrid) "
                                   "moves the keys and values. allgather (torch's default): one all-gather of every "
                                   "rank's blocks a pass, hidden behind the first "

@@ -348,8 +348,8 @@ ROUND_TRIP = [
     dict(pp=2, vpp=2, schedule="interleaved", dp=4, pp_layers=(2, 3, 2, 3), param_dtype="fp32"),
     dict(pp=4, dp=2, pp_layers=(3, 4, 5, 3), param_dtype="fp32"),  # uneven middle ranks: a layout
     dict(pp=3, vpp=2, schedule="interleaved", dp=2, pp_layers=(5, 6, 6, 6, 5, 4), param_dtype="fp32"),
-    dict(fsdp=8, param_dtype="bf16", **MEGATRON_MIXED),                # Megatron-FSDP optim_grads_params
-    dict(fsdp=4, cp=2, shard_mesh="fsdp_cp", param_dtype="bf16", **MEGATRON_MIXED),
+    dict(fsdp=8, fsdp_engine="megatron", param_dtype="bf16", **MEGATRON_MIXED),  # Megatron-FSDP optim_grads_params
+    dict(fsdp=4, cp=2, shard_mesh="fsdp_cp", fsdp_engine="megatron", param_dtype="bf16", **MEGATRON_MIXED),
     dict(dp=8, zero=2, param_dtype="bf16", **MEGATRON_MIXED),          # Megatron-FSDP optim_grads
 ]
 
@@ -377,6 +377,7 @@ def test_written_model_flags_count_the_same_model(tmp_path, model, tp):
 @pytest.mark.parametrize("fields, named", [
     (dict(fsdp=4, dp=2, param_dtype="fp32"), "dp=2: Megatron-FSDP shards over every data-parallel rank"),
     (dict(fsdp=4, cp=2, param_dtype="fp32"), "shard_mesh=dp_cp"),
+    (dict(fsdp=4, param_dtype="fp32"), "fsdp_engine=auto: Megatron-LM shards the parameters with Megatron-FSDP"),
     (dict(dp=2, zero=3), "zero=3"), (dict(tp=2), "vocab_parallel=false"),
     (dict(recompute="selective"), "recompute=selective"), (dict(), "param_dtype=bf16"),
     (dict(pp=2, schedule="gpipe", param_dtype="fp32"), "schedule=gpipe"),
@@ -525,7 +526,7 @@ def test_a_pipeline_layout_megatron_refuses_is_refused(tmp_path, layout, words):
 @pytest.mark.parametrize("sharding, fields", [
     # megatron/core/distributed/fsdp: optim shards the optimizer states, optim_grads the gradients too,
     # optim_grads_params the parameters too (over dp * cp); no_shard (the default) leaves the distributed optimizer's
-    ("optim_grads_params", dict(dp=1, fsdp=4, cp=2, zero=0, shard_mesh="fsdp_cp")),
+    ("optim_grads_params", dict(dp=1, fsdp=4, cp=2, zero=0, shard_mesh="fsdp_cp", fsdp_engine="megatron")),
     ("optim_grads", dict(dp=4, fsdp=1, cp=2, zero=2)),
     ("optim", dict(dp=4, fsdp=1, cp=2, zero=1)),
     (None, dict(dp=4, fsdp=1, cp=2, zero=1)),

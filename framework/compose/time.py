@@ -47,6 +47,7 @@ from ndcost.values import (
     CPU_ADAM_PARAMETERS_PER_SECOND,
     EP_DISPATCHERS,
     FLOAT8_RECIPES,
+    FSDP_ENGINES,
     GRADIENT_SYNC,
     RECOMPUTE,
     Hardware,
@@ -60,6 +61,7 @@ __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS",
            "expected_parts_reached"]
 
 CHUNK_ROWS = 1 << 16  # strategies priced at once (the per-rank arrays are rows x ranks x kinds)
+_MEGATRON_FSDP = FSDP_ENGINES.index("megatron")
 TIME_FIELDS = ("step_seconds", "tokens_per_second", "mfu", "compute_seconds", "communication_seconds",
                "exposed_communication_seconds", "bubble_seconds", "optimizer_seconds", "offload_seconds",
                "exposed_offload_seconds")
@@ -1719,12 +1721,12 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     ``MixedPrecisionPolicy.param_dtype`` casts the shard before the all-gather); under *fp8_gather*
     (``float8_all_gather``, ``(N,)``) a kind's Float8 linears (its TP-split parameters) at one byte.
 
-    On the rows *copies_out* ``(N,)`` marks (FSDP2's), each gather's copy-out (``foreach_all_gather_copy_out``,
+    On the rows *copies_out* ``(N,)`` marks (``fsdp_engine`` torch's: FSDP2), each gather's copy-out (``foreach_all_gather_copy_out``,
     ``_fsdp_collectives.py``: ``split_with_sizes_copy`` of the gathered bytes into the parameters' unsharded
     storage, one kernel a group) runs on the compute stream once the all-gather is done, serial with the layers'
     compute: ``copies_f`` and ``copies_b`` ``(N, R)`` a micro-batch, ``step_copies`` a step, its bytes read and
-    written at HBM. ZeRO-3's parameters are views of the gathered buffer (DeepSpeed's
-    ``partition_parameters.py``, Megatron-FSDP's): no copy. The copy-in before the all-gather and the
+    written at HBM. ZeRO-3's and Megatron-FSDP's parameters are views of the gathered buffer (DeepSpeed's
+    ``partition_parameters.py``; Megatron-FSDP's ``ParamAndGradBuffer``): no copy. The copy-in before the all-gather and the
     reduce-scatter's run on FSDP's own streams, behind the compute (left out).
 
     Under ``gradient_sync=last_micro_batch`` (``shard.defers_reduce``; ``torch/distributed/pipelining/stage.py``:
@@ -2091,8 +2093,10 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     rank = _rank_compute(model, rows, cols, where, counts, schedules, hardware, eff, coll)
     dense_params, routed_params = _rank_parameters(model, rows, counts, where, rank["head_split"])
     dp = _data_parallel(rows, shard, dense_params, routed_params, hardware, eff, coll)
+    # FSDP2 copies each gather out into the parameters; ZeRO-3's and Megatron-FSDP's are views of the buffer
+    copies_out = (np.asarray(cols["zero"]) != 3) & (np.asarray(cols["fsdp_engine"]) != _MEGATRON_FSDP)
     fsdp = _fsdp(model, rows, shard, counts, where, rank, hardware, eff, coll, _fp8_gathered(cols, shard),
-                 np.asarray(cols["zero"]) != 3)
+                 copies_out)
     fsdp_exposed_f, fsdp_exposed_b = fsdp["exposed_f"], fsdp["exposed_b"]
     # FSDP's per-layer collectives and offloading's copies are 0 s on rows without them: added only where some has
     fsdp_rows = np.count_nonzero(shard.sharded["parameters"])

@@ -378,10 +378,10 @@ def _megatron_fsdp(v: _Values, dp: int, cp: int, defaults: List[str]) -> Dict[st
         defaults.append("--data-parallel-sharding-strategy no_shard (Megatron-FSDP's default): nothing sharded "
                         "beyond the distributed optimizer")
     if "fsdp" in fields:
-        fields.update(dp=1, fsdp=dp, **({"shard_mesh": "fsdp_cp"} if cp > 1 else {}))
+        fields.update(dp=1, fsdp=dp, fsdp_engine="megatron", **({"shard_mesh": "fsdp_cp"} if cp > 1 else {}))
         defaults.append(f"Megatron-FSDP optim_grads_params shards the parameters, gradients and optimizer states "
                         f"over the {dp * cp} data-parallel ranks with context parallelism: fsdp={dp}"
-                        + (", shard_mesh=fsdp_cp" if cp > 1 else ""))
+                        + (", shard_mesh=fsdp_cp" if cp > 1 else "") + ", fsdp_engine=megatron")
     return fields
 
 
@@ -813,6 +813,9 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
     if s.fsdp > 1 and s.shard_mesh != ("fsdp_cp" if s.cp > 1 else "dp_cp"):
         raise _refuse_write("shard_mesh", s.shard_mesh, "Megatron-FSDP shards over the data-parallel ranks with "
                             "context parallelism: shard_mesh=fsdp_cp where cp > 1")
+    if s.fsdp > 1 and s.fsdp_engine != "megatron":
+        raise _refuse_write("fsdp_engine", s.fsdp_engine, "Megatron-LM shards the parameters with Megatron-FSDP, "
+                            "whose parameters are views of the gathered buffer (no copy-out): fsdp_engine=megatron")
     if s.vocab_parallel != (s.tp > 1):
         raise _refuse_write("vocab_parallel", str(s.vocab_parallel).lower(), f"Megatron-LM always splits the "
                             f"vocabulary over tp (vocab_parallel={'true' if s.tp > 1 else 'false'} at tp={s.tp})")
