@@ -1022,8 +1022,8 @@ def runtime_attention(spec: ModelSpec, profile: Any) -> str:
 def runtime_repeats_kv(spec: ModelSpec, profile: Any) -> bool:
     """Whether *spec*'s attention under the runtime *profile* takes keys and values repeated to every query head.
 
-    So where the model's attention materializes the scores (Transformers' ``eager_attention_forward`` calls
-    ``repeat_kv`` first), and where it runs SDPA (:func:`runtime_attention`) and a contract the profile installs
+    So where the model runs Transformers' eager attention (``eager_attention_forward`` calls ``repeat_kv``
+    first; a family contract standing for the attention keeps its own K/V), and where it runs SDPA (:func:`runtime_attention`) and a contract the profile installs
     for it states ``repeats_kv`` (the caller's ``repeat_kv`` before the kernel, as torchtitan's Llama). The census
     measures it as the modules run; the formulas (``kv_repeated``) and the composition (the K/V elements ring CP
     passes) read it here.
@@ -1031,7 +1031,7 @@ def runtime_repeats_kv(spec: ModelSpec, profile: Any) -> bool:
     if profile is None:
         return False
     attention = runtime_attention(spec, profile)
-    if attention_kernel(attention).materializes_scores:
+    if attention == "eager":
         return True
     if attention != "sdpa":
         return False

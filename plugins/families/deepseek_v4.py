@@ -32,6 +32,8 @@ class DeepseekV4Family(DecoderFamily):
                            "state, take the model's pair of rotary flavours, and route their first MoE layers by a "
                            "hash of the input ids")
     supports_sdpa = False  # DeepseekV4PreTrainedModel refuses SDPA: eager attention under hf-cuda
+    # its eager_attention_forward's softmax (sinks) runs in the compute dtype: no fp32 copy kept
+    op_record_values = {"softmax_upcast": 0}
     # DeepseekV4Model.forward: ``self.norm(self.hc_head(hidden_states))`` on the hc_mult streams
     output_prelude = ("hc_head",)
     output_streams = "hc_mult"
