@@ -13,7 +13,6 @@ import attrs
 
 from ndcost.values import frozen_mapping
 
-
 # what an op-level selective policy decides on, for the shares it runs again: a weight matmul of the attention's, one
 # of another part's, a matmul of no weight (eager attention's scores, a reference linear recurrence's), and a fused
 # attention or recurrence kernel's call

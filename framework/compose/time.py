@@ -1721,13 +1721,14 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     ``MixedPrecisionPolicy.param_dtype`` casts the shard before the all-gather); under *fp8_gather*
     (``float8_all_gather``, ``(N,)``) a kind's Float8 linears (its TP-split parameters) at one byte.
 
-    On the rows *copies_out* ``(N,)`` marks (``fsdp_engine`` torch's: FSDP2), each gather's copy-out (``foreach_all_gather_copy_out``,
-    ``_fsdp_collectives.py``: ``split_with_sizes_copy`` of the gathered bytes into the parameters' unsharded
-    storage, one kernel a group) runs on the compute stream once the all-gather is done, serial with the layers'
-    compute: ``copies_f`` and ``copies_b`` ``(N, R)`` a micro-batch, ``step_copies`` a step, its bytes read and
-    written at HBM. ZeRO-3's and Megatron-FSDP's parameters are views of the gathered buffer (DeepSpeed's
-    ``partition_parameters.py``; Megatron-FSDP's ``ParamAndGradBuffer``): no copy. The copy-in before the all-gather and the
-    reduce-scatter's run on FSDP's own streams, behind the compute (left out).
+    On the rows *copies_out* ``(N,)`` marks (``fsdp_engine`` torch's: FSDP2), each gather's copy-out
+    (``foreach_all_gather_copy_out``, ``_fsdp_collectives.py``: ``split_with_sizes_copy`` of the gathered bytes
+    into the parameters' unsharded storage, one kernel a group) runs on the compute stream once the all-gather is
+    done, serial with the layers' compute: ``copies_f`` and ``copies_b`` ``(N, R)`` a micro-batch,
+    ``step_copies`` a step, its bytes read and written at HBM. ZeRO-3's and Megatron-FSDP's parameters are views
+    of the gathered buffer (DeepSpeed's ``partition_parameters.py``; Megatron-FSDP's ``ParamAndGradBuffer``): no
+    copy. The copy-in before the all-gather and the reduce-scatter's run on FSDP's own streams, behind the
+    compute (left out).
 
     Under ``gradient_sync=last_micro_batch`` (``shard.defers_reduce``; ``torch/distributed/pipelining/stage.py``:
     every micro-batch's backward runs with ``set_requires_gradient_sync(False)`` and
