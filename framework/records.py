@@ -13,17 +13,13 @@ import attrs
 
 from ndcost.values import frozen_mapping
 
-# what an op-level selective policy decides on, for the shares it runs again: a weight matmul of the attention's, one
-# of another part's, a matmul of no weight (eager attention's scores, a reference linear recurrence's), and a fused
-# attention or recurrence kernel's call
-DECIDED_CLASSES = ("attention", "other", "scores", "kernel")
-
-
 def recomputed_shares(decided: Mapping[Tuple[str, bool], float]) -> Dict[str, float]:
-    """``{"attention", "other", "scores"}``: the fraction of each the backward runs again, from *decided*
-    ``{(class, recomputed): amount}`` over :data:`DECIDED_CLASSES` (matmul FLOPs, a kernel's calls). ``scores`` is
-    the kernel calls' fraction where a fused kernel ran, else the weightless matmuls'; a class nothing was decided
-    on has 0."""
+    """``{"attention", "other", "scores"}``: the fraction of each the backward runs again, from what an op-level
+    selective policy *decided* on, ``{(class, recomputed): amount}``: the FLOPs of a weight matmul of the
+    attention's (``attention``), of another part's (``other``), of a matmul of no weight (``scores``: eager
+    attention's, a reference linear recurrence's), and a fused attention or recurrence kernel's calls
+    (``kernel``). ``scores`` is the kernel calls' fraction where a fused kernel ran, else the weightless
+    matmuls'; a class nothing was decided on has 0."""
     def share(name: str) -> float:
         again, once = decided.get((name, True), 0), decided.get((name, False), 0)
         return 0.0 if again + once == 0 else float(again / (again + once))

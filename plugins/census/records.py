@@ -97,8 +97,8 @@ def recomputed_share_fields(ledger: Any) -> Dict[str, Optional[float]]:
     """KindRecord's ``recomputed_*_share`` fields from a :class:`RecomputeLedger` (None: a policy whose scope is
     the core attention, which reruns that function and no weight matmul; the time model prices it so)."""
     shares = ledger.shares() if ledger is not None else {}
-    return {f"recomputed_{name}{'_mm' if name != 'scores' else ''}_share": shares.get(name)
-            for name in ("attention", "other", "scores")}
+    return {"recomputed_attention_mm_share": shares.get("attention"),
+            "recomputed_other_mm_share": shares.get("other"), "recomputed_scores_share": shares.get("scores")}
 
 
 def policy_for(runtime: Any) -> Any:

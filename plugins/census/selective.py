@@ -46,9 +46,9 @@ def grouped_mm_flops(a: Tuple[int, ...], b: Tuple[int, ...]) -> int:
 
 class RecomputeLedger:
     """What a selective policy decided on in the forward, saved or recomputed, by class
-    (:data:`ndcost.records.DECIDED_CLASSES`): matmul FLOPs with a weight of the attention's (*attention_storages*),
-    with another weight (*parameter_storages*), with none; and a fused kernel's calls (a contract op running as
-    the scores or a linear recurrence)."""
+    (:func:`ndcost.records.recomputed_shares`): matmul FLOPs with a weight of the attention's
+    (*attention_storages*), with another weight (*parameter_storages*), with none; and a fused kernel's calls (a
+    contract op running as the scores or a linear recurrence)."""
 
     def __init__(self, attention_storages, contracts=(), parameter_storages=()) -> None:
         self.attention = set(attention_storages)
