@@ -13,6 +13,7 @@ import attrs
 
 from ndcost.values import frozen_mapping
 
+
 def recomputed_shares(decided: Mapping[Tuple[str, bool], float]) -> Dict[str, float]:
     """``{"attention", "other", "scores"}``: the fraction of each the backward runs again, from what an op-level
     selective policy *decided* on, ``{(class, recomputed): amount}``: the FLOPs of a weight matmul of the
