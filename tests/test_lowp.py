@@ -134,7 +134,8 @@ def test_float8_all_gather_gathers_one_byte_an_element(h100, work):
     link = ct.group_link(h100, shard.shard_stride, shard.dense_ways, eff)
 
     def gathers(fp8):
-        return float(ct._fsdp(work, rows, shard, counts, place, rank, h100, eff, coll, np.array([fp8]))["gathers"][0, 0])
+        return float(ct._fsdp(work, rows, shard, counts, place, rank, h100, eff, coll, np.array([fp8]),
+                              np.array([True]))["gathers"][0, 0])
 
     def by_hand(layer_bytes):
         return 2 * 32 * float(ct._run_rows(coll["all_gather"], np.array([True]), np.array([[layer_bytes]]),

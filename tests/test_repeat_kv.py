@@ -59,14 +59,17 @@ def test_ring_cp_passes_every_query_heads_keys_and_values():
             > plain.evaluate(ring).time.communication_seconds)
 
 
-def test_latent_and_eager_attention_repeat_nothing():
-    # DeepSeek-V3's MLA has a key and a value a query head already; GPT-OSS runs eager attention (its family
-    # refuses SDPA), which the contract does not answer
-    for name in ("deepseek-v3", "gpt-oss-20b"):
-        plain = ndcost.resolve(name, runtime="hf-cuda", census="off")
-        repeated = ndcost.resolve(name, runtime="torchtitan-cuda", census="off")
-        assert repeated.tables.kv_copies.tolist() == [1] * len(repeated.tables.kinds)
-        assert (repeated.tables.kv_elements_per_token.tolist() == plain.tables.kv_elements_per_token.tolist())
+def test_latent_attention_repeats_nothing_and_eager_attention_repeats_as_transformers_does():
+    # DeepSeek-V3's MLA has a key and a value a query head already
+    plain = ndcost.resolve("deepseek-v3", runtime="hf-cuda", census="off")
+    repeated = ndcost.resolve("deepseek-v3", runtime="torchtitan-cuda", census="off")
+    assert repeated.tables.kv_copies.tolist() == [1] * len(repeated.tables.kinds)
+    assert repeated.tables.kv_elements_per_token.tolist() == plain.tables.kv_elements_per_token.tolist()
+    # GPT-OSS runs eager attention under either (its family refuses SDPA), whose eager_attention_forward
+    # (models/gpt_oss/modeling_gpt_oss.py) copies its 8 KV heads to the 64 query heads (repeat_kv)
+    for runtime in ("hf-cuda", "torchtitan-cuda"):
+        model = ndcost.resolve("gpt-oss-20b", runtime=runtime, census="off")
+        assert model.tables.kv_repeated and model.tables.kv_copies.tolist() == [64 // 8] * len(model.tables.kinds)
 
 
 def test_the_torchtitan_reader_prices_under_torchtitan_cuda():
