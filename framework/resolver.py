@@ -409,10 +409,11 @@ class CostModel:
 
     def _repeated_kv(self, works: Mapping[str, KindWork]) -> Dict[str, KindWork]:
         """Each kind's work with the K/V elements its attention takes: a KV head's times its copies
-        (``ModelTables.kv_copies``), what ring CP and Ulysses pass."""
+        (``ModelTables.kv_copies``), what ring CP passes; Ulysses passes the projections' (``KindWork.kv_copies``)."""
         copies = dict(zip(self.tables.kinds, self.tables.kv_copies.tolist(), strict=True))
         return {kind: work if copies.get(kind, 1) == 1 else
-                attrs.evolve(work, kv_elements_per_token=work.kv_elements_per_token * copies[kind])
+                attrs.evolve(work, kv_elements_per_token=work.kv_elements_per_token * copies[kind],
+                             kv_copies=copies[kind])
                 for kind, work in works.items()}
 
     def _built_kinds(self) -> List[str]:

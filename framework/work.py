@@ -113,6 +113,7 @@ class KindWork:
     recomputed_scores_share: Optional[float] = None
     query_elements_per_token: int = 0  # what Ulysses moves for queries and outputs
     kv_elements_per_token: int = 0     # keys and values a CP ring passes
+    kv_copies: int = 1                 # of them, the copies of a KV head the attention takes (repeat_kv)
     experts_per_token: int = 0         # 0: no expert all-to-all
     has_attention: bool = True
     # under Strategy.float8: the FLOPs of the Linear layers torchao converts (attention projections, dense and

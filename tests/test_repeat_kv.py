@@ -57,6 +57,11 @@ def test_ring_cp_passes_every_query_heads_keys_and_values():
     ring = "fsdp=4,cp=2,seq=65536,recompute=full"
     assert (repeated.evaluate(ring).time.communication_seconds
             > plain.evaluate(ring).time.communication_seconds)
+    # Ulysses exchanges the projections' keys and values, before the attention repeats them: the same bytes
+    assert repeated.model_work(8192).work["dense"].kv_copies == HEADS // KV_HEADS
+    ulysses = "fsdp=4,cp=2,cp_algo=ulysses,seq=65536,recompute=full"
+    assert (repeated.evaluate(ulysses).time.communication_seconds
+            == pytest.approx(plain.evaluate(ulysses).time.communication_seconds, rel=1e-12))
 
 
 def test_latent_attention_repeats_nothing_and_eager_attention_repeats_as_transformers_does():

@@ -296,8 +296,8 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
     fields = ("attention_mm_flops_per_token", "other_mm_flops_per_token", "routed_mm_flops_per_token",
               "score_flops_per_pair", "window", "linrec_flops_per_token", "elementwise_elements_per_token",
               "replicated_elements_per_token", "dense_parameters", "routed_parameters", "replicated_parameters",
-              "query_elements_per_token", "kv_elements_per_token", "experts_per_token", "attention_heads",
-              "attention_head_dim", "attention_value_head_dim", "extra_keys_per_token")
+              "query_elements_per_token", "kv_elements_per_token", "kv_copies", "experts_per_token",
+              "attention_heads", "attention_head_dim", "attention_value_head_dim", "extra_keys_per_token")
     out = {f: np.array([float(getattr(model.work[k], f)) for k in model.kinds]) for f in fields}
     out["has_attention"] = np.array([model.work[k].has_attention for k in model.kinds])
     out["launches_per_layer"] = np.array([float(model.work[k].launches_per_layer) for k in model.kinds])
@@ -1407,8 +1407,10 @@ def _cp_communication(model: ModelWork, rows: _Rows, cols, layer, hardware: Hard
         if ulysses_rows < n:
             ring = _ring_communication(k, rows, cols, layer, hardware, eff, coll, (bw_cp, lat_cp, link_cp))
         if ulysses_rows:
-            cp_ulysses_msg = (tokens * width / tp)[:, None] * (2.0 * k["query_elements_per_token"]
-                                                               + k["kv_elements_per_token"])[None, :]
+            # the projections' keys and values, before the attention function repeats them (DeepSpeed's
+            # DistributedAttention exchanges its inputs; repeat_kv runs inside it)
+            cp_ulysses_msg = (tokens * width / tp)[:, None] * (
+                2.0 * k["query_elements_per_token"] + k["kv_elements_per_token"] / k["kv_copies"])[None, :]
             cp_ulysses = coll["all_to_all"](cp_ulysses_msg, cp[:, None], bw_cp[:, None], lat_cp[:, None], **link_cp)
         every_kind_attends = np.count_nonzero(attends) == attends.size
 
