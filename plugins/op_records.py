@@ -48,8 +48,8 @@ and a run replicates them. The calls hold for the families that state them
 family's calls (DeepSeek-V3.2's indexer, DeepSeek-V4) under an op-level policy
 is the census's. They are listed as the census runs TP (each rank's layer at
 its share of the widths): the sequence-parallel collectives a run makes around
-the projections, whose outputs torchtitan's policy also saves
-(reduce_scatter), are not among them.
+the projections are not among them; the composition adds the outputs a policy
+keeps of them (``compose/memory.py`` ``_kept_collectives``).
 """
 from __future__ import annotations
 
@@ -1023,10 +1023,10 @@ def runtime_repeats_kv(spec: ModelSpec, profile: Any) -> bool:
     """Whether *spec*'s attention under the runtime *profile* takes keys and values repeated to every query head.
 
     So where the model runs Transformers' eager attention (``eager_attention_forward`` calls ``repeat_kv``
-    first; a family contract standing for the attention keeps its own K/V), and where it runs SDPA (:func:`runtime_attention`) and a contract the profile installs
-    for it states ``repeats_kv`` (the caller's ``repeat_kv`` before the kernel, as torchtitan's Llama). The census
-    measures it as the modules run; the formulas (``kv_repeated``) and the composition (the K/V elements ring CP
-    passes) read it here.
+    first; a family contract standing for the attention keeps its own K/V), and where it runs SDPA
+    (:func:`runtime_attention`) and a contract the profile installs for it states ``repeats_kv`` (the caller's
+    ``repeat_kv`` before the kernel, as torchtitan's Llama). The census measures it as the modules run; the
+    formulas (``kv_repeated``) and the composition (the K/V elements ring CP passes) read it here.
     """
     if profile is None:
         return False
