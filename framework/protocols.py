@@ -324,7 +324,7 @@ class TrainerFormatLike(Protocol):
     name: str
     description: str
     writes: bool  # whether write() can put a strategy in this trainer's form
-    recipe: Mapping[str, Any]  # the strategy fields its default precision sets (search --emit holds them)
+    recipe: Mapping[str, Any]  # the strategy fields its default precision and engines set (search --emit holds them)
     runtime: str  # the runtime profile its runs are priced under (search --emit prices under it; "": hf-cuda's)
 
     def read(self, path: str, *, devices: Optional[int]) -> Any:

@@ -203,6 +203,7 @@ FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")  # torchao Float8LinearConfig
 GRADIENT_SYNC = ("auto", "every_micro_batch", "last_micro_batch")
 PP_ENGINES = ("auto", "megatron", "torch")
 FSDP_ENGINES = ("auto", "torch", "megatron")
+LOSS_ENGINES = ("auto", "torch", "megatron")
 CP_ROTATES = ("allgather", "p2p")
 EP_DISPATCHERS = ("alltoall", "deepep")
 
@@ -410,6 +411,7 @@ class Strategy:
     gradient_sync: str = attrs.field(default="auto", converter=_choice("gradient_sync", GRADIENT_SYNC))
     pp_engine: str = attrs.field(default="auto", converter=_choice("pp_engine", PP_ENGINES))
     fsdp_engine: str = attrs.field(default="auto", converter=_choice("fsdp_engine", FSDP_ENGINES))
+    loss_engine: str = attrs.field(default="auto", converter=_choice("loss_engine", LOSS_ENGINES))
     cp_rotate: str = attrs.field(default="allgather", converter=_choice("cp_rotate", CP_ROTATES))
     ep_dispatcher: str = attrs.field(default="alltoall", converter=_choice("ep_dispatcher", EP_DISPATCHERS))
 
@@ -775,6 +777,16 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                     "FSDP (ZeRO-3 gathers into buffers its parameters are views of, as megatron)",
                             synonyms=("fsdp_backend", "fsdp_impl", "fsdp_implementation", "fsdp_version",
                                       "sharding_engine")),
+    "loss_engine": FieldDoc(meaning="the implementation of the cross-entropy loss, which decides the output "
+                                    "layer's backward peak (a logit's bytes, 16-bit logits). auto: as torch. torch: "
+                                    "F.cross_entropy on fp32 logits (Transformers', torchtitan's): log_softmax's "
+                                    "fp32 output kept, 12 bytes at the backward's peak; under vocab_parallel at "
+                                    "tp > 1, torch's loss_parallel (torch/distributed/tensor/parallel/loss.py, "
+                                    "torchtitan's), whose separate ops peak at 16. megatron: Megatron-LM's "
+                                    "vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py) "
+                                    "at any tp, in place on its fp32 copy: 6",
+                            synonyms=("loss_impl", "loss_implementation", "loss_backend", "cross_entropy_engine",
+                                      "cross_entropy_impl")),
     "cp_rotate": FieldDoc(meaning="how a K/V-passing context-parallel ring (cp_algo ring, colossal or hybrid) "
                                   "moves the keys and values. allgather (torch's default): one all-gather of every "
                                   "rank's blocks a pass, hidden behind the first "

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import ndcost
 from ndcost import columns
 from ndcost.errors import InvalidStrategy, NdcostError
-from ndcost.values import DTYPES, FSDP_ENGINES, GRADIENT_SYNC, PP_ENGINES, SHARD_MESHES
+from ndcost.values import DTYPES, FSDP_ENGINES, GRADIENT_SYNC, LOSS_ENGINES, PP_ENGINES, SHARD_MESHES
 
 MODELS = ("llama-3.1-8b", "deepseek-v3", "qwen3.5-9b", "gpt-oss-20b")
 _RESOLVED = {}
@@ -86,7 +86,8 @@ def strategy_fields(draw, model):
         fields.update(shard_mesh=draw(st.sampled_from(SHARD_MESHES)), reshard_after_forward=draw(st.booleans()),
                       gradient_sync=draw(st.sampled_from(GRADIENT_SYNC)), offload_activations=draw(st.booleans()),
                       pp_engine=draw(st.sampled_from(PP_ENGINES)),
-                      fsdp_engine=draw(st.sampled_from(FSDP_ENGINES)))
+                      fsdp_engine=draw(st.sampled_from(FSDP_ENGINES)),
+                      loss_engine=draw(st.sampled_from(LOSS_ENGINES)))
     if draw(st.integers(0, 3)) == 0:
         fields.update(float8=draw(st.sampled_from(["none", "tensorwise", "rowwise"])), compile=draw(st.booleans()))
         fields["float8_experts"] = fields["float8"] != "none" and draw(st.booleans())
@@ -316,7 +317,7 @@ OTHER_VALUE = {"dp": 1, "fsdp": 4, "tp": 4, "pp": 4, "vpp": 2, "cp": 2, "ep": 4,
                "float8_all_gather": {"float8": "tensorwise", "float8_all_gather": True},
                "float8_experts": {"float8": "tensorwise", "float8_experts": True}, "compile": True,
                "async_tp": {"async_tp": True, "compile": True}, "gradient_sync": "last_micro_batch",
-               "pp_engine": "torch", "fsdp_engine": "megatron", "cp_rotate": {"cp_rotate": "p2p", "cp": 2},
+               "pp_engine": "torch", "fsdp_engine": "megatron", "loss_engine": "megatron", "cp_rotate": {"cp_rotate": "p2p", "cp": 2},
                "ep_dispatcher": {"ep_dispatcher": "deepep", "ep": 4}}
 
 

@@ -349,7 +349,7 @@ def test_setup_d_megatron():
     strategy = Strategy.parse(
         f"dp={dp},tp={t},sp=true,pp={p},vpp={v},schedule=interleaved,num_micro_batches={m},cp={cp},ep={ep},"
         f"zero=1,param_dtype=bf16,master_dtype=fp32,grad_dtype=fp32,optimizer_dtype=fp32,"
-        f"recompute=core_attention,vocab_parallel=true,seq={s}")
+        f"recompute=core_attention,vocab_parallel=true,loss_engine=megatron,seq={s}")
     cost = cm.evaluate(strategy)
     assert len(cost.stages) == p
     # placement: 8 layers in p * v = 4 virtual stages of 2; rank r holds virtual stages r and r + p
@@ -385,7 +385,9 @@ def test_setup_d_megatron():
         moments = [base + activations + (layer_peak - kept_layer),
                    base + activations - per_chunk * kept_layer * sum(1 for h in held if h) + layer_peak]
         if rank == p - 1:
-            out_peak = T * (OUT_WORK + OUT_WORK_TP) / t   # vocabulary-parallel loss, SP-split input
+            # Megatron-LM's vocabulary-parallel loss, SP-split input: in place, 6 bytes a logit at its backward's
+            # peak where the records' F.cross_entropy holds 12 (megatron/core/tensor_parallel/cross_entropy.py)
+            out_peak = T * (OUT_WORK + OUT_WORK_TP - 6 * V) / t
             moments.append(base + activations + out_peak)
         stage = cost.stages[rank]
         assert stage.bytes_by_category["parameters"] == params

@@ -151,13 +151,16 @@ def _runtime(args) -> str:
 
 
 def _held(args) -> Any:
-    """--hold's fields; with --emit KIND, the trainer's recipe beneath them (its default precision)."""
+    """--hold's fields; with --emit KIND, the trainer's recipe beneath them: its engines, and its default
+    precision unless --hold gives a dtype."""
     from ndcost.search import held_fields
     from ndcost.trainers import trainer_format
 
     held = held_fields(args.hold or "")
-    if args.emit is not None and not any(k.endswith("_dtype") for k in held):
-        held = {**trainer_format(args.emit.partition(":")[0].strip().lower()).recipe, **held}
+    if args.emit is not None:
+        recipe = trainer_format(args.emit.partition(":")[0].strip().lower()).recipe
+        own_precision = any(k.endswith("_dtype") for k in held)
+        held = {**{k: v for k, v in recipe.items() if not (own_precision and k.endswith("_dtype"))}, **held}
     return held
 
 

@@ -46,7 +46,8 @@ from ndcost.compose import sharding as sharding_rules
 from ndcost.compose import topology
 from ndcost.compose.sharding import MATMUL_PARTS, REPLICATED_PARTS, ROUTED_PARTS, TP_PARTS
 from ndcost.errors import InvalidValue, Unpriced
-from ndcost.values import CP_ALGOS, CP_ROTATES, DTYPES, MEMORY_CATEGORIES, PARTS, PP_ENGINES, RECOMPUTE
+from ndcost.values import (CP_ALGOS, CP_ROTATES, DTYPES, LOSS_ENGINES, MEMORY_CATEGORIES, PARTS, PP_ENGINES,
+                           RECOMPUTE)
 
 CATEGORIES = MEMORY_CATEGORIES
 
@@ -131,6 +132,7 @@ class ModelTables:
     heads: int
     kv_heads: int
     intermediate_size: Optional[int]
+    vocab_size: int
     num_experts: int
     experts_per_token: int
     moe_intermediate_size: Optional[int]
@@ -218,7 +220,7 @@ class ModelTables:
             final_norm=int(counts.final_norm) + int(counts.other),
             tied=int(counts.head) == 0, hidden_size=spec.hidden_size, heads=spec.num_attention_heads,
             kv_heads=spec.num_key_value_heads or spec.num_attention_heads,
-            intermediate_size=spec.intermediate_size, num_experts=spec.num_experts or 0,
+            intermediate_size=spec.intermediate_size, vocab_size=spec.vocab_size, num_experts=spec.num_experts or 0,
             experts_per_token=spec.num_experts_per_tok or 0, moe_intermediate_size=spec.moe_intermediate_size,
             linear_heads=linear, is_moe=routed > 0, kv_elements_per_token=np.array(kv_elems, dtype=np.float64),
             kv_params=np.minimum(np.array(kv_params, dtype=np.int64), parts(("attention",))),
@@ -1078,13 +1080,38 @@ def _chunks_by_kind(x):
     return x.transpose(0, 3, 1, 2).reshape((-1,) + x.shape[1:3])
 
 
-def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement, flight: _InFlight):
+# The backward peak of the trainer's cross-entropy loss, in bytes a logit (16-bit logits, fp32 softmax): the
+# output records' vocabulary part is torch's F.cross_entropy on fp32 logits (Transformers' ForCausalLMLoss,
+# torchtitan's loss without loss parallelism), whose log_softmax keeps its fp32 output and whose backward holds
+# it with the incoming and the outgoing fp32 gradients: 12. torch's loss_parallel (vocab_parallel at tp > 1;
+# torch/distributed/tensor/parallel/loss.py) runs log_softmax as separate ops and nll_loss's backward as
+# zeros_like, exp, their sum and the product beside the kept output: 16. Megatron-LM's
+# vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py, fused or not, at any tp)
+# works in place on its fp32 copy of the logits, the gradient cast to 16 bits beside it: 6. Each keeps 4.
+_LOSS_PEAK_BYTES_PER_LOGIT = {"records": 12, "loss_parallel": 16, "megatron": 6}
+_MEGATRON_LOSS = LOSS_ENGINES.index("megatron")
+
+
+def _loss_peak_shift(model: ModelTables, cols, batch: _Batch):
+    """(N,) bytes a token, before any split, that the trainer's loss (``loss_engine``) peaks above the
+    records' F.cross_entropy (the vocabulary part of the output layer's working figure)."""
+    megatron = np.asarray(cols["loss_engine"]) == _MEGATRON_LOSS
+    loss_parallel = ~megatron & np.asarray(cols["vocab_parallel"], dtype=bool) & (batch.tp > 1)
+    per_logit = select([megatron, loss_parallel], [_LOSS_PEAK_BYTES_PER_LOGIT["megatron"],
+                                                   _LOSS_PEAK_BYTES_PER_LOGIT["loss_parallel"]],
+                       _LOSS_PEAK_BYTES_PER_LOGIT["records"])
+    return (per_logit - _LOSS_PEAK_BYTES_PER_LOGIT["records"]) * float(model.vocab_size)
+
+
+def _output_layer(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement,
+                  flight: _InFlight):
     """(N, R) bytes of the output layer (final norm, head, loss with fp32 logits) on the head's stage.
 
-    Kept bytes per micro-batch in flight and its backward peak; the
-    vocabulary part split by tp only under ``vocab_parallel``. Returns the
-    output backward moment's bytes, the other micro-batches' kept bytes, and
-    which rows' output working figure is unpriced.
+    Kept bytes per micro-batch in flight and its backward peak, the trainer's
+    loss's (:func:`_loss_peak_shift`); the vocabulary part split by tp only
+    under ``vocab_parallel``. Returns the output backward moment's bytes, the
+    other micro-batches' kept bytes, and which rows' output working figure is
+    unpriced.
     """
     vocab_parallel, tokens = np.asarray(cols["vocab_parallel"], dtype=bool), batch.tokens
     vocab_rows = int(np.count_nonzero(vocab_parallel))
@@ -1099,7 +1126,8 @@ def _output_layer(recs, seq_index, cols, batch: _Batch, where: placement_rules.P
     keep = tokens * at_tp(row("saved"), row("saved_tp"))
     unpriced = np.isnan(out_working)
     peak = _rows_where(unpriced, int(np.count_nonzero(unpriced)), lambda: keep,
-                       lambda: tokens * at_tp(nan_to_zero(out_working), row("working_tp")))
+                       lambda: tokens * at_tp(nan_to_zero(out_working),
+                                              row("working_tp") + _loss_peak_shift(model, cols, batch)))
     others = np.maximum(flight.on_head - 1, 0) * keep[:, None]
     if where.head_everywhere:
         return others + np.maximum(peak, keep)[:, None], others, unpriced
@@ -1572,7 +1600,7 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     persistent, host_states = _offload_states(persistent, batch, cols)
     layer = _layer_activations(model, recs, seq_index, cols, batch)
     stage = _stage_activations(layer, where, held, params, batch, recs["grad_share"][seq_index])
-    output_bytes, other_outputs, unpriced_output = _output_layer(recs, seq_index, cols, batch, where, held)
+    output_bytes, other_outputs, unpriced_output = _output_layer(model, recs, seq_index, cols, batch, where, held)
     buffers = _communication_buffers(model, params, batch, cols, where, layers)
     moments = _moments(model, persistent, params, stage, output_bytes, other_outputs, buffers, batch, cols,
                        embedding_sort_scratch)

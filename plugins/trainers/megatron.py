@@ -141,7 +141,7 @@ class MegatronFormat:
     # --bf16: bf16 parameters, fp32 main gradients, fp32 main parameters and optimizer states
     runtime = RUNTIME
     recipe = MappingProxyType({"param_dtype": "bf16", "grad_dtype": "fp32", "optimizer_dtype": "fp32",
-                               "master_dtype": "fp32"})
+                               "master_dtype": "fp32", "loss_engine": "megatron"})
 
     # --- reading ------------------------------------------------------------------------------------------
     def read(self, path: str, *, devices: Optional[int]) -> TrainerConfig:
@@ -232,6 +232,9 @@ class MegatronFormat:
             flags += _model_flags(model, strategy.tp)
         elif strategy.pp_layers is not None:  # the split is read back against the layer count
             flags.append(f"--num-layers {sum(strategy.pp_layers)}")
+        if strategy.loss_engine != "megatron":  # after the rest: a strategy's other refusals say more
+            raise _refuse_write("loss_engine", strategy.loss_engine, "Megatron-LM computes the loss with its own "
+                                "vocab_parallel_cross_entropy (in place): loss_engine=megatron")
         lines = [f"    {flag} \\" for flag in flags]
         devices = strategy.devices
         per_node = min(devices, 8) if devices % min(devices, 8) == 0 else devices
@@ -477,6 +480,8 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
     fields["vocab_parallel"] = tp > 1
     if tp > 1:
         defaults.append("Megatron-LM splits the vocabulary over tp: vocab_parallel=true")
+    fields["loss_engine"] = "megatron"
+    defaults.append("Megatron-LM's loss is its vocab_parallel_cross_entropy, in place at any tp: loss_engine=megatron")
     fields.update(_precision(v, defaults))
     fields.update(_float8(v, defaults))
     optimizer = v.text("optimizer", "adam")

@@ -759,6 +759,8 @@ def _check_writable(s: Strategy) -> None:
          "torchtitan pipelines through torch.distributed.pipelining: pp_engine=torch with PP, auto without"),
         (s.fsdp_engine == "megatron", "fsdp_engine=megatron", "torchtitan shards with FSDP2 (fully_shard): "
          "fsdp_engine=auto or torch"),
+        (s.loss_engine == "megatron", "loss_engine=megatron", "torchtitan's loss is torch's cross_entropy "
+         "(loss_parallel under TP): loss_engine=auto or torch"),
         (s.offload_params != s.offload_optimizer, "offload_params without offload_optimizer (or the reverse)",
          "FSDP2's CPUOffloadPolicy offloads both"),
         (s.offload_activations, "offload_activations=true", "torchtitan's job has no activation offload"),
