@@ -528,6 +528,19 @@ def test_output_layer_by_hand():
     assert record.flops_by_part["head"] == 2 * S * H * V
 
 
+def test_output_layer_working_is_the_losss_moment_however_wide_the_head():
+    """A head whose weight gradient outweighs the loss's tensors (hidden 1,024, 4,000 logits of 64 tokens: the
+    gradient's 8.2 MB against the loss's 3.1 MB, and 4.1 MB against 1.5 MB at half the vocabulary) still gives
+    the loss's backward peak, at V and at V / 2 alike: the norm's saves and the head's bf16 input (8 h + 4 a token,
+    the saves above, and nll_loss's total weight) beside the kept fp32 log-softmax and the incoming and outgoing fp32 gradients (12 V). Were
+    the gradient to decide the moment, the split of the two measurements would be no figure of either."""
+    wide, vocab = 1024, 4000
+    record = records.output_record(small_llama(hidden_size=wide, intermediate_size=2048, vocab_size=vocab), S,
+                                   "hf-cuda", use_cache=False, progress=None)
+    assert record.working_tp_per_token == 12 * vocab
+    assert record.working_per_token == 8 * wide + 4 + 4 / S  # and nll_loss's fp32 total weight, a scalar
+
+
 # -- cache ---------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_cache_reuse_and_corrupt_entry(tmp_path, monkeypatch):

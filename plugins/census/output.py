@@ -195,7 +195,9 @@ def measure_output(config: Any, seq: int, runtime: Any, autocast: bool = False):
                 ahead = hidden if prelude is None else prelude(hidden)
                 return loss_function(holder.lm_head(holder.norm(ahead)), labels, config.vocab_size)
 
-        measured = measure(params, (hidden,), forward, lambda loss: loss.backward(), weight_copies=autocast)
+        # the head's gradient, priced with the parameters', does not decide the loss's moment (measure's docstring)
+        measured = measure(params, (hidden,), forward, lambda loss: loss.backward(), weight_copies=autocast,
+                           gradients_at_peak=False)
         if autocast:
             return measured, None
         stack = ModuleStack(holder)
