@@ -247,6 +247,32 @@ def test_tp_split_property():
     assert record.ops["normOp"] > 0 and record.ops_tp.get("normOp", 0) == 0
 
 
+def test_query_and_key_norms_traffic_is_split_by_tp():
+    """Qwen3's per-head query and key norms run on a rank's own heads: their traffic is TP-split, which the
+    census measures as the bytes its TP 2 rank moves less, where the layer norms' and residual adds' stay whole.
+    A Qwen3 layer of Llama's widths so moves what Llama's does, replicated, and beside it, split, the two norms'
+    Qwen3RMSNorm traffic: a head's elements read in bf16, upcast, squared, scaled and cast back (2 + 4, 4 + 4,
+    4 + 4, 4 + 2 and the weight's product 2 + 2: 36 bytes an element) and a head's row statistic (the mean's
+    write, the eps add's and rsqrt's reads and writes and the product's read: 24 bytes a row)."""
+    from ndcost.models import load_model
+    from ndcost.plugins.estimators import flops as analytic
+
+    llama = small_llama()
+    qwen3 = transformers.Qwen3Config(**{k: getattr(llama, k) for k in (
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "num_hidden_layers", "vocab_size", "max_position_embeddings")})
+    works = {}
+    for name, config in (("llama", llama), ("qwen3", qwen3)):
+        record = records.census_groups(config, [LayerGroup(kind="dense", count=1)], S, "hf-cuda",
+                                       use_cache=False, progress=None)["dense"]
+        works[name] = analytic.kind_work(load_model(config), "dense", S, record)
+        assert "census traffic" in works[name].source
+    rows = HEADS + KV  # a token's query and key heads
+    assert works["qwen3"].replicated_elements_per_token == works["llama"].replicated_elements_per_token
+    assert (works["qwen3"].elementwise_elements_per_token - works["llama"].elementwise_elements_per_token
+            == (36 * rows * D + 24 * rows) / 2)
+
+
 @pytest.mark.slow
 def test_working_peak_is_taken_where_the_backward_holds_the_most():
     """The working figure: the live bytes, parameters and their gradients out, at the moment the most is live.

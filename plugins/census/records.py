@@ -211,6 +211,9 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         first = str(exc).splitlines()[0] if str(exc) else ""
         say(f"  {kind}: core-attention recompute not replayed ({type(exc).__name__}: {first})")
     counted = _count(one, layer_index, seq, runtime)
+    # the norms' and residual adds' traffic as one of two TP ranks moves it: which of it TP splits is measured
+    # (per-head query and key norms), not assumed (ndcost.plugins.estimators.flops._census_elementwise)
+    counted_2 = _count(two, layer_index, seq, runtime)
     # the rotary tables every layer of a stage saves are the stage's (shared_saved_per_token), not the layer's
     saved, saved_tp = split(own_bytes(plain_1, "saved"), own_bytes(plain_2, "saved"), seq)
     working, working_tp = split(own_bytes(plain_1, "working"), own_bytes(plain_2, "working"), seq)
@@ -238,7 +241,9 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         **recomputed_share_fields(ledger if policy.scope == "layer" else None),
         ops=ops, ops_tp=ops_tp,
         flops_by_part=counted.flops, flops_all_pairs_by_part=counted.all_pairs_flops,
-        traffic=counted.traffic(), shared_saved_per_token=shared_figure(plain_1, seq),
+        traffic={**counted.traffic(), "tp2_moved_bytes": dict(counted_2.moved_bytes),
+                 "tp2_parameter_bytes": dict(counted_2.parameter_bytes)},
+        shared_saved_per_token=shared_figure(plain_1, seq),
     )
 
 

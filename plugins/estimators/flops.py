@@ -433,14 +433,19 @@ def _census_elementwise(record: Any, shapes: Mapping[str, Any]) -> Optional[Tupl
     the matmuls' activation inputs and outputs (from the matmul shapes, at 2
     bytes) and the attention kernel's and recurrence's own traffic are taken
     out, so what is left is what the elementwise ops move: norms in fp32,
-    rotary, activation functions, residual adds, copies. None where the
-    record has no traffic.
+    rotary, activation functions, residual adds, copies. Of the parts a TP
+    rank holds whole (norms, residual adds, router), those without a matmul
+    are split by what the census's TP 2 rank moves (``tp2_moved_bytes``):
+    the bytes it halves are TP-split, as per-head query and key norms'
+    (Qwen3's, GLM-4.5's) are, and the rest replicated, as the layer norms'
+    and MLA's latent norms' are. None where the record has no traffic.
     """
     traffic = getattr(record, "traffic", None) or {}
     moved = traffic.get("moved_bytes")
     if not moved:
         return None
     parameter = traffic.get("parameter_bytes") or {}
+    moved_2, parameter_2 = traffic.get("tp2_moved_bytes") or {}, traffic.get("tp2_parameter_bytes") or {}
     tokens = float(record.seq)
     io = shapes.get("matmul_io", {})
     split = replicated = 0.0
@@ -449,7 +454,12 @@ def _census_elementwise(record: Any, shapes: Mapping[str, Any]) -> Optional[Tupl
             continue
         rest = max(0.0, float(value) - float(parameter.get(part, 0)) - 2.0 * io.get(part, 0) * tokens)
         if part in _REPLICATED_TRAFFIC_PARTS:
-            replicated += rest
+            halved = 0.0
+            if part in moved_2 and not io.get(part, 0):  # what a TP 2 rank moves less: 2 (x1 - x2) is split
+                rest_2 = max(0.0, float(moved_2[part]) - float(parameter_2.get(part, 0)))
+                halved = min(rest, max(0.0, 2.0 * (rest - rest_2)))
+            split += halved
+            replicated += rest - halved
         else:
             split += rest
     return split / 2.0 / tokens, replicated / 2.0 / tokens
