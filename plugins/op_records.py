@@ -952,6 +952,9 @@ def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropou
     out["act_widths"] = 3 if info.gated_mlp else 1
     out["qk_norm"] = int(info.qk_norm)
     out["rotary"] = int(info.rotary and not info.linear)
+    fraction = _partial_rotary_factor(spec)
+    if fraction is not None:
+        out["rotary_fraction"] = fraction
     out["output_gate"] = int(info.output_gate)
     if info.layer_norms is not None:
         out["n_norms"] = info.layer_norms
@@ -976,6 +979,22 @@ def model_values(spec: ModelSpec, kind: str, *, attention: str = "eager", dropou
         out["lin_dv"] = _need(spec, kind, "linear_value_head_dim", spec.linear_value_head_dim)
     out.update(family_values(spec))
     return out
+
+
+def _partial_rotary_factor(spec: ModelSpec) -> Optional[float]:
+    """Transformers' ``partial_rotary_factor`` of *spec*'s config (its text part's): top level, or in
+    ``rope_parameters`` (Transformers 5) or ``rope_scaling``, else the family's default (its config class's:
+    GLM-4.5's 0.5, Qwen3-Next's and Qwen3.5's 0.25); None where neither states one (the whole head)."""
+    from ndcost.models import family_for
+    config = dict(spec.hf_config)
+    text = config.get("text_config")
+    if isinstance(text, Mapping):
+        config.update(text)
+    for where in (config, config.get("rope_parameters"), config.get("rope_scaling")):
+        if isinstance(where, Mapping) and where.get("partial_rotary_factor") is not None:
+            return float(where["partial_rotary_factor"])
+    default = (getattr(family_for(spec.model_type), "defaults", None) or {}).get("partial_rotary_factor")
+    return None if default is None else float(default)
 
 
 def family_values(spec: ModelSpec) -> Dict[str, Number]:

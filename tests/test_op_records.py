@@ -405,8 +405,12 @@ def test_linear_attention_layers():
     assert R.slot_bytes(values, "norm") == 2 * s * (2048 * 8 + 4) + s * 2 * 32 * 128 * 2 // tp
     full = R.values_for(qwen3_next(), "full_attention", seq=s, tp=tp, attention="sdpa")
     assert full["qk_norm"] == 1 and full["output_gate"] == 1
-    # output gate: its sigmoid and the attention output it scales (16 heads of 256), over TP
-    assert R.slot_bytes(full, "proj") == (s * 16 * 256 * 2 + 2 * s * 16 * 256 * 2) // tp
+    # output gate: its sigmoid and the attention output it scales (16 heads of 256), over TP; the rotary turns a
+    # quarter of a head (Qwen3NextConfig's partial_rotary_factor), so the query is concatenated, contiguous
+    # [b, h, s, d], and cuDNN's output laid out so: the kernel's saved output and the output projection's
+    # contiguous copy are two storages
+    assert full["rotary_width"] == 64 and full["query_concatenated"] == 1
+    assert R.slot_bytes(full, "proj") == (2 * s * 16 * 256 * 2 + 2 * s * 16 * 256 * 2) // tp
     # QK-norm per head: the queries' and keys' (16 + 2 heads of 256) 8 bytes an element and an rsqrt a head,
     # over TP
     assert R.slot_bytes(full, "norm") == 2 * s * (2048 * 8 + 4) + (s * 18 * 256 * 8 + s * 18 * 4) // tp
@@ -470,10 +474,12 @@ def test_formula_records_for_every_kind(spec):
         assert record.working_per_token is None  # the backward's peak is not priced here
         # a rank at TP t keeps saved + saved_tp / t, what the records give at TP t, and the rotary cos and sin
         # the model hands every layer (the records' layer alone keeps them; the KindRecord states them apart)
-        # (bf16, 2 tables: the head width, MLA's rotary key width; a linear attention rotates nothing)
+        # (bf16, 2 tables: the head width, MLA's rotary key width, a partial rotary's share of the head (Qwen3-Next's
+        # quarter, its config class's default); a linear attention rotates nothing)
         layer = spec.kind(kind)
+        share = 0.25 if spec.model_type == "qwen3_next" else 1.0
         rotary = 0 if not layer.rotary or layer.linear else 2 * 2 * (
-            spec.qk_rope_head_dim if layer.latent else spec.resolved_head_dim)
+            spec.qk_rope_head_dim if layer.latent else int(spec.resolved_head_dim * share))
         assert dict(record.shared_saved_per_token) == ({"position_embeddings": rotary} if rotary else {})
         values = R.values_for(spec, kind, seq=seq, tp=tp)
         assert R.total_bytes(values) == pytest.approx(

@@ -222,3 +222,27 @@ def test_eager_attention_keeps_what_transformers_eager_attention_saves(llama_con
     assert softmax.formula == softmax.census == 8 * SEQ * 4
     # q, and k and v copied to every head, 2 bytes, with the cast probabilities, 2 bytes a score
     assert rows[("dense", "ops_tp.attBMM")].formula == 3 * 256 * 2 + 8 * SEQ * 2
+
+
+@pytest.mark.slow
+def test_a_partial_rotary_keeps_what_the_census_measures(tmp_path):
+    """GLM-4.5's rotary turns half of each head (Glm4MoeConfig's partial_rotary_factor 0.5, here left to the
+    class default) and concatenates the other half back: the layer is handed cos and sin of 64 channels, not 128
+    (2 tables x 64 x 2 bytes a token), and the query reaches SDPA contiguous [b, h, s, d], so cuDNN's output is
+    laid out so and the output projection keeps a copy of its own (8 heads x 128 x 2 bytes a token, over TP).
+    The formulas' rows equal the census's for the dense layer."""
+    pytest.importorskip("transformers")
+    config = {"model_type": "glm4_moe", "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128, "num_hidden_layers": 2,
+              "first_k_dense_replace": 1, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+              "vocab_size": 1000, "max_position_embeddings": 4096, "use_qk_norm": False, "attention_bias": False,
+              "num_nextn_predict_layers": 0, "tie_word_embeddings": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    rows = rows_of(ndcost.verify(path, seq=SEQ), "")
+    assert rows[("dense", "shared_saved_per_token.position_embeddings")].formula == 2 * 64 * 2
+    assert rows[("dense", "ops_tp.attMM")].formula == 8 * 128 * 2
+    for name in ("saved_per_token", "saved_tp_per_token", "shared_saved_per_token.position_embeddings",
+                 "ops_tp.attMM", "ops_tp.attBMM"):
+        row = rows[("dense", name)]
+        assert row.formula == pytest.approx(row.census, rel=1e-9), (name, row.formula, row.census)

@@ -22,7 +22,8 @@ class Glm4MoeFamily(DecoderFamily):
                     num_attention_heads=96, num_key_value_heads=8, max_position_embeddings=131072,
                     tie_word_embeddings=False, attention_bias=False, moe_intermediate_size=1408,
                     num_experts_per_tok=8, n_shared_experts=1, n_routed_experts=128, first_k_dense_replace=1,
-                    use_qk_norm=False, num_nextn_predict_layers=1, n_group=1, topk_group=1)
+                    use_qk_norm=False, num_nextn_predict_layers=1, n_group=1, topk_group=1,
+                    partial_rotary_factor=0.5)
     aliases = {"n_routed_experts": ("num_local_experts",), "num_nextn_predict_layers": ("num_mtp_layers",)}
 
     def spec(self, config, name):

@@ -16,7 +16,8 @@ class Qwen35Family(Qwen3NextFamily):
                     num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=32768,
                     tie_word_embeddings=False, attention_bias=False, head_dim=256, linear_conv_kernel_dim=4,
                     linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
-                    linear_num_value_heads=32)
+                    linear_num_value_heads=32,
+                    partial_rotary_factor=0.25)
 
     def text_config(self, config):
         text = config.get("text_config")

@@ -17,7 +17,8 @@ class Qwen35MoeFamily(Qwen3NextFamily):
                     attention_bias=False, head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128,
                     linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32,
                     moe_intermediate_size=512, shared_expert_intermediate_size=512, num_experts_per_tok=8,
-                    num_experts=256)
+                    num_experts=256,
+                    partial_rotary_factor=0.25)
     text_config = Qwen35Family.text_config
 
 

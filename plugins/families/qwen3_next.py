@@ -59,7 +59,8 @@ class Qwen3NextFamily(DecoderFamily):
                     tie_word_embeddings=False, attention_bias=False, head_dim=256, linear_conv_kernel_dim=4,
                     linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
                     linear_num_value_heads=32, decoder_sparse_step=1, moe_intermediate_size=512,
-                    shared_expert_intermediate_size=512, num_experts_per_tok=10, num_experts=512)
+                    shared_expert_intermediate_size=512, num_experts_per_tok=10, num_experts=512,
+                    partial_rotary_factor=0.25)
     aliases = {"num_experts": ("num_local_experts",)}
     # whether every layer routes (Qwen3.5-MoE) or the Qwen rule of mlp_only_layers and decoder_sparse_step
     all_moe = False
