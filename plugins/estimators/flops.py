@@ -121,18 +121,15 @@ def _family_attention(spec: ModelSpec, info: LayerKind, norm_elements: int) -> O
 
 
 def _family_elements(spec: ModelSpec) -> Dict[str, Any]:
-    """A norm's and the rotary's elements an element, and whether a QK-norm is a head's, for *spec*'s family.
+    """A norm's and the rotary's elements an element for *spec*'s family.
 
     The Llama figures above unless the family states others (``Family.elementwise_elements``;
-    ``rotary_table``: 2-byte elements a cos or sin element, 2 where fp32); a QK-norm
-    over the whole projection where its op-record values say so (``qk_norm_per_head``: 0).
+    ``rotary_table``: 2-byte elements a cos or sin element, 2 where fp32).
     """
     from ndcost.models import family_for
-    from ndcost.plugins.op_records import family_values
     stated = dict(getattr(family_for(spec.model_type), "elementwise_elements", None) or {})
     return {"norm": stated.get("norm", NORM_ELEMENTS), "rotary": stated.get("rotary", ROTARY_ELEMENTS),
-            "rotary_table": stated.get("rotary_table", 1),
-            "qk_norm_per_head": bool(family_values(spec).get("qk_norm_per_head", 1))}
+            "rotary_table": stated.get("rotary_table", 1)}
 
 
 def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
@@ -229,10 +226,9 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             out["kv_elements"] = 2 * kv * d
             out["elementwise"] += (rotary_elements * (heads + kv) + table_reads) * d if rotary else 0
             out["fused_elementwise"] += FUSED_ROTARY_ELEMENTS * (heads + kv) * d if rotary else 0
-            if info.qk_norm:  # a norm over the whole projection is one module the census counts with the norms
-                out["elementwise" if family["qk_norm_per_head"] else "replicated"] += norm_elements * (heads + kv) * d
-                out["fused_elementwise" if family["qk_norm_per_head"] else "fused_replicated"] += \
-                    FUSED_NORM_ELEMENTS * (heads + kv) * d
+            if info.qk_norm:  # a head's or the whole projection's: a rank normalizes its own heads' share
+                out["elementwise"] += norm_elements * (heads + kv) * d
+                out["fused_elementwise"] += FUSED_NORM_ELEMENTS * (heads + kv) * d
     matrices = info.mlp_matrices
     if info.routed:
         width = spec.moe_intermediate_size or spec.intermediate_size
