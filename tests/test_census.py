@@ -247,6 +247,23 @@ def test_tp_split_property():
     assert record.ops["normOp"] > 0 and record.ops_tp.get("normOp", 0) == 0
 
 
+def test_eager_attention_ops_on_the_scores_count_as_the_scores_traffic():
+    """GPT-OSS's eager attention concatenates its sinks (a weight) to the scores and takes their max: ops on a
+    seq x seq tensor, whose bytes grow with the pairs. They count as the scores' traffic, so what the layer's
+    attention moves a token (less its weights) is the same at 64 and at 128 tokens, and the scores' grows."""
+    config = transformers.GptOssConfig(
+        hidden_size=H, intermediate_size=H, num_attention_heads=HEADS, num_key_value_heads=KV, head_dim=D,
+        num_hidden_layers=1, num_local_experts=4, num_experts_per_tok=2, vocab_size=V, sliding_window=32,
+        max_position_embeddings=512, layer_types=["full_attention"])
+    per_token = {}
+    for seq in (S, 2 * S):
+        counted = records._count(config, 0, seq, profile())
+        per_token[seq] = ((counted.moved_bytes["attention"] - counted.parameter_bytes["attention"]) / seq,
+                          counted.moved_bytes["scores"] / seq)
+    assert per_token[S][0] == per_token[2 * S][0]
+    assert per_token[2 * S][1] > 1.4 * per_token[S][1]
+
+
 def test_query_and_key_norms_traffic_is_split_by_tp():
     """Qwen3's per-head query and key norms run on a rank's own heads: their traffic is TP-split, which the
     census measures as the bytes its TP 2 rank moves less, where the layer norms' and residual adds' stay whole.

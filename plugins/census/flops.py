@@ -174,10 +174,11 @@ def counter_class():
                 return out
             weights = [t for t in tensors if t.untyped_storage()._cdata in self.params]
             part = self._part(func, bool(weights))
-            if part == "attention" and not weights and self.seq and any(
-                    t.dim() >= 2 and t.shape[-2] == self.seq and t.shape[-1] >= self.seq for t in returned):
-                # eager attention's elementwise ops on the scores (scaling, mask, casts): the time model prices
-                # them with the scores (compose/time.py EAGER_SOFTMAX_BYTES_PER_SCORE), not as the layer's
+            if part == "attention" and self.seq and any(
+                    t.dim() >= 2 and t.shape[-2] == self.seq and t.shape[-1] >= self.seq for t in tensors + returned):
+                # eager attention's elementwise ops on the scores (scaling, mask, casts; GPT-OSS's concatenation
+                # of its sinks, a weight, and its max): they grow with the pairs, not the tokens; the time model
+                # prices them with the scores (compose/time.py EAGER_SOFTMAX_BYTES_PER_SCORE), not as the layer's
                 part = "scores"
             counted = None
             for contract in self.contracts:
