@@ -151,6 +151,11 @@ def counter_class():
         def _add(self, table: Dict[str, int], part: str, value: int) -> None:
             table[part] = table.get(part, 0) + int(value)
 
+        def _pairs(self, tensor, dims: int) -> bool:
+            """Whether *tensor* (of at least *dims* dimensions: a head's scores are [b, h, s, s]; a hidden state
+            [b, s, h] is not, however wide) holds a score for each query and key of the sequence."""
+            return tensor.dim() >= dims and tensor.shape[-2] == self.seq and tensor.shape[-1] >= self.seq
+
         def _part(self, func, weighted: bool) -> str:
             for contract in self.contracts:
                 found = contract.part(func)
@@ -174,11 +179,13 @@ def counter_class():
                 return out
             weights = [t for t in tensors if t.untyped_storage()._cdata in self.params]
             part = self._part(func, bool(weights))
-            if part == "attention" and self.seq and any(
-                    t.dim() >= 2 and t.shape[-2] == self.seq and t.shape[-1] >= self.seq for t in tensors + returned):
+            if part == "attention" and self.seq and (
+                    (not weights and any(self._pairs(t, 2) for t in returned))
+                    or any(self._pairs(t, 4) for t in tensors + returned)):
                 # eager attention's elementwise ops on the scores (scaling, mask, casts; GPT-OSS's concatenation
-                # of its sinks, a weight, and its max): they grow with the pairs, not the tokens; the time model
-                # prices them with the scores (compose/time.py EAGER_SOFTMAX_BYTES_PER_SCORE), not as the layer's
+                # of its sinks, a weight, and its max over [b, h, s, s + 1]): they grow with the pairs, not the
+                # tokens; the time model prices them with the scores (compose/time.py
+                # EAGER_SOFTMAX_BYTES_PER_SCORE), not as the layer's
                 part = "scores"
             counted = None
             for contract in self.contracts:
