@@ -46,8 +46,7 @@ from ndcost.compose import sharding as sharding_rules
 from ndcost.compose import topology
 from ndcost.compose.sharding import MATMUL_PARTS, REPLICATED_PARTS, ROUTED_PARTS, TP_PARTS
 from ndcost.errors import InvalidValue, Unpriced
-from ndcost.values import (CP_ALGOS, CP_ROTATES, DTYPES, LOSS_ENGINES, MEMORY_CATEGORIES, PARTS, PP_ENGINES,
-                           RECOMPUTE)
+from ndcost.values import CP_ALGOS, CP_ROTATES, DTYPES, LOSS_ENGINES, MEMORY_CATEGORIES, PARTS, PP_ENGINES, RECOMPUTE
 
 CATEGORIES = MEMORY_CATEGORIES
 
