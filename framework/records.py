@@ -28,6 +28,14 @@ def recomputed_shares(decided: Mapping[Tuple[str, bool], float]) -> Dict[str, fl
     return {"attention": share("attention"), "other": share("other"), "scores": share("kernel" if kernel else "scores")}
 
 
+def routed_in_record(measured: bool, routed_bytes: float, width_bytes: float) -> Tuple[float, float]:
+    """Where a MoE kind's routed experts' bytes a token (the op records': all of them, and the part one expert's
+    width scales) sit in its KindRecord: ``(in saved_per_token, in saved_tp_per_token)``. The census measures a
+    TP 2 rank with every width halved, the experts' too, so it files their width's part under TP; the op records
+    state them unsplit (ep and etp split the experts, not tp)."""
+    return (routed_bytes - width_bytes, width_bytes) if measured else (routed_bytes, 0.0)
+
+
 @attrs.frozen(kw_only=True)
 class KindRecord:
     """One layer kind's measured or analytic figures, and which plugin produced them (``source``)."""

@@ -34,6 +34,7 @@ from ndcost.compose import time as time_model
 from ndcost.compose.placement import balanced_split, split_bounds
 from ndcost.compose.sharding import sharding as sharding_of
 from ndcost.errors import CensusUnavailable, InvalidStrategy, InvalidValue, NdcostError, Unpriced
+from ndcost.records import routed_in_record
 from ndcost.specio import load_hardware_yaml
 from ndcost.values import (
     CP_ALGOS,
@@ -603,8 +604,7 @@ class CostModel:
                                f"({_source_of('estimator/activations/op_records')}) could not state them "
                                f"({type(exc).__name__}: {exc}); expert parallelism and moe_imbalance cannot "
                                f"be priced without them") from exc
-            rest = routed_all - width
-            out[kind] = (rest, width, rest, width) if where == "census" else (routed_all, 0.0, rest, width)
+            out[kind] = (*routed_in_record(where == "census", routed_all, width), routed_all - width, width)
         return out
 
     # -- evaluation ------------------------------------------------------------------------------

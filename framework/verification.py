@@ -164,14 +164,32 @@ def _parameter_rows(spec: ModelSpec, count: Any, registry: Any) -> List[VerifyRo
 # ---------------------------------------------------------------------------
 # activations, FLOPs and traffic
 # ---------------------------------------------------------------------------
+# A MoE kind's saved rows with the routed experts' bytes taken out of each side where that side files them
+# (ndcost.records.routed_in_record): the composition prices those from the op records for both, scaled by
+# moe_imbalance and etp, and takes the rest of each record as it is.
+_ROUTED_APART = {"saved_per_token": ("saved_less_routed_per_token", 0),
+                 "saved_tp_per_token": ("saved_less_routed_tp_per_token", 1)}
+
+
 def _record_rows(kind: str, ours: Any, theirs: Any, threshold: float, ours_why: str,
-                 theirs_why: str, selective_why: str = "") -> List[VerifyRow]:
-    """The record's rows; *selective_why* is why the formulas state no selective figure, where they do not."""
+                 theirs_why: str, selective_why: str = "", routed: Optional[Tuple[float, float]] = None
+                 ) -> List[VerifyRow]:
+    """The record's rows; *selective_why* is why the formulas state no selective figure, where they do not;
+    *routed* a MoE kind's routed experts' bytes a token, all and their width's part (the saved rows then leave
+    them out: :data:`_ROUTED_APART`)."""
+    from ndcost.records import routed_in_record
+
     rows = []
     for name, unit in _RECORD_FIELDS:
         f = None if ours is None else getattr(ours, name)
         c = None if theirs is None else getattr(theirs, name)
         note = ours_why if ours is None else (theirs_why if theirs is None else "")
+        if routed is not None and name in _ROUTED_APART:
+            name, at = _ROUTED_APART[name]
+            f = None if f is None else f - routed_in_record(False, *routed)[at]
+            c = None if c is None else c - routed_in_record(True, *routed)[at]
+            note = note or ("the routed experts' bytes apart, as the composition takes them from the op records "
+                            "for both sides (the census files their width's part under TP)")
         if f is None and c is None:
             continue  # neither side states it (the output layer's selective figure)
         if ours is not None and f is None:
@@ -249,7 +267,9 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
             if theirs is None:
                 theirs_why = f"the census measured no layer of this kind (runtime {runtime} builds none)"
         selective_why = "" if ours is None else (formulas.selective_unpriced(spec, kind, runtime) or "")
-        rows += _record_rows(kind, ours, theirs, threshold, ours_why, theirs_why, selective_why)
+        routed, _ = _attempt(functools.partial(formulas.routed_bytes, spec, kind, seq))
+        rows += _record_rows(kind, ours, theirs, threshold, ours_why, theirs_why, selective_why,
+                             routed if routed and routed[0] else None)
         by_part = count.by_kind.get(kind)
         work_ours, work_ours_why = _attempt(functools.partial(analytic.kind_work, spec, kind, seq, ours, by_part))
         work_theirs, work_theirs_why = (None, theirs_why) if theirs is None else _attempt(

@@ -246,3 +246,27 @@ def test_a_partial_rotary_keeps_what_the_census_measures(tmp_path):
                  "ops_tp.attMM", "ops_tp.attBMM"):
         row = rows[("dense", name)]
         assert row.formula == pytest.approx(row.census, rel=1e-9), (name, row.formula, row.census)
+
+
+@pytest.mark.slow
+def test_a_moe_kind_s_saved_rows_leave_the_routed_experts_apart(tmp_path):
+    """The census files the routed experts' width part under TP (its TP 2 rank halves every width), the formulas
+    state it unsplit; the composition takes those bytes from the op records for both and the rest of each record
+    as it is, so verify compares the rest: for a small Qwen3-MoE layer the two agree, where the raw split did
+    not (a MoE kind's raw saved rows are not shown)."""
+    pytest.importorskip("transformers")
+    config = {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 1,
+              "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 1000, "max_position_embeddings": 4096,
+              "tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": []}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = ndcost.verify(path, seq=SEQ)
+    kinds = {r.kind for r in result.rows if r.quantity == "saved_less_routed_per_token"}
+    assert kinds and not any(r.quantity in ("saved_per_token", "saved_tp_per_token") for r in result.rows
+                             if r.kind in kinds)
+    for kind in kinds:
+        rows = rows_of(result, "saved_less_routed")
+        for name in ("saved_less_routed_per_token", "saved_less_routed_tp_per_token"):
+            row = rows[(kind, name)]
+            assert not row.flagged and "routed experts' bytes apart" in row.note, row
