@@ -24,6 +24,7 @@ import attrs
 
 from ndcost import manager, models
 from ndcost.errors import InvalidValue, NdcostError
+from ndcost.records import routed_in_record
 from ndcost.values import OPS, PARTS, ModelSpec
 
 __all__ = ["verify", "Verification", "VerifyRow", "DEFAULT_THRESHOLD"]
@@ -177,8 +178,6 @@ def _record_rows(kind: str, ours: Any, theirs: Any, threshold: float, ours_why: 
     """The record's rows; *selective_why* is why the formulas state no selective figure, where they do not;
     *routed* a MoE kind's routed experts' bytes a token, all and their width's part (the saved rows then leave
     them out: :data:`_ROUTED_APART`)."""
-    from ndcost.records import routed_in_record
-
     rows = []
     for name, unit in _RECORD_FIELDS:
         f = None if ours is None else getattr(ours, name)
