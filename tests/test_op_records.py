@@ -354,8 +354,13 @@ def test_moe_slots_read_experts_top_k_and_dropless_factor():
         routed * width // etp * 2
     assert R.slot_bytes(values, "routed", overrides={"dropless_tok_factor": 1.25}) == \
         1.25 * R.slot_bytes(values, "routed")
-    # router: input, fp32 probabilities over 256 experts, the combine (each copy's output and weight)
-    assert R.slot_bytes(values, "router") == s * h * 2 + s * 256 * 4 + routed * (h * 2 + 4)
+    # router: its input cast to fp32 and kept by its linear (transformers' DeepseekV3TopkRouter.forward:
+    # F.linear(hidden_states.type(torch.float32), ...)), fp32 probabilities over 256 experts, the combine
+    # (each copy's output and weight)
+    assert R.slot_bytes(values, "router") == s * h * 4 + s * 256 * 4 + routed * (h * 2 + 4)
+    # a router that does not cast (Qwen3-MoE's, Mixtral's) keeps the layer's 16-bit input
+    assert R.slot_bytes(values, "router", overrides={"router_logit_bytes": 2}) == \
+        s * h * 2 + s * 256 * 4 + routed * (h * 2 + 4)
     # one shared expert of 2048
     assert R.slot_bytes(values, "shared") == s * h * 2 + s * 3 * 2048 * 2 + s * 2048 * 2
     dense = R.values_for(deepseek(), "dense", seq=s)
