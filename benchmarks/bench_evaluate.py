@@ -122,6 +122,10 @@ def main(argv=None) -> int:
     slowest = float("inf")
     for name in args.models or shipped_models():
         n, wall, cpu, ran_census = time_model(name, args.census, args.strategies, args.repeat)
+        if not n:  # every strategy refused (DeepSeek-V4's layers without a census): nothing to time
+            print(f"{name}: no strategy it can price at census={args.census} (`ndcost estimate` says why)",
+                  flush=True)
+            continue
         rate = n / wall
         slowest = min(slowest, rate)
         note = " (census ran: records were not cached)" if ran_census else ""

@@ -348,6 +348,9 @@ class Family:
     stack_census: bool = False
     # Why the layers cannot run alone, for the census's refusal of one layer (where stack_census).
     stack_census_reason: str = ""
+    # Why the op records' formulas (specs/op_records.yaml) cannot price the family's layers, where they cannot:
+    # its kinds are then priced by the census alone, and refused with this reason where it cannot run.
+    formulas_unpriced: str = ""
     # Whether Transformers runs the family's attention through SDPA (its PreTrainedModel's
     # ``_supports_sdpa``): where not, a runtime that asks for SDPA runs its fallback (eager, scores
     # materialized), and the op records' formulas must price that, without importing transformers.
@@ -373,7 +376,8 @@ class Family:
 
     def activation_estimators(self, spec: ModelSpec, kind: str) -> Tuple[str, ...]:
         """The ``estimator/activations/<name>`` to price *kind* by, best first (the first available wins)."""
-        return ("stack_census" if self.stack_census else "census", "op_records")
+        census = "stack_census" if self.stack_census else "census"
+        return (census,) if self.formulas_unpriced else (census, "op_records")
 
     def flops_estimators(self, spec: ModelSpec, kind: str) -> Tuple[str, ...]:
         """The ``estimator/flops/<name>`` to price *kind*'s work by, best first (the first that measures it wins)."""

@@ -545,7 +545,15 @@ class CostModel:
         while pending:
             name = preference[pending[0]][0] if preference[pending[0]] else None
             if name is None:
-                why = "; ".join(passed_over[pending[0]]) or "its family names no activation estimator"
+                named = family.activation_estimators(self.spec, pending[0])
+                skipped = [n for n in named if self.census == "off" and self._needs_census(n)]
+                why = "; ".join(passed_over[pending[0]] + [
+                    f"census='off' skips {n}" for n in skipped]) or "its family names no activation estimator"
+                if family.formulas_unpriced:
+                    why += (f"; the op records' formulas do not price {family.name}'s layers "
+                            f"({family.formulas_unpriced})")
+                if skipped:
+                    why += "; resolve with census='auto' (torch and transformers installed) to measure them"
                 raise Unpriced(f"no activation record for kind {pending[0]!r} at seq {seq}: {why}")
             group = [k for k in pending if preference[k] and preference[k][0] == name]
             estimator = self._activation_estimator(name)

@@ -9,7 +9,7 @@ import pytest
 
 from ndcost import models
 from ndcost.errors import InvalidValue
-from ndcost.plugins.estimators.flops import analytic_flops, kind_work
+from ndcost.plugins.estimators.flops import analytic_flops, kind_work, model_work
 from ndcost.plugins.formulas import deepseek_v4 as formulas
 
 S = 256
@@ -133,11 +133,27 @@ def test_the_work_formulas_are_registered_slots(registry):
         assert f"formula/deepseek_v4.flops.{name}" in registry
 
 
-def test_census_off_prices_deepseek_v4_flash():
+def test_census_off_refuses_deepseek_v4_flash_memory_and_still_times_its_layers():
+    """The op records price a plain layer of V4's widths (``ndcost verify``: a sixth of what the census measures a
+    token), so without a census its memory is refused, saying why and how to price it; its layers' work is the
+    analytic FLOPs estimator's, which the time model prices."""
     import ndcost
-    cost = ndcost.resolve("deepseek-v4-flash", census="off").evaluate("tp=8,ep=8,seq=4096,recompute=full")
-    assert cost.time is not None and cost.time.step_seconds > 0
-    assert "analytic flops" in cost.provenance["time"]["flops"]
+    from ndcost.compose import time as time_model
+    from ndcost.errors import InvalidStrategy
+    from ndcost.values import Strategy
+
+    model = ndcost.resolve("deepseek-v4-flash", census="off")
+    with pytest.raises(InvalidStrategy) as caught:
+        model.evaluate("tp=8,ep=8,seq=4096,recompute=full")
+    message = str(caught.value)
+    assert "census='off' skips stack_census" in message and "do not price deepseek_v4's layers" in message
+    assert "census='auto'" in message
+    work = model_work(model.spec, 4096)  # no census records: the analytic estimator's
+    assert "analytic flops" in work.source
+    stated, _ = time_model.efficiencies(model.hardware)
+    seconds = time_model.layer_seconds(work, time_model.strategy_columns([Strategy(seq=4096)]), model.hardware,
+                                       stated)
+    assert (seconds["forward"] > 0).all() and (seconds["backward"] > seconds["forward"]).all()
 
 
 # ---------------------------------------------------------------------------
@@ -194,12 +210,15 @@ def test_deepseek_v4_flash_matmuls_equal_the_census_at_4096():
             analytic_flops(flash, kind, 4096, all_pairs=True)["scores"], kind
 
 
-def test_a_runtime_installing_the_sparse_kernel_is_priced_as_it_not_as_eager():
+def test_a_runtime_installing_the_sparse_kernel_is_priced_as_it_not_as_eager(monkeypatch):
     """hf-cuda-fused installs DeepSeek-V4's sparse attention contract in place of Transformers' eager function
     (``Contract.attention``): the time model prices the kernel's own FLOPs (the window and the selected entries)
     under its name, where hf-cuda's eager attention runs every pair of the sequence and the compressed entries; the
     formulas price the same kernel (``op_records.runtime_attention``: a row's statistics kept, not its scores)."""
     import ndcost
+    from ndcost.models import family_for
+    # the formulas' memory stands in for the census's (refused for V4 without one): the test is the runtimes'
+    monkeypatch.setattr(type(family_for("deepseek_v4")), "formulas_unpriced", "")
     strategy = "dp=8,ep=8,seq=16384,recompute=full"
     eager = ndcost.resolve("deepseek-v4-flash", runtime="hf-cuda", census="off")
     fused = ndcost.resolve("deepseek-v4-flash", runtime="hf-cuda-fused", census="off")

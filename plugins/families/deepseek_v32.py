@@ -14,7 +14,8 @@ from ndcost.plugins.families.deepseek_v3 import DeepseekV3Family
 class DeepseekV32Family(DeepseekV3Family):
     name = "deepseek_v32"
     model_types = ("deepseek_v32",)
-    op_record_values: dict = {}  # the indexer's calls are not among those the op records list
+    # the indexer's calls are not among those the op records list (no calls_known); the router is V3's
+    op_record_values = {"router_logit_bytes": 4}
     attention = "dsa"
     defaults = dict(DeepseekV3Family.defaults, max_position_embeddings=163840, index_head_dim=128,
                     index_n_heads=64, num_nextn_predict_layers=0)

@@ -31,6 +31,10 @@ class DeepseekV4Family(DecoderFamily):
     stack_census_reason = ("its layers exchange hc_mult hyper-connection streams ([b, s, hc, d]) and a mixing "
                            "state, take the model's pair of rotary flavours, and route their first MoE layers by a "
                            "hash of the input ids")
+    # `ndcost verify deepseek-v4-flash`, 4,096 tokens under hf-cuda: the formulas keep 74,760 bytes a token outside
+    # the routed experts where the census measures 470,612 (its norms 49,160 against 208,952 and 196,992 TP-split)
+    formulas_unpriced = ("they price a plain layer of its widths, without its hyper-connection streams, compressors "
+                         "and indexer: `ndcost verify` finds them keeping a sixth of what Transformers' layers keep")
     supports_sdpa = False  # DeepseekV4PreTrainedModel refuses SDPA: eager attention under hf-cuda
     # its eager_attention_forward's softmax (sinks) runs in the compute dtype: no fp32 copy kept
     op_record_values = {"softmax_upcast": 0}
