@@ -341,6 +341,22 @@ def test_gpt2_without_n_inner_reads_four_h():
     assert R.values_for(spec, "dense", seq=16)["hff"] == 3072
 
 
+def test_gpt_oss_experts_keep_their_clamped_swiglu_and_its_rotary_tables_half_a_head():
+    """GPT-OSS-20B, derived from transformers' modeling_gpt_oss.py: GptOssExperts._apply_gate splits the
+    interleaved gate-up output, clamps both halves, and keeps for its backward that output (2 I wide, saved by
+    the clamps), the clamped gate and its sigmoid (their product's operands), up + 1 and the product (the next
+    product's), then the down projection keeps its input (I): 6 I + I expert-wide elements a token copy, where
+    an unfused gated SiLU keeps 3 I + I. GptOssRotaryEmbedding's cos and sin are its frequencies (emb = freqs),
+    half a 64-wide head each."""
+    from ndcost.models import load_model
+    s, k, width, h = 4096, 4, 2880, 2880
+    values = R.values_for(load_model("gpt-oss-20b"), "full_attention", seq=s)
+    routed = s * k
+    assert R.slot_bytes(values, "routed") == routed * h * 2 + routed * 6 * width * 2 + routed * width * 2
+    rotary = [t[-1] for t in R.term_bytes(values) if t[2] == "rotary"]
+    assert rotary == [s * 2 * 32 * 2]
+
+
 def test_moe_slots_read_experts_top_k_and_dropless_factor():
     s, etp = 4096, 2
     values = R.values_for(deepseek(), "moe", seq=s, etp=etp)

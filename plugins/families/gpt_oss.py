@@ -24,7 +24,12 @@ class GptOssFamily(DecoderFamily):
     # an element with the fp32 input, not LlamaRMSNorm's 6), and moves 20 two-byte elements an element, not 18
     # its layers make the calls specs/op_records.yaml lists (every projection and the router with a bias)
     # its sinks' softmax runs in the compute dtype (its eager_attention_forward): no fp32 copy kept
-    op_record_values = {"norm_bytes": 8, "calls_known": 1, "router_bias": 1, "softmax_upcast": 0}
+    # its experts' clamped SwiGLU (GptOssExperts._apply_gate) keeps six expert-wide tensors a token copy, where an
+    # unfused gated SiLU keeps three: the interleaved gate-up output (two), the clamped gate, its sigmoid, up + 1
+    # and their product
+    # its rotary tables hold one frequency a pair of channels (GptOssRotaryEmbedding.forward: emb = freqs)
+    op_record_values = {"norm_bytes": 8, "calls_known": 1, "router_bias": 1, "softmax_upcast": 0,
+                        "expert_act_widths": 6, "rotary_table_fraction": 0.5}
     elementwise_elements = {"norm": 20}
     defaults = dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880,
                     intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
