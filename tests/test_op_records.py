@@ -357,6 +357,30 @@ def test_gpt_oss_experts_keep_their_clamped_swiglu_and_its_rotary_tables_half_a_
     assert rotary == [s * 2 * 32 * 2]
 
 
+def test_a_masked_sdpa_call_keeps_its_bias_and_the_repeated_keys_and_values():
+    """Transformers hands SDPA a [1, 1, s, s] mask where a sliding window reaches the sequence
+    (masking_utils._ignore_causal_mask_sdpa: kv_length >= local_attention_size) and on DeepSeek-V3.2's every layer
+    (its indexer's selection folded into the causal mask); the kernel keeps it as a 16-bit bias, and with a mask
+    on CUDA the keys and values are repeated to every query head first (sdpa_attention.use_gqa_in_sdpa)."""
+    from ndcost.models import load_model
+
+    def score(spec, kind, seq, attention):
+        return sum(t[-1] for t in R.term_bytes(R.values_for(spec, kind, seq=seq, attention=attention))
+                   if t[0] == "score")
+
+    v32, s = load_model("deepseek-v3.2"), 4096
+    assert score(v32, "dense", s, "sdpa") - score(v32, "dense", s, "flash") == s * s * 2
+    assert score(v32, "dense", s, "eager") == score(load_model("deepseek-v3"), "dense", s, "eager")  # an addition
+    oss = load_model("gpt-oss-20b")  # sliding_attention: a 128-token window, 64 query and 8 key-value heads of 64
+    below, reached = R.values_for(oss, "sliding_attention", seq=127, attention="sdpa"), \
+        R.values_for(oss, "sliding_attention", seq=128, attention="sdpa")
+    assert (below["mask_bias"], below["kv_repeated"]) == (0, 0)
+    assert (reached["mask_bias"], reached["kv_repeated"]) == (1, 1)
+    copies = [t[-1] for t in R.term_bytes(reached) if t[2] == "kv_copies"]
+    assert copies == [128 * (64 - 8) * (64 + 64) * 2]
+    assert R.values_for(oss, "full_attention", seq=4096, attention="sdpa")["mask_bias"] == 0
+
+
 def test_moe_slots_read_experts_top_k_and_dropless_factor():
     s, etp = 4096, 2
     values = R.values_for(deepseek(), "moe", seq=s, etp=etp)
