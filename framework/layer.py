@@ -64,7 +64,9 @@ class LayerKind:
     Widths (heads, head dims, expert counts) are the model's and live on
     :class:`~ndcost.values.ModelSpec`; a kind says which of them it uses.
     ``sliding_window`` is the keys a query sees (0: every earlier token);
-    ``layer_norms`` the norms of the layer where they differ from two.
+    ``masked`` that its model hands the attention an explicit mask at every
+    length (DeepSeek-V3.2's, its indexer's selection folded into the causal
+    mask); ``layer_norms`` the norms of the layer where they differ from two.
     ``mechanism_class`` states the class of a mechanism the family names
     itself (GPT-OSS's attention with sinks is ``softmax``).
     """
@@ -77,6 +79,7 @@ class LayerKind:
     sinks: bool = False
     rotary: bool = True
     sliding_window: int = attrs.field(default=0, validator=_non_negative)
+    masked: bool = False
     mlp_matrices: int = attrs.field(default=3, validator=_matrices)
     activation: str = "silu"
     attention_dropout: float = attrs.field(default=0.0, converter=float, validator=_dropout)
@@ -88,6 +91,15 @@ class LayerKind:
     def attention_class(self) -> str:
         """``softmax``, ``latent``, ``linear`` or ``other`` (see ``ATTENTION_CLASSES``)."""
         return self.mechanism_class or ATTENTION_CLASSES.get(self.attention, "other")
+
+    def sdpa_masked(self, seq: int) -> bool:
+        """Whether Transformers hands this kind's SDPA call a mask at *seq* tokens, where it otherwise passes none
+        and ``is_causal``: a sliding window the sequence reaches (transformers/masking_utils.py
+        ``_ignore_causal_mask_sdpa``: ``kv_length >= local_attention_size``), or a model that always builds one
+        (``masked``). The kernel then keeps the mask as a bias, scores every pair of the sequence, and on CUDA takes
+        the keys and values repeated to every query head (transformers/integrations/sdpa_attention.py
+        ``use_gqa_in_sdpa``)."""
+        return self.masked or 0 < self.sliding_window <= seq
 
     @property
     def linear(self) -> bool:

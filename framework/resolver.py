@@ -51,7 +51,7 @@ from ndcost.values import (
     TimeBreakdown,  # the one message for an unregistered plugin name
     frozen_mapping,
 )
-from ndcost.work import KindWork
+from ndcost.work import ANALYTIC_FLOPS, KindWork
 
 __all__ = ["resolve", "CostModel", "BatchResult", "CENSUS_MODES", "CensusFallbackWarning"]
 
@@ -372,7 +372,8 @@ class CostModel:
             # the time model places MTP layers with the head only where the runtime builds them, as memory does
             self.resolved.model_work[seq] = attrs.evolve(
                 work, attention_kernel=self._attention_kernel(), selective_rerun_collectives=self._selective_rerun,
-                mtp_kinds=work.mtp_kinds if self.tables.builds_mtp else (), work=self._repeated_kv(work.work))
+                mtp_kinds=work.mtp_kinds if self.tables.builds_mtp else (),
+                work=self._repeated_kv(self._masked_sdpa(work.work, seq)))
             self.resolved.flops_sources[seq] = sources
         return self.resolved.model_work[seq]
 
@@ -416,6 +417,13 @@ class CostModel:
                 attrs.evolve(work, kv_elements_per_token=work.kv_elements_per_token * copies[kind],
                              kv_copies=copies[kind])
                 for kind, work in works.items()}
+
+    def _masked_sdpa(self, works: Mapping[str, KindWork], seq: int) -> Dict[str, KindWork]:
+        """Each analytic kind's work where the runtime's SDPA call is handed a mask (:meth:`KindWork.masked_sdpa`)."""
+        if self._attention_kernel() != "sdpa":
+            return dict(works)
+        return {kind: work.masked_sdpa(seq) if work.has_attention and work.source.startswith(ANALYTIC_FLOPS)
+                and self.spec.kind(kind).sdpa_masked(seq) else work for kind, work in works.items()}
 
     def _built_kinds(self) -> List[str]:
         """The kinds the runtime builds a layer of: the stack's, and the MTP layers' where it builds them."""

@@ -252,6 +252,9 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
                                                           runtime=runtime, use_cache=use_cache))
     census_output, output_why = _attempt(functools.partial(registry.get("census/output_record"), spec, seq,
                                                            runtime=runtime, use_cache=use_cache))
+    kernel, _ = _attempt(functools.partial(formulas.attention_kernel, spec, runtime))
+    found = registry.find(f"attention_kernel/{kernel}") if kernel else None
+    eager = bool(found is not None and found.materializes_scores)  # it scores every pair
     ours_works: Dict[str, Any] = {}
     theirs_works: Dict[str, Any] = {}
     formula_output = None
@@ -271,6 +274,11 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
                              routed if routed and routed[0] else None)
         by_part = count.by_kind.get(kind)
         work_ours, work_ours_why = _attempt(functools.partial(analytic.kind_work, spec, kind, seq, ours, by_part))
+        if work_ours is not None and work_ours.has_attention:  # the pairs the runtime's kernel computes
+            if kernel == "sdpa" and spec.kind(kind).sdpa_masked(seq):
+                work_ours = work_ours.masked_sdpa(seq)  # as the resolver prices it
+            elif eager:
+                work_ours = work_ours.every_pair(seq)  # as the time model prices eager attention
         work_theirs, work_theirs_why = (None, theirs_why) if theirs is None else _attempt(
             functools.partial(measured.kind_work, spec, kind, seq, theirs, by_part))
         if work_ours is not None:

@@ -1038,14 +1038,6 @@ def runtime_attention(spec: ModelSpec, profile: Any) -> str:
     return kernel
 
 
-def sdpa_masked(info: Any, seq: int) -> bool:
-    """Whether Transformers hands a layer of kind *info* a mask at *seq* tokens under SDPA, where it would
-    otherwise pass none and ``is_causal``: a sliding window the sequence reaches
-    (``masking_utils._ignore_causal_mask_sdpa``: ``kv_length >= local_attention_size``), and DeepSeek-V3.2's
-    sparse attention, whose model always builds the causal mask its indexer's selection is folded into."""
-    return info.attention == "dsa" or 0 < info.sliding_window <= seq
-
-
 def runtime_repeats_kv(spec: ModelSpec, profile: Any) -> bool:
     """Whether *spec*'s attention under the runtime *profile* takes keys and values repeated to every query head.
 
@@ -1104,9 +1096,7 @@ def values_for(spec: ModelSpec, kind: str, *, seq: Optional[int] = None, strateg
                  ulysses=int(algo == "ulysses"))
     if strategy is not None:
         given["bytes_act"] = DTYPES[strategy.compute]
-    if attention == "sdpa" and sdpa_masked(spec.kind(kind), given["s"]):
-        # transformers/integrations/sdpa_attention.py use_gqa_in_sdpa: with a mask on CUDA the keys and values
-        # are repeated to every query head before the kernel
+    if attention == "sdpa" and spec.kind(kind).sdpa_masked(given["s"]):  # the kernel keeps the mask, repeated K/V
         given.update(mask_bias=1, kv_repeated=1)
     for name in ("s", "b", "tp", "cp", "etp"):
         if given[name] < 1:

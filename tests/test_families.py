@@ -235,3 +235,15 @@ def test_supports_sdpa_is_transformers_own(model_type):
     modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
     cls = getattr(modeling, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
     assert family_for(model_type).supports_sdpa == bool(cls._supports_sdpa)
+
+
+def test_mistral_and_phi3_layers_attend_within_the_configs_window():
+    """MistralModel and Phi3Model mask every layer by config.sliding_window where it is set: the config class's
+    default where a config leaves it out (Transformers' own), none where it states null."""
+    transformers = pytest.importorskip("transformers")
+    from ndcost.models import load_model
+    for model_type, config_class in (("mistral", transformers.MistralConfig), ("phi3", transformers.Phi3Config)):
+        default = config_class().sliding_window
+        assert load_model({"model_type": model_type}).kind("dense").sliding_window == (default or 0)
+        assert load_model({"model_type": model_type, "sliding_window": 1024}).kind("dense").sliding_window == 1024
+        assert load_model({"model_type": model_type, "sliding_window": None}).kind("dense").sliding_window == 0

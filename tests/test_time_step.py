@@ -255,3 +255,29 @@ def test_bubble_one_f_one_b_interleaved_dualpipev():
     assert r.bubble_seconds[2] / r.bubble_seconds[0] == pytest.approx(1 / 3, rel=1e-3)
     np.testing.assert_allclose(r.step_seconds, r.compute_seconds + r.exposed_communication_seconds
                                + r.bubble_seconds + r.optimizer_seconds, rtol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# an SDPA call handed a mask (LayerKind.sdpa_masked)
+# ---------------------------------------------------------------------------
+def test_a_masked_sdpa_scores_every_pair_and_launches_what_the_census_counts():
+    """Mistral-7B under hf-cuda: MistralModel masks every layer by its 4,096-token window, and from 4,096 tokens on
+    (transformers' masking_utils._ignore_causal_mask_sdpa) hands SDPA that mask, so the kernel scores all s^2 pairs
+    (QK and PV: 4 x 32 heads x 128 FLOPs a pair), where below the window it runs is_causal over the causal pairs."""
+    import ndcost
+    from ndcost.work import window_pairs
+
+    model = ndcost.resolve("mistral-7b-v0.1", census="off")
+    for seq in (4096, 8192):
+        work = model.model_work(seq).work["dense"]
+        assert work.score_flops_per_pair * window_pairs(seq, 4096) == pytest.approx(4 * 32 * 128 * seq * seq,
+                                                                                     rel=1e-12)
+    below = model.model_work(2048).work["dense"]
+    assert below.score_flops_per_pair == 4 * 32 * 128
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    # the launches: what the census counts running Transformers' layer at 4,096 tokens
+    census = ndcost.resolve("mistral-7b-v0.1", census="on")
+    census.record_tables(4096)
+    counted = sum(census.resolved.kind_records[4096][0]["dense"].traffic["launches"].values())
+    assert model.model_work(4096).work["dense"].launches_per_layer == counted

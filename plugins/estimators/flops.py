@@ -22,7 +22,7 @@ from ndcost.errors import InvalidValue, Unpriced
 from ndcost.hookspecs import hookimpl
 from ndcost.layer import LayerKind
 from ndcost.values import FLOP_PARTS, ModelSpec
-from ndcost.work import NORM_ELEMENTS, Gemm, KindWork, ModelWork, window_pairs
+from ndcost.work import ANALYTIC_FLOPS, NORM_ELEMENTS, Gemm, KindWork, ModelWork, window_pairs
 
 # The census's parts, by the op class the time model prices them as.
 _ATTENTION_MM_PARTS = ("attention",)
@@ -36,6 +36,8 @@ ROTARY_ELEMENTS = 10      # rotate_half (negate, concatenate), two products with
 ROTARY_TABLE_READS = 4    # and a token's cos and sin, each read by the queries' product and the keys'
 RESIDUAL_ELEMENTS = 3     # two reads, one write
 GATED_ACT_ELEMENTS = 5    # SiLU (read, write), times up (two reads, one write)
+EXPERT_BIAS_ELEMENTS = 5  # an expert's bias: gathered for its token copy (read, write), added (two reads, a write)
+FUSED_EXPERT_BIAS_ELEMENTS = 3
 PLAIN_ACT_ELEMENTS = {"gelu_new": 16, "gelu_fast": 16, "quick_gelu": 8}  # Python-composed GELUs; fused ones: 2
 # Under torch.compile (Strategy.compile) each chain of pointwise ops between matmuls reads its inputs and writes
 # its outputs once: a norm, a rotary embedding 2 elements an element (read, write), a gated activation 3 (gate and
@@ -60,9 +62,13 @@ ACT_LAUNCHES = {"gated": 2, "gelu_new": 8, "gelu_fast": 8, "quick_gelu": 3}  # g
 # then each chunk of 64 tokens: four matmuls, a subtraction, two adds, a product and the output's copy.
 LINEAR_ATTENTION_LAUNCHES = 60
 LINREC_LAUNCHES_PER_CHUNK = 9
-# An eager MoE block outside its expert matmuls (an estimate): the router's softmax, top-k and renormalization
-# (3), the tokens' sort, counts and offsets, gather, the weighting and scatter back (8).
-MOE_ROUTING_LAUNCHES = 11
+# An eager MoE block outside its expert matmuls and activation, Transformers' softmax router and grouped_mm experts
+# (transformers/integrations/moe.py grouped_mm_experts_forward): the router's softmax, top-k, renormalization and
+# cast; the copies' sort, source rows, gathers of the hidden states and the weights, histogram and offsets; the
+# weighting, the inverse permutation, the gather back and the sum over a token's copies. The census counts 18 on
+# Qwen3-30B-A3B's and Mixtral-8x7B's layers under hf-cuda (73 and 57 a layer, the analytic count 7 short of each
+# with 11); a group-limited router (DeepSeek-V3's) launches more, which the analytic count leaves out.
+MOE_ROUTING_LAUNCHES = 18
 
 
 # ---------------------------------------------------------------------------
@@ -124,12 +130,15 @@ def _family_elements(spec: ModelSpec) -> Dict[str, Any]:
     """A norm's and the rotary's elements an element for *spec*'s family.
 
     The Llama figures above unless the family states others (``Family.elementwise_elements``;
-    ``rotary_table``: 2-byte elements a cos or sin element, 2 where fp32).
+    ``rotary_table``: 2-byte elements a cos or sin element, 2 where fp32; ``expert_act`` and
+    ``expert_act_launches``: a routed expert's activation, elements an expert-width element of a token copy and
+    kernels, where it is not the feed-forward's, None otherwise).
     """
     from ndcost.models import family_for
     stated = dict(getattr(family_for(spec.model_type), "elementwise_elements", None) or {})
     return {"norm": stated.get("norm", NORM_ELEMENTS), "rotary": stated.get("rotary", ROTARY_ELEMENTS),
-            "rotary_table": stated.get("rotary_table", 1)}
+            "rotary_table": stated.get("rotary_table", 1), "expert_act": stated.get("expert_act"),
+            "expert_act_launches": stated.get("expert_act_launches")}
 
 
 def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
@@ -241,14 +250,23 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
         splits["router"] = ["none"]
         shared_width = spec.shared_expert_intermediate_size or (
             (spec.num_shared_experts or 0) * width)
-        out["launches"] += MOE_ROUTING_LAUNCHES + _act_launches(info)
+        expert_act = _act_elements(info) if family["expert_act"] is None else family["expert_act"]
+        out["launches"] += MOE_ROUTING_LAUNCHES + (
+            _act_launches(info) if family["expert_act_launches"] is None else family["expert_act_launches"])
+        if spec.extra.get("expert_bias"):
+            # transformers/integrations/moe.py grouped_mm_experts_forward: each grouped GEMM gathers its token
+            # copies' experts' biases (read, write) and adds them (two reads, one write); compiled, one pass
+            biased = top_k * ((matrices - 1) * width + h)
+            out["elementwise"] += EXPERT_BIAS_ELEMENTS * biased
+            out["fused_elementwise"] += FUSED_EXPERT_BIAS_ELEMENTS * biased
+            out["launches"] += 2 * 2
         if shared_width:
             mm["shared"] = [(h, shared_width, 1)] * (matrices - 1) + [(shared_width, h, 1)]
             splits["shared"] = ["column"] * (matrices - 1) + ["row"]
             out["launches"] += _act_launches(info) + 1  # and its sum with the routed output
         out["experts_per_token"] = top_k
         act = top_k * width + shared_width
-        out["elementwise"] += _act_elements(info) * act + 4 * top_k * h  # activation, (un)permute
+        out["elementwise"] += expert_act * top_k * width + _act_elements(info) * shared_width + 4 * top_k * h
         out["fused_elementwise"] += _fused_act_elements(info) * act + 4 * top_k * h  # copies as eager
     else:
         width = spec.intermediate_size
@@ -342,7 +360,7 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
     if measured:
         flops, at, source = dict(record.flops_by_part), int(record.seq), f"census flops ({record.source})"
     else:
-        flops, at, source = analytic_flops(spec, kind, seq), int(seq), "analytic flops"
+        flops, at, source = analytic_flops(spec, kind, seq), int(seq), ANALYTIC_FLOPS
     # a family's sparse kernel gathers a number of entries that depends on the sequence (the work is made at each)
     window = int(shapes["window_at"](at)) if shapes.get("window_at") else _window(spec.kind(kind))
     unknown = sorted(set(flops) - set(FLOP_PARTS))

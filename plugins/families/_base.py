@@ -117,6 +117,7 @@ class DecoderFamily(Family):
             mechanism_class=info.get("mechanism_class"),
             qk_norm=bool(extra.get("qk_norm", False)), output_gate=bool(extra.get("output_gate", False)),
             sinks=bool(extra.get("sinks", False)), rotary=self.rotary, sliding_window=int(window),
+            masked=bool(extra.get("masked", False)),
             mlp_matrices=int(extra.get("ffn_matrices", 3)),
             activation=str(config.get("hidden_act") or config.get("activation_function") or "gelu"),
             attention_dropout=_probability(config, ATTENTION_DROPOUT_KEYS, self.default_dropout),

@@ -34,7 +34,9 @@ class DeepseekV32Family(DeepseekV3Family):
         if r.optional_int("q_lora_rank") is None:
             raise InvalidValue(f"{self.name} config: the indexer needs q_lora_rank (a query latent); "
                                f"it is None")
-        return {"index_n_heads": r.int("index_n_heads"), "index_head_dim": r.int("index_head_dim")}
+        # DeepseekV32Model always builds the causal mask (allow_is_causal_skip=False), and each layer's attention
+        # adds its indexer's top-k selection to it: an explicit mask at every length
+        return {"index_n_heads": r.int("index_n_heads"), "index_head_dim": r.int("index_head_dim"), "masked": True}
 
     def published_total(self, spec, total, buffers):
         """Only where the spec states one: V3.2's card quotes its size with the MTP layer."""

@@ -30,7 +30,10 @@ class GptOssFamily(DecoderFamily):
     # its rotary tables hold one frequency a pair of channels (GptOssRotaryEmbedding.forward: emb = freqs)
     op_record_values = {"norm_bytes": 8, "calls_known": 1, "router_bias": 1, "softmax_upcast": 0,
                         "expert_act_widths": 6, "rotary_table_fraction": 0.5}
-    elementwise_elements = {"norm": 20}
+    # its experts' GptOssExperts._apply_gate, eager: the two clamps, gate * alpha and its sigmoid (each a read and
+    # a write), their product and (up + 1) * glu (two reads, a write each), up + 1 (a read, a write): 16 elements an
+    # expert-width element in 7 kernels, where SiLU times up moves 5 in 2
+    elementwise_elements = {"norm": 20, "expert_act": 16, "expert_act_launches": 7}
     defaults = dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880,
                     intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
                     tie_word_embeddings=False, max_position_embeddings=131072, num_experts_per_tok=4,
