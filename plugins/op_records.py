@@ -1038,6 +1038,18 @@ def runtime_attention(spec: ModelSpec, profile: Any) -> str:
     return kernel
 
 
+def runtime_eager_linear_rule(spec: ModelSpec, profile: Any) -> bool:
+    """Whether *spec*'s linear attention under the runtime *profile* runs Transformers' torch reference chunked
+    delta rule (``linrec_eager``): unless a contract the profile installs for it stands for the rule
+    (``Contract.linear_rule``, flash-linear-attention's). Without a profile, as a plain install runs it."""
+    if profile is None:
+        return True
+    from ndcost import manager
+    registry = manager.registry()
+    return not any(getattr(registry.find(f"contract/{name}"), "linear_rule", False)
+                   for name in profile.contracts_for(spec.model_type))
+
+
 def runtime_repeats_kv(spec: ModelSpec, profile: Any) -> bool:
     """Whether *spec*'s attention under the runtime *profile* takes keys and values repeated to every query head.
 

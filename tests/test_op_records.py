@@ -438,16 +438,26 @@ def test_linear_attention_layers():
     assert R.layer_slots(values) == {"linear_proj": "attention", "linrec": "attention", "norm": "norm",
                                      "router": "router", "shared": "shared", "routed": "routed"}
     conv = 2 * 16 * 128 + 32 * 128
-    # input; conv input and its SiLU's input; fp32 beta and decay gates; out_proj input
-    assert R.slot_bytes(values, "linear_proj") == s * 2048 * 2 + (s * 2 * conv * 2 + s * 2 * 32 * 4 +
+    # input; conv input and its SiLU's input; the gates (Qwen3NextGatedDeltaNet.forward: b.sigmoid() keeps its
+    # 16-bit output, softplus(a.float() + dt_bias) its fp32 input and the product its fp32 output); out_proj input
+    assert R.slot_bytes(values, "linear_proj") == s * 2048 * 2 + (s * 2 * conv * 2 + s * 32 * (2 + 4 + 4) +
                                                                   s * 32 * 128 * 2) // tp
-    # the rule: q, k repeated to 32 heads, v; fp32 gates; an fp32 128x128 state a value head every 64 tokens
-    assert R.slot_bytes(values, "linrec") == (s * 32 * (2 * 128 + 128) * 2 + s * 2 * 32 * 4 +
-                                              s // 64 * 32 * 128 * 128 * 4) // tp
+    # Transformers' torch reference rule, as a plain install runs it (the measured closed form: 8 key-wide and
+    # 3 value-wide fp32 vectors, 5 fp32 chunk rows and 6 fp32 scalars a value head a token, a chunk's fp32 state
+    # and decay, and a call's [64, 64] boolean mask)
+    assert R.slot_bytes(values, "linrec") == (s * (8 * 128 + 3 * 128 + 5 * 64 + 6) +
+                                              s // 64 * (1 + 128 * 128)) * 32 * 4 // tp + 64 * 64
+    # a fused kernel standing for it: q, k repeated to 32 heads, v; fp32 gates; an fp32 128x128 state a value
+    # head every 64 tokens
+    fused = R.values_for(qwen3_next(), "linear_attention", seq=s, tp=tp, overrides={"linrec_eager": 0})
+    assert R.slot_bytes(fused, "linrec") == (s * 32 * (2 * 128 + 128) * 2 + s * 2 * 32 * 4 +
+                                             s // 64 * 32 * 128 * 128 * 4) // tp
     assert R.ops_bytes(values)["linrec"] == R.slot_bytes(values, "linrec")
     # two hidden norms (Qwen3NextRMSNorm scales in fp32 by 1 + weight: its fp32 input and fp32 scaled tensor,
-    # 8 bytes an element, and an fp32 rsqrt a token each), and the gated norm's input and gate
-    assert R.slot_bytes(values, "norm") == 2 * s * (2048 * 8 + 4) + s * 2 * 32 * 128 * 2 // tp
+    # 8 bytes an element, and an fp32 rsqrt a token each), and the gated norm (Qwen3NextRMSNormGated: an
+    # element's fp32 input, 16-bit normalized value, fp32 gate, 16-bit weighted value and fp32 SiLU output, 16
+    # bytes, and an fp32 rsqrt a head)
+    assert R.slot_bytes(values, "norm") == 2 * s * (2048 * 8 + 4) + s * 32 * (128 * 16 + 4) // tp
     full = R.values_for(qwen3_next(), "full_attention", seq=s, tp=tp, attention="sdpa")
     assert full["qk_norm"] == 1 and full["output_gate"] == 1
     # output gate: its sigmoid and the attention output it scales (16 heads of 256), over TP; the rotary turns a
@@ -459,6 +469,21 @@ def test_linear_attention_layers():
     # QK-norm per head: the queries' and keys' (16 + 2 heads of 256) 8 bytes an element and an rsqrt a head,
     # over TP
     assert R.slot_bytes(full, "norm") == 2 * s * (2048 * 8 + 4) + (s * 18 * 256 * 8 + s * 18 * 4) // tp
+
+
+@pytest.mark.parametrize("seq,key_heads,value_heads,key_width,value_width,chunk",
+                         [(256, 2, 4, 32, 64, 64), (512, 4, 4, 16, 32, 32), (384, 1, 2, 64, 16, 128)])
+def test_the_reference_rule_keeps_what_torch_keeps(seq, key_heads, value_heads, key_width, value_width, chunk):
+    """The reference rule's terms beside what Transformers' torch_chunk_gated_delta_rule keeps run alone on torch
+    (saved-tensor hooks on fake tensors): its fp32 intermediates and the chunk's [c, c] boolean mask."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from _helpers import eager_delta_rule_kept_bytes
+    values = R.values_for(qwen3_next(), "linear_attention", seq=seq, overrides={
+        "lin_kh": key_heads, "lin_vh": value_heads, "lin_dk": key_width, "lin_dv": value_width,
+        "linrec_chunk": chunk})
+    terms = sum(t[-1] for t in R.term_bytes(values) if t[2] in ("reference_rule", "reference_mask"))
+    assert terms == eager_delta_rule_kept_bytes(seq, key_heads, value_heads, key_width, value_width, chunk=chunk)
 
 
 def test_fused_attention_keeps_statistics_not_scores():

@@ -137,7 +137,10 @@ class Contract:
     ``repeats_kv`` says the SDPA calls it answers take keys and values
     repeated to every query head by the caller (torchtitan's ``repeat_kv``):
     the kernel saves, and ring CP passes, a query head's K/V each, not a KV
-    head's (``op_records.runtime_repeats_kv``).
+    head's (``op_records.runtime_repeats_kv``). ``linear_rule`` says it is a
+    fused chunked delta-rule kernel standing for Transformers' torch reference
+    rule (``op_records.runtime_eager_linear_rule``): the formulas then keep what
+    the kernel keeps, not the reference's every chunk.
     """
 
     name: str = attrs.field(validator=attrs.validators.matches_re(r"^[a-z][a-z0-9_.\-]*$"))
@@ -147,6 +150,7 @@ class Contract:
     device: str = ""
     attention: bool = False
     repeats_kv: bool = False
+    linear_rule: bool = False
 
     def load(self) -> KernelContract:
         """The contract's implementation (imports torch on first use)."""

@@ -53,6 +53,7 @@ CONTRACT = Contract(
           "matrix [b, s, h_v, chunk]; with the L2 norm in the kernel, normalized q and k and fp32 "
           "reciprocal norms [b, s, h_k]",
     device="cuda",
+    linear_rule=True,
 )
 
 

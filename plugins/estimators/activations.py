@@ -136,7 +136,12 @@ class OpRecordsActivations:
     def _overrides(self, spec: ModelSpec, runtime: Optional[str]) -> Dict[str, int]:
         if runtime is None:  # the published formulas' eager attention: Megatron's softmax in the compute dtype
             return {"softmax_upcast": 0}
-        return {"kv_repeated": 1} if self.repeats_kv(spec, runtime) else {}
+        from ndcost.plugins import op_records
+        profile = _registry().find(f"runtime/{runtime}")
+        out = {"kv_repeated": 1} if self.repeats_kv(spec, runtime) else {}
+        if not op_records.runtime_eager_linear_rule(spec, profile):
+            out["linrec_eager"] = 0
+        return out
 
     @staticmethod
     def _policy(runtime: Optional[str]) -> Tuple[str, Any]:

@@ -190,8 +190,12 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
         splits["attention"] = ["column", "column", "row"]
         out["launches"] += LINEAR_ATTENTION_LAUNCHES
         out["launches_per_token"] = LINREC_LAUNCHES_PER_CHUNK / LINREC_CHUNK
-        # chunked delta rule: state update and readout (4 dk dv a head) plus the intra-chunk products
-        out["linrec_per_token"] = float(hv * (4 * dk * dv + 2 * LINREC_CHUNK * (dk + dv)))
+        # Transformers' torch_chunk_gated_delta_rule, a value head a token: the chunk's k_beta k^T and q k^T (2 c dk
+        # each) and its scores times the new values (2 c dv); the state read by the decayed keys and the queries and
+        # its update (2 dk dv each). The triangular solves are not counted (nor by the census's FlopCounterMode);
+        # flash-linear-attention's kernel applies the solved system as matmuls (2 c dk + 2 c dv more:
+        # plugins/contracts/delta_rule.py chunk_rule_flops)
+        out["linrec_per_token"] = float(hv * (6 * dk * dv + 4 * LINREC_CHUNK * dk + 2 * LINREC_CHUNK * dv))
         out["has_attention"] = False
         out["elementwise"] += 4 * value_dim + 2 * (2 * key_dim + 2 * value_dim)  # gating, norm, conv
         out["fused_elementwise"] += 4 * value_dim + 2 * (2 * key_dim + 2 * value_dim)  # priced as eager
