@@ -362,6 +362,10 @@ class Family:
     # Transformers' Llama modules (plugins/estimators/flops.py): ``norm`` (18), ``rotary`` (10), ``rotary_table``
     # (1: a bf16 cos or sin element; 2 where fp32).
     elementwise_elements: Mapping[str, int] = {}
+    # Kernels a forward launches where the family's modules launch other than the analytic estimator's counts
+    # (plugins/estimators/flops.py): ``router`` (its MoE router, from its linear to the copies' weights; a softmax
+    # router's 7) and ``expert_act`` (a routed expert's activation; SiLU times up's 2).
+    kernel_launches: Mapping[str, int] = {}
     # The base model's modules its forward runs between the last layer and the final norm, in order (DeepSeek-V4's
     # ``hc_head``, folding the hyper-connection streams into one): the output layer's census runs them on what the
     # last layer hands on, ``[1, s, streams, h]`` with ``streams`` the config field ``output_streams`` names

@@ -281,3 +281,23 @@ def test_a_masked_sdpa_scores_every_pair_and_launches_what_the_census_counts():
     census.record_tables(4096)
     counted = sum(census.resolved.kind_records[4096][0]["dense"].traffic["launches"].values())
     assert model.model_work(4096).work["dense"].launches_per_layer == counted
+
+
+@pytest.mark.parametrize("config", [
+    {"model_type": "qwen3_moe", "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64,
+     "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8,
+     "num_experts_per_tok": 2, "vocab_size": 256, "norm_topk_prob": True},
+    {"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 64, "num_hidden_layers": 1,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 8, "num_experts_per_tok": 2,
+     "vocab_size": 256, "sliding_window": None},
+])
+def test_a_moe_layers_analytic_launches_are_what_transformers_launches(config):
+    """The kernels one MoE layer's forward launches under hf-cuda, counted without a census (the analytic
+    estimator's softmax router renormalizing its top-k, as Qwen3-30B-A3B's and Mixtral's do, grouped_mm dispatch
+    and SiLU experts) and by the census running Transformers' layer (its dispatcher's launch counter)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import ndcost
+    analytic = ndcost.resolve(config, census="off").model_work(256).work["moe"].launches_per_layer
+    measured = ndcost.resolve(config, census="on").model_work(256).work["moe"].launches_per_layer
+    assert analytic == measured

@@ -62,13 +62,15 @@ ACT_LAUNCHES = {"gated": 2, "gelu_new": 8, "gelu_fast": 8, "quick_gelu": 3}  # g
 # then each chunk of 64 tokens: four matmuls, a subtraction, two adds, a product and the output's copy.
 LINEAR_ATTENTION_LAUNCHES = 60
 LINREC_LAUNCHES_PER_CHUNK = 9
-# An eager MoE block outside its expert matmuls and activation, Transformers' softmax router and grouped_mm experts
-# (transformers/integrations/moe.py grouped_mm_experts_forward): the router's softmax, top-k, renormalization and
-# cast; the copies' sort, source rows, gathers of the hidden states and the weights, histogram and offsets; the
-# weighting, the inverse permutation, the gather back and the sum over a token's copies. The census counts 18 on
-# Qwen3-30B-A3B's and Mixtral-8x7B's layers under hf-cuda (73 and 57 a layer, the analytic count 7 short of each
-# with 11); a group-limited router (DeepSeek-V3's) launches more, which the analytic count leaves out.
-MOE_ROUTING_LAUNCHES = 18
+# An eager MoE block outside its expert matmuls and activation: Transformers' softmax router (Qwen3-MoE's, Mixtral's:
+# its linear, the softmax to fp32, top-k, renormalization and cast, 7 as the census counts them; 5 without the
+# renormalization, Qwen3MoeConfig's norm_topk_prob=False, which the count leaves out) unless the family
+# states its own (Family.kernel_launches["router"]), and the grouped_mm experts' dispatch
+# (transformers/integrations/moe.py grouped_mm_experts_forward: the copies' sort, source rows, gathers of the hidden
+# states and the weights, histogram and offsets; the weighting, the inverse permutation, the gather back and the sum
+# over a token's copies). The census counts 18 together on Qwen3-30B-A3B's and Mixtral-8x7B's layers under hf-cuda.
+MOE_ROUTER_LAUNCHES = 7
+MOE_DISPATCH_LAUNCHES = 11
 
 
 # ---------------------------------------------------------------------------
@@ -130,15 +132,16 @@ def _family_elements(spec: ModelSpec) -> Dict[str, Any]:
     """A norm's and the rotary's elements an element for *spec*'s family.
 
     The Llama figures above unless the family states others (``Family.elementwise_elements``;
-    ``rotary_table``: 2-byte elements a cos or sin element, 2 where fp32; ``expert_act`` and
-    ``expert_act_launches``: a routed expert's activation, elements an expert-width element of a token copy and
-    kernels, where it is not the feed-forward's, None otherwise).
+    ``rotary_table``: 2-byte elements a cos or sin element, 2 where fp32; ``expert_act``: a routed expert's
+    activation, elements an expert-width element of a token copy, where it is not the feed-forward's, else None),
+    and ``launches``, the family's ``kernel_launches``.
     """
     from ndcost.models import family_for
-    stated = dict(getattr(family_for(spec.model_type), "elementwise_elements", None) or {})
+    family = family_for(spec.model_type)
+    stated = dict(getattr(family, "elementwise_elements", None) or {})
     return {"norm": stated.get("norm", NORM_ELEMENTS), "rotary": stated.get("rotary", ROTARY_ELEMENTS),
             "rotary_table": stated.get("rotary_table", 1), "expert_act": stated.get("expert_act"),
-            "expert_act_launches": stated.get("expert_act_launches")}
+            "launches": dict(getattr(family, "kernel_launches", None) or {})}
 
 
 def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
@@ -255,8 +258,9 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
         shared_width = spec.shared_expert_intermediate_size or (
             (spec.num_shared_experts or 0) * width)
         expert_act = _act_elements(info) if family["expert_act"] is None else family["expert_act"]
-        out["launches"] += MOE_ROUTING_LAUNCHES + (
-            _act_launches(info) if family["expert_act_launches"] is None else family["expert_act_launches"])
+        launches = family["launches"]
+        out["launches"] += (launches.get("router", MOE_ROUTER_LAUNCHES) + MOE_DISPATCH_LAUNCHES
+                            + launches.get("expert_act", _act_launches(info)))
         if spec.extra.get("expert_bias"):
             # transformers/integrations/moe.py grouped_mm_experts_forward: each grouped GEMM gathers its token
             # copies' experts' biases (read, write) and adds them (two reads, one write); compiled, one pass

@@ -22,6 +22,10 @@ class DeepseekV3Family(DecoderFamily):
     model_types = ("deepseek_v3",)
     # its layers make the calls specs/op_records.yaml lists; the router casts to fp32 before its matmul
     op_record_values = {"calls_known": 1, "router_logit_bytes": 4}
+    # its group-limited router (DeepseekV3TopkRouter.forward): the casts to fp32, the linear, the sigmoid and the
+    # bias, the groups' top-2 and sum, their top-k, the group mask (zeros, scatter, expanded copy, its negation),
+    # the masked fill, the top-k, the weights' gather, sum, epsilon, division and scaling
+    kernel_launches = {"router": 19}
     attention = "mla"
     defaults = dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
                     num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
