@@ -51,7 +51,7 @@ from ndcost.values import (
     TimeBreakdown,  # the one message for an unregistered plugin name
     frozen_mapping,
 )
-from ndcost.work import ANALYTIC_FLOPS, KindWork
+from ndcost.work import ANALYTIC_FLOPS, EAGER_ATTENTION_LAUNCHES, KindWork
 
 __all__ = ["resolve", "CostModel", "BatchResult", "CENSUS_MODES", "CensusFallbackWarning"]
 
@@ -373,7 +373,7 @@ class CostModel:
             self.resolved.model_work[seq] = attrs.evolve(
                 work, attention_kernel=self._attention_kernel(), selective_rerun_collectives=self._selective_rerun,
                 mtp_kinds=work.mtp_kinds if self.tables.builds_mtp else (),
-                work=self._repeated_kv(self._masked_sdpa(work.work, seq)))
+                work=self._repeated_kv(self._as_run(work.work, seq)))
             self.resolved.flops_sources[seq] = sources
         return self.resolved.model_work[seq]
 
@@ -418,12 +418,28 @@ class CostModel:
                              kv_copies=copies[kind])
                 for kind, work in works.items()}
 
-    def _masked_sdpa(self, works: Mapping[str, KindWork], seq: int) -> Dict[str, KindWork]:
-        """Each analytic kind's work where the runtime's SDPA call is handed a mask (:meth:`KindWork.masked_sdpa`)."""
-        if self._attention_kernel() != "sdpa":
+    def _as_run(self, works: Mapping[str, KindWork], seq: int) -> Dict[str, KindWork]:
+        """Each analytic kind's work as the runtime's attention kernel runs it: an SDPA call handed a mask
+        (:meth:`KindWork.masked_sdpa`), or Transformers' eager attention (:meth:`KindWork.eager_attention`). A census's
+        work is what ran."""
+        kernel = self._attention_kernel()
+        found = _registry().find(f"attention_kernel/{kernel}") if kernel else None
+        eager = bool(found is not None and found.materializes_scores)
+        if kernel != "sdpa" and not eager:
             return dict(works)
-        return {kind: work.masked_sdpa(seq) if work.has_attention and work.source.startswith(ANALYTIC_FLOPS)
-                and self.spec.kind(kind).sdpa_masked(seq) else work for kind, work in works.items()}
+        launches = self._family.kernel_launches.get("eager_attention", EAGER_ATTENTION_LAUNCHES)
+        heads, kv_heads = self.spec.num_attention_heads, self.spec.num_key_value_heads or self.spec.num_attention_heads
+        out = {}
+        for kind, work in works.items():
+            info = self.spec.kind(kind)
+            if work.has_attention and work.source.startswith(ANALYTIC_FLOPS) and not info.linear:
+                if kernel == "sdpa" and info.sdpa_masked(seq):
+                    work = work.masked_sdpa(seq)
+                elif eager and info.attention_class in ("softmax", "latent"):
+                    work = work.eager_attention(launches, repeats_kv=info.attention_class == "softmax"
+                                                and kv_heads < heads)
+            out[kind] = work
+        return out
 
     def _built_kinds(self) -> List[str]:
         """The kinds the runtime builds a layer of: the stack's, and the MTP layers' where it builds them."""

@@ -47,6 +47,12 @@ ANALYTIC_FLOPS = "analytic flops"
 # and SDPA's turning the boolean mask into the kernel's additive bias; the census counts 6 on Mistral-7B's layer
 # under hf-cuda at 4,096 tokens (44 against the 38 of the same layer unmasked: attention 18 and 14, scores 3 and 1)
 MASKED_SDPA_LAUNCHES = 6
+# The kernels Transformers' eager_attention_forward launches beyond an SDPA call's one (modeling_llama.py): the scores'
+# matmul, scaling, mask addition, softmax to fp32 and cast back, dropout and the context's matmul; the census counts
+# 7 more on a Llama layer under hf-cuda-eager than under hf-cuda (45 against 38 a layer), and 2 more again where
+# repeat_kv copies the keys and values to the query heads (GQA)
+EAGER_ATTENTION_LAUNCHES = 7
+REPEAT_KV_LAUNCHES = 2
 GEMM_CLASSES = ("attention", "other", "routed")  # the KindWork FLOPs field each prices
 GEMM_SPLITS = ("none", "column", "row")          # what TP (ETP for routed experts) divides: nothing, out, in
 
@@ -167,6 +173,13 @@ class KindWork:
         analytic FLOPs count the causal or windowed ones, and the layer launches :data:`MASKED_SDPA_LAUNCHES`
         more. A census's work is what ran already (its FLOPs a pair are over the windowed pairs, as here)."""
         return attrs.evolve(self.every_pair(seq), launches_per_layer=self.launches_per_layer + MASKED_SDPA_LAUNCHES)
+
+    def eager_attention(self, launches: int = EAGER_ATTENTION_LAUNCHES, repeats_kv: bool = False) -> "KindWork":
+        """This work (the analytic estimator's) under Transformers' eager attention: *launches* more kernels than
+        an SDPA call (a family may state its own: ``Family.kernel_launches["eager_attention"]``), and repeat_kv's
+        copies where the keys and values are repeated (the time model prices its scores over every pair)."""
+        return attrs.evolve(self, launches_per_layer=self.launches_per_layer + launches
+                            + (REPEAT_KV_LAUNCHES if repeats_kv else 0))
 
     def every_pair(self, seq: int) -> "KindWork":
         """This work (the analytic estimator's, at *seq* tokens) with its scores' FLOPs over every pair of the

@@ -283,6 +283,28 @@ def test_a_masked_sdpa_scores_every_pair_and_launches_what_the_census_counts():
     assert model.model_work(4096).work["dense"].launches_per_layer == counted
 
 
+_TINY_LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 1,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}
+_TINY_GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 128, "intermediate_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_local_experts": 8,
+                 "num_experts_per_tok": 2, "vocab_size": 256, "sliding_window": 64,
+                 "layer_types": ["sliding_attention", "full_attention"]}
+
+
+@pytest.mark.parametrize("config,runtime,kind", [
+    (_TINY_LLAMA, "hf-cuda-eager", "dense"), (dict(_TINY_LLAMA, num_key_value_heads=4), "hf-cuda-eager", "dense"),
+    (_TINY_GPT_OSS, "hf-cuda", "full_attention")])
+def test_eager_attentions_analytic_launches_are_what_transformers_launches(config, runtime, kind):
+    """Transformers' eager attention (Llama's, with and without repeat_kv's copies; GPT-OSS's with its sinks, its
+    own rotary and router and clamped experts): the layer's kernels counted without a census and by the census."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import ndcost
+    analytic = ndcost.resolve(config, runtime=runtime, census="off").model_work(256).work[kind]
+    measured = ndcost.resolve(config, runtime=runtime, census="on").model_work(256).work[kind]
+    assert analytic.launches_per_layer == measured.launches_per_layer
+
+
 @pytest.mark.parametrize("config", [
     {"model_type": "qwen3_moe", "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64,
      "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8,

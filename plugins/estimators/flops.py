@@ -160,6 +160,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     family = _family_elements(spec)
     norm_elements, rotary_elements = family["norm"], family["rotary"]
     table_reads = ROTARY_TABLE_READS * family["rotary_table"]  # 2-byte elements a rotated width
+    rotary_launches = family["launches"].get("rotary", ROTARY_LAUNCHES)
     described = None
     if info.attention_class == "other":
         described = _family_attention(spec, info, norm_elements)
@@ -220,7 +221,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
                                 (heads * vdim, h, 1)]
             splits["attention"] += ["none", "column", "row"]
             # the kv norm, rotary on the rope parts of q and k, the key's concatenation, the kernel
-            out["launches"] += NORM_LAUNCHES + (2 * ROTARY_LAUNCHES if rotary else 0) + 2 + 1
+            out["launches"] += NORM_LAUNCHES + (2 * rotary_launches if rotary else 0) + 2 + 1
             out["score_per_pair"] = float(2 * heads * qk + 2 * heads * vdim)
             out["heads"] = (heads, qk, vdim)
             out["query_elements"] = heads * qk
@@ -234,7 +235,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             mm["attention"] = [(h, gate * heads * d, 1), (h, kv * d, 1), (h, kv * d, 1), (heads * d, h, 1)]
             splits["attention"] = ["column", "column", "column", "row"]
             # rotary on q and k, q/k norms, the kernel, an output gate's sigmoid and product
-            out["launches"] += ((2 * ROTARY_LAUNCHES if rotary else 0) + (2 * NORM_LAUNCHES if info.qk_norm else 0)
+            out["launches"] += ((2 * rotary_launches if rotary else 0) + (2 * NORM_LAUNCHES if info.qk_norm else 0)
                                 + 1 + (2 if info.output_gate else 0))
             out["score_per_pair"] = float(4 * heads * d)
             out["heads"] = (heads, d, d)

@@ -34,8 +34,11 @@ class GptOssFamily(DecoderFamily):
     # a write), their product and (up + 1) * glu (two reads, a write each), up + 1 (a read, a write): 16 elements an
     # expert-width element in 7 kernels, where SiLU times up moves 5 in 2
     elementwise_elements = {"norm": 20, "expert_act": 16}
-    # its router (GptOssTopKRouter.forward): the linear with its bias, top-k over the logits, the softmax of the k
-    kernel_launches = {"router": 3, "expert_act": 7}
+    # its router (GptOssTopKRouter.forward): the linear with its bias, top-k over the logits, the softmax of the k;
+    # its _apply_rotary_emb: two products and their difference, two more and their sum, the concatenation; its eager
+    # attention beyond an SDPA call: Llama's 7 (ndcost.work.EAGER_ATTENTION_LAUNCHES) and the sinks' concatenation,
+    # max and subtraction, its softmax in the compute dtype (no cast back) and no dropout kernel: 8 as the census counts
+    kernel_launches = {"router": 3, "expert_act": 7, "rotary": 7, "eager_attention": 8}
     defaults = dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880,
                     intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
                     tie_word_embeddings=False, max_position_embeddings=131072, num_experts_per_tok=4,
