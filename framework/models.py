@@ -365,7 +365,8 @@ class Family:
     # Kernels a forward launches where the family's modules launch other than the analytic estimator's counts
     # (plugins/estimators/flops.py): ``router`` (its MoE router, from its linear to the copies' weights; a softmax
     # router's 7), ``expert_act`` (a routed expert's activation; SiLU times up's 2), ``rotary`` (a rotated tensor;
-    # rotate_half's 5) and ``eager_attention`` (its eager attention beyond an SDPA call;
+    # rotate_half's 5), ``norm`` (an RMSNorm; LlamaRMSNorm's 8), ``shared_gate`` (a gate scaling the shared experts'
+    # output; none) and ``eager_attention`` (its eager attention beyond an SDPA call;
     # ndcost.work.EAGER_ATTENTION_LAUNCHES).
     kernel_launches: Mapping[str, int] = {}
     # The base model's modules its forward runs between the last layer and the final norm, in order (DeepSeek-V4's

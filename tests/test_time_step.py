@@ -289,37 +289,36 @@ _TINY_GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 128, "intermediate_size
                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_local_experts": 8,
                  "num_experts_per_tok": 2, "vocab_size": 256, "sliding_window": 64,
                  "layer_types": ["sliding_attention", "full_attention"]}
+# routers renormalizing their top-k, as Qwen3-30B-A3B's and Mixtral's do
+_TINY_QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 128, "intermediate_size": 256,
+                   "moe_intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2,
+                   "vocab_size": 256, "norm_topk_prob": True}
+_TINY_MIXTRAL = {"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 64, "num_hidden_layers": 1,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 8, "num_experts_per_tok": 2,
+                 "vocab_size": 256, "sliding_window": None}
+_TINY_QWEN3_5 = {"model_type": "qwen3_5_text", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 256,
+                 "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
+                 "linear_value_head_dim": 32, "layer_types": ["linear_attention", "full_attention"]}
+_TINY_QWEN3_5_MOE = dict(_TINY_QWEN3_5, model_type="qwen3_5_moe_text", moe_intermediate_size=64,
+                         shared_expert_intermediate_size=64, num_experts=8, num_experts_per_tok=2)
 
 
 @pytest.mark.parametrize("config,runtime,kind", [
     (_TINY_LLAMA, "hf-cuda-eager", "dense"), (dict(_TINY_LLAMA, num_key_value_heads=4), "hf-cuda-eager", "dense"),
-    (_TINY_GPT_OSS, "hf-cuda", "full_attention")])
-def test_eager_attentions_analytic_launches_are_what_transformers_launches(config, runtime, kind):
-    """Transformers' eager attention (Llama's, with and without repeat_kv's copies; GPT-OSS's with its sinks, its
-    own rotary and router and clamped experts): the layer's kernels counted without a census and by the census."""
+    (_TINY_GPT_OSS, "hf-cuda", "full_attention"), (_TINY_QWEN3_MOE, "hf-cuda", "moe"),
+    (_TINY_MIXTRAL, "hf-cuda", "moe"), (_TINY_QWEN3_5, "hf-cuda", "linear_attention"),
+    (_TINY_QWEN3_5_MOE, "hf-cuda", "linear_attention")])
+def test_a_layers_analytic_launches_are_what_transformers_launches(config, runtime, kind):
+    """The kernels one layer's forward launches, counted without a census (the analytic estimator's counts, a
+    family's kernel_launches, the runtime's attention as the resolver takes it) and by the census running
+    Transformers' layer: eager attention with and without repeat_kv's copies; GPT-OSS's sinks, rotary, router and
+    clamped experts; a softmax router and the grouped_mm dispatch; a gated delta net's reference rule, its norms
+    (Qwen3NextRMSNorm) and a gated shared expert."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import ndcost
     analytic = ndcost.resolve(config, runtime=runtime, census="off").model_work(256).work[kind]
     measured = ndcost.resolve(config, runtime=runtime, census="on").model_work(256).work[kind]
     assert analytic.launches_per_layer == measured.launches_per_layer
-
-
-@pytest.mark.parametrize("config", [
-    {"model_type": "qwen3_moe", "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64,
-     "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8,
-     "num_experts_per_tok": 2, "vocab_size": 256, "norm_topk_prob": True},
-    {"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 64, "num_hidden_layers": 1,
-     "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 8, "num_experts_per_tok": 2,
-     "vocab_size": 256, "sliding_window": None},
-])
-def test_a_moe_layers_analytic_launches_are_what_transformers_launches(config):
-    """The kernels one MoE layer's forward launches under hf-cuda, counted without a census (the analytic
-    estimator's softmax router renormalizing its top-k, as Qwen3-30B-A3B's and Mixtral's do, grouped_mm dispatch
-    and SiLU experts) and by the census running Transformers' layer (its dispatcher's launch counter)."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    import ndcost
-    analytic = ndcost.resolve(config, census="off").model_work(256).work["moe"].launches_per_layer
-    measured = ndcost.resolve(config, census="on").model_work(256).work["moe"].launches_per_layer
-    assert analytic == measured

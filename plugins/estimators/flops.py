@@ -58,9 +58,10 @@ ROTARY_LAUNCHES = 5         # a rotated tensor: x * cos, rotate_half's neg and c
 ACT_LAUNCHES = {"gated": 2, "gelu_new": 8, "gelu_fast": 8, "quick_gelu": 3}  # gated: act and the product; else 1
 # Qwen3NextGatedDeltaNet.forward and torch_chunk_gated_delta_rule (Transformers 5.x), outside the projections:
 # the convolution and its SiLU, the gates (sigmoid; exp, softplus, products), fp32 copies, the q/k l2 norms,
-# padding, the chunk's decays and masks, two triangular solves, the gated RMSNorm: about 60 (an estimate);
-# then each chunk of 64 tokens: four matmuls, a subtraction, two adds, a product and the output's copy.
-LINEAR_ATTENTION_LAUNCHES = 60
+# padding, the chunk's decays and masks, two triangular solves, the gated RMSNorm: 73 as the census counts them on
+# Qwen3.5's layer under hf-cuda (Transformers 5.x); then each chunk of 64 tokens: four matmuls, a subtraction, two
+# adds, a product and the output's copy.
+LINEAR_ATTENTION_LAUNCHES = 73
 LINREC_LAUNCHES_PER_CHUNK = 9
 # An eager MoE block outside its expert matmuls and activation: Transformers' softmax router (Qwen3-MoE's, Mixtral's:
 # its linear, the softmax to fp32, top-k, renormalization and cast, 7 as the census counts them; 5 without the
@@ -161,6 +162,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     norm_elements, rotary_elements = family["norm"], family["rotary"]
     table_reads = ROTARY_TABLE_READS * family["rotary_table"]  # 2-byte elements a rotated width
     rotary_launches = family["launches"].get("rotary", ROTARY_LAUNCHES)
+    norm_launches = family["launches"].get("norm", NORM_LAUNCHES)
     described = None
     if info.attention_class == "other":
         described = _family_attention(spec, info, norm_elements)
@@ -213,7 +215,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             if spec.q_lora_rank:  # the down-projections are replicated (Megatron's MLA), the up ones split
                 mm["attention"] = [(h, spec.q_lora_rank, 1), (spec.q_lora_rank, heads * qk, 1)]
                 splits["attention"] = ["none", "column"]
-                out["launches"] += NORM_LAUNCHES
+                out["launches"] += norm_launches
             else:
                 mm["attention"] = [(h, heads * qk, 1)]
                 splits["attention"] = ["column"]
@@ -221,7 +223,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
                                 (heads * vdim, h, 1)]
             splits["attention"] += ["none", "column", "row"]
             # the kv norm, rotary on the rope parts of q and k, the key's concatenation, the kernel
-            out["launches"] += NORM_LAUNCHES + (2 * rotary_launches if rotary else 0) + 2 + 1
+            out["launches"] += norm_launches + (2 * rotary_launches if rotary else 0) + 2 + 1
             out["score_per_pair"] = float(2 * heads * qk + 2 * heads * vdim)
             out["heads"] = (heads, qk, vdim)
             out["query_elements"] = heads * qk
@@ -235,7 +237,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             mm["attention"] = [(h, gate * heads * d, 1), (h, kv * d, 1), (h, kv * d, 1), (heads * d, h, 1)]
             splits["attention"] = ["column", "column", "column", "row"]
             # rotary on q and k, q/k norms, the kernel, an output gate's sigmoid and product
-            out["launches"] += ((2 * rotary_launches if rotary else 0) + (2 * NORM_LAUNCHES if info.qk_norm else 0)
+            out["launches"] += ((2 * rotary_launches if rotary else 0) + (2 * norm_launches if info.qk_norm else 0)
                                 + 1 + (2 if info.output_gate else 0))
             out["score_per_pair"] = float(4 * heads * d)
             out["heads"] = (heads, d, d)
@@ -272,7 +274,8 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
         if shared_width:
             mm["shared"] = [(h, shared_width, 1)] * (matrices - 1) + [(shared_width, h, 1)]
             splits["shared"] = ["column"] * (matrices - 1) + ["row"]
-            out["launches"] += _act_launches(info) + 1  # and its sum with the routed output
+            # and its sum with the routed output, and a gate's where the family's has one (its kernel_launches)
+            out["launches"] += _act_launches(info) + 1 + family["launches"].get("shared_gate", 0)
         out["experts_per_token"] = top_k
         act = top_k * width + shared_width
         out["elementwise"] += expert_act * top_k * width + _act_elements(info) * shared_width + 4 * top_k * h
@@ -291,11 +294,11 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
         splits["mtp"] = ["none"]
         out["replicated"] += 2 * norm_elements * h
         out["fused_replicated"] += 2 * FUSED_NORM_ELEMENTS * h
-        out["launches"] += 2 * NORM_LAUNCHES + 1  # its two input norms and their concatenation
+        out["launches"] += 2 * norm_launches + 1  # its two input norms and their concatenation
     # two norms and two residual adds over the hidden width
     out["replicated"] += 2 * norm_elements * h + 2 * RESIDUAL_ELEMENTS * h
     out["fused_replicated"] += FUSED_LAYER_NORMS_AND_RESIDUALS * h
-    out["launches"] += 2 * NORM_LAUNCHES + 2 + sum(len(matmuls) for matmuls in mm.values())  # a kernel a matmul
+    out["launches"] += 2 * norm_launches + 2 + sum(len(matmuls) for matmuls in mm.values())  # a kernel a matmul
     out["gemms"] = _gemms(mm, splits, spec.num_experts or 1)
     # activation elements a token the matmuls read and write (their weights aside), by part
     out["matmul_io"] = {part: sum((i + o) * mult for i, o, mult in matmuls) for part, matmuls in mm.items()}

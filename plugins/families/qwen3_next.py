@@ -54,6 +54,11 @@ class Qwen3NextFamily(DecoderFamily):
     # (8 bytes an element with the fp32 input, not LlamaRMSNorm's 6), and moves 20 two-byte elements an element
     op_record_values = {"norm_bytes": 8}
     elementwise_elements = {"norm": 20}
+    # and launches 10 kernels (the cast up, square, mean, epsilon, rsqrt, product, the weight's cast and 1 + weight,
+    # its product, the cast back) where LlamaRMSNorm launches 8; its apply_rotary_pos_emb concatenates the rotated
+    # channels with the passed ones, a sixth kernel a rotated tensor; its MoE block scales the shared expert's output
+    # by a gate (shared_expert_gate's linear, the sigmoid, the product)
+    kernel_launches = {"norm": 10, "rotary": 6, "shared_gate": 3}
     defaults = dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=48,
                     num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=32768,
                     tie_word_embeddings=False, attention_bias=False, head_dim=256, linear_conv_kernel_dim=4,
