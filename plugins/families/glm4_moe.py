@@ -18,9 +18,10 @@ class Glm4MoeFamily(DecoderFamily):
     model_types = ("glm4_moe",)
     # its layers make the calls specs/op_records.yaml lists; the router casts to fp32 before its matmul
     op_record_values = {"calls_known": 1, "router_logit_bytes": 4}
-    # its group-limited router (DeepseekV3TopkRouter.forward): the casts to fp32, the linear, the sigmoid and the
-    # bias, the groups' top-2 and sum, their top-k, the group mask (zeros, scatter, expanded copy, its negation),
-    # the masked fill, the top-k, the weights' gather, sum, epsilon, division and scaling (one group: the census counts one fewer than DeepSeek-V3's 19)
+    # its group-limited router (Glm4MoeTopkRouter.forward, DeepseekV3TopkRouter's code): the casts to fp32, the
+    # linear, the sigmoid and the bias, the groups' top-2 and sum, their top-k, the group mask (zeros, scatter,
+    # expanded copy, its negation), the masked fill, the top-k, the weights' gather, sum, epsilon, division and
+    # scaling; with its one group the census counts one fewer than on DeepSeek-V3's 19
     kernel_launches = {"router": 18}
     defaults = dict(vocab_size=151552, hidden_size=4096, intermediate_size=10944, num_hidden_layers=46,
                     num_attention_heads=96, num_key_value_heads=8, max_position_embeddings=131072,
