@@ -423,8 +423,7 @@ class CostModel:
         (:meth:`KindWork.masked_sdpa`), or Transformers' eager attention (:meth:`KindWork.eager_attention`). A census's
         work is what ran."""
         kernel = self._attention_kernel()
-        found = _registry().find(f"attention_kernel/{kernel}") if kernel else None
-        eager = bool(found is not None and found.materializes_scores)
+        eager = kernel == "eager"  # Transformers' eager_attention_forward, as the time model names it
         if kernel != "sdpa" and not eager:
             return dict(works)
         launches = self._family.kernel_launches.get("eager_attention", EAGER_ATTENTION_LAUNCHES)

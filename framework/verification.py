@@ -253,8 +253,6 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
     census_output, output_why = _attempt(functools.partial(registry.get("census/output_record"), spec, seq,
                                                            runtime=runtime, use_cache=use_cache))
     kernel, _ = _attempt(functools.partial(formulas.attention_kernel, spec, runtime))
-    found = registry.find(f"attention_kernel/{kernel}") if kernel else None
-    eager = bool(found is not None and found.materializes_scores)  # it scores every pair
     ours_works: Dict[str, Any] = {}
     theirs_works: Dict[str, Any] = {}
     formula_output = None
@@ -277,7 +275,7 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
         if work_ours is not None and work_ours.has_attention:  # the pairs the runtime's kernel computes
             if kernel == "sdpa" and spec.kind(kind).sdpa_masked(seq):
                 work_ours = work_ours.masked_sdpa(seq)  # as the resolver prices it
-            elif eager:
+            elif kernel == "eager":
                 work_ours = work_ours.every_pair(seq)  # as the time model prices eager attention
         work_theirs, work_theirs_why = (None, theirs_why) if theirs is None else _attempt(
             functools.partial(measured.kind_work, spec, kind, seq, theirs, by_part))
