@@ -364,7 +364,7 @@ class Family:
     elementwise_elements: Mapping[str, int] = {}
     # Kernels a forward launches where the family's modules launch other than the analytic estimator's counts
     # (plugins/estimators/flops.py): ``router`` (its MoE router, from its linear to the copies' weights; a softmax
-    # router's 7), ``expert_act`` (a routed expert's activation; SiLU times up's 2), ``rotary`` (a rotated tensor;
+    # router's 8), ``expert_act`` (a routed expert's activation; SiLU times up's 2), ``rotary`` (a rotated tensor;
     # rotate_half's 5), ``norm`` (an RMSNorm; LlamaRMSNorm's 8), ``shared_gate`` (a gate scaling the shared experts'
     # output; none) and ``eager_attention`` (its eager attention beyond an SDPA call;
     # ndcost.work.EAGER_ATTENTION_LAUNCHES).
@@ -417,6 +417,11 @@ class Family:
 
     def buffers(self, spec: ModelSpec) -> int:
         """Buffers a checkpoint carries beside the parameters (router score-correction biases)."""
+        return 0
+
+    def router_selection_bytes(self, spec: ModelSpec) -> int:
+        """Bytes a token the family's MoE router moves selecting experts without a gradient (forward-only work, whole
+        on every TP rank), beyond the grouped_mm dispatch's indices; 0: its selection runs under autograd."""
         return 0
 
     def uncounted_parts(self, spec: ModelSpec) -> Tuple[str, ...]:

@@ -102,6 +102,9 @@ class KindRecord:
     ops_tp: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
     flops_by_part: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
     flops_all_pairs_by_part: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
+    # Of flops_by_part, what autograd records no backward for (a module's no_grad work: DeepSeek-V3.2's indexer);
+    # the time model prices no backward for it. Empty: none, or a census that did not tell it apart.
+    forward_only_flops_by_part: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
     traffic: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
     # What the layer saves of the tensors its model computes once a forward and hands to every layer, bytes a
     # token by the layer's argument name (``position_embeddings``: Transformers' rotary cos and sin, made from

@@ -51,7 +51,7 @@ from ndcost.values import (
     TimeBreakdown,  # the one message for an unregistered plugin name
     frozen_mapping,
 )
-from ndcost.work import ANALYTIC_FLOPS, EAGER_ATTENTION_LAUNCHES, KindWork
+from ndcost.work import EAGER_ATTENTION_LAUNCHES, KindWork, as_run
 
 __all__ = ["resolve", "CostModel", "BatchResult", "CENSUS_MODES", "CensusFallbackWarning"]
 
@@ -419,26 +419,12 @@ class CostModel:
                 for kind, work in works.items()}
 
     def _as_run(self, works: Mapping[str, KindWork], seq: int) -> Dict[str, KindWork]:
-        """Each analytic kind's work as the runtime's attention kernel runs it: an SDPA call handed a mask
-        (:meth:`KindWork.masked_sdpa`), or Transformers' eager attention (:meth:`KindWork.eager_attention`). A census's
-        work is what ran."""
+        """Each analytic kind's work as the runtime's attention kernel runs it (:func:`ndcost.work.as_run`)."""
         kernel = self._attention_kernel()
-        eager = kernel == "eager"  # Transformers' eager_attention_forward, as the time model names it
-        if kernel != "sdpa" and not eager:
-            return dict(works)
         launches = self._family.kernel_launches.get("eager_attention", EAGER_ATTENTION_LAUNCHES)
         heads, kv_heads = self.spec.num_attention_heads, self.spec.num_key_value_heads or self.spec.num_attention_heads
-        out = {}
-        for kind, work in works.items():
-            info = self.spec.kind(kind)
-            if work.has_attention and work.source.startswith(ANALYTIC_FLOPS) and not info.linear:
-                if kernel == "sdpa" and info.sdpa_masked(seq):
-                    work = work.masked_sdpa(seq)
-                elif eager and info.attention_class in ("softmax", "latent"):
-                    work = work.eager_attention(launches, repeats_kv=info.attention_class == "softmax"
-                                                and kv_heads < heads)
-            out[kind] = work
-        return out
+        return {kind: as_run(work, self.spec.kind(kind), kernel, seq, kv_heads, heads, launches)
+                for kind, work in works.items()}
 
     def _built_kinds(self) -> List[str]:
         """The kinds the runtime builds a layer of: the stack's, and the MTP layers' where it builds them."""

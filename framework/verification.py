@@ -26,6 +26,7 @@ from ndcost import manager, models
 from ndcost.errors import InvalidValue, NdcostError
 from ndcost.records import routed_in_record
 from ndcost.values import OPS, PARTS, ModelSpec
+from ndcost.work import EAGER_ATTENTION_LAUNCHES, as_run
 
 __all__ = ["verify", "Verification", "VerifyRow", "DEFAULT_THRESHOLD"]
 
@@ -45,7 +46,16 @@ _WORK_FIELDS = (("flops.attention_mm_per_token", "attention_mm_flops_per_token",
                 ("flops.score_per_pair", "score_flops_per_pair", "FLOPs/pair"),
                 ("flops.linrec_per_token", "linrec_flops_per_token", "FLOPs/token"),
                 ("traffic.elementwise_per_token", "elementwise_elements_per_token", "elements/token"),
-                ("traffic.replicated_per_token", "replicated_elements_per_token", "elements/token"))
+                ("traffic.replicated_per_token", "replicated_elements_per_token", "elements/token"),
+                # of the above, what autograd records no backward for (KindWork.forward_only_*)
+                ("forward_only.attention_mm_per_token", "forward_only_attention_mm_flops_per_token", "FLOPs/token"),
+                ("forward_only.other_mm_per_token", "forward_only_other_mm_flops_per_token", "FLOPs/token"),
+                ("forward_only.routed_mm_per_token", "forward_only_routed_mm_flops_per_token", "FLOPs/token"),
+                ("forward_only.score_per_pair", "forward_only_score_flops_per_pair", "FLOPs/pair"),
+                ("forward_only.linrec_per_token", "forward_only_linrec_flops_per_token", "FLOPs/token"),
+                ("forward_only.elementwise_per_token", "forward_only_elementwise_elements_per_token",
+                 "elements/token"),
+                ("forward_only.replicated_per_token", "forward_only_replicated_elements_per_token", "elements/token"))
 
 
 @attrs.frozen(kw_only=True)
@@ -253,6 +263,10 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
     census_output, output_why = _attempt(functools.partial(registry.get("census/output_record"), spec, seq,
                                                            runtime=runtime, use_cache=use_cache))
     kernel, _ = _attempt(functools.partial(formulas.attention_kernel, spec, runtime))
+    heads = spec.num_attention_heads
+    family = models.family_for(spec.model_type)
+    eager_launches = (family.kernel_launches if family is not None else {}).get("eager_attention",
+                                                                              EAGER_ATTENTION_LAUNCHES)
     ours_works: Dict[str, Any] = {}
     theirs_works: Dict[str, Any] = {}
     formula_output = None
@@ -272,10 +286,10 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
                              routed if routed and routed[0] else None)
         by_part = count.by_kind.get(kind)
         work_ours, work_ours_why = _attempt(functools.partial(analytic.kind_work, spec, kind, seq, ours, by_part))
-        if work_ours is not None and work_ours.has_attention:  # the pairs the runtime's kernel computes
-            if kernel == "sdpa" and spec.kind(kind).sdpa_masked(seq):
-                work_ours = work_ours.masked_sdpa(seq)  # as the resolver prices it
-            elif kernel == "eager":
+        if work_ours is not None:  # as the resolver prices it, the pairs the runtime's kernel computes
+            work_ours = as_run(work_ours, spec.kind(kind), kernel, seq, spec.num_key_value_heads or heads, heads,
+                               eager_launches)
+            if kernel == "eager" and work_ours.has_attention:
                 work_ours = work_ours.every_pair(seq)  # as the time model prices eager attention
         work_theirs, work_theirs_why = (None, theirs_why) if theirs is None else _attempt(
             functools.partial(measured.kind_work, spec, kind, seq, theirs, by_part))

@@ -7,7 +7,7 @@ kind into a :class:`KindWork`; the resolver gathers them into a
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import attrs
 import numpy as np
@@ -154,6 +154,15 @@ class KindWork:
     # s x s (1 + this) pairs (DeepSeek-V4 concatenates its s / compress rate compressed entries to the keys;
     # a remainder shorter than a window is left out)
     extra_keys_per_token: float = 0.0
+    # of the forward figures above, the work autograd records no backward for (a module's no_grad work, as
+    # DeepSeek-V3.2's indexer under Transformers, and integer bookkeeping): the backward repeats none of it
+    forward_only_attention_mm_flops_per_token: float = 0.0
+    forward_only_other_mm_flops_per_token: float = 0.0
+    forward_only_routed_mm_flops_per_token: float = 0.0
+    forward_only_score_flops_per_pair: float = 0.0
+    forward_only_linrec_flops_per_token: float = 0.0
+    forward_only_elementwise_elements_per_token: float = 0.0
+    forward_only_replicated_elements_per_token: float = 0.0
 
     @classmethod
     def idle(cls, kind: str, source: str) -> "KindWork":
@@ -167,12 +176,22 @@ class KindWork:
                    float8_routed_output_elements_per_token=0.0, compiled_elementwise_elements_per_token=0.0,
                    compiled_replicated_elements_per_token=0.0)
 
-    def masked_sdpa(self, seq: int) -> "KindWork":
+    def masked_sdpa(self, seq: int, repeats_kv: bool = False) -> "KindWork":
         """This work (the analytic estimator's, at *seq* tokens) where Transformers hands its SDPA call a mask
         (:meth:`~ndcost.layer.LayerKind.sdpa_masked`): the kernel scores every pair of the sequence, where the
-        analytic FLOPs count the causal or windowed ones, and the layer launches :data:`MASKED_SDPA_LAUNCHES`
-        more. A census's work is what ran already (its FLOPs a pair are over the windowed pairs, as here)."""
-        return attrs.evolve(self.every_pair(seq), launches_per_layer=self.launches_per_layer + MASKED_SDPA_LAUNCHES)
+        analytic FLOPs count the causal or windowed ones, the layer launches :data:`MASKED_SDPA_LAUNCHES`
+        more and, *repeats_kv* (fewer key-value heads than query heads), moves repeat_kv's copies of the keys and
+        values to every query head (each read expanded and written). The mask is turned into the kernel's bias with
+        two fp32 scalars made (forward-only, 8 bytes a layer); left out, as the census files it with the kernel's
+        own bytes (a tensor of the sequence's pairs), the bias itself: 11 bytes a pair (a torch.where into fp32, a
+        cast). A census's work is what ran already (its FLOPs a pair are over the windowed pairs, as here)."""
+        copies = 2.0 * self.attention_heads * (self.attention_head_dim + self.attention_value_head_dim) \
+            if repeats_kv else 0.0
+        scalars = 4.0 / seq  # 2-byte elements a token
+        return attrs.evolve(self.every_pair(seq), launches_per_layer=self.launches_per_layer + MASKED_SDPA_LAUNCHES,
+                            elementwise_elements_per_token=self.elementwise_elements_per_token + copies + scalars,
+                            forward_only_elementwise_elements_per_token=(
+                                self.forward_only_elementwise_elements_per_token + scalars))
 
     def eager_attention(self, launches: int = EAGER_ATTENTION_LAUNCHES, repeats_kv: bool = False) -> "KindWork":
         """This work (the analytic estimator's) under Transformers' eager attention: *launches* more kernels than
@@ -182,19 +201,45 @@ class KindWork:
                             + (REPEAT_KV_LAUNCHES if repeats_kv else 0))
 
     def every_pair(self, seq: int) -> "KindWork":
-        """This work (the analytic estimator's, at *seq* tokens) with its scores' FLOPs over every pair of the
-        sequence, as a kernel computes them that masks rather than skips (eager attention, a masked SDPA call),
-        stated a windowed pair, as a census states what it counted."""
-        return attrs.evolve(self, score_flops_per_pair=self.score_flops_per_pair * seq * seq
-                            / float(window_pairs(seq, self.window)))
+        """This work (the analytic estimator's, at *seq* tokens) with its attention kernel's FLOPs over every pair of
+        the sequence, as a kernel computes them that masks rather than skips (eager attention, a masked SDPA call),
+        stated a windowed pair, as a census states what it counted (forward-only scores, as DeepSeek-V3.2's
+        indexer's, are no kernel's: kept)."""
+        kernel = self.score_flops_per_pair - self.forward_only_score_flops_per_pair  # (the rest are not its)
+        return attrs.evolve(self, score_flops_per_pair=kernel * seq * seq / float(window_pairs(seq, self.window))
+                            + self.forward_only_score_flops_per_pair)
 
-    def forward_flops(self, seq, *, all_pairs: bool = False):
-        """This kind's forward FLOPs on one sequence of *seq* tokens (vectorized)."""
+    def forward_flops(self, seq, *, all_pairs: bool = False, forward_only: bool = False):
+        """This kind's forward FLOPs on one sequence of *seq* tokens (vectorized); *forward_only*: of them, those
+        the backward does not repeat."""
         s = np.asarray(seq, dtype=np.float64)
         pairs = s * s if all_pairs else window_pairs(s, self.window)
-        return (s * (self.attention_mm_flops_per_token + self.other_mm_flops_per_token
-                     + self.routed_mm_flops_per_token + self.linrec_flops_per_token)
-                + pairs * self.score_flops_per_pair)
+        prefix = "forward_only_" if forward_only else ""
+        per_token = sum(getattr(self, f"{prefix}{name}_flops_per_token")
+                        for name in ("attention_mm", "other_mm", "routed_mm", "linrec"))
+        return s * per_token + pairs * getattr(self, f"{prefix}score_flops_per_pair")
+
+    def training_flops(self, seq, *, all_pairs: bool = False):
+        """FLOPs of a forward and its backward on one sequence: the backward twice the forward's but what it
+        does not repeat."""
+        forward = self.forward_flops(seq, all_pairs=all_pairs)
+        return 3.0 * forward - 2.0 * self.forward_flops(seq, all_pairs=all_pairs, forward_only=True)
+
+
+def as_run(work: KindWork, info: Any, kernel: str, seq: int, kv_heads: int, heads: int,
+           eager_launches: int = EAGER_ATTENTION_LAUNCHES) -> KindWork:
+    """An analytic kind's *work* (of layer kind *info*, a :class:`~ndcost.layer.LayerKind`) as the runtime's attention
+    *kernel* runs it at *seq* tokens: an SDPA call handed a mask (:meth:`KindWork.masked_sdpa`), or Transformers'
+    eager attention (``"eager"``: :meth:`KindWork.eager_attention`, *eager_launches* more kernels); the key-value
+    heads repeated to the *heads* query heads where fewer. A census's work is what ran: returned as it is."""
+    if not work.has_attention or not work.source.startswith(ANALYTIC_FLOPS) or info.linear:
+        return work
+    repeats_kv = info.attention_class == "softmax" and kv_heads < heads
+    if kernel == "sdpa" and info.sdpa_masked(seq):
+        return work.masked_sdpa(seq, repeats_kv)
+    if kernel == "eager" and info.attention_class in ("softmax", "latent"):
+        return work.eager_attention(eager_launches, repeats_kv=repeats_kv)
+    return work
 
 
 @attrs.frozen(kw_only=True)
@@ -247,15 +292,19 @@ class ModelWork:
                 + heads * self.head_flops_per_token * np.asarray(seq, dtype=np.float64))
 
     def training_flops_per_sequence(self, seq, *, recompute: str = "none", all_pairs: bool = False):
-        """FLOPs a training step runs on one sequence: forward, a backward of twice it, and recompute.
+        """FLOPs a training step runs on one sequence: forward, a backward of twice it (less the forward-only
+        work's), and recompute.
 
         Full recompute runs every layer's forward again (not the head's, whose
         output the loss consumes at once); ``all_pairs`` counts the scores at
         every pair of tokens as Narayanan et al. do. Selective recompute
         depends on the census's shares and is priced by :func:`step_time`.
         """
-        layers = self._layers_forward_flops(seq, all_pairs)
-        heads = (1 + len(self.mtp_kinds)) * self.head_flops_per_token * np.asarray(seq, dtype=np.float64)
         if recompute not in ("none", "full"):
             raise InvalidValue(f"training_flops_per_sequence prices recompute none or full, not {recompute!r}")
-        return (4.0 if recompute == "full" else 3.0) * layers + 3.0 * heads
+        layers = sum(count * self.work[kind].training_flops(seq, all_pairs=all_pairs)
+                     for kind, count in self.layer_counts().items() if count)
+        if recompute == "full":
+            layers = layers + self._layers_forward_flops(seq, all_pairs)
+        heads = (1 + len(self.mtp_kinds)) * self.head_flops_per_token * np.asarray(seq, dtype=np.float64)
+        return layers + 3.0 * heads

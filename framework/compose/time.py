@@ -12,7 +12,7 @@ A map of :func:`step_time` (each step's docstring says what it prices and why):
 - :func:`_offload_seconds`: offloading's host-device copies and the CPU optimizer step.
 
 ``step = compute + exposed communication + bubble + optimizer + exposed offload``, each on the busiest pipeline rank;
-``mfu`` is the model FLOPs (three times the forward's, no recompute) over the step, the devices and the
+``mfu`` is the model FLOPs (the forward's and the backward's, no recompute) over the step, the devices and the
 compute dtype's peak. Columns are the memory model's (:func:`ndcost.columns.encode`), the
 schedules and optimizer states by code, as :func:`ndcost.compose.memory.compose` receives them.
 Collectives are the registered ``collective/<name>`` plugins; :data:`OVERLAP_RULES` say what each hides.
@@ -297,7 +297,11 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
               "score_flops_per_pair", "window", "linrec_flops_per_token", "elementwise_elements_per_token",
               "replicated_elements_per_token", "dense_parameters", "routed_parameters", "replicated_parameters",
               "query_elements_per_token", "kv_elements_per_token", "kv_copies", "experts_per_token",
-              "attention_heads", "attention_head_dim", "attention_value_head_dim", "extra_keys_per_token")
+              "attention_heads", "attention_head_dim", "attention_value_head_dim", "extra_keys_per_token",
+              "forward_only_attention_mm_flops_per_token", "forward_only_other_mm_flops_per_token",
+              "forward_only_routed_mm_flops_per_token", "forward_only_score_flops_per_pair",
+              "forward_only_linrec_flops_per_token", "forward_only_elementwise_elements_per_token",
+              "forward_only_replicated_elements_per_token")
     out = {f: np.array([float(getattr(model.work[k], f)) for k in model.kinds]) for f in fields}
     out["has_attention"] = np.array([model.work[k].has_attention for k in model.kinds])
     out["launches_per_layer"] = np.array([float(model.work[k].launches_per_layer) for k in model.kinds])
@@ -307,6 +311,13 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
         [float(sum(g.count for g in model.work[k].gemms)) for k in model.kinds]))
     out.update(_gemm_arrays(model))
     out["class_mm_flops_per_token"] = np.stack([out[f"{c}_mm_flops_per_token"] for c in GEMM_CLASSES], axis=-1)
+    out["class_forward_only_mm_flops_per_token"] = np.stack(
+        [out[f"forward_only_{c}_mm_flops_per_token"] for c in GEMM_CLASSES], axis=-1)
+    # the share of each kind's scores FLOPs its backward repeats (1: all of them)
+    out["backward_score_share"] = 1.0 - np.divide(out["forward_only_score_flops_per_pair"],
+                                                  out["score_flops_per_pair"], out=np.zeros(len(model.kinds)),
+                                                  where=out["score_flops_per_pair"] > 0)
+    out["has_forward_only"] = np.array(any(np.count_nonzero(out[f]) for f in fields if f.startswith("forward_only")))
     out["parameters_by_part"] = np.stack([out[f"{part}_parameters"] for part in ("dense", "replicated", "routed")])
     for name in ("recomputed_attention_mm_share", "recomputed_other_mm_share",
                  "recomputed_scores_share") + _LOW_PRECISION_WORK:
@@ -635,7 +646,8 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
     A roofline per op class: matmuls against the compute dtype's peak (or,
     where the weights are read slower than the math runs, HBM bandwidth),
     the attention scores and the linear recurrence at their own efficiency,
-    elementwise bytes against HBM. The backward is twice the forward's work;
+    elementwise bytes against HBM. The backward is twice the forward's work but the forward-only work's
+    (``KindWork.forward_only_*``: what autograd records no backward for);
     recompute adds the forward (``full``), the census's measured shares of
     the weight matmuls and of the scores (or linear recurrence) and, eager,
     the forward's elementwise kernels (``selective`` under an op-level
@@ -771,8 +783,14 @@ def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardwa
     tokens = rows.tokens[:, None]
     split = tokens / tp
     by_class = k["class_mm_flops_per_token"] * split[..., None]                   # (N, K, 3): GEMM_CLASSES
+    # the backward's: the forward's less what it does not repeat (ModelWork's forward-only work)
+    forward_only = bool(k["has_forward_only"])
+    by_class_b = by_class - k["class_forward_only_mm_flops_per_token"] * split[..., None] if forward_only \
+        else by_class
     if np.count_nonzero(rows.imbalance != 1.0):  # the busiest expert rank's routed tokens
         by_class[..., 2] *= rows.imbalance[:, None]
+        if forward_only:
+            by_class_b[..., 2] *= rows.imbalance[:, None]
     inverse_f, inverse_b = _matmul_inverse_efficiency(model, rows, cols, hardware, eff)
     # a model without sliding windows: every kind's pairs causal (window_pairs' windowless figure)
     pairs = window_pairs(s, k["window"]) if np.count_nonzero(k["window"]) else causal_pairs(s)
@@ -792,14 +810,14 @@ def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardwa
         raise InvalidValue(refusal)
     fp8_peak = hardware.peak_flops("fp8") if fp8_on else 1.0
 
-    def matmul(passes, inverse):
+    def matmul(passes, inverse, flops):
         # the Float8 linears' share of the attention and other classes runs at the fp8 peak, at the compute
         # dtype's shape efficiency (an fp8 row of kernel_tables is not read)
-        per_class = by_class * inverse
+        per_class = flops * inverse
         seconds = np.add.reduce(per_class, axis=-1) / peak
         if fp8_on:  # a batch without Float8 linears adds no share (0 of finite seconds)
             dense = per_class[..., 0] + per_class[..., 1]
-            fp8_share = np.divide(fp8_mm, by_class[..., 0] + by_class[..., 1], out=np.zeros_like(fp8_mm),
+            fp8_share = np.divide(fp8_mm, flops[..., 0] + flops[..., 1], out=np.zeros_like(fp8_mm),
                                   where=fp8_mm > 0)
             # under float8_experts the routed class's every FLOP (its grouped GEMMs) runs at the fp8 peak
             seconds = seconds + (fp8_share * dense + fp8_experts * per_class[..., 2]) * (1.0 / fp8_peak - 1.0 / peak)
@@ -807,10 +825,13 @@ def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardwa
 
     tables = _kernel_tables(hardware)
     per_kernel = elementwise / k["elementwise_launches"]
-    fwd_mm, bwd_mm = matmul(1.0, inverse_f), matmul(2.0, inverse_b)
+    fwd_mm, bwd_mm = matmul(1.0, inverse_f, by_class), matmul(2.0, inverse_b, by_class_b)
     # the attention's figures read fewer columns than the rooflines': one row's kept by those
     attention = _kept_where_one_row("attention_one_row", model, hardware, eff, cols, _ATTENTION_READ,
                                     lambda: _attention_seconds(model, rows, cols, hardware, eff, scores))
+    if forward_only:  # the scores' backward repeats its share of them (linear in their FLOPs at a shape)
+        attention = {**attention, **{key: attention[key] * k["backward_score_share"]
+                                     for key in ("scores_backward", "scores_first_backward")}}
     fwd_scores, bwd_scores = attention["scores_forward"], attention["scores_backward"]
     ring_fwd, ring_bwd = attention["ring_merges_forward"], attention["ring_merges_backward"]
     memory = (eff["memory"], eff["memory_backward"])
@@ -821,11 +842,19 @@ def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardwa
     if linrec is not None:
         recurrence_f = linrec / (peak * eff["linrec"])
         roofline_f = roofline_f + recurrence_f
-        roofline_b = roofline_b + 2.0 * linrec / (peak * eff["linrec_backward"])
+        linrec_b = linrec - k["forward_only_linrec_flops_per_token"] * split if forward_only else linrec
+        roofline_b = roofline_b + 2.0 * linrec_b / (peak * eff["linrec_backward"])
+    repeated = elementwise  # the elementwise bytes the backward repeats (twice over)
+    if forward_only:  # eager's forward-only bytes (compile's fused count is the shapes', which hold none)
+        tp_split = np.where(sp, tp, 1.0)
+        only = rows.compute_bytes[:, None] * tokens * (k["forward_only_elementwise_elements_per_token"] / tp
+                                                       + k["forward_only_replicated_elements_per_token"] / tp_split)
+        compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
+        repeated = np.maximum(elementwise - np.where(compiled, 0.0, only), 0.0)
     if np.count_nonzero(np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none")):  # the Float8 casts' bytes
-        elementwise_fwd, elementwise_bwd = elementwise + cast_fwd, 2.0 * elementwise + cast_bwd
+        elementwise_fwd, elementwise_bwd = elementwise + cast_fwd, 2.0 * repeated + cast_bwd
     else:
-        elementwise_fwd, elementwise_bwd = elementwise, 2.0 * elementwise
+        elementwise_fwd, elementwise_bwd = elementwise, 2.0 * repeated
     elementwise_f_seconds = elementwise_fwd / (hbm * elementwise_f)
     roofline_f = roofline_f + elementwise_f_seconds
     roofline_b = roofline_b + elementwise_bwd / (hbm * elementwise_b)
@@ -2276,7 +2305,8 @@ def _offload_provenance(hardware: Hardware) -> str:
 
 
 def _float8_model_flops(model: ModelWork, rows: _Rows, cols, hardware: Hardware) -> Optional[Tuple[np.ndarray, float]]:
-    """Under ``float8``: ``(N,)`` of a sequence's training model FLOPs (three times the forward's), those of the
+    """Under ``float8``: ``(N,)`` of a sequence's training model FLOPs (three times the forward's: a Float8 linear
+    has a backward), those of the
     Float8 linears (and of the routed experts under ``float8_experts``), and the fp8 peak; None where no row runs
     float8."""
     on = np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none")
@@ -2289,27 +2319,27 @@ def _float8_model_flops(model: ModelWork, rows: _Rows, cols, hardware: Hardware)
     return np.where(on, 3.0 * per_token * rows.seq, 0.0), hardware.peak_flops("fp8")
 
 
-def _forward_flops_at(model: ModelWork, seq: np.ndarray) -> np.ndarray:
-    """``model.forward_flops_per_sequence(seq)`` of a ``(1,)`` *seq*, kept a ModelWork and sequence length."""
-    kept = _derived("forward_flops", model, lambda _: {})
+def _model_flops_at(model: ModelWork, seq: np.ndarray) -> np.ndarray:
+    """``model.training_flops_per_sequence(seq)`` of a ``(1,)`` *seq*, kept a ModelWork and sequence length."""
+    kept = _derived("model_flops", model, lambda _: {})
     key = float(seq[0])
     if key not in kept:
-        flops = kept[key] = np.asarray(model.forward_flops_per_sequence(seq), dtype=np.float64)
+        flops = kept[key] = np.asarray(model.training_flops_per_sequence(seq), dtype=np.float64)
         flops.setflags(write=False)
     return kept[key]
 
 
 def _results(model: ModelWork, rows: _Rows, seconds: Mapping[str, np.ndarray], detail: Dict[str, Any],
              provenance: Mapping[str, str], float8: Optional[Tuple[np.ndarray, float]] = None) -> TimeArrays:
-    """The step's arrays with its throughput and MFU (three times the forward's model FLOPs, no recompute, over
+    """The step's arrays with its throughput and MFU (the model's forward and backward FLOPs, no recompute, over
     the compute dtype's peak; under ``float8`` the Float8 linears' FLOPs over the fp8 peak, so that MFU is the
     step's share of the time the model's FLOPs take at the peaks they run at)."""
     step, s = seconds["step_seconds"], rows.seq
     sequences = rows.dp * rows.fsdp * rows.micro_batches * rows.micro_batch
     # the resolver prices one sequence length a call: one evaluation
     one_seq = len(s) == 1 or (len(s) > 0 and s.min() == s.max())
-    forward = _forward_flops_at(model, s[:1]) if one_seq else model.forward_flops_per_sequence(s)
-    model_flops = 3.0 * forward * sequences
+    per_sequence = _model_flops_at(model, s[:1]) if one_seq else model.training_flops_per_sequence(s)
+    model_flops = per_sequence * sequences
     devices = rows.dp * rows.fsdp * rows.cp * rows.tp * rows.pp
     detail["model_flops"] = model_flops
     at_peak = model_flops / rows.peak_flops

@@ -38,7 +38,7 @@ import attrs
 from ndcost.records import KindRecord
 
 # Bumped whenever the census's rules change what it measures.
-CENSUS_VERSION = 18
+CENSUS_VERSION = 19
 
 # Config fields of the whole model, not of one layer: left out of a layer kind's key.
 STACK_FIELDS = frozenset({
@@ -138,7 +138,7 @@ _RESERVED = ("reserved_per_layer_per_token", "reserved_per_layer_tp_per_token", 
              "reserved_core_attention_working_tp_per_token", "autocast_reserved_per_layer_per_token",
              "autocast_reserved_per_layer_tp_per_token", "autocast_reserved_working_per_token",
              "autocast_reserved_working_tp_per_token")
-_COUNTS = ("flops_by_part", "flops_all_pairs_by_part")
+_COUNTS = ("flops_by_part", "flops_all_pairs_by_part", "forward_only_flops_by_part")
 
 _unwritable: Set[str] = set()  # cache directories already warned about in this process
 

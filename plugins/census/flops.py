@@ -39,10 +39,15 @@ class ForwardCount:
     moved_bytes: Dict[str, int]
     parameter_bytes: Dict[str, int]
     launches: Dict[str, int]
+    # of the above, what autograd records no backward for (no output of the op requires grad: a module's no_grad
+    # work, as DeepSeek-V3.2's indexer, and integer bookkeeping): FLOPs by part, and the bytes its FLOP-less ops
+    # move beyond the weights they read; empty where the forward ran without autograd (nothing told apart)
+    forward_only_flops: Dict[str, int] = attrs.field(factory=dict)
+    forward_only_moved_bytes: Dict[str, int] = attrs.field(factory=dict)
 
     def traffic(self) -> Dict[str, Dict[str, int]]:
         return {"moved_bytes": dict(self.moved_bytes), "parameter_bytes": dict(self.parameter_bytes),
-                "launches": dict(self.launches)}
+                "launches": dict(self.launches), "forward_only_moved_bytes": dict(self.forward_only_moved_bytes)}
 
 
 def _grouped_mm_formula(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
@@ -135,7 +140,7 @@ def counter_class():
 
     class _ForwardCounter(TorchDispatchMode):
         def __init__(self, stack: ModuleStack, params, contracts, formulas: Mapping[Any, Any],
-                     seq: int = 0) -> None:
+                     seq: int = 0, autograd: bool = False) -> None:
             super().__init__()
             self.stack = stack
             self.params = params
@@ -147,6 +152,25 @@ def counter_class():
             self.moved: Dict[str, int] = {}
             self.parameter: Dict[str, int] = {}
             self.launches: Dict[str, int] = {}
+            # under autograd, each counted op's (part of its FLOPs, FLOPs, part of its bytes, bytes beyond the
+            # weights, outputs): after the forward, those whose outputs require no grad are the forward-only work
+            self.autograd = autograd
+            self.ops: list = []
+
+        def count(self) -> ForwardCount:
+            """What was counted; the forward-only tables where the forward ran under autograd."""
+            only_flops: Dict[str, int] = {}
+            only_moved: Dict[str, int] = {}
+            for flops_part, flops, part, moved, returned in self.ops:
+                if any(t.requires_grad for t in returned):
+                    continue
+                if flops:
+                    self._add(only_flops, flops_part, flops)
+                else:
+                    self._add(only_moved, part, moved)
+            return ForwardCount(flops=self.flops, all_pairs_flops=self.all_pairs, moved_bytes=self.moved,
+                                parameter_bytes=self.parameter, launches=self.launches,
+                                forward_only_flops=only_flops, forward_only_moved_bytes=only_moved)
 
         def _add(self, table: Dict[str, int], part: str, value: int) -> None:
             table[part] = table.get(part, 0) + int(value)
@@ -188,9 +212,11 @@ def counter_class():
                 # EAGER_SOFTMAX_BYTES_PER_SCORE), not as the layer's
                 part = "scores"
             counted = None
+            flops_part, flops = part, 0
             for contract in self.contracts:
                 counted = contract.flops(func, args, kwargs, out)
                 if counted is not None:
+                    flops_part, flops = counted.part, counted.flops
                     self._add(self.flops, counted.part, counted.flops)
                     self._add(self.all_pairs, counted.part, counted.all_pairs_flops)
                     break
@@ -202,9 +228,12 @@ def counter_class():
                     self._add(self.all_pairs, part, flops)
             moved = sum(t.numel() * t.element_size() for t in tensors)
             moved += sum(t.numel() * t.element_size() for t in returned)
+            weight_bytes = sum(t.numel() * t.element_size() for t in weights)
             self._add(self.moved, part, moved)
-            self._add(self.parameter, part, sum(t.numel() * t.element_size() for t in weights))
+            self._add(self.parameter, part, weight_bytes)
             self._add(self.launches, part, 1)
+            if self.autograd:
+                self.ops.append((flops_part, int(flops), part, moved - weight_bytes, returned))
             return out
 
     return _ForwardCounter
@@ -216,16 +245,16 @@ def count_forward(fake, seq: int) -> ForwardCount:
     from ndcost.plugins.census import layer as L
     from ndcost.plugins.census.measure import delta_rule_followed
 
-    hidden = L.hidden_input(fake.config, seq, requires_grad=False)
+    # under autograd, as training runs it: what records no backward is told apart (ForwardCount.forward_only_flops)
+    hidden = L.hidden_input(fake.config, seq, requires_grad=True)
     where = L.positions(fake, hidden)
     mask = L.attention_mask(fake, hidden, where[0])
     stack = ModuleStack(fake.layer)
     params = {p.untyped_storage()._cdata for p in fake.layer.parameters()}
-    counter = counter_class()(stack, params, fake.contracts, flop_formulas(fake.contracts), seq)
+    counter = counter_class()(stack, params, fake.contracts, flop_formulas(fake.contracts), seq, autograd=True)
     try:
-        with torch.no_grad(), delta_rule_followed(fake.modeling, fake.layer, stack), counter:
+        with torch.enable_grad(), delta_rule_followed(fake.modeling, fake.layer, stack), counter:
             L.run(fake, hidden, where, mask)
     finally:
         stack.close()
-    return ForwardCount(flops=counter.flops, all_pairs_flops=counter.all_pairs, moved_bytes=counter.moved,
-                        parameter_bytes=counter.parameter, launches=counter.launches)
+    return counter.count()

@@ -175,7 +175,7 @@ def measure_output(config: Any, seq: int, runtime: Any, autocast: bool = False):
     import torch
 
     from ndcost.plugins.census import layer as L
-    from ndcost.plugins.census.flops import ForwardCount, counter_class, flop_formulas
+    from ndcost.plugins.census.flops import counter_class, flop_formulas
     from ndcost.plugins.census.measure import ModuleStack, measure
 
     loss_function = importlib.import_module("transformers.loss.loss_utils").ForCausalLMLoss
@@ -207,9 +207,7 @@ def measure_output(config: Any, seq: int, runtime: Any, autocast: bool = False):
                 forward()
         finally:
             stack.close()
-    counted = ForwardCount(flops=counter.flops, all_pairs_flops=counter.all_pairs, moved_bytes=counter.moved,
-                           parameter_bytes=counter.parameter, launches=counter.launches)
-    return measured, counted
+    return measured, counter.count()
 
 
 def census_output(config: Any, seq: int, runtime: Any) -> KindRecord:

@@ -241,6 +241,7 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
         **recomputed_share_fields(ledger if policy.scope == "layer" else None),
         ops=ops, ops_tp=ops_tp,
         flops_by_part=counted.flops, flops_all_pairs_by_part=counted.all_pairs_flops,
+        forward_only_flops_by_part=counted.forward_only_flops,
         traffic={**counted.traffic(), "tp2_moved_bytes": dict(counted_2.moved_bytes),
                  "tp2_parameter_bytes": dict(counted_2.parameter_bytes)},
         shared_saved_per_token=shared_figure(plain_1, seq),

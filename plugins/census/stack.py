@@ -614,7 +614,7 @@ def count_stack(config: Any, seq: int, runtime: Any) -> List[Any]:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from ndcost.plugins.census.flops import ForwardCount, counter_class, flop_formulas
+    from ndcost.plugins.census.flops import counter_class, flop_formulas
     from ndcost.plugins.census.measure import delta_rule_followed
 
     with fake_stack(config, runtime, replacements=False) as (model, contracts, modeling):
@@ -640,8 +640,7 @@ def count_stack(config: Any, seq: int, runtime: Any) -> List[Any]:
                 model(input_ids=torch.zeros(1, seq, dtype=torch.long), use_cache=False)
         finally:
             follow.close()
-        return [ForwardCount(flops=c.flops, all_pairs_flops=c.all_pairs, moved_bytes=c.moved,
-                             parameter_bytes=c.parameter, launches=c.launches) for c in counters]
+        return [c.count() for c in counters]
 
 
 def _kinds(groups: Sequence[Any], build_mtp: bool = False) -> List[str]:

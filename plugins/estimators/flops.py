@@ -64,14 +64,29 @@ ACT_LAUNCHES = {"gated": 2, "gelu_new": 8, "gelu_fast": 8, "quick_gelu": 3}  # g
 LINEAR_ATTENTION_LAUNCHES = 73
 LINREC_LAUNCHES_PER_CHUNK = 9
 # An eager MoE block outside its expert matmuls and activation: Transformers' softmax router (Qwen3-MoE's, Mixtral's:
-# its linear, the softmax to fp32, top-k, renormalization and cast, 7 as the census counts them; 5 without the
+# its linear, the softmax to fp32, top-k, renormalization and cast, and under autograd the copy of the top-k values
+# it makes before their in-place division, whose backward reads them: 8 as the census counts them; 5 without the
 # renormalization, Qwen3MoeConfig's norm_topk_prob=False, which the count leaves out) unless the family
 # states its own (Family.kernel_launches["router"]), and the grouped_mm experts' dispatch
 # (transformers/integrations/moe.py grouped_mm_experts_forward: the copies' sort, source rows, gathers of the hidden
 # states and the weights, histogram and offsets; the weighting, the inverse permutation, the gather back and the sum
-# over a token's copies). The census counts 18 together on Qwen3-30B-A3B's and Mixtral-8x7B's layers under hf-cuda.
-MOE_ROUTER_LAUNCHES = 7
+# over a token's copies). The census counts 19 together on Qwen3-30B-A3B's and Mixtral-8x7B's layers under hf-cuda.
+MOE_ROUTER_LAUNCHES = 8
 MOE_DISPATCH_LAUNCHES = 11
+# What the grouped_mm dispatch's index bookkeeping moves, forward-only (integers: autograd records no backward),
+# as the census counts it: bytes a token copy (one an expert a token is routed to: the expert ids' sort, 24, their
+# division, 16, cast to int32, 12, histogram, 4, the inverse permutation's empty_like, 16, arange, 8, and index_put,
+# 32) and bytes an expert a layer (the histogram's counts and their cumulative sum, 12)
+MOE_DISPATCH_BYTES_PER_COPY = 112
+MOE_DISPATCH_BYTES_PER_EXPERT = 12
+# DeepSeek-V3.2's lightning indexer as Transformers runs it (modeling_deepseek_v32.py DeepseekV32Indexer.forward,
+# under no_grad: autograd records no backward for any of it), beside its three projections (q from the query
+# latent, one key head, a weight a head): the key's LayerNorm, rotary on the queries' and key's rope widths, their
+# concatenations and fp32 copies, the scores' batched matmul, scale and ReLU, the weights' fp32 copy and scale,
+# their batched matmul with the scores, the causal mask's inversion and fill, top-k, the indices' casts and the
+# selection's mask (new_ones, scatter) and its combination with the causal mask (inversion, and): 30 kernels as
+# the census counts them; SDPA's turning the combined mask into a bias is the masked call's (MASKED_SDPA_LAUNCHES)
+DSA_INDEXER_LAUNCHES = 30
 
 
 # ---------------------------------------------------------------------------
@@ -135,14 +150,16 @@ def _family_elements(spec: ModelSpec) -> Dict[str, Any]:
     The Llama figures above unless the family states others (``Family.elementwise_elements``;
     ``rotary_table``: 2-byte elements a cos or sin element, 2 where fp32; ``expert_act``: a routed expert's
     activation, elements an expert-width element of a token copy, where it is not the feed-forward's, else None),
-    and ``launches``, the family's ``kernel_launches``.
+    ``launches``, the family's ``kernel_launches``, and ``router_selection``, its router's forward-only bytes a
+    token (``Family.router_selection_bytes``).
     """
     from ndcost.models import family_for
     family = family_for(spec.model_type)
     stated = dict(getattr(family, "elementwise_elements", None) or {})
     return {"norm": stated.get("norm", NORM_ELEMENTS), "rotary": stated.get("rotary", ROTARY_ELEMENTS),
             "rotary_table": stated.get("rotary_table", 1), "expert_act": stated.get("expert_act"),
-            "launches": dict(getattr(family, "kernel_launches", None) or {})}
+            "launches": dict(getattr(family, "kernel_launches", None) or {}),
+            "router_selection": family.router_selection_bytes(spec) if family is not None else 0}
 
 
 def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
@@ -153,7 +170,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
                            "query_elements": 0, "kv_elements": 0, "has_attention": True, "experts_per_token": 0,
                            "elementwise": 0.0, "replicated": 0.0, "fused_elementwise": 0.0, "fused_replicated": 0.0,
                            "splits": {}, "launches": 0, "launches_per_token": 0.0, "heads": (0, 0, 0),
-                           "extra_keys_per_token": 0.0}
+                           "extra_keys_per_token": 0.0, "forward_only_elements_at": []}
     mm = out["matmuls"]  # part -> list of (in, out, tokens_multiplier)
     splits = out["splits"]  # part -> how TP splits each of mm[part]: none, column, row
     info = spec.kind(kind)
@@ -224,6 +241,8 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             splits["attention"] += ["none", "column", "row"]
             # the kv norm, rotary on the rope parts of q and k, the key's concatenation, the kernel
             out["launches"] += norm_launches + (2 * rotary_launches if rotary else 0) + 2 + 1
+            if info.attention == "dsa":
+                _dsa_indexer(spec, out)
             out["score_per_pair"] = float(2 * heads * qk + 2 * heads * vdim)
             out["heads"] = (heads, qk, vdim)
             out["query_elements"] = heads * qk
@@ -264,6 +283,10 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
         launches = family["launches"]
         out["launches"] += (launches.get("router", MOE_ROUTER_LAUNCHES) + MOE_DISPATCH_LAUNCHES
                             + launches.get("expert_act", _act_launches(info)))
+        experts, selection = spec.num_experts or 1, family["router_selection"]
+        out["forward_only_elements_at"].append(lambda seq: (
+            (MOE_DISPATCH_BYTES_PER_COPY * top_k + MOE_DISPATCH_BYTES_PER_EXPERT * experts / seq) / 2.0,
+            selection / 2.0))
         if spec.extra.get("expert_bias"):
             # transformers/integrations/moe.py grouped_mm_experts_forward: each grouped GEMM gathers its token
             # copies' experts' biases (read, write) and adds them (two reads, one write); compiled, one pass
@@ -305,6 +328,35 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     return out
 
 
+def _dsa_indexer(spec: ModelSpec, out: Dict[str, Any]) -> None:
+    """DeepSeek-V3.2's lightning indexer (:data:`DSA_INDEXER_LAUNCHES`) added to one layer's *out* shapes, all of it
+    forward-only: its projections (TP leaves them whole: DeepseekV32Config's tp plan names none; priced split, as
+    the census prices them), the scores of every query-key pair, ``2 heads (dim + 1)`` FLOPs a pair (``q k^T`` in
+    fp32, then each head's weight), and the elementwise bytes a token at *seq* tokens, derived op by op from the
+    module (the census measures the same to the byte, tests/test_forward_only.py): its projections' outputs
+    through the key's norm, rotary, concatenations and fp32 copies, 16 bytes a key and head (the fp32 scores
+    scaled and ReLU'd), and where ``index_topk`` is below *seq* top-k's read of the weighted scores (4 a key)
+    and its outputs, 36 bytes an index (values and int64 indices written, cast to int32 and back). Left out, as
+    the census files them with the kernel's bytes (tensors of the sequence's pairs): the weighted scores'
+    masking and the selection's mask, 21 bytes a key."""
+    ex = spec.extra
+    heads, dim, topk = int(ex["index_n_heads"]), int(ex["index_head_dim"]), int(ex["index_topk"])
+    rope, h = int(spec.qk_rope_head_dim or 0), spec.hidden_size
+    matmuls = [(int(spec.q_lora_rank or 0), heads * dim, 1), (h, dim, 1), (h, heads, 1)]
+    out["matmuls"]["attention"] += matmuls
+    out["splits"]["attention"] += ["none"] * len(matmuls)
+    out["forward_only_matmuls"] = {"attention": matmuls}
+    out["forward_only_scores_at"] = lambda seq: float(2 * heads * (dim + 1) * seq * seq)
+
+    def elements(seq: int) -> Tuple[float, float]:
+        key_norm = 4 * dim + 8  # a LayerNorm: the key read and written, its mean and rstd in fp32 (a norm's: whole)
+        projections = 10 * dim + 10 * heads * dim + 20 * heads * rope + 28 * rope + 14 * heads
+        selection = 36 * topk + 4 * seq if topk < seq else 0
+        return (projections + 16 * heads * seq + selection) / 2.0, key_norm / 2.0
+    out["forward_only_elements_at"].append(elements)
+    out["launches"] += DSA_INDEXER_LAUNCHES
+
+
 def analytic_flops(spec: ModelSpec, kind: str, seq: int, *, all_pairs: bool = False) -> Dict[str, float]:
     """The forward FLOPs of one layer of *kind* on one sequence of *seq* tokens, by part.
 
@@ -333,7 +385,19 @@ def analytic_flops(spec: ModelSpec, kind: str, seq: int, *, all_pairs: bool = Fa
         flops["scores"] = shapes["score_per_pair"] * pairs
     if shapes["linrec_per_token"]:
         flops["linrec"] = shapes["linrec_per_token"] * seq
+    for part, value in _analytic_forward_only(shapes, seq).items():
+        if part == "scores":  # the forward-only scores: beside the kernel's (their matmuls are counted above)
+            flops[part] = flops.get(part, 0.0) + value
     return flops
+
+
+def _analytic_forward_only(shapes: Mapping[str, Any], seq: int) -> Dict[str, float]:
+    """The forward FLOPs by part, on one sequence of *seq* tokens, of what *shapes* mark forward-only."""
+    out = {part: float(sum(2 * seq * multiplier * i * o for i, o, multiplier in matmuls))
+           for part, matmuls in shapes.get("forward_only_matmuls", {}).items()}
+    if shapes.get("forward_only_scores_at") is not None:
+        out["scores"] = out.get("scores", 0.0) + shapes["forward_only_scores_at"](seq)
+    return out
 
 
 def analytic_parameters(spec: ModelSpec, kind: str) -> Dict[str, int]:
@@ -381,20 +445,24 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
                        f"known parts: {', '.join(FLOP_PARTS)}")
     per_token = {part: float(v) / at for part, v in flops.items()}
     pairs = float(window_pairs(at, window))
-    attention_mm = sum(per_token.get(p, 0.0) for p in _ATTENTION_MM_PARTS)
-    routed = sum(per_token.get(p, 0.0) for p in ROUTED_PARTS)
-    linrec = sum(per_token.get(p, 0.0) for p in _LINREC_PARTS)
-    scores = sum(float(flops.get(p, 0.0)) for p in _SCORE_PARTS) / pairs
-    other = sum(v for p, v in per_token.items()
-                if p not in _ATTENTION_MM_PARTS + ROUTED_PARTS + _LINREC_PARTS + _SCORE_PARTS)
+    attention_mm, other, routed, linrec, scores = _by_class(flops, at, pairs)
+    if measured:
+        forward_only = dict(getattr(record, "forward_only_flops_by_part", None) or {})
+    else:
+        forward_only = _analytic_forward_only(shapes, at)
     params = dict(parameters) if parameters is not None else analytic_parameters(spec, kind)
     elementwise = float(shapes["elementwise"])
     replicated_elements = float(shapes["replicated"])
     census_traffic = _census_elementwise(record, shapes) if record is not None else None
     if census_traffic is not None:
         elementwise, replicated_elements = census_traffic
+        only_elements = _census_forward_only_elements(record)
         source += "; census traffic"
     else:
+        parts = [at(seq) for at in shapes.get("forward_only_elements_at", ())]
+        only_elements = (sum(p[0] for p in parts), sum(p[1] for p in parts))
+        elementwise += only_elements[0]
+        replicated_elements += only_elements[1]
         source += "; analytic traffic"
     launches, launches_per_token = float(shapes["launches"]), float(shapes["launches_per_token"])
     counted = (getattr(record, "traffic", None) or {}).get("launches") if record is not None else None
@@ -442,7 +510,42 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         gemms=tuple(shapes["gemms"]), launches_per_layer=launches, launches_per_token=launches_per_token,
         attention_heads=int(shapes["heads"][0]), attention_head_dim=int(shapes["heads"][1]),
         attention_value_head_dim=int(shapes["heads"][2]), extra_keys_per_token=shapes["extra_keys_per_token"],
+        **_forward_only_fields(forward_only, at, pairs, only_elements),
     )
+
+
+def _by_class(flops: Mapping[str, float], at: int, pairs: float) -> Tuple[float, float, float, float, float]:
+    """FLOPs by part on one sequence of *at* tokens (*pairs* the pairs its scores span) as KindWork's classes:
+    attention, other and routed matmuls and the linear recurrence a token, and the scores a pair."""
+    def per_token(parts):
+        return sum(float(flops.get(p, 0.0)) for p in parts) / at
+
+    other = sum(float(v) for p, v in flops.items()
+                if p not in _ATTENTION_MM_PARTS + ROUTED_PARTS + _LINREC_PARTS + _SCORE_PARTS) / at
+    return (per_token(_ATTENTION_MM_PARTS), other, per_token(ROUTED_PARTS), per_token(_LINREC_PARTS),
+            sum(float(flops.get(p, 0.0)) for p in _SCORE_PARTS) / pairs)
+
+
+def _forward_only_fields(flops: Mapping[str, float], at: int, pairs: float,
+                         elements: Tuple[float, float]) -> Dict[str, float]:
+    """KindWork's ``forward_only_*`` figures from forward-only FLOPs by part on one sequence of *at* tokens and the
+    forward-only (TP-split, replicated) elementwise elements a token."""
+    attention_mm, other, routed, linrec, scores = _by_class(flops, at, pairs)
+    return {"forward_only_attention_mm_flops_per_token": attention_mm, "forward_only_other_mm_flops_per_token": other,
+            "forward_only_routed_mm_flops_per_token": routed, "forward_only_linrec_flops_per_token": linrec,
+            "forward_only_score_flops_per_pair": scores, "forward_only_elementwise_elements_per_token": elements[0],
+            "forward_only_replicated_elements_per_token": elements[1]}
+
+
+def _census_forward_only_elements(record: Any) -> Tuple[float, float]:
+    """(TP-split, replicated) 2-byte elements a token the census's FLOP-less forward-only ops moved beyond the weights
+    they read (``traffic["forward_only_moved_bytes"]``), filed as :func:`_census_elementwise` files their parts
+    (those a TP rank holds whole replicated, the rest split)."""
+    moved = (getattr(record, "traffic", None) or {}).get("forward_only_moved_bytes") or {}
+    tokens = float(record.seq)
+    split = sum(float(v) for p, v in moved.items() if p not in _KERNEL_TRAFFIC_PARTS + _REPLICATED_TRAFFIC_PARTS)
+    replicated = sum(float(v) for p, v in moved.items() if p in _REPLICATED_TRAFFIC_PARTS)
+    return split / 2.0 / tokens, replicated / 2.0 / tokens
 
 
 # Parts whose elementwise traffic tensor parallelism leaves whole (without sequence parallelism).

@@ -17,6 +17,16 @@ KINDS = {"dense": {"attention": "mla", "mlp": "dense"}, "moe": {"attention": "ml
          "mtp": {"attention": "mla", "mlp": "moe", "mtp": True}}
 
 
+def group_limited_selection_bytes(spec) -> int:
+    """What DeepSeek-V3's router (``get_topk_indices``, under no_grad) moves a token choosing its experts, as the
+    census counts it: the group mask made (zeros_like, 8 bytes a group) and scattered (8 a group, 8 an allowed
+    group's int64 index), expanded to the experts (a copy, 8 an expert, where there is more than one group: with
+    one the expansion reshapes as a view), cast to bool (5) and negated (2). Groups that limit nothing leave the
+    spec without them (read_expert_groups): priced as one group, the copy left out."""
+    groups, allowed, experts = spec.expert_groups or 1, spec.expert_groups_per_token or 1, spec.num_experts or 0
+    return 16 * groups + 8 * allowed + (15 if groups > 1 else 7) * experts
+
+
 class DeepseekV3Family(DecoderFamily):
     name = "deepseek_v3"
     model_types = ("deepseek_v3",)
@@ -24,9 +34,14 @@ class DeepseekV3Family(DecoderFamily):
     op_record_values = {"calls_known": 1, "router_logit_bytes": 4}
     # its group-limited router (DeepseekV3TopkRouter.forward): the casts to fp32, the linear, the sigmoid and the
     # bias, the groups' top-2 and sum, their top-k, the group mask (zeros, scatter, expanded copy, its negation),
-    # the masked fill, the top-k, the weights' gather, sum, epsilon, division and scaling
-    kernel_launches = {"router": 19}
+    # the masked fill, the top-k, the weights' gather, sum, epsilon, division (and under autograd the copy of the
+    # weights it divides in place, which the division's backward reads) and scaling
+    kernel_launches = {"router": 20}
     attention = "mla"
+
+    def router_selection_bytes(self, spec) -> int:
+        return group_limited_selection_bytes(spec)
+
     defaults = dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
                     num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
                     n_routed_experts=256, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,

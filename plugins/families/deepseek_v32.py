@@ -18,7 +18,7 @@ class DeepseekV32Family(DeepseekV3Family):
     op_record_values = {"router_logit_bytes": 4}
     attention = "dsa"
     defaults = dict(DeepseekV3Family.defaults, max_position_embeddings=163840, index_head_dim=128,
-                    index_n_heads=64, num_nextn_predict_layers=0)
+                    index_n_heads=64, index_topk=2048, num_nextn_predict_layers=0)
 
     def mlp_kinds(self, r, n):
         types = layer_types(r, n, "mlp_layer_types")
@@ -36,7 +36,8 @@ class DeepseekV32Family(DeepseekV3Family):
                                f"it is None")
         # DeepseekV32Model always builds the causal mask (allow_is_causal_skip=False), and each layer's attention
         # adds its indexer's top-k selection to it: an explicit mask at every length
-        return {"index_n_heads": r.int("index_n_heads"), "index_head_dim": r.int("index_head_dim"), "masked": True}
+        return {"index_n_heads": r.int("index_n_heads"), "index_head_dim": r.int("index_head_dim"),
+                "index_topk": r.int("index_topk"), "masked": True}
 
     def published_total(self, spec, total, buffers):
         """Only where the spec states one: V3.2's card quotes its size with the MTP layer."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ndcost.errors import InvalidValue
 from ndcost.plugins.families._base import (DecoderFamily, check_experts, read_attention, read_expert_groups,
                                             register_family)
+from ndcost.plugins.families.deepseek_v3 import group_limited_selection_bytes
 
 KINDS = {"dense": {"attention": "gqa", "mlp": "dense"}, "moe": {"attention": "gqa", "mlp": "moe"},
          "mtp": {"attention": "gqa", "mlp": "moe", "mtp": True}}
@@ -20,9 +21,9 @@ class Glm4MoeFamily(DecoderFamily):
     op_record_values = {"calls_known": 1, "router_logit_bytes": 4}
     # its group-limited router (Glm4MoeTopkRouter.forward, DeepseekV3TopkRouter's code): the casts to fp32, the
     # linear, the sigmoid and the bias, the groups' top-2 and sum, their top-k, the group mask (zeros, scatter,
-    # expanded copy, its negation), the masked fill, the top-k, the weights' gather, sum, epsilon, division and
-    # scaling; with its one group the census counts one fewer than on DeepSeek-V3's 19
-    kernel_launches = {"router": 18}
+    # expanded copy, its negation), the masked fill, the top-k, the weights' gather, sum, epsilon, division (and its
+    # copy under autograd) and scaling; with its one group the census counts one fewer than on DeepSeek-V3's 20
+    kernel_launches = {"router": 19}
     defaults = dict(vocab_size=151552, hidden_size=4096, intermediate_size=10944, num_hidden_layers=46,
                     num_attention_heads=96, num_key_value_heads=8, max_position_embeddings=131072,
                     tie_word_embeddings=False, attention_bias=False, moe_intermediate_size=1408,
@@ -30,6 +31,9 @@ class Glm4MoeFamily(DecoderFamily):
                     use_qk_norm=False, num_nextn_predict_layers=1, n_group=1, topk_group=1,
                     partial_rotary_factor=0.5)
     aliases = {"n_routed_experts": ("num_local_experts",), "num_nextn_predict_layers": ("num_mtp_layers",)}
+
+    def router_selection_bytes(self, spec) -> int:
+        return group_limited_selection_bytes(spec)  # DeepseekV3TopkRouter's code
 
     def spec(self, config, name):
         r = self.reader(config)
