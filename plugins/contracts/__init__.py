@@ -263,6 +263,8 @@ def register_kernel_autograd(op: Any, backward_op: Any, *, saves: Callable[[Any,
 
     def setup_context(ctx, inputs, output):
         ctx.mark_non_differentiable(*(output[i] for i in stateless))
+        # no zero gradients made for the stateless outputs (the device kernel's backward makes none)
+        ctx.set_materialize_grads(False)
         ctx.options = tuple(options(inputs))
         ctx.input_dtypes = tuple(getattr(value, "dtype", None) for value in inputs)
         ctx.save_for_backward(*saves(inputs, output))
