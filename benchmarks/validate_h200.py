@@ -5,8 +5,10 @@
 The rows: every whole step of ``tests/data/h200_measurements.json`` and ``tests/data/h200_qwen3_moe_steps.json``
 (``models[]``, ``benchmarks/measure_cuda.py``'s ``measure_model``: one H200, micro-batch 1, fused AdamW) and of
 ``tests/data/h200_steps.json`` where present (``benchmarks/measure_steps.py``'s ``steps[]``: every family, each
-step in a fresh process, reserved bytes too), or of the ``--steps`` files in their place; and every layer of
-``benchmarks/bench_time_h200.json`` (``benchmarks/bench_time.py``: forward, and forward plus backward).
+step in a fresh process, reserved bytes too), or of the ``--steps`` files in their place; every layer of
+``benchmarks/bench_time_h200.json`` (``benchmarks/bench_time.py``: forward, and forward plus backward); and every
+layer ``tests/data/h200_measurements.json`` timed (``layers[]``, ``measure_cuda.py``'s: ten families' layers at
+4,096 tokens under Transformers 5.17, forward and forward plus backward), held out of every fit.
 A step is priced by ``ndcost.resolve(config, runtime, hardware=h200).evaluate(strategy)``, the strategy and the
 runtime read off what the step ran (:func:`step_strategy`, :func:`step_runtime`): ``step_seconds`` beside
 ``step_ms``, and ``peak_bytes`` beside ``max_allocated_during_step_bytes`` less what was allocated before the
@@ -25,8 +27,9 @@ fitted dispatch is now every device's prior too, ``ndcost.kernels.PRIOR_DISPATCH
 correlation of predicted against measured time is over every time row, and
 over the whole steps alone.
 
-The layer timings include the launch-bound layers ``ndcost calibrate`` fitted dispatch on (llama3_8b@1024,
-qwen3_30b_a3b_moe@4096) and the dense layers it fitted efficiencies on: only the whole steps are held out.
+The layer timings of bench_time_h200.json include the launch-bound layers ``ndcost calibrate`` fitted dispatch on
+(llama3_8b@1024, qwen3_30b_a3b_moe@4096) and the dense layers it fitted efficiencies on; the whole steps and the
+layers of h200_measurements.json (rows ``held-out layer``) are held out.
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ MEASURED_STEPS = os.path.join(ROOT, "tests", "data", "h200_steps.json")
 STEPS_FORMAT = "ndcost-step-measurements"
 DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
 LAYERS = os.path.join(HERE, "bench_time_h200.json")
+HELD_OUT_LAYERS = os.path.join(ROOT, "tests", "data", "h200_measurements.json")
 GIB = 2 ** 30
 # the launch costs before the fit: round order-of-magnitude figures
 UNFITTED_LAUNCH_SECONDS, UNFITTED_DISPATCH_SECONDS = 2.0e-6, 1.0e-5
@@ -178,20 +182,26 @@ def read_steps(path: str) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
 
 
 def evaluate_layers(census: str, hw: Dict[str, Any], only: Optional[str] = None) -> List[Dict[str, Any]]:
-    """Each layer of bench_time_h200.json, forward and forward plus backward, beside the time model."""
-    measurements, _, _ = calibration.read_measurements(LAYERS, census=census)
+    """Each layer of bench_time_h200.json and of h200_measurements.json (held out), forward and forward plus
+    backward, beside the time model."""
     h200 = hw["fitted"]
     eff = time_model.efficiencies(h200)[0]
     out = []
-    for m in measurements:
-        if only and not fnmatch.fnmatch(f"layer {m.label}", only):
-            continue
-        times = {name: calibration.layer_times(m, h, eff) for name, h in hw.items()}
-        for label, measured, pick in (("forward", m.forward_seconds, lambda t: t[0]),
-                                      ("forward+backward", m.forward_backward_seconds, lambda t: t[0] + t[1])):
-            if measured is None:
-                continue
-            row: Dict[str, Any] = {"row": f"layer {m.label} {label}", "source": os.path.basename(LAYERS),
+    for path, prefix in ((LAYERS, "layer"), (HELD_OUT_LAYERS, "held-out layer")):
+        measurements, _, _ = calibration.read_measurements(path, census=census)
+        for m in measurements:
+            if not only or fnmatch.fnmatch(f"{prefix} {m.label}", only):
+                out += _layer_rows(m, prefix, os.path.relpath(path, ROOT), hw, eff)
+    return out
+
+
+def _layer_rows(m: Any, prefix: str, source: str, hw: Dict[str, Any], eff: Dict[str, float]) -> List[Dict[str, Any]]:
+    times = {name: calibration.layer_times(m, h, eff) for name, h in hw.items()}
+    out = []
+    for label, measured, pick in (("forward", m.forward_seconds, lambda t: t[0]),
+                                  ("forward+backward", m.forward_backward_seconds, lambda t: t[0] + t[1])):
+        if measured is not None:
+            row: Dict[str, Any] = {"row": f"{prefix} {m.label} {label}", "source": source,
                                    "measured_seconds": measured}
             for name, t in times.items():
                 row[f"predicted_seconds_{name}"] = pick(t)
@@ -221,6 +231,7 @@ def evaluate(census: str = "auto", only: Optional[str] = None,
     rows += evaluate_layers(census, hw, only)
     timed = [r for r in rows if r["measured_seconds"] is not None and r["predicted_seconds_fitted"] is not None]
     measured = [r["measured_seconds"] for r in timed]
+    held_out = steps + [r for r in timed if r["row"].startswith("held-out layer")]
     return {"rows": rows, "census": census, "not_steps": others,
             "reserved_error_range": [min(reserved), max(reserved)] if reserved else None,
             "reserved_compared": len(reserved),
@@ -230,7 +241,9 @@ def evaluate(census: str = "auto", only: Optional[str] = None,
             "spearman_time": {name: spearman([r[f"predicted_seconds_{name}"] for r in timed], measured)
                               for name in hw},
             "spearman_time_steps": {name: spearman([r[f"predicted_seconds_{name}"] for r in steps],
-                                                   [r["measured_seconds"] for r in steps]) for name in hw}}
+                                                   [r["measured_seconds"] for r in steps]) for name in hw},
+            "spearman_time_held_out": {name: spearman([r[f"predicted_seconds_{name}"] for r in held_out],
+                                                      [r["measured_seconds"] for r in held_out]) for name in hw}}
 
 
 def _pct(value: Optional[float]) -> str:
@@ -266,7 +279,8 @@ def render(result: Dict[str, Any]) -> str:
         return ", ".join(f"{name} {'-' if v is None else f'{v:.3f}'}" for name, v in result[key].items())
 
     lines += ["", f"Spearman rank correlation of predicted vs measured time over every row: {rho('spearman_time')}; "
-              f"over the whole steps (held out of the fit): {rho('spearman_time_steps')}"]
+              f"over the whole steps: {rho('spearman_time_steps')}; over every row held out of the fit (the steps "
+              f"and the held-out layers): {rho('spearman_time_held_out')}"]
     lines += [f"{r['row']}: time unpriced ({r['time_unpriced']})" for r in result["rows"] if "time_unpriced" in r]
     low_high = result["reserved_error_range"]
     lines.append(f"reserved beside max_memory_reserved on {result['reserved_compared']} step(s)"

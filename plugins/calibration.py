@@ -57,15 +57,17 @@ class Measurement:
     forward_seconds: float
     forward_backward_seconds: Optional[float] = None
     label: str = ""
-    record: Any = attrs.field(default=None, repr=False)  # the census's KindRecord of the layer, where one ran
+    runtime: str = "hf-cuda"  # what ran it: its modules, its attention kernel (SDPA, or eager where no SDPA)
+    census: str = "auto"      # "auto": the census's FLOPs and traffic where a census runs here; "off": the formulas'
     work: Any = attrs.field(default=None, repr=False, eq=False)
 
     def model_work(self):
-        """The time model's work for this layer (census FLOPs and traffic where measured), built once."""
-        from ndcost.plugins.estimators.flops import model_work
+        """The time model's work for this layer as the resolver builds it under :attr:`runtime` (the runtime's
+        attention kernel, the census's figures where one runs), built once."""
+        from ndcost.resolver import resolve
         if self.work is None:
-            records = {self.kind: self.record} if self.record is not None else None
-            object.__setattr__(self, "work", model_work(self.spec, self.seq, records))
+            object.__setattr__(self, "work", resolve(self.spec, runtime=self.runtime, census=self.census)
+                               .model_work(self.seq))
         return self.work
 
     @property
@@ -160,16 +162,6 @@ def _spec_from_text(text: str, params: Optional[int]):
     return spec
 
 
-def _census_record(spec, kind: str, seq: int, runtime: str):
-    """The census's record of *kind* at *seq* under *runtime*, or None where no census can run here."""
-    from ndcost.errors import CensusUnavailable
-    try:
-        from ndcost.plugins import census
-        return census.kind_records(spec, seq, runtime=runtime).get(kind)
-    except (CensusUnavailable, ImportError, AttributeError):
-        return None
-
-
 def _hardware_of_device(device: str, registry: Any = None) -> Optional[str]:
     """A registered hardware name for a device name such as 'NVIDIA H200' (None where none matches).
 
@@ -210,9 +202,10 @@ def read_measurements(path: str, model: Any = None, kind: Optional[str] = None, 
     ``benchmarks/measure_cuda.py`` (``{"device": ..., "layers": [...]}``)
     is read as it is. ``components`` (``benchmarks/bench_time.py``) are op
     classes timed alone: ``{"op_class", "flops" or "bytes", "seconds"}``.
-    With ``census="auto"`` each layer is priced from the census's FLOPs and
-    traffic under *runtime* where a census can run (the analytic figures
-    otherwise); ``"off"`` prices it analytically.
+    Each layer is priced as the resolver prices it under *runtime* (its
+    attention kernel: SDPA, or eager for a model without SDPA, as Transformers
+    picks); with ``census="auto"`` from the census's FLOPs and traffic where a
+    census can run (the analytic figures otherwise), ``"off"`` analytically.
     """
     if not Path(path).exists():
         raise InvalidValue(f"no measurements file {path!r}")
@@ -261,8 +254,7 @@ def read_measurements(path: str, model: Any = None, kind: Optional[str] = None, 
         layer_kind = layer_kind or spec.kinds[0]
         if layer_kind not in spec.kinds:
             raise InvalidValue(f"{where}: {spec.name!r} has no layer kind {layer_kind!r}; kinds: {', '.join(spec.kinds)}")
-        record = _census_record(spec, layer_kind, int(entry["seq"]), runtime) if census != "off" else None
-        out.append(Measurement(spec=spec, kind=layer_kind, seq=int(entry["seq"]), record=record,
+        out.append(Measurement(spec=spec, kind=layer_kind, seq=int(entry["seq"]), runtime=runtime, census=census,
                                micro_batch=int(entry.get("micro_batch", 1)), dtype=str(entry.get("dtype", "bf16")),
                                forward_seconds=forward, forward_backward_seconds=both,
                                label=str(entry.get("label") or entry.get("case") or

@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from ndcost.compose import time as time_model  # noqa: E402
 from ndcost.models import load_model  # noqa: E402
 from ndcost.plugins import op_records  # noqa: E402
 from ndcost.plugins.census import records  # noqa: E402
@@ -116,3 +117,7 @@ def test_eager_scores_traffic_is_the_scores_part():
                 + (2 + 4) * scores + (4 + 4) * scores + (4 + 2) * scores + (2 * scores + 2 * heads))
     assert counted.moved_bytes["scores"] == expected
     assert counted.launches["scores"] == 7
+    # what the time model prices outside the two matmuls (the mask's reads aside): the same bytes a score
+    matmuls = (2 * heads + 2 * scores) + (2 * scores + 2 * heads)
+    assert (expected - matmuls - 2 * S * S) / scores == time_model.EAGER_SOFTMAX_BYTES_PER_SCORE
+    assert counted.launches["scores"] - 2 == time_model.EAGER_SOFTMAX_KERNELS

@@ -902,11 +902,13 @@ def _attention_seconds(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any],
 
 # Transformers' eager_attention_forward (modeling_llama.py and the families that copy it) on a 2-byte compute dtype,
 # bytes a score element moves outside the two matmuls each pass: the forward's scaling (read, write: 4), mask add
-# (4), softmax to fp32 (read 2, write 4) and the cast back (read 4, write 2); the backward's cast to fp32 (6),
-# softmax backward (reads the fp32 gradient and output, writes 2: 10) and the scaling's (4). Dropout at p = 0
-# returns its input (torch.nn.functional.dropout); the mask's reads (a batch's, not a head's) are left out.
-EAGER_SOFTMAX_BYTES_PER_SCORE = 20.0
-EAGER_SOFTMAX_KERNELS = 4
+# (4), softmax(dtype=float32) as torch runs it, an upcast (read 2, write 4) then the softmax in fp32 (read 4, write
+# 4), and the cast back (read 4, write 2): 28 in 5 kernels, as the census counts them
+# (tests/test_census_attribution.py); the backward's cast to fp32 (6), softmax backward (reads the fp32 gradient and
+# output, writes fp32: 12), cast back (6) and the scaling's (4): 28. Dropout at p = 0 returns its input
+# (torch.nn.functional.dropout); the mask's reads (a batch's, not a head's) are left out.
+EAGER_SOFTMAX_BYTES_PER_SCORE = 28.0
+EAGER_SOFTMAX_KERNELS = 5
 
 
 # torch's ring attention (torch/distributed/tensor/experimental/_context_parallel/_attention.py, as torchtitan runs it:
