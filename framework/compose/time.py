@@ -2307,10 +2307,9 @@ def _offload_provenance(hardware: Hardware) -> str:
 
 
 def _float8_model_flops(model: ModelWork, rows: _Rows, cols, hardware: Hardware) -> Optional[Tuple[np.ndarray, float]]:
-    """Under ``float8``: ``(N,)`` of a sequence's training model FLOPs (three times the forward's: a Float8 linear
-    has a backward), those of the
-    Float8 linears (and of the routed experts under ``float8_experts``), and the fp8 peak; None where no row runs
-    float8."""
+    """Under ``float8``: ``(N,)`` of a sequence's training model FLOPs of the Float8 linears (three times their
+    forward's: each has a backward; and of the routed experts under ``float8_experts``), and the fp8 peak; None
+    where no row runs float8."""
     on = np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none")
     if not np.count_nonzero(on):
         return None

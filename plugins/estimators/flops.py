@@ -459,7 +459,7 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         only_elements = _census_forward_only_elements(record)
         source += "; census traffic"
     else:
-        parts = [at(seq) for at in shapes.get("forward_only_elements_at", ())]
+        parts = [elements_at(seq) for elements_at in shapes.get("forward_only_elements_at", ())]
         only_elements = (sum(p[0] for p in parts), sum(p[1] for p in parts))
         elementwise += only_elements[0]
         replicated_elements += only_elements[1]
