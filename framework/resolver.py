@@ -51,7 +51,7 @@ from ndcost.values import (
     TimeBreakdown,  # the one message for an unregistered plugin name
     frozen_mapping,
 )
-from ndcost.work import EAGER_ATTENTION_LAUNCHES, KindWork, as_run
+from ndcost.work import KindWork, as_run
 
 __all__ = ["resolve", "CostModel", "BatchResult", "CENSUS_MODES", "CensusFallbackWarning"]
 
@@ -421,9 +421,7 @@ class CostModel:
     def _as_run(self, works: Mapping[str, KindWork], seq: int) -> Dict[str, KindWork]:
         """Each analytic kind's work as the runtime's attention kernel runs it (:func:`ndcost.work.as_run`)."""
         kernel = self._attention_kernel()
-        launches = self._family.kernel_launches.get("eager_attention", EAGER_ATTENTION_LAUNCHES)
-        heads, kv_heads = self.spec.num_attention_heads, self.spec.num_key_value_heads or self.spec.num_attention_heads
-        return {kind: as_run(work, self.spec.kind(kind), kernel, seq, kv_heads, heads, launches)
+        return {kind: as_run(work, self.spec, kind, kernel, seq, self._family.kernel_launches)
                 for kind, work in works.items()}
 
     def _built_kinds(self) -> List[str]:

@@ -26,7 +26,7 @@ from ndcost import manager, models
 from ndcost.errors import InvalidValue, NdcostError
 from ndcost.records import routed_in_record
 from ndcost.values import OPS, PARTS, ModelSpec
-from ndcost.work import EAGER_ATTENTION_LAUNCHES, as_run
+from ndcost.work import as_run
 
 __all__ = ["verify", "Verification", "VerifyRow", "DEFAULT_THRESHOLD"]
 
@@ -263,10 +263,7 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
     census_output, output_why = _attempt(functools.partial(registry.get("census/output_record"), spec, seq,
                                                            runtime=runtime, use_cache=use_cache))
     kernel, _ = _attempt(functools.partial(formulas.attention_kernel, spec, runtime))
-    heads = spec.num_attention_heads
     family = models.family_for(spec.model_type)
-    eager_launches = (family.kernel_launches if family is not None else {}).get("eager_attention",
-                                                                              EAGER_ATTENTION_LAUNCHES)
     ours_works: Dict[str, Any] = {}
     theirs_works: Dict[str, Any] = {}
     formula_output = None
@@ -287,8 +284,7 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
         by_part = count.by_kind.get(kind)
         work_ours, work_ours_why = _attempt(functools.partial(analytic.kind_work, spec, kind, seq, ours, by_part))
         if work_ours is not None:  # as the resolver prices it, the pairs the runtime's kernel computes
-            work_ours = as_run(work_ours, spec.kind(kind), kernel, seq, spec.num_key_value_heads or heads, heads,
-                               eager_launches)
+            work_ours = as_run(work_ours, spec, kind, kernel, seq, family.kernel_launches if family is not None else {})
             if kernel == "eager" and work_ours.has_attention:
                 work_ours = work_ours.every_pair(seq)  # as the time model prices eager attention
         work_theirs, work_theirs_why = (None, theirs_why) if theirs is None else _attempt(

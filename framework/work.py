@@ -226,19 +226,23 @@ class KindWork:
         return 3.0 * forward - 2.0 * self.forward_flops(seq, all_pairs=all_pairs, forward_only=True)
 
 
-def as_run(work: KindWork, info: Any, kernel: str, seq: int, kv_heads: int, heads: int,
-           eager_launches: int = EAGER_ATTENTION_LAUNCHES) -> KindWork:
-    """An analytic kind's *work* (of layer kind *info*, a :class:`~ndcost.layer.LayerKind`) as the runtime's attention
+def as_run(work: KindWork, spec: Any, kind: str, kernel: Optional[str], seq: int,
+           kernel_launches: Mapping[str, int]) -> KindWork:
+    """An analytic kind's *work* (*kind* of *spec*, a :class:`~ndcost.values.ModelSpec`) as the runtime's attention
     *kernel* runs it at *seq* tokens: an SDPA call handed a mask (:meth:`KindWork.masked_sdpa`), or Transformers'
-    eager attention (``"eager"``: :meth:`KindWork.eager_attention`, *eager_launches* more kernels); the key-value
-    heads repeated to the *heads* query heads where fewer. A census's work is what ran: returned as it is."""
+    eager attention (``"eager"``: :meth:`KindWork.eager_attention`, the family's *kernel_launches*
+    ``["eager_attention"]`` more kernels, else :data:`EAGER_ATTENTION_LAUNCHES`); the key-value heads repeated to the
+    query heads where fewer. A census's work is what ran: returned as it is."""
+    info = spec.kind(kind)
     if not work.has_attention or not work.source.startswith(ANALYTIC_FLOPS) or info.linear:
         return work
-    repeats_kv = info.attention_class == "softmax" and kv_heads < heads
+    heads = spec.num_attention_heads
+    repeats_kv = info.attention_class == "softmax" and (spec.num_key_value_heads or heads) < heads
     if kernel == "sdpa" and info.sdpa_masked(seq):
         return work.masked_sdpa(seq, repeats_kv)
     if kernel == "eager" and info.attention_class in ("softmax", "latent"):
-        return work.eager_attention(eager_launches, repeats_kv=repeats_kv)
+        return work.eager_attention(kernel_launches.get("eager_attention", EAGER_ATTENTION_LAUNCHES),
+                                    repeats_kv=repeats_kv)
     return work
 
 
