@@ -244,10 +244,15 @@ def test_the_resolver_hands_the_runtimes_kernel_to_the_time_model():
 
 
 def test_the_shipped_plateaus_read_as_their_papers_say(registry):
-    for name, plateau in (("a100", (0.73, 0.63)), ("h100", (0.35, 0.30)), ("h100-hbm2e-500w", (0.35, 0.30))):
+    # FlashAttention's benchmarks count a backward as 2.5 forwards' FLOPs, ndcost as 2: a paper's backward share
+    # x 2 / 2.5 (FlashAttention-2 on the A100: 73% forward, 63% backward; on the H100 35% forward, its backward
+    # by the A100's ratio)
+    a100 = (0.73, 0.63 * 2 / 2.5)
+    h100 = (0.35, round(0.35 * 63 / 73 * 2 / 2.5, 2))
+    for name, plateau in (("a100", a100), ("h100", h100), ("h100-hbm2e-500w", h100)):
         hardware = registry.get(f"hardware/{name}")
         entry = kernels.parse_kernel_tables(name, hardware.kernel_tables).attention["flash"]
-        assert entry.plateau == plateau and "arXiv:2307.08691" in entry.source
+        assert entry.plateau == pytest.approx(plateau) and "arXiv:2307.08691" in entry.source
 
 
 # ---------------------------------------------------------------------------
