@@ -65,6 +65,21 @@ SDPA_BACKENDS = ("cudnn", "flash", "efficient", "math")
 # another where its torch prefers cuDNN (``check_prefer_cudnn_attention``: sm90 and sm100 with cuDNN >= 9.9).
 DEFAULT_SDPA_BACKENDS = ("flash", "efficient")
 
+
+def runtime_sdpa_backends(by_capability: Mapping[str, Tuple[str, ...]], compute_capability: Optional[str]
+                          ) -> Tuple[str, ...]:
+    """The order a runtime's own attention tries the kernels (``RuntimeProfile.attention_backends``: an order by
+    the least CUDA compute capability it applies from) on a device of *compute_capability*: the entry of the
+    greatest capability at most the device's; () where none applies or the device states none (SDPA's order, the
+    hardware's ``kernel_tables.sdpa_backends``, applies)."""
+    from ndcost.values import capability_tuple
+    device = capability_tuple(compute_capability) if compute_capability is not None else None
+    if device is None:
+        return ()
+    applies = [(least, order) for least, order in ((capability_tuple(c), order) for c, order in by_capability.items())
+               if least is not None and least <= device]
+    return tuple(max(applies)[1]) if applies else ()
+
 # Priors where a hardware states no launch figures. A CUDA kernel occupies the GPU for at least a few
 # microseconds even when it does nothing (back-to-back empty kernels run at a few hundred thousand a second:
 # an order-of-magnitude figure, not measured here). Dispatch is the host's work, not the device's (Python,

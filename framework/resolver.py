@@ -372,6 +372,8 @@ class CostModel:
             # the time model places MTP layers with the head only where the runtime builds them, as memory does
             self.resolved.model_work[seq] = attrs.evolve(
                 work, attention_kernel=self._attention_kernel(), selective_rerun_collectives=self._selective_rerun,
+                attention_backends=self._profile.attention_backends if self._profile is not None else {},
+                fused_pointwise=self._profile is not None and self._profile.pointwise == "fused",
                 mtp_kinds=work.mtp_kinds if self.tables.builds_mtp else (),
                 work=self._repeated_kv(self._as_run(work.work, seq)))
             self.resolved.flops_sources[seq] = sources

@@ -958,6 +958,12 @@ CPU_ADAM_PARAMETERS_PER_SECOND = 10e9 / 2.57
 NVLS_ARCHITECTURES = (None, "hopper", "blackwell")
 
 
+def capability_tuple(text: str) -> Optional[Tuple[int, int]]:
+    """``"9.0"`` as ``(9, 0)``; None where *text* is not a CUDA compute capability ``"major.minor"``."""
+    major, dot, minor = str(text).partition(".")
+    return (int(major), int(minor)) if dot and major.isdigit() and minor.isdigit() else None
+
+
 @attrs.frozen(kw_only=True)
 class Hardware:
     """One accelerator and its network, as a hardware spec YAML states it.
@@ -974,6 +980,8 @@ class Hardware:
     GB200 NVL72 rack); ``nics_per_node``: a node's network interfaces, the ``across_nodes`` level's bandwidth
     being one's (by default one a device); ``nvls_architecture``: ``hopper`` or ``blackwell`` where the NVLink
     switches reduce in-switch (NVLS, NVLink SHARP), picking NCCL's NVLS constants; None without.
+    ``compute_capability``: a CUDA device's ``"major.minor"`` (``"9.0"`` on Hopper), which a runtime's kernel
+    choice may depend on (:attr:`ndcost.plugins.runtimes.RuntimeProfile.attention_backends`); None on others.
     ``cuda_context_bytes`` is the device memory a training process holds outside PyTorch's caching allocator
     (the CUDA context and the kernels' module images; cuBLAS workspaces are inside the allocator, NCCL's
     buffers are left out; 0 where a spec does not state it): what fits is judged against ``memory_bytes -
@@ -998,6 +1006,7 @@ class Hardware:
                                                                    takes_self=True))
     nics_per_node: int = attrs.field(default=attrs.Factory(lambda self: self.devices_per_node, takes_self=True))
     nvls_architecture: Optional[str] = None
+    compute_capability: Optional[str] = attrs.field(default=None, converter=attrs.converters.optional(str))
 
     def __attrs_post_init__(self):
         _check_name("hardware", self.name)
@@ -1038,6 +1047,9 @@ class Hardware:
         if self.nvls_architecture not in NVLS_ARCHITECTURES:
             raise InvalidValue(f"{owner}: nvls_architecture {self.nvls_architecture!r} is not one of "
                                f"{', '.join(map(str, NVLS_ARCHITECTURES))} (omit it where the switches lack NVLS)")
+        if self.compute_capability is not None and capability_tuple(self.compute_capability) is None:
+            raise InvalidValue(f"{owner}: compute_capability {self.compute_capability!r} is not a CUDA compute "
+                               f"capability \"major.minor\" (\"9.0\" on an H100); omit it on a device without one")
 
     @property
     def usable_memory_bytes(self) -> int:

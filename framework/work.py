@@ -270,6 +270,11 @@ class ModelWork:
     expert_groups_per_token: int = 1       # of expert_groups equal groups (ModelSpec's; 1 and 1: not limited)
     # the layer collectives (resolver.LAYER_COLLECTIVE_OPS' keys) recompute=selective runs again in its recompute
     selective_rerun_collectives: Tuple[str, ...] = ()
+    # the order the runtime's own attention tries the kernels, by the least compute capability it applies from
+    # (RuntimeProfile.attention_backends; empty: SDPA's, the hardware's), and whether its pointwise ops run fused
+    # (RuntimeProfile.pointwise: priced as Strategy.compile prices the elementwise bytes)
+    attention_backends: Mapping[str, Tuple[str, ...]] = attrs.field(factory=dict, converter=frozen_mapping)
+    fused_pointwise: bool = False
 
     @property
     def num_layers(self) -> int:

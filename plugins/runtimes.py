@@ -17,23 +17,34 @@ party's, registered the same way) naming:
 - ``selective_policy``: the ``checkpoint_policy/<name>`` selective
   checkpointing runs under;
 - ``build_mtp``: whether the run builds multi-token-prediction layers;
-- ``unsupported``: model types the runtime cannot price, with why.
+- ``unsupported``: model types the runtime cannot price, with why;
+- ``attention_backends``: where SDPA-class attention is not PyTorch's SDPA
+  picking its backend, the order the runtime's own attention tries the
+  kernels, by the least CUDA compute capability it applies from (Transformer
+  Engine's cuDNN kernel first from ``"9.0"``); unstated, the hardware's order;
+- ``pointwise``: ``eager`` (a kernel an op, Transformers' modules) or ``fused``
+  (each chain of pointwise ops between matmuls one kernel, as Transformer
+  Engine's fused norm, rotary, activation and residual kernels run it; priced
+  as ``Strategy.compile`` prices the elementwise bytes).
 
 Registered as ``runtime/<name>``. Torch-free: only the census reads what a
-profile names.
+profile names; the last two are the time model's alone (not in a census's key).
 """
 from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping, Tuple, Union
+from typing import Any, Mapping, Optional, Tuple, Union
 
 import attrs
 
 from ndcost.specio import load_yaml, read_text
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
-from ndcost.values import frozen_mapping
+from ndcost.values import capability_tuple, frozen_mapping
+
+# RuntimeProfile.pointwise: a kernel an op (eager), or a kernel a chain of pointwise ops between matmuls (fused)
+POINTWISE = ("eager", "fused")
 
 
 def _names(value: Any) -> Tuple[str, ...]:
@@ -81,6 +92,23 @@ class RuntimeProfile:
     selective_policy: str = "torchtitan"
     build_mtp: bool = False
     unsupported: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping)
+    attention_backends: Mapping[str, Tuple[str, ...]] = attrs.field(
+        factory=dict, converter=lambda v: frozen_mapping({str(k): _names(x) for k, x in dict(v or {}).items()}))
+    pointwise: str = "eager"
+
+    def __attrs_post_init__(self):
+        from ndcost.kernels import SDPA_BACKENDS
+        if self.pointwise not in POINTWISE:
+            raise InvalidValue(f"runtime profile {self.name!r}: pointwise {self.pointwise!r} is not one of "
+                               f"{', '.join(POINTWISE)}")
+        for capability, order in self.attention_backends.items():
+            if capability_tuple(capability) is None:
+                raise InvalidValue(f"runtime profile {self.name!r}: attention_backends key {capability!r} is not a "
+                                   f"CUDA compute capability \"major.minor\" (\"9.0\": from Hopper on)")
+            unknown = [b for b in order if b not in SDPA_BACKENDS]
+            if unknown or not order:
+                raise InvalidValue(f"runtime profile {self.name!r}: attention_backends[{capability!r}] must list "
+                                   f"kernels of {', '.join(SDPA_BACKENDS)}, got {list(order)!r}")
 
     def contracts_for(self, model_type: str) -> Tuple[str, ...]:
         """The contracts a layer of *model_type* runs under: the profile's and its family's."""
@@ -89,7 +117,8 @@ class RuntimeProfile:
     def content(self) -> dict:
         """Everything that decides what a census measures, for cache keys."""
         out = attrs.asdict(self, recurse=True)
-        out.pop("summary", None)
+        for priced_only in ("summary", "attention_backends", "pointwise"):  # the time model's, not the census's
+            out.pop(priced_only, None)
         return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in out.items()}
 
 

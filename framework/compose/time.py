@@ -739,8 +739,7 @@ def _layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware
         # reruns every other op of the forward (_CachedTorchDispatchMode, torch/utils/checkpoint.py): the
         # elementwise kernels with the recomputed matmuls; under compile the partitioner fuses the rerun
         # elementwise ops into the backward's kernels (what they read the backward reads): not added
-        eager_elementwise = np.where(np.asarray(cols["compile"], dtype=bool)[:, None], 0.0,
-                                     roofline["elementwise_forward"])
+        eager_elementwise = np.where(_fused_rows(model, cols), 0.0, roofline["elementwise_forward"])
         # the scores (eager's matmuls and softmax, or the kernel) and a linear recurrence, where it reruns them
         scores = nan_to_zero(share_scores) * (fwd_attention + roofline["recurrence_forward"])
         return np.where(measured, nan_to_zero(share_att) * fwd_mm * att_share
@@ -849,8 +848,7 @@ def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardwa
         tp_split = np.where(sp, tp, 1.0)
         only = rows.compute_bytes[:, None] * tokens * (k["forward_only_elementwise_elements_per_token"] / tp
                                                        + k["forward_only_replicated_elements_per_token"] / tp_split)
-        compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
-        repeated = np.maximum(elementwise - np.where(compiled, 0.0, only), 0.0)
+        repeated = np.maximum(elementwise - np.where(_fused_rows(model, cols), 0.0, only), 0.0)
     if np.count_nonzero(np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none")):  # the Float8 casts' bytes
         elementwise_fwd, elementwise_bwd = elementwise + cast_fwd, 2.0 * repeated + cast_bwd
     else:
@@ -886,7 +884,7 @@ def _attention_seconds(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any],
     ``ring_merges_backward``, at the elementwise efficiency of their mean kernel), and the ring's launches
     (``ring_launches``)."""
     forward, backward, first_forward, first_backward = _scores_seconds(model, rows, cols, hardware, eff, scores)
-    ring = _ring_attention_work(_kind_arrays(model), rows, cols)
+    ring = _ring_attention_work(_kind_arrays(model), rows, cols, _fused_rows(model, cols))
     if np.count_nonzero(ring["launches"]):  # some row runs ring CP (its launches: > 0 exactly there)
         hbm = float(hardware.hbm_bytes_per_second)
         ring_f, ring_b = kernels.elementwise_efficiencies(
@@ -922,7 +920,8 @@ RING_LAUNCHES_PER_LATER_STEP = 13.0
 RING_LAUNCHES_PER_PASS = 4.0
 
 
-def _ring_attention_work(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+def _ring_attention_work(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[str, Any],
+                         compiled: np.ndarray) -> Dict[str, np.ndarray]:
     """``(N, K)`` what ring CP's merges and gradient accumulations move through HBM a layer and micro-batch on one
     device, forward and backward (``forward_bytes``, ``backward_bytes``), and the kernels the forward launches
     beyond the layer's (``launches``); 0 without ring CP or attention.
@@ -966,7 +965,6 @@ def _ring_attention_work(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping
     lse = tokens * k["attention_heads"]
     kv = tokens * k["kv_elements_per_token"]
     later = cp - 1.0
-    compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
     compiled_rows = np.count_nonzero(compiled)  # eager's and compile's figures priced only where a row runs them
     if compiled_rows < len(compiled):
         eager_f = (2.0 * w * kv * cp + 2.0 * (w + 4.0) * o
@@ -1003,7 +1001,8 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
     and the seconds of the first of ring CP's steps of each pass (the whole pass without ring CP).
 
     The kernel is the runtime's (``ModelWork.attention_kernel``; SDPA's backend as PyTorch picks it in the
-    hardware's ``kernel_tables.sdpa_backends`` order, :func:`ndcost.kernels.attention_kernel`), read per compute
+    hardware's ``kernel_tables.sdpa_backends`` order, or in the runtime's own order (:func:`_sdpa_order`),
+    :func:`ndcost.kernels.attention_kernel`), read per compute
     dtype and kind. Under ring CP the kernel runs once a step, ``cp`` steps a pass, as torch's load-balanced
     ring runs them (``_templated_ring_attention`` and its backward,
     torch/distributed/tensor/experimental/_context_parallel/_attention.py; each rank holds two of the ``2 cp``
@@ -1026,7 +1025,7 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
     """
     peak = rows.peak_flops[:, None]
     tables = _kernel_tables(hardware)
-    order = kernels.DEFAULT_SDPA_BACKENDS if tables is None else tables.sdpa_backends
+    order = _sdpa_order(model, hardware)
     k = _kind_arrays(model)
     groups = _derived(("attention_kernels", order), model, lambda m: _attention_groups(m, k, order))
     codes = np.asarray(cols["compute_dtype"])
@@ -1087,6 +1086,25 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
     return forward, backward, first_forward, first_backward
 
 
+def _sdpa_order(model: ModelWork, hardware: Hardware) -> Tuple[str, ...]:
+    """The order SDPA-class attention tries the kernels: the runtime's own on this device
+    (``ModelWork.attention_backends``: Transformer Engine's, cuDNN's first from Hopper on), else the hardware's
+    (``kernel_tables.sdpa_backends``: PyTorch's SDPA)."""
+    own = kernels.runtime_sdpa_backends(model.attention_backends, hardware.compute_capability) \
+        if model.attention_backends else ()
+    if own:
+        return own
+    tables = _kernel_tables(hardware)
+    return kernels.DEFAULT_SDPA_BACKENDS if tables is None else tables.sdpa_backends
+
+
+def _fused_rows(model: ModelWork, cols: Mapping[str, Any]) -> np.ndarray:
+    """``(N, 1)`` whether each row's pointwise chains run as one kernel each: under ``compile``, or everywhere
+    under a runtime whose pointwise ops run fused (``ModelWork.fused_pointwise``: Transformer Engine's kernels)."""
+    compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
+    return np.ones(compiled.shape, dtype=bool) if model.fused_pointwise else compiled
+
+
 def _attention_groups(model: ModelWork, k: Mapping[str, np.ndarray], order: Tuple[str, ...]):
     """Per compute dtype, each attention kernel the model's kinds with heads run under SDPA order *order*:
     ``(kernel, kinds, head_dim, value_head_dim)``, *kinds* a slice where every kind runs it, else a mask."""
@@ -1132,14 +1150,15 @@ def _eager_scores(hardware: Hardware, tables, dtype: str, eff, seq_q, seq_k, hea
 
 
 def _elementwise_elements(model: ModelWork, k: Mapping[str, np.ndarray], cols: Mapping[str, Any], tp, sp):
-    """``(N, K)`` elementwise elements a token on one TP rank: eager's, or under ``compile`` each pointwise chain
-    fused (the KindWork's compiled figures: reads and writes once a chain)."""
+    """``(N, K)`` elementwise elements a token on one TP rank: eager's, or fused (:func:`_fused_rows`) each
+    pointwise chain once (the KindWork's compiled figures: reads and writes once a chain)."""
     tp_split = np.where(sp, tp, 1.0)
     eager = k["elementwise_elements_per_token"] / tp + k["replicated_elements_per_token"] / tp_split
-    compiled = np.asarray(cols["compile"], dtype=bool)[:, None]
+    compiled = _fused_rows(model, cols)
     if not np.count_nonzero(compiled):
         return eager
-    _stated(model, k, _LOW_PRECISION_WORK[3:5], compiled, "compile=true")
+    _stated(model, k, _LOW_PRECISION_WORK[3:5], compiled,
+            "a runtime fusing its pointwise ops" if model.fused_pointwise else "compile=true")
     fused = k["compiled_elementwise_elements_per_token"] / tp + k["compiled_replicated_elements_per_token"] / tp_split
     return np.where(compiled, fused, eager)
 
@@ -2198,7 +2217,9 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
               "pp_send_seconds": pipe["send"], "fsdp_exposed_forward_seconds": fsdp_exposed_f,
               "fsdp_exposed_backward_seconds": fsdp_exposed_b}
     kinds = _derived("kernel_kinds", model, _kernel_kinds)  # what of the model the provenance reads beyond its source
-    provenance = _derived(("provenance", model.source, kinds, tuple(coll.values())), hardware,
+    read = (model.source, kinds, model.attention_kernel, tuple(model.attention_backends.items()),
+            model.fused_pointwise)
+    provenance = _derived(("provenance", *read, tuple(coll.values())), hardware,
                           lambda hw: _provenance(model, eff, eff_sources, coll, hw))
     return _results(model, rows, seconds, detail, provenance, _float8_model_flops(model, rows, cols, hardware))
 
@@ -2253,13 +2274,15 @@ def _kernel_provenance(model: ModelWork, hardware: Hardware) -> str:
     elementwise = ("elementwise by bytes a kernel: kernel_tables" if tables is not None and tables.elementwise
                    is not None else "elementwise: constant efficiency.memory")
     launch, dispatch, source = kernels.launch_costs(tables)
-    return (f"{gemm}; {_attention_provenance(model, tables)}; {elementwise}; a layer's pass >= its launches x "
-            f"max(launch {launch:g} s, dispatch {dispatch:g} s) ({source}), forward launches {launches}, backward "
-            f"twice the forward's; checkpoint's host work (eager) {dict(CHECKPOINT_HOST_RATIOS)} plain forwards "
-            f"(forward, recompute), core_attention {CORE_ATTENTION_HOST_OPS} plain ops a layer with attention")
+    if model.fused_pointwise:
+        elementwise += ", each pointwise chain one kernel (the runtime's fused kernels: compile's fused count)"
+    return (f"{gemm}; {_attention_provenance(model, hardware, tables)}; {elementwise}; a layer's pass >= its "
+            f"launches x max(launch {launch:g} s, dispatch {dispatch:g} s) ({source}), forward launches {launches}, "
+            f"backward twice the forward's; checkpoint's host work (eager) {dict(CHECKPOINT_HOST_RATIOS)} plain "
+            f"forwards (forward, recompute), core_attention {CORE_ATTENTION_HOST_OPS} plain ops a layer with attention")
 
 
-def _attention_provenance(model: ModelWork, tables: Optional[kernels.KernelTables]) -> str:
+def _attention_provenance(model: ModelWork, hardware: Hardware, tables: Optional[kernels.KernelTables]) -> str:
     """Which kernel each kind's attention scores run at bf16 and where its efficiency comes from."""
     kinds = [k for k in model.kinds if model.work[k].has_attention]
     shaped = [k for k in kinds if model.work[k].attention_heads > 0]
@@ -2269,8 +2292,7 @@ def _attention_provenance(model: ModelWork, tables: Optional[kernels.KernelTable
     for kind in shaped:
         work = model.work[kind]
         name = kernels.attention_kernel(model.attention_kernel, "bf16", work.attention_head_dim,
-                                        work.attention_value_head_dim,
-                                        kernels.DEFAULT_SDPA_BACKENDS if tables is None else tables.sdpa_backends)
+                                        work.attention_value_head_dim, _sdpa_order(model, hardware))
         where = ("batched matmuls at their GEMM efficiency and the softmax's bytes" if name == "eager"
                  else kernels.attention_source(tables, name, "bf16"))
         parts.append(f"{kind}: {name}, {where}")

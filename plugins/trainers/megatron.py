@@ -112,9 +112,10 @@ KERNEL_PREFIXES = (
     "attention-backend", "cross-entropy-loss-fusion", "empty-unused-memory-level", "masked-softmax-fusion",
     "no-masked-softmax-fusion", "attention-softmax-in-fp32", "use-flash-attn", "transformer-impl")
 
-# The runtime profile a Megatron-LM run is priced under: its attention is Transformer Engine's fused kernel
-# (with GPT-OSS's sinks, softmax_type="learnable"), its linear attention fla's kernels (specs/runtimes/).
-RUNTIME = "hf-cuda-fused"
+# The runtime profile a Megatron-LM run is priced under (--transformer-impl transformer_engine, its default;
+# specs/runtimes/megatron-te-cuda.yaml): Transformer Engine's attention, cuDNN's fused kernel from Hopper on (with
+# GPT-OSS's sinks, softmax_type="learnable"), its fused pointwise kernels, fla's linear attention kernels.
+RUNTIME = "megatron-te-cuda"
 PROGRAM_FLAGS = ("--num-layers", "--micro-batch-size", "--tensor-model-parallel-size", "--hidden-size",
                  "--pipeline-model-parallel-size", "--global-batch-size")
 # --cp-comm-type as (cp_algo, cp_rotate): p2p and a2a+p2p pass K/V blocks a step (Transformer Engine's
@@ -180,8 +181,9 @@ class MegatronFormat:
         values = _Values(path, flags)
         strategy, defaults, global_batch = _strategy(values, devices)
         model, model_notes = _model(values, strategy.tp)
-        defaults.append(f"runtime {RUNTIME}: Megatron-LM runs fused kernels (Transformer Engine's attention, "
-                        f"sinks included; flash-linear-attention's gated delta rule), not Transformers' eager ones")
+        defaults.append(f"runtime {RUNTIME}: Megatron-LM runs Transformer Engine's fused kernels (its attention, "
+                        f"cuDNN's from Hopper on, sinks included; fused norms, rotary, activation and residual "
+                        f"adds) and flash-linear-attention's gated delta rule, not Transformers' eager ones")
         return TrainerConfig(kind=KIND, path=path, strategy=strategy, model=model, runtime=RUNTIME, devices=devices,
                              global_batch=global_batch, read_fields=tuple(read), ignored_fields=tuple(ignored),
                              defaults=tuple(defaults + model_notes))
