@@ -45,6 +45,11 @@ def work():
     return analytic.model_work(llama_spec(), 4096)
 
 
+def _memory(hardware):
+    """The elementwise kernels' efficiencies, forward and backward (the hardware file's)."""
+    return hardware.efficiency["memory"], hardware.efficiency["memory_backward"]
+
+
 def _layer(work, hardware, text):
     cols = ct.strategy_columns([Strategy.parse(text)])
     return {k: float(np.asarray(v)[0, 0]) for k, v in ct.layer_seconds(work, cols, hardware).items()}
@@ -64,7 +69,7 @@ def test_float8_forward_matmuls_at_the_fp8_peak_and_the_scores_at_bf16(h100, wor
     seq = 4096
     tokens = seq  # one sequence, tp 1, cp 1
     fp8, bf16 = 1978.9e12, 989.4e12  # specs/hardware/h100.yaml
-    eff_mm, eff_att = 0.75, 0.60
+    eff_mm, eff_att = h100.efficiency["matmul"], h100.efficiency["attention"]
     base = f"seq={seq},param_dtype=bf16"
     plain, low = _layer(work, h100, base), _layer(work, h100, base + ",float8=tensorwise")
     assert plain["matmul_forward"] == pytest.approx(LINEAR_FLOPS * tokens / (bf16 * eff_mm), rel=1e-12)
@@ -73,13 +78,14 @@ def test_float8_forward_matmuls_at_the_fp8_peak_and_the_scores_at_bf16(h100, wor
     expected_scores = SCORE_FLOPS_PER_PAIR * pairs / (bf16 * eff_att)
     assert low["scores_forward"] == pytest.approx(expected_scores, rel=1e-12) == plain["scores_forward"]
     # the backward's matmuls: twice the forward's FLOPs at the backward efficiency
-    assert low["matmul_backward"] == pytest.approx(2 * LINEAR_FLOPS * tokens / (fp8 * 0.70), rel=1e-12)
+    assert low["matmul_backward"] == pytest.approx(
+        2 * LINEAR_FLOPS * tokens / (fp8 * h100.efficiency["matmul_backward"]), rel=1e-12)
 
 
 def test_float8_casts_move_2w_plus_1_bytes_an_element(h100, work):
     """The forward adds the input's and the weight's casts, the backward two of the output gradient, the weight
     and the input again: (2 * 2 + 1) bytes an element at bf16, over HBM at the memory efficiency."""
-    seq, hbm, eff = 4096, 3.35e12, 0.70
+    seq, hbm, (eff, eff_b) = 4096, 3.35e12, _memory(h100)
     base = f"seq={seq},param_dtype=bf16"
     plain, low = _layer(work, h100, base), _layer(work, h100, base + ",float8=tensorwise")
     cast_fwd = 5 * (INPUTS * seq + LINEAR_WEIGHTS)
@@ -87,7 +93,7 @@ def test_float8_casts_move_2w_plus_1_bytes_an_element(h100, work):
     assert low["forward"] - plain["forward"] == pytest.approx(
         low["matmul_forward"] - plain["matmul_forward"] + cast_fwd / (hbm * eff), rel=1e-9)
     assert low["backward"] - plain["backward"] == pytest.approx(
-        low["matmul_backward"] - plain["matmul_backward"] + cast_bwd / (hbm * eff), rel=1e-9)
+        low["matmul_backward"] - plain["matmul_backward"] + cast_bwd / (hbm * eff_b), rel=1e-9)
     # the two recipes are priced alike
     assert _layer(work, h100, base + ",float8=rowwise") == low
 
@@ -95,12 +101,12 @@ def test_float8_casts_move_2w_plus_1_bytes_an_element(h100, work):
 def test_float8_all_gather_casts_the_shard_before_each_gather(h100, work):
     """Under FSDP2's fp8 all-gather the weight is cast on the shard (1/8 of it at fsdp=8), once for the forward's
     gather and once for the backward's; the matmuls cast no weight."""
-    seq, hbm, eff = 4096, 3.35e12, 0.70
+    seq, hbm, (eff, eff_b) = 4096, 3.35e12, _memory(h100)
     base = f"fsdp=8,seq={seq},param_dtype=bf16,float8=tensorwise"
     whole, gathered = _layer(work, h100, base), _layer(work, h100, base + ",float8_all_gather=true")
     saved = 5 * LINEAR_WEIGHTS * (1 - 1 / 8)
     assert whole["forward"] - gathered["forward"] == pytest.approx(saved / (hbm * eff), rel=1e-9)
-    assert whole["backward"] - gathered["backward"] == pytest.approx(saved / (hbm * eff), rel=1e-9)
+    assert whole["backward"] - gathered["backward"] == pytest.approx(saved / (hbm * eff_b), rel=1e-9)
 
 
 def test_float8_all_gather_halves_the_gathered_linears(registry):
@@ -150,14 +156,14 @@ def test_compile_fuses_each_pointwise_chain(h100, work):
     """Eager Llama layer: two RMSNorms of 18 elements an element, two residual adds of 3, rotary on q and k of
     10 plus the token's cos and sin read by the queries' product and the keys' (4 a head width), SwiGLU of 5;
     compiled: the norms and adds 9 a hidden element, rotary 2, SwiGLU 3 (the tables' reads left out)."""
-    seq, hbm, eff = 4096, 3.35e12, 0.70
+    seq, hbm, (eff, eff_b) = 4096, 3.35e12, _memory(h100)
     eager_elements = (2 * 18 + 2 * 3) * H + 10 * (Q + KV) * D + 4 * D + 5 * FFN
     fused_elements = 9 * H + 2 * (Q + KV) * D + 3 * FFN
     base = f"seq={seq},param_dtype=bf16"
     plain, compiled = _layer(work, h100, base), _layer(work, h100, base + ",compile=true")
     saved = 2 * seq * (eager_elements - fused_elements)  # bf16 bytes
     assert plain["forward"] - compiled["forward"] == pytest.approx(saved / (hbm * eff), rel=1e-9)
-    assert plain["backward"] - compiled["backward"] == pytest.approx(2 * saved / (hbm * eff), rel=1e-9)
+    assert plain["backward"] - compiled["backward"] == pytest.approx(2 * saved / (hbm * eff_b), rel=1e-9)
     assert compiled["matmul_forward"] == plain["matmul_forward"]
 
 
@@ -261,7 +267,7 @@ def test_float8_experts_cast_each_copy_and_the_ranks_expert_weights(h100):
     """Under float8_experts each of a token's 8 copies casts its inputs (H into gate-up, I into down) and, in the
     backward, twice its output gradients (2 I out of gate-up, H out of down) and its inputs again; the rank's
     experts' weights (128 / ep of them, 3 H I each) once a pass: 2 w + 1 bytes an element."""
-    seq, batch, ep, hbm, eff = 16384, 4, 8, 3.35e12, 0.70  # enough tokens that no pass is launch-bound
+    seq, batch, ep, hbm, (eff, eff_b) = 16384, 4, 8, 3.35e12, _memory(h100)  # no pass launch-bound
     work = _moe_work(seq)
     kind = work.kinds[0]
     assert work.work[kind].float8_routed_input_elements_per_token == MOE_K * (MOE_H + MOE_I)
@@ -276,7 +282,7 @@ def test_float8_experts_cast_each_copy_and_the_ranks_expert_weights(h100):
     assert experts["forward"] - linears["forward"] == pytest.approx(
         experts["matmul_forward"] - linears["matmul_forward"] + cast_fwd / (hbm * eff), rel=1e-9)
     assert experts["backward"] - linears["backward"] == pytest.approx(
-        experts["matmul_backward"] - linears["matmul_backward"] + cast_bwd / (hbm * eff), rel=1e-9)
+        experts["matmul_backward"] - linears["matmul_backward"] + cast_bwd / (hbm * eff_b), rel=1e-9)
 
 
 def test_float8_experts_run_the_grouped_gemms_at_the_fp8_peak(h100):

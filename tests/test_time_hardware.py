@@ -110,3 +110,12 @@ def test_unknown_efficiency_key_is_refused(registry):
     hw = attrs.evolve(registry.get("hardware/h200"), efficiency={"matmull": 0.5})
     with pytest.raises(Exception, match="unknown efficiency"):
         ct.efficiencies(hw)
+
+
+def test_the_hopper_parts_take_the_h200s_fitted_efficiencies(registry):
+    """h100, h100-hbm2e-500w and h800 run the H200's GH100 and its kernels: their GEMM, attention and elementwise
+    efficiencies are h200.yaml's fit (their comments say so), moved together when it is refitted."""
+    fitted = ("matmul", "matmul_backward", "attention", "attention_backward", "memory", "memory_backward")
+    h200 = registry.get("hardware/h200").efficiency
+    for name in ("h100", "h100-hbm2e-500w", "h800"):
+        assert {k: registry.get(f"hardware/{name}").efficiency[k] for k in fitted} == {k: h200[k] for k in fitted}
