@@ -7,7 +7,7 @@ summary, its source and commit there). Each row is written as a Megatron-LM comm
 Megatron-LM reader (``ndcost.from_config("megatron", path, devices=N, model=...)``), so Megatron-LM's semantics
 are the reader's: the distributed optimizer, fp32 main gradients, parameters and states under ``--bf16``, TE's
 current-scaling FP8 as ``float8=tensorwise`` with ``float8_experts``, the vocabulary split over TP, runtime
-``hf-cuda-fused``. The tables do not state the recompute, so each row is priced twice: no recompute and full
+``megatron-te-cuda``. The tables do not state the recompute, so each row is priced twice: no recompute and full
 recompute of every layer (``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``);
 a pipeline the layers do not divide is split with the embedding and the loss counted as a layer each
 (``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``). Census off (the op records'
