@@ -78,6 +78,8 @@ class Gemm:
     ``routed`` one (op class) is an expert's: ``tokens_per_token`` experts
     a token (top-k) over ``experts`` experts, so each expert multiplies
     the tokens routed to it (``M`` in :func:`ndcost.compose.time.layer_seconds`).
+    ``forward_only``: autograd records no backward for it (DeepSeek-V3.2's
+    indexer, run under no_grad; ``KindWork.forward_only_*``).
     """
 
     op_class: str = attrs.field(validator=_one_of(GEMM_CLASSES))
@@ -87,6 +89,7 @@ class Gemm:
     split: str = attrs.field(default="none", validator=_one_of(GEMM_SPLITS))
     tokens_per_token: int = attrs.field(default=1, validator=_positive)
     experts: int = attrs.field(default=1, validator=_positive)
+    forward_only: bool = False
 
     @property
     def flops_per_token(self) -> float:

@@ -120,3 +120,28 @@ def test_model_flops_count_no_backward_of_forward_only_work():
     assert marked.training_flops_per_sequence(4096) == pytest.approx(3 * forward - 2 * 2 * only + head)
     assert marked.training_flops_per_sequence(4096, recompute="full") == pytest.approx(
         4 * forward - 2 * 2 * only + head)
+
+
+def test_gemms_tp_leaves_whole_run_whole_on_every_tp_rank():
+    """At TP 2 a rank multiplies half of each split GEMM but all of one TP leaves whole: MLA's down-projections
+    (h x q_lora, h x (kv_lora + rope)), the indexer's projections (latent x heads d, h x d, h x heads) and the
+    router (h x experts) run on every token of the micro-batch, as their shapes are priced (M = the tokens)."""
+    import ndcost
+
+    work = ndcost.resolve(DSV32, census="off").model_work(SEQ)
+    cols = ct.strategy_columns([Strategy(seq=SEQ, tp=2, sp=True)])
+    h200 = ndcost.resolve(DSV32, census="off").hardware
+    by_class = ct._layer_rooflines(work, cols, h200, ct.efficiencies(h200)[0], ct._rows(cols, h200))["by_class"]
+    h, latent, kv_latent, rope, heads, dim, experts = 64, 32, 16, 8, 4, 32, 8
+    whole_attention = 2 * (h * latent + h * (kv_latent + rope) + latent * heads * dim + h * dim + h * heads)
+    for kind in ("dense", "moe"):
+        k = work.kinds.index(kind)
+        attention = work.work[kind].attention_mm_flops_per_token
+        assert by_class[0, k, 0] == pytest.approx(SEQ * ((attention - whole_attention) / 2 + whole_attention))
+    moe = work.kinds.index("moe")
+    router = 2 * h * experts
+    other = work.work["moe"].other_mm_flops_per_token  # the shared expert (split) and the router (whole)
+    assert by_class[0, moe, 1] == pytest.approx(SEQ * ((other - router) / 2 + router))
+    # the indexer's projections are its only forward-only matmuls, and all of them whole
+    arrays = ct._kind_arrays(work)
+    assert arrays["class_forward_only_whole_share"][moe].tolist() == [1.0, 0.0, 0.0]

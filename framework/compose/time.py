@@ -410,12 +410,15 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
 
 def _gemm_arrays(model: ModelWork) -> Dict[str, np.ndarray]:
     """The kinds' GEMM shapes as ``(K, G)`` arrays (padded with weightless 1 x 1 GEMMs), and ``gemm_weight``
-    ``(K, G, 3)``: each GEMM's share of its kind's FLOPs of each op class (:data:`GEMM_CLASSES`)."""
+    ``(K, G, 3)``: each GEMM's share of its kind's FLOPs of each op class (:data:`GEMM_CLASSES`);
+    ``class_whole_share`` ``(K, 3)``: the share of each class's FLOPs in GEMMs TP leaves whole (``split``
+    ``none``), and ``class_forward_only_whole_share`` that of its forward-only GEMMs' FLOPs (0 without any)."""
     width = max([len(model.work[k].gemms) for k in model.kinds] + [1])
     out = {name: np.ones((len(model.kinds), width)) for name in ("gemm_in", "gemm_out", "gemm_tokens", "gemm_experts")}
     out["gemm_split"] = np.zeros((len(model.kinds), width), dtype=np.int64)
     out["gemm_routed"] = np.zeros((len(model.kinds), width), dtype=bool)
     weight = np.zeros((len(model.kinds), width, len(GEMM_CLASSES)))
+    only = np.zeros((len(model.kinds), width), dtype=bool)
     for i, kind in enumerate(model.kinds):  # once a ModelWork, over its kinds' handful of shapes
         for j, g in enumerate(model.work[kind].gemms):
             out["gemm_in"][i, j], out["gemm_out"][i, j] = g.in_features, g.out_features
@@ -423,9 +426,16 @@ def _gemm_arrays(model: ModelWork) -> Dict[str, np.ndarray]:
             out["gemm_split"][i, j] = GEMM_SPLITS.index(g.split)
             out["gemm_routed"][i, j] = g.op_class == "routed"
             weight[i, j, GEMM_CLASSES.index(g.op_class)] = g.flops_per_token
+            only[i, j] = g.forward_only
     totals = weight.sum(axis=1, keepdims=True)
     out["gemm_weight"] = np.divide(weight, totals, out=np.zeros_like(weight), where=totals > 0)
     out["gemm_shaped"] = totals[:, 0, :] > 0  # (K, 3): the classes whose shapes are known
+    whole = (out["gemm_split"] == GEMM_SPLITS.index("none"))[:, :, None]
+    out["class_whole_share"] = (out["gemm_weight"] * whole).sum(axis=1)
+    only_weight = weight * only[:, :, None]
+    only_totals = only_weight.sum(axis=1)
+    out["class_forward_only_whole_share"] = np.divide((only_weight * whole).sum(axis=1), only_totals,
+                                                      out=np.zeros_like(only_totals), where=only_totals > 0)
     return out
 
 
@@ -781,11 +791,15 @@ def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardwa
     hbm = float(hardware.hbm_bytes_per_second)
     tokens = rows.tokens[:, None]
     split = tokens / tp
-    by_class = k["class_mm_flops_per_token"] * split[..., None]                   # (N, K, 3): GEMM_CLASSES
+    # a GEMM TP leaves whole (MLA's down-projections, a router) runs whole on every TP rank, on every token
+    # (gathered under SP, as _matmul_inverse_efficiency shapes it): its class's FLOPs on a rank are the split
+    # GEMMs' over tp and the whole ones' in full
+    extra = (tokens - split)[..., None]
+    by_class = k["class_mm_flops_per_token"] * (split[..., None] + extra * k["class_whole_share"])  # (N, K, 3)
     # the backward's: the forward's less what it does not repeat (ModelWork's forward-only work)
     forward_only = bool(k["has_forward_only"])
-    by_class_b = by_class - k["class_forward_only_mm_flops_per_token"] * split[..., None] if forward_only \
-        else by_class
+    by_class_b = by_class - k["class_forward_only_mm_flops_per_token"] * (
+        split[..., None] + extra * k["class_forward_only_whole_share"]) if forward_only else by_class
     if np.count_nonzero(rows.imbalance != 1.0):  # the busiest expert rank's routed tokens
         by_class[..., 2] *= rows.imbalance[:, None]
         if forward_only:

@@ -111,17 +111,23 @@ def _act_launches(info: LayerKind) -> int:
     return ACT_LAUNCHES["gated"] if info.gated_mlp else ACT_LAUNCHES.get(info.activation, 1)
 
 
-def _gemms(mm: Mapping[str, Any], splits: Mapping[str, Any], experts: int) -> Tuple[Gemm, ...]:
-    """The matmuls as :class:`Gemm` shapes, same shapes of a part merged into one with their count."""
+def _gemms(mm: Mapping[str, Any], splits: Mapping[str, Any], experts: int,
+           forward_only: Mapping[str, Any]) -> Tuple[Gemm, ...]:
+    """The matmuls as :class:`Gemm` shapes, same shapes of a part merged into one with their count; those of
+    *forward_only* (part -> matmuls, as ``forward_only_matmuls``) marked so."""
     counted: Dict[Tuple[Any, ...], int] = {}
     for part, matmuls in mm.items():
         op_class = "attention" if part in _ATTENTION_MM_PARTS else "routed" if part in ROUTED_PARTS else "other"
-        for (i, o, mult), split in zip(matmuls, splits[part], strict=True):
-            key = (op_class, i, o, split, mult)
+        only = list(forward_only.get(part, ()))
+        for matmul, split in zip(matmuls, splits[part], strict=True):
+            marked = matmul in only
+            if marked:
+                only.remove(matmul)  # each forward-only matmul marks one of the part's
+            key = (op_class, *matmul, split, marked)
             counted[key] = counted.get(key, 0) + 1
     return tuple(Gemm(op_class=c, in_features=int(i), out_features=int(o), count=n, split=split,
-                      tokens_per_token=int(mult), experts=experts if c == "routed" else 1)
-                 for (c, i, o, split, mult), n in counted.items())
+                      tokens_per_token=int(mult), experts=experts if c == "routed" else 1, forward_only=marked)
+                 for (c, i, o, mult, split, marked), n in counted.items())
 
 
 def _family_attention(spec: ModelSpec, info: LayerKind, norm_elements: int) -> Optional[Mapping[str, Any]]:
@@ -322,7 +328,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     out["replicated"] += 2 * norm_elements * h + 2 * RESIDUAL_ELEMENTS * h
     out["fused_replicated"] += FUSED_LAYER_NORMS_AND_RESIDUALS * h
     out["launches"] += 2 * norm_launches + 2 + sum(len(matmuls) for matmuls in mm.values())  # a kernel a matmul
-    out["gemms"] = _gemms(mm, splits, spec.num_experts or 1)
+    out["gemms"] = _gemms(mm, splits, spec.num_experts or 1, out.get("forward_only_matmuls", {}))
     # activation elements a token the matmuls read and write (their weights aside), by part
     out["matmul_io"] = {part: sum((i + o) * mult for i, o, mult in matmuls) for part, matmuls in mm.items()}
     return out
