@@ -104,7 +104,7 @@ def test_the_rings_launches_raise_the_floor():
     extra = 4 + 3 * (1 + 1 + 1 + 8 + 2)
     work = analytic.model_work(tiny_llama(), 4096)
     ring, ulysses = (ct._launch_bound(work, ct._rows(cols, _box()), cols, _box(), ct._ring_attention_work(
-        ct._kind_arrays(work), ct._rows(cols, _box()), cols)["launches"])
+        ct._kind_arrays(work), ct._rows(cols, _box()), cols, ct._fused_rows(work, cols))["launches"])
         for cols in (ct.strategy_columns([Strategy(seq=4096, cp=4, cp_algo=name)]) for name in ("ring", "ulysses")))
     assert ring["forward"][0, 0] - ulysses["forward"][0, 0] == pytest.approx(extra * DISPATCH)
     assert ring["backward"][0, 0] - ulysses["backward"][0, 0] == pytest.approx(2 * extra * DISPATCH)
