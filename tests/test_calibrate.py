@@ -103,6 +103,8 @@ def test_cli_json_and_output(layer_file, tmp_path, capsys):
     assert written.efficiency["matmul"] == pytest.approx(data["efficiency"]["matmul"], abs=1e-4)
     # the network's shape travels with it: NVLink domain, NICs, NVLS
     assert (written.nvlink_domain_devices, written.nics_per_node, written.nvls_architecture) == (8, 8, "hopper")
+    # and what the device is beside its speeds: the kernels a runtime picks, the memory a run can use
+    assert (written.compute_capability, written.cuda_context_bytes) == ("9.0", 512 * 2**20)  # specs/hardware/h200.yaml
 
 
 @pytest.mark.slow

@@ -153,6 +153,10 @@ def _write_hardware(hardware, result, path, sources) -> None:
            "nvlink_domain_devices": hardware.nvlink_domain_devices, "nics_per_node": hardware.nics_per_node}
     if hardware.nvls_architecture is not None:
         doc["nvls_architecture"] = hardware.nvls_architecture
+    if hardware.compute_capability is not None:  # what a runtime's kernel choice reads
+        doc["compute_capability"] = hardware.compute_capability
+    if hardware.cuda_context_bytes:  # what "fits" leaves out of the memory
+        doc["cuda_context_bytes"] = hardware.cuda_context_bytes
     if hardware.host_to_device_bytes_per_second is not None:
         doc["host_to_device_bytes_per_second"] = hardware.host_to_device_bytes_per_second
     if hardware.sm_count is not None:  # what prices GEMMs by shape, kept as stated
