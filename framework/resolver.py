@@ -51,7 +51,7 @@ from ndcost.values import (
     TimeBreakdown,  # the one message for an unregistered plugin name
     frozen_mapping,
 )
-from ndcost.work import KindWork, as_run
+from ndcost.work import KindWork, as_run, tp_whole_parameters
 
 __all__ = ["resolve", "CostModel", "BatchResult", "CENSUS_MODES", "CensusFallbackWarning"]
 
@@ -302,7 +302,8 @@ class CostModel:
         self.resolved = ResolvedModel(spec=spec, parameters=parameters,
                                       tables=memory.ModelTables.build(
                                           spec, parameters, builds_mtp, kv_repeated=self._repeats_kv(),
-                                          selective_kept_collectives=self._selective_kept))
+                                          selective_kept_collectives=self._selective_kept,
+                                          whole_params=self._whole_parameters(spec, parameters)))
         self.provenance: Dict[str, Any] = {
             "model": spec.name, "model_type": spec.model_type,
             "family": _source_of(f"family/{spec.model_type}"),
@@ -378,6 +379,19 @@ class CostModel:
                 work=self._repeated_kv(self._as_run(work.work, seq)))
             self.resolved.flops_sources[seq] = sources
         return self.resolved.model_work[seq]
+
+    @staticmethod
+    def _whole_parameters(spec: ModelSpec, parameters: Any) -> Dict[str, int]:
+        """Each kind's weights TP leaves whole (``ndcost.work.tp_whole_parameters``), by the formulas' GEMM shapes
+        (the time model's); none for a kind they do not shape."""
+        flops = _estimator("flops", "analytic")
+        out: Dict[str, int] = {}
+        for kind, by_part in parameters.by_kind.items():
+            try:
+                out[kind] = tp_whole_parameters(flops.kind_work(spec, kind, 1, None, by_part).gemms)
+            except NdcostError:
+                out[kind] = 0
+        return out
 
     def _attention_kernel(self) -> str:
         """The attention kernel the runtime profile runs for this model, which the time model prices the scores

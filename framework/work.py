@@ -97,6 +97,14 @@ class Gemm:
         return 2.0 * self.count * self.tokens_per_token * self.in_features * self.out_features
 
 
+def tp_whole_parameters(gemms) -> int:
+    """The weights of a layer's TP-split parts (``attention`` GEMMs) that tensor parallelism leaves whole: every TP
+    rank holds and multiplies them (``Gemm.split`` ``none``: MLA's down-projections, DeepSeek-V3.2's indexer
+    projections; routers are a replicated part already). Their biases and the latents' norms are left out."""
+    return sum(g.in_features * g.out_features * g.count for g in gemms
+               if g.split == "none" and g.op_class == "attention")
+
+
 @attrs.frozen(kw_only=True)
 class KindWork:
     """One layer kind's forward work, per token or per pair of tokens, at TP 1 and CP 1.

@@ -145,3 +145,21 @@ def test_gemms_tp_leaves_whole_run_whole_on_every_tp_rank():
     # the indexer's projections are its only forward-only matmuls, and all of them whole
     arrays = ct._kind_arrays(work)
     assert arrays["class_forward_only_whole_share"][moe].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_a_tp_rank_holds_the_weights_tp_leaves_whole_whole():
+    """Every TP rank holds MLA's down-projections and the indexer's projections whole (ndcost.work
+    tp_whole_parameters): at TP 2 a rank holds half of each layer's other TP-split weights less than at TP 1."""
+    import ndcost
+
+    model = ndcost.resolve(DSV32, census="off")
+    h, latent, kv_latent, rope, heads, dim = 64, 32, 16, 8, 4, 32
+    whole = h * latent + h * (kv_latent + rope) + latent * heads * dim + h * dim + h * heads
+    tables = model.tables
+    assert dict(zip(tables.kinds, tables.whole_params.tolist())) == {"dense": whole, "moe": whole}
+
+    def parameter_bytes(tp):
+        cost = model.evaluate(Strategy(seq=SEQ, tp=tp, sp=tp > 1, param_dtype="bf16"))
+        return cost.to_dict()["stages"][0]["bytes_by_category"]["parameters"]
+    split = {k: int(n) - whole for k, n in zip(tables.kinds, tables.tp_params.tolist())}
+    assert parameter_bytes(1) - parameter_bytes(2) == 2 * (split["dense"] // 2 + split["moe"] // 2)  # bf16

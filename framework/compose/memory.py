@@ -147,13 +147,18 @@ class ModelTables:
     kv_copies: np.ndarray = attrs.field(factory=lambda: np.ones(0, dtype=np.int64))
     # the layer collectives (resolver.LAYER_COLLECTIVE_OPS' keys) whose outputs recompute=selective keeps
     selective_kept_collectives: Tuple[str, ...] = ()
+    # (K,): of tp_params and matmul_tp_params, the weights TP leaves whole on every rank (ndcost.work
+    # tp_whole_parameters: MLA's down-projections); empty: none
+    whole_params: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int64))
 
     @classmethod
     def build(cls, spec, counts, builds_mtp: bool, kv_repeated: bool = False,
-              selective_kept_collectives: Tuple[str, ...] = ()) -> "ModelTables":
+              selective_kept_collectives: Tuple[str, ...] = (),
+              whole_params: Optional[Mapping[str, int]] = None) -> "ModelTables":
         """From a ModelSpec and the family's ParameterCount (``by_kind``, ``embedding``, ``head``, ``final_norm``);
         *kv_repeated* where the runtime's attention takes the keys and values repeated to every query head;
-        *selective_kept_collectives* the layer collectives whose outputs the runtime's selective policy keeps."""
+        *selective_kept_collectives* the layer collectives whose outputs the runtime's selective policy keeps;
+        *whole_params* each kind's weights TP leaves whole (``ndcost.work.tp_whole_parameters``; none unstated)."""
         kinds = tuple(dict.fromkeys(g.kind for g in spec.layers))
         index = {k: i for i, k in enumerate(kinds)}
         stack = placement_rules.LayerStack.from_runs(kinds, [(g.kind, g.count) for g in spec.layers if not g.mtp])
@@ -225,7 +230,8 @@ class ModelTables:
             kv_params=np.minimum(np.array(kv_params, dtype=np.int64), parts(("attention",))),
             q_elements_per_token=np.array(q_elems, dtype=np.float64), kv_repeated=bool(kv_repeated),
             kv_copies=np.array(kv_copies, dtype=np.int64),
-            selective_kept_collectives=tuple(selective_kept_collectives))
+            selective_kept_collectives=tuple(selective_kept_collectives),
+            whole_params=np.array([int((whole_params or {}).get(k, 0)) for k in kinds], dtype=np.int64))
 
 
 def _nan(value):
@@ -663,11 +669,12 @@ def _stage_parameters_rows(model: ModelTables, batch: _Batch, cols,
     ep_etp = (cols["ep"] * cols["etp"]).astype(np.int64)
     kv_split = np.minimum(ti, model.kv_heads)
     # (K, N): the kinds at once
-    layer_dense = (ceil_div((model.tp_params - model.kv_params)[:, None], ti)
+    whole = model.whole_params[:, None]  # held whole by every TP rank
+    layer_dense = (ceil_div((model.tp_params - model.kv_params)[:, None] - whole, ti) + whole
                    + ceil_div(model.kv_params[:, None], kv_split) + model.replicated_params[:, None])
     layer_routed = ceil_div(model.routed_params[:, None], ep_etp)
-    layer_copies = (ceil_div(model.matmul_tp_params[:, None], ti) + model.matmul_replicated_params[:, None]
-                    + layer_routed)
+    layer_copies = (ceil_div(model.matmul_tp_params[:, None] - whole, ti) + whole
+                    + model.matmul_replicated_params[:, None] + layer_routed)
     dense = np.add.reduce(layers * layer_dense[:, :, None], axis=0)
     routed = np.add.reduce(layers * layer_routed[:, :, None], axis=0)
     copies = np.add.reduce(layers * layer_copies[:, :, None], axis=0)

@@ -54,7 +54,15 @@ from ndcost.values import (
     TimeBreakdown,
     frozen_mapping,
 )
-from ndcost.work import GEMM_CLASSES, GEMM_SPLITS, NORM_ELEMENTS, ModelWork, causal_pairs, window_pairs
+from ndcost.work import (
+    GEMM_CLASSES,
+    GEMM_SPLITS,
+    NORM_ELEMENTS,
+    ModelWork,
+    causal_pairs,
+    tp_whole_parameters,
+    window_pairs,
+)
 
 __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS", "OVERLAP_RULES", "COLLECTIVES",
            "TimeArrays", "efficiencies", "strategy_columns", "layer_seconds", "step_time", "attach",
@@ -432,6 +440,8 @@ def _gemm_arrays(model: ModelWork) -> Dict[str, np.ndarray]:
     out["gemm_shaped"] = totals[:, 0, :] > 0  # (K, 3): the classes whose shapes are known
     whole = (out["gemm_split"] == GEMM_SPLITS.index("none"))[:, :, None]
     out["class_whole_share"] = (out["gemm_weight"] * whole).sum(axis=1)
+    out["whole_parameters"] = np.array([tp_whole_parameters(model.work[k].gemms) for k in model.kinds],
+                                       dtype=np.float64)
     only_weight = weight * only[:, :, None]
     only_totals = only_weight.sum(axis=1)
     out["class_forward_only_whole_share"] = np.divide((only_weight * whole).sum(axis=1), only_totals,
@@ -810,7 +820,7 @@ def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardwa
     scores = k["score_flops_per_pair"] * pairs * b / (tp * cp)
     # a model without linear recurrences or routed experts: their terms are 0, left out
     linrec = k["linrec_flops_per_token"] * split if np.count_nonzero(k["linrec_flops_per_token"]) else None
-    weights = k["dense_parameters"] / tp
+    weights = (k["dense_parameters"] - k["whole_parameters"]) / tp + k["whole_parameters"]
     if np.count_nonzero(k["routed_parameters"]):
         weights = weights + k["routed_parameters"] / (rows.ep * rows.etp)[:, None]
     weights = rows.param_bytes[:, None] * (weights + k["replicated_parameters"])
@@ -1828,7 +1838,8 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
         both = run(name, np.concatenate([layer_elements, root_elements], axis=1), width, shard.dense_ways, link_sh)
         return both[:, :kinds], both[:, kinds:]
 
-    linears = k["dense_parameters"][None, :] / rows.tp[:, None]
+    whole = k["whole_parameters"][None, :]  # every TP rank's (tp_whole_parameters)
+    linears = (k["dense_parameters"][None, :] - whole) / rows.tp[:, None] + whole
     dense = linears + k["replicated_parameters"][None, :]                            # (N, K)
     routed = k["routed_parameters"][None, :] / (rows.ep * rows.etp)[:, None]         # (N, K)
     width = rows.compute_bytes
