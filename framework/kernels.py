@@ -39,7 +39,7 @@ import attrs
 import numpy as np
 
 from ndcost.errors import InvalidValue
-from ndcost.values import DTYPES
+from ndcost.values import DTYPES, capability_tuple
 
 KERNEL_TABLE_KEYS = ("gemm", "attention", "sdpa_backends", "elementwise", "launch_seconds", "dispatch_seconds",
                      "source")
@@ -72,7 +72,6 @@ def runtime_sdpa_backends(by_capability: Mapping[str, Tuple[str, ...]], compute_
     the least CUDA compute capability it applies from) on a device of *compute_capability*: the entry of the
     greatest capability at most the device's; () where none applies or the device states none (SDPA's order, the
     hardware's ``kernel_tables.sdpa_backends``, applies)."""
-    from ndcost.values import capability_tuple
     device = capability_tuple(compute_capability) if compute_capability is not None else None
     if device is None:
         return ()

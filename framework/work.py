@@ -7,7 +7,7 @@ kind into a :class:`KindWork`; the resolver gathers them into a
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import attrs
 import numpy as np
@@ -97,7 +97,7 @@ class Gemm:
         return 2.0 * self.count * self.tokens_per_token * self.in_features * self.out_features
 
 
-def tp_whole_parameters(gemms) -> int:
+def tp_whole_parameters(gemms: Sequence[Gemm]) -> int:
     """The weights of a layer's TP-split parts (``attention`` GEMMs) that tensor parallelism leaves whole: every TP
     rank holds and multiplies them (``Gemm.split`` ``none``: MLA's down-projections, DeepSeek-V3.2's indexer
     projections; routers are a replicated part already). Their biases and the latents' norms are left out."""

@@ -41,6 +41,7 @@ import attrs
 from ndcost.specio import load_yaml, read_text
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
+from ndcost.kernels import SDPA_BACKENDS
 from ndcost.values import capability_tuple, frozen_mapping
 
 # RuntimeProfile.pointwise: a kernel an op (eager), or a kernel a chain of pointwise ops between matmuls (fused)
@@ -97,7 +98,6 @@ class RuntimeProfile:
     pointwise: str = "eager"
 
     def __attrs_post_init__(self):
-        from ndcost.kernels import SDPA_BACKENDS
         if self.pointwise not in POINTWISE:
             raise InvalidValue(f"runtime profile {self.name!r}: pointwise {self.pointwise!r} is not one of "
                                f"{', '.join(POINTWISE)}")
