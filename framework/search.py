@@ -5,17 +5,17 @@
 columns and priced by :meth:`ndcost.resolver.CostModel.evaluate_many` (the searcher's path in
 ``docs/guides/searchers.md``):
 
-- the devices split as ``dp * fsdp * cp * tp * pp`` (``dp > 1`` with ``fsdp > 1`` is HSDP); ZeRO stages
-  over ``dp * cp`` where FSDP is off; ``sp`` where ``tp > 1``; every registered schedule with each ``vpp``
-  that divides the layers, and under ``pp_splits="balanced"`` ``vpp`` 1 and 2 where ``pp * vpp`` does not
-  divide them, cut by :func:`ndcost.compose.placement.balanced_split` (``pp_layers``: torchtitan's split,
-  the embedding and the head a layer each; DeepSeek-V3's 61 layers take no pipeline otherwise, and a
-  pipeline's rows cost about ``pp`` times a row without); every ``cp_algo`` where ``cp > 1``; ``ep`` and
-  ``etp`` that divide the experts and their width (MoE models); ``micro_batch * num_micro_batches * dp *
-  fsdp == global_batch``; every recompute mode over all of a chunk's layers and over
-  :data:`RECOMPUTE_LAYER_FRACTIONS` of them;
-  ``vocab_parallel`` where ``tp > 1``; ``reshard_after_forward=false`` and ``gradient_sync=last_micro_batch``
-  where FSDP shards and ``pp > 1`` (torchtitan's defaults there), ``pp_engine=torch`` where ``pp > 1``;
+- the devices split as ``dp * fsdp * cp * tp * pp`` (``dp > 1`` with ``fsdp > 1`` is HSDP); ZeRO stages over ``dp *
+  cp`` where FSDP is off; ``sp`` where ``tp > 1``; every registered schedule with each ``vpp`` that divides the layers
+  (one that is another's variant for expert parallelism, ``variant_of``, only with ``ep > 1``, and at ``pp = 1`` where
+  it is 1F1B's), and under ``pp_splits="balanced"`` ``vpp`` 1 and 2 where ``pp * vpp`` does not divide them, cut by
+  :func:`ndcost.compose.placement.balanced_split` (``pp_layers``: torchtitan's split, the embedding and the head a
+  layer each; DeepSeek-V3's 61 layers take no pipeline otherwise, and a pipeline's rows cost about ``pp`` times a row
+  without); every ``cp_algo`` where ``cp > 1``; ``ep`` and ``etp`` that divide the experts and their width (MoE
+  models); ``micro_batch * num_micro_batches * dp * fsdp == global_batch``; every recompute mode over all of a chunk's
+  layers and over :data:`RECOMPUTE_LAYER_FRACTIONS` of them; ``vocab_parallel`` where ``tp > 1``;
+  ``reshard_after_forward=false`` and ``gradient_sync=last_micro_batch`` where FSDP shards and ``pp > 1``
+  (torchtitan's defaults there), ``pp_engine=torch`` where ``pp > 1``;
 - pruned before pricing: each field's values the model refuses (probed through ``evaluate_many`` itself,
   so the reasons are the model's own), splits whose ``dp * fsdp`` does not divide the batch, ``tp`` and
   ``etp`` groups larger than a node unless ``within_node=False`` (the time model does not price the expert-TP
@@ -54,6 +54,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import attrs
 import numpy as np
 
+from ndcost import manager
 from ndcost.compose.placement import balanced_split
 from ndcost.errors import InvalidValue, MissingExtra, NoValidStrategy, UnknownKey, Unpriced
 from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Strategy
@@ -185,7 +186,6 @@ def _hardware_of(name: Any):
     try:
         return _hardware(name)
     except UnknownKey:
-        from ndcost import manager
         known = ", ".join(manager.registry().names("hardware"))
         raise UnknownKey(f"hardware {name!r} is not registered; use one of {known}, or a hardware spec YAML") \
             from None
@@ -263,7 +263,12 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
     cp_ok, cp_why = _allowed(model, hardware, "cp", divs, seq)
     # pipeline layouts (pp, schedule, vpp, pp_layers) the model and its schedules accept (num_micro_batches ample):
     # even splits, and under "balanced" balanced_split's where pp * vpp (vpp 1 or 2) does not divide the layers
-    triples: List[Tuple[int, str, int, Optional[str]]] = [(1, "1f1b", 1, None)]
+    # a schedule that is another's variant for expert parallelism (variant_of) only where ep > 1, below
+    variants = {name: getattr(manager.registry().get(f"schedule/{name}"), "variant_of", "")
+                for name in names["schedule"]}
+    triples: List[Tuple[int, str, int, Optional[str]]] = [(1, name, 1, None) for name in names["schedule"]
+                                                          if name == "1f1b" or (variants[name] == "1f1b"
+                                                                                and model.tables.num_experts)]
     for pp in divs[1:]:
         chunks: List[Tuple[int, Optional[str]]] = ([(vpp, None) for vpp in _divisors(L // pp)] if L % pp == 0
                                                    else [(1, None)] if pp_splits == "even" else [])  # refused: why
@@ -329,7 +334,8 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
     pairs = np.array([(e, t) for e in ep_ok for t in etp_ok], dtype=np.int64).reshape(-1, 2)
     layouts = _cross(layouts, {"ep": pairs[:, 0], "etp": pairs[:, 1]})
     ranks = layouts["dp"] * layouts["fsdp"] * layouts["cp"] * layouts["tp"]
-    layouts = _keep(layouts, ranks % (layouts["ep"] * layouts["etp"]) == 0)
+    variant = np.isin(layouts["schedule"], [name for name, plain in variants.items() if plain])
+    layouts = _keep(layouts, (ranks % (layouts["ep"] * layouts["etp"]) == 0) & ~(variant & (layouts["ep"] == 1)))
     if within_node and (layouts["etp"] > node).any():
         pruning.append(Pruning(step="etp within a node", removed=int((layouts["etp"] > node).sum()), of="layouts",
                                reason=f"etp over more than the {node} devices of a {hardware.name} NVLink domain (the "

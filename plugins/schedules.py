@@ -18,6 +18,19 @@ Built in:
   ``p * v + p - 1`` chunk-micro-batches, Megatron's memory factor
   ``1 + (p - 1) / (p * v)`` of ``p`` micro-batches of ``L / p`` layers.
 - ``gpipe``: every forward before any backward, ``m`` micro-batches.
+- ``interleaved-a2a-overlap`` and ``1f1b-a2a-overlap``: Megatron-LM's EP
+  all-to-all overlap (``--overlap-moe-expert-parallel-comm``, the "combined
+  1F1B" of megatron/core/pipeline_parallel/combined_1f1b.py): each steady-state
+  step runs one micro-batch's forward beside another's backward, layer by
+  layer, so each one's dispatch and combine run under the other's compute.
+  Interleaved, the warm-up runs one more forward
+  (schedules.py ``get_pp_rank_microbatches``: "we schedule one extra
+  micro-batch forward step before the 1f1b stages"): one more
+  chunk-micro-batch held. Without pipelining (pp = 1, Megatron's
+  ``combined_1f1b_schedule_for_no_pipelining``) the backward of micro-batch
+  ``i`` frees its layers from the last as the forward of ``i + 1`` fills them
+  from the first: one micro-batch held, as 1F1B. Megatron needs virtual
+  stages with pp > 1, so ``1f1b-a2a-overlap`` refuses pp > 1.
 - ``dualpipev`` (DeepSeek's V-shaped cut-in-half DualPipe, ``DualPipeV.step``
   in deepseek-ai/DualPipe ``dualpipe/dualpipev.py``): ``2 p`` stages on ``p``
   ranks, rank ``r`` holding stages ``r`` and ``2 p - 1 - r``; it needs
@@ -59,6 +72,9 @@ class Schedule:
     # the schedule runs one micro-batch's expert all-to-alls under another's compute (DualPipeV's
     # overlapped forward and backward chunks); the time model then counts only what exceeds that compute
     overlaps_expert_communication: bool = False
+    # the schedule this one runs as where nothing is expert-parallel (ep = 1): the two price alike there, so a
+    # search tries this one only with ep > 1
+    variant_of: str = ""
 
     def refusals(self, pp, vpp, m) -> List[Refusal]:
         """Layouts this schedule does not model: ``[(mask, template)]``; the template names the constraint."""
@@ -94,6 +110,20 @@ class OneFOneB(Schedule):
 
 
 @attrs.frozen(kw_only=True)
+class OneFOneBA2AOverlap(Schedule):
+    """Megatron-LM's combined 1F1B without pipelining: one micro-batch held, its all-to-alls under the other's
+    compute."""
+
+    def refusals(self, pp, vpp, m):
+        return [(pp > 1, f"schedule {self.name} runs without pipelining (pp={{pp}}); Megatron-LM's all-to-all "
+                         "overlap needs virtual stages with pp > 1: use schedule=interleaved-a2a-overlap with vpp >= 2"),
+                _no_chunks(self.name, pp, vpp)]
+
+    def in_flight(self, pp, vpp, m, rank, chunk):
+        return np.minimum(1, m) + 0 * (pp + rank + chunk)
+
+
+@attrs.frozen(kw_only=True)
 class GPipe(Schedule):
     """GPipe: all forwards, then all backwards; every stage holds all ``m`` micro-batches."""
 
@@ -112,12 +142,15 @@ class Interleaved(Schedule):
     """Megatron's interleaved 1F1B over ``vpp`` chunks a rank (virtual stage ``c * p + r`` on rank r)."""
 
     def refusals(self, pp, vpp, m):
-        return [(vpp < 2, "schedule interleaved needs vpp >= 2 model chunks per rank (vpp={vpp}); "
+        return [(vpp < 2, f"schedule {self.name} needs vpp >= 2 model chunks per rank (vpp={{vpp}}); "
                           "use schedule=1f1b for one chunk"),
-                (pp < 2, "schedule interleaved needs pp >= 2 (pp={pp}); use pp=1 with schedule=1f1b")]
+                (pp < 2, f"schedule {self.name} needs pp >= 2 (pp={{pp}}); use pp=1 with schedule=1f1b")]
+
+    # forwards a rank runs before its first backward beyond Megatron's warm-up: the one that precedes it
+    extra_forwards: int = 1
 
     def in_flight(self, pp, vpp, m, rank, chunk):
-        held = np.minimum((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, m * vpp)
+        held = np.minimum((pp - rank - 1) * 2 + (vpp - 1) * pp + self.extra_forwards, m * vpp)
         cycle = pp * vpp
         full, rest = held // cycle, held % cycle
         count = full * pp + np.clip(rest - chunk * pp, 0, pp)
@@ -149,6 +182,14 @@ class DualPipeV(Schedule):
 BUILTIN = (
     OneFOneB(name="1f1b", description="PipeDream-Flush 1F1B: stage s of p holds min(p - s, m) micro-batches"),
     Interleaved(name="interleaved", description="Megatron's interleaved 1F1B with vpp model chunks per rank"),
+    Interleaved(name="interleaved-a2a-overlap", overlaps_expert_communication=True, extra_forwards=2,
+                variant_of="interleaved",
+                description="Megatron's interleaved 1F1B under --overlap-moe-expert-parallel-comm: one more "
+                            "warm-up forward, each step's all-to-alls under another micro-batch's compute"),
+    OneFOneBA2AOverlap(name="1f1b-a2a-overlap", overlaps_expert_communication=True, variant_of="1f1b",
+                       description="Megatron's combined 1F1B without pipelining (pp=1) under "
+                                   "--overlap-moe-expert-parallel-comm: all-to-alls under another micro-batch's "
+                                   "compute"),
     GPipe(name="gpipe", description="GPipe: all forwards then all backwards; m micro-batches held"),
     DualPipeV(name="dualpipev", overlaps_expert_communication=True,
               description="DeepSeek's DualPipeV: V-shaped two chunks per rank, 2p + 1 held, m >= 2p"),

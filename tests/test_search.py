@@ -329,3 +329,20 @@ def test_the_searchers_guide_example_runs():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "best:" in out.stdout and "refused:" in out.stdout
+
+
+def test_expert_parallel_variants_of_a_schedule_are_searched_only_with_ep():
+    # interleaved-a2a-overlap and 1f1b-a2a-overlap (Megatron-LM's combined 1F1B) price as interleaved and 1f1b
+    # where nothing is expert-parallel: a search tries them only with ep > 1, each beside its plain twin
+    moe = ndcost.resolve("qwen3-30b-a3b", hardware="h200", census="off")
+    r = search(moe, devices=4, global_batch=4, seq=4096, recompute_layer_fractions=(), exhaustive=True, top=10 ** 6,
+               memory_cap_bytes=10 ** 15)
+    by_schedule = {}
+    for c in r.candidates:
+        by_schedule.setdefault(c.strategy.schedule, set()).add((c.strategy.pp, c.strategy.ep))
+    assert {ep for _, ep in by_schedule["1f1b-a2a-overlap"]} == {2, 4}
+    assert {ep for _, ep in by_schedule["interleaved-a2a-overlap"]} == {2}
+    assert {ep for _, ep in by_schedule["interleaved"]} == {1, 2}
+    twins = {str(c.strategy).replace("schedule=interleaved-a2a-overlap", "schedule=interleaved")
+             for c in r.candidates if c.strategy.schedule == "interleaved-a2a-overlap"}
+    assert twins <= {str(c.strategy) for c in r.candidates}

@@ -96,7 +96,8 @@ EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 #   backward's fp32 K/V gradients, sent on after each step, behind the next step's kernel, the last exposed.
 # - cp_ulysses: the all-to-alls of queries, keys, values and the output (their gradients in the backward).
 # - ep: dispatch and combine all-to-alls; a schedule with overlaps_expert_communication (DualPipeV, DeepSeek-V3
-#   technical report arXiv:2412.19437 section 3.2.1) hides them behind the other micro-batch's compute.
+#   technical report arXiv:2412.19437 section 3.2.1; Megatron-LM's combined 1F1B, plugins/schedules.py) hides
+#   them behind the other micro-batch's compute.
 # - dp_grad: gradient all-reduce (reduce-scatter under ZeRO >= 1) over dp * fsdp * cp, once a step, bucketed
 #   behind the last micro-batch's backward (PyTorch DDP's reducer); ZeRO-2 once a micro-batch, behind its backward
 #   (DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py reduces its buckets every micro-step); a shard's replicas
@@ -127,7 +128,8 @@ OVERLAP_RULES: Mapping[str, str] = {
                "all-gather overlapped with its first step's kernel; the backward's fp32 K/V gradient sends, one a "
                "step, each with the next step's backward kernel, the last exposed; the excess is exposed",
     "cp_ulysses": "exposed: none overlapped",
-    "ep": "exposed, except under dualpipev: overlapped with the layer's compute of the pass",
+    "ep": "exposed, except under a schedule running two micro-batches' passes together (dualpipev, "
+          "interleaved-a2a-overlap, 1f1b-a2a-overlap): overlapped with the layer's compute of the pass",
     "dp_grad": "overlapped with the last micro-batch's backward (ZeRO-2's, and DDP's under "
                "gradient_sync=every_micro_batch, with each micro-batch's); the excess is exposed; after FSDP's "
                "deferred reduce-scatter (gradient_sync=last_micro_batch) exposed",

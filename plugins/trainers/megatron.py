@@ -20,7 +20,10 @@ d98e8a6); the semantics kept are its own:
   of ``make_vocab_size_divisible_by * tp`` and always split over tp;
 - ``--recompute-granularity selective`` recomputes the core attention only
   (``recompute=core_attention``); ``full`` with ``--recompute-method block``
-  recomputes a rank's first ``--recompute-num-layers`` layers.
+  recomputes a rank's first ``--recompute-num-layers`` layers;
+- ``--overlap-moe-expert-parallel-comm`` runs the combined 1F1B schedule
+  (``schedule=interleaved-a2a-overlap``, or ``1f1b-a2a-overlap`` without
+  pipelining), refused where Megatron-LM's TransformerConfig asserts.
 
 The model shape flags become a Transformers config mapping (llama, qwen2,
 qwen3, mixtral, qwen3_moe, glm4_moe (shared experts) or gpt2, as the shape says) where the vocabulary is
@@ -61,7 +64,7 @@ BOOL_FLAGS = (
     "sequence-parallel", "use-distributed-optimizer", "bf16", "fp16", "swiglu", "group-query-attention",
     "untie-embeddings-and-output-weights", "disable-bias-linear", "add-qkv-bias", "qk-layernorm",
     "grad-reduce-in-bf16", "optimizer-cpu-offload", "recompute-activations", "account-for-embedding-in-pipeline-split",
-    "account-for-loss-in-pipeline-split", "moe-enable-deepep", "use-megatron-fsdp")
+    "account-for-loss-in-pipeline-split", "moe-enable-deepep", "use-megatron-fsdp", "overlap-moe-expert-parallel-comm")
 
 # Flags with a bearing on the cost that are not priced or not read yet: refused by name, with the fix.
 REFUSED: Mapping[str, str] = {
@@ -108,7 +111,7 @@ IGNORED_PREFIXES = (
 # Kernel and overlap choices: they bear on the cost, but ndcost prices them from the runtime profile and the
 # time model, not from the flag; reported as such.
 KERNEL_PREFIXES = (
-    "overlap-grad-reduce", "overlap-param-gather", "moe-grouped-gemm",
+    "overlap-grad-reduce", "overlap-param-gather", "moe-grouped-gemm", "delay-wgrad-compute",
     "attention-backend", "cross-entropy-loss-fusion", "empty-unused-memory-level", "masked-softmax-fusion",
     "no-masked-softmax-fusion", "attention-softmax-in-fp32", "use-flash-attn", "transformer-impl")
 
@@ -464,6 +467,8 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
                         "cp_rotate=p2p")
 
     fields.update(_recompute(v))
+    if v.switch("overlap-moe-expert-parallel-comm"):
+        fields["schedule"] = _a2a_overlap(v, fields)
     micro = v.integer("micro-batch-size")
     if micro is None:
         raise v.refuse("--micro-batch-size", "missing (Megatron-LM requires it)", "give --micro-batch-size N")
@@ -596,6 +601,25 @@ def _pipeline_split(v: _Values, pp: int, vpp: int) -> Optional[Tuple[int, ...]]:
         raise v.refuse(flag, f"leaves a pipeline stage without a layer ({'/'.join(map(str, chunks))}), a "
                        "standalone embedding or loss stage ndcost does not price", "give every stage a layer")
     return tuple(chunks)
+
+
+def _a2a_overlap(v: _Values, fields: Mapping[str, Any]) -> str:
+    """--overlap-moe-expert-parallel-comm: the combined 1F1B schedule (plugins/schedules.py), under the conditions
+    TransformerConfig.__post_init__ asserts (megatron/core/transformer/transformer_config.py)."""
+    flag = "--overlap-moe-expert-parallel-comm"
+    if fields["ep"] < 2:
+        raise v.refuse(flag, "needs expert parallelism (Megatron-LM asserts --expert-model-parallel-size > 1)",
+                       "give --expert-model-parallel-size > 1 or remove the flag in a copy")
+    if v.text("moe-token-dispatcher-type", "allgather") not in ("alltoall", "flex"):
+        raise v.refuse(flag, "needs the alltoall or flex token dispatcher (Megatron-LM asserts it; its default is "
+                       "allgather)", "give --moe-token-dispatcher-type alltoall or flex")
+    if fields["pp"] > 1 and fields.get("vpp", 1) < 2:
+        raise v.refuse(flag, "with pipeline parallelism needs virtual stages (Megatron-LM asserts it)",
+                       "give --num-virtual-stages-per-pipeline-rank >= 2")
+    if fields.get("recompute") == "full" or v.present("recompute-method"):
+        raise v.refuse(flag, "runs without full recomputation or a recompute method (Megatron-LM asserts it)",
+                       "remove --recompute-granularity full and --recompute-method in a copy")
+    return "interleaved-a2a-overlap" if fields["pp"] > 1 else "1f1b-a2a-overlap"
 
 
 def _recompute(v: _Values) -> Dict[str, Any]:
@@ -828,8 +852,13 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
                             f"vocabulary over tp (vocab_parallel={'true' if s.tp > 1 else 'false'} at tp={s.tp})")
     if s.sp and s.tp == 1:
         raise _refuse_write("sp", "true", "Megatron-LM turns sequence parallelism off at tp=1")
-    if (s.vpp > 1 and s.schedule != "interleaved") or (s.vpp == 1 and s.schedule != "1f1b"):
-        raise _refuse_write("schedule", s.schedule, "Megatron-LM runs 1f1b, or interleaved with vpp > 1")
+    if (s.vpp > 1 and s.schedule not in ("interleaved", "interleaved-a2a-overlap")) or (
+            s.vpp == 1 and s.schedule not in ("1f1b", "1f1b-a2a-overlap")):
+        raise _refuse_write("schedule", s.schedule, "Megatron-LM runs 1f1b, or interleaved with vpp > 1, each with "
+                            "or without --overlap-moe-expert-parallel-comm (the -a2a-overlap schedules)")
+    if s.schedule.endswith("-a2a-overlap") and (s.ep < 2 or s.recompute == "full"):
+        raise _refuse_write("schedule", s.schedule, "Megatron-LM's --overlap-moe-expert-parallel-comm needs ep > 1 "
+                            "and no full recomputation")
     comm_types = {pair: name for name, pair in CP_COMM_TYPES.items()}
     if s.cp_algo not in {algo for algo, _ in comm_types}:
         raise _refuse_write("cp_algo", s.cp_algo, "Megatron-LM's --cp-comm-type has p2p and allgather (ring), a2a "
@@ -879,6 +908,8 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
     if s.ep > 1:
         flags.append("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep"
                      if s.ep_dispatcher == "deepep" else "--moe-token-dispatcher-type alltoall")
+    if s.schedule.endswith("-a2a-overlap"):
+        flags.append("--overlap-moe-expert-parallel-comm")
     if s.sp:
         flags.append("--sequence-parallel")
     if s.zero == 1:
