@@ -104,7 +104,7 @@ def profile(name: str, census: str, count: int) -> None:
     for s in strategies:
         model.evaluate(s)
     profiler.disable()
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+    pstats.Stats(profiler).sort_stats(os.environ.get("NDCOST_PROFILE_SORT", "tottime")).print_stats(int(os.environ.get("NDCOST_PROFILE_TOP", "30")))
 
 
 def main(argv=None) -> int:

@@ -375,6 +375,7 @@ class CostModel:
                 work, attention_kernel=self._attention_kernel(), selective_rerun_collectives=self._selective_rerun,
                 attention_backends=self._profile.attention_backends if self._profile is not None else {},
                 fused_pointwise=self._profile is not None and self._profile.pointwise == "fused",
+                complex_rotary=self._profile is not None and self._profile.rotary == "complex",
                 mtp_kinds=work.mtp_kinds if self.tables.builds_mtp else (),
                 work=self._repeated_kv(self._as_run(work.work, seq)))
             self.resolved.flops_sources[seq] = sources

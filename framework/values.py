@@ -726,7 +726,8 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
     "compile": FieldDoc(meaning="torch.compile of each layer (torchtitan [compile] enable, per TransformerBlock): "
                                 "each chain of pointwise ops between matmuls reads its inputs and writes its "
                                 "outputs once (an analytic fused count a kind: norms, residual adds, rotary, the "
-                                "MLP activation; copies and linear attention's gating as eager); saved activations "
+                                "MLP activation; copies, linear attention's gating and a complex rotary, which "
+                                "Inductor does not fuse (the runtime's rotary), as eager); saved activations "
                                 "unchanged (the partitioner's recompute of pointwise ops is not priced); launches "
                                 "are not priced either way",
                         synonyms=("torch_compile", "compile_model", "enable_compile", "inductor")),

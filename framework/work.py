@@ -153,6 +153,9 @@ class KindWork:
     # those TP splits only under SP, as the eager pair above); None: unknown
     compiled_elementwise_elements_per_token: Optional[float] = None
     compiled_replicated_elements_per_token: Optional[float] = None
+    # under Strategy.compile with a rotary embedding torch.compile cannot fuse (RuntimeProfile.rotary complex):
+    # the elements a token its separate kernels move beyond the fused chain's (TP-split)
+    unfused_rotary_elements_per_token: float = 0.0
     gemms: Tuple[Gemm, ...] = ()       # the matmul shapes (empty: unknown, a constant efficiency prices them)
     launches_per_layer: float = 0.0    # kernels a forward launches, at TP 1
     launches_per_token: float = 0.0    # more of them for each token of a sequence (a chunked recurrence's loop)
@@ -283,9 +286,11 @@ class ModelWork:
     selective_rerun_collectives: Tuple[str, ...] = ()
     # the order the runtime's own attention tries the kernels, by the least compute capability it applies from
     # (RuntimeProfile.attention_backends; empty: SDPA's, the hardware's), and whether its pointwise ops run fused
-    # (RuntimeProfile.pointwise: priced as Strategy.compile prices the elementwise bytes)
+    # (RuntimeProfile.pointwise: priced as Strategy.compile prices the elementwise bytes), and whether its rotary
+    # embedding multiplies complex numbers (RuntimeProfile.rotary: torch.compile leaves it unfused)
     attention_backends: Mapping[str, Tuple[str, ...]] = attrs.field(factory=dict, converter=frozen_mapping)
     fused_pointwise: bool = False
+    complex_rotary: bool = False
 
     @property
     def num_layers(self) -> int:

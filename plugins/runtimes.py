@@ -25,10 +25,16 @@ party's, registered the same way) naming:
 - ``pointwise``: ``eager`` (a kernel an op, Transformers' modules) or ``fused``
   (each chain of pointwise ops between matmuls one kernel, as Transformer
   Engine's fused norm, rotary, activation and residual kernels run it; priced
-  as ``Strategy.compile`` prices the elementwise bytes).
+  as ``Strategy.compile`` prices the elementwise bytes);
+- ``rotary``: ``real`` (Transformers' rotate_half, in the activations' dtype)
+  or ``complex`` (torchtitan's: the queries and keys cast to fp32, multiplied
+  as complex numbers, cast back), which torch.compile leaves unfused:
+  Inductor generates no code for complex operators and runs them as ATen
+  kernels (torch/_inductor/lowering.py: "Torchinductor does not support code
+  generation for complex operators"; pytorch/torchtitan#15).
 
 Registered as ``runtime/<name>``. Torch-free: only the census reads what a
-profile names; the last two are the time model's alone (not in a census's key).
+profile names; the last three are the time model's alone (not in a census's key).
 """
 from __future__ import annotations
 
@@ -46,6 +52,8 @@ from ndcost.values import capability_tuple, frozen_mapping
 
 # RuntimeProfile.pointwise: a kernel an op (eager), or a kernel a chain of pointwise ops between matmuls (fused)
 POINTWISE = ("eager", "fused")
+# RuntimeProfile.rotary: rotate_half in the activations' dtype (real), or an fp32 complex product (complex)
+ROTARY = ("real", "complex")
 
 
 def _names(value: Any) -> Tuple[str, ...]:
@@ -96,11 +104,13 @@ class RuntimeProfile:
     attention_backends: Mapping[str, Tuple[str, ...]] = attrs.field(
         factory=dict, converter=lambda v: frozen_mapping({str(k): _names(x) for k, x in dict(v or {}).items()}))
     pointwise: str = "eager"
+    rotary: str = "real"
 
     def __attrs_post_init__(self):
-        if self.pointwise not in POINTWISE:
-            raise InvalidValue(f"runtime profile {self.name!r}: pointwise {self.pointwise!r} is not one of "
-                               f"{', '.join(POINTWISE)}")
+        for field, allowed in (("pointwise", POINTWISE), ("rotary", ROTARY)):
+            if getattr(self, field) not in allowed:
+                raise InvalidValue(f"runtime profile {self.name!r}: {field} {getattr(self, field)!r} is not one of "
+                                   f"{', '.join(allowed)}")
         for capability, order in self.attention_backends.items():
             if capability_tuple(capability) is None:
                 raise InvalidValue(f"runtime profile {self.name!r}: attention_backends key {capability!r} is not a "
@@ -117,7 +127,7 @@ class RuntimeProfile:
     def content(self) -> dict:
         """Everything that decides what a census measures, for cache keys."""
         out = attrs.asdict(self, recurse=True)
-        for priced_only in ("summary", "attention_backends", "pointwise"):  # the time model's, not the census's
+        for priced_only in ("summary", "attention_backends", "pointwise", "rotary"):  # the time model's alone
             out.pop(priced_only, None)
         return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in out.items()}
 

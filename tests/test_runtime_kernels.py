@@ -1,5 +1,6 @@
-"""What a runtime's own kernels change in the time model: its attention's kernel order by compute capability and
-its fused pointwise kernels (Transformer Engine under Megatron-LM: specs/runtimes/megatron-te-cuda.yaml).
+"""What a runtime's own kernels change in the time model: its attention's kernel order by compute capability, its
+fused pointwise kernels (Transformer Engine under Megatron-LM: specs/runtimes/megatron-te-cuda.yaml) and a rotary
+embedding torch.compile cannot fuse (torchtitan's complex product: specs/runtimes/torchtitan-cuda.yaml).
 
 Expected figures are derived by hand: the scores' FLOPs of Llama-3.1-8B's layer (4 h d s (s + 1) / 2 at each
 causal pair), the query-block waves of the flash prior (32 heads x 4096 / 128 blocks over the SMs), and the
@@ -90,6 +91,27 @@ def test_fused_pointwise_kernels_move_each_chains_elements_once(work, registry):
     assert _layer(attrs.evolve(work, fused_pointwise=True), h100, compile=True)["forward"] == fused["forward"]
 
 
+def test_torch_compile_leaves_a_complex_rotary_unfused(work, registry):
+    """torchtitan's apply_rotary_emb casts q and k to fp32, multiplies them as complex numbers by freqs_cis and casts
+    back; Inductor runs complex operators as ATen kernels, so under compile each rotated element moves 1 + 2 (the
+    cast up), 2 + 2 (the product) and 2 + 1 (the cast back) 2-byte elements, 10, where the fused chain moves 2:
+    8 more on the 32 query and 8 key heads of 128. Eager is unchanged (priced as rotate_half's 10 either way)."""
+    h100 = registry.get("hardware/h100")
+    complex_rotary = attrs.evolve(work, complex_rotary=True)
+    extra = 2 * SEQ * 8 * (Q + KV) * D  # bf16 bytes
+    hbm, eff = h100.hbm_bytes_per_second, h100.efficiency
+    compiled, unfused = _layer(work, h100, compile=True), _layer(complex_rotary, h100, compile=True)
+    assert unfused["forward"] - compiled["forward"] == pytest.approx(extra / (hbm * eff["memory"]), rel=1e-9)
+    assert unfused["backward"] - compiled["backward"] == pytest.approx(2 * extra / (hbm * eff["memory_backward"]),
+                                                                       rel=1e-9)
+    assert _layer(complex_rotary, h100) == _layer(work, h100)
+    assert registry.get("runtime/torchtitan-cuda").rotary == "complex"
+    assert registry.get("runtime/hf-cuda").rotary == "real"
+    model = ndcost.resolve("llama-3.1-8b", runtime="torchtitan-cuda", hardware="h100", census="off")
+    assert model.model_work(SEQ).complex_rotary
+    assert "complex rotary unfused" in model.evaluate(Strategy(seq=SEQ, compile=True)).time.provenance["kernels"]
+
+
 def test_the_resolver_hands_the_runtimes_choices_over_and_says_so():
     model = ndcost.resolve("llama-3.1-8b", runtime="megatron-te-cuda", hardware="h100", census="off")
     work = model.model_work(SEQ)
@@ -105,6 +127,8 @@ def test_the_time_models_choices_leave_the_census_key_alone(registry):
     """A census measures Transformers' modules under the contracts: megatron-te-cuda's is hf-cuda-fused's."""
     te, fused = registry.get("runtime/megatron-te-cuda"), registry.get("runtime/hf-cuda-fused")
     assert {**te.content(), "name": ""} == {**fused.content(), "name": ""}
+    titan = registry.get("runtime/torchtitan-cuda")
+    assert titan.content() == attrs.evolve(titan, rotary="real").content()
 
 
 def test_megatron_runs_are_priced_under_transformer_engine(tmp_path):
@@ -123,6 +147,7 @@ def test_megatron_runs_are_priced_under_transformer_engine(tmp_path):
     ({"attention_backends": {"9.0": ["fa3"]}}, "attention_backends['9.0'] must list kernels of cudnn, flash"),
     ({"attention_backends": {"9.0": []}}, "attention_backends['9.0'] must list kernels"),
     ({"pointwise": "fast"}, "pointwise 'fast' is not one of eager, fused"),
+    ({"rotary": "quaternion"}, "rotary 'quaternion' is not one of real, complex"),
 ])
 def test_bad_runtime_kernel_choices_are_refused_by_name(extra, says):
     with pytest.raises(InvalidValue) as caught:

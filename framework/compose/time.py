@@ -311,7 +311,7 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
               "forward_only_attention_mm_flops_per_token", "forward_only_other_mm_flops_per_token",
               "forward_only_routed_mm_flops_per_token", "forward_only_score_flops_per_pair",
               "forward_only_linrec_flops_per_token", "forward_only_elementwise_elements_per_token",
-              "forward_only_replicated_elements_per_token")
+              "forward_only_replicated_elements_per_token", "unfused_rotary_elements_per_token")
     out = {f: np.array([float(getattr(model.work[k], f)) for k in model.kinds]) for f in fields}
     out["has_attention"] = np.array([model.work[k].has_attention for k in model.kinds])
     out["launches_per_layer"] = np.array([float(model.work[k].launches_per_layer) for k in model.kinds])
@@ -333,6 +333,9 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
                  "recomputed_scores_share") + _LOW_PRECISION_WORK:
         out[name] = np.array([np.nan if getattr(model.work[k], name) is None else float(getattr(model.work[k], name))
                               for k in model.kinds])
+    if model.complex_rotary:  # torch.compile leaves a complex rotary's kernels as they are (RuntimeProfile.rotary)
+        out["compiled_elementwise_elements_per_token"] = (out["compiled_elementwise_elements_per_token"]
+                                                          + out["unfused_rotary_elements_per_token"])
     # the attention's output elements a token (ring CP merges them): its heads' values, else the queries'
     out["attention_output_elements_per_token"] = np.where(
         out["attention_heads"] > 0, out["attention_heads"] * out["attention_value_head_dim"],
@@ -2245,7 +2248,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
               "fsdp_exposed_backward_seconds": fsdp_exposed_b}
     kinds = _derived("kernel_kinds", model, _kernel_kinds)  # what of the model the provenance reads beyond its source
     read = (model.source, kinds, model.attention_kernel, tuple(model.attention_backends.items()),
-            model.fused_pointwise)
+            model.fused_pointwise, model.complex_rotary)
     provenance = _derived(("provenance", *read, tuple(coll.values())), hardware,
                           lambda hw: _provenance(model, eff, eff_sources, coll, hw))
     return _results(model, rows, seconds, detail, provenance, _float8_model_flops(model, rows, cols, hardware))
@@ -2303,6 +2306,9 @@ def _kernel_provenance(model: ModelWork, hardware: Hardware) -> str:
     launch, dispatch, source = kernels.launch_costs(tables)
     if model.fused_pointwise:
         elementwise += ", each pointwise chain one kernel (the runtime's fused kernels: compile's fused count)"
+    if model.complex_rotary:
+        elementwise += ("; under compile the complex rotary unfused (Inductor runs complex operators as ATen "
+                        "kernels: its casts and product apart)")
     return (f"{gemm}; {_attention_provenance(model, hardware, tables)}; {elementwise}; a layer's pass >= its "
             f"launches x max(launch {launch:g} s, dispatch {dispatch:g} s) ({source}), forward launches {launches}, "
             f"backward twice the forward's; checkpoint's host work (eager) {dict(CHECKPOINT_HOST_RATIOS)} plain "

@@ -46,6 +46,10 @@ PLAIN_ACT_ELEMENTS = {"gelu_new": 16, "gelu_fast": 16, "quick_gelu": 8}  # Pytho
 # normed output written, 4; the last residual add 3, the block's end: torchtitan compiles block by block).
 FUSED_NORM_ELEMENTS = 2
 FUSED_ROTARY_ELEMENTS = 2  # the cos and sin tables' reads left out
+# torchtitan's complex rotary under torch.compile (RuntimeProfile.rotary complex), which Inductor runs as ATen
+# kernels: the cast to fp32 (read 1, write 2), the complex product (read 2, write 2) and the cast back (read 2,
+# write 1), 10 elements a rotated element, the freqs_cis table's reads left out
+COMPLEX_ROTARY_ELEMENTS = 10
 FUSED_LAYER_NORMS_AND_RESIDUALS = 9
 # Chunk of the chunked delta-rule kernel (fla, Transformers' torch_chunk_gated_delta_rule).
 LINREC_CHUNK = 64
@@ -173,7 +177,8 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
     modules): what analytic_flops and kind_work count."""
     h = spec.hidden_size
     out: Dict[str, Any] = {"matmuls": {}, "score_per_pair": 0.0, "linrec_per_token": 0.0,
-                           "query_elements": 0, "kv_elements": 0, "has_attention": True, "experts_per_token": 0,
+                           "query_elements": 0, "kv_elements": 0, "rotary_elements": 0, "has_attention": True,
+                           "experts_per_token": 0,
                            "elementwise": 0.0, "replicated": 0.0, "fused_elementwise": 0.0, "fused_replicated": 0.0,
                            "splits": {}, "launches": 0, "launches_per_token": 0.0, "heads": (0, 0, 0),
                            "extra_keys_per_token": 0.0, "forward_only_elements_at": []}
@@ -255,6 +260,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             out["kv_elements"] = heads * (qk + vdim)
             out["elementwise"] += (rotary_elements * (heads + 1) + table_reads) * rope if rotary else 0
             out["fused_elementwise"] += FUSED_ROTARY_ELEMENTS * (heads + 1) * rope if rotary else 0
+            out["rotary_elements"] = (heads + 1) * rope if rotary else 0
         else:
             d = spec.resolved_head_dim
             kv = spec.num_key_value_heads or heads
@@ -270,6 +276,7 @@ def _kind_shapes(spec: ModelSpec, kind: str) -> Dict[str, Any]:
             out["kv_elements"] = 2 * kv * d
             out["elementwise"] += (rotary_elements * (heads + kv) + table_reads) * d if rotary else 0
             out["fused_elementwise"] += FUSED_ROTARY_ELEMENTS * (heads + kv) * d if rotary else 0
+            out["rotary_elements"] = (heads + kv) * d if rotary else 0
             if info.qk_norm:  # a head's or the whole projection's: a rank normalizes its own heads' share
                 out["elementwise"] += norm_elements * (heads + kv) * d
                 out["fused_elementwise"] += FUSED_NORM_ELEMENTS * (heads + kv) * d
@@ -504,6 +511,8 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         recomputed_other_mm_share=getattr(record, "recomputed_other_mm_share", None),
         recomputed_scores_share=getattr(record, "recomputed_scores_share", None),
         query_elements_per_token=int(shapes["query_elements"]), kv_elements_per_token=int(shapes["kv_elements"]),
+        unfused_rotary_elements_per_token=float(
+            (COMPLEX_ROTARY_ELEMENTS - FUSED_ROTARY_ELEMENTS) * shapes.get("rotary_elements", 0)),
         experts_per_token=int(shapes["experts_per_token"] if spec.num_experts else 0),
         has_attention=bool(shapes["has_attention"] and scores > 0),
         float8_mm_flops_per_token=sum(per_token.get(p, 0.0) for p in TP_PARTS) if shaped else None,
