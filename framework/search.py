@@ -8,14 +8,14 @@ columns and priced by :meth:`ndcost.resolver.CostModel.evaluate_many` (the searc
 - the devices split as ``dp * fsdp * cp * tp * pp`` (``dp > 1`` with ``fsdp > 1`` is HSDP); ZeRO stages over ``dp *
   cp`` where FSDP is off; ``sp`` where ``tp > 1``; every registered schedule with each ``vpp`` that divides the layers
   (one that is another's variant for expert parallelism, ``variant_of``, only with ``ep > 1``, and at ``pp = 1`` where
-  it is 1F1B's), and under ``pp_splits="balanced"`` ``vpp`` 1 and 2 where ``pp * vpp`` does not divide them, cut by
-  :func:`ndcost.compose.placement.balanced_split` (``pp_layers``: torchtitan's split, the embedding and the head a
-  layer each; DeepSeek-V3's 61 layers take no pipeline otherwise, and a pipeline's rows cost about ``pp`` times a row
-  without); every ``cp_algo`` where ``cp > 1``; ``ep`` and ``etp`` that divide the experts and their width (MoE
-  models); ``micro_batch * num_micro_batches * dp * fsdp == global_batch``; every recompute mode over all of a chunk's
-  layers and over :data:`RECOMPUTE_LAYER_FRACTIONS` of them; ``vocab_parallel`` where ``tp > 1``;
-  ``reshard_after_forward=false`` and ``gradient_sync=last_micro_batch`` where FSDP shards and ``pp > 1``
-  (torchtitan's defaults there), ``pp_engine=torch`` where ``pp > 1``;
+  it is 1F1B's, in 1F1B's place where it holds as much), and under ``pp_splits="balanced"`` ``vpp`` 1 and 2 where ``pp
+  * vpp`` does not divide them, cut by :func:`ndcost.compose.placement.balanced_split` (``pp_layers``: torchtitan's
+  split, the embedding and the head a layer each; DeepSeek-V3's 61 layers take no pipeline otherwise, and a pipeline's
+  rows cost about ``pp`` times a row without); every ``cp_algo`` where ``cp > 1``; ``ep`` and ``etp`` that divide the
+  experts and their width (MoE models); ``micro_batch * num_micro_batches * dp * fsdp == global_batch``; every
+  recompute mode over all of a chunk's layers and over :data:`RECOMPUTE_LAYER_FRACTIONS` of them; ``vocab_parallel``
+  where ``tp > 1``; ``reshard_after_forward=false`` and ``gradient_sync=last_micro_batch`` where FSDP shards and ``pp
+  > 1`` (torchtitan's defaults there), ``pp_engine=torch`` where ``pp > 1``;
 - pruned before pricing: each field's values the model refuses (probed through ``evaluate_many`` itself,
   so the reasons are the model's own), splits whose ``dp * fsdp`` does not divide the batch, ``tp`` and
   ``etp`` groups larger than a node unless ``within_node=False`` (the time model does not price the expert-TP
@@ -252,6 +252,18 @@ class _Inner:
     num_layers: int
 
 
+def _dominates_unpipelined(name: str, plain: str) -> bool:
+    """Whether schedule *name* hides expert communication *plain* leaves exposed and, without pipelining, holds
+    as many micro-batches as *plain* at every count (so it is never worse there)."""
+    registry = manager.registry()
+    variant, base = registry.get(f"schedule/{name}"), registry.get(f"schedule/{plain}")
+    if not variant.overlaps_expert_communication or base.overlaps_expert_communication:
+        return False
+    counts = np.arange(1, 65)
+    return bool(np.array_equal(np.asarray(variant.in_flight(1, 1, counts, 0, 0)),
+                               np.asarray(base.in_flight(1, 1, counts, 0, 0))))
+
+
 def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions: Tuple[float, ...],
            pruning: List[Pruning], within_node: bool = True,
            pp_splits: str = "even") -> Tuple[Dict[str, np.ndarray], _Inner]:
@@ -336,6 +348,15 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
     ranks = layouts["dp"] * layouts["fsdp"] * layouts["cp"] * layouts["tp"]
     variant = np.isin(layouts["schedule"], [name for name, plain in variants.items() if plain])
     layouts = _keep(layouts, (ranks % (layouts["ep"] * layouts["etp"]) == 0) & ~(variant & (layouts["ep"] == 1)))
+    # without pipelining, a variant that holds what its plain schedule holds and hides the all-to-alls it does not
+    # (1f1b-a2a-overlap beside 1f1b) runs no slower in no more memory wherever ep > 1: the plain one is dropped there
+    dominated = [plain for name, plain in variants.items() if plain and _dominates_unpipelined(name, plain)]
+    beaten = (layouts["pp"] == 1) & (layouts["ep"] > 1) & np.isin(layouts["schedule"], dominated)
+    if beaten.any():
+        pruning.append(Pruning(step="dominated schedule", removed=int(beaten.sum()), of="layouts",
+                               reason=f"schedule {dominated[0]} at pp=1 with ep > 1, where its variant holds as much "
+                                      f"and hides its all-to-alls"))
+        layouts = _keep(layouts, ~beaten)
     if within_node and (layouts["etp"] > node).any():
         pruning.append(Pruning(step="etp within a node", removed=int((layouts["etp"] > node).sum()), of="layouts",
                                reason=f"etp over more than the {node} devices of a {hardware.name} NVLink domain (the "

@@ -333,7 +333,8 @@ def test_the_searchers_guide_example_runs():
 
 def test_expert_parallel_variants_of_a_schedule_are_searched_only_with_ep():
     # interleaved-a2a-overlap and 1f1b-a2a-overlap (Megatron-LM's combined 1F1B) price as interleaved and 1f1b
-    # where nothing is expert-parallel: a search tries them only with ep > 1, each beside its plain twin
+    # where nothing is expert-parallel: a search tries them only with ep > 1, the interleaved one beside its plain
+    # twin
     moe = ndcost.resolve("qwen3-30b-a3b", hardware="h200", census="off")
     r = search(moe, devices=4, global_batch=4, seq=4096, recompute_layer_fractions=(), exhaustive=True, top=10 ** 6,
                memory_cap_bytes=10 ** 15)
@@ -343,6 +344,9 @@ def test_expert_parallel_variants_of_a_schedule_are_searched_only_with_ep():
     assert {ep for _, ep in by_schedule["1f1b-a2a-overlap"]} == {2, 4}
     assert {ep for _, ep in by_schedule["interleaved-a2a-overlap"]} == {2}
     assert {ep for _, ep in by_schedule["interleaved"]} == {1, 2}
+    # without pipelining the variant holds what 1F1B holds and hides the all-to-alls: 1F1B is dropped where ep > 1
+    assert {ep for pp, ep in by_schedule["1f1b"] if pp == 1} == {1}
+    assert [p.step for p in r.pruning].count("dominated schedule") == 1
     twins = {str(c.strategy).replace("schedule=interleaved-a2a-overlap", "schedule=interleaved")
              for c in r.candidates if c.strategy.schedule == "interleaved-a2a-overlap"}
     assert twins <= {str(c.strategy) for c in r.candidates}
