@@ -67,6 +67,7 @@ from ndcost.specio import load_yaml
 from ndcost.errors import InvalidValue, RegistrationError, StalePluginSet, UnknownKey, Unpriced
 from ndcost.hookspecs import hookimpl
 from ndcost.layer import DENSE_MLPS, NO_MLPS
+from ndcost.plugins.contracts import GATED_ACTIVATIONS
 from ndcost.plugins.expressions import Expression, Number, divide
 from ndcost.records import KindRecord, recomputed_shares
 from ndcost.values import CP_ALGOS, DTYPES, PARTS, ModelSpec
@@ -1006,6 +1007,33 @@ def family_values(spec: ModelSpec) -> Dict[str, Number]:
     from ndcost.models import family_for
     family = family_for(spec.model_type)
     return dict(getattr(family, "op_record_values", None) or {})
+
+
+def runtime_values(spec: ModelSpec, kind: str, profile: Any) -> Dict[str, Number]:
+    """The values a layer of *kind* of *spec* takes from the fused modules the runtime *profile* runs in place of
+    Transformers' (its contracts' ``Contract.fuses``, put in place by its replacements), so the formulas keep what
+    the census of those modules keeps:
+
+    - ``rms_norm``, where the model's norms are RMSNorms (its config states ``rms_norm_eps``): the kernel keeps
+      its 16-bit input and an fp32 rstd a row, 2 bytes an element and 4 a row (``norm_bytes``,
+      ``norm_row_bytes``);
+    - ``silu_gated_mlp``, where the kind's dense (or shared-expert) MLP is SiLU-gated: the kernel keeps its input,
+      the gate and up projections' output (one call), so 2 feed-forward-wide tensors (``act_widths``,
+      ``act_fused``); the routed experts keep their own (``expert_act_widths``, as without the runtime).
+    """
+    if profile is None:
+        return {}
+    from ndcost import manager
+    registry = manager.registry()
+    fused = {getattr(registry.find(f"contract/{name}"), "fuses", "") for name in profile.contracts_for(spec.model_type)}
+    out: Dict[str, Number] = {}
+    if "rms_norm" in fused and "rms_norm_eps" in dict(spec.hf_config):
+        out.update(norm_bytes=2, norm_row_bytes=4)
+    info = spec.kind(kind)
+    if "silu_gated_mlp" in fused and info.gated_mlp and info.activation in GATED_ACTIVATIONS:
+        plain = model_values(spec, kind)
+        out.update(act_widths=2, act_fused=1, expert_act_widths=plain.get("expert_act_widths", plain["act_widths"]))
+    return out
 
 
 def runtime_attention(spec: ModelSpec, profile: Any) -> str:

@@ -24,6 +24,11 @@ import attrs
 
 from ndcost.errors import InvalidValue, NdcostError
 
+# Modules a contract's kernel may stand for through a runtime's replacement (Contract.fuses): an RMSNorm with a
+# weight, run by one kernel keeping its 16-bit input and an fp32 rstd a row; a SiLU-gated MLP whose gate and up
+# projections are one matmul feeding one kernel that keeps its input alone.
+FUSED_MODULES = ("rms_norm", "silu_gated_mlp")
+
 _LOADED: Dict[str, "KernelContract"] = {}
 _LOCK = threading.Lock()
 
@@ -140,7 +145,10 @@ class Contract:
     head's (``op_records.runtime_repeats_kv``). ``linear_rule`` says it is a
     fused chunked delta-rule kernel standing for Transformers' torch reference
     rule (``op_records.runtime_eager_linear_rule``): the formulas then keep what
-    the kernel keeps, not the reference's every chunk.
+    the kernel keeps, not the reference's every chunk. ``fuses`` names the modules a
+    runtime's replacement runs through the kernel (:data:`FUSED_MODULES`): the
+    formulas then take the kernel's op-record values for them
+    (``op_records.runtime_values``).
     """
 
     name: str = attrs.field(validator=attrs.validators.matches_re(r"^[a-z][a-z0-9_.\-]*$"))
@@ -151,6 +159,7 @@ class Contract:
     attention: bool = False
     repeats_kv: bool = False
     linear_rule: bool = False
+    fuses: str = attrs.field(default="", validator=attrs.validators.in_(("",) + FUSED_MODULES))
 
     def load(self) -> KernelContract:
         """The contract's implementation (imports torch on first use)."""
@@ -415,3 +424,143 @@ def fp32_layer_norm_statistics(func: Any, args: Tuple[Any, ...], out: Any) -> An
     if func is torch.ops.aten.native_layer_norm.default and args[0].dtype in (torch.bfloat16, torch.float16):
         return (out[0], *(torch.empty(t.shape, dtype=torch.float32, device=t.device) for t in out[1:]))
     return out
+
+
+# ---------------------------------------------------------------------------
+# fused RMSNorm and SwiGLU kernels, and the modules that run them (a runtime's replacements)
+# ---------------------------------------------------------------------------
+def define_fused_norm_ops(namespace: str, device_call: str) -> None:
+    """``namespace::rms_norm(x, gamma, epsilon) -> (y, rstd)``, keeping its input, gamma (a parameter) and an fp32
+    ``rstd [..., 1]``; ``namespace::swiglu(x, dim) -> y``, keeping its input alone (its output half as wide along
+    *dim*). *device_call* names the device's kernels, for the error a real tensor raises."""
+    import torch
+
+    rms_norm = fake_only_op(
+        f"{namespace}::rms_norm", "(Tensor x, Tensor gamma, float epsilon) -> (Tensor, Tensor)",
+        lambda x, gamma, epsilon: (torch.empty_like(x), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)),
+        use=f"call {device_call}")
+
+    def norm_setup(ctx, inputs, output):
+        x, gamma, _ = inputs
+        _, rstd = output
+        ctx.mark_non_differentiable(rstd)
+        ctx.save_for_backward(x, gamma, rstd)
+
+    def norm_backward(ctx, grad, _rstd):
+        x, gamma, _ = ctx.saved_tensors
+        return torch.empty_like(x), torch.empty_like(gamma), None
+
+    rms_norm.register_autograd(norm_backward, setup_context=norm_setup)
+
+    def swiglu_fake(x, dim):
+        shape = list(x.shape)
+        shape[dim] //= 2
+        return x.new_empty(shape)
+
+    swiglu = fake_only_op(f"{namespace}::swiglu", "(Tensor x, int dim) -> Tensor", swiglu_fake,
+                          use=f"call {device_call}")
+
+    def swiglu_setup(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    def swiglu_backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return torch.empty_like(x), None
+
+    swiglu.register_autograd(swiglu_backward, setup_context=swiglu_setup)
+
+
+class FusedRmsNorm(OpContract):
+    """The contract of a :func:`define_fused_norm_ops` ``rms_norm``: what it keeps are the norm's."""
+
+    forward, saves_as, runs_as = "rms_norm", "normOp", "norm"
+
+    def __init__(self, ops: Any, name: str, stands: str) -> None:
+        self.name, self.stands = name, (stands,)
+        super().__init__(ops)
+
+
+class FusedSwiGlu(OpContract):
+    """The contract of a :func:`define_fused_norm_ops` ``swiglu``: what it keeps is the activation's."""
+
+    forward, saves_as = "swiglu", "ffAct"
+
+    def __init__(self, ops: Any, name: str, stands: str) -> None:
+        self.name, self.stands = name, (stands,)
+        super().__init__(ops)
+
+
+def fused_module_classes(ops: Callable[[], Any], prefix: str) -> Tuple[type, type]:
+    """``(<prefix>RMSNorm, <prefix>SwiGLUMLP)``: an RMSNorm calling ``ops().rms_norm`` (the source's weight kept,
+    ``1 + weight`` as gamma where zero-centred) and a gated MLP whose gate and up projections are one matmul
+    feeding ``ops().swiglu`` (``gate_up_proj`` holds the source's two weights stacked, ``down_proj`` is the
+    source's): the modules a runtime's replacement factories put in place of Transformers' own."""
+    import torch
+
+    class FusedRMSNorm(torch.nn.Module):
+        def __init__(self, weight: Any, eps: float, zero_centred: bool = False) -> None:
+            super().__init__()
+            self.weight = weight
+            self.variance_epsilon = eps
+            self.zero_centred = zero_centred
+
+        def forward(self, hidden_states: Any) -> Any:
+            gamma = (1.0 + self.weight) if self.zero_centred else self.weight
+            return ops().rms_norm(hidden_states, gamma.to(hidden_states.dtype)
+                                  if gamma.dtype != hidden_states.dtype else gamma, self.variance_epsilon)[0]
+
+    class FusedSwiGLUMLP(torch.nn.Module):
+        def __init__(self, source: Any) -> None:
+            super().__init__()
+            gate, up = source.gate_proj, source.up_proj
+            self.gate_up_proj = torch.nn.Linear(gate.in_features, gate.out_features + up.out_features,
+                                                bias=gate.bias is not None, dtype=gate.weight.dtype,
+                                                device=gate.weight.device)
+            self.down_proj = source.down_proj
+
+        def forward(self, x: Any) -> Any:
+            return self.down_proj(ops().swiglu(self.gate_up_proj(x), -1))
+
+    FusedRMSNorm.__name__ = FusedRMSNorm.__qualname__ = f"{prefix}RMSNorm"
+    FusedSwiGLUMLP.__name__ = FusedSwiGLUMLP.__qualname__ = f"{prefix}SwiGLUMLP"
+    return FusedRMSNorm, FusedSwiGLUMLP
+
+
+def _zero_centred(module: Any) -> bool:
+    """Whether *module*'s RMSNorm scales by ``1 + weight`` (Gemma, Qwen3-Next) rather than by ``weight``."""
+    try:
+        source = inspect.getsource(type(module).forward)
+    except (OSError, TypeError):
+        return False
+    compact = source.replace(" ", "")
+    return "(1.0+self.weight" in compact or "(1+self.weight" in compact
+
+
+def _norm_eps(module: Any) -> float:
+    for name in ("variance_epsilon", "eps", "epsilon"):
+        value = getattr(module, name, None)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return 1e-6
+
+
+GATED_ACTIVATIONS = ("silu", "swish")
+
+
+def fused_rms_norm(module: Any, norm_cls: type) -> Any:
+    """*module*, an RMSNorm with a weight, as *norm_cls* (a :func:`fused_module_classes` norm); else as it is."""
+    weight = getattr(module, "weight", None)
+    if weight is None:
+        return module  # an unweighted norm is no fused RMSNorm's
+    return norm_cls(weight, _norm_eps(module), _zero_centred(module))
+
+
+def fused_swiglu_mlp(module: Any, config: Any, mlp_cls: type) -> Any:
+    """*module*, a SiLU-gated MLP (gate, up, down), as *mlp_cls*; a module of another shape (GPT-2's, a clamped
+    or biased gate) as it is, as a framework's plan leaves a module its factory cannot fuse."""
+    if not all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj")):
+        return module
+    act = str(getattr(config, "hidden_act", "") or getattr(config, "hidden_activation", ""))
+    if act not in GATED_ACTIVATIONS or getattr(module, "limit", None) is not None:
+        return module
+    return mlp_cls(module)

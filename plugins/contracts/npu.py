@@ -60,15 +60,32 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import inspect
 from typing import Any, Iterator, Mapping, Optional, Tuple
 
 from ndcost.errors import CensusUnavailable
 from ndcost.hookspecs import hookimpl
-from ndcost.plugins.contracts import (AttentionKernel, Contract, FlopCount, OpContract, Site, attention_saved_op,
-                                      dropout_replaced, fake_only_op, fp32_layer_norm_statistics,
-                                      register_attention_function, register_attention_kernels, register_contracts,
-                                      register_kernel_autograd)
+from ndcost.plugins.contracts import (
+    GATED_ACTIVATIONS,
+    AttentionKernel,
+    Contract,
+    FlopCount,
+    FusedRmsNorm,
+    FusedSwiGlu,
+    OpContract,
+    Site,
+    attention_saved_op,
+    define_fused_norm_ops,
+    dropout_replaced,
+    fake_only_op,
+    fp32_layer_norm_statistics,
+    fused_module_classes,
+    register_attention_function,
+    register_attention_kernels,
+    register_contracts,
+    register_kernel_autograd,
+)
+from ndcost.plugins.contracts import fused_rms_norm as _fused_rms_norm
+from ndcost.plugins.contracts import fused_swiglu_mlp as _fused_swiglu_mlp
 
 ATTENTION = "npu-fusion-attention"
 RMS_NORM = "npu-rms-norm"
@@ -92,11 +109,11 @@ CONTRACTS = (
     Contract(name=RMS_NORM, device="npu",
              summary="torch_npu.npu_rms_norm, run by the fused_rms_norm replacement",
              implementation="ndcost.plugins.contracts.npu:rms_norm_implementation",
-             saves="its input and fp32 rstd [..., 1]"),
+             saves="its input and fp32 rstd [..., 1]", fuses="rms_norm"),
     Contract(name=SWIGLU, device="npu",
              summary="torch_npu.npu_swiglu, run by the fused_swiglu_mlp replacement",
              implementation="ndcost.plugins.contracts.npu:swiglu_implementation",
-             saves="its input (the fused gate-and-up projection's output)"),
+             saves="its input (the fused gate-and-up projection's output)", fuses="silu_gated_mlp"),
     Contract(name=GROUPED_EXPERTS, device="npu",
              summary="HyperParallel's GroupedExperts: npu_moe_token_permute, npu_grouped_matmul (GMMFunction), "
                      "npu_swiglu and npu_moe_token_unpermute, run by the grouped_experts replacement",
@@ -184,43 +201,8 @@ def _ops() -> Any:
         kept=lambda saved: (*saved[:6], saved[6] if len(saved) > 6
                             else saved[4].new_empty((0,), dtype=torch.uint8)))
 
-    # -- RMSNorm ------------------------------------------------------------
-    rms_norm = fake_only_op(
-        f"{namespace}::rms_norm", "(Tensor x, Tensor gamma, float epsilon) -> (Tensor, Tensor)",
-        lambda x, gamma, epsilon: (torch.empty_like(x), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)),
-        use="on an Ascend NPU call torch_npu.npu_rms_norm")
-
-    def norm_setup(ctx, inputs, output):
-        x, gamma, _ = inputs
-        _, rstd = output
-        ctx.mark_non_differentiable(rstd)
-        ctx.save_for_backward(x, gamma, rstd)
-
-    def norm_backward(ctx, grad, _rstd):
-        x, gamma, _ = ctx.saved_tensors
-        return torch.empty_like(x), torch.empty_like(gamma), None
-
-    rms_norm.register_autograd(norm_backward, setup_context=norm_setup)
-
-    # -- SwiGLU -------------------------------------------------------------
-    def swiglu_fake(x, dim):
-        shape = list(x.shape)
-        shape[dim] //= 2
-        return x.new_empty(shape)
-
-    swiglu = fake_only_op(f"{namespace}::swiglu", "(Tensor x, int dim) -> Tensor", swiglu_fake,
-                          use="on an Ascend NPU call torch_npu.npu_swiglu")
-
-    def swiglu_setup(ctx, inputs, output):
-        x, dim = inputs
-        ctx.dim = dim
-        ctx.save_for_backward(x)
-
-    def swiglu_backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return torch.empty_like(x), None
-
-    swiglu.register_autograd(swiglu_backward, setup_context=swiglu_setup)
+    # -- RMSNorm and SwiGLU: torch_npu.npu_rms_norm and torch_npu.npu_swiglu ---------------
+    define_fused_norm_ops(namespace, "torch_npu.npu_rms_norm or torch_npu.npu_swiglu on an Ascend NPU")
 
     # -- dropout ------------------------------------------------------------
     dropout = fake_only_op(
@@ -368,26 +350,6 @@ class _Attention(OpContract):
         return {self.ops.fusion_attention: forward, self.ops.fusion_attention_grad: backward}
 
 
-class _RmsNorm(OpContract):
-    """``npu-rms-norm``: the op :class:`NpuRMSNorm` runs."""
-
-    name = RMS_NORM
-    forward, stands, saves_as, runs_as = "rms_norm", ("npu.npu_rms_norm",), "normOp", "norm"
-
-    def __init__(self) -> None:
-        super().__init__(_ops())
-
-
-class _SwiGlu(OpContract):
-    """``npu-swiglu``: the op :class:`NpuSwiGLUMLP` runs."""
-
-    name = SWIGLU
-    forward, stands, saves_as = "swiglu", ("npu.npu_swiglu",), "ffAct"
-
-    def __init__(self) -> None:
-        super().__init__(_ops())
-
-
 class _GroupedExperts(OpContract):
     """``npu-grouped-experts``: the ops :class:`NpuGroupedExperts` runs (npu_swiglu is ``npu-swiglu``'s).
 
@@ -419,13 +381,15 @@ def attention_implementation() -> _Attention:
 
 
 @functools.lru_cache(maxsize=None)
-def rms_norm_implementation() -> _RmsNorm:
-    return _RmsNorm()
+def rms_norm_implementation() -> FusedRmsNorm:
+    """``npu-rms-norm``: the op :class:`NpuRMSNorm` runs."""
+    return FusedRmsNorm(_ops(), RMS_NORM, "npu.npu_rms_norm")
 
 
 @functools.lru_cache(maxsize=None)
-def swiglu_implementation() -> _SwiGlu:
-    return _SwiGlu()
+def swiglu_implementation() -> FusedSwiGlu:
+    """``npu-swiglu``: the op :class:`NpuSwiGLUMLP` runs."""
+    return FusedSwiGlu(_ops(), SWIGLU, "npu.npu_swiglu")
 
 
 @functools.lru_cache(maxsize=None)
@@ -474,59 +438,10 @@ def native_implementation() -> _Native:
 # ---------------------------------------------------------------------------
 # module replacements
 # ---------------------------------------------------------------------------
-def _zero_centred(module: Any) -> bool:
-    """Whether *module*'s RMSNorm scales by ``1 + weight`` (Gemma, Qwen3-Next) rather than by ``weight``."""
-    try:
-        source = inspect.getsource(type(module).forward)
-    except (OSError, TypeError):
-        return False
-    compact = source.replace(" ", "")
-    return "(1.0+self.weight" in compact or "(1+self.weight" in compact
-
-
-def _eps(module: Any) -> float:
-    for name in ("variance_epsilon", "eps", "epsilon"):
-        value = getattr(module, name, None)
-        if isinstance(value, (int, float)):
-            return float(value)
-    return 1e-6
-
-
 def _module_classes():
     import torch
 
-    class NpuRMSNorm(torch.nn.Module):
-        """An RMSNorm running ``torch_npu.npu_rms_norm`` (contract ``npu-rms-norm``), the source's weight kept."""
-
-        def __init__(self, weight: Any, eps: float, zero_centred: bool = False) -> None:
-            super().__init__()
-            self.weight = weight
-            self.variance_epsilon = eps
-            self.zero_centred = zero_centred
-
-        def forward(self, hidden_states: Any) -> Any:
-            gamma = (1.0 + self.weight) if self.zero_centred else self.weight
-            return _ops().rms_norm(hidden_states, gamma.to(hidden_states.dtype)
-                                   if gamma.dtype != hidden_states.dtype else gamma,
-                                   self.variance_epsilon)[0]
-
-    class NpuSwiGLUMLP(torch.nn.Module):
-        """A gated MLP whose gate and up projections are one matmul feeding ``torch_npu.npu_swiglu``.
-
-        ``gate_up_proj`` holds the source's gate and up weights stacked (the
-        parameter count is the source's); ``down_proj`` is the source's.
-        """
-
-        def __init__(self, source: Any) -> None:
-            super().__init__()
-            gate, up = source.gate_proj, source.up_proj
-            self.gate_up_proj = torch.nn.Linear(gate.in_features, gate.out_features + up.out_features,
-                                                bias=gate.bias is not None, dtype=gate.weight.dtype,
-                                                device=gate.weight.device)
-            self.down_proj = source.down_proj
-
-        def forward(self, x: Any) -> Any:
-            return self.down_proj(_ops().swiglu(self.gate_up_proj(x), -1))
+    NpuRMSNorm, NpuSwiGLUMLP = fused_module_classes(_ops, "Npu")
 
     class NpuGroupedExperts(torch.nn.Module):
         """Routed experts as HyperParallel's ``GroupedExperts`` runs them (contract ``npu-grouped-experts``).
@@ -571,11 +486,7 @@ def module_classes():
 
 def fused_rms_norm(module: Any, config: Any) -> Any:
     """Replacement factory: *module*, an RMSNorm with a weight, as one running ``npu-rms-norm``."""
-    weight = getattr(module, "weight", None)
-    if weight is None:
-        return module  # an unweighted norm is no fused RMSNorm's
-    norm_cls, _, _ = module_classes()
-    return norm_cls(weight, _eps(module), _zero_centred(module))
+    return _fused_rms_norm(module, module_classes()[0])
 
 
 def fused_attention(module: Any, config: Any) -> Any:
@@ -595,22 +506,9 @@ def fused_attention(module: Any, config: Any) -> Any:
     return module
 
 
-_GATED_ACTIVATIONS = ("silu", "swish")
-
-
 def fused_swiglu_mlp(module: Any, config: Any) -> Any:
-    """Replacement factory: *module*, a SiLU-gated MLP (gate, up, down), as one running ``npu-swiglu``.
-
-    A module of another shape (GPT-2's, a clamped or biased gate) is left
-    as it is, as a framework's plan leaves a module its factory cannot fuse.
-    """
-    if not all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj")):
-        return module
-    act = str(getattr(config, "hidden_act", "") or getattr(config, "hidden_activation", ""))
-    if act not in _GATED_ACTIVATIONS or getattr(module, "limit", None) is not None:
-        return module
-    _, mlp_cls, _ = module_classes()
-    return mlp_cls(module)
+    """Replacement factory: *module*, a SiLU-gated MLP (gate, up, down), as one running ``npu-swiglu``."""
+    return _fused_swiglu_mlp(module, config, module_classes()[1])
 
 
 def grouped_experts(module: Any, config: Any) -> Any:
@@ -628,7 +526,7 @@ def grouped_experts(module: Any, config: Any) -> Any:
     if getattr(module, "is_transposed", False) or getattr(module, "has_gate", True) is False:
         return module
     act = str(getattr(config, "hidden_act", "") or getattr(config, "hidden_activation", ""))
-    if act not in _GATED_ACTIVATIONS or getattr(module, "limit", None) is not None:
+    if act not in GATED_ACTIVATIONS or getattr(module, "limit", None) is not None:
         return module
     _, _, experts_cls = module_classes()
     return experts_cls(module)

@@ -16,7 +16,7 @@ the ones passed over into the provenance.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
@@ -84,7 +84,7 @@ def _unavailable(exc: Exception) -> NdcostError:
     return CensusUnavailable(_census_missing() or f"{type(exc).__name__}: {exc}")
 
 
-def analytic_output_record(spec: ModelSpec, seq: int) -> KindRecord:
+def analytic_output_record(spec: ModelSpec, seq: int, overrides: Optional[Mapping[str, Any]] = None) -> KindRecord:
     """The output layer where no census measured it: final norm, head, Transformers' fp32 loss (bf16 run).
 
     Kept per token: what the final norm keeps (``norm_bytes`` an element and
@@ -100,7 +100,7 @@ def analytic_output_record(spec: ModelSpec, seq: int) -> KindRecord:
     sequence, not a token).
     """
     from ndcost.plugins import op_records
-    values = op_records.Values(op_records.family_values(spec), op_records.load_op_records(),
+    values = op_records.Values({**op_records.family_values(spec), **(overrides or {})}, op_records.load_op_records(),
                                label=f"model {spec.name!r} output layer")
     h, vocab = spec.hidden_size, spec.vocab_size
     norm_and_head = (values["norm_bytes"] + values["bytes_act"]) * h + values["norm_row_bytes"]
@@ -156,8 +156,13 @@ class OpRecordsActivations:
         from ndcost.plugins import op_records
         kernel, overrides = self.attention_kernel(spec, runtime), self._overrides(spec, runtime)
         policy = self._policy(runtime)[1]
-        return ({k: op_records.formula_record(spec, k, seq, attention=kernel, overrides=overrides, policy=policy)
-                 for k in kinds}, analytic_output_record(spec, seq))
+        profile = None if runtime is None else _registry().find(f"runtime/{runtime}")
+        fused = {k: op_records.runtime_values(spec, k, profile) for k in kinds}  # the runtime's fused modules'
+        norm = {name: value for name, value in op_records.runtime_values(spec, spec.kinds[0], profile).items()
+                if name.startswith("norm")}  # the final norm's
+        return ({k: op_records.formula_record(spec, k, seq, attention=kernel, overrides={**overrides, **fused[k]},
+                                              policy=policy) for k in kinds},
+                analytic_output_record(spec, seq, norm))
 
     def selective_unpriced(self, spec: ModelSpec, kind: str, runtime: Optional[str]) -> Optional[str]:
         """Why the formulas give *kind* no figure under the runtime's selective policy, or None.

@@ -93,6 +93,9 @@ class DecoderFamily(Family):
     rotary: bool = True
     # GPT-2's config defaults its dropouts to 0.1; most families' to 0.
     default_dropout: float = 0.0
+    # the activation the config class defaults to where a config states none (Transformers' LlamaConfig,
+    # Qwen2/3(-MoE), Mixtral, DeepseekV3, Glm4Moe: hidden_act="silu")
+    default_activation: str = "silu"
 
     def build(self, r: ConfigReader, name: str, model_type: str, kinds: Sequence[str],
               table: Mapping[str, Mapping[str, Any]], *, mtp: int = 0, mtp_kind: str = "mtp",
@@ -119,7 +122,7 @@ class DecoderFamily(Family):
             sinks=bool(extra.get("sinks", False)), rotary=self.rotary, sliding_window=int(window),
             masked=bool(extra.get("masked", False)),
             mlp_matrices=int(extra.get("ffn_matrices", 3)),
-            activation=str(config.get("hidden_act") or config.get("activation_function") or "gelu"),
+            activation=str(config.get("hidden_act") or config.get("activation_function") or self.default_activation),
             attention_dropout=_probability(config, ATTENTION_DROPOUT_KEYS, self.default_dropout),
             hidden_dropout=_probability(config, HIDDEN_DROPOUT_KEYS, self.default_dropout))
 

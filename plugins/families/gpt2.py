@@ -17,6 +17,7 @@ class GPT2Family(DecoderFamily):
     model_types = ("gpt2",)
     rotary = False  # learned absolute positions (wpe)
     default_dropout = 0.1  # GPT2Config's attn_pdrop and resid_pdrop
+    default_activation = "gelu_new"  # GPT2Config's activation_function
     # nn.LayerNorm (native_layer_norm) keeps its 16-bit input and an fp32 mean and rstd a token
     op_record_values = {"norm_bytes": 2, "norm_row_bytes": 8, "softmax_upcast": 0}  # its softmax: compute dtype
     defaults = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
