@@ -376,6 +376,7 @@ class CostModel:
                 attention_backends=self._profile.attention_backends if self._profile is not None else {},
                 fused_pointwise=self._profile is not None and self._profile.pointwise == "fused",
                 complex_rotary=self._profile is not None and self._profile.rotary == "complex",
+                float8_casts=self._profile.float8_casts if self._profile is not None else "torchao",
                 mtp_kinds=work.mtp_kinds if self.tables.builds_mtp else (),
                 work=self._repeated_kv(self._as_run(work.work, seq)))
             self.resolved.flops_sources[seq] = sources

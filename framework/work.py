@@ -286,11 +286,13 @@ class ModelWork:
     selective_rerun_collectives: Tuple[str, ...] = ()
     # the order the runtime's own attention tries the kernels, by the least compute capability it applies from
     # (RuntimeProfile.attention_backends; empty: SDPA's, the hardware's), and whether its pointwise ops run fused
-    # (RuntimeProfile.pointwise: priced as Strategy.compile prices the elementwise bytes), and whether its rotary
-    # embedding multiplies complex numbers (RuntimeProfile.rotary: torch.compile leaves it unfused)
+    # (RuntimeProfile.pointwise: priced as Strategy.compile prices the elementwise bytes), whether its rotary
+    # embedding multiplies complex numbers (RuntimeProfile.rotary: torch.compile leaves it unfused), and how its
+    # Float8 linears cast (RuntimeProfile.float8_casts)
     attention_backends: Mapping[str, Tuple[str, ...]] = attrs.field(factory=dict, converter=frozen_mapping)
     fused_pointwise: bool = False
     complex_rotary: bool = False
+    float8_casts: str = "torchao"
 
     @property
     def num_layers(self) -> int:

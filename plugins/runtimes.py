@@ -31,10 +31,15 @@ party's, registered the same way) naming:
   as complex numbers, cast back), which torch.compile leaves unfused:
   Inductor generates no code for complex operators and runs them as ATen
   kernels (torch/_inductor/lowering.py: "Torchinductor does not support code
-  generation for complex operators"; pytorch/torchtitan#15).
+  generation for complex operators"; pytorch/torchtitan#15);
+- ``float8_casts``: how a Float8 linear casts its operands: ``torchao``
+  (its input and weight each forward, its output gradient twice, its weight
+  and saved input again each backward: ``matmul_with_hp_or_float8_args``) or
+  ``transformer_engine`` (each tensor once with its transpose, the weight
+  once a step: Transformer Engine's quantizers and its FP8 weight cache).
 
 Registered as ``runtime/<name>``. Torch-free: only the census reads what a
-profile names; the last three are the time model's alone (not in a census's key).
+profile names; the last four are the time model's alone (not in a census's key).
 """
 from __future__ import annotations
 
@@ -54,6 +59,8 @@ from ndcost.values import capability_tuple, frozen_mapping
 POINTWISE = ("eager", "fused")
 # RuntimeProfile.rotary: rotate_half in the activations' dtype (real), or an fp32 complex product (complex)
 ROTARY = ("real", "complex")
+# RuntimeProfile.float8_casts: how a Float8 linear casts its operands (compose/time.py _float8_linears)
+FLOAT8_CASTS = ("torchao", "transformer_engine")
 
 
 def _names(value: Any) -> Tuple[str, ...]:
@@ -105,9 +112,10 @@ class RuntimeProfile:
         factory=dict, converter=lambda v: frozen_mapping({str(k): _names(x) for k, x in dict(v or {}).items()}))
     pointwise: str = "eager"
     rotary: str = "real"
+    float8_casts: str = "torchao"
 
     def __attrs_post_init__(self):
-        for field, allowed in (("pointwise", POINTWISE), ("rotary", ROTARY)):
+        for field, allowed in (("pointwise", POINTWISE), ("rotary", ROTARY), ("float8_casts", FLOAT8_CASTS)):
             if getattr(self, field) not in allowed:
                 raise InvalidValue(f"runtime profile {self.name!r}: {field} {getattr(self, field)!r} is not one of "
                                    f"{', '.join(allowed)}")
@@ -127,7 +135,7 @@ class RuntimeProfile:
     def content(self) -> dict:
         """Everything that decides what a census measures, for cache keys."""
         out = attrs.asdict(self, recurse=True)
-        for priced_only in ("summary", "attention_backends", "pointwise", "rotary"):  # the time model's alone
+        for priced_only in ("summary", "attention_backends", "pointwise", "rotary", "float8_casts"):  # time's alone
             out.pop(priced_only, None)
         return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in out.items()}
 

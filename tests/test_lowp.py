@@ -8,6 +8,7 @@ amax read and a read and fp8 write (2 w + 1 bytes an element at the compute widt
 """
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 
@@ -96,6 +97,24 @@ def test_float8_casts_move_2w_plus_1_bytes_an_element(h100, work):
         low["matmul_backward"] - plain["matmul_backward"] + cast_bwd / (hbm * eff_b), rel=1e-9)
     # the two recipes are priced alike
     assert _layer(work, h100, base + ",float8=rowwise") == low
+
+
+def test_transformer_engine_casts_each_tensor_once_and_the_weight_once_a_step(h100, work):
+    """Transformer Engine's current scaling reads a tensor for its amax, then reads it and writes it in fp8 with its
+    transpose: (2 * 2 + 2) bytes an element at bf16. A micro-batch casts the linears' inputs forward (kept fp8 for
+    the backward) and the output gradients backward, once each; the weights once a step, so a sixteenth a
+    micro-batch at 16 micro-batches (is_first_microbatch: TE keeps the fp8 weight and its transpose)."""
+    seq, m, hbm, (eff, eff_b) = 4096, 16, 3.35e12, _memory(h100)
+    te = attrs.evolve(work, float8_casts="transformer_engine")
+    base = f"seq={seq},param_dtype=bf16,num_micro_batches={m}"
+    plain, low = _layer(te, h100, base), _layer(te, h100, base + ",float8=tensorwise")
+    cast_fwd = 6 * (INPUTS * seq + LINEAR_WEIGHTS / m)
+    cast_bwd = 6 * OUTPUTS * seq
+    assert low["forward"] - plain["forward"] == pytest.approx(
+        low["matmul_forward"] - plain["matmul_forward"] + cast_fwd / (hbm * eff), rel=1e-9)
+    assert low["backward"] - plain["backward"] == pytest.approx(
+        low["matmul_backward"] - plain["matmul_backward"] + cast_bwd / (hbm * eff_b), rel=1e-9)
+    assert _layer(work, h100, base) == plain  # without float8 the casts' engine changes nothing
 
 
 def test_float8_all_gather_casts_the_shard_before_each_gather(h100, work):

@@ -130,7 +130,10 @@ def test_the_time_models_choices_leave_the_census_key_alone(registry):
     own = {"contracts": ("te-rms-norm", "te-swiglu"), "replacements": te.content()["replacements"]}
     assert {**te.content(), "name": "", **own} == {**fused.content(), "name": "", **own}
     assert te.content()["contracts"] == fused.content()["contracts"] + own["contracts"]
-    assert attrs.evolve(te, attention_backends={}, pointwise="eager").content() == te.content()
+    assert attrs.evolve(te, attention_backends={}, pointwise="eager", float8_casts="torchao").content() == te.content()
+    assert te.float8_casts == "transformer_engine"
+    model = ndcost.resolve("llama-3.1-8b", runtime="megatron-te-cuda", hardware="h100", census="off")
+    assert model.model_work(SEQ).float8_casts == "transformer_engine"
     titan = registry.get("runtime/torchtitan-cuda")
     assert titan.content() == attrs.evolve(titan, rotary="real").content()
 
@@ -152,6 +155,7 @@ def test_megatron_runs_are_priced_under_transformer_engine(tmp_path):
     ({"attention_backends": {"9.0": []}}, "attention_backends['9.0'] must list kernels"),
     ({"pointwise": "fast"}, "pointwise 'fast' is not one of eager, fused"),
     ({"rotary": "quaternion"}, "rotary 'quaternion' is not one of real, complex"),
+    ({"float8_casts": "apex"}, "float8_casts 'apex' is not one of torchao, transformer_engine"),
 ])
 def test_bad_runtime_kernel_choices_are_refused_by_name(extra, says):
     with pytest.raises(InvalidValue) as caught:

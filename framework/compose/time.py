@@ -391,7 +391,12 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     ``float8_all_gather`` (FSDP2) the weight shard is cast before each gather and the gathered weight is fp8
     already: the matmuls cast no weight. Under ``float8_experts`` each routed copy's input and output gradient
     and the rank's expert weights are cast alike (torchao's ``_scaled_grouped_mm`` path), the copies as many as
-    the busiest expert rank receives. Left out: the scales' all-reduce and the casts' launch overheads.
+    the busiest expert rank receives. Under Transformer Engine's casts (``ModelWork.float8_casts``, its
+    ``Float8CurrentScalingQuantizer``) a tensor is read for its amax, then read and written as fp8 with its
+    transpose (``2 w + 2``): a linear's input each forward (kept fp8 for the backward) and its output gradient
+    each backward, its weight once a step (TE keeps the fp8 weight and its transpose over the step's
+    micro-batches, ``is_first_microbatch``), so a micro-batch pays ``1 / num_micro_batches`` of it. Left out:
+    the scales' all-reduce and the casts' launch overheads.
     """
     on = (np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none"))[:, None]
     zeros = np.zeros((len(rows.tp), len(model.kinds)))
@@ -403,19 +408,30 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     fp8_gather = (np.asarray(cols["float8_all_gather"], dtype=bool) & shard.fsdp)[:, None]
     weight = k["dense_parameters"][None, :] / rows.tp[:, None]
     shard_weight = weight / shard.dense_ways[:, None]
-    cast = 2.0 * rows.compute_bytes[:, None] + 1.0
     inputs = k["float8_input_elements_per_token"] * split
     grads = k["float8_output_elements_per_token"] * split
-    weight_fwd = np.where(fp8_gather, shard_weight, weight)
-    weight_bwd = np.where(fp8_gather, np.where(shard.keeps_gathered[:, None], 0.0, shard_weight), weight)
     flops = np.where(on, k["float8_mm_flops_per_token"] * split, 0.0)
-    cast_fwd = np.where(on, cast * (inputs + weight_fwd), 0.0)
-    cast_bwd = np.where(on, cast * (2.0 * grads + inputs + weight_bwd), 0.0)
-    if np.count_nonzero(experts):
+    routed = np.count_nonzero(experts)
+    if routed:
         _stated(model, k, _LOW_PRECISION_WORK[5:], experts[:, 0], "float8_experts=true")
         copies = split * rows.imbalance[:, None]
         routed_in, routed_grads = (k[name] * copies for name in _LOW_PRECISION_WORK[5:])
         routed_weight = k["routed_parameters"][None, :] / (rows.ep * rows.etp)[:, None]
+    if model.float8_casts == "transformer_engine":  # each tensor once with its transpose, the weight once a step
+        cast = 2.0 * rows.compute_bytes[:, None] + 2.0
+        steps = rows.micro_batches[:, None]
+        cast_fwd = np.where(on, cast * (inputs + weight / steps), 0.0)
+        cast_bwd = np.where(on, cast * grads, 0.0)
+        if routed:
+            cast_fwd = cast_fwd + np.where(experts, cast * (routed_in + routed_weight / steps), 0.0)
+            cast_bwd = cast_bwd + np.where(experts, cast * routed_grads, 0.0)
+        return flops, cast_fwd, cast_bwd, experts
+    cast = 2.0 * rows.compute_bytes[:, None] + 1.0
+    weight_fwd = np.where(fp8_gather, shard_weight, weight)
+    weight_bwd = np.where(fp8_gather, np.where(shard.keeps_gathered[:, None], 0.0, shard_weight), weight)
+    cast_fwd = np.where(on, cast * (inputs + weight_fwd), 0.0)
+    cast_bwd = np.where(on, cast * (2.0 * grads + inputs + weight_bwd), 0.0)
+    if routed:
         cast_fwd = cast_fwd + np.where(experts, cast * (routed_in + routed_weight), 0.0)
         cast_bwd = cast_bwd + np.where(experts, cast * (2.0 * routed_grads + routed_in + routed_weight), 0.0)
     return flops, cast_fwd, cast_bwd, experts
@@ -716,7 +732,7 @@ def layer_seconds(model: ModelWork, cols: Mapping[str, Any], hardware: Hardware,
 # sharding, :func:`_float8_linears`): a one-row key missing one would hand a strategy another's figures
 _LAYER_READ = ("tp", "cp", "micro_batch", "seq", "sp", "compute_dtype", "param_dtype", "moe_imbalance", "ep", "etp",
                "recompute", "compile", "cp_algo", "cp_rotate", "float8", "float8_experts")
-_FLOAT8_READ = sharding_rules.READ + ("float8_all_gather",)
+_FLOAT8_READ = sharding_rules.READ + ("float8_all_gather", "num_micro_batches")
 
 
 def _kept_one_row(tag: str, model: ModelWork, hardware: Hardware, eff: Mapping[str, float], cols: Mapping[str, Any],
@@ -2248,7 +2264,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
               "fsdp_exposed_backward_seconds": fsdp_exposed_b}
     kinds = _derived("kernel_kinds", model, _kernel_kinds)  # what of the model the provenance reads beyond its source
     read = (model.source, kinds, model.attention_kernel, tuple(model.attention_backends.items()),
-            model.fused_pointwise, model.complex_rotary)
+            model.fused_pointwise, model.complex_rotary, model.float8_casts)
     provenance = _derived(("provenance", *read, tuple(coll.values())), hardware,
                           lambda hw: _provenance(model, eff, eff_sources, coll, hw))
     return _results(model, rows, seconds, detail, provenance, _float8_model_flops(model, rows, cols, hardware))
@@ -2309,6 +2325,9 @@ def _kernel_provenance(model: ModelWork, hardware: Hardware) -> str:
     if model.complex_rotary:
         elementwise += ("; under compile the complex rotary unfused (Inductor runs complex operators as ATen "
                         "kernels: its casts and product apart)")
+    elementwise += ("; Float8 casts as Transformer Engine's (each tensor once with its transpose, 2w + 2 bytes an "
+                    "element, the weight once a step)" if model.float8_casts == "transformer_engine" else
+                    "; Float8 casts as torchao's (2w + 1 bytes an element, input and weight each pass)")
     return (f"{gemm}; {_attention_provenance(model, hardware, tables)}; {elementwise}; a layer's pass >= its "
             f"launches x max(launch {launch:g} s, dispatch {dispatch:g} s) ({source}), forward launches {launches}, "
             f"backward twice the forward's; checkpoint's host work (eager) {dict(CHECKPOINT_HOST_RATIOS)} plain "
