@@ -159,3 +159,12 @@ def file_variant(source: Path, old: str, new: str, target: Path) -> Path:
     assert old in text, f"{old!r} is not in {source}"
     target.write_text(text.replace(old, new))
     return target
+
+
+def small_llama_config(hidden=256, intermediate=512, heads=8, kv_heads=2, head_dim=32):
+    """A one-layer Transformers Llama config of the given widths (vocabulary 1,000): what the contract tests
+    measure a census on."""
+    from transformers import AutoConfig
+    return AutoConfig.for_model("llama", hidden_size=hidden, intermediate_size=intermediate,
+                                num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                                vocab_size=1000, num_hidden_layers=1)

@@ -24,13 +24,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from _helpers import small_llama_config  # noqa: E402
+
 S, H, N, KV, D, I = 256, 256, 8, 2, 32, 512
 
 
 def _config():
-    from transformers import AutoConfig
-    return AutoConfig.for_model("llama", hidden_size=H, intermediate_size=I, num_attention_heads=N,
-                                num_key_value_heads=KV, head_dim=D, vocab_size=1000, num_hidden_layers=1)
+    return small_llama_config(H, I, N, KV, D)
 
 
 @pytest.mark.slow

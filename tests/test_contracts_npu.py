@@ -10,6 +10,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from _helpers import small_llama_config  # noqa: E402
+
 from ndcost.errors import CensusUnavailable  # noqa: E402
 from ndcost.plugins.runtimes import profile_from_mapping  # noqa: E402
 
@@ -17,9 +19,7 @@ S, H, N, KV, D, I = 256, 256, 8, 2, 32, 512
 
 
 def _config():
-    from transformers import AutoConfig
-    return AutoConfig.for_model("llama", hidden_size=H, intermediate_size=I, num_attention_heads=N,
-                                num_key_value_heads=KV, head_dim=D, vocab_size=1000, num_hidden_layers=1)
+    return small_llama_config(H, I, N, KV, D)
 
 
 _NORMS = dict(match=["input_layernorm", "post_attention_layernorm"], module_type="*RMSNorm",
