@@ -145,6 +145,9 @@ class KindWork:
     float8_mm_flops_per_token: Optional[float] = None
     float8_input_elements_per_token: Optional[float] = None
     float8_output_elements_per_token: Optional[float] = None
+    # of those inputs, each read once where projections reading one tensor are one fused linear (Transformer
+    # Engine's linear_qkv and linear_fc1 under Megatron-LM, RuntimeProfile.float8_casts)
+    float8_fused_input_elements_per_token: Optional[float] = None
     # under Strategy.float8_experts: the routed experts' matmuls' input and output elements a token (each of its
     # copies, one an expert it is routed to); their FLOPs are routed_mm_flops_per_token; None: unknown
     float8_routed_input_elements_per_token: Optional[float] = None
@@ -186,8 +189,9 @@ class KindWork:
                    has_attention=False, recomputed_attention_mm_share=0.0, recomputed_other_mm_share=0.0,
                    recomputed_scores_share=0.0,
                    float8_mm_flops_per_token=0.0, float8_input_elements_per_token=0.0,
-                   float8_output_elements_per_token=0.0, float8_routed_input_elements_per_token=0.0,
-                   float8_routed_output_elements_per_token=0.0, compiled_elementwise_elements_per_token=0.0,
+                   float8_output_elements_per_token=0.0, float8_fused_input_elements_per_token=0.0,
+                   float8_routed_input_elements_per_token=0.0, float8_routed_output_elements_per_token=0.0,
+                   compiled_elementwise_elements_per_token=0.0,
                    compiled_replicated_elements_per_token=0.0)
 
     def masked_sdpa(self, seq: int, repeats_kv: bool = False) -> "KindWork":

@@ -61,6 +61,7 @@ def test_the_shapes_are_the_layers():
     w = analytic.kind_work(llama_spec(1), "dense", 4096)
     assert w.float8_mm_flops_per_token == LINEAR_FLOPS
     assert w.float8_input_elements_per_token == INPUTS and w.float8_output_elements_per_token == OUTPUTS
+    assert w.float8_fused_input_elements_per_token == INPUTS - 2 * H - H  # q, k, v read one input; gate, up one
     assert w.dense_parameters == LINEAR_WEIGHTS
 
 
@@ -102,13 +103,15 @@ def test_float8_casts_move_2w_plus_1_bytes_an_element(h100, work):
 def test_transformer_engine_casts_each_tensor_once_and_the_weight_once_a_step(h100, work):
     """Transformer Engine's current scaling reads a tensor for its amax, then reads it and writes it in fp8 with its
     transpose: (2 * 2 + 2) bytes an element at bf16. A micro-batch casts the linears' inputs forward (kept fp8 for
-    the backward) and the output gradients backward, once each; the weights once a step, so a sixteenth a
-    micro-batch at 16 micro-batches (is_first_microbatch: TE keeps the fp8 weight and its transpose)."""
+    the backward; Megatron-LM's fused linear_qkv and linear_fc1 each read one input) and the output gradients
+    backward, once each; the weights once a step, so a sixteenth a micro-batch at 16 micro-batches
+    (is_first_microbatch: TE keeps the fp8 weight and its transpose)."""
     seq, m, hbm, (eff, eff_b) = 4096, 16, 3.35e12, _memory(h100)
     te = attrs.evolve(work, float8_casts="transformer_engine")
     base = f"seq={seq},param_dtype=bf16,num_micro_batches={m}"
     plain, low = _layer(te, h100, base), _layer(te, h100, base + ",float8=tensorwise")
-    cast_fwd = 6 * (INPUTS * seq + LINEAR_WEIGHTS / m)
+    fused_inputs = H + Q * D + H + FFN  # linear_qkv, linear_proj, linear_fc1 and linear_fc2 each cast their input
+    cast_fwd = 6 * (fused_inputs * seq + LINEAR_WEIGHTS / m)
     cast_bwd = 6 * OUTPUTS * seq
     assert low["forward"] - plain["forward"] == pytest.approx(
         low["matmul_forward"] - plain["matmul_forward"] + cast_fwd / (hbm * eff), rel=1e-9)

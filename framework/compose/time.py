@@ -352,7 +352,7 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
 _LOW_PRECISION_WORK = ("float8_mm_flops_per_token", "float8_input_elements_per_token",
                        "float8_output_elements_per_token", "compiled_elementwise_elements_per_token",
                        "compiled_replicated_elements_per_token", "float8_routed_input_elements_per_token",
-                       "float8_routed_output_elements_per_token")
+                       "float8_routed_output_elements_per_token", "float8_fused_input_elements_per_token")
 
 
 def float8_refusal(hardware: Hardware) -> Optional[str]:
@@ -393,8 +393,9 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     and the rank's expert weights are cast alike (torchao's ``_scaled_grouped_mm`` path), the copies as many as
     the busiest expert rank receives. Under Transformer Engine's casts (``ModelWork.float8_casts``, its
     ``Float8CurrentScalingQuantizer``) a tensor is read for its amax, then read and written as fp8 with its
-    transpose (``2 w + 2``): a linear's input each forward (kept fp8 for the backward) and its output gradient
-    each backward, its weight once a step (TE keeps the fp8 weight and its transpose over the step's
+    transpose (``2 w + 2``): a linear's input each forward (kept fp8 for the backward; the projections reading
+    one input, Megatron-LM's ``linear_qkv`` and ``linear_fc1``, cast it once) and its output gradient each
+    backward, its weight once a step (TE keeps the fp8 weight and its transpose over the step's
     micro-batches, ``is_first_microbatch``), so a micro-batch pays ``1 / num_micro_batches`` of it. Left out:
     the scales' all-reduce and the casts' launch overheads.
     """
@@ -413,13 +414,15 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     flops = np.where(on, k["float8_mm_flops_per_token"] * split, 0.0)
     routed = np.count_nonzero(experts)
     if routed:
-        _stated(model, k, _LOW_PRECISION_WORK[5:], experts[:, 0], "float8_experts=true")
+        _stated(model, k, _LOW_PRECISION_WORK[5:7], experts[:, 0], "float8_experts=true")
         copies = split * rows.imbalance[:, None]
-        routed_in, routed_grads = (k[name] * copies for name in _LOW_PRECISION_WORK[5:])
+        routed_in, routed_grads = (k[name] * copies for name in _LOW_PRECISION_WORK[5:7])
         routed_weight = k["routed_parameters"][None, :] / (rows.ep * rows.etp)[:, None]
     if model.float8_casts == "transformer_engine":  # each tensor once with its transpose, the weight once a step
+        _stated(model, k, _LOW_PRECISION_WORK[7:], on, "float8 under Transformer Engine's casts")
         cast = 2.0 * rows.compute_bytes[:, None] + 2.0
         steps = rows.micro_batches[:, None]
+        inputs = k["float8_fused_input_elements_per_token"] * split  # linear_qkv's and linear_fc1's input once
         cast_fwd = np.where(on, cast * (inputs + weight / steps), 0.0)
         cast_bwd = np.where(on, cast * grads, 0.0)
         if routed:

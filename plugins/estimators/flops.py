@@ -488,6 +488,15 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
     # the Linear layers torchao's float8 converts: the TP-split parts (attention projections, dense and shared
     # MLP), their FLOPs and the input and output widths of their matmuls; None where no shapes are known
     linears = [m for p in TP_PARTS for m in shapes["matmuls"].get(p, ())]
+    # a part's projections reading the layer's h-wide input (q, k and v; MLA's down-projections; gate and up) read
+    # one tensor, which a fused linear casts once (Megatron-LM's linear_qkv, linear_fc1)
+    fused_inputs = 0.0
+    for p in TP_PARTS:
+        reads_input = False
+        for (i, _, m), split in zip(shapes["matmuls"].get(p, ()), shapes["splits"].get(p, ()), strict=True):
+            shared = i == spec.hidden_size and split != "row"
+            fused_inputs += 0.0 if shared and reads_input else i * m
+            reads_input = reads_input or shared
     # under float8_experts: a copy's inputs and outputs of the experts' matmuls; the column ones (gate and up) are
     # one grouped GEMM reading the copy once (Transformers' experts hold gate_up_proj fused)
     experts = [(m, split) for p in ROUTED_PARTS
@@ -517,6 +526,7 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         has_attention=bool(shapes["has_attention"] and scores > 0),
         float8_mm_flops_per_token=sum(per_token.get(p, 0.0) for p in TP_PARTS) if shaped else None,
         float8_input_elements_per_token=float(sum(i * m for i, _, m in linears)) if shaped else None,
+        float8_fused_input_elements_per_token=fused_inputs if shaped else None,
         float8_output_elements_per_token=float(sum(o * m for _, o, m in linears)) if shaped else None,
         float8_routed_input_elements_per_token=float(routed_inputs) if shaped else None,
         float8_routed_output_elements_per_token=float(routed_outputs) if shaped else None,
