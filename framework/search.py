@@ -265,10 +265,12 @@ def _dominates_unpipelined(name: str, plain: str) -> bool:
 
 
 def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions: Tuple[float, ...],
-           pruning: List[Pruning], within_node: bool = True,
-           pp_splits: str = "even") -> Tuple[Dict[str, np.ndarray], _Inner]:
-    """The layouts (one row each, ``_LAYOUT_FIELDS``) worth pricing, and what each expands into."""
+           pruning: List[Pruning], within_node: bool = True, pp_splits: str = "even",
+           schedules: Tuple[str, ...] = ()) -> Tuple[Dict[str, np.ndarray], _Inner]:
+    """The layouts (one row each, ``_LAYOUT_FIELDS``) worth pricing, and what each expands into; *schedules*, where
+    given, the registered schedules searched (a layout without a pipeline is 1F1B's under any)."""
     names = model.names()
+    allowed = [n for n in names["schedule"] if n in schedules or not schedules]  # 1f1b stands for no pipeline
     L = model.tables.num_layers
     divs = _divisors(devices)
     tp_ok, tp_why = _allowed(model, hardware, "tp", divs, seq)
@@ -276,10 +278,9 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
     # pipeline layouts (pp, schedule, vpp, pp_layers) the model and its schedules accept (num_micro_batches ample):
     # even splits, and under "balanced" balanced_split's where pp * vpp (vpp 1 or 2) does not divide the layers
     # a schedule that is another's variant for expert parallelism (variant_of) only where ep > 1, below
-    variants = {name: getattr(manager.registry().get(f"schedule/{name}"), "variant_of", "")
-                for name in names["schedule"]}
+    variants = {name: getattr(manager.registry().get(f"schedule/{name}"), "variant_of", "") for name in allowed}
     triples: List[Tuple[int, str, int, Optional[str]]] = [(1, name, 1, None) for name in names["schedule"]
-                                                          if name == "1f1b" or (variants[name] == "1f1b"
+                                                          if name == "1f1b" or (variants.get(name) == "1f1b"
                                                                                 and model.tables.num_experts)]
     for pp in divs[1:]:
         chunks: List[Tuple[int, Optional[str]]] = ([(vpp, None) for vpp in _divisors(L // pp)] if L % pp == 0
@@ -288,7 +289,7 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
             uneven = balanced_split(L, pp * vpp) if L % (pp * vpp) else None
             if uneven is not None:
                 chunks.append((vpp, "/".join(map(str, uneven))))
-        triples += [(pp, schedule, vpp, split) for schedule in names["schedule"] for vpp, split in chunks]
+        triples += [(pp, schedule, vpp, split) for schedule in allowed for vpp, split in chunks]
     pipe_pp = [t[0] for t in triples]
     pipe_rows = {"pp": np.array(pipe_pp), "schedule": np.array([t[1] for t in triples]),
                  "vpp": np.array([t[2] for t in triples]), "pp_layers": _objects([t[3] for t in triples])}
@@ -684,6 +685,9 @@ class SearchSettings:
     within_node: bool = True
     # "balanced": a pp * vpp that does not divide the layers is searched too, cut by balanced_split
     pp_splits: str = "even"
+    # the registered schedules searched (every one where empty): a trainer's, such as torchtitan's without
+    # Megatron-LM's all-to-all overlap
+    schedules: Tuple[str, ...] = attrs.field(default=(), converter=lambda v: tuple(v or ()))
     chunk_rows: int = CHUNK_ROWS
     # strategy fields every candidate holds (a trainer's precision recipe, an optimizer): not searched
     held: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda v: held_fields(v))
@@ -694,6 +698,11 @@ class SearchSettings:
         if self.pp_splits not in PP_SPLITS:
             raise InvalidValue(f"pp_splits={self.pp_splits!r}: expected one of {', '.join(PP_SPLITS)} (even: pp * vpp "
                                f"divides the layers; balanced: also torchtitan's split where it does not)")
+        known = manager.registry().names("schedule")
+        unknown = [name for name in self.schedules if name not in known]
+        if unknown:
+            raise InvalidValue(f"schedules {', '.join(unknown)}: not registered; the schedules are "
+                               f"{', '.join(known)} (`ndcost list schedules`)")
         if self.tokens is not None:
             _positive_int("tokens", self.tokens, "1000000000000")
         if self.memory_cap_bytes is not None:
@@ -763,7 +772,7 @@ def _search_one(model, reference, devices: int, hw_name: Any, hw, global_batch: 
     pruning: List[Pruning] = []
     where = f"{model.spec.name} on {devices} {hw.name}"
     layouts, inner = _space(model, hw, devices, global_batch, seq, options.recompute_layer_fractions, pruning,
-                            options.within_node, options.pp_splits)
+                            options.within_node, options.pp_splits, options.schedules)
     min_bound = -1
     if layouts:
         ok, reason, bound = _layout_bounds(model, hw, layouts, inner, seq)

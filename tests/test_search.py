@@ -350,3 +350,19 @@ def test_expert_parallel_variants_of_a_schedule_are_searched_only_with_ep():
     twins = {str(c.strategy).replace("schedule=interleaved-a2a-overlap", "schedule=interleaved")
              for c in r.candidates if c.strategy.schedule == "interleaved-a2a-overlap"}
     assert twins <= {str(c.strategy) for c in r.candidates}
+
+
+def test_a_search_can_keep_to_a_trainers_schedules():
+    # torchtitan runs no Megatron-LM all-to-all overlap: schedules=("1f1b", "interleaved") searches those alone, and
+    # a layout without a pipeline (1F1B's) stays under any choice
+    moe = ndcost.resolve("qwen3-30b-a3b", hardware="h200", census="off")
+    r = search(moe, devices=4, global_batch=4, seq=4096, recompute_layer_fractions=(), exhaustive=True, top=10 ** 6,
+               memory_cap_bytes=10 ** 15, schedules=("1f1b", "interleaved"))
+    assert {c.strategy.schedule for c in r.candidates} == {"1f1b", "interleaved"}
+    assert {c.strategy.ep for c in r.candidates if c.strategy.pp == 1} == {1, 2, 4}
+    only = search(moe, devices=4, global_batch=4, seq=4096, recompute_layer_fractions=(), top=10 ** 6,
+                  memory_cap_bytes=10 ** 15, schedules=("interleaved",))
+    assert {c.strategy.schedule for c in only.candidates} == {"1f1b", "interleaved"}
+    assert all(c.strategy.pp == 1 for c in only.candidates if c.strategy.schedule == "1f1b")
+    with pytest.raises(InvalidValue, match="schedules zero-bubble: not registered"):
+        search(moe, devices=4, global_batch=4, seq=4096, schedules=("zero-bubble",))

@@ -51,6 +51,10 @@ def add_arguments(parser) -> None:
                              "megatron, deepspeed; `ndcost list trainers`): on stdout in place of the table, or to "
                              "PATH beside it); the search holds the trainer's default precision (its recipe) "
                              "unless --hold gives the dtypes")
+    parser.add_argument("--schedules", metavar="NAMES",
+                        help="the pipeline schedules searched, e.g. 1f1b,interleaved (a trainer's: torchtitan runs "
+                             "no Megatron-LM all-to-all overlap); default every registered one "
+                             "(`ndcost list schedules`)")
     parser.add_argument("--hold", metavar="FIELDS",
                         help='strategy fields every candidate holds, not searched, e.g. "param_dtype=bf16,'
                              'grad_dtype=fp32,master_dtype=fp32,optimizer_dtype=fp32" or "optimizer=sgd"')
@@ -117,7 +121,8 @@ def run(args):
         runtime=runtime, census=args.census, workers=args.workers, scheduler=args.scheduler,
         tokens=None if args.tokens is None else int(args.tokens), price_per_gpu_hour=args.price,
         keep_points=bool(args.plot), within_node=not args.across_nodes, exhaustive=args.exhaustive,
-        pp_splits=args.pp_splits, held=_held(args))
+        pp_splits=args.pp_splits, held=_held(args),
+        schedules=tuple(n.strip() for n in (args.schedules or "").split(",") if n.strip()))
     if args.plot:
         plot_search(results, args.plot)
     data = [c.to_dict() for r in results for c in r.candidates]
