@@ -213,6 +213,7 @@ BASE = "--micro-batch-size 1 --num-layers 4 --hidden-size 256 --num-attention-he
     (BASE + "--optimizer muon", "--optimizer", "'muon' is not priced"),
     (BASE + "--fp16 --bf16", "--bf16", "given with --fp16"),
     (BASE + "--tp-comm-overlap", "--tp-comm-overlap", "not priced yet"),
+    (BASE + "--transformer-impl local", "--transformer-impl", "Megatron-LM's own layers are not priced"),
     (BASE + "--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "--data-parallel-sharding-strategy",
      "'zero3' is not one of Megatron-FSDP's (no_shard, optim, optim_grads, optim_grads_params)"),
     (BASE + "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --outer-dp-sharding-strategy "
@@ -537,3 +538,11 @@ def test_megatron_fsdp_sharding_strategies(tmp_path, sharding, fields):
     path = write_args(tmp_path, BASE + "--context-parallel-size 2 --use-distributed-optimizer" + flags)
     strategy = from_config("megatron", path, devices=8, model="llama-3.1-8b").strategy
     assert {name: getattr(strategy, name) for name in fields} == fields
+
+
+def test_transformer_engine_layers_are_read_as_the_runtime_prices_them(tmp_path):
+    """--transformer-impl transformer_engine (Megatron-LM's default) is what megatron-te-cuda prices: read, not refused."""
+    config = from_config("megatron", write_args(tmp_path, BASE + "--transformer-impl transformer_engine"),
+                         devices=8, model="llama-3.1-8b")
+    assert config.runtime == "megatron-te-cuda"
+    assert any(f.startswith("--transformer-impl (a kernel or overlap choice") for f in config.ignored_fields)

@@ -108,6 +108,14 @@ IGNORED_PREFIXES = (
     "step-batch-size-schedule", "loss-scale", "initial-loss-scale", "min-loss-scale", "hysteresis",
     "bias-", "no-bias-", "spec", "rerun-", "check-for-nan", "accumulate-allreduce-grads-in-fp32",
     "fp8-amax-", "fp8-margin")  # delayed scaling's settings: refused with --fp8-recipe delayed, unused otherwise
+# Values of a kernel choice the runtime profile does not run: --transformer-impl local builds Megatron-LM's own
+# layers (megatron/core/models/gpt/gpt_layer_specs.py get_gpt_layer_local_spec: its softmax, norms and linears, which
+# keep and launch what Transformer Engine's do not)
+REFUSED_VALUES: Mapping[Tuple[str, str], str] = {
+    ("transformer-impl", "local"): "Megatron-LM's own layers are not priced (the runtime megatron-te-cuda prices "
+                                   "Transformer Engine's, Megatron-LM's default); remove the flag in a copy to price "
+                                   "--transformer-impl transformer_engine",
+}
 # Kernel and overlap choices: they bear on the cost, but ndcost prices them from the runtime profile and the
 # time model, not from the flag; reported as such.
 KERNEL_PREFIXES = (
@@ -157,7 +165,7 @@ class MegatronFormat:
         read, ignored, refused = [], list(launcher), []
         for flag in order:
             name = flag[2:]
-            if name in REFUSED:
+            if name in REFUSED or (name, " ".join(flags[flag])) in REFUSED_VALUES:
                 refused.append(flag)
             elif _known(name):
                 read.append(flag)
@@ -169,8 +177,9 @@ class MegatronFormat:
             else:
                 ignored.append(f"{flag} (unrecognized; no bearing assumed)")
         if refused:
-            why = REFUSED[refused[0][2:]]
-            raise field_error(KIND, path, refused[0], "not priced" if "not priced" in why else "not read", why)
+            first = refused[0]
+            why = REFUSED.get(first[2:]) or REFUSED_VALUES[first[2:], " ".join(flags[first])]
+            raise field_error(KIND, path, first, "not priced" if "not priced" in why else "not read", why)
         for flag in read:
             for word in flags[flag]:
                 if _shell.unknown_names(word):
@@ -276,7 +285,8 @@ def _flags(args: Sequence[str]) -> Tuple[Dict[str, List[str]], List[str]]:
 def _cost_bearing(program: List[str]) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
     """The flags of *program* that bear on the cost (read or refused), to compare a script's undecided runs."""
     flags, _ = _flags(program)
-    return tuple(sorted((k, tuple(v)) for k, v in flags.items() if _known(k[2:]) or k[2:] in REFUSED))
+    return tuple(sorted((k, tuple(v)) for k, v in flags.items() if _known(k[2:]) or k[2:] in REFUSED
+                        or any(k[2:] == name for name, _ in REFUSED_VALUES)))
 
 
 class _Values:
