@@ -631,7 +631,7 @@ class CostModel:
             if not self.tables.is_moe[self.tables.kinds.index(kind)]:
                 continue
             try:
-                routed_all, width = formulas.routed_bytes(self.spec, kind, seq)
+                routed_all, width = formulas.routed_bytes(self.spec, kind, seq, self.runtime)
             except (NdcostError, KeyError, TypeError, ValueError) as exc:  # never priced as if not routed
                 raise Unpriced(f"the routed experts' bytes of MoE kind {kind!r} at seq {seq}: the op records "
                                f"({_source_of('estimator/activations/op_records')}) could not state them "

@@ -278,7 +278,7 @@ def verify(model: Any, seq: int = 4096, runtime: str = "hf-cuda", threshold: flo
             if theirs is None:
                 theirs_why = f"the census measured no layer of this kind (runtime {runtime} builds none)"
         selective_why = "" if ours is None else (formulas.selective_unpriced(spec, kind, runtime) or "")
-        routed, _ = _attempt(functools.partial(formulas.routed_bytes, spec, kind, seq))
+        routed, _ = _attempt(functools.partial(formulas.routed_bytes, spec, kind, seq, runtime))
         rows += _record_rows(kind, ours, theirs, threshold, ours_why, theirs_why, selective_why,
                              routed if routed and routed[0] else None)
         by_part = count.by_kind.get(kind)

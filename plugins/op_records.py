@@ -1019,7 +1019,11 @@ def runtime_values(spec: ModelSpec, kind: str, profile: Any) -> Dict[str, Number
       ``norm_row_bytes``);
     - ``silu_gated_mlp``, where the kind's dense (or shared-expert) MLP is SiLU-gated: the kernel keeps its input,
       the gate and up projections' output (one call), so 2 feed-forward-wide tensors (``act_widths``,
-      ``act_fused``); the routed experts keep their own (``expert_act_widths``, as without the runtime).
+      ``act_fused``); the routed experts keep their own (``expert_act_widths``, as without the runtime);
+    - ``silu_gated_experts``, where the kind's routed experts are SiLU-gated without biases or a clamp (the
+      unfused activation's 3 expert-wide tensors, no ``swiglu_limit``): the activation keeps its input (2 expert-wide tensors) and the
+      routing weights it scales by, the combine no expert output (``expert_weighted_act``), and the permutation
+      its row map (``row_id_map``).
     """
     if profile is None:
         return {}
@@ -1030,9 +1034,13 @@ def runtime_values(spec: ModelSpec, kind: str, profile: Any) -> Dict[str, Number
     if "rms_norm" in fused and "rms_norm_eps" in dict(spec.hf_config):
         out.update(norm_bytes=2, norm_row_bytes=4)
     info = spec.kind(kind)
+    plain = model_values(spec, kind)
     if "silu_gated_mlp" in fused and info.gated_mlp and info.activation in GATED_ACTIVATIONS:
-        plain = model_values(spec, kind)
         out.update(act_widths=2, act_fused=1, expert_act_widths=plain.get("expert_act_widths", plain["act_widths"]))
+    if ("silu_gated_experts" in fused and plain.get("moe") and info.activation in GATED_ACTIVATIONS
+            and plain.get("expert_act_widths", plain.get("act_widths")) == 3
+            and not dict(spec.hf_config).get("swiglu_limit")):  # clamped experts stay Transformers' own
+        out.update(expert_act_widths=2, expert_weighted_act=1, row_id_map=1)
     return out
 
 

@@ -73,3 +73,51 @@ def test_llama_70b_megatron_layer_as_transformer_engine_keeps_it():
     h, q, kv, i = 8192, 64 * 128, 8 * 128, 28672
     assert record.saved_per_token == pytest.approx(2 * (2 * h + 4) + 2 * h * 2, abs=0.01)
     assert record.saved_tp_per_token == 2 * (q + 2 * kv + q) + 64 * 4 + 2 * (2 * i + i)
+
+
+# Megatron-LM's TEGroupedMLP behind the fused permutation (contract te-grouped-mlp), by hand from
+# megatron/core/transformer/moe/experts.py and fused_bias_swiglu.py (NVIDIA/Megatron-LM d98e8a6) and Transformer
+# Engine v2.9's permutation.py: a route (a token's copy to one of its top-k experts) keeps linear_fc1's input
+# (2 h bytes), WeightedSwiGLUFunction's input (2 x 2 I) and its fp32 routing weight (4), and linear_fc2's input
+# (2 I); a token keeps the permutation's int32 row_id_map of 2 E + 1 entries. Transformers' experts keep the
+# input, the gate, its SiLU, the up projection, the down projection's input and the weighted output with its
+# weight: 2 h + 3 x 2 I + 2 I + 2 h + 4 (the op records' routed and combine terms).
+def test_the_routed_experts_keep_what_megatron_grouped_mlp_keeps():
+    spec = ndcost.models.load_model("qwen3-30b-a3b")
+    kind = spec.kinds[0]
+    formulas = registry().get("estimator/activations/op_records")
+    h, i, k = 2048, 768, 8
+    assert formulas.routed_bytes(spec, kind, 4096, "megatron-te-cuda") == (k * (2 * h + 4 * i + 4 + 2 * i),
+                                                                          k * (4 * i + 2 * i))
+    assert formulas.routed_bytes(spec, kind, 4096) == (k * (2 * h + 6 * i + 2 * i + 2 * h + 4), k * (6 * i + 2 * i))
+    te = registry().get("runtime/megatron-te-cuda")
+    values = op_records.runtime_values(spec, kind, te)
+    assert (values["expert_act_widths"], values["expert_weighted_act"], values["row_id_map"]) == (2, 1, 1)
+    # GPT-OSS's clamped, biased experts stay Transformers' own
+    gpt_oss = ndcost.models.load_model("gpt-oss-20b")
+    assert "expert_weighted_act" not in op_records.runtime_values(gpt_oss, gpt_oss.kinds[0], te)
+
+
+@pytest.mark.slow
+def test_the_census_of_megatron_grouped_mlp_keeps_the_routes_inputs_weights_and_row_map():
+    from transformers import Qwen3MoeConfig
+
+    from ndcost.plugins.census import layer as L
+    from ndcost.plugins.census import records as R
+
+    tokens, hidden, inner, experts, top_k = 64, 256, 96, 8, 2
+    config = Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=inner, num_experts=experts,
+                            num_experts_per_tok=top_k, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                            num_hidden_layers=1, vocab_size=128, torch_dtype="bfloat16")
+    te = R.runtime_profile("megatron-te-cuda")
+    measured = R._measure_plain(config, 0, tokens, te)
+    routes = tokens * top_k
+    assert measured.ops_bytes["ffAct"] == routes * (2 * 2 * inner + 4)  # the weighted SwiGLU: its input, weight
+    assert measured.ops_bytes["other"] == tokens * (2 * experts + 1) * 4  # the permutation's row_id_map
+    saved = list(measured.saved_tensors)  # (shape, dtype, bytes, op)
+    assert ((routes, inner), "bfloat16", routes * inner * 2, "ffMM") in saved  # linear_fc2's input
+    # linear_fc1's input, and no expert output kept for the combine (the weights scaled the activation)
+    assert [s for s in saved if s[0] == (routes, hidden)] == [((routes, hidden), "bfloat16", routes * hidden * 2,
+                                                                "ffMM")]
+    with L.fake_layer(config, 0, te) as fake:
+        assert type(fake.layer.mlp.experts).__name__ == "TeGroupedMLP"

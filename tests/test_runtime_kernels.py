@@ -125,9 +125,9 @@ def test_the_resolver_hands_the_runtimes_choices_over_and_says_so():
 
 def test_the_time_models_choices_leave_the_census_key_alone(registry):
     """A census measures Transformers' modules under the contracts: megatron-te-cuda's is hf-cuda-fused's with
-    Transformer Engine's fused norms and SwiGLU, its time-model choices in no census key."""
+    Transformer Engine's fused norms, SwiGLU and grouped MLP, its time-model choices in no census key."""
     te, fused = registry.get("runtime/megatron-te-cuda"), registry.get("runtime/hf-cuda-fused")
-    own = {"contracts": ("te-rms-norm", "te-swiglu"), "replacements": te.content()["replacements"]}
+    own = {"contracts": ("te-rms-norm", "te-swiglu", "te-grouped-mlp"), "replacements": te.content()["replacements"]}
     assert {**te.content(), "name": "", **own} == {**fused.content(), "name": "", **own}
     assert te.content()["contracts"] == fused.content()["contracts"] + own["contracts"]
     assert attrs.evolve(te, attention_backends={}, pointwise="eager", float8_casts="torchao").content() == te.content()

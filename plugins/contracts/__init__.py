@@ -26,8 +26,10 @@ from ndcost.errors import InvalidValue, NdcostError
 
 # Modules a contract's kernel may stand for through a runtime's replacement (Contract.fuses): an RMSNorm with a
 # weight, run by one kernel keeping its 16-bit input and an fp32 rstd a row; a SiLU-gated MLP whose gate and up
-# projections are one matmul feeding one kernel that keeps its input alone.
-FUSED_MODULES = ("rms_norm", "silu_gated_mlp")
+# projections are one matmul feeding one kernel that keeps its input alone; SiLU-gated routed experts whose
+# activation is one kernel keeping its input and the routing weights it scales by, so the combine keeps none of
+# the experts' outputs (Megatron-LM's TEGroupedMLP).
+FUSED_MODULES = ("rms_norm", "silu_gated_mlp", "silu_gated_experts")
 
 _LOADED: Dict[str, "KernelContract"] = {}
 _LOCK = threading.Lock()
@@ -553,6 +555,19 @@ def fused_rms_norm(module: Any, norm_cls: type) -> Any:
     if weight is None:
         return module  # an unweighted norm is no fused RMSNorm's
     return norm_cls(weight, _norm_eps(module), _zero_centred(module))
+
+
+def swiglu_experts(module: Any, config: Any) -> bool:
+    """Whether *module* is Transformers' routed experts a fused kernel runs: SiLU-gated, no biases, the gate and up
+    projections one ``[E, 2I, hidden]`` weight beside a ``[E, hidden, I]`` down projection. Another activation,
+    or GPT-OSS's clamped, biased experts, stay Transformers' own, as a framework's plan leaves them."""
+    weights = (getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None))
+    if any(getattr(w, "dim", lambda: 0)() != 3 for w in weights) or getattr(module, "has_bias", False):
+        return False
+    if getattr(module, "is_transposed", False) or getattr(module, "has_gate", True) is False:
+        return False
+    act = str(getattr(config, "hidden_act", "") or getattr(config, "hidden_activation", ""))
+    return act in GATED_ACTIVATIONS and getattr(module, "limit", None) is None
 
 
 def fused_swiglu_mlp(module: Any, config: Any, mlp_cls: type) -> Any:

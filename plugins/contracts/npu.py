@@ -65,7 +65,6 @@ from typing import Any, Iterator, Mapping, Optional, Tuple
 from ndcost.errors import CensusUnavailable
 from ndcost.hookspecs import hookimpl
 from ndcost.plugins.contracts import (
-    GATED_ACTIVATIONS,
     AttentionKernel,
     Contract,
     FlopCount,
@@ -83,6 +82,7 @@ from ndcost.plugins.contracts import (
     register_attention_kernels,
     register_contracts,
     register_kernel_autograd,
+    swiglu_experts,
 )
 from ndcost.plugins.contracts import fused_rms_norm as _fused_rms_norm
 from ndcost.plugins.contracts import fused_swiglu_mlp as _fused_swiglu_mlp
@@ -520,13 +520,7 @@ def grouped_experts(module: Any, config: Any) -> Any:
     through its own GLU, or GPT-OSS's clamped, biased experts) is left to
     grouped_mm.
     """
-    weights = (getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None))
-    if any(getattr(w, "dim", lambda: 0)() != 3 for w in weights) or getattr(module, "has_bias", False):
-        return module
-    if getattr(module, "is_transposed", False) or getattr(module, "has_gate", True) is False:
-        return module
-    act = str(getattr(config, "hidden_act", "") or getattr(config, "hidden_activation", ""))
-    if act not in GATED_ACTIVATIONS or getattr(module, "limit", None) is not None:
+    if not swiglu_experts(module, config):
         return module
     _, _, experts_cls = module_classes()
     return experts_cls(module)

@@ -206,18 +206,22 @@ class OpRecordsActivations:
             out[kind] = ((kept["sequence"] - core["sequence"]) / seq, (kept["tp"] - core["tp"]) / seq)
         return out
 
-    def routed_bytes(self, spec: ModelSpec, kind: str, seq: int) -> Tuple[float, float]:
+    def routed_bytes(self, spec: ModelSpec, kind: str, seq: int,
+                     runtime: Optional[str] = None) -> Tuple[float, float]:
         """A MoE kind's routed experts' bytes a token at TP 1: (all of them, the part one expert's width scales).
 
         Read off the formulas by doubling the routed tokens and halving the
         experts' width (``dropless_tok_factor``, ``etp``), so whatever the
-        records count for the routed experts is what imbalance and ETP scale.
+        records count for the routed experts is what imbalance and ETP scale;
+        under *runtime*, as its fused modules keep them (``op_records.runtime_values``).
         """
         from ndcost.plugins import op_records
+        profile = None if runtime is None else _registry().find(f"runtime/{runtime}")
+        fused = op_records.runtime_values(spec, kind, profile)
 
         def total(**overrides: Any) -> float:
             values = op_records.values_for(spec, kind, seq=seq, micro_batch=1, tp=1, sp=False, cp=1,
-                                           overrides=overrides)
+                                           overrides={**fused, **overrides})
             return float(op_records.total_bytes(values))
 
         base = total(dropless_tok_factor=1, etp=1)
