@@ -78,8 +78,9 @@ def test_llama_70b_megatron_layer_as_transformer_engine_keeps_it():
 # Megatron-LM's TEGroupedMLP behind the fused permutation (contract te-grouped-mlp), by hand from
 # megatron/core/transformer/moe/experts.py and fused_bias_swiglu.py (NVIDIA/Megatron-LM d98e8a6) and Transformer
 # Engine v2.9's permutation.py: a route (a token's copy to one of its top-k experts) keeps linear_fc1's input
-# (2 h bytes), WeightedSwiGLUFunction's input (2 x 2 I) and its fp32 routing weight (4), and linear_fc2's input
-# (2 I); a token keeps the permutation's int32 row_id_map of 2 E + 1 entries. Transformers' experts keep the
+# (2 h bytes), WeightedSwiGLUFunction's input (2 x 2 I) and its routing weight in the router logits' dtype (2 for
+# Qwen3's bf16 router: moe_utils.py topk_routing_with_score_function casts the probabilities to the logits' type),
+# and linear_fc2's input (2 I); a token keeps the permutation's int32 row_id_map of 2 E + 1 entries. Transformers' experts keep the
 # input, the gate, its SiLU, the up projection, the down projection's input and the weighted output with its
 # weight: 2 h + 3 x 2 I + 2 I + 2 h + 4 (the op records' routed and combine terms).
 def test_the_routed_experts_keep_what_megatron_grouped_mlp_keeps():
@@ -87,7 +88,7 @@ def test_the_routed_experts_keep_what_megatron_grouped_mlp_keeps():
     kind = spec.kinds[0]
     formulas = registry().get("estimator/activations/op_records")
     h, i, k = 2048, 768, 8
-    assert formulas.routed_bytes(spec, kind, 4096, "megatron-te-cuda") == (k * (2 * h + 4 * i + 4 + 2 * i),
+    assert formulas.routed_bytes(spec, kind, 4096, "megatron-te-cuda") == (k * (2 * h + 4 * i + 2 + 2 * i),
                                                                           k * (4 * i + 2 * i))
     assert formulas.routed_bytes(spec, kind, 4096) == (k * (2 * h + 6 * i + 2 * i + 2 * h + 4), k * (6 * i + 2 * i))
     te = registry().get("runtime/megatron-te-cuda")
@@ -112,7 +113,7 @@ def test_the_census_of_megatron_grouped_mlp_keeps_the_routes_inputs_weights_and_
     te = R.runtime_profile("megatron-te-cuda")
     measured = R._measure_plain(config, 0, tokens, te)
     routes = tokens * top_k
-    assert measured.ops_bytes["ffAct"] == routes * (2 * 2 * inner + 4)  # the weighted SwiGLU: its input, weight
+    assert measured.ops_bytes["ffAct"] == routes * (2 * 2 * inner + 2)  # the weighted SwiGLU: its input, weight
     assert measured.ops_bytes["other"] == tokens * (2 * experts + 1) * 4  # the permutation's row_id_map
     saved = list(measured.saved_tensors)  # (shape, dtype, bytes, op)
     assert ((routes, inner), "bfloat16", routes * inner * 2, "ffMM") in saved  # linear_fc2's input

@@ -19,7 +19,8 @@
   the unpermutation keeps too (one tensor); ``linear_fc1`` and ``linear_fc2``
   (``GroupedLinear``) keep their inputs; between them ``WeightedSwiGLUFunction``
   (megatron/core/fusions/fused_bias_swiglu.py) keeps its input and the
-  permuted routing weights, which it scales by, so the unpermutation keeps
+  permuted routing weights, in the router logits' dtype
+  (moe_utils.py ``topk_routing_with_score_function``), which it scales by, so the unpermutation keeps
   none of the experts' outputs (Transformers' experts keep the gate, its
   SiLU, the up projection and the weighted outputs).
 
@@ -222,8 +223,8 @@ def _module_classes():
         def forward(self, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
             ops = _ops()
             flat = hidden_states.view(-1, hidden_states.shape[-1])
-            # the router's probabilities in fp32, as Megatron-LM's topk_softmax_with_capacity returns them
-            permuted, probs, row_id_map = ops.moe_permute(flat, top_k_index, top_k_weights.float(), self.num_experts)
+            # the weights in the router logits' dtype, as Megatron-LM's topk_routing_with_score_function casts them
+            permuted, probs, row_id_map = ops.moe_permute(flat, top_k_index, top_k_weights, self.num_experts)
             with torch.no_grad():
                 group_list = torch.histc(top_k_index.reshape(-1).float(), bins=self.num_experts, min=0,
                                          max=self.num_experts).long()
