@@ -965,6 +965,11 @@ class CostModel:
                 mask = rows & np.asarray(mask, dtype=bool)
                 batch.refuse(mask, lambda i, tpl=template: tpl.format(
                     pp=c["pp"][i], vpp=c["vpp"][i], m=c["num_micro_batches"][i]))
+            for mode in getattr(schedule, "refuses_recompute", ()):  # what its trainer refuses beside it
+                batch.refuse(rows & (c["recompute"] == names["recompute"].index(mode)),
+                             f"schedule {name} with recompute={mode}: its trainer refuses the two together "
+                             f"(Megatron-LM's TransformerConfig asserts it under the all-to-all overlap); use "
+                             f"another recompute mode, or schedule={schedule.variant_of or '1f1b'}")
 
 
 def _hardware_checks(batch: columns.StrategyColumns, hardware: Hardware) -> None:

@@ -30,7 +30,8 @@ Built in:
   ``combined_1f1b_schedule_for_no_pipelining``) the backward of micro-batch
   ``i`` frees its layers from the last as the forward of ``i + 1`` fills them
   from the first: one micro-batch held, as 1F1B. Megatron needs virtual
-  stages with pp > 1, so ``1f1b-a2a-overlap`` refuses pp > 1.
+  stages with pp > 1, so ``1f1b-a2a-overlap`` refuses pp > 1; both refuse full recomputation, as Megatron-LM's
+  TransformerConfig asserts (``refuses_recompute``).
 - ``dualpipev`` (DeepSeek's V-shaped cut-in-half DualPipe, ``DualPipeV.step``
   in deepseek-ai/DualPipe ``dualpipe/dualpipev.py``): ``2 p`` stages on ``p``
   ranks, rank ``r`` holding stages ``r`` and ``2 p - 1 - r``; it needs
@@ -75,6 +76,8 @@ class Schedule:
     # the schedule this one runs as where nothing is expert-parallel (ep = 1): the two price alike there, so a
     # search tries this one only with ep > 1
     variant_of: str = ""
+    # recompute modes the trainer running this schedule refuses beside it (the resolver refuses such rows)
+    refuses_recompute: Tuple[str, ...] = ()
 
     def refusals(self, pp, vpp, m) -> List[Refusal]:
         """Layouts this schedule does not model: ``[(mask, template)]``; the template names the constraint."""
@@ -149,6 +152,13 @@ class Interleaved(Schedule):
     # forwards a rank runs before its first backward beyond Megatron's warm-up: the one that precedes it
     extra_forwards: int = 1
 
+    def bubble_stage_steps(self, pp, vpp, m):
+        """``(p - 1) / v`` from ``m = p`` micro-batches on; with fewer, each chunk's forwards (and backwards) wait
+        for the first micro-batch to cross all ``p`` ranks, so the step is the chain ``p`` plus the other
+        micro-batches' ``(m - 1) / v`` behind it: ``p - m + (m - 1) / v`` idle, 1F1B's ``p - 1`` at ``m = 1``."""
+        k = np.minimum(m, pp)
+        return (pp - k) + (k - 1) / vpp
+
     def in_flight(self, pp, vpp, m, rank, chunk):
         held = np.minimum((pp - rank - 1) * 2 + (vpp - 1) * pp + self.extra_forwards, m * vpp)
         cycle = pp * vpp
@@ -183,10 +193,11 @@ BUILTIN = (
     OneFOneB(name="1f1b", description="PipeDream-Flush 1F1B: stage s of p holds min(p - s, m) micro-batches"),
     Interleaved(name="interleaved", description="Megatron's interleaved 1F1B with vpp model chunks per rank"),
     Interleaved(name="interleaved-a2a-overlap", overlaps_expert_communication=True, extra_forwards=2,
-                variant_of="interleaved",
+                variant_of="interleaved", refuses_recompute=("full",),
                 description="Megatron's interleaved 1F1B under --overlap-moe-expert-parallel-comm: one more "
                             "warm-up forward, each step's all-to-alls under another micro-batch's compute"),
     OneFOneBA2AOverlap(name="1f1b-a2a-overlap", overlaps_expert_communication=True, variant_of="1f1b",
+                       refuses_recompute=("full",),
                        description="Megatron's combined 1F1B without pipelining (pp=1) under "
                                    "--overlap-moe-expert-parallel-comm: all-to-alls under another micro-batch's "
                                    "compute"),
