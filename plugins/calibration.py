@@ -217,22 +217,27 @@ def read_measurements(path: str, model: Any = None, kind: Optional[str] = None, 
     if isinstance(data, Mapping) and "measurements" in data:
         entries = data["measurements"]
     elif isinstance(data, Mapping) and "layers" in data:  # benchmarks/measure_cuda.py's output
-        entries = [e for e in data["layers"] if e.get("forward_ms") is not None
-                   and not (isinstance(e["forward_ms"], float) and math.isnan(e["forward_ms"]))]
+        entries = [e for e in data["layers"] if not isinstance(e, Mapping) or (e.get("forward_ms") is not None
+                   and not (isinstance(e["forward_ms"], float) and math.isnan(e["forward_ms"])))]
         hardware = hardware or _hardware_of_device(str(data.get("device", "")))
+    elif isinstance(data, list):  # a bare list of measurement objects
+        entries = data
     else:
         entries = [data]
     if not isinstance(entries, list) or not entries:
-        raise InvalidValue(f"{path}: expected a measurement object or {{\"measurements\": [...]}}")
+        raise InvalidValue(f"{path}: expected a measurement object, a list of them or {{\"measurements\": [...]}}")
     components = list(data.get("components") or []) if isinstance(data, Mapping) else []
     for n, component in enumerate(components):
-        if component.get("op_class") not in FORWARD_CLASSES + BACKWARD_CLASSES or not component.get("seconds") \
+        if not isinstance(component, Mapping) or component.get("op_class") not in FORWARD_CLASSES + BACKWARD_CLASSES or not component.get("seconds") \
                 or not (component.get("flops") or component.get("bytes")):
             raise InvalidValue(f"{path} component {n}: needs op_class (one of "
                                f"{', '.join(FORWARD_CLASSES + BACKWARD_CLASSES)}), seconds, and flops or bytes")
     out = []
     for n, entry in enumerate(entries):
         where = f"{path} measurement {n}"
+        if not isinstance(entry, Mapping):
+            raise InvalidValue(f"{where}: expected a measurement object ({{\"seq\": ..., \"forward_ms\": ...}}), "
+                               f"got {type(entry).__name__} {json.dumps(entry)[:60]}")
         forward = _ms(entry, "forward_ms", "forward_seconds")
         if forward is None or entry.get("seq") is None:
             raise InvalidValue(f"{where}: needs seq and forward_ms (and forward_backward_ms to fit the backward)")

@@ -239,3 +239,18 @@ def test_cli_writes_the_fitted_dispatch_into_kernel_tables(tmp_path, capsys):
     written = load_hardware_yaml(out)
     assert written.kernel_tables["dispatch_seconds"] == pytest.approx(data["dispatch_seconds"], rel=1e-12)
     assert "llama3_8b@1024" in written.kernel_tables["source"]
+
+
+def test_a_bare_list_of_measurements_is_read_and_other_json_is_refused(tmp_path):
+    path = tmp_path / "list.json"
+    path.write_text(json.dumps([LAYER, dict(LAYER, seq=2048, forward_ms=1.9, forward_backward_ms=5.9)]))
+    measurements, _, _ = cal.read_measurements(str(path), census="off")
+    assert [m.seq for m in measurements] == [4096, 2048]
+    for text, words in (("[]", "expected a measurement object, a list of them"),
+                        ('"hello"', "measurement 0: expected a measurement object"),
+                        ("null", "measurement 0: expected a measurement object"),
+                        ('{"measurements": [1]}', "measurement 0: expected a measurement object"),
+                        ('{"components": [3], "seq": 1, "forward_ms": 1}', "component 0: needs op_class")):
+        path.write_text(text)
+        with pytest.raises(InvalidValue, match=words):
+            cal.read_measurements(str(path), census="off")
