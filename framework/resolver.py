@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import attrs
 import numpy as np
@@ -257,7 +257,8 @@ class ResolvedModel:
     spec: ModelSpec
     parameters: Any
     tables: memory.ModelTables
-    record_tables: Dict[int, memory.RecordTables] = attrs.field(factory=dict)
+    # by sequence length, and (seq, 4) for the fp32-widened tables
+    record_tables: Dict[Union[int, Tuple[int, int]], memory.RecordTables] = attrs.field(factory=dict)
     kind_records: Dict[int, Tuple[Dict[str, Any], Any]] = attrs.field(factory=dict)
     model_work: Dict[int, Any] = attrs.field(factory=dict)
     activation_sources: Dict[int, Dict[str, str]] = attrs.field(factory=dict)
@@ -284,7 +285,8 @@ class CostModel:
         self._given_records = dict(records or {})
         self._census_warned = False
         self._codebook_made: Optional[_Codebook] = None
-        self._stacked_records: Dict[Tuple[int, ...], Tuple[Tuple[memory.RecordTables, ...], Dict[str, np.ndarray]]] = {}
+        self._stacked_records: Dict[Tuple[Tuple[int, int], ...],
+                                    Tuple[Tuple[memory.RecordTables, ...], Dict[str, np.ndarray]]] = {}
         self._profile = None
         runtime_note = ""
         if builds_mtp is None:
@@ -333,12 +335,26 @@ class CostModel:
         return cls(spec, parameters, records=records, hardware=hardware, builds_mtp=builds_mtp, census="off", **kw)
 
     # -- the records ----------------------------------------------------------------------------
-    def record_tables(self, seq: int) -> memory.RecordTables:
-        """The activation records at *seq* (chosen and cached on first use)."""
+    def record_tables(self, seq: int, compute_bytes: int = 2) -> memory.RecordTables:
+        """The activation records at *seq* (chosen and cached on first use); with *compute_bytes* 4, widened to
+        fp32 activations by the formulas' ratios (:meth:`ndcost.compose.memory.RecordTables.widened`)."""
         seq = int(seq)
         if seq not in self.resolved.record_tables:
             self.resolved.record_tables[seq] = self._choose_records(seq)
-        return self.resolved.record_tables[seq]
+        if compute_bytes != 4:
+            return self.resolved.record_tables[seq]
+        key = (seq, 4)
+        if key not in self.resolved.record_tables:
+            formulas = _estimator("activations", "op_records")
+            built = self._built_kinds()
+            ratios, output = formulas.widening(self.spec, built, seq, self._estimator_runtime)
+            ratios.update({k: (1.0, 1.0) for k in self.tables.kinds if k not in ratios})  # not built: zeros
+            self.resolved.record_tables[key] = self.resolved.record_tables[seq].widened(
+                ratios, self.tables.kinds, output,
+                "fp32 activations: the 16-bit figures times the op records' ratios of their bytes at 4-byte and "
+                "2-byte activations, by kind (an estimate where a census measured them); reserved bytes not "
+                "claimed")
+        return self.resolved.record_tables[key]
 
     def model_work(self, seq: int) -> Any:
         """The :class:`~ndcost.work.ModelWork` at *seq*: each kind's work from the first flops estimator its
@@ -656,7 +672,7 @@ class CostModel:
     def _stack_records(self, tables: Sequence[memory.RecordTables]) -> Dict[str, np.ndarray]:
         """:func:`ndcost.compose.memory.stack_records` of *tables* (read-only), stacked once per set of sequence
         lengths; the last ``_STACKED_KEPT`` sets are kept."""
-        key = tuple(t.seq for t in tables)
+        key = tuple((t.seq, t.compute_bytes) for t in tables)
         hit = self._stacked_records.get(key)
         if hit is None or any(a is not b for a, b in zip(hit[0], tables, strict=True)):
             stacked = memory.stack_records(tables)
@@ -701,10 +717,13 @@ class CostModel:
         seq_index = np.zeros(n, dtype=np.int64)
         tables: List[memory.RecordTables] = []
         if valid.any():
-            seqs, inverse = time_model.distinct(c["seq"][valid])
-            for j, seq in enumerate(seqs.tolist()):
+            # one table a sequence length and compute width (fp32 activations widened: record_tables)
+            wide = columns.DTYPE_BYTES[c["compute_dtype"][valid]] == 4
+            keys, inverse = time_model.distinct(c["seq"][valid] * 2 + wide)
+            for j, key in enumerate(keys.tolist()):
+                seq = key // 2
                 try:
-                    tables.append(self.record_tables(seq))
+                    tables.append(self.record_tables(seq, 4 if key % 2 else 2))
                 except NdcostError as exc:
                     rows = np.zeros(n, dtype=bool)
                     rows[np.flatnonzero(valid)[inverse == j]] = True
@@ -796,7 +815,9 @@ class CostModel:
                 array[~valid] = 0
         num_stages = np.where(valid, c["pp"], 0)
         prov = dict(self.provenance)
-        prov["records"] = {t.seq: dict(t.provenance) for t in tables}
+        prov["records"] = {}
+        for t in tables:  # a sequence length's 16-bit and fp32 tables under one entry
+            prov["records"][t.seq] = {**prov["records"].get(t.seq, {}), **t.provenance}
         prov["schedules"] = dict(book.schedules)
         prov["optimizers"] = dict(book.optimizers)
         peak = full["peak_bytes"]

@@ -644,7 +644,10 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                           synonyms=("optim", "optimizer_name", "opt")),
     "param_dtype": FieldDoc(meaning="dtype the parameters are stored in", unit="dtype",
                             synonyms=("dtype", "params_dtype", "weight_dtype", "torch_dtype")),
-    "compute_dtype": FieldDoc(meaning="dtype the layers compute and keep activations in (unset: param_dtype)",
+    "compute_dtype": FieldDoc(meaning="dtype the layers compute and keep activations in (unset: param_dtype); at "
+                                      "fp32 the 16-bit activation records widened by the op records' ratios of "
+                                      "their bytes at 4 and 2 bytes an element (an estimate under a census; no "
+                                      "reserved bytes claimed)",
                               unit="dtype", synonyms=("autocast_dtype", "amp_dtype", "activation_dtype",
                                                       "mixed_precision")),
     "grad_dtype": FieldDoc(meaning="dtype of the parameter gradients (unset: param_dtype)", unit="dtype",

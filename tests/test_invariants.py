@@ -301,7 +301,7 @@ def test_routed_bytes_the_op_records_cannot_state_refuse_the_rows_never_price_th
 
     formulas = _estimator("activations", "op_records")
 
-    def broken(self, spec, kind, seq):
+    def broken(self, spec, kind, seq, runtime=None):
         raise KeyError("routed")   # e.g. a third-party op record that merged but cannot be evaluated
 
     monkeypatch.setattr(type(formulas), "routed_bytes", broken)  # a frozen estimator: patch its class

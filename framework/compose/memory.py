@@ -311,6 +311,9 @@ class RecordTables:
     out_autocast_reserved: float  # the same with fp32 parameters under autocast (nan: not simulated)
     out_autocast_reserved_tp: float
     provenance: Mapping[str, Any] = attrs.field(factory=dict)
+    # bytes of the compute dtype the figures are for: 2 (the census's and the formulas' 16-bit layers), or 4
+    # (:meth:`widened`)
+    compute_bytes: int = 2
 
     ROW_FIELDS = ("saved", "saved_tp", "working", "working_tp", "working_input", "grad_share", "selective",
                   "selective_tp", "dropped",
@@ -384,7 +387,7 @@ class RecordTables:
         arrays["selective_tp"] = np.where(np.isnan(arrays["selective"]), np.nan,
                                           np.nan_to_num(arrays["selective_tp"]))
         arrays["working_tp"] = np.where(np.isnan(arrays["working"]), np.nan, np.nan_to_num(arrays["working_tp"]))
-        return cls(seq=int(seq), **arrays,
+        return cls(seq=int(seq), **arrays,  # type: ignore[arg-type]  # attrs plugin: **arrays holds only array fields
                    out_saved=float(output.saved_per_token), out_saved_tp=float(output.saved_tp_per_token),
                    out_working=_nan(output.working_per_token),
                    out_working_tp=0.0 if output.working_tp_per_token is None else float(output.working_tp_per_token),
@@ -399,6 +402,33 @@ class RecordTables:
                                               if output.autocast_reserved_working_tp_per_token is not None else None),
                    out_autocast_reserved_tp=_nan(output.autocast_reserved_working_tp_per_token),
                    provenance=dict(provenance or {}))
+
+    # what widening scales: the kinds' byte figures by their sequence or TP ratio, the output layer's alike
+    _WIDENED_SEQUENCE = ("saved", "working", "selective", "dropped", "routed", "routed_tokens", "routed_width",
+                         "shared")
+    _WIDENED_TP = ("saved_tp", "working_tp", "selective_tp", "dropped_tp", "routed_tp")
+
+    def widened(self, ratios: Mapping[str, Tuple[float, float]], kinds: Sequence[str],
+                output_ratios: Tuple[float, float], note: str) -> "RecordTables":
+        """These figures for 4-byte (fp32) activations: each kind's byte figures times its ratio
+        (``ratios[kind]``: the sequence part's, the TP part's; the output layer's *output_ratios*), the ratios
+        of the formulas' bytes at 4-byte and at 2-byte activations. An estimate where a census measured the
+        16-bit layer: its tensors of fixed dtype (fp32 statistics, integer indices) scale as the formulas' do.
+        The autocast and reserved figures do not apply (nan: not measured, not simulated)."""
+        seq_ratio = np.array([ratios[k][0] for k in kinds], dtype=np.float64)
+        tp_ratio = np.array([ratios[k][1] for k in kinds], dtype=np.float64)
+        out: Dict[str, Any] = {name: getattr(self, name) * seq_ratio for name in self._WIDENED_SEQUENCE}
+        out.update({name: getattr(self, name) * tp_ratio for name in self._WIDENED_TP})
+        for name in self.ROW_FIELDS:
+            if name.startswith(("autocast_", "reserved_")):
+                out[name] = np.full_like(seq_ratio, np.nan)
+        for name in self.SCALAR_FIELDS:
+            if "autocast" in name or "reserved" in name:
+                out[name] = np.nan
+        out.update(out_saved=self.out_saved * output_ratios[0], out_saved_tp=self.out_saved_tp * output_ratios[1],
+                   out_working=self.out_working * output_ratios[0],
+                   out_working_tp=self.out_working_tp * output_ratios[1])
+        return attrs.evolve(self, **out, compute_bytes=4, provenance=dict(self.provenance, compute=note))
 
     def with_core_attention(self, kinds: Sequence[str],
                             dropped: Mapping[str, Tuple[float, float]]) -> "RecordTables":
@@ -424,7 +454,7 @@ class RecordTables:
 
 
 def stack_records(tables: Sequence[RecordTables]) -> Dict[str, np.ndarray]:
-    """``{field: (n_seq, K) or (n_seq,) array}`` over several sequence lengths."""
+    """``{field: (n_tables, K) or (n_tables,) array}`` over several tables (sequence lengths, compute widths)."""
     out = {f: np.stack([getattr(t, f) for t in tables]) for f in RecordTables.ROW_FIELDS}
     out.update({f: np.array([getattr(t, f) for t in tables], dtype=np.float64) for f in RecordTables.SCALAR_FIELDS})
     return out

@@ -41,8 +41,10 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _measure_plain(config: Any, layer_index: int, seq: int, runtime: Any, autocast: bool = False):
-    """The layer without checkpointing; with *autocast*, fp32 parameters and residual stream under bf16 autocast.
+def _measure_plain(config: Any, layer_index: int, seq: int, runtime: Any, autocast: bool = False,
+                   fp32: Optional[bool] = None):
+    """The layer without checkpointing; with *autocast*, fp32 parameters and residual stream under bf16 autocast;
+    with *fp32* alone, an fp32 layer computing in fp32 (no autocast).
 
     Under autocast the forward runs in the autocast region and the backward
     outside it, as a training step runs them; autocast's bf16 copies of the
@@ -53,8 +55,9 @@ def _measure_plain(config: Any, layer_index: int, seq: int, runtime: Any, autoca
     from ndcost.plugins.census import layer as L
     from ndcost.plugins.census.measure import ModuleStack, SavedOps, delta_rule_followed, measure
 
-    with L.fake_layer(config, layer_index, runtime, fp32=autocast) as fake:
-        hidden = L.hidden_input(fake.config, seq, fp32=autocast)
+    fp32 = autocast if fp32 is None else fp32
+    with L.fake_layer(config, layer_index, runtime, fp32=fp32) as fake:
+        hidden = L.hidden_input(fake.config, seq, fp32=fp32)
         grad = torch.empty_like(hidden, requires_grad=False)
         where = L.positions(fake, hidden)
         mask = L.attention_mask(fake, hidden, where[0])

@@ -152,7 +152,10 @@ class OpRecordsActivations:
         name = _registry().get(f"runtime/{runtime}").selective_policy
         return name, _registry().find(f"checkpoint_policy/{name}")
 
-    def records(self, spec: ModelSpec, kinds: Sequence[str], seq: int, runtime: str) -> Records:
+    def records(self, spec: ModelSpec, kinds: Sequence[str], seq: int, runtime: str,
+                values: Optional[Mapping[str, Any]] = None) -> Records:
+        """The kinds' and the output layer's records; *values* set op-record values over the runtime's
+        (``bytes_act`` 4: fp32 activations)."""
         from ndcost.plugins import op_records
         kernel, overrides = self.attention_kernel(spec, runtime), self._overrides(spec, runtime)
         policy = self._policy(runtime)[1]
@@ -160,9 +163,31 @@ class OpRecordsActivations:
         fused = {k: op_records.runtime_values(spec, k, profile) for k in kinds}  # the runtime's fused modules'
         norm = {name: value for name, value in op_records.runtime_values(spec, spec.kinds[0], profile).items()
                 if name.startswith("norm")}  # the final norm's
-        return ({k: op_records.formula_record(spec, k, seq, attention=kernel, overrides={**overrides, **fused[k]},
-                                              policy=policy) for k in kinds},
-                analytic_output_record(spec, seq, norm))
+        given = dict(values or {})
+        return ({k: op_records.formula_record(spec, k, seq, attention=kernel,
+                                              overrides={**overrides, **fused[k], **given}, policy=policy)
+                 for k in kinds},
+                analytic_output_record(spec, seq, {**norm, **given}))
+
+    def widening(self, spec: ModelSpec, kinds: Sequence[str], seq: int,
+                 runtime: str) -> Tuple[Dict[str, Tuple[float, float]], Tuple[float, float]]:
+        """Per kind, and for the output layer, the ratios of the bytes a token kept with 4-byte activations
+        to those with 2-byte ones (``bytes_act``): the part beside the sequence, the part split by TP (1 where
+        none is kept). What the formulas keep in a fixed dtype (fp32 statistics, int64 labels) does not grow; a
+        norm's 16-bit tensor does (``norm_bytes`` + 2, up to an fp32 input and an fp32 normalized tensor: 8)."""
+        from ndcost.plugins import op_records
+        profile = None if runtime is None else _registry().find(f"runtime/{runtime}")
+        norm_bytes = op_records.values_for(spec, spec.kinds[0], seq=seq, overrides=op_records.runtime_values(
+            spec, spec.kinds[0], profile))["norm_bytes"]
+        narrow, narrow_out = self.records(spec, kinds, seq, runtime)
+        wide, wide_out = self.records(spec, kinds, seq, runtime,
+                                      values={"bytes_act": 4, "norm_bytes": min(float(norm_bytes) + 2.0, 8.0)})
+
+        def ratios(a: KindRecord, b: KindRecord) -> Tuple[float, float]:
+            return tuple(float(getattr(b, f)) / float(getattr(a, f)) if getattr(a, f) else 1.0  # type: ignore[return-value]
+                         for f in ("saved_per_token", "saved_tp_per_token"))
+
+        return {k: ratios(narrow[k], wide[k]) for k in kinds}, ratios(narrow_out, wide_out)
 
     def selective_unpriced(self, spec: ModelSpec, kind: str, runtime: Optional[str]) -> Optional[str]:
         """Why the formulas give *kind* no figure under the runtime's selective policy, or None.
