@@ -18,8 +18,8 @@ columns and priced by :meth:`ndcost.resolver.CostModel.evaluate_many` (the searc
   > 1`` (torchtitan's defaults there), ``pp_engine=torch`` where ``pp > 1``;
 - pruned before pricing: each field's values the model refuses (probed through ``evaluate_many`` itself,
   so the reasons are the model's own), splits whose ``dp * fsdp`` does not divide the batch, ``tp`` and
-  ``etp`` groups larger than a node unless ``within_node=False`` (the time model does not price the expert-TP
-  collectives, so a wide ``etp`` would rank as free), and layouts whose parameters, master copy and optimizer
+  ``etp`` groups larger than a node unless ``within_node=False`` (their collectives run every layer, as
+  trainers keep them on NVLink), and layouts whose parameters, master copy and optimizer
   states alone exceed the memory cap (those three are held at every moment, the base of
   ``ndcost.compose.memory._peak``, so this bound never drops a strategy that fits);
 - the micro-batch bound: within a layout, micro-batch sizes are priced in rising order and the larger
@@ -360,8 +360,8 @@ def _space(model, hardware, devices: int, global_batch: int, seq: int, fractions
         layouts = _keep(layouts, ~beaten)
     if within_node and (layouts["etp"] > node).any():
         pruning.append(Pruning(step="etp within a node", removed=int((layouts["etp"] > node).sum()), of="layouts",
-                               reason=f"etp over more than the {node} devices of a {hardware.name} NVLink domain (the "
-                                      f"time model does not price expert-TP collectives; search across nodes to "
+                               reason=f"etp over more than the {node} devices of a {hardware.name} NVLink domain (its "
+                                      f"all-gathers and reduce-scatters run every layer; search across nodes to "
                                       f"keep it)"))
         layouts = _keep(layouts, layouts["etp"] <= node)
     # ZeRO over dp * cp where FSDP is off (with one such rank it shards nothing); vocab_parallel with tp > 1

@@ -109,3 +109,30 @@ def test_megatron_refuses_the_flag_without_expert_parallelism(tmp_path):
                     "--moe-token-dispatcher-type alltoall\n")
     with pytest.raises(InvalidValue, match="needs expert parallelism"):
         from_config("megatron", str(path), devices=8, model="qwen3-30b-a3b")
+
+
+def test_expert_tp_gathers_and_scatters_the_routed_copies_beside_the_all_to_alls():
+    # Megatron-LM's alltoall dispatcher under etp 2: a rank's 4,096 tokens' 8 copies (bf16) go over EP (4 ranks,
+    # strided by etp) in an all-to-all, then are all-gathered over the expert-TP pair and reduce-scattered back
+    # before the combine's all-to-all, each pass. The overlap hides all four under the other micro-batch's compute,
+    # so the exposed seconds drop by exactly them; at ep 1 the pair alone remains (no all-to-all).
+    from ndcost.compose.topology import group_link
+    from ndcost.plugins.collectives import all_gather_seconds
+
+    model = ndcost.resolve("qwen3-30b-a3b", hardware="h200", census="off")
+    hw, m, layers = model.hardware, 4, 48
+    copies = 4096 * 8 * 2048 * 2
+
+    def pair_seconds(size, stride, ring=True):
+        bw, lat, link = group_link(hw, stride, size, hw.efficiency, ring=ring)
+        return bw.item(), lat.item(), {key: value.item() for key, value in link.items()}
+
+    bw, lat, link = pair_seconds(4, 2, ring=False)
+    a2a = float(all_to_all_seconds(copies, 4, bw, lat, **link))
+    bw, lat, link = pair_seconds(2, 1)
+    gather = float(all_gather_seconds(copies, 2, bw, lat, **link))  # reduce-scatter: NCCL's same model
+    for layout, per_pass in (("ep=4,etp=2", 2 * a2a + 2 * gather), ("etp=2", 2 * gather)):
+        base = f"{layout},dp=8,zero=1,seq=4096,micro_batch=1,num_micro_batches={m}"
+        plain, overlap = model.evaluate(base).time, model.evaluate(base + ",schedule=1f1b-a2a-overlap").time
+        assert plain.exposed_communication_seconds - overlap.exposed_communication_seconds == pytest.approx(
+            m * layers * 2 * per_pass, rel=1e-9)

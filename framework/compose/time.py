@@ -19,8 +19,8 @@ Collectives are the registered ``collective/<name>`` plugins; :data:`OVERLAP_RUL
 
 Known limitations: the CPU (but a CPU optimizer's step, eager dispatch of the layers' kernels and activation
 checkpointing's host work) and the data loader are not priced; the embedding's, head's, loss's and optimizer's
-launches are not counted; groups of different kinds sharing a link do not contend; the expert TP collectives and
-the vocabulary-parallel loss's small all-reduces are not priced; moe imbalance scales the busiest rank's routed
+launches are not counted; groups of different kinds sharing a link do not contend; the vocabulary-parallel
+loss's small all-reduces are not priced; moe imbalance scales the busiest rank's routed
 work and all-to-all volume.
 """
 from __future__ import annotations
@@ -95,7 +95,8 @@ EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
 #   _context_parallel/_attention.py): the K/V all-gather hides behind the first step's kernel, each pass; the
 #   backward's fp32 K/V gradients, sent on after each step, behind the next step's kernel, the last exposed.
 # - cp_ulysses: the all-to-alls of queries, keys, values and the output (their gradients in the backward).
-# - ep: dispatch and combine all-to-alls; a schedule with overlaps_expert_communication (DualPipeV, DeepSeek-V3
+# - ep: dispatch and combine all-to-alls, and where etp > 1 the expert-TP all-gather and reduce-scatter between
+#   them (Megatron-LM's alltoall dispatcher); a schedule with overlaps_expert_communication (DualPipeV, DeepSeek-V3
 #   technical report arXiv:2412.19437 section 3.2.1; Megatron-LM's combined 1F1B, plugins/schedules.py) hides
 #   them behind the other micro-batch's compute.
 # - dp_grad: gradient all-reduce (reduce-scatter under ZeRO >= 1) over dp * fsdp * cp, once a step, bucketed
@@ -128,8 +129,10 @@ OVERLAP_RULES: Mapping[str, str] = {
                "all-gather overlapped with its first step's kernel; the backward's fp32 K/V gradient sends, one a "
                "step, each with the next step's backward kernel, the last exposed; the excess is exposed",
     "cp_ulysses": "exposed: none overlapped",
-    "ep": "exposed, except under a schedule running two micro-batches' passes together (dualpipev, "
-          "interleaved-a2a-overlap, 1f1b-a2a-overlap): overlapped with the layer's compute of the pass",
+    "ep": "the dispatch's and combine's all-to-alls over EP, with the expert-TP all-gather and reduce-scatter "
+          "between them where etp > 1: exposed, except under a schedule running two micro-batches' passes "
+          "together (dualpipev, interleaved-a2a-overlap, 1f1b-a2a-overlap): overlapped with the layer's compute "
+          "of the pass",
     "dp_grad": "overlapped with the last micro-batch's backward (ZeRO-2's, and DDP's under "
                "gradient_sync=every_micro_batch, with each micro-batch's); the excess is exposed; after FSDP's "
                "deferred reduce-scatter (gradient_sync=last_micro_batch) exposed",
@@ -1400,13 +1403,25 @@ def _layer_communication_rows(model: ModelWork, rows: _Rows, cols, layer, overla
                                   tuple(coll.items()))
     cp_fwd, cp_bwd, cp_fwd_exposed, cp_bwd_exposed = (cp_part[key] for key in ("fwd", "bwd", "exposed_fwd",
                                                                                 "exposed_bwd"))
-    expert_parallel = np.count_nonzero(ep > 1)
+    expert_parallel = np.count_nonzero((ep > 1) | (etp > 1))
     if expert_parallel:
+        # Megatron-LM's alltoall dispatcher (megatron/core/transformer/moe/token_dispatcher.py): each rank's
+        # routed copies of its tokens go to their experts' EP ranks (all-to-all, the EP group strided by etp),
+        # then are all-gathered over the expert-TP group (gather_from_sequence_parallel_region) and, back,
+        # reduce-scattered over it before the combine's all-to-all; each pass runs the pair again (their
+        # gradients)
+        copies = (tokens / tp * h * width * rows.imbalance)[:, None] * k["experts_per_token"][None, :]
         bw_ep, lat_ep, link_ep = group_link(hardware, etp, ep, eff, ring=False)
-        token_bytes = (tokens * etp / tp * h * width * rows.imbalance)[:, None]  # a copy of each token
-        ep_msg = token_bytes * k["experts_per_token"][None, :]
-        ep_pass = 2.0 * coll["all_to_all"](ep_msg, ep[:, None], bw_ep[:, None], lat_ep[:, None],  # dispatch, combine
+        ep_pass = 2.0 * coll["all_to_all"](copies, ep[:, None], bw_ep[:, None], lat_ep[:, None],  # dispatch, combine
                                            **{key: value[:, None] for key, value in link_ep.items()})
+        if np.count_nonzero(etp > 1):
+            bw_etp, lat_etp, link_etp = group_link(hardware, np.ones(n), etp, eff)
+            etp_link = {key: value[:, None] for key, value in link_etp.items()}
+            gather = coll["all_gather"](copies, etp[:, None], bw_etp[:, None], lat_etp[:, None], **etp_link)
+            scatter = (gather if coll["reduce_scatter"] is coll["all_gather"]
+                       else coll["reduce_scatter"](copies, etp[:, None], bw_etp[:, None], lat_etp[:, None], **etp_link))
+            ep_pass = ep_pass + np.where((etp > 1)[:, None], gather + scatter, 0.0)
+        token_bytes = (tokens * etp / tp * h * width * rows.imbalance)[:, None]  # a copy of each token, as DeepEP sends
         deepep = (np.asarray(cols["ep_dispatcher"]) == EP_DISPATCHERS.index("deepep")) & (ep > 1)
         sm_share = np.zeros((n, 1))  # the SMs the dispatch kernels hold while they run beside the layer's compute
         if np.count_nonzero(deepep):
