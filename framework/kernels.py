@@ -340,7 +340,10 @@ def _shape_factor(m, n, k, sm_count: Optional[int], bytes_per_flop: float, eleme
     slots = np.ceil(tiles / sm_count) * sm_count if sm_count else tiles  # whole waves of tiles
     waves = groups * m * n / (slots * GEMM_TILE * GEMM_TILE)
     intensity = 2.0 * m * n * k / (element_bytes * (m * k + k * n + m * n))
-    return waves * np.minimum(1.0, intensity * bytes_per_flop)  # intensity / ridge, the ridge peak / HBM
+    roof = np.minimum(1.0, intensity * bytes_per_flop)  # intensity / ridge, the ridge peak / HBM
+    # the tile-quantized compute time plus the memory time beyond the ideal compute's: each factor alone where
+    # the other is 1, and a skinny GEMM's time its weights' read, not the product's m^2 fall
+    return 1.0 / (1.0 / waves + 1.0 / roof - 1.0)
 
 
 @functools.lru_cache(maxsize=256)
@@ -353,8 +356,9 @@ def prior_gemm_efficiency(m, n, k, *, stated: Any, sm_count: Optional[int], peak
                           hbm_bytes_per_second: float, element_bytes: float, groups=1.0) -> np.ndarray:
     """The analytic prior of a GEMM's efficiency, ``(m x k) @ (k x n)``, vectorized: no measurement behind it.
 
-    ``f(m, n, k) = waves x roof``, normalized so :data:`REFERENCE_GEMM` lands at *stated* (the hardware's
-    ``efficiency.matmul``, fitted on large GEMMs), and capped at 1:
+    ``1 / f(m, n, k) = 1 / waves + 1 / roof - 1`` (the tile-quantized compute time plus the memory time beyond
+    the ideal compute's: either factor alone where the other is 1), normalized so :data:`REFERENCE_GEMM` lands
+    at *stated* (the hardware's ``efficiency.matmul``, fitted on large GEMMs), and capped at 1:
 
     - waves: the output is cut into ``GEMM_TILE`` x ``GEMM_TILE`` tiles, one streaming multiprocessor
       a tile at a time; ``T = ceil(m / 128) ceil(n / 128)`` tiles run in ``ceil(T / sm_count)`` waves,

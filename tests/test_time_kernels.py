@@ -13,6 +13,7 @@ import attrs
 import numpy as np
 import pytest
 
+import ndcost
 from ndcost import kernels
 from ndcost.compose import time as ct
 from ndcost.errors import InvalidValue
@@ -168,10 +169,22 @@ def test_the_prior_counts_waves_of_tiles(h200):
     assert intensity < 989e12 / 4.8e12
     got = kernels.gemm_efficiency(h200, None, "bf16", m, n, k, stated=stated)
     assert got == pytest.approx(stated * intensity / (989e12 / 4.8e12) / reference, rel=1e-12)
-    # a grouped GEMM of 8 experts of 33 tiles each (264 tiles): two full waves, as one problem of 264 tiles
-    grouped = kernels.gemm_efficiency(h200, None, "bf16", 128 * 33, 128, 65536, stated=stated, groups=8.0)
-    alone = kernels.gemm_efficiency(h200, None, "bf16", 128 * 33, 128, 65536, stated=stated)
-    assert grouped / alone == pytest.approx(132 / 33, rel=1e-12)  # alone: 33 tiles fill a quarter of a wave
+    # a grouped GEMM of 8 experts of 33 tiles each (264 tiles): two full waves, as one problem of 264 tiles; alone,
+    # 33 tiles fill a quarter of a wave. Below the ridge (roof r) the two costs add, 1 / f = 1 / waves + 1 / r - 1:
+    # grouped r, alone 1 / (4 + 1 / r - 1)
+    m = 128 * 33
+    roof = (m * 128 * 65536 / (m * 65536 + 65536 * 128 + m * 128)) / (989e12 / 4.8e12)
+    grouped = kernels.gemm_efficiency(h200, None, "bf16", m, 128, 65536, stated=stated, groups=8.0)
+    alone = kernels.gemm_efficiency(h200, None, "bf16", m, 128, 65536, stated=stated)
+    assert grouped / alone == pytest.approx(roof * (3 + 1 / roof), rel=1e-12)
+    # a skinny GEMM (one token through an 8B layer's MLP) costs its weights' read, not m^2 less: a 128th of a
+    # tile and an intensity of about one FLOP a byte, 1 / f = 128 + 1 / r - 1
+    m, n, k = 1, 14336, 4096
+    roof = (m * n * k / (m * k + k * n + m * n)) / (989e12 / 4.8e12)
+    tiles = np.ceil(n / 128)
+    waves = m * n / (np.ceil(tiles / 132) * 132 * 128 * 128)
+    got = kernels.gemm_efficiency(h200, None, "bf16", m, n, k, stated=stated)
+    assert got == pytest.approx(stated / (1 / waves + 1 / roof - 1) / reference, rel=1e-12)
 
 
 def test_tensor_parallel_splits_move_the_shapes(h200):
@@ -304,3 +317,11 @@ def test_analytic_launches_equal_the_census_count(name):
     assert "census launches" in census_work.source
     assert analytic_work.launches_per_layer == census_work.launches_per_layer == {"llama-3.1-8b": 38,
                                                                                   "qwen3-8b": 54}[name]
+
+
+def test_fewer_tokens_never_take_longer():
+    """A micro-batch of fewer tokens runs the same kernels on less data: its step is no longer (one token is
+    bound by the weights' reads and the launches, not by a GEMM prior falling as m^2)."""
+    model = ndcost.resolve("llama-3.1-8b", hardware="h200", census="off")
+    steps = model.evaluate_many({"seq": [1, 4, 16, 64, 256, 1024, 4096]}).time["step_seconds"]
+    assert (np.diff(steps) >= 0).all()
