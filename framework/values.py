@@ -611,7 +611,11 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                      synonyms=("zero_stage", "deepspeed_zero", "zero_optimization", "distributed_optimizer")),
     "sp": FieldDoc(meaning="sequence parallelism: the activations outside tensor-parallel regions split over tp",
                    synonyms=("sequence_parallel", "sequence_parallelism")),
-    "cp_algo": FieldDoc(meaning="how context parallelism exchanges keys and values",
+    "cp_algo": FieldDoc(meaning="how context parallelism exchanges keys and values: ring (torch's), ulysses "
+                                "(all-to-alls of heads), colossal (Colossal-AI's ring) or hybrid (Transformer "
+                                "Engine's a2a+p2p); the time model prices colossal's and hybrid's exchanges as "
+                                "ring's (their double ring and all-to-all stage not apart), the memory model each "
+                                "as its own",
                         synonyms=("cp_comm_type", "context_parallel_algorithm", "cp_algorithm", "cp_method")),
     "schedule": FieldDoc(meaning="pipeline schedule (a schedule plugin; `ndcost list schedules`)",
                          synonyms=("pipeline_schedule", "pp_schedule")),
@@ -731,8 +735,10 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                 "outputs once (an analytic fused count a kind: norms, residual adds, rotary, the "
                                 "MLP activation; copies, linear attention's gating and a complex rotary, which "
                                 "Inductor does not fuse (the runtime's rotary), as eager); saved activations "
-                                "unchanged (the partitioner's recompute of pointwise ops is not priced); launches "
-                                "are not priced either way",
+                                "unchanged (the partitioner's recompute of pointwise ops is not priced); the "
+                                "launch floor (a pass's kernels times the host's dispatch) stays eager's: compile's "
+                                "fewer, cheaper launches are not priced, so where that floor binds (few tokens a "
+                                "rank) compile changes nothing",
                         synonyms=("torch_compile", "compile_model", "enable_compile", "inductor")),
     "async_tp": FieldDoc(meaning="async tensor parallelism (torchtitan enable_async_tensor_parallel, torch "
                                  "_micro_pipeline_tp): SP's all-gathers and reduce-scatters fused with their "

@@ -20,7 +20,8 @@ Collectives are the registered ``collective/<name>`` plugins; :data:`OVERLAP_RUL
 Known limitations: the CPU (but a CPU optimizer's step, eager dispatch of the layers' kernels and activation
 checkpointing's host work) and the data loader are not priced; the embedding's, head's, loss's and optimizer's
 launches are not counted; groups of different kinds sharing a link do not contend; the vocabulary-parallel
-loss's small all-reduces are not priced; moe imbalance scales the busiest rank's routed
+loss's small all-reduces are not priced; Colossal-AI's and hybrid CP (``cp_algo``) exchange as ring's does (their
+double ring and all-to-all stage not priced apart); moe imbalance scales the busiest rank's routed
 work and all-to-all volume.
 """
 from __future__ import annotations
