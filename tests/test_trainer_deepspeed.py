@@ -52,13 +52,19 @@ def test_zero2_cpu_offload_config_field_by_field():
     assert "zero_optimization.cpu_offload" in config.read_fields
 
 
-def test_zero3_parameter_offload_config_field_by_field():
-    config = read("ds_offload_cpu.json", 1)
+def test_zero3_parameter_offload_config_field_by_field(tmp_path):
+    # ds_offload_cpu.json offloads the parameters alone; with the optimizer offloaded too (what ndcost prices)
+    data = json.loads((DATA / "ds_offload_cpu.json").read_text())
+    data["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    path = tmp_path / "ds_offload_cpu_and_optimizer.json"
+    path.write_text(json.dumps(data))
+    config = from_config("deepspeed", str(path), devices=1, model="llama-3.1-8b")
     assert config.strategy == Strategy(
-        zero=3,                # stage 3
-        offload_params=True,   # offload_param.device cpu
+        zero=3,                   # stage 3
+        offload_params=True,      # offload_param.device cpu
+        offload_optimizer=True,   # offload_optimizer.device cpu
         micro_batch=1, num_micro_batches=1,  # train_batch_size 1 on one rank
-        param_dtype="fp32")    # neither fp16 nor bf16: fp32 throughout
+        param_dtype="fp32")       # neither fp16 nor bf16: fp32 throughout
     assert "zero_optimization.offload_param.buffer_size" in config.ignored_fields  # "auto", with no bearing
 
 
@@ -67,6 +73,7 @@ def test_zero3_parameter_offload_config_field_by_field():
     ("ds_offload_nvme_aio.json", "zero_optimization.offload_param.device", "nvme offload is not priced"),
     ("ds_config_z3.json", "train_micro_batch_size_per_gpu", '"auto" is filled in by the Hugging Face Trainer'),
     ("bf16_full.json", "torch_autocast", "not read yet"),
+    ("ds_offload_cpu.json", "zero_optimization.offload_param", "parameter offload with the optimizer on the device"),
 ])
 def test_real_configs_it_cannot_price_are_refused_by_name(name, field, words):
     with pytest.raises(InvalidValue) as info:
@@ -231,3 +238,11 @@ def test_any_config_is_read_or_refused_with_an_ndcost_error(doc):
         except NdcostError:
             return
         assert config.strategy.devices == 8
+
+
+def test_a_batch_below_the_data_parallel_ranks_is_refused_saying_so(tmp_path):
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps({"train_batch_size": 1, "bf16": {"enabled": True}}))
+    with pytest.raises(InvalidValue, match=r"train_batch_size: 1 is below the 8 data-parallel ranks .* each takes "
+                                           r"at least one sequence a step; give a train_batch_size of at least 8"):
+        from_config("deepspeed", str(path), devices=8, model="llama-3.1-8b")

@@ -232,6 +232,12 @@ def _zero(f: _File, defaults: List[str]) -> Dict[str, Any]:
     if f.value(zero, "cpu_offload", "zero_optimization.cpu_offload", bool, False):
         fields["offload_optimizer"] = True
         defaults.append("zero_optimization.cpu_offload (deprecated) is offload_optimizer.device cpu")
+    if fields.get("offload_params") and not fields.get("offload_optimizer"):
+        raise f.refuse("zero_optimization.offload_param", "parameter offload with the optimizer on the device "
+                       "(ZeRO-Infinity's partitioned parameters on the host, the fp32 master copy and states "
+                       "stepped on the GPU) is not priced: ndcost prices parameter offload with the optimizer "
+                       "stepping them on the host", "add \"offload_optimizer\": {\"device\": \"cpu\"} in a copy, "
+                       "or remove offload_param")
     return fields
 
 
@@ -257,6 +263,10 @@ def _batch(f: _File, dp: int, defaults: List[str]) -> Dict[str, Any]:
         train = micro * accumulation * dp
         defaults.append(f"train_batch_size = {micro} * {accumulation} * {dp} = {train}")
     assert micro is not None and accumulation is not None
+    if train is not None and train < dp:
+        raise f.refuse("train_batch_size", f"{train} is below the {dp} data-parallel ranks (--devices over "
+                       f"autotp_size and sequence_parallel_size): each takes at least one sequence a step",
+                       f"give a train_batch_size of at least {dp}, or fewer --devices")
     if micro < 1 or accumulation < 1 or train != micro * accumulation * dp:
         raise f.refuse("train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps",
                        f"{train} != {micro} * {accumulation} * {dp} data-parallel ranks (--devices over "
