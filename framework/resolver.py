@@ -42,6 +42,7 @@ from ndcost.values import (
     FLOAT8_RECIPES,
     GRADIENT_SYNC,
     MEMORY_CATEGORIES,
+    RECOMPUTE,
     SHARD_MESHES,
     Hardware,
     ModelSpec,
@@ -882,6 +883,10 @@ class CostModel:
             largest_stage = np.where(explicit, largest_stage, L // nv)
         # a chunk recomputes its first recompute_layers layers (compose/placement.py): no more than it holds
         rl = c["recompute_layers"]
+        batch.refuse((rl > 0) & (c["recompute"] == RECOMPUTE.index("none")),
+                     lambda i: f"recompute_layers={rl[i]} with recompute=none: it counts the layers a recompute "
+                               f"mode recomputes; set recompute=full, selective or core_attention, or leave "
+                               f"recompute_layers unset")
         batch.refuse(rl > largest_stage,
                      lambda i: f"recompute_layers={rl[i]} exceeds the {largest_stage[i]} layers the largest of the "
                                f"pp * vpp = {nv[i]} pipeline stages holds ({L} layers); give at most "

@@ -532,3 +532,12 @@ def test_the_formulas_price_selective_only_where_they_price_the_runtimes_policy(
     # and it runs the attention function again, as core_attention does (no weight matmul: no shares stated)
     assert selective.time.step_seconds == core.time.step_seconds
     assert selective.time.step_seconds > model.evaluate(strategy.replace("selective", "none")).time.step_seconds
+
+
+def test_recompute_layers_without_a_recompute_mode_is_refused():
+    import ndcost
+    model = ndcost.resolve("llama-3.1-8b", hardware="h200", census="off")
+    with pytest.raises(InvalidStrategy, match=r"recompute_layers=16 with recompute=none: it counts the layers a "
+                                              r"recompute mode recomputes"):
+        model.evaluate("fsdp=8,seq=4096,recompute_layers=16")
+    assert model.evaluate("fsdp=8,seq=4096,recompute_layers=16,recompute=full").valid
