@@ -1,9 +1,9 @@
 """The ``ndcost`` command line.
 
 Conventions for every subcommand: ``--json`` writes exactly one strict JSON document (no NaN or Infinity)
-to stdout; progress, warnings and logs go to stderr; exit 0 on success, 2 for
-usage errors, 1 for refusals, each refusal one line saying what was wrong and
-how to fix it (a traceback only with ``--debug``).
+to stdout, a refusal's ``{"error": {"command", "kind", "message"}}``; progress, warnings and logs go to
+stderr; exit 0 on success, 2 for usage errors, 1 for refusals, each refusal one line saying what was wrong
+and how to fix it (a traceback only with ``--debug``).
 """
 from __future__ import annotations
 
@@ -140,13 +140,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except NdcostError as exc:
         if args.debug:
             raise
-        print(f"ndcost {args.command}: {_one_line(exc)}", file=sys.stderr)
-        return 1
+        return _refused(args, exc, f"ndcost {args.command}: {_one_line(exc)}")
     except (ValueError, KeyError, OSError) as exc:
         if args.debug:
             raise
-        print(f"ndcost {args.command}: {_one_line(exc)} (rerun with --debug for a traceback)", file=sys.stderr)
-        return 1
+        return _refused(args, exc, f"ndcost {args.command}: {_one_line(exc)} (rerun with --debug for a traceback)")
     except KeyboardInterrupt:
         if args.debug:
             raise
@@ -167,6 +165,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     if out.failure:
         print(f"ndcost {args.command}: {_one_line(Exception(out.failure))}", file=sys.stderr)
     return out.exit_code
+
+
+def _refused(args: argparse.Namespace, exc: BaseException, line: str) -> int:
+    """A refusal: its one line on stderr, and under ``--json`` one document on stdout saying it
+    (``{"error": {"command", "kind", "message"}}``), so a pipe reading JSON reads why."""
+    print(line, file=sys.stderr)
+    if args.json:
+        try:
+            sys.stdout.write(json_text({"error": {"command": args.command, "kind": type(exc).__name__,
+                                                  "message": _one_line(exc)}}) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
 
 
 def _one_line(exc: BaseException) -> str:

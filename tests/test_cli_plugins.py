@@ -67,7 +67,7 @@ def test_refusal_is_one_line_exit_1(fresh, monkeypatch, capsys):
     monkeypatch.setattr(manager, "_entry_points", lambda: [ep for ep in real() if ep.name != "storage"])
     assert main(["plugins", "--json"]) == 1
     captured = capsys.readouterr()
-    assert captured.out == ""
+    assert json.loads(captured.out)["error"]["command"] == "plugins"  # the refusal's document
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ndcost plugins:") and "pip install" in lines[0]
 
@@ -161,8 +161,10 @@ def test_refusal_of_each_command_is_one_line_exit_1_and_debug_shows_the_tracebac
     assert main(argv + ["--json"]) == 1
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
-    assert captured.out == "" and len(lines) == 1, captured.err
+    assert len(lines) == 1, captured.err
     assert lines[0].startswith(f"ndcost {command}: ") and names in lines[0] and "Traceback" not in lines[0]
+    assert json.loads(captured.out)["error"] == {"command": command, "kind": json.loads(captured.out)["error"]["kind"],
+                                                 "message": lines[0][len(f"ndcost {command}: "):]}
     with pytest.raises(ndcost.NdcostError):
         main(argv + ["--debug"])
 
@@ -175,8 +177,9 @@ def test_refusal_and_usage_error_in_a_subprocess(tmp_path):
     script = shutil.which("ndcost") or pytest.skip("the ndcost console script is not on PATH")
     argv, names = REFUSALS["estimate"]
     refused = subprocess.run([script, *argv, "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.returncode == 1 and json.loads(refused.stdout)["error"]["command"] == "estimate"
     assert refused.stderr.count("\n") == 1 and names in refused.stderr
+    assert json.loads(refused.stdout)["error"]["message"] in refused.stderr
     debug = subprocess.run([script, *argv, "--debug"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "InvalidValue" in debug.stderr
     usage = subprocess.run([script, "estimate", "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=120)

@@ -323,3 +323,11 @@ def test_readme_calibration_example_keeps_the_fit_and_says_how_much_moved():
     said = " ".join(text.split())
     assert (f"{data['rms_log_error_prior']:.2%} with h200's efficiencies and launch costs, "
             f"{data['rms_log_error_fitted']:.2%} fitted" in said)
+
+
+def test_a_refusal_under_json_is_one_document_saying_it():
+    done = ndcost("estimate", "llama-3.1-8b", "--strategy", "tp=3,seq=4096", "--census", "off", "--json",
+                  check=False)
+    error = json.loads(done.stdout)["error"]
+    assert done.returncode == 1 and error["command"] == "estimate" and error["kind"] == "InvalidStrategy"
+    assert "tp=3 does not divide num_attention_heads=32" in error["message"] and error["message"] in done.stderr

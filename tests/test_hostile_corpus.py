@@ -6,6 +6,7 @@ stdout, and no exception but an NdcostError reaching the CLI's generic handlers 
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -92,7 +93,11 @@ def test_hostile_file_is_refused(name, tmp_path):
     assert run.returncode == 1, f"{name}: exit {run.returncode}, stderr {run.stderr!r}"
     lines = run.stderr.splitlines()
     assert len(lines) == 1, f"{name}: {len(lines)} stderr lines: {run.stderr!r}"
-    assert run.stdout == "", f"{name}: a refusal wrote to stdout: {run.stdout[:200]!r}"
+    if "--json" in _argv(name):  # the refusal's one document, naming what the stderr line says
+        error = json.loads(run.stdout)["error"]
+        assert error["message"] in run.stderr and set(error) == {"command", "kind", "message"}, run.stdout[:200]
+    else:
+        assert run.stdout == "", f"{name}: a refusal wrote to stdout: {run.stdout[:200]!r}"
 
 
 def test_corpus_readme_lists_every_file():
