@@ -49,6 +49,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
@@ -769,6 +770,10 @@ def search_grid(model: Any, *, devices: Iterable[int], hardware: Iterable[Any], 
 def _search_one(model, reference, devices: int, hw_name: Any, hw, global_batch: int, seq: int,
                 options: SearchSettings) -> SearchResult:
     cap = options.memory_cap_bytes or int(hw.usable_memory_bytes)
+    if cap > int(hw.usable_memory_bytes):
+        warnings.warn(f"memory cap {cap / GIB:.1f} GiB is above what a {hw.name} can use ("
+                      f"{int(hw.usable_memory_bytes) / GIB:.1f} GiB: its memory less the CUDA context): strategies "
+                      f"listed as fitting may not run on it", stacklevel=3)
     pruning: List[Pruning] = []
     where = f"{model.spec.name} on {devices} {hw.name}"
     layouts, inner = _space(model, hw, devices, global_batch, seq, options.recompute_layer_fractions, pruning,

@@ -366,3 +366,8 @@ def test_a_search_can_keep_to_a_trainers_schedules():
     assert all(c.strategy.pp == 1 for c in only.candidates if c.strategy.schedule == "1f1b")
     with pytest.raises(InvalidValue, match="schedules zero-bubble: not registered"):
         search(moe, devices=4, global_batch=4, seq=4096, schedules=("zero-bubble",))
+
+
+def test_a_cap_above_the_device_warns(llama):
+    with pytest.warns(UserWarning, match=r"memory cap 500.0 GiB is above what a h200 can use \(139.9 GiB"):
+        search(llama, devices=2, global_batch=2, seq=1024, memory_cap_bytes=500 * GIB, top=1)

@@ -221,7 +221,8 @@ def census_kind(config: Any, layer_index: int, seq: int, runtime: Any, kind: str
     saved, saved_tp = split(own_bytes(plain_1, "saved"), own_bytes(plain_2, "saved"), seq)
     working, working_tp = split(own_bytes(plain_1, "working"), own_bytes(plain_2, "working"), seq)
     autocast = autocast_figures(lambda tp_config: _measure_plain(tp_config, layer_index, seq, runtime, autocast=True),
-                                 one, two, seq, lambda why: say(f"  {kind}: not measured under autocast ({why})"))
+                                 one, two, seq, lambda why: say(f"  {kind}: not measured under autocast ({why}); fp32 "
+                                                                f"parameters under autocast take the 16-bit figures"))
     selective, selective_tp = split(sel_1.saved_bytes, sel_2.saved_bytes, seq)
     ops, ops_tp = {}, {}
     for op in OPS:
