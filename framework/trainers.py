@@ -140,6 +140,11 @@ def _with_overrides(config: TrainerConfig, strategy: Any) -> TrainerConfig:
     current = config.strategy.to_dict()
     merged = {**config.strategy.to_dict(defaults=False), **given}
     new = Strategy.from_mapping(merged)
+    if config.devices is not None and new.devices != config.devices:
+        raise InvalidValue(f"{config.kind} config {config.path}: the strategy given beside it "
+                           f"({', '.join(f'{k}={_text(v)}' for k, v in given.items())}) makes it span {new.devices} "
+                           f"devices (dp * fsdp * cp * tp * pp), not the --devices {config.devices} it was read "
+                           f"for; give --devices {new.devices}, or fields whose product stays {config.devices}")
     notes = []
     for key in given:
         before, after = current.get(key), new.to_dict()[key]

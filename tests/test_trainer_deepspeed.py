@@ -246,3 +246,11 @@ def test_a_batch_below_the_data_parallel_ranks_is_refused_saying_so(tmp_path):
     with pytest.raises(InvalidValue, match=r"train_batch_size: 1 is below the 8 data-parallel ranks .* each takes "
                                            r"at least one sequence a step; give a train_batch_size of at least 8"):
         from_config("deepspeed", str(path), devices=8, model="llama-3.1-8b")
+
+
+def test_fields_beside_a_file_keep_the_devices_it_was_read_for():
+    # ds_config_func_bs8_zero0_gas3.json on 4 ranks: dp=4; tp=2 beside it would span 8 devices
+    with pytest.raises(InvalidValue, match=r"the strategy given beside it \(tp=2\) makes it span 8 devices .*not the "
+                                           r"--devices 4 it was read for; give --devices 8"):
+        read("ds_config_func_bs8_zero0_gas3.json", 4, strategy="tp=2")
+    assert read("ds_config_func_bs8_zero0_gas3.json", 4, strategy="seq=2048").strategy.devices == 4
