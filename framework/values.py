@@ -603,7 +603,9 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
     "ep": FieldDoc(meaning="expert-parallel ranks splitting the routed experts (taken out of dp * fsdp * cp * tp)",
                    unit="ranks", synonyms=("expert_parallel", "expert_model_parallel_size", "ep_size",
                                            "moe_expert_parallel")),
-    "etp": FieldDoc(meaning="tensor-parallel ranks splitting each routed expert's width", unit="ranks",
+    "etp": FieldDoc(meaning="tensor-parallel ranks splitting each routed expert's width (1: every TP rank holds "
+                            "its experts whole; Megatron-LM's --expert-tensor-parallel-size defaults to tp, which "
+                            "its reader sets)", unit="ranks",
                     synonyms=("expert_tensor_parallel", "expert_tensor_parallel_size", "etp_size")),
     "zero": FieldDoc(meaning="ZeRO stage without FSDP: 1 shards optimizer states and master copy over dp (and cp, "
                              "as shard_mesh says), 2 also gradients, 3 also parameters; 0 shards nothing",
