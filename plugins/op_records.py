@@ -986,7 +986,6 @@ def _partial_rotary_factor(spec: ModelSpec) -> Optional[float]:
     """Transformers' ``partial_rotary_factor`` of *spec*'s config (its text part's): top level, or in
     ``rope_parameters`` (Transformers 5) or ``rope_scaling``, else the family's default (its config class's:
     GLM-4.5's 0.5, Qwen3-Next's and Qwen3.5's 0.25); None where neither states one (the whole head)."""
-    from ndcost.models import family_for
     config = dict(spec.hf_config)
     text = config.get("text_config")
     if isinstance(text, Mapping):
@@ -994,8 +993,14 @@ def _partial_rotary_factor(spec: ModelSpec) -> Optional[float]:
     for where in (config, config.get("rope_parameters"), config.get("rope_scaling")):
         if isinstance(where, Mapping) and where.get("partial_rotary_factor") is not None:
             return float(where["partial_rotary_factor"])
-    default = (getattr(family_for(spec.model_type), "defaults", None) or {}).get("partial_rotary_factor")
+    default = _family_default(spec, "partial_rotary_factor")
     return None if default is None else float(default)
+
+
+def _family_default(spec: ModelSpec, name: str) -> Any:
+    """The config field *name* where *spec*'s family states its config class's default for it, else None."""
+    from ndcost.models import family_for
+    return (getattr(family_for(spec.model_type), "defaults", None) or {}).get(name)
 
 
 def family_values(spec: ModelSpec) -> Dict[str, Number]:
@@ -1020,10 +1025,12 @@ def runtime_values(spec: ModelSpec, kind: str, profile: Any) -> Dict[str, Number
     - ``silu_gated_mlp``, where the kind's dense (or shared-expert) MLP is SiLU-gated: the kernel keeps its input,
       the gate and up projections' output (one call), so 2 feed-forward-wide tensors (``act_widths``,
       ``act_fused``); the routed experts keep their own (``expert_act_widths``, as without the runtime);
-    - ``silu_gated_experts``, where the kind's routed experts are SiLU-gated without biases or a clamp (the
-      unfused activation's 3 expert-wide tensors, no ``swiglu_limit``): the activation keeps its input (2 expert-wide tensors) and the
-      routing weights it scales by, the combine no expert output (``expert_weighted_act``), and the permutation
-      its row map (``row_id_map``).
+    - ``gated_experts``, where the kind's routed experts are SiLU-gated without biases or a clamp (the
+      unfused activation's 3 expert-wide tensors, no ``swiglu_limit``): the activation keeps its input (2
+      expert-wide tensors) and the routing weights it scales by, the combine no expert output
+      (``expert_weighted_act``), and the permutation its row map (``row_id_map``); GPT-OSS's clamped experts
+      (Transformers' 6 expert-wide tensors) keep the gate-and-up output the clamps read and the clamped copy the
+      weighted quick-GeGLU reads, 4.
     """
     if profile is None:
         return {}
@@ -1037,10 +1044,13 @@ def runtime_values(spec: ModelSpec, kind: str, profile: Any) -> Dict[str, Number
     plain = model_values(spec, kind)
     if "silu_gated_mlp" in fused and info.gated_mlp and info.activation in GATED_ACTIVATIONS:
         out.update(act_widths=2, act_fused=1, expert_act_widths=plain.get("expert_act_widths", plain["act_widths"]))
-    if ("silu_gated_experts" in fused and plain.get("moe") and info.activation in GATED_ACTIVATIONS
-            and plain.get("expert_act_widths", plain.get("act_widths")) == 3
-            and not dict(spec.hf_config).get("swiglu_limit")):  # clamped experts stay Transformers' own
-        out.update(expert_act_widths=2, expert_weighted_act=1, row_id_map=1)
+    widths = plain.get("expert_act_widths", plain.get("act_widths"))
+    if "gated_experts" in fused and plain.get("moe"):
+        clamped = dict(spec.hf_config).get("swiglu_limit", _family_default(spec, "swiglu_limit"))
+        if widths == 3 and info.activation in GATED_ACTIVATIONS and not clamped:
+            out.update(expert_act_widths=2, expert_weighted_act=1, row_id_map=1)
+        elif widths == 6:  # GPT-OSS's clamped experts (the family's stated figure)
+            out.update(expert_act_widths=4, expert_weighted_act=1, row_id_map=1)
     return out
 
 

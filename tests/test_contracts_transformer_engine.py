@@ -19,6 +19,7 @@ from _helpers import small_llama_config  # noqa: E402
 
 import ndcost  # noqa: E402
 from ndcost.manager import registry  # noqa: E402
+from ndcost.models import load_model  # noqa: E402
 from ndcost.plugins import op_records  # noqa: E402
 from ndcost.plugins.runtimes import profile_from_mapping  # noqa: E402
 
@@ -52,15 +53,16 @@ def test_the_fused_norms_and_swiglu_keep_what_the_kernels_keep():
 
 def test_the_formulas_take_the_fused_modules_values():
     # a Llama layer: 2 bytes an element and 4 a row for each norm, 2 feed-forward-wide tensors for the activation
-    spec = ndcost.models.load_model("llama-3.1-8b")
+    spec = load_model("llama-3.1-8b")
     te, plain = registry().get("runtime/megatron-te-cuda"), registry().get("runtime/hf-cuda-fused")
     assert op_records.runtime_values(spec, "dense", te) == {"norm_bytes": 2, "norm_row_bytes": 4, "act_widths": 2,
                                                            "act_fused": 1, "expert_act_widths": 3}
     assert op_records.runtime_values(spec, "dense", plain) == {}
-    # GPT-OSS: RMSNorms fused; its experts (no dense MLP to fuse) keep their clamped SwiGLU's six widths
-    gpt_oss = ndcost.models.load_model("gpt-oss-20b")
+    # GPT-OSS: RMSNorms fused; its clamped experts as Megatron-LM's grouped MLP runs them (te-grouped-mlp): four
+    # expert-wide tensors where Transformers' keep six
+    gpt_oss = load_model("gpt-oss-20b")
     values = op_records.runtime_values(gpt_oss, gpt_oss.kinds[0], te)
-    assert (values["norm_bytes"], values["norm_row_bytes"], values["expert_act_widths"]) == (2, 4, 6)
+    assert (values["norm_bytes"], values["norm_row_bytes"], values["expert_act_widths"]) == (2, 4, 4)
 
 
 def test_llama_70b_megatron_layer_as_transformer_engine_keeps_it():
@@ -84,7 +86,7 @@ def test_llama_70b_megatron_layer_as_transformer_engine_keeps_it():
 # input, the gate, its SiLU, the up projection, the down projection's input and the weighted output with its
 # weight: 2 h + 3 x 2 I + 2 I + 2 h + 4 (the op records' routed and combine terms).
 def test_the_routed_experts_keep_what_megatron_grouped_mlp_keeps():
-    spec = ndcost.models.load_model("qwen3-30b-a3b")
+    spec = load_model("qwen3-30b-a3b")
     kind = spec.kinds[0]
     formulas = registry().get("estimator/activations/op_records")
     h, i, k = 2048, 768, 8
@@ -94,9 +96,15 @@ def test_the_routed_experts_keep_what_megatron_grouped_mlp_keeps():
     te = registry().get("runtime/megatron-te-cuda")
     values = op_records.runtime_values(spec, kind, te)
     assert (values["expert_act_widths"], values["expert_weighted_act"], values["row_id_map"]) == (2, 1, 1)
-    # GPT-OSS's clamped, biased experts stay Transformers' own
-    gpt_oss = ndcost.models.load_model("gpt-oss-20b")
-    assert "expert_weighted_act" not in op_records.runtime_values(gpt_oss, gpt_oss.kinds[0], te)
+    # GPT-OSS (hidden 2880, experts 2880 wide, top 4) under weighted_bias_quick_geglu_impl: a route keeps
+    # linear_fc1's input (2 h), its output the eager clamps read (2 x 2 I), the clamped copy torch.cat makes for
+    # WeightedQuickGeGLUFunction (2 x 2 I) with its bf16 weight (2), and linear_fc2's input (2 I)
+    gpt_oss = load_model("gpt-oss-20b")
+    h, i, k = 2880, 2880, 4
+    assert formulas.routed_bytes(gpt_oss, gpt_oss.kinds[0], 4096, "megatron-te-cuda")[0] == k * (2 * h + 10 * i + 2)
+    # DeepSeek-V4's clamped experts (no biases) stay Transformers' own
+    v4 = load_model("deepseek-v4-flash")
+    assert all("expert_weighted_act" not in op_records.runtime_values(v4, kind, te) for kind in v4.kinds)
 
 
 @pytest.mark.slow
@@ -122,3 +130,27 @@ def test_the_census_of_megatron_grouped_mlp_keeps_the_routes_inputs_weights_and_
                                                                 "ffMM")]
     with L.fake_layer(config, 0, te) as fake:
         assert type(fake.layer.mlp.experts).__name__ == "TeGroupedMLP"
+
+
+@pytest.mark.slow
+def test_the_census_of_gpt_oss_experts_under_megatron_keeps_the_clamps_and_the_clamped_copy():
+    from transformers import GptOssConfig
+
+    from ndcost.plugins.census import layer as L
+    from ndcost.plugins.census import records as R
+
+    tokens, hidden, inner, experts, top_k = 64, 256, 96, 8, 2
+    config = GptOssConfig(hidden_size=hidden, intermediate_size=inner, num_local_experts=experts,
+                          num_experts_per_tok=top_k, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                          num_hidden_layers=1, vocab_size=128, layer_types=["full_attention"])
+    te = R.runtime_profile("megatron-te-cuda")
+    routes = tokens * top_k
+    saved = list(R._measure_plain(config, 0, tokens, te).saved_tensors)  # (shape, dtype, bytes, op)
+    assert ((routes, hidden), "bfloat16", routes * hidden * 2, "ffMM") in saved        # linear_fc1's input
+    assert ((routes, inner), "bfloat16", routes * 2 * inner * 2, "ffMM") in saved      # its output, the clamps'
+    assert ((routes, 2 * inner), "bfloat16", routes * 2 * inner * 2, "ffAct") in saved  # the clamped copy
+    assert ((routes, 1), "bfloat16", routes * 2, "ffAct") in saved                     # the routing weights
+    assert ((routes, inner), "bfloat16", routes * inner * 2, "ffMM") in saved          # linear_fc2's input
+    assert ((tokens, 2 * experts + 1), "int32", tokens * (2 * experts + 1) * 4, "other") in saved
+    with L.fake_layer(config, 0, te) as fake:
+        assert type(fake.layer.mlp.experts).__name__ == "TeClampedGroupedMLP"

@@ -26,10 +26,10 @@ from ndcost.errors import InvalidValue, NdcostError
 
 # Modules a contract's kernel may stand for through a runtime's replacement (Contract.fuses): an RMSNorm with a
 # weight, run by one kernel keeping its 16-bit input and an fp32 rstd a row; a SiLU-gated MLP whose gate and up
-# projections are one matmul feeding one kernel that keeps its input alone; SiLU-gated routed experts whose
-# activation is one kernel keeping its input and the routing weights it scales by, so the combine keeps none of
-# the experts' outputs (Megatron-LM's TEGroupedMLP).
-FUSED_MODULES = ("rms_norm", "silu_gated_mlp", "silu_gated_experts")
+# projections are one matmul feeding one kernel that keeps its input alone; routed experts whose gated activation
+# (SiLU, or GPT-OSS's clamped quick-GELU) is one kernel keeping its input and the routing weights it scales by, so
+# the combine keeps none of the experts' outputs (Megatron-LM's TEGroupedMLP).
+FUSED_MODULES = ("rms_norm", "silu_gated_mlp", "gated_experts")
 
 _LOADED: Dict[str, "KernelContract"] = {}
 _LOCK = threading.Lock()
@@ -568,6 +568,14 @@ def swiglu_experts(module: Any, config: Any) -> bool:
         return False
     act = str(getattr(config, "hidden_act", "") or getattr(config, "hidden_activation", ""))
     return act in GATED_ACTIVATIONS and getattr(module, "limit", None) is None
+
+
+def clamped_glu_experts(module: Any) -> bool:
+    """Whether *module* is GPT-OSS's routed experts: a clamped GLU (``limit``, ``alpha``) behind a biased
+    ``[E, hidden, 2I]`` gate-and-up projection and a biased ``[E, I, hidden]`` down projection."""
+    names = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+    return (all(getattr(module, n, None) is not None for n in names) and getattr(module, "limit", None) is not None
+            and getattr(module, "alpha", None) is not None and module.gate_up_proj.dim() == 3)
 
 
 def fused_swiglu_mlp(module: Any, config: Any, mlp_cls: type) -> Any:

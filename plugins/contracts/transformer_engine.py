@@ -22,7 +22,12 @@
   permuted routing weights, in the router logits' dtype
   (moe_utils.py ``topk_routing_with_score_function``), which it scales by, so the unpermutation keeps
   none of the experts' outputs (Transformers' experts keep the gate, its
-  SiLU, the up projection and the weighted outputs).
+  SiLU, the up projection and the weighted outputs). GPT-OSS's experts run
+  ``weighted_bias_quick_geglu_impl`` (megatron/core/fusions/fused_bias_geglu.py): its clamp runs
+  eagerly, each half's ``clamp`` keeping ``linear_fc1``'s output and ``torch.cat`` making the copy
+  ``WeightedQuickGeGLUFunction`` keeps with the weights; ``linear_fc1``'s bias is the GEMM's, and
+  ``linear_fc2``'s is added by expert after it (experts.py ``_apply_bias``: ``b * p``, keeping the
+  weights again).
 
 The norm and SwiGLU keep what the NPU's fused kernels keep (``npu-rms-norm``,
 ``npu-swiglu``): the same ops (:func:`ndcost.plugins.contracts.define_fused_norm_ops`)
@@ -34,8 +39,7 @@ RMSNorms, SiLU-gated MLPs and SiLU-gated routed experts (a runtime profile's
 Left out: Transformer Engine's FP8 copies of the linears' inputs (under
 ``float8`` it keeps a GEMM's input in FP8 for the weight's gradient, 1 byte
 an element where the census counts the 16-bit activation), the expert-parallel
-chunk sort's indices (a few per rank), GPT-OSS's clamped, biased experts
-(Transformers' own), and the norms' kernel workspaces.
+chunk sort's indices (a few per rank), and the norms' kernel workspaces.
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ from ndcost.plugins.contracts import (
     FusedSwiGlu,
     OpContract,
     define_fused_norm_ops,
+    clamped_glu_experts,
     fake_only_op,
     fused_module_classes,
     fused_rms_norm,
@@ -76,7 +81,8 @@ CONTRACTS = (
                      "WeightedSwiGLUFunction, moe_unpermute), run by the grouped_mlp replacement",
              implementation="ndcost.plugins.contracts.transformer_engine:grouped_mlp_implementation",
              saves="the permutation's int32 row_id_map [tokens, 2 E + 1]; each grouped linear its input; the "
-                   "weighted SwiGLU its input and the routing weights", fuses="silu_gated_experts"),
+                   "weighted SwiGLU (GPT-OSS: the clamps linear_fc1's output, the weighted quick-GeGLU the "
+                   "clamped copy) its input and the routing weights", fuses="gated_experts"),
 )
 
 
@@ -118,28 +124,44 @@ def _define_grouped_mlp_ops() -> None:
     permute.register_autograd(permute_backward, setup_context=permute_setup)
 
     grouped_linear = fake_only_op(
-        "ndcost_te::grouped_linear", "(Tensor x, Tensor weight, Tensor group_list) -> Tensor",
-        lambda x, weight, group_list: x.new_empty((x.shape[0], weight.shape[1])), use=use)
+        "ndcost_te::grouped_linear", "(Tensor x, Tensor weight, Tensor group_list, Tensor? bias) -> Tensor",
+        lambda x, weight, group_list, bias: x.new_empty((x.shape[0], weight.shape[1])), use=use)
+
+    def grouped_linear_setup(ctx, inputs, output):  # the input and the weight; the bias's gradient needs neither
+        ctx.save_for_backward(inputs[0], inputs[1])
+        ctx.bias_shape = None if inputs[3] is None else inputs[3].shape
 
     def grouped_linear_backward(ctx, grad):
-        x, weight, _ = ctx.saved_tensors
-        return torch.empty_like(x), torch.empty_like(weight), None
+        x, weight = ctx.saved_tensors
+        bias = None if ctx.bias_shape is None else grad.new_empty(ctx.bias_shape)
+        return torch.empty_like(x), torch.empty_like(weight), None, bias
 
-    grouped_linear.register_autograd(
-        grouped_linear_backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs))
+    grouped_linear.register_autograd(grouped_linear_backward, setup_context=grouped_linear_setup)
 
-    def swiglu_fake(x, probs):
+    def glu_fake(x, probs):
         return x.new_empty((x.shape[0], x.shape[1] // 2))
 
-    weighted_swiglu = fake_only_op("ndcost_te::weighted_swiglu", "(Tensor x, Tensor probs) -> Tensor", swiglu_fake,
-                                   use=use)
-
-    def swiglu_backward(ctx, grad):
+    def glu_backward(ctx, grad):
         x, probs = ctx.saved_tensors
         return torch.empty_like(x), torch.empty_like(probs)
 
-    weighted_swiglu.register_autograd(
-        swiglu_backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs))
+    for name in ("weighted_swiglu", "weighted_quick_geglu"):  # each keeps its input and the weights
+        fake_only_op(f"ndcost_te::{name}", "(Tensor x, Tensor probs) -> Tensor", glu_fake, use=use).register_autograd(
+            glu_backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs))
+
+    expert_bias = fake_only_op(
+        "ndcost_te::expert_bias", "(Tensor out, Tensor bias, Tensor probs, Tensor group_list) -> Tensor",
+        lambda out, bias, probs, group_list: torch.empty_like(out), use=use)
+
+    def expert_bias_setup(ctx, inputs, output):  # b * p by expert: the weights (the bias is a parameter)
+        ctx.save_for_backward(inputs[2])
+        ctx.bias_shape = inputs[1].shape
+
+    def expert_bias_backward(ctx, grad):
+        (probs,) = ctx.saved_tensors
+        return grad, grad.new_empty(ctx.bias_shape), torch.empty_like(probs), None
+
+    expert_bias.register_autograd(expert_bias_backward, setup_context=expert_bias_setup)
 
     unpermute = fake_only_op(
         "ndcost_te::moe_unpermute", "(Tensor permuted, Tensor row_id_map) -> Tensor",
@@ -174,11 +196,14 @@ class _GroupedMlp(OpContract):
     def __init__(self) -> None:
         super().__init__(_ops())
         self._saves_as = {self.forward_op: "ffMM", self.ops.weighted_swiglu.default: "ffAct",
+                          self.ops.weighted_quick_geglu.default: "ffAct", self.ops.expert_bias.default: "ffAct",
                           self.ops.moe_permute.default: "other"}
 
     def stands_for(self) -> Mapping[Any, str]:
         return {self.forward_op: "transformer_engine.general_grouped_gemm",
                 self.ops.weighted_swiglu.default: "megatron.weighted_bias_swiglu_impl",
+                self.ops.weighted_quick_geglu.default: "megatron.weighted_bias_quick_geglu_impl",
+                self.ops.expert_bias.default: "megatron.moe_experts_apply_bias",
                 self.ops.moe_permute.default: "transformer_engine.moe_permute",
                 self.ops.moe_unpermute.default: "transformer_engine.moe_unpermute"}
 
@@ -192,7 +217,7 @@ class _GroupedMlp(OpContract):
         return 2 * x.shape[0] * x.shape[1] * weight.shape[1]  # each routed row through its expert's weight
 
     def flop_formulas(self) -> Mapping[Any, Any]:
-        def forward(x_shape, weight_shape, group_shape, out_shape=None, **kwargs):
+        def forward(x_shape, weight_shape, group_shape, bias_shape=None, out_shape=None, **kwargs):
             return 2 * x_shape[0] * x_shape[1] * weight_shape[1]
 
         return {self.ops.grouped_linear: forward}
@@ -228,17 +253,44 @@ def _module_classes():
             with torch.no_grad():
                 group_list = torch.histc(top_k_index.reshape(-1).float(), bins=self.num_experts, min=0,
                                          max=self.num_experts).long()
-            activated = ops.weighted_swiglu(ops.grouped_linear(permuted, self.gate_up_proj, group_list),
+            activated = ops.weighted_swiglu(ops.grouped_linear(permuted, self.gate_up_proj, group_list, None),
                                             probs.unsqueeze(-1))
-            out = ops.moe_unpermute(ops.grouped_linear(activated, self.down_proj, group_list), row_id_map)
+            out = ops.moe_unpermute(ops.grouped_linear(activated, self.down_proj, group_list, None), row_id_map)
             return out.view(hidden_states.shape)
 
-    return TeRMSNorm, TeSwiGLUMLP, TeGroupedMLP
+    class TeClampedGroupedMLP(TeGroupedMLP):
+        """GPT-OSS's routed experts as Megatron-LM's TEGroupedMLP runs them: biased grouped linears (the source's
+        ``[E, hidden, 2I]`` and ``[E, I, hidden]`` weights, as views ``[E, out, in]``), the clamp eager, the
+        weighted quick-GeGLU fused, the down projection's bias added by expert."""
+
+        def __init__(self, source: Any) -> None:
+            super().__init__(source)
+            self.gate_up_proj_bias, self.down_proj_bias = source.gate_up_proj_bias, source.down_proj_bias
+            self.limit = float(source.limit)
+
+        def forward(self, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+            ops = _ops()
+            flat = hidden_states.view(-1, hidden_states.shape[-1])
+            permuted, probs, row_id_map = ops.moe_permute(flat, top_k_index, top_k_weights, self.num_experts)
+            with torch.no_grad():
+                group_list = torch.histc(top_k_index.reshape(-1).float(), bins=self.num_experts, min=0,
+                                         max=self.num_experts).long()
+            fc1 = ops.grouped_linear(permuted, self.gate_up_proj.transpose(1, 2), group_list, self.gate_up_proj_bias)
+            gate, up = fc1.chunk(2, -1)  # weighted_bias_quick_geglu_impl's clamp, eager
+            clamped = torch.cat((gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)), -1)
+            weights = probs.unsqueeze(-1)
+            activated = ops.weighted_quick_geglu(clamped, weights)
+            out = ops.grouped_linear(activated, self.down_proj.transpose(1, 2), group_list, None)
+            out = ops.expert_bias(out, self.down_proj_bias, weights, group_list)
+            return ops.moe_unpermute(out, row_id_map).view(hidden_states.shape)
+
+    return TeRMSNorm, TeSwiGLUMLP, TeGroupedMLP, TeClampedGroupedMLP
 
 
 @functools.lru_cache(maxsize=None)
 def module_classes():
-    """``(TeRMSNorm, TeSwiGLUMLP, TeGroupedMLP)``, defined on first use (torch imported then)."""
+    """``(TeRMSNorm, TeSwiGLUMLP, TeGroupedMLP, TeClampedGroupedMLP)``, defined on first use (torch imported
+    then)."""
     return _module_classes()
 
 
@@ -254,9 +306,11 @@ def swiglu_mlp(module: Any, config: Any) -> Any:
 
 
 def grouped_mlp(module: Any, config: Any) -> Any:
-    """Replacement factory: *module*, Transformers' SiLU-gated routed experts, as Megatron-LM's TEGroupedMLP
-    (``te-grouped-mlp``); other experts (GPT-OSS's clamped, biased ones) as they are."""
-    return module_classes()[2](module) if swiglu_experts(module, config) else module
+    """Replacement factory: *module*, Transformers' SiLU-gated or GPT-OSS's clamped routed experts, as
+    Megatron-LM's TEGroupedMLP (``te-grouped-mlp``); other experts as they are."""
+    if swiglu_experts(module, config):
+        return module_classes()[2](module)
+    return module_classes()[3](module) if clamped_glu_experts(module) else module
 
 
 @hookimpl

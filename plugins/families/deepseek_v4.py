@@ -46,7 +46,7 @@ class DeepseekV4Family(DecoderFamily):
                     num_experts_per_tok=6, n_routed_experts=256, n_shared_experts=1, max_position_embeddings=1048576,
                     hc_mult=4, sliding_window=128, o_groups=8, o_lora_rank=1024, index_n_heads=64,
                     index_head_dim=128, index_topk=512, num_nextn_predict_layers=1, tie_word_embeddings=False,
-                    attention_bias=False, mlp_bias=False)
+                    attention_bias=False, mlp_bias=False, swiglu_limit=10.0)
     aliases = {"n_routed_experts": ("num_local_experts",)}
 
     def spec(self, config, name):
