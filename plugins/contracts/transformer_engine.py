@@ -52,8 +52,8 @@ from ndcost.plugins.contracts import (
     FusedRmsNorm,
     FusedSwiGlu,
     OpContract,
-    define_fused_norm_ops,
     clamped_glu_experts,
+    define_fused_norm_ops,
     fake_only_op,
     fused_module_classes,
     fused_rms_norm,
@@ -253,10 +253,13 @@ def _module_classes():
             with torch.no_grad():
                 group_list = torch.histc(top_k_index.reshape(-1).float(), bins=self.num_experts, min=0,
                                          max=self.num_experts).long()
-            activated = ops.weighted_swiglu(ops.grouped_linear(permuted, self.gate_up_proj, group_list, None),
-                                            probs.unsqueeze(-1))
-            out = ops.moe_unpermute(ops.grouped_linear(activated, self.down_proj, group_list, None), row_id_map)
-            return out.view(hidden_states.shape)
+            out = self.experts(ops, permuted, probs.unsqueeze(-1), group_list)
+            return ops.moe_unpermute(out, row_id_map).view(hidden_states.shape)
+
+        def experts(self, ops: Any, permuted: Any, weights: Any, group_list: Any) -> Any:
+            """linear_fc1, the weighted SwiGLU, linear_fc2 over the routes in expert order."""
+            activated = ops.weighted_swiglu(ops.grouped_linear(permuted, self.gate_up_proj, group_list, None), weights)
+            return ops.grouped_linear(activated, self.down_proj, group_list, None)
 
     class TeClampedGroupedMLP(TeGroupedMLP):
         """GPT-OSS's routed experts as Megatron-LM's TEGroupedMLP runs them: biased grouped linears (the source's
@@ -268,21 +271,13 @@ def _module_classes():
             self.gate_up_proj_bias, self.down_proj_bias = source.gate_up_proj_bias, source.down_proj_bias
             self.limit = float(source.limit)
 
-        def forward(self, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
-            ops = _ops()
-            flat = hidden_states.view(-1, hidden_states.shape[-1])
-            permuted, probs, row_id_map = ops.moe_permute(flat, top_k_index, top_k_weights, self.num_experts)
-            with torch.no_grad():
-                group_list = torch.histc(top_k_index.reshape(-1).float(), bins=self.num_experts, min=0,
-                                         max=self.num_experts).long()
+        def experts(self, ops: Any, permuted: Any, weights: Any, group_list: Any) -> Any:
             fc1 = ops.grouped_linear(permuted, self.gate_up_proj.transpose(1, 2), group_list, self.gate_up_proj_bias)
             gate, up = fc1.chunk(2, -1)  # weighted_bias_quick_geglu_impl's clamp, eager
             clamped = torch.cat((gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)), -1)
-            weights = probs.unsqueeze(-1)
-            activated = ops.weighted_quick_geglu(clamped, weights)
-            out = ops.grouped_linear(activated, self.down_proj.transpose(1, 2), group_list, None)
-            out = ops.expert_bias(out, self.down_proj_bias, weights, group_list)
-            return ops.moe_unpermute(out, row_id_map).view(hidden_states.shape)
+            out = ops.grouped_linear(ops.weighted_quick_geglu(clamped, weights), self.down_proj.transpose(1, 2),
+                                     group_list, None)
+            return ops.expert_bias(out, self.down_proj_bias, weights, group_list)
 
     return TeRMSNorm, TeSwiGLUMLP, TeGroupedMLP, TeClampedGroupedMLP
 
