@@ -490,7 +490,10 @@ _MODELS: Dict[Tuple[Any, str, str], Any] = {}
 def held_fields(fields: Any) -> Dict[str, Any]:
     """Strategy fields held for every candidate, as a strategy converts them; a searched field is refused."""
     fields = Strategy.named_fields(fields)
-    searched = sorted(set(fields) & set(_STRATEGY_COLUMNS + ("seq",)))
+    if "seq" in fields:
+        raise InvalidValue("held field seq: the search's sequence length is its own argument; give --seq (seq=) "
+                           "and hold only other fields")
+    searched = sorted(set(fields) & set(_STRATEGY_COLUMNS))
     if searched:
         raise InvalidValue(f"held fields {', '.join(searched)}: the search chooses them; hold only other fields "
                            f"(dtypes, optimizer, shard_mesh, offload_*, moe_imbalance ...)")

@@ -371,3 +371,12 @@ def test_a_search_can_keep_to_a_trainers_schedules():
 def test_a_cap_above_the_device_warns(llama):
     with pytest.warns(UserWarning, match=r"memory cap 500.0 GiB is above what a h200 can use \(139.9 GiB"):
         search(llama, devices=2, global_batch=2, seq=1024, memory_cap_bytes=500 * GIB, top=1)
+
+
+def test_holding_a_searched_field_or_seq_is_refused_naming_why():
+    from ndcost.search import held_fields
+    with pytest.raises(InvalidValue, match=r"held field seq: the search's sequence length is its own argument"):
+        held_fields("seq=8192")
+    with pytest.raises(InvalidValue, match=r"held fields tp: the search chooses them"):
+        held_fields("tp=2")
+    assert held_fields("grad_dtype=bf16") == {"grad_dtype": "bf16"}
