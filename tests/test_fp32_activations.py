@@ -35,5 +35,5 @@ def test_fp32_compute_keeps_wider_activations_and_claims_no_reserved_bytes():
                                  "seq=4096,param_dtype=fp32,compute_dtype=bf16"])
     plain, fp32, fp32_params, autocast = batch.layer_activation_bytes[:, 0].tolist()
     assert fp32 == fp32_params and fp32 > 1.5 * plain and plain <= autocast < fp32  # autocast: 16-bit compute
-    assert batch.reserved_bytes[1] == -1 and batch.valid.all()
+    assert batch.reserved_bytes[1] == -1 and batch.valid.all() and "fp32 activations" in batch.reserved_reason[1]
     assert model.record_tables(4096, 4).compute_bytes == 4 and model.record_tables(4096).compute_bytes == 2

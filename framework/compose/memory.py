@@ -491,6 +491,8 @@ RESERVED_UNCLAIMED = (
     "cached before it state none)",
     "fp32 parameters under autocast: the census's autocast pass is replayed for plain layers and full recompute, "
     "not for some layer kind here (or the output layer) nor under recompute=selective or core_attention",
+    "fp32 activations (compute_dtype fp32): no allocation replay of fp32 layers (their records are the 16-bit "
+    "ones widened)",
 )
 
 MOMENTS = ("output backward", "last layer backward", "end of backward", "embedding backward", "optimizer step")
@@ -1571,6 +1573,7 @@ def _reserved(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: p
         unclaimed = np.where(unknown & ~fp32_autocast, 1, np.where(autocast_unknown, 2, 0))
     else:
         unclaimed = unknown.astype(np.int64)
+    unclaimed = np.where(unknown & (batch.compute_bytes == 4), 3, unclaimed)  # the widened tables claim none
     unclaimed_rows = int(np.count_nonzero(unclaimed))
     if unclaimed_rows == n:  # no row's claimed (no replay of some kind's, as the formulas')
         return np.full((n, ranks), -1, dtype=np.int64), unclaimed
