@@ -196,7 +196,7 @@ def run_cli(argv: List[str]) -> Tuple[int, str, str, Optional[BaseException]]:
 
 def check_cli_answer(code: int, stdout: str, stderr: str, escaped: Optional[BaseException]) -> Any:
     """An answer of ``ndcost ... --json``: exit 0 with one strict JSON document (returned), or exit 1 with one
-    stderr line and no exception but an NdcostError behind it."""
+    stderr line, its refusal's one document on stdout, and no exception but an NdcostError behind it."""
     assert escaped is None, (f"the CLI's generic handler was reached by {type(escaped).__module__}."
                              f"{type(escaped).__qualname__}: {escaped}")
     assert "Traceback" not in stderr, stderr
@@ -205,5 +205,6 @@ def check_cli_answer(code: int, stdout: str, stderr: str, escaped: Optional[Base
     assert code == 1, f"exit {code}: {stderr!r}"
     lines = stderr.splitlines()
     assert len(lines) == 1, f"a refusal wrote {len(lines)} stderr lines: {stderr!r}"
-    assert stdout == "", f"a refusal wrote to stdout: {stdout!r}"
+    error = parse_strict_json(stdout)["error"]
+    assert error["message"] in lines[0], f"the refusal's document {stdout!r} is not its line {lines[0]!r}"
     return None

@@ -76,7 +76,7 @@ def strategy_fields(draw, model):
         "moe_imbalance": draw(st.sampled_from([1.0, 1.25])),
         "allocator_overhead": draw(st.sampled_from([0.0, 0.0, 0.05])),
     }
-    if draw(st.booleans()):
+    if draw(st.booleans()) and fields["recompute"] != "none":  # (a count of recomputed layers needs a mode)
         fields["recompute_layers"] = draw(st.integers(0, 4))
     if draw(st.booleans()):
         fields["compute_dtype"] = draw(st.sampled_from(["bf16", "fp16", "fp8", "fp32"]))

@@ -266,7 +266,8 @@ def test_enforce_makes_a_breaking_row_invalid_with_its_reason(llama, corrupt, wo
 def test_hostile_strategies_exit_1_with_one_line(capsys, strategy):
     assert main(["estimate", "llama-3.1-8b", "--census", "off", "--json", "--strategy", strategy]) == 1
     out, err = capsys.readouterr()
-    assert out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert json.loads(out)["error"]["message"] in err  # --json: the refusal's one document
 
 
 def _refuse_constant(name):
@@ -283,7 +284,8 @@ def test_json_is_strict(capsys, monkeypatch):
     monkeypatch.setattr(params, "run", lambda args: Output(data={"x": [1.0, float("nan")]}, text=""))
     assert main(["params", "llama-3.1-8b", "--json"]) == 1
     out, err = capsys.readouterr()
-    assert out == "" and "non-finite number at x.1" in err and len(err.strip().splitlines()) == 1
+    assert "non-finite number at x.1" in err and len(err.strip().splitlines()) == 1
+    assert "non-finite number at x.1" in json.loads(out, parse_constant=_refuse_constant)["error"]["message"]
 
 
 def test_a_compute_dtype_the_hardware_has_no_peak_for_refuses_its_row_only():
