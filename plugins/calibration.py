@@ -228,8 +228,8 @@ def read_measurements(path: str, model: Any = None, kind: Optional[str] = None, 
         raise InvalidValue(f"{path}: expected a measurement object, a list of them or {{\"measurements\": [...]}}")
     components = list(data.get("components") or []) if isinstance(data, Mapping) else []
     for n, component in enumerate(components):
-        if not isinstance(component, Mapping) or component.get("op_class") not in FORWARD_CLASSES + BACKWARD_CLASSES or not component.get("seconds") \
-                or not (component.get("flops") or component.get("bytes")):
+        if not isinstance(component, Mapping) or component.get("op_class") not in FORWARD_CLASSES + BACKWARD_CLASSES \
+                or not component.get("seconds") or not (component.get("flops") or component.get("bytes")):
             raise InvalidValue(f"{path} component {n}: needs op_class (one of "
                                f"{', '.join(FORWARD_CLASSES + BACKWARD_CLASSES)}), seconds, and flops or bytes")
     out = []
