@@ -559,8 +559,8 @@ def fused_rms_norm(module: Any, norm_cls: type) -> Any:
 
 def swiglu_experts(module: Any, config: Any) -> bool:
     """Whether *module* is Transformers' routed experts a fused kernel runs: SiLU-gated, no biases, the gate and up
-    projections one ``[E, 2I, hidden]`` weight beside a ``[E, hidden, I]`` down projection. Another activation,
-    or GPT-OSS's clamped, biased experts, stay Transformers' own, as a framework's plan leaves them."""
+    projections one ``[E, 2I, hidden]`` weight beside a ``[E, hidden, I]`` down projection; not another
+    activation, nor clamped or biased experts (:func:`clamped_glu_experts` answers for GPT-OSS's)."""
     weights = (getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None))
     if any(getattr(w, "dim", lambda: 0)() != 3 for w in weights) or getattr(module, "has_bias", False):
         return False
