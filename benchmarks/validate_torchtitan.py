@@ -2,13 +2,14 @@
 
     python benchmarks/validate_torchtitan.py [--json] [--census off|auto]
 
-The rows are ``benchmarks/data/torchtitan_performance.yaml`` (pytorch/torchtitan ``docs/performance.md``: the
-December 2024 edition's Tables 1 to 6 on H100, and the 2024 edition's 64-A100 Llama 3 table; the markdown is
-stored beside it). Each row is written as a torchtitan job TOML and read by ndcost's torchtitan reader
+The rows are ``benchmarks/data/torchtitan_performance.yaml``: pytorch/torchtitan's ``docs/performance.md`` (the
+December 2024 edition's Tables 1 to 6 on H100, and the 2024 edition's 64-A100 Llama 3 table) and its
+``benchmarks/`` of June 2025 (async TP beside vanilla TP on 256 and 64 H100s, bf16 and Float8 tensorwise and
+rowwise; Llama 3.1 8B on 32 and 64 H200s); the markdown of each is stored beside it. Each row is written as a torchtitan job TOML and read by ndcost's torchtitan reader
 (``ndcost.from_config("torchtitan", path, devices=N)``), so torchtitan's semantics are the reader's: FSDP over
 ``dp_shard * cp`` (``shard_mesh=fsdp_cp`` where dp_shard is 1), loss parallel with TP, fp32 parameters computed
 in bf16. The strategy is priced by ``ndcost.resolve(model, runtime=<the reader's: torchtitan-cuda>,
-hardware=h100-hbm2e-500w|a100, census="off")``
+hardware=h100-hbm2e-500w|a100|h200, census="off")``
 (``--census auto``
 measures the layers instead of the op records: slower, and different activation bytes under selective
 checkpointing).
@@ -18,6 +19,9 @@ and priced with them; beside it, the figure ndcost gives for the same job with t
 this benchmark reported before they were priced), labelled as not like-for-like. A row the reader refuses is
 reported as unpriceable with the reader's reason. The Spearman rank correlation of predicted against published
 tokens/s per GPU is over the priced rows (and, for comparison, over the rows using none of the features).
+torchtitan compiled the loss with the blocks from 2025-04 (``components/loss.py``), not in December 2024
+(``e8977b00`` turned it off): each edition's ``compile_components``, read as ``loss_engine=compiled`` where
+they name the loss.
 Float8's all-gather (``enable_fsdp_float8_all_gather``) is on where the row says so (the 405B rows: torchtitan's
 ``train_configs/llama3_405b.toml`` of the time turns it on), else off, torchtitan's default.
 
@@ -31,6 +35,7 @@ micro-batch size) are taken from torchtitan's configs of the time (``assumed`` p
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -51,14 +56,25 @@ def load_rows(path: str = DATA) -> Dict[str, Any]:
     return load_yaml(read_text(path, "torchtitan performance rows"), path)
 
 
-def job_toml(row: Dict[str, Any], *, features: bool = True) -> str:
-    """The row as a torchtitan job TOML; with ``features=False`` Float8, torch.compile and async TP are off."""
+@functools.lru_cache(maxsize=None)
+def _sources() -> Dict[str, Any]:
+    return load_rows()["sources"]
+
+
+def job_toml(row: Dict[str, Any], *, features: bool = True, compile_components: Sequence[str] = ("model",)) -> str:
+    """The row as a torchtitan job TOML (what torchtitan compiled, its edition's ``compile_components``); with
+    ``features=False`` Float8, torch.compile and async TP are off."""
     name, flavor = row["model"].split("-")
     lines = ["[model]", f'name = "{name}"', f'flavor = "{flavor}"']
+    float8 = []  # the [float8] table's lines
     if features and row["float8"]:
         lines.append('converters = ["float8"]')
-    if features and row["float8"] and row.get("float8_all_gather"):
-        lines += ["", "[float8]", "enable_fsdp_float8_all_gather = true"]
+        if row.get("float8_recipe", "tensorwise") != "tensorwise":
+            float8.append(f'recipe_name = "{row["float8_recipe"]}"')
+        if row.get("float8_all_gather"):
+            float8.append("enable_fsdp_float8_all_gather = true")
+    if float8:
+        lines += ["", "[float8]", *float8]
     lines += ["", "[training]", f"local_batch_size = {row['local_batch']}",
               f"global_batch_size = {row['global_batch']}", f"seq_len = {row['seq_len']}",
               'mixed_precision_param = "bfloat16"', 'mixed_precision_reduce = "float32"',
@@ -72,16 +88,19 @@ def job_toml(row: Dict[str, Any], *, features: bool = True) -> str:
     lines += ["", "[activation_checkpoint]", f'mode = "{row["ac"]}"']
     if row["ac"] == "selective":
         lines.append(f'selective_ac_option = "{row["ac_option"]}"')
-    lines += ["", "[compile]", f"enable = {'true' if features and row['compile'] else 'false'}", ""]
+    components = ", ".join(f'"{name}"' for name in compile_components)
+    lines += ["", "[compile]", f"enable = {'true' if features and row['compile'] else 'false'}",
+              f"components = [{components}]", ""]
     return "\n".join(lines)
 
 
 def read_job(row: Dict[str, Any], *, features: bool = True) -> "ndcost.trainers.TrainerConfig":
     """The reader's view of the row's job; a refusal is raised as the reader raises it, naming ``<id>.toml``."""
+    components = _sources()[row["source"]]["compile_components"]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"{row['id']}.toml")
         with open(path, "w", encoding="utf-8") as out:
-            out.write(job_toml(row, features=features))
+            out.write(job_toml(row, features=features, compile_components=components))
         try:
             return ndcost.from_config("torchtitan", path, devices=row["gpus"])
         except NdcostError as exc:

@@ -7,10 +7,14 @@ Bytes a logit at the loss's backward peak, 16-bit logits (``ndcost.compose.memor
 - torch's ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py): ``_nll_loss_and_log_softmax_backward``
   holds the kept log-softmax, ``zeros_like`` of it, ``exp`` of it (then their sum) and the product: 16;
 - Megatron-LM's ``vocab_parallel_cross_entropy`` (megatron/core/tensor_parallel/cross_entropy.py): its fp32 copy
-  of the logits becomes the softmax in place and the gradient in place, cast to 16 bits beside it: 4 + 2 = 6.
+  of the logits becomes the softmax in place and the gradient in place, cast to 16 bits beside it: 4 + 2 = 6;
+- the loss under ``torch.compile`` (torchtitan's ``build_cross_entropy_loss``): Inductor's partitioner keeps the
+  16-bit logits and a row's logsumexp, recomputing the fp32 cast and the softmax inside the backward's one
+  kernel, which writes the 16-bit gradient: 2 kept, 2 + 2 = 4 at the peak.
 
-The first two are measured here on torch itself (CPU, the profiler's allocation events, a one-rank gloo mesh for
-DTensor); Megatron-LM is not installed, so its figure is the derivation above from its source.
+The torch ones are measured here on torch itself (CPU, the profiler's allocation events, a one-rank gloo mesh for
+DTensor, Inductor's CPU backend for the compiled loss); Megatron-LM is not installed, so its figure is the
+derivation above from its source.
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ from ndcost.errors import NdcostError
 from ndcost.trainers import to_config
 
 # the bytes a logit at the backward's peak, derived from the sources named above (not read from ndcost)
-TORCH_PLAIN, TORCH_LOSS_PARALLEL, MEGATRON = 12, 16, 6
+TORCH_PLAIN, TORCH_LOSS_PARALLEL, MEGATRON, COMPILED = 12, 16, 6, 4
+COMPILED_KEPT, TORCH_KEPT = 2, 4
 
 _MEASURE = textwrap.dedent("""
     import json, torch, torch.distributed as dist
@@ -43,20 +48,7 @@ _MEASURE = textwrap.dedent("""
     w = distribute_tensor(torch.randn(H, V, dtype=torch.bfloat16), mesh, [Shard(1)]).requires_grad_()
     labels = distribute_tensor(torch.randint(0, V, (N,)), mesh, [Replicate()])
 
-    def peak(parallel):
-        w.grad = None
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            pred = x @ w  # the head's 16-bit logits, split by vocabulary
-            if parallel:
-                with loss_parallel():
-                    loss = F.cross_entropy(pred.float(), labels)
-                    del pred  # as torchtitan's train step drops them before the backward
-                    loss.backward()
-            else:
-                local = pred.to_local()
-                loss = F.cross_entropy(local.float(), labels.to_local())
-                del pred, local
-                loss.backward()
+    def most_live(prof):
         events = []
 
         def walk(node):
@@ -73,7 +65,41 @@ _MEASURE = textwrap.dedent("""
             most = max(most, live)
         return most
 
-    print(json.dumps({"plain": peak(False), "loss_parallel": peak(True), "logits": N * V, "head": H * V * 2}))
+    def peak(parallel):
+        w.grad = None
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            pred = x @ w  # the head's 16-bit logits, split by vocabulary
+            if parallel:
+                with loss_parallel():
+                    loss = F.cross_entropy(pred.float(), labels)
+                    del pred  # as torchtitan's train step drops them before the backward
+                    loss.backward()
+            else:
+                local = pred.to_local()
+                loss = F.cross_entropy(local.float(), labels.to_local())
+                del pred, local
+                loss.backward()
+        return most_live(prof)
+
+    def peak_compiled():
+        # torchtitan's cross_entropy_loss under torch.compile (components/loss.py), compiled before the profile
+        loss_fn = torch.compile(lambda pred, labels: F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1)))
+        local_x, local_labels = x.to_local()[None], labels.to_local()[None]
+        local_w = w.to_local().detach().requires_grad_()
+        loss_fn(local_x @ local_w, local_labels).backward()
+        local_w.grad = None
+        kept = []
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            pred = local_x @ local_w
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.nbytes) or t, lambda t: t):
+                loss = loss_fn(pred, local_labels)
+            del pred
+            loss.backward()
+        return most_live(prof), sum(kept)
+
+    compiled, compiled_kept = peak_compiled()
+    print(json.dumps({"plain": peak(False), "loss_parallel": peak(True), "compiled": compiled,
+                      "compiled_kept": compiled_kept, "logits": N * V, "head": H * V * 2}))
     dist.destroy_process_group()
 """)
 
@@ -88,11 +114,18 @@ def measured():
 def test_torch_losses_peak_as_derived(measured):
     """The step's peak is the derived bytes a logit, give or take what is not the loss's logits."""
     logits, head = measured["logits"], measured["head"]
-    for name, per_logit in (("plain", TORCH_PLAIN), ("loss_parallel", TORCH_LOSS_PARALLEL)):
+    for name, per_logit in (("plain", TORCH_PLAIN), ("loss_parallel", TORCH_LOSS_PARALLEL), ("compiled", COMPILED)):
         # beside the logits' tensors: a token's scalars (labels, the max, the sum: under 64 bytes a token) and
         # at most the head's 16-bit weight gradient
         assert per_logit * logits <= measured[name] <= per_logit * logits + 64 * 512 + head, (
             name, measured[name] / logits)
+
+
+def test_the_compiled_loss_keeps_its_16_bit_logits(measured):
+    """What the compiled loss saves for its backward: the 16-bit logits, beside a token's scalars (the labels, the
+    max and the logsumexp: under 64 bytes a token)."""
+    logits = measured["logits"]
+    assert COMPILED_KEPT * logits <= measured["compiled_kept"] <= COMPILED_KEPT * logits + 64 * 512
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +155,8 @@ BASE = "micro_batch=4,seq=8192,recompute=full"
     ("torch", 1, False, TORCH_PLAIN),
     ("megatron", 1, False, MEGATRON),
     ("torch", 2, False, TORCH_PLAIN),  # the head and loss replicated on each tp rank
+    ("compiled", 1, False, COMPILED),
+    ("compiled", 8, True, COMPILED),
 ])
 def test_output_peak_is_the_trainers_loss(llama8b, engine, tp, vocab_parallel, per_logit):
     sp = tp > 1
@@ -150,3 +185,24 @@ def test_megatron_reader_sets_it_and_writers_check_it(tmp_path):
             to_config(kind, strategy, model="llama-3.1-8b")
     assert "--tensor-model-parallel-size 2" in to_config(
         "megatron", f"{megatron},tp=2,sp=true,vocab_parallel=true,seq=4096,loss_engine=megatron", model="llama-3.1-8b")
+
+
+def test_a_compiled_loss_keeps_half_as_much_for_the_micro_batches_waiting(llama8b):
+    """Under GPipe the head's stage holds every micro-batch's output layer until its backward: the three waiting
+    keep their loss's bytes (4 a logit eager, 2 compiled) and the fourth peaks (12 eager, 4 compiled)."""
+    base = "pp=2,schedule=gpipe,num_micro_batches=4,micro_batch=4,seq=8192,recompute=full"
+
+    def head_stage_output(engine):
+        stage = llama8b.evaluate(f"{base},loss_engine={engine}").stages[-1]
+        assert stage.provenance["moment"] == "output backward", stage.provenance
+        return stage.bytes_by_category["output"]
+    assert head_stage_output("torch") - head_stage_output("compiled") == TOKENS * V * (
+        3 * (TORCH_KEPT - COMPILED_KEPT) + (TORCH_PLAIN - COMPILED))
+
+
+def test_torchtitan_reads_and_writes_its_compiled_loss():
+    """[compile] components with "loss": loss_engine=compiled; written back as such."""
+    strategy = ndcost.Strategy.parse("fsdp=8,seq=8192,compile=true,loss_engine=compiled")
+    text = to_config("torchtitan", strategy, model="llama-3.1-8b")
+    assert 'components = ["model", "loss"]' in text
+    assert 'components = ["model"]' in to_config("torchtitan", "fsdp=8,seq=8192,compile=true", model="llama-3.1-8b")

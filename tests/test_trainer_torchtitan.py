@@ -408,6 +408,7 @@ def test_llama3_405b_reads_float8_compile_and_async_tp():
     assert s.float8 == "tensorwise"                    # [quantize.linear.float8] states no recipe_name
     assert s.float8_all_gather                         # enable_fsdp_float8_all_gather = true, dp_shard 64 > 1
     assert s.compile and s.async_tp                    # [compile] enable, components ["model", "loss"]
+    assert s.loss_engine == "compiled"                 # the "loss" component
     for field in ("[quantize] linear.float8.enable_fsdp_float8_all_gather", "[quantize] linear.float8.filter_fqns",
                   "[compile] components", "[parallelism] enable_async_tensor_parallel"):
         assert field in config.read_fields
@@ -415,11 +416,11 @@ def test_llama3_405b_reads_float8_compile_and_async_tp():
 
 
 def test_deepseek_v3_compiles_the_loss_alone():
-    """deepseek_v3_671b.toml compiles components = ["loss"] only: the layers run eagerly; its float8 converters are
-    commented out, so [quantize.linear.float8] is not read."""
+    """deepseek_v3_671b.toml compiles components = ["loss"] only: the layers run eagerly, the loss compiled; its
+    float8 converters are commented out, so [quantize.linear.float8] is not read."""
     config = read("deepseek_v3_671b.toml", devices=64)
     assert not config.strategy.compile and config.strategy.float8 == "none"
-    assert any("loss compiled alone" in note for note in config.defaults)
+    assert config.strategy.loss_engine == "compiled"
 
 
 _FLOAT8_SECTION = ("[quantize.linear.float8]\nenable_fsdp_float8_all_gather = false\n"

@@ -34,7 +34,8 @@ def _excerpt(source: str) -> str:
 def _table_after(text: str, table: str):
     """(caption, header cells, body rows) of the first markdown table after the caption or heading *table*."""
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"**{table}**") or line == f"## {table}")
+    start = next(i for i, line in enumerate(lines)
+                 if line.startswith(f"**{table}**") or (line.startswith("#") and line.lstrip("#").strip() == table))
     first = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
     end = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
     cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[first:end]]
@@ -46,14 +47,15 @@ def _number(cell: str) -> float:
 
 
 def test_the_data_file_parses_and_names_its_sources():
-    assert len(ROWS) == 21  # Tables 1 to 6: 3 + 4 + 3 + 2 + 2 + 4, the A100 table: 3
+    # Tables 1 to 6: 3 + 4 + 3 + 2 + 2 + 4, the A100 table: 3; June 2025: async TP 2 x 6, H200 2
+    assert len(ROWS) == 35
     assert len({r["id"] for r in ROWS}) == len(ROWS)
     for name, source in DOC["sources"].items():
         assert re.fullmatch(r"[0-9a-f]{40}", source["commit"]), name
         first = _excerpt(name).splitlines()[0]
-        assert source["commit"] in first and "docs/performance.md" in first
+        assert source["commit"] in first and source["path"] in first
     for row in ROWS:
-        assert row["source"] in DOC["sources"] and row["hardware"] in ("h100-hbm2e-500w", "a100")
+        assert row["source"] in DOC["sources"] and row["hardware"] in ("h100-hbm2e-500w", "a100", "h200")
         assert row["dp_shard"] * row["cp"] * row["tp"] * row["pp"] == row["gpus"], row["id"]
 
 
@@ -63,7 +65,7 @@ def test_published_figures_are_the_stored_markdown(row):
     matches = [cells for cells in body if cells[:len(row["row"])] == row["row"]]
     assert len(matches) == 1, (row["id"], body)
     cells = dict(zip(header, matches[0], strict=True))
-    tps = cells.get("TPS/GPU", cells.get("WPS"))
+    tps = cells[row["column"]] if "column" in row else cells.get("TPS/GPU", cells.get("WPS"))
     assert _number(tps) == row["tokens_per_second_per_gpu"]
     if "Memory(GiB)" in cells:
         assert _number(cells["Memory(GiB)"]) == row["memory_gib"]
@@ -79,6 +81,22 @@ def test_published_figures_are_the_stored_markdown(row):
         named = caption + " " + " ".join(row["row"])
         for feature, word in (("compile", "torch.compile"), ("float8", "Float8"), ("async_tp", "AsyncTP")):
             assert (word in named) == row[feature], (row["id"], feature)
+    elif row["source"] == "h100_2025_06_async_tp":  # the heading states the layout, the row and column the rest
+        flavor = row["model"].split("-")[1].lower()
+        assert caption.startswith(f"#### Llama3 {flavor} on {row['gpus']} H100s with FSDP={row['dp_shard']}, "
+                                  f"TP={row['tp']}, torch.compile")
+        assert caption.endswith(f"local batch size {row['local_batch']}") and row["compile"]
+        assert ("full AC" in caption) == (row["ac"] == "full")
+        assert ("per op SAC" in caption) == (row["ac"] == "selective" and row["ac_option"] == "op")
+        assert row["float8"] == (row["row"][0] != "None (bfloat16)")
+        assert row["row"][0].rstrip(")").endswith(row.get("float8_recipe", "bfloat16"))
+        assert row["async_tp"] == row["column"].startswith("Async TP")
+    elif row["source"] == "h200_2025_06_trainy":  # the command line states the rest
+        text = _excerpt(row["source"])
+        assert int(row["row"][0]) * 8 == row["gpus"] == row["dp_shard"]
+        assert f"--training.local_batch_size={row['local_batch']}" in text and "--training.compile" in text
+        assert '--model.converters="float8"' in text and "--float8.enable_fsdp_float8_all_gather" in text
+        assert row["float8"] and row["float8_all_gather"] and row["compile"] and not row["async_tp"]
     else:
         assert row["model"] == f"llama3-{row['row'][0]}" and int(row["row"][1]) == row["local_batch"]
         assert row["row"][2].startswith(row["ac"])
@@ -88,6 +106,7 @@ def test_published_figures_are_the_stored_markdown(row):
 def test_each_row_translates_with_its_features(row):
     s = vt.read_job(row).strategy
     for feature, (field, on) in FEATURE_FIELDS.items():
+        on = row.get("float8_recipe", on) if feature == "float8" else on
         assert getattr(s, field) == (on if row[feature] else Strategy().to_dict()[field]), (row["id"], feature)
     # the 405B rows turn it on; torchtitan keeps it only with dp_shard > 1 (dp_shard_enabled)
     assert s.float8_all_gather == (bool(row.get("float8_all_gather")) and row["dp_shard"] > 1)

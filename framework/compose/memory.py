@@ -1126,19 +1126,27 @@ def _chunks_by_kind(x):
 # zeros_like, exp, their sum and the product beside the kept output: 16. Megatron-LM's
 # vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py, fused or not, at any tp)
 # works in place on its fp32 copy of the logits, the gradient cast to 16 bits beside it: 6. Each keeps 4.
-_LOSS_PEAK_BYTES_PER_LOGIT = {"records": 12, "loss_parallel": 16, "megatron": 6}
+# The loss under torch.compile (loss_engine=compiled): Inductor's min-cut partitioner keeps the 16-bit logits
+# and a row's logsumexp (the fp32 cast and the softmax are recomputed, fused), and the backward writes the
+# 16-bit gradient in one kernel: keeps 2, peaks at 4 (tests/test_loss_engine.py measures both on torch).
+_LOSS_PEAK_BYTES_PER_LOGIT = {"records": 12, "loss_parallel": 16, "megatron": 6, "compiled": 4}
+_LOSS_KEPT_BYTES_PER_LOGIT = {"records": 4, "compiled": 2}
 _MEGATRON_LOSS = LOSS_ENGINES.index("megatron")
+_COMPILED_LOSS = LOSS_ENGINES.index("compiled")
 
 
-def _loss_peak_shift(model: ModelTables, cols, batch: _Batch):
-    """(N,) bytes a token, before any split, that the trainer's loss (``loss_engine``) peaks above the
-    records' F.cross_entropy (the vocabulary part of the output layer's working figure)."""
-    megatron = np.asarray(cols["loss_engine"]) == _MEGATRON_LOSS
-    loss_parallel = ~megatron & np.asarray(cols["vocab_parallel"], dtype=bool) & (batch.tp > 1)
-    per_logit = select([megatron, loss_parallel], [_LOSS_PEAK_BYTES_PER_LOGIT["megatron"],
-                                                   _LOSS_PEAK_BYTES_PER_LOGIT["loss_parallel"]],
-                       _LOSS_PEAK_BYTES_PER_LOGIT["records"])
-    return (per_logit - _LOSS_PEAK_BYTES_PER_LOGIT["records"]) * float(model.vocab_size)
+def _loss_shifts(model: ModelTables, cols, batch: _Batch):
+    """(N,) bytes a token, before any split, that the trainer's loss (``loss_engine``) keeps and peaks above
+    the records' F.cross_entropy (the vocabulary parts of the output layer's saved and working figures)."""
+    engine = np.asarray(cols["loss_engine"])
+    megatron, compiled = engine == _MEGATRON_LOSS, engine == _COMPILED_LOSS
+    loss_parallel = ~megatron & ~compiled & np.asarray(cols["vocab_parallel"], dtype=bool) & (batch.tp > 1)
+    peak = _LOSS_PEAK_BYTES_PER_LOGIT
+    per_logit = select([megatron, compiled, loss_parallel], [peak["megatron"], peak["compiled"],
+                                                            peak["loss_parallel"]], peak["records"])
+    kept = _LOSS_KEPT_BYTES_PER_LOGIT
+    kept_shift = np.where(compiled, kept["compiled"] - kept["records"], 0) * float(model.vocab_size)
+    return kept_shift, (per_logit - peak["records"]) * float(model.vocab_size)
 
 
 def _output_layer(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement,
@@ -1146,7 +1154,7 @@ def _output_layer(model: ModelTables, recs, seq_index, cols, batch: _Batch, wher
     """(N, R) bytes of the output layer (final norm, head, loss with fp32 logits) on the head's stage.
 
     Kept bytes per micro-batch in flight and its backward peak, the trainer's
-    loss's (:func:`_loss_peak_shift`); the vocabulary part split by tp only
+    loss's (:func:`_loss_shifts`); the vocabulary part split by tp only
     under ``vocab_parallel``. Returns the output backward moment's bytes, the
     other micro-batches' kept bytes, and which rows' output working figure is
     unpriced.
@@ -1161,11 +1169,11 @@ def _output_layer(model: ModelTables, recs, seq_index, cols, batch: _Batch, wher
         return _figure(recs, f"out_{name}", seq_index, batch)
 
     out_working = row("working")
-    keep = tokens * at_tp(row("saved"), row("saved_tp"))
+    kept_shift, peak_shift = _loss_shifts(model, cols, batch)
+    keep = tokens * at_tp(row("saved"), row("saved_tp") + kept_shift)
     unpriced = np.isnan(out_working)
     peak = _rows_where(unpriced, int(np.count_nonzero(unpriced)), lambda: keep,
-                       lambda: tokens * at_tp(nan_to_zero(out_working),
-                                              row("working_tp") + _loss_peak_shift(model, cols, batch)))
+                       lambda: tokens * at_tp(nan_to_zero(out_working), row("working_tp") + peak_shift))
     others = np.maximum(flight.on_head - 1, 0) * keep[:, None]
     if where.head_everywhere:
         return others + np.maximum(peak, keep)[:, None], others, unpriced

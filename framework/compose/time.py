@@ -50,6 +50,7 @@ from ndcost.values import (
     FLOAT8_RECIPES,
     FSDP_ENGINES,
     GRADIENT_SYNC,
+    LOSS_ENGINES,
     RECOMPUTE,
     Hardware,
     TimeBreakdown,
@@ -71,6 +72,7 @@ __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS",
 
 CHUNK_ROWS = 1 << 16  # strategies priced at once (the per-rank arrays are rows x ranks x kinds)
 _MEGATRON_FSDP = FSDP_ENGINES.index("megatron")
+_COMPILED_LOSS = LOSS_ENGINES.index("compiled")
 TIME_FIELDS = ("step_seconds", "tokens_per_second", "mfu", "compute_seconds", "communication_seconds",
                "exposed_communication_seconds", "bubble_seconds", "optimizer_seconds", "offload_seconds",
                "exposed_offload_seconds")
@@ -1674,16 +1676,20 @@ def _ring_communication(k: Mapping[str, np.ndarray], rows: _Rows, cols: Mapping[
 
 
 # every column _embedding_and_head reads (through _Rows): a one-row key missing one would hand a strategy another's
-_ENDS_READ = ("tp", "micro_batch", "seq", "cp", "compute_dtype", "param_dtype", "vocab_parallel")
+_ENDS_READ = ("tp", "micro_batch", "seq", "cp", "compute_dtype", "param_dtype", "vocab_parallel", "loss_engine")
 
 
-def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) -> Dict[str, np.ndarray]:
+def _embedding_and_head(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hardware: Hardware,
+                        eff) -> Dict[str, np.ndarray]:
     """``(N,)`` seconds of the embedding and of the head and loss, forward and backward, a micro-batch.
 
     The head, as the memory model counts it, is split over TP only when
     vocabulary-parallel (otherwise every TP rank runs the whole head and
     loss). The loss moves the census's output-layer bytes, else the logits
-    cast to fp32, log-softmax read and written, the gather and the final norm.
+    cast to fp32, log-softmax read and written, the gather and the final norm;
+    under ``loss_engine=compiled`` Inductor's kernels read the 16-bit logits
+    twice forward (the max, then the exponentials' sum) and once backward,
+    writing their gradient: ``2 w`` a logit each pass.
     """
     hbm, h, vocab = float(hardware.hbm_bytes_per_second), float(model.hidden_size), float(model.vocab_size)
     width, peak, tokens = rows.compute_bytes, rows.peak_flops, rows.tokens
@@ -1698,6 +1704,10 @@ def _embedding_and_head(model: ModelWork, rows: _Rows, hardware: Hardware, eff) 
         loss_per_token = model.loss_bytes_per_token / head_split
     else:
         loss_per_token = vocab / head_split * (width + 16.0) + NORM_ELEMENTS * h * 2.0
+    compiled = np.asarray(cols["loss_engine"]) == _COMPILED_LOSS
+    if np.count_nonzero(compiled):
+        loss_per_token = np.where(compiled, vocab / head_split * 2.0 * width + NORM_ELEMENTS * h * 2.0,
+                                  loss_per_token)
     loss_bytes = tokens * loss_per_token * (1 + len(model.mtp_kinds))
     embedding_bytes = 2.0 * tokens * h * width
     return {"head_fwd": head_fwd + loss_bytes / (hbm * eff["memory"]),
@@ -2124,9 +2134,9 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
                            dtype=bool)[np.asarray(cols["schedule"])]
     layer = layer_seconds(model, cols, hardware, eff, rows)
     comm = _layer_communication(model, rows, cols, layer, overlaps_ep, hardware, eff, coll)
-    ends = (_embedding_and_head(model, rows, hardware, eff) if len(rows.tp) != 1 else  # one row: kept
+    ends = (_embedding_and_head(model, rows, cols, hardware, eff) if len(rows.tp) != 1 else  # one row: kept
             _kept_one_row("ends_one_row", model, hardware, eff, cols, _ENDS_READ, (),
-                          lambda: _embedding_and_head(model, rows, hardware, eff)))
+                          lambda: _embedding_and_head(model, rows, cols, hardware, eff)))
     layers_on_rank = np.add.reduce(counts, axis=2)
     rl = np.asarray(cols["recompute_layers"], dtype=np.float64)[:, None]
     partial = np.count_nonzero(rl >= 0)  # rows recomputing some of their layers (else all: a share of 1)

@@ -367,9 +367,9 @@ def _document(s: Strategy, global_batch: Optional[int]) -> Dict[str, Any]:
                             "model calls deepspeed.checkpointing); give it with --strategy when reading back")
     if s.vocab_parallel:
         raise _refuse_write("vocab_parallel", "true", "AutoTP leaves the embedding and head whole")
-    if s.loss_engine == "megatron":
-        raise _refuse_write("loss_engine", "megatron", "the model's own loss runs (Transformers': torch's "
-                            "cross_entropy): loss_engine=auto or torch")
+    if s.loss_engine in ("megatron", "compiled"):
+        raise _refuse_write("loss_engine", s.loss_engine, "the model's own loss runs eagerly (Transformers': "
+                            "torch's cross_entropy): loss_engine=auto or torch")
     if s.sp:
         raise _refuse_write("sp", "true", "AutoTP has no sequence parallelism over tp")
     if s.offload_params and s.zero != 3:

@@ -41,8 +41,8 @@ the last commit with TOML job files; older files' ``[training] compile`` and
   tensorwise) and ``enable_fsdp_float8_all_gather`` (``[quantize.linear.float8]``
   at 238fa99, ``[float8]`` before) as ``float8`` and ``float8_all_gather``;
   ``[compile] enable`` with ``"model"`` among its components (or the older
-  ``[training] compile``) as ``compile``; ``enable_async_tensor_parallel`` with
-  TP as ``async_tp``.
+  ``[training] compile``) as ``compile``, with ``"loss"`` among them as
+  ``loss_engine=compiled``; ``enable_async_tensor_parallel`` with TP as ``async_tp``.
 
 The grouped-GEMM float8 converter (``[quantize.grouped_mm.float8] fqns``, or 2025's
 ``[float8] moe_fqns``) beside the float8 one is ``float8_experts``.
@@ -310,11 +310,15 @@ def _low_precision(f: _File, p: Dict[str, int]) -> Tuple[Dict[str, Any], List[st
     if compiled and backend != "inductor":
         raise f.error("[compile] backend", f"{backend!r}: ndcost's compile prices inductor's fusion",
                       'give "inductor"')
-    if compiled and "model" not in components:
-        notes.append(f"[compile] components = {components}: the loss compiled alone is priced eagerly")
     old = boolean(KIND, f.path, "[training] compile", f.get("training", "compile", False))
     if (compiled and "model" in components) or old:
         fields["compile"] = True
+    if compiled and "loss" in components:  # components/loss.py: build_cross_entropy_loss compiles it
+        fields["loss_engine"] = "compiled"
+    elif old:
+        notes.append("[training] compile: whether torchtitan also compiled the loss depends on its version (from "
+                     "2024-10-22, e10cb949, off from 2024-12-18, e8977b00, on again from 2025-04-02, bbb1b616): "
+                     "priced eager, the larger figure; [compile] components with \"loss\" says it is compiled")
     if boolean(KIND, f.path, "[parallelism] enable_async_tensor_parallel",
                f.get("parallelism", "enable_async_tensor_parallel", False)) and p["tp"] > 1:
         if not fields.get("compile"):
@@ -688,7 +692,9 @@ def write(strategy: Strategy, *, model: Any, global_batch: Optional[int]) -> str
         lines += ['mode = "selective"', f'selective_ac_option = "{_period(layers, s.recompute_layers)}"']
     else:
         lines.append(f'mode = "{s.recompute}"')
-    lines += ["", "[compile]", f"enable = {'true' if s.compile else 'false'}", 'components = ["model", "loss"]', ""]
+    components = [name for name, on in (("model", s.compile), ("loss", s.loss_engine == "compiled")) if on]
+    lines += ["", "[compile]", f"enable = {'true' if components else 'false'}",
+              "components = [" + ", ".join(f'"{c}"' for c in components or ("model", "loss")) + "]", ""]
     if s.float8 != "none":
         lines += ["[quantize.linear.float8]"] + ([] if s.float8 == "tensorwise" else [f'recipe_name = "{s.float8}"'])
         lines += [f"enable_fsdp_float8_all_gather = {'true' if s.float8_all_gather else 'false'}",
@@ -760,7 +766,7 @@ def _check_writable(s: Strategy) -> None:
         (s.fsdp_engine == "megatron", "fsdp_engine=megatron", "torchtitan shards with FSDP2 (fully_shard): "
          "fsdp_engine=auto or torch"),
         (s.loss_engine == "megatron", "loss_engine=megatron", "torchtitan's loss is torch's cross_entropy "
-         "(loss_parallel under TP): loss_engine=auto or torch"),
+         "(loss_parallel under TP), compiled or not: loss_engine=auto, torch or compiled"),
         (s.offload_params != s.offload_optimizer, "offload_params without offload_optimizer (or the reverse)",
          "FSDP2's CPUOffloadPolicy offloads both"),
         (s.offload_activations, "offload_activations=true", "torchtitan's job has no activation offload"),
