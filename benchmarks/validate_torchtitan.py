@@ -29,6 +29,7 @@ Published memory is torchtitan's ``max_memory_reserved`` (the caching allocator'
 ndcost's reserved bytes where ndcost claims them (a census replayed the layers' allocations), else beside its
 allocated peak (``memory_basis``). The H100 rows are priced on ``h100-hbm2e-500w``, the 96 GB HBM2e part at
 500 W those runs used, whose peaks are assumed (the TorchTitan paper: between the SXM's and the NVL's).
+A row's ``unpriced`` says what the run did that ndcost prices otherwise (shown in the table's note).
 What it leaves out: the fields the tables do not state (sequence length, selective checkpointing option,
 micro-batch size) are taken from torchtitan's configs of the time (``assumed`` per row).
 """
@@ -134,6 +135,7 @@ def evaluate_row(row: Dict[str, Any], census: str = "off") -> Dict[str, Any]:
     """One row: published figures, ndcost's (or why it cannot price them), each relative error."""
     out: Dict[str, Any] = {k: row[k] for k in ("id", "table", "model", "gpus", "hardware", "seq_len")}
     out["features"] = [f for f in FEATURES if row[f]]
+    out["unpriced"] = list(row.get("unpriced", ()))  # what the run does that ndcost prices otherwise
     out["published"] = {"tokens_per_second_per_gpu": row["tokens_per_second_per_gpu"],
                         "memory_gib": row["memory_gib"]}
     try:
@@ -215,7 +217,7 @@ def table(results: List[Dict[str, Any]], summ: Dict[str, Any]) -> str:
     for r in results:
         p = r.get("predicted") or r["predicted_without_features"]
         wrap = (lambda s: s) if r["comparable"] else (lambda s: f"({s})")
-        note = "" if r["comparable"] else "not priced: " + " + ".join(r["features"]) + \
+        note = "; ".join(r["unpriced"]) if r["comparable"] else "not priced: " + " + ".join(r["features"]) + \
             "; (figures) without them, not like-for-like"
         before = _pct(r.get("tokens_error_without_features")) if r["features"] and r["comparable"] else "-"
         if not p["fits"]:
