@@ -206,3 +206,21 @@ def test_torchtitan_reads_and_writes_its_compiled_loss():
     text = to_config("torchtitan", strategy, model="llama-3.1-8b")
     assert 'components = ["model", "loss"]' in text
     assert 'components = ["model"]' in to_config("torchtitan", "fsdp=8,seq=8192,compile=true", model="llama-3.1-8b")
+
+
+def test_the_compiled_losss_kernels_move_two_reads_and_a_write(llama8b):
+    """The loss's time is its bytes at HBM: eager, the 16-bit logits cast to fp32 and log-softmax's reads and writes
+    (w + 16 bytes a logit a pass, with the census off); compiled, two reads of the 16-bit logits forward (the max,
+    then the exponentials' sum) and a read and the gradient's write backward (2 w a logit a pass)."""
+    from ndcost.compose import time as time_model
+    hardware = llama8b.hardware
+    eff = time_model.efficiencies(hardware)[0]
+    work = llama8b.model_work(8192)
+    ends = {}
+    for engine in ("torch", "compiled"):
+        cols = time_model.strategy_columns([ndcost.Strategy.parse(f"{BASE},loss_engine={engine}")])
+        ends[engine] = time_model._embedding_and_head(work, time_model._rows(cols, hardware), cols, hardware, eff)
+    width, hbm = 2.0, float(hardware.hbm_bytes_per_second)
+    saved_bytes = TOKENS * V * ((width + 16.0) - 2.0 * width)
+    for key, memory in (("head_fwd", eff["memory"]), ("head_bwd", eff["memory_backward"])):
+        assert ends["torch"][key][0] - ends["compiled"][key][0] == pytest.approx(saved_bytes / (hbm * memory))
