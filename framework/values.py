@@ -713,7 +713,9 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                "router, the routed experts (unless float8_experts) and the output head stay at "
                                "compute_dtype; saved "
                                "activations unchanged (the high-precision input is saved). tensorwise and rowwise "
-                               "are priced alike (same cast bytes, the hardware's matmul efficiency); no amax "
+                               "are priced alike (same cast bytes, the hardware's matmul efficiency), so rowwise "
+                               "is priced faster than it runs (torchtitan's June 2025 rowwise rows under TP ran "
+                               "34% to 64% slower: pytorch/ao#2185, pytorch/torchtitan#1207); no amax "
                                "history (dynamic scaling keeps none). Needs a hardware fp8 peak",
                        synonyms=("fp8", "fp8_recipe", "float8_recipe", "recipe_name", "fp8_training",
                                  "float8_linear", "enable_float8_linear")),
