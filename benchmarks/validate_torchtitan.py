@@ -21,7 +21,7 @@ reported as unpriceable with the reader's reason. The Spearman rank correlation 
 tokens/s per GPU is over the priced rows (and, for comparison, over the rows using none of the features).
 torchtitan compiled the loss with the blocks from 2025-04 (``components/loss.py``), not in December 2024
 (``e8977b00`` turned it off): each edition's ``compile_components``, read as ``loss_engine=compiled`` where
-they name the loss.
+they name the loss, and whether its pipeline schedule kept the last stage's outputs (``pp_return_outputs``).
 Float8's all-gather (``enable_fsdp_float8_all_gather``) is on where the row says so (the 405B rows: torchtitan's
 ``train_configs/llama3_405b.toml`` of the time turns it on), else off, torchtitan's default.
 
@@ -42,6 +42,8 @@ import os
 import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Sequence
+
+import attrs
 
 import ndcost
 from ndcost.errors import InvalidStrategy, NdcostError
@@ -103,9 +105,12 @@ def read_job(row: Dict[str, Any], *, features: bool = True) -> "ndcost.trainers.
         with open(path, "w", encoding="utf-8") as out:
             out.write(job_toml(row, features=features, compile_components=components))
         try:
-            return ndcost.from_config("torchtitan", path, devices=row["gpus"])
+            config = ndcost.from_config("torchtitan", path, devices=row["gpus"])
         except NdcostError as exc:
             raise type(exc)(str(exc).replace(tmp + os.sep, "")) from None
+    if _sources()[row["source"]].get("pp_return_outputs") and config.strategy.pp > 1:  # the torchtitan of the time
+        config = attrs.evolve(config, strategy=attrs.evolve(config.strategy, pp_return_outputs=True))
+    return config
 
 
 def _price(config: Any, hardware: str, census: str) -> Dict[str, Any]:

@@ -410,6 +410,7 @@ class Strategy:
     async_tp: bool = attrs.field(default=False, converter=_bool_field("async_tp"))
     gradient_sync: str = attrs.field(default="auto", converter=_choice("gradient_sync", GRADIENT_SYNC))
     pp_engine: str = attrs.field(default="auto", converter=_choice("pp_engine", PP_ENGINES))
+    pp_return_outputs: bool = attrs.field(default=False, converter=_bool_field("pp_return_outputs"))
     fsdp_engine: str = attrs.field(default="auto", converter=_choice("fsdp_engine", FSDP_ENGINES))
     loss_engine: str = attrs.field(default="auto", converter=_choice("loss_engine", LOSS_ENGINES))
     cp_rotate: str = attrs.field(default="allgather", converter=_choice("cp_rotate", CP_ROTATES))
@@ -781,6 +782,17 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                   "micro-batches in flight (the received buffer is their input); no effect at pp=1",
                           synonyms=("pipeline_engine", "pp_runtime", "pipeline_runtime", "pp_backend",
                                     "pipeline_backend")),
+    "pp_return_outputs": FieldDoc(meaning="whether torch.distributed.pipelining's schedule returns the last "
+                                          "stage's outputs (schedule.step(return_outputs=...), torch's default "
+                                          "True; torchtitan passes False from e5ef99aa, 2025-10-22). true: the "
+                                          "last stage keeps every micro-batch's output (its 16-bit logits, split "
+                                          "by tp under vocab_parallel) until the next step (stage.py "
+                                          "output_chunks), and step() concatenates them once its backward is done "
+                                          "(_merge_outputs): num_micro_batches outputs at every moment after the "
+                                          "last forward, twice that at the merge. No effect without "
+                                          "pp_engine=torch at pp > 1",
+                                  synonyms=("return_outputs", "pp_outputs", "keep_outputs", "save_forward_output",
+                                            "output_chunks")),
     "fsdp_engine": FieldDoc(meaning="the engine gathering FSDP's sharded parameters (fsdp > 1, or shard_mesh=fsdp_cp "
                                     "over cp ranks). auto: as torch. torch: PyTorch's FSDP2 (fully_shard, "
                                     "torchtitan's), which copies each all-gather's output into the parameters' "

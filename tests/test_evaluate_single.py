@@ -85,7 +85,7 @@ def strategy_fields(draw, model):
     if draw(st.integers(0, 3)) == 0:  # the sharding vocabulary: one strategy's sharding is kept by these fields
         fields.update(shard_mesh=draw(st.sampled_from(SHARD_MESHES)), reshard_after_forward=draw(st.booleans()),
                       gradient_sync=draw(st.sampled_from(GRADIENT_SYNC)), offload_activations=draw(st.booleans()),
-                      pp_engine=draw(st.sampled_from(PP_ENGINES)),
+                      pp_engine=draw(st.sampled_from(PP_ENGINES)), pp_return_outputs=draw(st.booleans()),
                       fsdp_engine=draw(st.sampled_from(FSDP_ENGINES)),
                       loss_engine=draw(st.sampled_from(LOSS_ENGINES)))
     if draw(st.integers(0, 3)) == 0:
@@ -317,7 +317,8 @@ OTHER_VALUE = {"dp": 1, "fsdp": 4, "tp": 4, "pp": 4, "vpp": 2, "cp": 2, "ep": 4,
                "float8_all_gather": {"float8": "tensorwise", "float8_all_gather": True},
                "float8_experts": {"float8": "tensorwise", "float8_experts": True}, "compile": True,
                "async_tp": {"async_tp": True, "compile": True}, "gradient_sync": "last_micro_batch",
-               "pp_engine": "torch", "fsdp_engine": "megatron", "loss_engine": "megatron", "cp_rotate": {"cp_rotate": "p2p", "cp": 2},
+               "pp_engine": "torch", "pp_return_outputs": {"pp_engine": "torch", "pp_return_outputs": True},
+               "fsdp_engine": "megatron", "loss_engine": "megatron", "cp_rotate": {"cp_rotate": "p2p", "cp": 2},
                "ep_dispatcher": {"ep_dispatcher": "deepep", "ep": 4}}
 
 

@@ -596,6 +596,9 @@ def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConf
         fields["pp_engine"] = "torch"
         defaults.append("PP through torch.distributed.pipelining: a receive buffer a micro-batch, kept: "
                         "pp_engine=torch")
+        defaults.append("the last stage's outputs not kept for step() to return (torchtitan passes "
+                        "return_outputs=False from e5ef99aa, 2025-10-22; an older torchtitan kept them: "
+                        "pp_return_outputs=true prices that)")
     if boolean(KIND, f.path, "[training] enable_cpu_offload", f.get("training", "enable_cpu_offload", False)):
         fields["offload_params"] = fields["offload_optimizer"] = True  # FSDP2 CPUOffloadPolicy
     optimizer = _name(KIND, f.path, "[optimizer] name", f.get("optimizer", "name", "AdamW"))
