@@ -5,10 +5,10 @@
 The rows are ``benchmarks/data/torchtitan_performance.yaml``: pytorch/torchtitan's ``docs/performance.md`` (the
 December 2024 edition's Tables 1 to 6 on H100, and the 2024 edition's 64-A100 Llama 3 table) and its
 ``benchmarks/`` of June 2025 (async TP beside vanilla TP on 256 and 64 H100s, bf16 and Float8 tensorwise and
-rowwise; Llama 3.1 8B on 32 and 64 H200s); the markdown of each is stored beside it. Each row is written as a torchtitan job TOML and read by ndcost's torchtitan reader
-(``ndcost.from_config("torchtitan", path, devices=N)``), so torchtitan's semantics are the reader's: FSDP over
-``dp_shard * cp`` (``shard_mesh=fsdp_cp`` where dp_shard is 1), loss parallel with TP, fp32 parameters computed
-in bf16. The strategy is priced by ``ndcost.resolve(model, runtime=<the reader's: torchtitan-cuda>,
+rowwise; Llama 3.1 8B on 32 and 64 H200s); the markdown of each is stored beside it. Each row is written as a
+torchtitan job TOML and read by ndcost's torchtitan reader (``ndcost.from_config("torchtitan", path,
+devices=N)``), so torchtitan's semantics are the reader's: FSDP over ``dp_shard * cp`` (``shard_mesh=fsdp_cp``
+where dp_shard is 1), loss parallel with TP, fp32 parameters computed in bf16. The strategy is priced by ``ndcost.resolve(model, runtime=<the reader's: torchtitan-cuda>,
 hardware=h100-hbm2e-500w|a100|h200, census="off")``
 (``--census auto``
 measures the layers instead of the op records: slower, and different activation bytes under selective

@@ -114,6 +114,9 @@ def test_each_row_translates_with_its_features(row):
     assert (without.float8, without.float8_all_gather, without.compile, without.async_tp) == \
         ("none", False, False, False)
     assert (s.tp, s.pp, s.cp, s.seq) == (row["tp"], row["pp"], row["cp"], row["seq_len"])
+    # torchtitan's compiled loss from April 2025; its schedule's kept outputs before October 2025 (the editions')
+    assert (s.loss_engine == "compiled") == (row["compile"] and row["source"] != "h100_2024_12")
+    assert s.pp_return_outputs == (row["pp"] > 1 and row["source"] == "h100_2024_12")
     assert s.dp * s.fsdp * s.cp * s.tp * s.pp == row["gpus"]
     if row["dp_shard"] == 1 and row["cp"] > 1:  # torchtitan's FSDP over the cp ranks alone
         assert (s.dp, s.fsdp, s.shard_mesh) == (1, 1, "fsdp_cp")
