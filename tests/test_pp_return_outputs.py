@@ -1,9 +1,11 @@
-"""``Strategy.pp_return_outputs``: the last stage's outputs torch.distributed.pipelining keeps for ``step()`` to return.
+"""The last stage's outputs torch.distributed.pipelining holds (``pp_engine=torch``, ``pp_return_outputs``).
 
-torch/distributed/pipelining/stage.py appends each micro-batch's output to ``output_chunks`` (emptied only at the
-next step's start) and schedules.py's ``step()`` returns their concatenation (``_merge_outputs``). A Llama
-output is its head's 16-bit logits: tokens x vocabulary x 2 bytes, the vocabulary split by tp under
-``vocab_parallel``. Every figure below is that product, derived here, not read from ndcost.
+torch/distributed/pipelining/stage.py keeps each micro-batch's output in ``fwd_cache`` until its backward pops it
+(a local reference holds it through the stage's backward); under ``return_outputs`` it also appends it to
+``output_chunks`` (emptied only at the next step's start), and schedules.py's ``step()`` returns their
+concatenation (``_merge_outputs``). A Llama output is its head's 16-bit logits: tokens x vocabulary x 2 bytes,
+the vocabulary split by tp under ``vocab_parallel``. Every figure below is that product, derived here, not read
+from ndcost.
 """
 from __future__ import annotations
 
@@ -29,16 +31,22 @@ def _last_stage(model, text):
 
 
 def test_the_outputs_wait_beside_the_last_micro_batchs_loss(llama8b):
-    """No recompute, two micro-batches: the last stage peaks at its last micro-batch's loss backward, where both
-    micro-batches' logits are kept (the eager loss keeps its fp32 log-softmax, not them). The compiled loss keeps
-    the current micro-batch's logits itself: one more output only."""
-    base = "pp=2,num_micro_batches=2,micro_batch=1,seq=8192,recompute=none,pp_engine=torch"
-    for loss, more in (("torch", 2), ("compiled", 1)):
-        plain = _last_stage(llama8b, f"{base},loss_engine={loss}")
-        kept = _last_stage(llama8b, f"{base},loss_engine={loss},pp_return_outputs=true")
-        assert plain.provenance["moment"] == kept.provenance["moment"] == "output backward"
-        assert kept.peak_bytes - plain.peak_bytes == more * LOGITS_BYTES
-        assert kept.bytes_by_category["output"] - plain.bytes_by_category["output"] == more * LOGITS_BYTES
+    """No recompute, two micro-batches under 1F1B: the last stage peaks at its last micro-batch's loss backward.
+    Megatron-LM's engine holds no output there beyond the loss's own bytes (the eager loss keeps its fp32
+    log-softmax, not the logits; the compiled one keeps the logits). torch's holds the current micro-batch's
+    logits in fwd_cache (one more output with the eager loss, none with the compiled one), and under
+    return_outputs the earlier micro-batch's too (one more again)."""
+    base = "pp=2,num_micro_batches=2,micro_batch=1,seq=8192,recompute=none"
+    for loss, engine_more, returned_more in (("torch", 1, 1), ("compiled", 0, 1)):
+        megatron = _last_stage(llama8b, f"{base},loss_engine={loss},pp_engine=megatron")
+        torch_engine = _last_stage(llama8b, f"{base},loss_engine={loss},pp_engine=torch")
+        returned = _last_stage(llama8b, f"{base},loss_engine={loss},pp_engine=torch,pp_return_outputs=true")
+        for stage in (megatron, torch_engine, returned):
+            assert stage.provenance["moment"] == "output backward"
+        # the receive buffers pp_engine=torch adds are communication; the outputs are the output layer's
+        assert (torch_engine.bytes_by_category["output"] - megatron.bytes_by_category["output"]
+                == engine_more * LOGITS_BYTES)
+        assert returned.peak_bytes - torch_engine.peak_bytes == returned_more * LOGITS_BYTES
 
 
 def test_the_merged_copy_doubles_them_after_the_backward(llama8b):
@@ -55,7 +63,7 @@ def test_vocabulary_parallel_splits_them(llama8b):
     base = ("tp=2,sp=true,vocab_parallel=true,pp=2,num_micro_batches=2,micro_batch=1,seq=8192,recompute=none,"
             "pp_engine=torch")
     plain, kept = _last_stage(llama8b, base), _last_stage(llama8b, f"{base},pp_return_outputs=true")
-    assert kept.peak_bytes - plain.peak_bytes == 2 * LOGITS_BYTES // 2
+    assert kept.peak_bytes - plain.peak_bytes == LOGITS_BYTES // 2
 
 
 @pytest.mark.parametrize("text", [

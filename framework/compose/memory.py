@@ -11,7 +11,8 @@ A map of :func:`compose` (each step's docstring says what it counts and why):
 - :func:`_output_layer`: the final norm, head and loss;
 - :func:`_communication_buffers`: FSDP / ZeRO-3 gathers, SP / EP / CP buffers;
 - :func:`_pipeline_buffers`: ``pp_engine=torch``'s receive buffers, one a micro-batch of the step;
-- :func:`_returned_outputs`: the last stage's outputs ``pp_return_outputs`` keeps, and their merged copy;
+- :func:`_pipeline_outputs`: the last stage's outputs ``pp_engine=torch`` holds (all, and their merged copy,
+  under ``pp_return_outputs``);
 - :func:`_moments`, :func:`_peak`: the five moments a stage can peak at (``MOMENTS``), the largest;
 - :func:`_reserved`: what PyTorch's caching allocator reserves for that peak (:mod:`ndcost.allocator`).
 
@@ -1319,34 +1320,37 @@ def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, 
     return [buffers - in_flight, buffers - in_flight - arriving, buffers - others, buffers - others, buffers]
 
 
-def _returned_outputs(model: ModelTables, cols, batch: _Batch, where: placement_rules.Placement,
+def _pipeline_outputs(model: ModelTables, cols, batch: _Batch, where: placement_rules.Placement,
                       flight: _InFlight, step_temporaries) -> Optional[List[np.ndarray]]:
-    """(N, R) bytes of the last stage's outputs ``pp_return_outputs`` keeps, at each of ``MOMENTS``; None where no
-    row keeps them.
+    """(N, R) bytes of the last stage's outputs ``pp_engine=torch`` holds, at each of ``MOMENTS``; None where no
+    row runs it.
 
-    ``torch/distributed/pipelining/stage.py``: the last stage appends each micro-batch's output to
-    ``output_chunks`` (``forward_one_chunk``, ``save_forward_output``), which ``clear_runtime_states`` empties
-    only at the next step's start; ``schedules.py`` ``step()`` then returns ``_merge_outputs`` of them, a
-    concatenated copy (torchtitan discards it, so it is freed before the optimizer step). An output is the
-    head's 16-bit logits, a micro-batch's tokens by the vocabulary (split by tp under ``vocab_parallel``).
-    At the output backward of the step's last micro-batch every micro-batch's output is kept; later moments
-    likewise. The compiled loss keeps the logits itself for the micro-batches whose loss backward has not run
-    (``_output_layer`` counts those): not counted twice. The merge's copy is counted at the optimizer step,
-    whose moment stands for both: the optimizer's temporaries or the copy, whichever is larger, beside the
-    kept outputs.
+    ``torch/distributed/pipelining/stage.py``: ``forward_one_chunk`` keeps each micro-batch's output in
+    ``fwd_cache`` until ``backward_one_chunk`` pops it, whose local reference holds it through the stage's
+    backward; under ``pp_return_outputs`` it also appends it to ``output_chunks``, which
+    ``clear_runtime_states`` empties only at the next step's start, and ``schedules.py`` ``step()`` returns
+    ``_merge_outputs`` of them, a concatenated copy (torchtitan discards it, so it is freed before the optimizer
+    step). An output is the head's 16-bit logits, a micro-batch's tokens by the vocabulary (split by tp under
+    ``vocab_parallel``). The micro-batches in flight on the head's chunk hold theirs, every micro-batch's under
+    ``pp_return_outputs`` (the step's last output backward, and after). The compiled loss keeps the logits itself
+    for the micro-batches whose loss backward has not run (``_output_layer`` counts those): not counted twice.
+    The merge's copy is counted at the optimizer step, whose moment stands for both: the optimizer's temporaries
+    or the copy, whichever is larger, beside the kept outputs. Left out: the other stages' outputs their
+    ``fwd_cache`` holds (a stage boundary a micro-batch in flight).
     """
-    rows = (np.asarray(cols["pp_return_outputs"], dtype=bool) & (np.asarray(cols["pp_engine"]) == _TORCH_ENGINE)
-            & (cols["pp"] > 1))
+    rows = (np.asarray(cols["pp_engine"]) == _TORCH_ENGINE) & (cols["pp"] > 1)
     if not np.count_nonzero(rows):
         return None
     split = np.where(np.asarray(cols["vocab_parallel"], dtype=bool), batch.tp, 1.0)
     output = np.where(rows, batch.tokens * float(model.vocab_size) / split * batch.compute_bytes, 0.0)[:, None]
-    kept = cols["num_micro_batches"].astype(np.float64)[:, None] * output  # (N, 1)
-    keeps_logits = (np.asarray(cols["loss_engine"]) == _COMPILED_LOSS)[:, None]
+    returned = np.asarray(cols["pp_return_outputs"], dtype=bool)[:, None]
+    every = cols["num_micro_batches"].astype(np.float64)[:, None] * output  # (N, 1): output_chunks at the end
     on_head = flight.on_head.astype(np.float64)
-    at_loss = kept - np.where(keeps_logits, on_head * output, 0.0)
-    after = kept - np.where(keeps_logits, np.maximum(on_head - 1.0, 0.0) * output, 0.0)
-    merged = kept + np.maximum(kept - step_temporaries, 0.0)
+    alive = np.where(returned, every, on_head * output)
+    keeps_logits = (np.asarray(cols["loss_engine"]) == _COMPILED_LOSS)[:, None]
+    at_loss = alive - np.where(keeps_logits, on_head * output, 0.0)
+    after = alive - np.where(keeps_logits, np.maximum(on_head - 1.0, 0.0) * output, 0.0)
+    merged = np.where(returned, every + np.maximum(every - step_temporaries, 0.0), 0.0)
     head = where.has_head
     return [np.where(head, x, 0.0) for x in (at_loss, after, after, after, merged)]
 
@@ -1688,9 +1692,9 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     if received is not None:
         moments = [dict(m, communication=m["communication"] + extra)
                    for m, extra in zip(moments, received, strict=True)]
-    returned = _returned_outputs(model, cols, batch, where, held, moments[-1]["working"])
-    if returned is not None:
-        moments = [dict(m, output=m["output"] + whole(extra)) for m, extra in zip(moments, returned, strict=True)]
+    outputs = _pipeline_outputs(model, cols, batch, where, held, moments[-1]["working"])
+    if outputs is not None:
+        moments = [dict(m, output=m["output"] + whole(extra)) for m, extra in zip(moments, outputs, strict=True)]
     moments, host_bytes, offloaded_activations = _offload_activations(moments, stage, layer, where, cols,
                                                                       host_states)
     kept = {name: whole(persistent[name]) for name in ("parameters", "master", "optimizer_states")}
