@@ -779,9 +779,10 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                   "(all but the first stage) and one for its output's gradient (all but the last), "
                                   "kept across steps: num_micro_batches x a stage boundary's bytes each, "
                                   "communication at every moment, less what the activations count of the "
-                                  "micro-batches in flight (the received buffer is their input); and the last "
-                                  "stage holds the outputs (logits) of its micro-batches in flight to their "
-                                  "backward (fwd_cache; all of them under pp_return_outputs); no effect at pp=1",
+                                  "micro-batches in flight (the received buffer is their input); and each stage "
+                                  "holds its micro-batches' outputs in flight to their backward (fwd_cache: a "
+                                  "stage boundary each, activations; the last stage's logits, every micro-batch's "
+                                  "under pp_return_outputs); no effect at pp=1",
                           synonyms=("pipeline_engine", "pp_runtime", "pipeline_runtime", "pp_backend",
                                     "pipeline_backend")),
     "pp_return_outputs": FieldDoc(meaning="whether torch.distributed.pipelining's schedule returns the last "

@@ -75,16 +75,17 @@ def test_1f1b_four_stages(llama8b):
     buffers, less the one its last layer's backward holds as the arriving gradient: 7 B. Stages 1 and 2 hold 8 of
     each, 16 B, less their 3 and 2 micro-batches in flight (their first layer keeps the received input) and the
     arriving gradient: 12 B and 13 B. Stage 3, the last, sends no output: 8 input buffers, less its 1 in flight.
-    Beside the buffers the last stage holds its micro-batch's 16-bit logits through the loss's backward
-    (``fwd_cache``; tests/test_pp_return_outputs.py): 4,096 tokens x the 128,256-word vocabulary x 2 bytes."""
+    Beside the buffers each stage's ``fwd_cache`` holds the outputs of its micro-batches in flight to their
+    backward (activations): a boundary each on stages 0 to 2 (4, 3 and 2 B), and on the last stage its micro-batch's
+    16-bit logits (tests/test_pp_return_outputs.py): 4,096 tokens x the 128,256-word vocabulary x 2 bytes."""
     got = _communication(llama8b, f"pp=4,num_micro_batches=8,seq={S},pp_engine=torch")
     assert got == [(LAST, 7 * B), (LAST, 12 * B), (LAST, 13 * B), (LOSS, 7 * B)]
-    # the buffers (and the last stage's logits) add to the peak exactly that (nothing else moves)
+    # the buffers and the held outputs add to the peak exactly that (nothing else moves)
     auto = _stages(llama8b, f"pp=4,num_micro_batches=8,seq={S}")
     torch = _stages(llama8b, f"pp=4,num_micro_batches=8,seq={S},pp_engine=torch")
     logits = S * 128256 * 2
-    assert [t.peak_bytes - a.peak_bytes for t, a in zip(torch, auto, strict=True)] == [7 * B, 12 * B, 13 * B,
-                                                                                        7 * B + logits]
+    assert [t.peak_bytes - a.peak_bytes for t, a in zip(torch, auto, strict=True)] == [(7 + 4) * B, (12 + 3) * B,
+                                                                                        (13 + 2) * B, 7 * B + logits]
 
 
 def test_interleaved_chunks_are_stages_of_their_own(llama8b):

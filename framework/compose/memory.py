@@ -11,8 +11,8 @@ A map of :func:`compose` (each step's docstring says what it counts and why):
 - :func:`_output_layer`: the final norm, head and loss;
 - :func:`_communication_buffers`: FSDP / ZeRO-3 gathers, SP / EP / CP buffers;
 - :func:`_pipeline_buffers`: ``pp_engine=torch``'s receive buffers, one a micro-batch of the step;
-- :func:`_pipeline_outputs`: the last stage's outputs ``pp_engine=torch`` holds (all, and their merged copy,
-  under ``pp_return_outputs``);
+- :func:`_pipeline_outputs`: the stages' outputs ``pp_engine=torch`` holds to their backward (the last stage's all,
+  and their merged copy, under ``pp_return_outputs``);
 - :func:`_moments`, :func:`_peak`: the five moments a stage can peak at (``MOMENTS``), the largest;
 - :func:`_reserved`: what PyTorch's caching allocator reserves for that peak (:mod:`ndcost.allocator`).
 
@@ -1321,26 +1321,32 @@ def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, 
 
 
 def _pipeline_outputs(model: ModelTables, cols, batch: _Batch, where: placement_rules.Placement,
-                      flight: _InFlight, step_temporaries) -> Optional[List[np.ndarray]]:
-    """(N, R) bytes of the last stage's outputs ``pp_engine=torch`` holds, at each of ``MOMENTS``; None where no
-    row runs it.
+                      flight: _InFlight, step_temporaries) -> Optional[Dict[str, List[np.ndarray]]]:
+    """(N, R) bytes of the stages' outputs ``pp_engine=torch`` holds, by category (``activations``: the chunks
+    that send theirs on; ``output``: the last stage's), at each of ``MOMENTS``; None where no row runs it.
 
     ``torch/distributed/pipelining/stage.py``: ``forward_one_chunk`` keeps each micro-batch's output in
     ``fwd_cache`` until ``backward_one_chunk`` pops it, whose local reference holds it through the stage's
-    backward; under ``pp_return_outputs`` it also appends it to ``output_chunks``, which
-    ``clear_runtime_states`` empties only at the next step's start, and ``schedules.py`` ``step()`` returns
-    ``_merge_outputs`` of them, a concatenated copy (torchtitan discards it, so it is freed before the optimizer
-    step). An output is the head's 16-bit logits, a micro-batch's tokens by the vocabulary (split by tp under
-    ``vocab_parallel``). The micro-batches in flight on the head's chunk hold theirs, every micro-batch's under
-    ``pp_return_outputs`` (the step's last output backward, and after). The compiled loss keeps the logits itself
-    for the micro-batches whose loss backward has not run (``_output_layer`` counts those): not counted twice.
-    The merge's copy is counted at the optimizer step, whose moment stands for both: the optimizer's temporaries
-    or the copy, whichever is larger, beside the kept outputs. Left out: the other stages' outputs their
-    ``fwd_cache`` holds (a stage boundary a micro-batch in flight).
+    backward: a stage boundary a micro-batch in flight on a chunk that sends its output to another rank (one
+    handed to a chunk of the same rank, a V schedule's, is that chunk's received input: ``_pipeline_buffers``).
+    The last stage's output is the head's 16-bit logits, a micro-batch's tokens by the vocabulary (split by tp
+    under ``vocab_parallel``): its micro-batches in flight hold theirs, and under ``pp_return_outputs`` every
+    micro-batch's (the step's last output backward, and after), which ``forward_one_chunk`` also appends to
+    ``output_chunks`` (emptied only at the next step's start) for ``schedules.py`` ``step()`` to return as
+    ``_merge_outputs``' concatenated copy (torchtitan discards it, so it is freed before the optimizer step).
+    The compiled loss keeps the logits itself for the micro-batches whose loss backward has not run
+    (``_output_layer`` counts those): not counted twice. The merge's copy is counted at the optimizer step, whose
+    moment stands for both: the optimizer's temporaries or the copy, whichever is larger, beside the kept outputs.
     """
     rows = (np.asarray(cols["pp_engine"]) == _TORCH_ENGINE) & (cols["pp"] > 1)
     if not np.count_nonzero(rows):
         return None
+    # the chunks sending their output to another rank's: not the last, and no chunk of theirs is the next stage
+    stage = where.virtual_stage
+    local_next = ((stage[:, :, :, None] + 1 == stage[:, :, None, :]) & where.exists[:, :, None, :]).any(axis=3)
+    sends = where.exists & ~where.last & ~local_next & rows[:, None, None]
+    boundary = model.hidden_size * batch.residual_bytes * batch.tokens / np.where(batch.sp, batch.tp, 1.0)
+    sent = (flight.held * sends).sum(axis=2) * boundary[:, None]
     split = np.where(np.asarray(cols["vocab_parallel"], dtype=bool), batch.tp, 1.0)
     output = np.where(rows, batch.tokens * float(model.vocab_size) / split * batch.compute_bytes, 0.0)[:, None]
     returned = np.asarray(cols["pp_return_outputs"], dtype=bool)[:, None]
@@ -1352,7 +1358,8 @@ def _pipeline_outputs(model: ModelTables, cols, batch: _Batch, where: placement_
     after = alive - np.where(keeps_logits, np.maximum(on_head - 1.0, 0.0) * output, 0.0)
     merged = np.where(returned, every + np.maximum(every - step_temporaries, 0.0), 0.0)
     head = where.has_head
-    return [np.where(head, x, 0.0) for x in (at_loss, after, after, after, merged)]
+    return {"activations": [sent, sent, sent, sent, np.zeros(sent.shape)],
+            "output": [np.where(head, x, 0.0) for x in (at_loss, after, after, after, merged)]}
 
 
 def _gathered_layer_bytes(model: ModelTables, params: "_StageParameters", batch: _Batch, cols) -> np.ndarray:
@@ -1694,7 +1701,8 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
                    for m, extra in zip(moments, received, strict=True)]
     outputs = _pipeline_outputs(model, cols, batch, where, held, moments[-1]["working"])
     if outputs is not None:
-        moments = [dict(m, output=m["output"] + whole(extra)) for m, extra in zip(moments, outputs, strict=True)]
+        moments = [dict(m, **{name: m[name] + whole(by_moment[i]) for name, by_moment in outputs.items()})
+                   for i, m in enumerate(moments)]
     moments, host_bytes, offloaded_activations = _offload_activations(moments, stage, layer, where, cols,
                                                                       host_states)
     kept = {name: whole(persistent[name]) for name in ("parameters", "master", "optimizer_states")}
