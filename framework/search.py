@@ -856,6 +856,12 @@ def _nothing_message(where, global_batch, seq, cap, pruning: List[Pruning], peak
             f"fits: " + "; ".join(parts) + "; change the devices, the batch or the memory cap")
 
 
+# held fields that act only where a strategy has what they act on: a candidate they leave unchanged is written
+# without them (its figures are the same; values.py's field docs say where each acts)
+_HELD_ACTS_WHERE = {"cp_rotate": lambda f: f["cp"] > 1, "ep_dispatcher": lambda f: f["ep"] > 1,
+                    "pp_return_outputs": lambda f: f["pp"] > 1 and f["pp_engine"] == "torch"}
+
+
 def _merge(summaries: List[_Summary], top: int, devices: int, hardware: str, tokens, price,
            held: Mapping[str, Any]) -> Tuple[Candidate, ...]:
     """The best *top* over every chunk, ordered as one process orders them (step, peak, chunk, row)."""
@@ -873,7 +879,8 @@ def _merge(summaries: List[_Summary], top: int, devices: int, hardware: str, tok
         tps = float(cols["tokens_per_second"][i])
         train = tokens / tps if tokens is not None else None
         gpu_hours = train * devices / 3600.0 if train is not None else None
-        out.append(Candidate(strategy=Strategy(**fields, **held), devices=devices, hardware=hardware,
+        acting = {k: v for k, v in held.items() if k not in _HELD_ACTS_WHERE or _HELD_ACTS_WHERE[k](fields)}
+        out.append(Candidate(strategy=Strategy(**fields, **acting), devices=devices, hardware=hardware,
                              peak_bytes=int(cols["peak_bytes"][i]), step_seconds=float(cols["step_seconds"][i]),
                              reserved_bytes=int(cols["reserved_bytes"][i]) if cols["reserved_bytes"][i] >= 0 else None,
                              tokens_per_second=tps, mfu=float(cols["mfu"][i]), train_seconds=train,

@@ -380,3 +380,18 @@ def test_holding_a_searched_field_or_seq_is_refused_naming_why():
     with pytest.raises(InvalidValue, match=r"held fields tp: the search chooses them"):
         held_fields("tp=2")
     assert held_fields("grad_dtype=bf16") == {"grad_dtype": "bf16"}
+
+
+def test_a_held_field_is_written_only_where_it_acts(llama):
+    """--hold pp_return_outputs=true acts only under torch's pipeline (pp > 1, pp_engine=torch) and cp_rotate only
+    where cp > 1: the candidates they leave unchanged are written without them, and every candidate still prices
+    as the search priced it."""
+    found = search(llama, devices=8, global_batch=16, seq=4096, memory_cap_bytes=60 * GIB, top=400,
+                   held="pp_return_outputs=true,cp_rotate=p2p").candidates
+    assert any(c.strategy.pp > 1 and c.strategy.pp_engine == "torch" for c in found)
+    assert any(c.strategy.pp == 1 for c in found) and any(c.strategy.cp > 1 for c in found)
+    for c in found:
+        s = c.strategy
+        assert s.pp_return_outputs == (s.pp > 1 and s.pp_engine == "torch"), str(s)
+        assert (s.cp_rotate == "p2p") == (s.cp > 1), str(s)
+        assert llama.evaluate(s).peak_bytes == c.peak_bytes
