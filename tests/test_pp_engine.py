@@ -193,6 +193,19 @@ def _pipeline_worker(rank, folder, chunks):
 
     schedule = (Schedule1F1B(stages[0], n_microbatches=MICRO_BATCHES, loss_fn=loss) if chunks == 1 else
                 ScheduleInterleaved1F1B(stages, n_microbatches=MICRO_BATCHES, loss_fn=loss))
+    sent_held = []  # at each backward's start: the bytes of the outputs the rank's non-last stages' fwd_cache holds
+
+    def held_outputs():
+        return sum(t.numel() * t.element_size() for stage in stages if not stage.is_last
+                   for output, _ in stage.fwd_cache.values() for t in output if isinstance(t, torch.Tensor))
+
+    for stage in stages:
+        backward = stage.backward_one_chunk
+
+        def recording(*args, backward=backward, **kwargs):
+            sent_held.append(held_outputs())
+            return backward(*args, **kwargs)
+        stage.backward_one_chunk = recording
     shape = (MICRO_BATCH * MICRO_BATCHES, SEQ, WIDTH)
     x, target = torch.randn(shape), torch.randn(shape)
     steps = []
@@ -203,8 +216,10 @@ def _pipeline_worker(rank, folder, chunks):
         held = {}
         for stage in stages:
             held.update(_buffers(stage))
-        steps.append({"buffers": held, "stages": [{"first": stage.is_first, "last": stage.is_last, "inputs": seen[:]}
-                                                   for stage, seen in zip(stages, inputs, strict=True)]})
+        steps.append({"buffers": held, "sent_first": sent_held[0],  # at the first backward, ndcost's peak
+                      "stages": [{"first": stage.is_first, "last": stage.is_last, "inputs": seen[:]}
+                                 for stage, seen in zip(stages, inputs, strict=True)]})
+        sent_held.clear()
     with open(os.path.join(folder, f"{rank}.json"), "w") as f:
         json.dump(steps, f)
     dist.destroy_process_group()
@@ -224,26 +239,39 @@ def _toy(layers):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("chunks, text, alias", [
-    # 1F1B over 2 ranks, 4 micro-batches: rank 0 in flight 2, rank 1 (the head's) 1; rank 0 receives no input
+@pytest.mark.parametrize("chunks, text, alias, sent", [
+    # 1F1B over 2 ranks, 4 micro-batches: rank 0 in flight 2, rank 1 (the head's) 1; rank 0 receives no input;
+    # rank 0's fwd_cache holds its 2 outputs in flight, the head's rank sends none on
     (1, "pp=2", [{LAST: BOUNDARY, END: 0, EMBEDDING: 0, STEP: 0},
-                 {LOSS: BOUNDARY, LAST: BOUNDARY, END: 0, STEP: 0}]),
-    # interleaved, 2 chunks a rank: in flight rank 0 [3, 2], rank 1 [2, 1] by chunk (test_interleaved_... above)
+                 {LOSS: BOUNDARY, LAST: BOUNDARY, END: 0, STEP: 0}], [2 * BOUNDARY, 0]),
+    # interleaved, 2 chunks a rank: in flight rank 0 [3, 2], rank 1 [2, 1] by chunk (test_interleaved_... above);
+    # rank 0's two chunks send 3 + 2 outputs on, rank 1's first chunk 2 (its second holds the head)
     (2, "pp=2,vpp=2,schedule=interleaved", [{LAST: 3 * BOUNDARY, END: BOUNDARY, EMBEDDING: BOUNDARY, STEP: 0},
-                                           {LOSS: 3 * BOUNDARY, LAST: 3 * BOUNDARY, END: BOUNDARY, STEP: 0}]),
+                                           {LOSS: 3 * BOUNDARY, LAST: 3 * BOUNDARY, END: BOUNDARY, STEP: 0}],
+     [5 * BOUNDARY, 2 * BOUNDARY]),
 ])
-def test_pipeline_stages_buffers_beside_ndcost(tmp_path, chunks, text, alias):
+def test_pipeline_stages_buffers_beside_ndcost(tmp_path, chunks, text, alias, sent):
     """Real PipelineStages on gloo: each local stage but the first holds a buffer per micro-batch for its input,
     each but the last one for its output's gradient, the same storages over two steps; the input a non-first
     stage's forward runs on is one of them (no copy). ndcost's communication at each rank's peak is those bytes less
     what its activations and working figure count of them at that moment (*alias*, derived in the docstrings
-    above)."""
+    above). At each rank's first backward (where ndcost counts its micro-batches in flight) the non-last stages'
+    fwd_cache holds the outputs of those in flight (*sent*, counted above): what ndcost's activations add to
+    Megatron-LM's engine's where both peak at the same moment."""
     torch = pytest.importorskip("torch")
     torch.multiprocessing.spawn(_pipeline_worker, args=(str(tmp_path), chunks), nprocs=2, join=True)
     ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
-    cost = _toy(2 * chunks).evaluate(Strategy.parse(f"{text},micro_batch={MICRO_BATCH},seq={SEQ},"
-                                                    f"num_micro_batches={MICRO_BATCHES},param_dtype=fp32,"
-                                                    "pp_engine=torch"))
+    text = f"{text},micro_batch={MICRO_BATCH},seq={SEQ},num_micro_batches={MICRO_BATCHES},param_dtype=fp32"
+    cost = _toy(2 * chunks).evaluate(Strategy.parse(f"{text},pp_engine=torch"))
+    megatron = _toy(2 * chunks).evaluate(Strategy.parse(f"{text},pp_engine=megatron"))
+    compared = 0
+    for steps, stage, other, held_out in zip(ranks, cost.stages, megatron.stages, sent, strict=True):
+        assert [step["sent_first"] for step in steps] == [held_out, held_out]
+        if stage.provenance["moment"] == other.provenance["moment"]:
+            compared += 1
+            added = stage.bytes_by_category["activations"] - other.bytes_by_category["activations"]
+            assert added == held_out, stage.provenance
+    assert compared
     for steps, stage, aliased in zip(ranks, cost.stages, alias, strict=True):
         first, second = steps
         assert first["buffers"] == second["buffers"]  # made once, kept across steps
