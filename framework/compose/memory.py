@@ -1270,6 +1270,12 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
 _TORCH_ENGINE = PP_ENGINES.index("torch")
 
 
+def _stage_boundary(model: ModelTables, batch: _Batch) -> np.ndarray:
+    """(N,) bytes of a stage boundary a micro-batch: ``[micro_batch, seq / cp, hidden]`` in the residual stream's
+    dtype, the sequence split by tp under sp (what one pipeline stage hands the next)."""
+    return whole(model.hidden_size * batch.residual_bytes * batch.tokens / np.where(batch.sp, batch.tp, 1.0))
+
+
 def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, where: placement_rules.Placement,
                       flight: _InFlight) -> Optional[List[np.ndarray]]:
     """(N, R) bytes of ``pp_engine=torch``'s receive buffers at each of ``MOMENTS``; None where no row runs it.
@@ -1302,7 +1308,7 @@ def _pipeline_buffers(model: ModelTables, recs, seq_index, cols, batch: _Batch, 
     held = flight.held
     n = held.shape[0]
     torch_rows = (rows & (cols["pp"] > 1))[:, None, None]
-    boundary = whole(model.hidden_size * batch.residual_bytes * batch.tokens / np.where(batch.sp, batch.tp, 1.0))
+    boundary = _stage_boundary(model, batch)
     receives = where.exists & ~where.first & torch_rows  # (N, R, V): the chunk receives its input
     returns = where.exists & ~where.last & torch_rows    # and its output's gradient
     per_chunk = (cols["num_micro_batches"].astype(np.float64) * boundary)[:, None]
@@ -1345,8 +1351,7 @@ def _pipeline_outputs(model: ModelTables, cols, batch: _Batch, where: placement_
     stage = where.virtual_stage
     local_next = ((stage[:, :, :, None] + 1 == stage[:, :, None, :]) & where.exists[:, :, None, :]).any(axis=3)
     sends = where.exists & ~where.last & ~local_next & rows[:, None, None]
-    boundary = model.hidden_size * batch.residual_bytes * batch.tokens / np.where(batch.sp, batch.tp, 1.0)
-    sent = (flight.held * sends).sum(axis=2) * boundary[:, None]
+    sent = (flight.held * sends).sum(axis=2) * _stage_boundary(model, batch)[:, None]
     split = np.where(np.asarray(cols["vocab_parallel"], dtype=bool), batch.tp, 1.0)
     output = np.where(rows, batch.tokens * float(model.vocab_size) / split * batch.compute_bytes, 0.0)[:, None]
     returned = np.asarray(cols["pp_return_outputs"], dtype=bool)[:, None]
