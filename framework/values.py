@@ -713,11 +713,13 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                "as torchao's matmul_with_hp_or_float8_args runs them); the attention scores, the "
                                "router, the routed experts (unless float8_experts) and the output head stay at "
                                "compute_dtype; saved "
-                               "activations unchanged (the high-precision input is saved). tensorwise and rowwise "
-                               "are priced alike (same cast bytes, the hardware's matmul efficiency), so rowwise "
-                               "is priced faster than it runs (torchtitan's June 2025 rowwise rows under TP ran "
-                               "34% to 64% slower: pytorch/ao#2185, pytorch/torchtitan#1207); no amax "
-                               "history (dynamic scaling keeps none). Needs a hardware fp8 peak",
+                               "activations unchanged (the high-precision input is saved). rowwise scales the "
+                               "backward's second use of a tensor along its other axis, through a transposed "
+                               "copy (2 w bytes an element more), and under TP casts what each linear reads "
+                               "gathered, where tensorwise's Float8 TP styles cast the shard before SP's gather; "
+                               "its scaled GEMM runs at the hardware's matmul efficiency, as tensorwise's (slower "
+                               "on small shapes: pytorch/torchtitan#1207); no amax history (dynamic scaling keeps "
+                               "none). Needs a hardware fp8 peak",
                        synonyms=("fp8", "fp8_recipe", "float8_recipe", "recipe_name", "fp8_training",
                                  "float8_linear", "enable_float8_linear")),
     "float8_all_gather": FieldDoc(meaning="FSDP2 gathers the Float8 linears' weights as fp8 (torchao "

@@ -148,6 +148,11 @@ class KindWork:
     # of those inputs, each read once where projections reading one tensor are one fused linear (Transformer
     # Engine's linear_qkv and linear_fc1 under Megatron-LM, RuntimeProfile.float8_casts)
     float8_fused_input_elements_per_token: Optional[float] = None
+    # of those inputs, the ones a TP rank reads gathered (linears TP does not split by rows), and of the outputs, the
+    # ones whose gradient it reads gathered (linears TP does not split by columns): cast after SP's gather wherever
+    # no Float8 TP style casts them before it (torchtitan's llama3 parallelize_llama.py, rowwise recipes)
+    float8_gathered_input_elements_per_token: Optional[float] = None
+    float8_gathered_output_elements_per_token: Optional[float] = None
     # under Strategy.float8_experts: the routed experts' matmuls' input and output elements a token (each of its
     # copies, one an expert it is routed to); their FLOPs are routed_mm_flops_per_token; None: unknown
     float8_routed_input_elements_per_token: Optional[float] = None
@@ -191,6 +196,7 @@ class KindWork:
                    float8_mm_flops_per_token=0.0, float8_input_elements_per_token=0.0,
                    float8_output_elements_per_token=0.0, float8_fused_input_elements_per_token=0.0,
                    float8_routed_input_elements_per_token=0.0, float8_routed_output_elements_per_token=0.0,
+                   float8_gathered_input_elements_per_token=0.0, float8_gathered_output_elements_per_token=0.0,
                    compiled_elementwise_elements_per_token=0.0,
                    compiled_replicated_elements_per_token=0.0)
 

@@ -62,6 +62,9 @@ def test_the_shapes_are_the_layers():
     assert w.float8_mm_flops_per_token == LINEAR_FLOPS
     assert w.float8_input_elements_per_token == INPUTS and w.float8_output_elements_per_token == OUTPUTS
     assert w.float8_fused_input_elements_per_token == INPUTS - 2 * H - H  # q, k, v read one input; gate, up one
+    # TP gathers the inputs of the column-split q, k, v, gate and up, and the output gradients of o and down
+    assert w.float8_gathered_input_elements_per_token == 5 * H
+    assert w.float8_gathered_output_elements_per_token == 2 * H
     assert w.dense_parameters == LINEAR_WEIGHTS
 
 
@@ -96,8 +99,41 @@ def test_float8_casts_move_2w_plus_1_bytes_an_element(h100, work):
         low["matmul_forward"] - plain["matmul_forward"] + cast_fwd / (hbm * eff), rel=1e-9)
     assert low["backward"] - plain["backward"] == pytest.approx(
         low["matmul_backward"] - plain["matmul_backward"] + cast_bwd / (hbm * eff_b), rel=1e-9)
-    # the two recipes are priced alike
-    assert _layer(work, h100, base + ",float8=rowwise") == low
+
+
+def test_rowwise_scales_the_backwards_second_uses_through_a_transposed_copy(h100, work):
+    """rowwise casts the weight gradient's output gradient and input, and the input gradient's weight, along their
+    other axis: each first copied transposed at bf16 (read and written, 2 * 2 bytes an element), then cast
+    (torchao roofline_utils.py, "rowwise"). The forward and the GEMMs are tensorwise's."""
+    seq, hbm, (eff, eff_b) = 4096, 3.35e12, _memory(h100)
+    base = f"seq={seq},param_dtype=bf16"
+    tensorwise, rowwise = (_layer(work, h100, f"{base},float8={r}") for r in ("tensorwise", "rowwise"))
+    assert rowwise["forward"] == tensorwise["forward"]
+    assert rowwise["matmul_backward"] == tensorwise["matmul_backward"]
+    copies = 4 * (OUTPUTS * seq + INPUTS * seq + LINEAR_WEIGHTS)
+    assert rowwise["backward"] - tensorwise["backward"] == pytest.approx(copies / (hbm * eff_b), rel=1e-9)
+
+
+def test_without_float8_tp_styles_each_linear_casts_what_it_reads_gathered(h100, work):
+    """Under TP 4 with SP, tensorwise's Float8 TP styles cast a rank's quarter of the tokens before SP's gather
+    (torchtitan parallelize_llama.py); rowwise runs plain TP, so q, k, v, gate and up cast their gathered input,
+    every token's, and o and down their gathered output gradient: 3/4 of the tokens more of those elements, each
+    cast (5 bytes) wherever tensorwise casts it, and the backward's copies (4 bytes) besides."""
+    seq, b, tp, hbm, (eff, eff_b) = 4096, 8, 4, 3.35e12, _memory(h100)  # 8,192 tokens a rank: not launch-bound
+    base = f"tp={tp},sp=true,seq={seq},micro_batch={b},param_dtype=bf16"
+    plain, tensorwise, rowwise = (_layer(work, h100, f"{base},float8={r}") for r in ("none", "tensorwise", "rowwise"))
+    split, more = b * seq / tp, b * seq * (1 - 1 / tp)
+    weights = LINEAR_WEIGHTS / tp
+    assert tensorwise["forward"] - plain["forward"] == pytest.approx(
+        tensorwise["matmul_forward"] - plain["matmul_forward"] + 5 * (INPUTS * split + weights) / (hbm * eff),
+        rel=1e-9)
+    gathered_in, gathered_out = 3 * H + 2 * H, 2 * H  # q, k, v, gate, up read H; o and down write H
+    assert rowwise["forward"] - tensorwise["forward"] == pytest.approx(5 * gathered_in * more / (hbm * eff), rel=1e-9)
+    inputs, outputs = INPUTS * split + gathered_in * more, OUTPUTS * split + gathered_out * more
+    rowwise_cast_bwd = 5 * (2 * outputs + inputs + weights) + 4 * (outputs + inputs + weights)
+    tensorwise_cast_bwd = 5 * (2 * OUTPUTS * split + INPUTS * split + weights)
+    assert rowwise["backward"] - tensorwise["backward"] == pytest.approx(
+        (rowwise_cast_bwd - tensorwise_cast_bwd) / (hbm * eff_b), rel=1e-9)
 
 
 def test_transformer_engine_casts_each_tensor_once_and_the_weight_once_a_step(h100, work):

@@ -358,7 +358,8 @@ def _make_kind_arrays(model: ModelWork) -> Mapping[str, np.ndarray]:
 _LOW_PRECISION_WORK = ("float8_mm_flops_per_token", "float8_input_elements_per_token",
                        "float8_output_elements_per_token", "compiled_elementwise_elements_per_token",
                        "compiled_replicated_elements_per_token", "float8_routed_input_elements_per_token",
-                       "float8_routed_output_elements_per_token", "float8_fused_input_elements_per_token")
+                       "float8_routed_output_elements_per_token", "float8_fused_input_elements_per_token",
+                       "float8_gathered_input_elements_per_token", "float8_gathered_output_elements_per_token")
 
 
 def float8_refusal(hardware: Hardware) -> Optional[str]:
@@ -425,7 +426,7 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
         routed_in, routed_grads = (k[name] * copies for name in _LOW_PRECISION_WORK[5:7])
         routed_weight = k["routed_parameters"][None, :] / (rows.ep * rows.etp)[:, None]
     if model.float8_casts == "transformer_engine":  # each tensor once with its transpose, the weight once a step
-        _stated(model, k, _LOW_PRECISION_WORK[7:], on, "float8 under Transformer Engine's casts")
+        _stated(model, k, _LOW_PRECISION_WORK[7:8], on, "float8 under Transformer Engine's casts")
         cast = 2.0 * rows.compute_bytes[:, None] + 2.0
         steps = rows.micro_batches[:, None]
         inputs = k["float8_fused_input_elements_per_token"] * split  # linear_qkv's and linear_fc1's input once
@@ -435,14 +436,31 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
             cast_fwd = cast_fwd + np.where(experts, cast * (routed_in + routed_weight / steps), 0.0)
             cast_bwd = cast_bwd + np.where(experts, cast * routed_grads, 0.0)
         return flops, cast_fwd, cast_bwd, experts
+    # torchtitan casts a TP rank's gathered inputs and output gradients before SP's gather only under tensorwise
+    # Float8 TP styles (PrepareFloat8ModuleInput, Float8ColwiseParallel, Float8RowwiseParallel): otherwise each
+    # linear casts what it reads gathered, every token's (torchtitan models/llama3/parallelize_llama.py)
+    tensorwise = np.asarray(cols["float8"]) == FLOAT8_RECIPES.index("tensorwise")
+    gathered = on[:, 0] & (rows.tp > 1) & ~(tensorwise & rows.sp)
+    if np.count_nonzero(gathered):
+        _stated(model, k, _LOW_PRECISION_WORK[8:], gathered, "float8 without its tensorwise TP styles")
+        unsplit = np.where(gathered, rows.tokens * (1.0 - 1.0 / rows.tp), 0.0)[:, None]
+        inputs = inputs + k["float8_gathered_input_elements_per_token"] * unsplit
+        grads = grads + k["float8_gathered_output_elements_per_token"] * unsplit
     cast = 2.0 * rows.compute_bytes[:, None] + 1.0
     weight_fwd = np.where(fp8_gather, shard_weight, weight)
     weight_bwd = np.where(fp8_gather, np.where(shard.keeps_gathered[:, None], 0.0, shard_weight), weight)
     cast_fwd = np.where(on, cast * (inputs + weight_fwd), 0.0)
-    cast_bwd = np.where(on, cast * (2.0 * grads + inputs + weight_bwd), 0.0)
+    # rowwise scales the backward's second use of each tensor along its other axis: a transposed high-precision
+    # copy, written and read back by the cast (2 w an element), for the output gradient and input of the weight's
+    # gradient and the weight of the input's (torchao/testing/training/roofline_utils.py, "rowwise")
+    rowwise = (np.asarray(cols["float8"]) == FLOAT8_RECIPES.index("rowwise"))[:, None]
+    transposed = np.where(rowwise, 2.0 * rows.compute_bytes[:, None], 0.0)
+    cast_bwd = np.where(on, cast * (2.0 * grads + inputs + weight_bwd) + transposed * (grads + inputs + weight_bwd),
+                        0.0)
     if routed:
         cast_fwd = cast_fwd + np.where(experts, cast * (routed_in + routed_weight), 0.0)
-        cast_bwd = cast_bwd + np.where(experts, cast * (2.0 * routed_grads + routed_in + routed_weight), 0.0)
+        cast_bwd = cast_bwd + np.where(experts, (cast * 2.0 + transposed) * routed_grads
+                                       + (cast + transposed) * (routed_in + routed_weight), 0.0)
     return flops, cast_fwd, cast_bwd, experts
 
 

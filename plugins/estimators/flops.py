@@ -488,6 +488,7 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
     # the Linear layers torchao's float8 converts: the TP-split parts (attention projections, dense and shared
     # MLP), their FLOPs and the input and output widths of their matmuls; None where no shapes are known
     linears = [m for p in TP_PARTS for m in shapes["matmuls"].get(p, ())]
+    splits = [split for p in TP_PARTS for split in shapes["splits"].get(p, ())]
     # a part's projections reading the layer's h-wide input (q, k and v; MLA's down-projections; gate and up) read
     # one tensor, which a fused linear casts once (Megatron-LM's linear_qkv, linear_fc1)
     fused_inputs = 0.0
@@ -528,6 +529,10 @@ def kind_work(spec: ModelSpec, kind: str, seq: int, record: Any = None,
         float8_input_elements_per_token=float(sum(i * m for i, _, m in linears)) if shaped else None,
         float8_fused_input_elements_per_token=fused_inputs if shaped else None,
         float8_output_elements_per_token=float(sum(o * m for _, o, m in linears)) if shaped else None,
+        float8_gathered_input_elements_per_token=float(sum(
+            i * m for (i, _, m), split in zip(linears, splits, strict=True) if split != "row")) if shaped else None,
+        float8_gathered_output_elements_per_token=float(sum(
+            o * m for (_, o, m), split in zip(linears, splits, strict=True) if split != "column")) if shaped else None,
         float8_routed_input_elements_per_token=float(routed_inputs) if shaped else None,
         float8_routed_output_elements_per_token=float(routed_outputs) if shaped else None,
         compiled_elementwise_elements_per_token=shapes["fused_elementwise"],
