@@ -127,3 +127,37 @@ def test_the_hopper_parts_take_the_h200s_fitted_efficiencies(registry):
             achieved = h200.efficiency[key] * h200.hbm_bytes_per_second
             expected = min(achieved / part.hbm_bytes_per_second, 0.92)
             assert part.efficiency[key] == pytest.approx(expected, abs=6e-5), (name, key)
+
+
+def test_the_mi300x_takes_its_published_kernel_rates_times_one_fitted_factor(registry):
+    """specs/hardware/mi300x.yaml: each tensor-core share is a published measurement over the datasheet peak
+    (hipBLASLt's best BF16 GEMM, 708 TFLOP/s; PyTorch's SDPA forward, 306.5 TFLOP/s causal; the backward at AITER's
+    causal backward / forward ratio, 474.02 / 550.67, with 2.5 x forward FLOPs counted as 2 x) times 0.6, fitted;
+    the backward GEMMs and the linear recurrence in the H200's proportions; the elementwise kernels at the H200's
+    share of its stream copy (4.01 TB/s) of the MI300X's (4.11 TB/s)."""
+    h200, part = registry.get("hardware/h200"), registry.get("hardware/mi300x")
+    peak, fitted = 1307.4e12, 0.6
+    assert part.peak_flops("bf16") == peak
+    matmul = 708e12 / peak * fitted
+    attention = 306.5e12 / peak * fitted
+    expected = {"matmul": matmul, "attention": attention,
+                "matmul_backward": matmul * h200.efficiency["matmul_backward"] / h200.efficiency["matmul"],
+                "attention_backward": attention * 474.02 / 550.67 * 2 / 2.5,
+                "linrec": matmul * h200.efficiency["linrec"] / h200.efficiency["matmul"],
+                "linrec_backward": matmul * h200.efficiency["matmul_backward"] / h200.efficiency["matmul"]
+                * h200.efficiency["linrec_backward"] / h200.efficiency["matmul_backward"]}
+    for key in ("memory", "memory_backward"):
+        expected[key] = h200.efficiency[key] * h200.hbm_bytes_per_second / 4.01e12 * 4.11e12 / 5.3e12
+    for key, value in expected.items():
+        assert part.efficiency[key] == pytest.approx(value, abs=1e-4), key
+
+
+def test_the_mi325x_takes_the_mi300xs_rules_on_its_own_gemm_rate(registry):
+    """The same CDNA3 die and software: the MI300X's shares scaled by the parts' hipBLASLt BF16 GEMMs (843 against
+    708 TFLOP/s, the same peak) on the tensor-core classes, its elementwise shares as they are."""
+    mi300x, part = registry.get("hardware/mi300x"), registry.get("hardware/mi325x")
+    assert part.peak_flops("bf16") == mi300x.peak_flops("bf16")
+    for key in ("matmul", "matmul_backward", "attention", "attention_backward", "linrec", "linrec_backward"):
+        assert part.efficiency[key] == pytest.approx(mi300x.efficiency[key] * 843 / 708, abs=1e-4), key
+    for key in ("memory", "memory_backward"):
+        assert part.efficiency[key] == mi300x.efficiency[key]
