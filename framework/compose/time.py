@@ -392,9 +392,11 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     A cast (torchao ``hp_tensor_to_float8_dynamic``) reads its high-precision tensor for the amax, then reads it
     again and writes it as fp8: ``2 w + 1`` bytes an element at the compute width ``w``. A linear casts its
     input and weight in the forward, and in the backward its output gradient twice (for the input's gradient and
-    the weight's), its weight and its saved input again (torchao ``matmul_with_hp_or_float8_args``); both
-    recipes alike (rowwise's row scales are vectors, left out). Activations and weights a TP rank holds are
-    cast (torchao's Float8 TP styles cast before SP's all-gather: ``float8_tensor_parallel.py``). Under
+    the weight's), its weight and its saved input again (torchao ``matmul_with_hp_or_float8_args``). rowwise
+    casts the backward's second uses along the other axis, through a transposed copy (``2 w`` bytes an element
+    more; its row scales, vectors, left out). Activations and weights a TP rank holds are cast where tensorwise's
+    Float8 TP styles cast before SP's all-gather (``float8_tensor_parallel.py``); otherwise (rowwise, or no SP)
+    each linear casts the inputs and output gradients it reads gathered. Under
     ``float8_all_gather`` (FSDP2) the weight shard is cast before each gather and the gathered weight is fp8
     already: the matmuls cast no weight. Under ``float8_experts`` each routed copy's input and output gradient
     and the rank's expert weights are cast alike (torchao's ``_scaled_grouped_mm`` path), the copies as many as
