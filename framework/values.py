@@ -707,7 +707,8 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                             "for the backward (torch.autograd.graph.save_on_cpu)",
                                     synonyms=("activation_offload", "cpu_offload_activations", "offload_activation")),
     "float8": FieldDoc(meaning="torchao Float8Linear training (torchtitan's float8 converter), dynamic scaling: the "
-                               "attention projections' and dense / shared MLP's GEMMs at the hardware's fp8 peak, "
+                               "attention projections' and dense / shared MLP's GEMMs at the hardware's fp8 peak (its "
+                               "efficiency matmul_fp8), "
                                "their inputs, weights and output gradients cast (amax read, then read and written "
                                "as fp8: 2 w + 1 bytes an element at compute width w; six casts a linear a step, "
                                "as torchao's matmul_with_hp_or_float8_args runs them); the attention scores, the "

@@ -90,6 +90,7 @@ def test_third_party_adds_a_device_with_one_yaml(tmp_path, monkeypatch):
     assert hw.devices_per_node == 4
     values, sources = ct.efficiencies(hw)
     assert values["matmul"] == 0.6 and values["matmul_backward"] == 0.6   # the forward figure stands in
+    assert values["matmul_fp8"] == 0.6 and sources["matmul_fp8"] == "hardware/acme-x1 (matmul)"  # as does matmul
     assert sources["attention"] == "prior (uncalibrated)"
     spec = ModelSpec(name="toy", model_type="llama", family="llama", hidden_size=1024, vocab_size=1000,
                      layers=(LayerGroup(kind="dense", count=2),), num_attention_heads=8, intermediate_size=4096,
@@ -131,7 +132,7 @@ def test_the_hopper_parts_take_the_h200s_fitted_efficiencies(registry):
 
 def test_the_mi300x_takes_its_published_kernel_rates_times_one_fitted_factor(registry):
     """specs/hardware/mi300x.yaml: each tensor-core share is a published measurement over the datasheet peak
-    (hipBLASLt's best BF16 GEMM, 708 TFLOP/s; PyTorch's SDPA forward, 306.5 TFLOP/s causal; the backward at AITER's
+    (hipBLASLt's best BF16 GEMM, 708 TFLOP/s, and FP8 one, 1223.6; PyTorch's SDPA forward, 306.5 TFLOP/s causal; the backward at AITER's
     causal backward / forward ratio, 474.02 / 550.67, with 2.5 x forward FLOPs counted as 2 x) times 0.6, fitted;
     the backward GEMMs and the linear recurrence in the H200's proportions; the elementwise kernels at the H200's
     share of its stream copy (4.01 TB/s) of the MI300X's (4.11 TB/s)."""
@@ -146,6 +147,8 @@ def test_the_mi300x_takes_its_published_kernel_rates_times_one_fitted_factor(reg
                 "linrec": matmul * h200.efficiency["linrec"] / h200.efficiency["matmul"],
                 "linrec_backward": matmul * h200.efficiency["matmul_backward"] / h200.efficiency["matmul"]
                 * h200.efficiency["linrec_backward"] / h200.efficiency["matmul_backward"]}
+    # the same blog's FP8 GEMM, 1223.6 TFLOP/s of 2614.9, beside its BF16 one
+    expected["matmul_fp8"] = matmul * (1223.6e12 / 2614.9e12) / (708e12 / peak)
     for key in ("memory", "memory_backward"):
         expected[key] = h200.efficiency[key] * h200.hbm_bytes_per_second / 4.01e12 * 4.11e12 / 5.3e12
     for key, value in expected.items():
@@ -161,3 +164,6 @@ def test_the_mi325x_takes_the_mi300xs_rules_on_its_own_gemm_rate(registry):
         assert part.efficiency[key] == pytest.approx(mi300x.efficiency[key] * 843 / 708, abs=1e-4), key
     for key in ("memory", "memory_backward"):
         assert part.efficiency[key] == mi300x.efficiency[key]
+    # its own FP8 GEMM in the same blog, 1527.7 TFLOP/s of 2614.9, beside its 843 of BF16
+    assert part.efficiency["matmul_fp8"] == pytest.approx(
+        part.efficiency["matmul"] * (1527.7 / 2614.9) / (843 / 1307.4), abs=1e-4)

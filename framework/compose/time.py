@@ -81,13 +81,16 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send
 # Priors for a hardware whose YAML states no efficiency: round figures of what well-tuned kernels
 # reach on current GPUs, used only until `ndcost calibrate` fits the device's own.
 DEFAULT_EFFICIENCY: Mapping[str, float] = frozen_mapping({
-    "matmul": 0.75, "matmul_backward": 0.70,
+    "matmul": 0.75, "matmul_backward": 0.70, "matmul_fp8": 0.75,
     "attention": 0.60, "attention_backward": 0.45,
     "linrec": 0.30, "linrec_backward": 0.25,
     "memory": 0.70, "memory_backward": 0.70,
     "collective_within_node": 0.80, "collective_across_nodes": 0.85,
 })
 EFFICIENCY_KEYS = tuple(DEFAULT_EFFICIENCY)
+# The figure a key the YAML leaves out takes before the prior: a class's forward for its backward, and the compute
+# dtype's GEMMs for the Float8 linears' (fp8 GEMMs at the share of their peak the compute dtype's reach of its own)
+_STATED_IN_PLACE = {"matmul_fp8": "matmul"}
 
 # Each use of a collective and what the step counts of it as exposed (added to the step), in provenance:
 # - tp: TP all-reduces (all-gathers and reduce-scatters under SP), two a layer each pass; no TP overlap assumed,
@@ -159,7 +162,7 @@ def efficiencies(hardware: Hardware) -> Tuple[Dict[str, float], Dict[str, str]]:
     """The hardware's efficiency per key, and where each came from (its YAML or the prior).
 
     A ``<class>_backward`` the YAML leaves out takes the YAML's forward figure
-    for that class before the prior; a figure outside (0, 1] is refused.
+    for that class before the prior, ``matmul_fp8`` its ``matmul``; a figure outside (0, 1] is refused.
     """
     stated = dict(hardware.efficiency or {})
     unknown = sorted(set(stated) - set(EFFICIENCY_KEYS))
@@ -169,7 +172,7 @@ def efficiencies(hardware: Hardware) -> Tuple[Dict[str, float], Dict[str, str]]:
     values: Dict[str, float] = {}
     sources: Dict[str, str] = {}
     for key in EFFICIENCY_KEYS:
-        forward = key[:-len("_backward")] if key.endswith("_backward") else None
+        forward = key[:-len("_backward")] if key.endswith("_backward") else _STATED_IN_PLACE.get(key)
         if key in stated:
             values[key], sources[key] = float(stated[key]), f"hardware/{hardware.name}"
         elif forward and forward in stated:
@@ -464,6 +467,12 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
         cast_bwd = cast_bwd + np.where(experts, (cast * 2.0 + transposed) * routed_grads
                                        + (cast + transposed) * (routed_in + routed_weight), 0.0)
     return flops, cast_fwd, cast_bwd, experts
+
+
+def _fp8_seconds_per_flop(hardware: Hardware, eff: Mapping[str, float]) -> float:
+    """What a Float8 linear's FLOP costs beside the compute dtype's ``1 / peak`` at the same shape efficiency: the
+    fp8 peak's, where fp8 GEMMs reach ``matmul_fp8`` of it against the compute dtype's ``matmul`` of its own."""
+    return eff["matmul"] / (eff["matmul_fp8"] * hardware.peak_flops("fp8"))
 
 
 def _gemm_arrays(model: ModelWork) -> Dict[str, np.ndarray]:
@@ -881,11 +890,11 @@ def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardwa
     refusal = float8_refusal(hardware) if fp8_on else None
     if refusal:
         raise InvalidValue(refusal)
-    fp8_peak = hardware.peak_flops("fp8") if fp8_on else 1.0
+    fp8_seconds = _fp8_seconds_per_flop(hardware, eff) if fp8_on else 0.0
 
     def matmul(passes, inverse, flops):
         # the Float8 linears' share of the attention and other classes runs at the fp8 peak, at the compute
-        # dtype's shape efficiency (an fp8 row of kernel_tables is not read)
+        # dtype's shape efficiency scaled by matmul_fp8 / matmul (an fp8 row of kernel_tables is not read)
         per_class = flops * inverse
         seconds = np.add.reduce(per_class, axis=-1) / peak
         if fp8_on:  # a batch without Float8 linears adds no share (0 of finite seconds)
@@ -893,7 +902,7 @@ def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardwa
             fp8_share = np.divide(fp8_mm, flops[..., 0] + flops[..., 1], out=np.zeros_like(fp8_mm),
                                   where=fp8_mm > 0)
             # under float8_experts the routed class's every FLOP (its grouped GEMMs) runs at the fp8 peak
-            seconds = seconds + (fp8_share * dense + fp8_experts * per_class[..., 2]) * (1.0 / fp8_peak - 1.0 / peak)
+            seconds = seconds + (fp8_share * dense + fp8_experts * per_class[..., 2]) * (fp8_seconds - 1.0 / peak)
         return np.maximum(seconds, (weights if passes == 1.0 else passes * weights) / (hbm * eff["memory"]))
 
     tables = _kernel_tables(hardware)
@@ -1335,7 +1344,8 @@ def _async_tp(model: ModelWork, rows: _Rows, cols, hardware: Hardware, eff, coll
     fp8_mm = _float8_linears(model, k, rows, cols, split_tokens)[0]
     peak = rows.peak_flops[:, None]
     fp8_share = np.divide(fp8_mm, dense, out=np.zeros_like(fp8_mm), where=fp8_mm > 0)
-    per_flop = 1.0 / peak + (fp8_share * (1.0 / hardware.peak_flops("fp8") - 1.0 / peak) if fp8_mm.any() else 0.0)
+    per_flop = 1.0 / peak + (fp8_share * (_fp8_seconds_per_flop(hardware, eff) - 1.0 / peak) if fp8_mm.any()
+                             else 0.0)
     hbm = float(hardware.hbm_bytes_per_second) * eff["memory"]
     weight_seconds = a["weights"][None] / tp * rows.param_bytes[:, None, None] / hbm     # (N, K, G) one read
 
