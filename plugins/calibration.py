@@ -43,6 +43,9 @@ from ndcost.specio import read_text
 FORWARD_CLASSES = ("matmul", "attention", "linrec", "memory")
 BACKWARD_CLASSES = tuple(f"{c}_backward" for c in FORWARD_CLASSES)
 DISPATCH = "dispatch_seconds"  # fitted beside the classes (in --classes too); launch_seconds cannot be told apart
+# classes no layer measurement in the compute dtype times, moved with the class they are stated beside: the Float8
+# linears' GEMMs keep their share of the fp8 peak beside the compute dtype's (compose/time.py, matmul_fp8)
+MOVES_WITH = {"matmul_fp8": "matmul"}
 
 
 @attrs.frozen(kw_only=True)
@@ -96,6 +99,7 @@ class Fit:
     dispatch_seconds: Tuple[float, float] = (0.0, 0.0)  # (hardware's, fitted): the host's per eager op
     dispatch_fitted_on: Tuple[str, ...] = ()  # labels of the launch-bound measurements dispatch was fitted on
     dispatch_note: str = ""                   # how dispatch was fitted, or why it kept the hardware's figure
+    moved_with: Mapping[str, str] = attrs.field(factory=lambda: dict(MOVES_WITH))  # a class -> the class it moved with
 
     @property
     def change(self) -> Dict[str, float]:
@@ -104,7 +108,7 @@ class Fit:
 
     def to_dict(self) -> Dict[str, Any]:
         return {"hardware": self.hardware, "method": self.method, "fitted": list(self.fitted),
-                "pinned_by_components": list(self.pinned),
+                "pinned_by_components": list(self.pinned), "moved_with": dict(self.moved_with),
                 "efficiency": dict(self.efficiency), "prior": dict(self.prior),
                 "efficiency_change_fraction": self.change, "left_out": list(self.left_out),
                 "tolerance": self.tolerance, "rms_log_error_prior": self.rms_log_error_prior,
@@ -351,6 +355,8 @@ def fit(measurements: Sequence[Measurement], hardware, classes: Optional[Sequenc
         if on_dispatch:  # the efficiencies refitted under the fitted floor (it binds none of their passes)
             x = _Problem(fitted_hardware, prior, measurements).solve(names, kept, iterations)
             efficiency.update({n: prior[n] * math.exp(v) for n, v in zip(names, x, strict=True)})
+    for name, base in MOVES_WITH.items():
+        efficiency[name] = prior[name] * efficiency[base] / prior[base]
     too_high = {k: v for k, v in efficiency.items() if v > 1.0}
     if too_high:
         raise InvalidValue(f"the fit needs efficiencies above 1 ({', '.join(f'{k}={v:.3f}' for k, v in too_high.items())}): "

@@ -70,6 +70,10 @@ def test_round_trip_recovers_known_efficiencies(tmp_path, h200):
     fit = cal.fit(synthetic, h200, classes=["matmul", "matmul_backward"])
     assert fit.efficiency["matmul"] == pytest.approx(0.61, rel=1e-6)
     assert fit.efficiency["matmul_backward"] == pytest.approx(0.52, rel=1e-6)
+    # no layer in the compute dtype times the Float8 linears' GEMMs: they keep their share beside matmul's
+    stated = dict(h200.efficiency).get("matmul_fp8", h200.efficiency["matmul"])
+    assert fit.efficiency["matmul_fp8"] == pytest.approx(stated * 0.61 / h200.efficiency["matmul"], rel=1e-6)
+    assert fit.moved_with == {"matmul_fp8": "matmul"}
 
 
 @pytest.mark.slow

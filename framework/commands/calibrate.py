@@ -101,7 +101,8 @@ def run(args):
     fitted_on = {m.label for m in measurements} - set(result.left_out)
     data["fitted_on"] = sorted(fitted_on)
     rows = [[k, result.prior[k], v, f"{result.change[k]:+.1%}".replace("-0.0%", "+0.0%"),
-             "components" if k in result.pinned else "fitted" if k in result.fitted else "prior"]
+             "components" if k in result.pinned else "fitted" if k in result.fitted
+             else f"with {result.moved_with[k]}" if k in result.moved_with else "prior"]
             for k, v in result.efficiency.items()]
     text = f"hardware {hardware.name}: efficiencies fitted by {result.method}\n"
     text += table(rows, ["class", "prior", "efficiency", "moved", "how"], align="lrrrl")
