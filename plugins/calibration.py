@@ -355,8 +355,8 @@ def fit(measurements: Sequence[Measurement], hardware, classes: Optional[Sequenc
         if on_dispatch:  # the efficiencies refitted under the fitted floor (it binds none of their passes)
             x = _Problem(fitted_hardware, prior, measurements).solve(names, kept, iterations)
             efficiency.update({n: prior[n] * math.exp(v) for n, v in zip(names, x, strict=True)})
-    for name, base in MOVES_WITH.items():
-        efficiency[name] = prior[name] * efficiency[base] / prior[base]
+    for name, base in MOVES_WITH.items():  # from the hardware's figures: a pinned base moves them too
+        efficiency[name] = stated[name] * efficiency[base] / stated[base]
     too_high = {k: v for k, v in efficiency.items() if v > 1.0}
     if too_high:
         raise InvalidValue(f"the fit needs efficiencies above 1 ({', '.join(f'{k}={v:.3f}' for k, v in too_high.items())}): "

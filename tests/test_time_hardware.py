@@ -132,8 +132,9 @@ def test_the_hopper_parts_take_the_h200s_fitted_efficiencies(registry):
 
 def test_the_mi300x_takes_its_published_kernel_rates_times_one_fitted_factor(registry):
     """specs/hardware/mi300x.yaml: each tensor-core share is a published measurement over the datasheet peak
-    (hipBLASLt's best BF16 GEMM, 708 TFLOP/s, and FP8 one, 1223.6; PyTorch's SDPA forward, 306.5 TFLOP/s causal; the backward at AITER's
-    causal backward / forward ratio, 474.02 / 550.67, with 2.5 x forward FLOPs counted as 2 x) times 0.6, fitted;
+    (hipBLASLt's best BF16 GEMM, 708 TFLOP/s, and FP8 one, 1223.6; PyTorch's SDPA forward, 306.5 TFLOP/s causal;
+    the backward at AITER's causal backward / forward ratio, 474.02 / 550.67, with 2.5 x forward FLOPs counted as
+    2 x) times 0.6, fitted;
     the backward GEMMs and the linear recurrence in the H200's proportions; the elementwise kernels at the H200's
     share of its stream copy (4.01 TB/s) of the MI300X's (4.11 TB/s)."""
     h200, part = registry.get("hardware/h200"), registry.get("hardware/mi300x")
