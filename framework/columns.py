@@ -379,6 +379,6 @@ def _cross_checks(out: StrategyColumns) -> None:
     refused = low_precision_refusals(float8 != FLOAT8_RECIPES.index("none"),
                                      float8 == FLOAT8_RECIPES.index("tensorwise"), c["float8_all_gather"],
                                      c["compile"], c["async_tp"], c["sp"], compute == DTYPE_NAMES.index("fp8"),
-                                     c["float8_experts"])
+                                     c["float8_experts"], float8 != FLOAT8_RECIPES.index("rowwise_with_gw_hp"))
     for bad, message in zip(refused, LOW_PRECISION_REFUSALS, strict=True):
         out.refuse(bad, message)

@@ -199,7 +199,7 @@ _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float
 CP_ALGOS = ("ring", "ulysses", "colossal", "hybrid")
 RECOMPUTE = ("none", "full", "selective", "core_attention")
 SHARD_MESHES = ("dp_cp", "dp", "fsdp_cp")
-FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")  # torchao Float8LinearConfig.from_recipe_name, dynamic scaling
+FLOAT8_RECIPES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao Float8LinearConfig.from_recipe_name
 GRADIENT_SYNC = ("auto", "every_micro_batch", "last_micro_batch")
 PP_ENGINES = ("auto", "megatron", "torch")
 FSDP_ENGINES = ("auto", "torch", "megatron")
@@ -439,7 +439,7 @@ class Strategy:
                                f"dp * fsdp * cp * tp = {ranks}")
         refused = low_precision_refusals(self.float8 != "none", self.float8 == "tensorwise", self.float8_all_gather,
                                          self.compile, self.async_tp, self.sp, self.compute == "fp8",
-                                         self.float8_experts)
+                                         self.float8_experts, self.float8 != "rowwise_with_gw_hp")
         for bad, message in zip(refused, LOW_PRECISION_REFUSALS, strict=True):
             if bad:
                 raise InvalidValue(message)
@@ -548,15 +548,18 @@ LOW_PRECISION_REFUSALS = (
     "compute_dtype; give compute_dtype=bf16 (or float8=none for every op at fp8)",
     "Strategy.float8_experts=true needs float8: the experts' grouped GEMMs take the float8 recipe's scaling; set "
     "float8=tensorwise or rowwise, or float8_experts=false",
+    "Strategy.float8_experts=true with float8=rowwise_with_gw_hp: the recipe is torchao's Float8Linear's; the "
+    "experts' grouped GEMMs (torchao's _scaled_grouped_mm) keep no high-precision weight gradient; set "
+    "float8=rowwise or tensorwise, or float8_experts=false",
 )
 
 
 def low_precision_refusals(float8_on, tensorwise, float8_all_gather, compile, async_tp, sp, compute_fp8,
-                           float8_experts):
+                           float8_experts, not_grad_weight_hp):
     """Which of :data:`LOW_PRECISION_REFUSALS` hold, in order: flags for one strategy or bool arrays for columns
     (``a > b`` is "a without b" for both)."""
     return (async_tp > compile, async_tp > sp, float8_all_gather > tensorwise, float8_on & compute_fp8,
-            float8_experts > float8_on)
+            float8_experts > float8_on, float8_experts > not_grad_weight_hp)
 
 
 def devices_message(dp, fsdp, cp, tp, pp) -> str:
@@ -719,8 +722,11 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                "copy (2 w bytes an element more), and under TP casts what each linear reads "
                                "gathered, where tensorwise's Float8 TP styles cast the shard before SP's gather; "
                                "its scaled GEMM runs at the hardware's matmul efficiency, as tensorwise's (slower "
-                               "on small shapes: pytorch/torchtitan#1207); no amax history (dynamic scaling keeps "
-                               "none). Needs a hardware fp8 peak",
+                               "on small shapes: pytorch/torchtitan#1207). rowwise_with_gw_hp (rowwise's TP) "
+                               "computes the weight's gradient at compute_dtype from the saved input and the "
+                               "output gradient: a linear casts its output gradient once and its weight once "
+                               "(tensorwise) in the backward, and half the backward's GEMM FLOPs run at the fp8 "
+                               "peak. No amax history (dynamic scaling keeps none). Needs a hardware fp8 peak",
                        synonyms=("fp8", "fp8_recipe", "float8_recipe", "recipe_name", "fp8_training",
                                  "float8_linear", "enable_float8_linear")),
     "float8_all_gather": FieldDoc(meaning="FSDP2 gathers the Float8 linears' weights as fp8 (torchao "

@@ -89,8 +89,9 @@ def strategy_fields(draw, model):
                       fsdp_engine=draw(st.sampled_from(FSDP_ENGINES)),
                       loss_engine=draw(st.sampled_from(LOSS_ENGINES)))
     if draw(st.integers(0, 3)) == 0:
-        fields.update(float8=draw(st.sampled_from(["none", "tensorwise", "rowwise"])), compile=draw(st.booleans()))
-        fields["float8_experts"] = fields["float8"] != "none" and draw(st.booleans())
+        fields.update(float8=draw(st.sampled_from(["none", "tensorwise", "rowwise", "rowwise_with_gw_hp"])),
+                      compile=draw(st.booleans()))
+        fields["float8_experts"] = fields["float8"] not in ("none", "rowwise_with_gw_hp") and draw(st.booleans())
     if draw(st.integers(0, 3)) == 0:
         fields["ep_dispatcher"] = "deepep"
     if draw(st.integers(0, 3)) == 0:

@@ -135,7 +135,7 @@ PLAUSIBLE: Dict[str, List[str]] = {
     "moe_imbalance": ["1.0", "1.5"], "allocator_overhead": ["0.0", "0.05"],
     "shard_mesh": ["dp_cp", "dp", "fsdp_cp"], "reshard_after_forward": ["true", "false"], "offload_optimizer": ["false", "true"],
     "offload_params": ["false", "true"], "offload_activations": ["false", "true"],
-    "float8": ["none", "tensorwise", "rowwise"], "float8_all_gather": ["false", "true"],
+    "float8": ["none", "tensorwise", "rowwise", "rowwise_with_gw_hp"], "float8_all_gather": ["false", "true"],
     "float8_experts": ["false", "true"],
     "compile": ["false", "true"], "async_tp": ["false", "true"],
     "gradient_sync": ["auto", "every_micro_batch", "last_micro_batch"], "pp_engine": ["auto", "megatron", "torch"],

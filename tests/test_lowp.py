@@ -119,6 +119,36 @@ def test_rowwise_scales_the_backwards_second_uses_through_a_transposed_copy(h100
     assert rowwise["backward"] - tensorwise["backward"] == pytest.approx(copies / (hbm * eff_b), rel=1e-9)
 
 
+def test_rowwise_with_gw_hp_keeps_the_weight_gradient_at_bf16(h100, work):
+    """rowwise_with_gw_hp (torchao): the weight gradient's GEMM reads the saved bf16 input and the bf16 output
+    gradient, so the backward casts the output gradient once and the weight once (5 bytes an element each), no
+    input and no transposed copy; its GEMMs, the input gradient's at the fp8 peak and the weight gradient's at
+    bf16's, each half the backward's FLOPs. The forward is tensorwise's."""
+    seq, hbm, (eff, eff_b) = 4096, 3.35e12, _memory(h100)
+    fp8, bf16 = 1978.9e12, 989.4e12  # specs/hardware/h100.yaml
+    base = f"seq={seq},param_dtype=bf16"
+    plain, tensorwise, hp = (_layer(work, h100, f"{base},float8={r}")
+                             for r in ("none", "tensorwise", "rowwise_with_gw_hp"))
+    assert hp["forward"] == tensorwise["forward"]
+    eff_mm_b = h100.efficiency["matmul_backward"]
+    assert hp["matmul_backward"] == pytest.approx(
+        LINEAR_FLOPS * seq / (fp8 * eff_mm_b) + LINEAR_FLOPS * seq / (bf16 * eff_mm_b), rel=1e-12)
+    cast_bwd = 5 * (OUTPUTS * seq + LINEAR_WEIGHTS)
+    assert hp["backward"] - plain["backward"] == pytest.approx(
+        hp["matmul_backward"] - plain["matmul_backward"] + cast_bwd / (hbm * eff_b), rel=1e-9)
+
+
+def test_mfu_counts_gw_hp_s_weight_gradient_at_the_bf16_peak(h100, work):
+    """Of a Float8 linear's training FLOPs (3 x its forward's), rowwise_with_gw_hp runs two thirds in fp8: the MFU's
+    peak-weighted FLOPs count the weight gradient's third against the bf16 peak."""
+    cols = ct.strategy_columns([Strategy.parse(f"seq=4096,param_dtype=bf16,float8={r}")
+                                for r in ("rowwise", "rowwise_with_gw_hp")])
+    flops, peak = ct._float8_model_flops(work, ct._rows(cols, h100), cols, h100)
+    assert peak == 1978.9e12
+    assert flops[1] == pytest.approx(flops[0] * 2 / 3, rel=1e-12)
+    assert flops[0] == pytest.approx(3 * 32 * LINEAR_FLOPS * 4096, rel=1e-12)
+
+
 def test_without_float8_tp_styles_each_linear_casts_what_it_reads_gathered(h100, work):
     """Under TP 4 with SP, tensorwise's Float8 TP styles cast a rank's quarter of the tokens before SP's gather
     (torchtitan parallelize_llama.py); rowwise runs plain TP, so q, k, v, gate and up cast their gathered input,
@@ -254,6 +284,8 @@ def test_async_tp_leaves_a_llama_layers_summed_input_gradients_to_nccl(h100, wor
     ("fsdp=8,float8=rowwise,float8_all_gather=true,seq=8", "float8_all_gather=true needs float8=tensorwise"),
     ("float8=tensorwise,compute_dtype=fp8,seq=8", "float8 with compute_dtype=fp8"),
     ("float8=fp8,seq=8", "Strategy.float8: 'fp8' is not allowed; allowed: none, tensorwise, rowwise"),
+    ("ep=2,dp=2,float8=rowwise_with_gw_hp,float8_experts=true,seq=8",
+     "float8_experts=true with float8=rowwise_with_gw_hp"),
 ])
 def test_combinations_no_run_makes_are_refused(text, message):
     with pytest.raises(InvalidValue, match=message):

@@ -444,6 +444,8 @@ def _float8_job(tmp_path, converters, section=None, old="[compile]\nenable=false
     ('["quantize.linear.float8"]', None, "[compile]\nenable=false", {"float8": "tensorwise", "compile": False}),
     ('["float8"]', 'recipe_name = "rowwise"\nfilter_fqns = ["output"]', "[compile]\nenable=false",
      {"float8": "rowwise", "float8_all_gather": False}),
+    ('["float8"]', 'recipe_name = "rowwise_with_gw_hp"', "[compile]\nenable=false",
+     {"float8": "rowwise_with_gw_hp", "float8_all_gather": False}),
     ('["float8"]', "enable_fsdp_float8_all_gather = true", "[compile]\nenable=false",
      {"float8": "tensorwise", "float8_all_gather": True}),  # data_parallel_shard_degree -1: 8 > 1
     ("[]", None, "[compile]\nenable=true", {"float8": "none", "compile": True}),
@@ -472,7 +474,7 @@ def test_async_tp_without_compile_is_refused_as_torchtitan_refuses_it(tmp_path):
 
 @pytest.mark.parametrize("converters, section, message", [
     ('["mx"]', None, "[model] converters = ['mx']: MX training not priced yet"),
-    ('["float8"]', 'recipe_name = "rowwise_with_gw_hp"', "'rowwise_with_gw_hp' is not priced"),
+    ('["float8"]', 'recipe_name = "mxfp8"', "'mxfp8' is not a torchao recipe ndcost prices"),
     ('["float8"]', 'recipe_name = "tensorwise"\nenable_fsdp_float8_all_gather = true',
      "torchtitan asserts it away with a recipe_name"),
     ('["float8"]', 'filter_fqns = ["attention.wq"]', "[quantize.linear.float8] filter_fqns: ['attention.wq']"),

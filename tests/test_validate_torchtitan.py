@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from ndcost.errors import NdcostError
 from ndcost.values import Strategy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,10 +116,6 @@ def test_published_figures_are_the_stored_markdown(row):
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
 def test_each_row_translates_with_its_features(row):
-    if row.get("float8_recipe") == "rowwise_with_gw_hp":  # a recipe ndcost does not price: the reader says so
-        with pytest.raises(NdcostError, match="'rowwise_with_gw_hp' is not priced"):
-            vt.read_job(row)
-        return
     s = vt.read_job(row).strategy
     for feature, (field, on) in FEATURE_FIELDS.items():
         on = row.get("float8_recipe", on) if feature == "float8" else on

@@ -457,11 +457,14 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     cast_fwd = np.where(on, cast * (inputs + weight_fwd), 0.0)
     # rowwise scales the backward's second use of each tensor along its other axis: a transposed high-precision
     # copy, written and read back by the cast (2 w an element), for the output gradient and input of the weight's
-    # gradient and the weight of the input's (torchao/testing/training/roofline_utils.py, "rowwise")
-    rowwise = (np.asarray(cols["float8"]) == FLOAT8_RECIPES.index("rowwise"))[:, None]
-    transposed = np.where(rowwise, 2.0 * rows.compute_bytes[:, None], 0.0)
-    cast_bwd = np.where(on, cast * (2.0 * grads + inputs + weight_bwd) + transposed * (grads + inputs + weight_bwd),
-                        0.0)
+    # gradient and the weight of the input's (torchao/testing/training/roofline_utils.py, "rowwise");
+    # rowwise_with_gw_hp's weight gradient reads the high-precision input and output gradient: its backward casts
+    # the output gradient and the weight once each, along the axis each needs (roofline_utils.py, the same)
+    recipe = np.asarray(cols["float8"])[:, None]
+    transposed = np.where(recipe == FLOAT8_RECIPES.index("rowwise"), 2.0 * rows.compute_bytes[:, None], 0.0)
+    weight_hp = recipe == FLOAT8_RECIPES.index("rowwise_with_gw_hp")
+    cast_bwd = np.where(on, cast * (np.where(weight_hp, grads, 2.0 * grads + inputs) + weight_bwd)
+                        + transposed * (grads + inputs + weight_bwd), 0.0)
     if routed:
         cast_fwd = cast_fwd + np.where(experts, cast * (routed_in + routed_weight), 0.0)
         cast_bwd = cast_bwd + np.where(experts, (cast * 2.0 + transposed) * routed_grads
@@ -892,22 +895,26 @@ def _layer_rooflines(model: ModelWork, cols: Mapping[str, Any], hardware: Hardwa
         raise InvalidValue(refusal)
     fp8_seconds = _fp8_seconds_per_flop(hardware, eff) if fp8_on else 0.0
 
-    def matmul(passes, inverse, flops):
+    def matmul(passes, inverse, flops, fp8_fraction=1.0):
         # the Float8 linears' share of the attention and other classes runs at the fp8 peak, at the compute
-        # dtype's shape efficiency scaled by matmul_fp8 / matmul (an fp8 row of kernel_tables is not read)
+        # dtype's shape efficiency scaled by matmul_fp8 / matmul (an fp8 row of kernel_tables is not read); of a
+        # backward's, fp8_fraction (the input gradient's and weight gradient's GEMMs taken as equal in time)
         per_class = flops * inverse
         seconds = np.add.reduce(per_class, axis=-1) / peak
         if fp8_on:  # a batch without Float8 linears adds no share (0 of finite seconds)
             dense = per_class[..., 0] + per_class[..., 1]
-            fp8_share = np.divide(fp8_mm, flops[..., 0] + flops[..., 1], out=np.zeros_like(fp8_mm),
-                                  where=fp8_mm > 0)
+            fp8_share = fp8_fraction * np.divide(fp8_mm, flops[..., 0] + flops[..., 1], out=np.zeros_like(fp8_mm),
+                                                 where=fp8_mm > 0)
             # under float8_experts the routed class's every FLOP (its grouped GEMMs) runs at the fp8 peak
             seconds = seconds + (fp8_share * dense + fp8_experts * per_class[..., 2]) * (fp8_seconds - 1.0 / peak)
         return np.maximum(seconds, (weights if passes == 1.0 else passes * weights) / (hbm * eff["memory"]))
 
     tables = _kernel_tables(hardware)
     per_kernel = elementwise / k["elementwise_launches"]
-    fwd_mm, bwd_mm = matmul(1.0, inverse_f, by_class), matmul(2.0, inverse_b, by_class_b)
+    # rowwise_with_gw_hp's weight gradient GEMMs run at compute_dtype: half the backward's Float8 linears' FLOPs
+    weight_hp = np.asarray(cols["float8"])[:, None] == FLOAT8_RECIPES.index("rowwise_with_gw_hp")
+    fwd_mm = matmul(1.0, inverse_f, by_class)
+    bwd_mm = matmul(2.0, inverse_b, by_class_b, np.where(weight_hp, 0.5, 1.0) if fp8_on else 1.0)
     # the attention's figures read fewer columns than the rooflines': one row's kept by those
     attention = _kept_where_one_row("attention_one_row", model, hardware, eff, cols, _ATTENTION_READ,
                                     lambda: _attention_seconds(model, rows, cols, hardware, eff, scores))
@@ -2440,9 +2447,9 @@ def _offload_provenance(hardware: Hardware) -> str:
 
 
 def _float8_model_flops(model: ModelWork, rows: _Rows, cols, hardware: Hardware) -> Optional[Tuple[np.ndarray, float]]:
-    """Under ``float8``: ``(N,)`` of a sequence's training model FLOPs of the Float8 linears (three times their
-    forward's: each has a backward; and of the routed experts under ``float8_experts``), and the fp8 peak; None
-    where no row runs float8."""
+    """Under ``float8``: ``(N,)`` of a sequence's training model FLOPs the Float8 linears run in fp8 (three times
+    their forward's: each has a backward; twice under ``rowwise_with_gw_hp``; and of the routed experts under
+    ``float8_experts``), and the fp8 peak; None where no row runs float8."""
     on = np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none")
     if not np.count_nonzero(on):
         return None
@@ -2450,7 +2457,9 @@ def _float8_model_flops(model: ModelWork, rows: _Rows, cols, hardware: Hardware)
     linears = sum(count * float(model.work[kind].float8_mm_flops_per_token or 0.0) for kind, count in counts.items())
     routed = sum(count * float(model.work[kind].routed_mm_flops_per_token) for kind, count in counts.items())
     per_token = linears + np.asarray(cols["float8_experts"], dtype=bool) * routed
-    return np.where(on, 3.0 * per_token * rows.seq, 0.0), hardware.peak_flops("fp8")
+    # rowwise_with_gw_hp's weight gradient (a third of the training FLOPs) is the compute dtype's, not fp8
+    passes = np.where(np.asarray(cols["float8"]) == FLOAT8_RECIPES.index("rowwise_with_gw_hp"), 2.0, 3.0)
+    return np.where(on, passes * per_token * rows.seq, 0.0), hardware.peak_flops("fp8")
 
 
 def _model_flops_at(model: ModelWork, seq: np.ndarray) -> np.ndarray:

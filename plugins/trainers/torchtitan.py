@@ -48,7 +48,7 @@ The grouped-GEMM float8 converter (``[quantize.grouped_mm.float8] fqns``, or 202
 ``[float8] moe_fqns``) beside the float8 one is ``float8_experts``.
 
 Refused by name (not priced yet): MX converters,
-float8 emulation and ``rowwise_with_gw_hp``, the memory-budget checkpointing
+float8 emulation, the memory-budget checkpointing
 mode, the all-to-all CP rotation, the zero-bubble and looped-BFS schedules,
 TorchFT.
 """
@@ -66,7 +66,7 @@ from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
 from ndcost.plugins.trainers import boolean, dtype, integer
 from ndcost.trainers import TrainerConfig, field_error
-from ndcost.values import Strategy
+from ndcost.values import FLOAT8_RECIPES, Strategy
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -271,9 +271,9 @@ def _low_precision(f: _File, p: Dict[str, int]) -> Tuple[Dict[str, Any], List[st
         if f.get(table, "emulate", False):
             raise f.error(f"[{table}] emulate", "emulation runs no fp8 GEMM", "remove emulate in a copy")
         recipe = f.get(table, "recipe_name")
-        if recipe not in (None, "tensorwise", "rowwise"):
-            raise f.error(f"[{table}] recipe_name", f"{recipe!r} is not priced (rowwise_with_gw_hp keeps the weight "
-                          "gradient's GEMM in high precision)", 'give "tensorwise" or "rowwise", or leave it unset')
+        if recipe is not None and recipe not in FLOAT8_RECIPES[1:]:
+            raise f.error(f"[{table}] recipe_name", f"{recipe!r} is not a torchao recipe ndcost prices",
+                          f"give one of {', '.join(FLOAT8_RECIPES[1:])}, or leave it unset (tensorwise)")
         gather = boolean(KIND, f.path, f"[{table}] enable_fsdp_float8_all_gather",
                          f.get(table, "enable_fsdp_float8_all_gather", False))
         if gather and recipe is not None:
