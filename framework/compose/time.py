@@ -411,12 +411,13 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     micro-batches, ``is_first_microbatch``), so a micro-batch pays ``1 / num_micro_batches`` of it. Left out:
     the scales' all-reduce and the casts' launch overheads.
     """
-    on = (np.asarray(cols["float8"]) != FLOAT8_RECIPES.index("none"))[:, None]
+    recipe = np.asarray(cols["float8"])[:, None]
+    on = recipe != FLOAT8_RECIPES.index("none")
     zeros = np.zeros((len(rows.tp), len(model.kinds)))
     experts = np.asarray(cols["float8_experts"], dtype=bool)[:, None]
     if not np.count_nonzero(on):
         return zeros, zeros, zeros, experts
-    _stated(model, k, _LOW_PRECISION_WORK[:3], on, "float8=tensorwise/rowwise")
+    _stated(model, k, _LOW_PRECISION_WORK[:3], on, "float8 (a torchao recipe)")
     shard = sharding_rules.sharding(cols)
     fp8_gather = (np.asarray(cols["float8_all_gather"], dtype=bool) & shard.fsdp)[:, None]
     weight = k["dense_parameters"][None, :] / rows.tp[:, None]
@@ -444,7 +445,7 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     # torchtitan casts a TP rank's gathered inputs and output gradients before SP's gather only under tensorwise
     # Float8 TP styles (PrepareFloat8ModuleInput, Float8ColwiseParallel, Float8RowwiseParallel): otherwise each
     # linear casts what it reads gathered, every token's (torchtitan models/llama3/parallelize_llama.py)
-    tensorwise = np.asarray(cols["float8"]) == FLOAT8_RECIPES.index("tensorwise")
+    tensorwise = recipe[:, 0] == FLOAT8_RECIPES.index("tensorwise")
     gathered = on[:, 0] & (rows.tp > 1) & ~(tensorwise & rows.sp)
     if np.count_nonzero(gathered):
         _stated(model, k, _LOW_PRECISION_WORK[8:], gathered, "float8 without its tensorwise TP styles")
@@ -460,7 +461,6 @@ def _float8_linears(model: ModelWork, k: Mapping[str, np.ndarray], rows: "_Rows"
     # gradient and the weight of the input's (torchao/testing/training/roofline_utils.py, "rowwise");
     # rowwise_with_gw_hp's weight gradient reads the high-precision input and output gradient: its backward casts
     # the output gradient and the weight once each, along the axis each needs (roofline_utils.py, the same)
-    recipe = np.asarray(cols["float8"])[:, None]
     transposed = np.where(recipe == FLOAT8_RECIPES.index("rowwise"), 2.0 * rows.compute_bytes[:, None], 0.0)
     weight_hp = recipe == FLOAT8_RECIPES.index("rowwise_with_gw_hp")
     cast_bwd = np.where(on, cast * (np.where(weight_hp, grads, 2.0 * grads + inputs) + weight_bwd)
