@@ -17,6 +17,9 @@ Schema (docs/calibration.md, "Kernel tables")::
     kernel_tables:
       gemm:
         bf16: {m: [...], n: [...], k: [...], efficiency: [[[...]]]}  # achieved / dtype peak, len(m) x len(n) x len(k)
+      gemm_shape:                                                    # measured elsewhere, read for its shape alone:
+        bf16: {m: [...], n: [...], k: [...], efficiency: [[[...]]]}  # its best cell lands at efficiency.matmul
+        source: "..."
       attention:                                                     # per kernel (flash, efficient, ...)
         flash:
           plateau: {forward: 0.35, backward: 0.24}                   # the prior's full-occupancy share of peak
@@ -41,8 +44,8 @@ import numpy as np
 from ndcost.errors import InvalidValue
 from ndcost.values import DTYPES, capability_tuple
 
-KERNEL_TABLE_KEYS = ("gemm", "attention", "sdpa_backends", "elementwise", "launch_seconds", "dispatch_seconds",
-                     "source")
+KERNEL_TABLE_KEYS = ("gemm", "gemm_shape", "attention", "sdpa_backends", "elementwise", "launch_seconds",
+                     "dispatch_seconds", "source")
 GEMM_AXES = ("m", "n", "k")
 ATTENTION_ROW_KEYS = ("seq", "heads", "head_dim", "causal", "forward", "backward")
 PASSES = ("forward", "backward")
@@ -83,10 +86,10 @@ def runtime_sdpa_backends(by_capability: Mapping[str, Tuple[str, ...]], compute_
 # microseconds even when it does nothing (back-to-back empty kernels run at a few hundred thousand a second:
 # an order-of-magnitude figure, not measured here). Dispatch is the host's work, not the device's (Python,
 # Transformers' module calls, the dispatcher, autograd's recording, the launch call), so every device takes
-# the one figure measured: ``ndcost calibrate`` fitted 39.2 us an op on the H200 host's eager Transformers
+# the one figure measured: ``ndcost calibrate`` fitted 38.1 us an op on the H200 host's eager Transformers
 # layers (specs/hardware/h200.yaml, kernel_tables.source; docs/calibration.md).
 PRIOR_LAUNCH_SECONDS = 2.0e-6
-PRIOR_DISPATCH_SECONDS = 3.92e-5
+PRIOR_DISPATCH_SECONDS = 3.81e-5
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -97,6 +100,11 @@ class GemmTable:
     log2_n: np.ndarray
     log2_k: np.ndarray
     efficiency: np.ndarray  # (len(m), len(n), len(k))
+    best: float = attrs.field(init=False)
+
+    @best.default
+    def _best(self) -> float:
+        return float(self.efficiency.max())
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -144,6 +152,10 @@ class KernelTables:
     dispatch_seconds: Optional[float]
     source: str
     attention: Mapping[str, AttentionKernelTable] = attrs.field(factory=dict)
+    # GEMM tables measured on the same chip under another software stack or clock (gemm_shape): their shape
+    # dependence alone, the best cell scaled to the file's efficiency.matmul
+    gemm_shape: Mapping[str, GemmTable] = attrs.field(factory=dict)
+    gemm_shape_source: str = ""
     sdpa_backends: Tuple[str, ...] = DEFAULT_SDPA_BACKENDS
 
 
@@ -273,6 +285,24 @@ def _sdpa_backends(owner: str, value: Any) -> Tuple[str, ...]:
     return tuple(value)
 
 
+def _gemm_tables(owner: str, name: str, data: Any) -> Dict[str, GemmTable]:
+    """``kernel_tables.<name>`` (gemm or gemm_shape): a dtype's table each."""
+    if not isinstance(data, Mapping):
+        raise InvalidValue(f"{owner}: kernel_tables.{name} must map a dtype (bf16, ...) to its table, got {data!r}")
+    tables = {}
+    for dtype, table in data.items():
+        key = f"{name}.{dtype}"
+        if dtype not in DTYPES:
+            raise InvalidValue(f"{owner}: kernel_tables.{key}: {dtype!r} is not a dtype; known: {', '.join(DTYPES)}")
+        if not isinstance(table, Mapping) or sorted(table) != sorted(GEMM_AXES + ("efficiency",)):
+            raise InvalidValue(f"{owner}: kernel_tables.{key} must state exactly m, n, k and efficiency, got "
+                               f"{sorted(table) if isinstance(table, Mapping) else table!r}")
+        axes = [_axis(owner, f"{key}.{axis}", table[axis]) for axis in GEMM_AXES]
+        values = _fractions(owner, f"{key}.efficiency", table["efficiency"], tuple(len(a) for a in axes))
+        tables[str(dtype)] = GemmTable(log2_m=axes[0], log2_n=axes[1], log2_k=axes[2], efficiency=values)
+    return tables
+
+
 def parse_kernel_tables(owner: str, data: Any) -> KernelTables:
     """A hardware file's ``kernel_tables`` checked and read; errors name *owner* and the key."""
     if not isinstance(data, Mapping):
@@ -280,18 +310,14 @@ def parse_kernel_tables(owner: str, data: Any) -> KernelTables:
     _known_keys(owner, "", data, KERNEL_TABLE_KEYS, ", ".join(KERNEL_TABLE_KEYS))
     source = _source(owner, "", data, "the figures came from (the measurement and device, or 'prior: ...' with its "
                                       "derivation)")
-    gemm = data.get("gemm") or {}
-    if not isinstance(gemm, Mapping):
-        raise InvalidValue(f"{owner}: kernel_tables.gemm must map a dtype (bf16, ...) to its table, got {gemm!r}")
-    tables = {}
-    for dtype, table in gemm.items():
-        key = f"gemm.{dtype}"
-        if not isinstance(table, Mapping) or sorted(table) != sorted(GEMM_AXES + ("efficiency",)):
-            raise InvalidValue(f"{owner}: kernel_tables.{key} must state exactly m, n, k and efficiency, got "
-                               f"{sorted(table) if isinstance(table, Mapping) else table!r}")
-        axes = [_axis(owner, f"{key}.{name}", table[name]) for name in GEMM_AXES]
-        values = _fractions(owner, f"{key}.efficiency", table["efficiency"], tuple(len(a) for a in axes))
-        tables[str(dtype)] = GemmTable(log2_m=axes[0], log2_n=axes[1], log2_k=axes[2], efficiency=values)
+    tables = _gemm_tables(owner, "gemm", data.get("gemm") or {})
+    shape_data = data.get("gemm_shape") or {}
+    if not isinstance(shape_data, Mapping):
+        raise InvalidValue(f"{owner}: kernel_tables.gemm_shape must map a dtype to its table, and source to where "
+                           f"they were measured, got {shape_data!r}")
+    shape_source = _source(owner, ".gemm_shape", shape_data, "its GEMMs were measured (the table, its commit, "
+                                                             "the device)") if shape_data else ""
+    shape_tables = _gemm_tables(owner, "gemm_shape", {k: v for k, v in shape_data.items() if k != "source"})
     elementwise = data.get("elementwise")
     table_e = None
     if elementwise is not None:
@@ -301,7 +327,7 @@ def parse_kernel_tables(owner: str, data: Any) -> KernelTables:
         axis = _axis(owner, "elementwise.bytes", elementwise["bytes"])
         table_e = ElementwiseTable(log2_bytes=axis, efficiency=_fractions(
             owner, "elementwise.efficiency", elementwise["efficiency"], (len(axis),)))
-    return KernelTables(gemm=tables, elementwise=table_e,
+    return KernelTables(gemm=tables, gemm_shape=shape_tables, gemm_shape_source=shape_source, elementwise=table_e,
                         launch_seconds=_seconds(owner, "launch_seconds", data.get("launch_seconds")),
                         dispatch_seconds=_seconds(owner, "dispatch_seconds", data.get("dispatch_seconds")),
                         source=source, attention=_attention(owner, data.get("attention") or {}),
@@ -334,13 +360,28 @@ def table_gemm_efficiency(table: GemmTable, m, n, k) -> np.ndarray:
     return np.asarray(out)
 
 
+def _below_grid(table: GemmTable, m, n) -> np.ndarray:
+    """The share of its least ``m`` and ``n`` an output narrower than a measured grid's keeps: such a GEMM still
+    runs the least's output tiles and reads the same weights (one wave, or the weights' read), so it takes the
+    least's time for its fewer FLOPs. (A fitted ``gemm`` table clamps instead: its edge cells were fitted on the
+    points beyond them.)"""
+    return (np.minimum(1.0, np.asarray(m, dtype=np.float64) / 2.0 ** table.log2_m[0])
+            * np.minimum(1.0, np.asarray(n, dtype=np.float64) / 2.0 ** table.log2_n[0]))
+
+
+def _roof(m, n, k, bytes_per_flop: float, element_bytes: float) -> Any:
+    """The roofline on arithmetic intensity: ``min(1, I / ridge)``, ``I = 2 m n k / (bytes (m k + k n + m n))`` (A
+    and B read once, C written once) and the ridge the peak over HBM bandwidth."""
+    intensity = 2.0 * m * n * k / (element_bytes * (m * k + k * n + m * n))
+    return np.minimum(1.0, intensity * bytes_per_flop)
+
+
 def _shape_factor(m, n, k, sm_count: Optional[int], bytes_per_flop: float, element_bytes: float,
                   groups: Any = 1.0) -> Any:
     tiles = groups * np.ceil(m / GEMM_TILE) * np.ceil(n / GEMM_TILE)
     slots = np.ceil(tiles / sm_count) * sm_count if sm_count else tiles  # whole waves of tiles
     waves = groups * m * n / (slots * GEMM_TILE * GEMM_TILE)
-    intensity = 2.0 * m * n * k / (element_bytes * (m * k + k * n + m * n))
-    roof = np.minimum(1.0, intensity * bytes_per_flop)  # intensity / ridge, the ridge peak / HBM
+    roof = _roof(m, n, k, bytes_per_flop, element_bytes)
     # the tile-quantized compute time plus the memory time beyond the ideal compute's: each factor alone where
     # the other is 1, and a skinny GEMM's time its weights' read, not the product's m^2 fall
     return 1.0 / (1.0 / waves + 1.0 / roof - 1.0)
@@ -379,16 +420,36 @@ def prior_gemm_efficiency(m, n, k, *, stated: Any, sm_count: Optional[int], peak
 
 def gemm_efficiency(hardware: Any, tables: Optional[KernelTables], dtype: str, m, n, k, *, stated: Any,
                     groups=1.0) -> np.ndarray:
-    """Achieved / peak of *dtype* GEMMs at (m, n, k): the hardware's table for the dtype (one problem's
-    shape: *groups* is the prior's only), else the prior (*stated*: a float, or an array broadcasting against
-    the shapes, GEMMs of different stated figures priced at once)."""
+    """Achieved / peak of *dtype* GEMMs at (m, n, k), *groups* equal problems in one grid (an expert each): the
+    hardware's table for the dtype (one problem's shape: *groups* is the others' only); else its ``gemm_shape``
+    table's shape dependence, the table's best cell at *stated*; else the prior (*stated*: a float, or an array
+    broadcasting against the shapes, GEMMs of different stated figures priced at once).
+
+    From ``gemm_shape`` (below its grid, :func:`_below_grid`), *groups* problems fill the device as one GEMM of
+    ``groups x m`` rows does, but each pads its rows to whole ``GEMM_TILE`` tiles and reads its own weights: as
+    in the prior, the time is that GEMM's compute stretched by the padding, plus the weights' reads beyond the
+    merged GEMM's, ``1 / f = 1 / (f_merged x m / (GEMM_TILE ceil(m / GEMM_TILE))) + 1 / roof(m) - 1 /
+    roof(groups x m)`` (:func:`_roof`). Left out: a grouped kernel's own tile choices and its scheduling of
+    ragged groups.
+    """
     table = tables.gemm.get(dtype) if tables is not None else None
     if table is not None:
         return table_gemm_efficiency(table, m, n, k)
-    return prior_gemm_efficiency(m, n, k, stated=stated, sm_count=hardware.sm_count,
-                                 peak_flops_per_second=hardware.peak_flops(dtype),
-                                 hbm_bytes_per_second=float(hardware.hbm_bytes_per_second),
-                                 element_bytes=float(DTYPES[dtype]), groups=groups)
+    shape = tables.gemm_shape.get(dtype) if tables is not None else None
+    if shape is None:
+        return prior_gemm_efficiency(m, n, k, stated=stated, sm_count=hardware.sm_count,
+                                     peak_flops_per_second=hardware.peak_flops(dtype),
+                                     hbm_bytes_per_second=float(hardware.hbm_bytes_per_second),
+                                     element_bytes=float(DTYPES[dtype]), groups=groups)
+    m, n, k, groups = (np.asarray(v, dtype=np.float64) for v in (m, n, k, groups))
+    merged = table_gemm_efficiency(shape, m * groups, n, k) / shape.best * _below_grid(shape, m * groups, n)
+    if np.all(groups == 1.0):
+        return np.minimum(1.0, np.asarray(stated) * merged)
+    roof = functools.partial(_roof, n=n, k=k, bytes_per_flop=float(hardware.hbm_bytes_per_second)
+                             / hardware.peak_flops(dtype), element_bytes=float(DTYPES[dtype]))
+    padded = np.where(groups == 1.0, 1.0, m / (GEMM_TILE * np.ceil(m / GEMM_TILE)))
+    grouped = 1.0 / (1.0 / (merged * padded) + 1.0 / roof(m) - 1.0 / roof(m * groups))
+    return np.minimum(1.0, np.asarray(stated) * grouped)
 
 
 # The runtimes' attention kernel names (specs/runtimes/*.yaml ``attention``, the registered attention_kernel/<name>)

