@@ -83,20 +83,34 @@ def parse(text: str) -> Dict[str, List[Dict[str, Any]]]:
     return devices
 
 
-def extract(table: Path, out: Path, commit: str, repository: str, path: str) -> None:
-    devices = parse(table.read_text())
-    doc = {"source": {"repository": repository, "commit": commit, "path": path,
-                      "what": "XLA's default matmul performance table: FLOP/s of b GEMMs of (m, n, k), each with its "
-                              "own operands (a batched GEMM), bf16 and fp8 (e4m3) operands, per device architecture"},
-           "devices": {d: [{**{a: r[a] for a in "bmnk"}, "flops": {k: v for k, v in r["flops"].items() if k in KEPT}}
-                           for r in rows] for d, rows in devices.items()}}
-    lines = [f'{{"source": {json.dumps(doc["source"])},', ' "devices": {']
-    for i, (device, rows) in enumerate(doc["devices"].items()):
-        lines.append(f'  {json.dumps(device)}: [')
+def add_extract_parser(sub: Any, what: str, path: str) -> None:
+    """The ``extract TABLE OUT --commit SHA`` command of a script keeping *what* of an XLA perf table."""
+    e = sub.add_parser("extract", help=f"keep a perf table's {what} as JSON")
+    e.add_argument("table", type=Path)
+    e.add_argument("out", type=Path)
+    e.add_argument("--commit", required=True)
+    e.add_argument("--repository", default="ROCm/xla")
+    e.add_argument("--path", default=path)
+
+
+def write_extract(out: Path, source: Dict[str, str], devices: Dict[str, List[Dict[str, Any]]], what: str) -> None:
+    """*devices*' rows as JSON under *source*, a row a line (a diff shows the rows that changed)."""
+    lines = [f'{{"source": {json.dumps(source)},', ' "devices": {']
+    for i, (device, rows) in enumerate(devices.items()):
+        lines.append(f"  {json.dumps(device)}: [")
         lines += [f"   {json.dumps(r)}{',' if j < len(rows) - 1 else ''}" for j, r in enumerate(rows)]
-        lines.append("  ]" + ("," if i < len(doc["devices"]) - 1 else ""))
-    out.write_text("\n".join(lines + [" }", "}"]) + "\n")  # a GEMM a line
-    print(f"wrote {out}: " + ", ".join(f"{d} {len(rows)} GEMMs" for d, rows in doc["devices"].items()))
+        lines.append("  ]" + ("," if i < len(devices) - 1 else ""))
+    out.write_text("\n".join(lines + [" }", "}"]) + "\n")
+    print(f"wrote {out}: " + ", ".join(f"{d} {len(rows)} {what}" for d, rows in devices.items()))
+
+
+def extract(table: Path, out: Path, commit: str, repository: str, path: str) -> None:
+    devices = {d: [{**{a: r[a] for a in "bmnk"}, "flops": {k: v for k, v in r["flops"].items() if k in KEPT}}
+                   for r in rows] for d, rows in parse(table.read_text()).items()}
+    write_extract(out, {"repository": repository, "commit": commit, "path": path,
+                        "what": "XLA's default matmul performance table: FLOP/s of b GEMMs of (m, n, k), each with "
+                                "its own operands (a batched GEMM), bf16 and fp8 (e4m3) operands, per device "
+                                "architecture"}, devices, "GEMMs")
 
 
 def gemm_shape(data: Dict[str, Any], device: str, peak_flops_per_second: float) -> Dict[str, Any]:
@@ -142,12 +156,7 @@ def batched_errors(data: Dict[str, Any], device: str, hardware: Any) -> Dict[str
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("extract", help="keep a perf table's single GEMMs as JSON")
-    e.add_argument("table", type=Path)
-    e.add_argument("out", type=Path)
-    e.add_argument("--commit", required=True)
-    e.add_argument("--repository", default="ROCm/xla")
-    e.add_argument("--path", default="xla/service/gpu/model/matmul_interpolator_data.h")
+    add_extract_parser(sub, "GEMMs", "xla/service/gpu/model/matmul_interpolator_data.h")
     y = sub.add_parser("yaml", help="print a hardware file's gemm_shape block")
     y.add_argument("device", help="the table's device key: sm_90, sm_100_B200, gfx942, gfx950")
     y.add_argument("hardware", help="the hardware whose bf16 peak divides the FLOP/s")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from import_xla_gemm_tables import device_entries  # noqa: E402
+from import_xla_gemm_tables import add_extract_parser, device_entries, write_extract  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "xla_collective_perf_table_ad6eaee.json"
 OPCODES = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
@@ -54,17 +54,9 @@ def extract(table: Path, out: Path, commit: str, repository: str, path: str) -> 
                 "collective": OPCODES[instruction["opcode"]], "bytes": size, "group": per_group,
                 "groups": int(groups["num_replica_groups"]),
                 "bytes_per_second": float(dict(entry)["network_throughput_bytes_per_sec"])})
-    doc = {"source": {"repository": repository, "commit": commit, "path": path,
-                      "what": "XLA's default collective performance table: tensor bytes over the measured time of one "
-                              "collective on every contiguous group of the machine at once"},
-           "devices": rows}
-    lines = [f'{{"source": {json.dumps(doc["source"])},', ' "devices": {']
-    for i, (device, entries) in enumerate(rows.items()):
-        lines.append(f"  {json.dumps(device)}: [")
-        lines += [f"   {json.dumps(r)}{',' if j < len(entries) - 1 else ''}" for j, r in enumerate(entries)]
-        lines.append("  ]" + ("," if i < len(rows) - 1 else ""))
-    out.write_text("\n".join(lines + [" }", "}"]) + "\n")  # a collective a line
-    print(f"wrote {out}: " + ", ".join(f"{d} {len(r)} collectives" for d, r in rows.items()))
+    write_extract(out, {"repository": repository, "commit": commit, "path": path,
+                        "what": "XLA's default collective performance table: tensor bytes over the measured time of "
+                                "one collective on every contiguous group of the machine at once"}, rows, "collectives")
 
 
 def compare(data: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -112,12 +104,7 @@ def summary(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
-    e = sub.add_parser("extract", help="keep a perf table's collectives as JSON")
-    e.add_argument("table", type=Path)
-    e.add_argument("out", type=Path)
-    e.add_argument("--commit", required=True)
-    e.add_argument("--repository", default="ROCm/xla")
-    e.add_argument("--path", default="xla/service/gpu/model/default_collective_perf_table.txtpb")
+    add_extract_parser(sub, "collectives", "xla/service/gpu/model/default_collective_perf_table.txtpb")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--json", action="store_true", help="every row and the summary as JSON")
     args = parser.parse_args(argv)
