@@ -42,7 +42,12 @@ adds to each step across nodes and again for Simple's flush): added to each step
 
 All-to-all and send/recv are point-to-point in NCCL, outside its tuner: a send costs a Simple ring step
 (``baseLatencies`` + ``hwLatencies``, NVLink or NET) and ``S / B``; an all-to-all ``n - 1`` rounds of pairs
-(``p2pSchedule``, src/init.cc) after one base latency, and ``(n - 1) / n * S / B``.
+(``p2pSchedule``, src/init.cc) after one base latency, and ``(n - 1) / n * S / B``. Its rounds go to the device
+in batches of ``NCCL_MAX_DEV_WORK_P2P_PER_BATCH`` (8, src/include/device.h: ``addWorkBatchToPlan`` in
+src/enqueue.cc opens a new batch past 8 ops or another group of 8 rounds), whose ops run at once, so the
+rounds' latency is a Simple step a batch, ``ceil((n - 1) / 8)`` of them. On a GB200 NVL72 rack XLA measured
+small all-to-alls at 11 to 13 us for 8 to 18 ranks and 21 to 34 us for 32 to 36
+(``benchmarks/validate_collectives.py``), where a step a round priced them at 32 to 127 us.
 
 Left out: NCCL's channel counts and their per-channel caps (``llMaxBws``, ``perChMax*Bws``), the Simple ring's
 plateau factor across nodes, PAT, CollNet, the expert TP (``etp``) collectives inside expert layers. Which
@@ -64,6 +69,7 @@ _US = 1e-6
 BASE_LATENCY_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4)}
 NVLINK_LATENCY_US = {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": 25.0}
 NET_LATENCY_US = {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0)}
+P2P_PER_BATCH = 8  # NCCL_MAX_DEV_WORK_P2P_PER_BATCH (src/include/device.h): point-to-point ops a device batch runs
 NET_OVERHEAD_US = (1.0, 1.0, 3.0)  # getNetOverhead (x86 Intel and the default: 1 us), three times for Simple
 RING_BANDWIDTH_FACTOR = (0.5, 0.92, 1.0)
 TREE_BANDWIDTH = 0.92  # every tree all-reduce's busBw * .92
@@ -338,12 +344,14 @@ def _p2p_step_seconds(nodes, latency_seconds):
 
 @_kept_one_row
 def all_to_all_seconds(message_bytes, group_size, bytes_per_second, latency_seconds, *, nodes=1, nvls_efficiency=0.0):
-    """A pairwise all-to-all of the *message_bytes* each member holds (it keeps 1/n of them): n - 1 rounds."""
+    """A pairwise all-to-all of the *message_bytes* each member holds (it keeps 1/n of them): n - 1 rounds, run
+    :data:`P2P_PER_BATCH` at once."""
     n, s = _n(group_size), np.asarray(message_bytes, dtype=np.float64)
     alone, every = _alone(n, s, bytes_per_second, latency_seconds, nodes)
     if alone is not None:
         return alone
-    seconds = (BASE_LATENCY_US["ring"][2] * _US + (n - 1.0) * _p2p_step_seconds(nodes, latency_seconds)
+    batches = np.ceil((n - 1.0) / P2P_PER_BATCH)
+    seconds = (BASE_LATENCY_US["ring"][2] * _US + batches * _p2p_step_seconds(nodes, latency_seconds)
                + (n - 1.0) / n * s / bytes_per_second)
     return _zeroed(n, seconds, s, every)
 

@@ -53,8 +53,12 @@ def test_large_all_reduce_is_bandwidth_bound_simple_ring():
 def test_gather_scatter_all_to_all_send_by_hand():
     assert c.all_gather_seconds(8e9, 8, 100e9, 0.0) == pytest.approx(7 / 8 * 8 / 100 + (8.4 + 7 * 3.4) * US)
     assert c.reduce_scatter_seconds(8e9, 8, 100e9, 0.0) == pytest.approx(7 / 8 * 8 / 100 + (8.4 + 7 * 3.4) * US)
-    # n - 1 rounds of pairs after one base latency; a send: one Simple step (NET's 14 us across nodes)
+    # n - 1 rounds of pairs after one base latency, 8 at once (NCCL_MAX_DEV_WORK_P2P_PER_BATCH): a Simple step a
+    # batch of 8, NET's 14 us across nodes; a send: one Simple step
     assert c.all_to_all_seconds(2e9, 2, 50e9, 0.0) == pytest.approx(1 / 50 + (8.4 + 3.4) * US)
+    assert c.all_to_all_seconds(9e9, 9, 50e9, 0.0) == pytest.approx(8 / 50 + (8.4 + 3.4) * US)
+    assert c.all_to_all_seconds(10e9, 10, 50e9, 0.0) == pytest.approx(9 / 50 + (8.4 + 2 * 3.4) * US)
+    assert c.all_to_all_seconds(72e9, 72, 50e9, 0.0, nodes=9) == pytest.approx(71 / 50 + (8.4 + 9 * 14.0) * US)
     assert c.send_recv_seconds(1e9, 2, 50e9, 0.0, nodes=2) == pytest.approx(1 / 50 + (8.4 + 14.0) * US)
 
 
