@@ -338,3 +338,24 @@ def test_the_forward_flops_of_a_point_are_the_time_models_pairs():
     assert point.forward_flops == 4 * 2 * 4 * 36                      # 8 x 9 / 2 = 36 causal pairs
     assert attrs.evolve(point, causal=False).forward_flops == 4 * 2 * 4 * 64
     assert math.isclose(point.forward_flops, 4 * 2 * 4 * float(window_pairs(8, 0)))
+
+
+@pytest.mark.parametrize("name, backend, seq, forward_tflops, backward_tflops", [
+    # NVIDIA/cudnn-frontend's published rows (benchmarks/data/cudnn_frontend_sdpa_bf16_*.csv), read by hand:
+    # PyTorch's SDPA on cuDNN on a B200 at 8192 tokens, cuDNN's frontend on a GB200 at 4096, SDPA's flash at 16384
+    ("b200", "cudnn", 8192, 1171.278, 942.509),
+    ("b200", "flash", 16384, 394.495, 319.979),
+    ("gb200", "cudnn", 4096, 1386.0, 1054.0),
+    ("gb200", "flash", 16384, 430.0, 352.0),
+])
+def test_blackwell_attention_is_nvidias_measured_sdpa(registry, name, backend, seq, forward_tflops, backward_tflops):
+    """A shipped row is the CSV's FLOP/s over the file's bf16 peak, its backward x 2 / 2.5 (the CSV counts a
+    backward's FLOPs 2.5 times the forward's, ndcost twice); torch 2.13's SDPA tries cuDNN first there."""
+    hardware = registry.get(f"hardware/{name}")
+    tables = kernels.parse_kernel_tables(name, hardware.kernel_tables)
+    assert tables.sdpa_backends == ("cudnn", "flash", "efficient")
+    peak = hardware.peak_flops("bf16")
+    forward, backward = kernels.attention_efficiency(hardware, tables, backend, "bf16", seq, 128, 128, True,
+                                                     stated=(0.0, 0.0))
+    assert float(forward) == pytest.approx(forward_tflops * 1e12 / peak, abs=5e-5)
+    assert float(backward) == pytest.approx(backward_tflops * 1e12 * 2 / 2.5 / peak, abs=5e-5)
