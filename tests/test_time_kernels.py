@@ -173,6 +173,12 @@ def test_a_measured_shape_table_prices_by_shape_at_the_stated_plateau(h200):
     assert float(kernels.gemm_efficiency(h200, tables, "fp16", 8192, 8192, 8192, stated=0.7)) == pytest.approx(0.7)
 
 
+def test_the_provenance_names_the_measured_shapes(h200):
+    work = analytic.model_work(tiny_llama(), 256)
+    provenance = ct.step_time(work, [Strategy(seq=256)], h200).provenance["kernels"]
+    assert "kernel_tables.gemm_shape's measured shape dependence" in provenance and "sm_90" in provenance
+
+
 def _xla_extract():
     import json
     from pathlib import Path
