@@ -153,8 +153,9 @@ def fit_kernel_tables(points: KernelPoints, hardware, current: Optional[Mapping[
 
     A GEMM dtype's grid is the one the points were swept on, else the current table's, else
     :data:`DEFAULT_GEMM_GRID`; the elementwise grid likewise. A cell's prior is the current table at its
-    node (interpolated where the grids differ), else the hardware's scalar efficiency. Points of a dtype the
-    hardware states no peak for are passed over (counted in ``skipped``). A cell fitted above 1 is refused.
+    node (interpolated where the grids differ), else what the time model reads from the current
+    ``gemm_shape`` there, else the hardware's scalar efficiency. Points of a dtype the hardware states no peak
+    for are passed over (counted in ``skipped``). A cell fitted above 1 is refused.
     """
     from ndcost.compose import time as time_model
 
@@ -180,7 +181,8 @@ def fit_kernel_tables(points: KernelPoints, hardware, current: Optional[Mapping[
         axes = [np.asarray(grid[a], dtype=float) for a in GEMM_AXES]
         nodes = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, 3)
         prior = (interpolate(gemm_tables[dtype], nodes) if dtype in gemm_tables
-                 else np.full(len(nodes), scalar["matmul"])).reshape([len(a) for a in axes])
+                 else _shape_prior(hardware, current, dtype, nodes, scalar["matmul"])
+                 ).reshape([len(a) for a in axes])
         shapes = np.array([[p.batch * p.m, p.n, p.k] for p in found], dtype=float)
         ideal = np.array([p.flops / peak for p in found])
         measured = np.array([p.seconds for p in found])
@@ -314,6 +316,16 @@ def _errors(prior: Sequence[float], fitted: Sequence[float]) -> Dict[str, Any]:
 def _nearest(axis: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Each value's nearest grid node in log2 space (outside the grid, its end; halfway, the lower node)."""
     return np.abs(np.log2(values)[:, None] - np.log2(axis)[None, :]).argmin(axis=1)
+
+
+def _shape_prior(hardware, current: Mapping[str, Any], dtype: str, nodes: np.ndarray, stated: float) -> np.ndarray:
+    """The efficiency the time model reads at each (m, n, k) of *nodes* from the current ``gemm_shape`` table of
+    *dtype* (:func:`ndcost.kernels.gemm_efficiency`), else *stated* at every node."""
+    if dtype not in (current.get("gemm_shape") or {}):
+        return np.full(len(nodes), stated)
+    tables = kernels.parse_kernel_tables(hardware.name, {"gemm_shape": current["gemm_shape"], "source": "current"})
+    return np.asarray(kernels.gemm_efficiency(hardware, tables, dtype, nodes[:, 0], nodes[:, 1], nodes[:, 2],
+                                              stated=stated), dtype=float)
 
 
 def interpolate(table: Mapping[str, Any], shapes: np.ndarray) -> np.ndarray:

@@ -268,6 +268,24 @@ def test_cell_above_the_peak_is_refused():
     assert "gemm" not in fit.tables and list(fit.points.skipped.values()) == [1]
 
 
+def test_a_measured_shape_table_is_the_cells_prior():
+    """With a current gemm_shape the cells a fit leaves alone keep what the time model read there: the shape
+    table's figure over its best cell, times efficiency.matmul (0.5); here a table 0.2 at m = 256, 0.8 at 1024."""
+    shape = {"bf16": {"m": [256, 1024], "n": [1024, 4096], "k": [1024, 4096],
+                      "efficiency": [[[0.2, 0.2], [0.2, 0.2]], [[0.8, 0.8], [0.8, 0.8]]]}, "source": "by hand"}
+    box = hardware_from_mapping(SPEC)
+    points = kt.KernelPoints(source="by hand", device="cuda",
+                             gemm=(kt.GemmPoint(m=1024, n=4096, k=4096, dtype="bf16", seconds=1.0),),
+                             gemm_grids={"bf16": {"m": [256, 1024], "n": [1024, 4096], "k": [1024, 4096]}})
+    fit = kt.fit_kernel_tables(points, box, current={"gemm_shape": shape})
+    cells = fit.tables["gemm"]["bf16"]["efficiency"]
+    assert cells[0][0][0] == pytest.approx(0.5 * 0.2 / 0.8)     # m = 256: a quarter of the plateau
+    assert cells[1][0][0] == pytest.approx(0.5)                  # m = 1024, n = k = 1024: the plateau
+    measured = 2 * 1024 * 4096 * 4096 / PEAK["bf16"] / 1.0      # the one point's cell: ideal over measured
+    assert cells[1][1][1] == pytest.approx(measured)
+    assert fit.tables["gemm_shape"] == shape                      # kept as it was
+
+
 def test_interpolation_is_trilinear_in_log2_and_clamped():
     table = {"m": [256, 1024], "n": [1024, 4096], "k": [1024, 4096],
              "efficiency": [[[0.1, 0.2], [0.3, 0.4]], [[0.5, 0.6], [0.7, 0.8]]]}
