@@ -25,12 +25,12 @@ from typing import Any, Dict, List
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from import_xla_gemm_tables import add_extract_parser, device_entries, write_extract  # noqa: E402
 
-DATA = Path(__file__).resolve().parent / "data" / "xla_collective_perf_table_ad6eaee.json"
+DATA = Path(__file__).resolve().parent / "data" / "xla_collective_perf_table_4fb75ab.json"
 OPCODES = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
            "all-to-all": "all_to_all"}
 ELEMENT_BYTES = {"F32": 4, "BF16": 2, "F16": 2, "S32": 4, "U32": 4, "S8": 1, "U8": 1, "F8E4M3FN": 1}
 # XLA's architecture keys and the hardware file each is priced on
-DEVICES = {"sm_90": "h100", "sm_100_B200": "b200", "sm_100_GB200": "gb200"}
+DEVICES = {"sm_90": "h100", "sm_100_B200": "b200", "sm_100_GB200": "gb200", "gfx942": "mi300x", "gfx950": "mi355x"}
 BANDS = ((0, 1 << 16, "up to 64 KiB"), (1 << 16, 1 << 24, "64 KiB to 16 MiB"), (1 << 24, 1 << 62, "16 MiB and more"))
 
 

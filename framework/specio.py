@@ -105,7 +105,7 @@ def load_yaml(text: str, where: str = "YAML text") -> Any:
 REQUIRED = ("name", "memory_bytes", "hbm_bytes_per_second", "peak_flops_per_second", "devices_per_node", "network")
 OPTIONAL = ("efficiency", "host_to_device_bytes_per_second", "cpu_optimizer_parameters_per_second",
             "cuda_context_bytes", "description", "sm_count", "kernel_tables", "nvlink_domain_devices", "nics_per_node",
-            "nvls_architecture", "compute_capability")
+            "nvls_architecture", "compute_capability", "node_fabric")
 LEVEL_FIELDS = ("bytes_per_second", "latency_seconds")
 
 

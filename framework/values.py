@@ -997,6 +997,7 @@ def _check_cuda_context_bytes(instance, attribute, value):
 CPU_ADAM_PARAMETERS_PER_SECOND = 10e9 / 2.57
 # NVLink SHARP generations NCCL prices apart (nvlsEfficiency in NCCL's src/graph/tuning.cc); None: no NVLS
 NVLS_ARCHITECTURES = (None, "hopper", "blackwell")
+NODE_FABRICS = ("switch", "mesh")  # how a node joins its devices (Hardware.node_fabric)
 
 
 def capability_tuple(text: str) -> Optional[Tuple[int, int]]:
@@ -1021,6 +1022,10 @@ class Hardware:
     GB200 NVL72 rack); ``nics_per_node``: a node's network interfaces, the ``across_nodes`` level's bandwidth
     being one's (by default one a device); ``nvls_architecture``: ``hopper`` or ``blackwell`` where the NVLink
     switches reduce in-switch (NVLS, NVLink SHARP), picking NCCL's NVLS constants; None without.
+    ``node_fabric``: how a node joins its devices: ``switch`` (NVSwitch: each device's whole link bandwidth
+    reaches any peer) or ``mesh`` (point to point, ``devices_per_node - 1`` equal links a device: AMD's
+    Infinity Fabric, Huawei's HCCS), where a group of ``m`` devices of a node uses ``m - 1`` of the links
+    (:func:`ndcost.compose.topology.group_link`).
     ``compute_capability``: a CUDA device's ``"major.minor"`` (``"9.0"`` on Hopper), which a runtime's kernel
     choice may depend on (:attr:`ndcost.plugins.runtimes.RuntimeProfile.attention_backends`); None on others.
     ``cuda_context_bytes`` is the device memory a training process holds outside PyTorch's caching allocator
@@ -1048,6 +1053,7 @@ class Hardware:
     nics_per_node: int = attrs.field(default=attrs.Factory(lambda self: self.devices_per_node, takes_self=True))
     nvls_architecture: Optional[str] = None
     compute_capability: Optional[str] = attrs.field(default=None, converter=attrs.converters.optional(str))
+    node_fabric: str = "switch"
 
     def __attrs_post_init__(self):
         _check_name("hardware", self.name)
@@ -1088,6 +1094,9 @@ class Hardware:
         if self.nvls_architecture not in NVLS_ARCHITECTURES:
             raise InvalidValue(f"{owner}: nvls_architecture {self.nvls_architecture!r} is not one of "
                                f"{', '.join(map(str, NVLS_ARCHITECTURES))} (omit it where the switches lack NVLS)")
+        if self.node_fabric not in NODE_FABRICS:
+            raise InvalidValue(f"{owner}: node_fabric {self.node_fabric!r} is not one of {', '.join(NODE_FABRICS)} "
+                               f"(switch: NVSwitch; mesh: a link between each pair of a node's devices)")
         if self.compute_capability is not None and capability_tuple(self.compute_capability) is None:
             raise InvalidValue(f"{owner}: compute_capability {self.compute_capability!r} is not a CUDA compute "
                                f"capability \"major.minor\" (\"9.0\" on an H100); omit it on a device without one")

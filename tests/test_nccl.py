@@ -117,7 +117,28 @@ def test_fewer_nics_than_gpus_are_shared():
     assert topology.group_link(hw, np.array([1]), np.array([16]), one, ring=False)[0][0] == pytest.approx(5e9)
 
 
+def test_a_mesh_gives_a_group_the_links_between_its_members(registry):
+    """On a mesh (a link to each peer, no switch) a group of m of a node's 8 devices uses m - 1 of each device's
+    7 links: the MI300X's 7 x 64 GB/s at 0.7, by hand; a group spanning nodes, its members' links on each node.
+    Through NVSwitch (the H200) every group has the device's whole bandwidth."""
+    mi300x, h200 = registry.get("hardware/mi300x"), registry.get("hardware/h200")
+    eff = {"collective_within_node": 0.7, "collective_across_nodes": 0.8}
+    assert mi300x.node_fabric == "mesh" and h200.node_fabric == "switch"
+    for size in (2, 4, 8):
+        bandwidth = topology.group_link(mi300x, np.array([1]), np.array([size]), eff)[0]
+        assert bandwidth[0] == pytest.approx(448e9 * 0.7 * (size - 1) / 7)
+        assert topology.group_link(h200, np.array([1]), np.array([size]), EFF)[0][0] == pytest.approx(450e9 * 0.8)
+    # 8 members 2 apart span two nodes, 4 on each: the slower leg is their 3 links of 7 (134 GB/s), not their
+    # 4 NICs (4 x 50 GB/s x 0.8)
+    both = topology.group_link(mi300x, np.array([2]), np.array([8]), eff)[0]
+    assert both[0] == pytest.approx(448e9 * 0.7 * 3 / 7) and both[0] < 4 * 50e9 * 0.8
+    # the batched path prices the same
+    batch = topology.group_link(mi300x, np.array([1, 1, 2]), np.array([2, 8, 8]), eff)[0]
+    assert batch == pytest.approx([448e9 * 0.7 / 7, 448e9 * 0.7, 448e9 * 0.7 * 3 / 7])
+
+
 @pytest.mark.parametrize("field, value, match", [
+    ("node_fabric", "torus", "node_fabric 'torus' is not one of switch, mesh"),
     ("nvlink_domain_devices", 12, "not a whole number of nodes"),
     ("nvlink_domain_devices", 0, "positive integer"),
     ("nics_per_node", -1, "positive integer"),

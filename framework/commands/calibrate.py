@@ -154,6 +154,8 @@ def _write_hardware(hardware, result, path, sources) -> None:
            "nvlink_domain_devices": hardware.nvlink_domain_devices, "nics_per_node": hardware.nics_per_node}
     if hardware.nvls_architecture is not None:
         doc["nvls_architecture"] = hardware.nvls_architecture
+    if hardware.node_fabric != "switch":  # what a group's share of the node's links reads
+        doc["node_fabric"] = hardware.node_fabric
     if hardware.compute_capability is not None:  # what a runtime's kernel choice reads
         doc["compute_capability"] = hardware.compute_capability
     if hardware.cuda_context_bytes:  # what "fits" leaves out of the memory

@@ -15,7 +15,9 @@ crosses each domain's boundary once a channel, its channels spread over the NICs
 a GPU's traffic leaves through its own NIC, ``src/graph/search.cc``), so its bus bandwidth is the slower of two
 legs: NVLink within the domain, and ``m * nics_per_node / devices_per_node`` NICs at the ``across_nodes``
 bandwidth, ``m`` the group's members in one domain -- the NICs of a node shared alike by the node's concurrent
-groups of that kind (every rank is in one). A group with one member a domain has no NVLink leg. Left out:
+groups of that kind (every rank is in one). A group with one member a domain has no NVLink leg. Where a node's
+devices are joined point to point (``Hardware.node_fabric: mesh``: AMD's Infinity Fabric, Huawei's HCCS), the
+within-node leg is the group's share of a device's links, ``m - 1`` of ``devices_per_node - 1``. Left out:
 traffic of different kinds of group (a TP and a DP group) sharing a link at once, and switch oversubscription.
 """
 from __future__ import annotations
@@ -96,9 +98,11 @@ def _group_link(hardware, stride: np.ndarray, size: np.ndarray, efficiency: Mapp
     nvlink = inner.bytes_per_second * efficiency["collective_within_node"]
     if not across.any():  # every group on NVLink: the common batch, skipping the NIC arithmetic
         nvls = np.where(size > 1, nvls_efficiency(hardware.nvls_architecture), 0.0)
-        return np.full(np.shape(across), nvlink), np.full(np.shape(across), inner.latency_seconds), \
+        return np.broadcast_to(nvlink * _mesh_share(hardware, size), np.shape(across)).astype(np.float64), \
+            np.full(np.shape(across), inner.latency_seconds), \
             {"nodes": np.ones(np.shape(across)), "nvls_efficiency": nvls}
     per_domain = np.where(across, np.clip(domain // np.maximum(stride, 1), 1, np.maximum(size, 1)), size)
+    nvlink = nvlink * _mesh_share(hardware, per_domain)
     nodes = np.where(across, -(-size // per_domain), 1).astype(np.float64)
     nics = (per_domain if ring else 1) * (int(hardware.nics_per_node) / int(hardware.devices_per_node))
     network = outer.bytes_per_second * efficiency["collective_across_nodes"] * nics
@@ -106,6 +110,18 @@ def _group_link(hardware, stride: np.ndarray, size: np.ndarray, efficiency: Mapp
     latency = np.where(across, outer.latency_seconds, inner.latency_seconds)
     nvls = np.where(~across & (size > 1), nvls_efficiency(hardware.nvls_architecture), 0.0)
     return bandwidth, latency, {"nodes": nodes, "nvls_efficiency": nvls}
+
+
+def _mesh_share(hardware, members) -> Any:
+    """The share of a device's node links a group with *members* on its node uses: all of them through a switch,
+    ``(members - 1) / (devices_per_node - 1)`` on a point-to-point mesh (``Hardware.node_fabric``; 1 for a
+    group of one, which moves nothing). XLA's measured RCCL collectives on MI300X and MI355X nodes hold 42 to 48
+    and 54 to 66 GB/s of bus bandwidth a link whether 2, 4 or 8 devices take part
+    (benchmarks/validate_collectives.py)."""
+    if hardware.node_fabric != "mesh" or hardware.devices_per_node < 2:
+        return 1.0
+    members = np.asarray(members, dtype=np.float64)
+    return np.where(members > 1, np.minimum(1.0, (members - 1.0) / (hardware.devices_per_node - 1.0)), 1.0)
 
 
 def worst_node_total(per_stage, stage_devices, stages, devices_per_node):
