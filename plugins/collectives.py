@@ -30,10 +30,10 @@ times the protocol's factor, and the tuner takes the fastest ``latency + bytes /
   node (120/128 across), 1.0 for Simple, times NCCL's size correction (``treeCorrectionFactor``);
 - NVLS (all-reduce within one NVLink domain that has NVLink SHARP: in-switch reduction): 25 us
   (``hwLatencies[NVLINK][NVLS][Simple]``, no base), data ``(n - 1) / n * S / (B * nvls_efficiency)``, where
-  ``nvls_efficiency`` is :func:`ndcost.compose.topology.nvls_efficiency`'s (``nvlsEfficiency`` times
-  ``(channels - 1) / channels``), the NVLS graph taken to have the ring's bandwidth. NCCL prices NVLS
+  ``nvls_efficiency`` is :func:`ndcost.compose.topology.nvls_efficiency`'s (``nvlsEfficiency (n - 1) / (n + 1)``:
+  the NVLS graph opens a channel a GPU, each head carrying twice its share through the switch). NCCL prices NVLS
   all-gather / reduce-scatter as ``S / (B * nvls_efficiency * (n - 1) / n)`` (no algorithm-bandwidth ratio),
-  which under that assumption never beats the ring, so they are not priced; nor is NVLS across nodes (it
+  which never beats the ring, so they are not priced; nor is NVLS across nodes (it
   needs CollNet/SHARP switches, off by default) or NVLS-tree.
 ``B`` is the group's bus bandwidth, :func:`ndcost.compose.topology.group_link`'s: the slower of its legs
 (NVLink within its domain, its share of the NICs across), efficiency applied; ``latency_seconds`` is the link's

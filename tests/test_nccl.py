@@ -70,19 +70,27 @@ def test_a_group_of_one_costs_nothing_and_arrays_broadcast():
 
 
 def test_nvls_beats_the_ring_on_eight_h200(registry):
-    """1 GB all-reduce on an H200 node: the ring moves 2 * 7/8 GB at B; NVLS 7/8 GB at B * 0.85 * 15/16, so its
-    data term is 2 * 0.85 * 15/16 = 1.59375 times shorter; latency 25 us against 8.4 + 14 * 3.4 = 56 us."""
+    """1 GB all-reduce on an H200 node: the ring moves 2 * 7/8 GB at B; NVLS 7/8 GB at B * 0.85 * 7/9 (one NVLS
+    channel a GPU, each at a ninth of the link: NCCL's search), so its data term is 2 * 0.85 * 7/9 = 1.3222 times
+    shorter (476 GB/s of bus bandwidth on 360); latency 25 us against 8.4 + 14 * 3.4 = 56 us. Two GPUs: 0.85 *
+    1/3, and the ring wins."""
     h200 = registry.get("hardware/h200")
     bandwidth, latency, link = topology.group_link(h200, np.array([1]), np.array([8]), EFF)
     assert bandwidth[0] == 450e9 * 0.8 and latency[0] == 0.0 and link["nodes"][0] == 1
-    assert link["nvls_efficiency"][0] == pytest.approx(0.85 * 15 / 16)
+    assert link["nvls_efficiency"][0] == pytest.approx(0.85 * 7 / 9)
     ring = 56.0 * US + 2 * 7 / 8 * 1e9 / 360e9
-    nvls = 25.0 * US + 7 / 8 * 1e9 / (360e9 * 0.85 * 15 / 16)
-    assert (ring - 56.0 * US) / (nvls - 25.0 * US) == pytest.approx(1.59375)
+    nvls = 25.0 * US + 7 / 8 * 1e9 / (360e9 * 0.85 * 7 / 9)
+    assert (ring - 56.0 * US) / (nvls - 25.0 * US) == pytest.approx(2 * 0.85 * 7 / 9)
+    assert 2 * 7 / 8 * 1e9 / (nvls - 25.0 * US) / 1e9 == pytest.approx(476, abs=1)
     assert c.all_reduce_seconds(1e9, 8, bandwidth, latency, **link)[0] == pytest.approx(nvls, rel=1e-12)
     assert c.all_reduce_seconds(1e9, 8, bandwidth, latency)[0] == pytest.approx(ring, rel=1e-12)  # without NVLS
     # a small one stays on LL's ring: 15 us beats NVLS's 25 us
     assert c.all_reduce_seconds(1e3, 8, bandwidth, latency, **link)[0] < 25.0 * US
+    # two GPUs: NVLS at 0.85 / 3 moves half a GB at 102 GB/s, the ring a GB at 360: the ring
+    bandwidth, latency, link = topology.group_link(h200, np.array([1]), np.array([2]), EFF)
+    assert link["nvls_efficiency"][0] == pytest.approx(0.85 / 3)
+    ring_two = (8.4 + 2 * 3.4) * US + 1e9 / 360e9
+    assert c.all_reduce_seconds(1e9, 2, bandwidth, latency, **link)[0] == pytest.approx(ring_two, rel=1e-12)
 
 
 def test_a_group_of_16_stays_on_nvlink_on_gb200_and_crosses_on_h200(registry):
@@ -91,7 +99,7 @@ def test_a_group_of_16_stays_on_nvlink_on_gb200_and_crosses_on_h200(registry):
     assert h200.nvlink_domain_devices == h200.devices_per_node == 8
     bandwidth, _, link = topology.group_link(gb200, np.array([1]), np.array([16]), EFF)
     assert link["nodes"][0] == 1 and bandwidth[0] == 900e9 * 0.8
-    assert link["nvls_efficiency"][0] == pytest.approx(0.74 * 23 / 24)  # Blackwell: 0.74, 24 channels
+    assert link["nvls_efficiency"][0] == pytest.approx(0.74 * 15 / 17)  # Blackwell's 0.74, 16 GPUs
     # on H200 the 16 span two nodes: a hierarchical ring, NVLink 360 GB/s against 8 NICs * 50 GB/s * 0.85
     bandwidth, _, link = topology.group_link(h200, np.array([1]), np.array([16]), EFF)
     assert link["nodes"][0] == 2 and bandwidth[0] == pytest.approx(8 * 50e9 * 0.85)

@@ -195,11 +195,12 @@ def test_interleaving_halves_the_bubble(h200, llama_work):
 def test_time_falls_with_devices_until_communication_dominates(h200, llama_work):
     """Fixed work (one micro-batch of 4096 tokens): TP within a node speeds the step up; past the node TP's
     all-reduces run as hierarchical rings over the node's 8 NICs (340 GB/s against NVLink's 360, and NET's
-    longer latencies): the exposed communication more than doubles and eats most of the compute saved."""
+    longer latencies) where within it NVLS reduced in the switch: the exposed communication nearly doubles
+    and eats most of the compute saved."""
     r = ct.step_time(llama_work, [Strategy.parse(f"seq=4096,tp={t}") for t in (1, 2, 4, 8, 16, 32)], h200)
     steps, exposed, compute = r.step_seconds, r.exposed_communication_seconds, r.compute_seconds
     assert steps[0] > steps[1] > steps[2] > steps[3]
-    assert exposed[4] > 2 * exposed[3]
+    assert exposed[4] > 1.5 * exposed[3]
     assert steps[3] - steps[4] < 0.2 * (compute[3] - compute[4])
     # data parallelism at a fixed global batch: 64 micro-batches spread over more replicas
     r = ct.step_time(llama_work, [Strategy.parse(f"seq=4096,dp={d},zero=1,num_micro_batches={64 // d}")

@@ -30,18 +30,25 @@ from ndcost.errors import Unpriced
 
 __all__ = ["spans_nodes", "group_link", "nvls_efficiency", "worst_node_total"]
 
-# NCCL's nvlsEfficiency by architecture (src/graph/tuning.cc) and the NVLS channels it opens on one NVLink
-# domain (src/transport/nvls.cc NVLS_NCHANNELS_SM90, NVLS_NCHANNELS_SM100_NVL), NVIDIA/nccl at 5067397c
+# NCCL's nvlsEfficiency by architecture (src/graph/tuning.cc), NVIDIA/nccl at 5067397c
 NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
-NVLS_CHANNELS = {"hopper": 16, "blackwell": 24}
 
 
-def nvls_efficiency(architecture) -> float:
-    """The NVLS bus bandwidth's fraction of the link on *architecture* (``Hardware.nvls_architecture``), 0 without."""
+def nvls_efficiency(architecture, members) -> Any:
+    """The NVLS bus bandwidth's fraction of the link for a group of *members* GPUs of one NVLink domain on
+    *architecture* (``Hardware.nvls_architecture``), 0 without NVLS (vectorized over *members*).
+
+    NCCL's tuner prices NVLS at ``nChannels x bwIntra x nvlsEfficiency x (nChannels - 1) / nChannels`` (twice
+    that for an all-reduce, src/graph/tuning.cc). Within a domain the NVLS graph opens one channel a GPU
+    (src/graph/search.cc: "NVLS channels correspond to GPUs pulling from NVLS", minChannels = maxChannels = the
+    GPUs), and each channel's head carries twice its bandwidth through the switch and every other GPU once
+    (``ncclTopoSearchTryNvls``), so ``m`` channels fit ``link / (m + 1)`` each: ``nvlsEfficiency (m - 1) /
+    (m + 1)`` of the link in all. On eight H100s that is 476 GB/s of all-reduce bus bandwidth on 360 (0.85 x 7 /
+    9 x 2). Left out: the search's speed steps, which round each channel's share down."""
     if architecture is None:
         return 0.0
-    channels = NVLS_CHANNELS[architecture]
-    return NVLS_EFFICIENCY[architecture] * (channels - 1) / channels
+    m = np.asarray(members, dtype=np.float64)
+    return np.where(m > 1, NVLS_EFFICIENCY[architecture] * (m - 1.0) / (m + 1.0), 0.0)
 
 
 def spans_nodes(stride, size, devices_per_node):
@@ -97,7 +104,7 @@ def _group_link(hardware, stride: np.ndarray, size: np.ndarray, efficiency: Mapp
     across = spans_nodes(stride, size, domain)
     nvlink = inner.bytes_per_second * efficiency["collective_within_node"]
     if not across.any():  # every group on NVLink: the common batch, skipping the NIC arithmetic
-        nvls = np.where(size > 1, nvls_efficiency(hardware.nvls_architecture), 0.0)
+        nvls = nvls_efficiency(hardware.nvls_architecture, size) * np.ones(np.shape(across))
         return np.broadcast_to(nvlink * _mesh_share(hardware, size), np.shape(across)).astype(np.float64), \
             np.full(np.shape(across), inner.latency_seconds), \
             {"nodes": np.ones(np.shape(across)), "nvls_efficiency": nvls}
@@ -108,7 +115,7 @@ def _group_link(hardware, stride: np.ndarray, size: np.ndarray, efficiency: Mapp
     network = outer.bytes_per_second * efficiency["collective_across_nodes"] * nics
     bandwidth = np.where(across, np.where(ring & (per_domain > 1), np.minimum(nvlink, network), network), nvlink)
     latency = np.where(across, outer.latency_seconds, inner.latency_seconds)
-    nvls = np.where(~across & (size > 1), nvls_efficiency(hardware.nvls_architecture), 0.0)
+    nvls = np.where(~across, nvls_efficiency(hardware.nvls_architecture, size), 0.0)
     return bandwidth, latency, {"nodes": nodes, "nvls_efficiency": nvls}
 
 
