@@ -1,10 +1,11 @@
 """XLA's published GEMM timings as a hardware file's ``kernel_tables.gemm_shape`` (docs/calibration.md).
 
-Run: ``python benchmarks/import_xla_gemm_tables.py extract TABLE OUT.json --commit SHA`` to keep the single
-(unbatched) GEMMs of XLA's default matmul performance table (the ``kDefaultMatmulPTable`` textproto in
+Run: ``python benchmarks/import_xla_gemm_tables.py extract TABLE OUT.json --commit SHA`` to keep the bf16 and
+fp8 GEMMs (single and batched) of XLA's default matmul performance table (the ``kDefaultMatmulPTable`` textproto in
 ``xla/service/gpu/model/matmul_interpolator_data.h``, or ``default_matmul_perf_table.txtpb``), then
 ``python benchmarks/import_xla_gemm_tables.py yaml DEVICE HARDWARE [--data OUT.json]`` to print the
-``gemm_shape`` block for *HARDWARE*'s file: each cell XLA's FLOP/s over the file's bf16 peak. ``check`` sets the
+``gemm_shape`` block for *HARDWARE*'s file from the single GEMMs: each cell XLA's FLOP/s over the file's bf16
+peak. ``check`` sets the
 time model's grouped-GEMM rule beside XLA's batched GEMMs (2 and 4 problems, each its own operands), which the
 hardware files do not read.
 

@@ -3,15 +3,15 @@
 Run: ``python benchmarks/validate_collectives.py [--json]`` to set each registered ``collective/<name>`` (NCCL's
 tuner model, :mod:`ndcost.plugins.collectives`, on the bus bandwidth :func:`ndcost.compose.topology.group_link`
 gives a group) beside XLA's default collective performance table: one collective of each size from 1 KiB to
-a few GiB on contiguous groups of 2, 4 and 8 devices of an 8-GPU H100 or B200 node and of 4 to 72 devices of
-a GB200 NVL72 rack, every group of the machine at once (XLA's ``collective_perf_table_gen``, which times each
+a few GiB on contiguous groups of 2, 4 and 8 devices of an 8-GPU H100, B200, MI300X or MI355X node and of 4 to 72
+devices of a GB200 NVL72 rack, every group of the machine at once (XLA's ``collective_perf_table_gen``, which times each
 collective through XLA and NCCL and records ``tensor size / time``). ``python
 benchmarks/validate_collectives.py extract TABLE OUT.json --commit SHA`` keeps those rows of a table
 (``default_collective_perf_table.txtpb``) in ``benchmarks/data/``.
 
 Sizes are the collective's whole tensor, as ndcost's ``message_bytes``: the reduced tensor, the gathered one,
 the one before the scatter, what a member holds before an all-to-all. XLA's timings are its own programs'
-(its collective kernels under its NCCL and CUDA), on machines it names by architecture alone.
+(its collective kernels under its NCCL or RCCL), on machines it names by architecture alone.
 """
 from __future__ import annotations
 

@@ -222,17 +222,13 @@ def test_the_grouped_rule_predicts_xlas_batched_gemms(registry, name, device):
     which no hardware file reads: from the shipped single-GEMM table (its best cell the plateau, so only the
     shape rules are compared), the grouped rule lands within 0.3 (root mean square of the log) of them; the
     analytic prior and reading the batch as one problem miss by twice that."""
-    hardware = registry.get(f"hardware/{name}")
-    tables = kernels.parse_kernel_tables(name, hardware.kernel_tables)
-    best, peak = tables.gemm_shape["bf16"].best, hardware.peak_flops("bf16")
-    errors: dict = {"grouped": [], "one problem": [], "prior": []}
-    for r in _xla_extract()["devices"][device]:
-        if r["b"] == 1:
-            continue
-        measured = r["flops"]["bf16xbf16->bf16"] / peak
-        for how, groups, table in (("grouped", r["b"], tables), ("one problem", 1, tables), ("prior", r["b"], None)):
-            got = kernels.gemm_efficiency(hardware, table, "bf16", r["m"], r["n"], r["k"], stated=best, groups=groups)
-            errors[how].append(math.log(float(got) / measured))
+    import importlib.util
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "import_xla_gemm_tables.py"
+    spec = importlib.util.spec_from_file_location("import_xla_gemm_tables", script)
+    importer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(importer)
+    errors = importer.batched_errors(_xla_extract(), device, registry.get(f"hardware/{name}"))
     rms = {how: math.sqrt(sum(e * e for e in v) / len(v)) for how, v in errors.items()}
     assert len(errors["grouped"]) == 250
     assert rms["grouped"] < 0.3 and 2 * rms["grouped"] < min(rms["one problem"], rms["prior"])
