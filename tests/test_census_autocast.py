@@ -58,20 +58,47 @@ def test_the_output_layer_under_autocast_keeps_the_final_norm_in_fp32():
     assert record.autocast_saved_per_token - record.saved_per_token == pytest.approx(2 * H)
 
 
+def _moe_config():
+    from transformers import AutoConfig
+    return AutoConfig.for_model("qwen3_moe", hidden_size=H, intermediate_size=I, moe_intermediate_size=64,
+                                num_attention_heads=N, num_key_value_heads=KV, head_dim=D, vocab_size=1000,
+                                num_hidden_layers=1, num_experts=4, num_experts_per_tok=2)
+
+
 @pytest.mark.slow
-def test_a_layer_that_cannot_run_under_autocast_raises_without_torch_logging_a_traceback():
-    """Transformers' grouped_mm experts take bf16 operands only (torch's meta kernel checks them): under autocast
-    with fp32 parameters the layer raises, which the census states as "not measured"; FakeTensorMode's own ERROR
-    log of the same traceback is not shown."""
+def test_grouped_experts_under_autocast_keep_their_tensors_in_fp32():
+    """Transformers' grouped experts cast their input to the weights' dtype before each grouped GEMM
+    (``_grouped_mm``, transformers/integrations/moe.py), and autocast casts neither the GEMM nor the gating
+    between them: with fp32 parameters every floating tensor the experts save is the bf16 layer's at fp32,
+    the same shapes, and the routing's integer bookkeeping is unchanged. torch's meta kernel refuses fp32
+    grouped GEMMs that the CUDA kernel runs (its per-group fallback): the census runs them all the same."""
+    from ndcost.plugins.census import records as R
+    profile = R.runtime_profile("hf-cuda")
+    routed = S * 2  # S tokens, 2 experts each
+
+    def experts(measured):  # the tensors of the routed rows the experts' ops save
+        return sorted((shape, dtype) for shape, dtype, _, op in measured.saved_tensors
+                      if op.startswith("ff") and shape and shape[0] == routed)
+
+    bf16 = experts(R._measure_plain(_moe_config(), 0, S, profile))
+    autocast = experts(R._measure_plain(_moe_config(), 0, S, profile, autocast=True))
+    floating = [shape for shape, dtype in bf16 if dtype == "bfloat16" and shape[1:] != (1,)]
+    assert len(floating) == 5  # the routed rows the experts hold between their two grouped GEMMs and around them
+    widened = sorted((shape, "float32") if (shape, dtype) in {(s, "bfloat16") for s in floating} else (shape, dtype)
+                     for shape, dtype in bf16)
+    assert autocast == widened
+
+
+@pytest.mark.slow
+def test_an_op_fake_tensors_cannot_run_raises_without_torch_logging_a_traceback():
+    """torch's meta kernel refuses an fp32 grouped GEMM: under the census's fake mode it raises (the census
+    states such a layer as "not measured"), and FakeTensorMode's own ERROR log of the traceback is not shown."""
+    import contextlib
     import logging
 
-    from transformers import AutoConfig
+    import torch
 
-    from ndcost.plugins.census import records as R
-    config = AutoConfig.for_model("qwen3_moe", hidden_size=H, intermediate_size=I, moe_intermediate_size=64,
-                                  num_attention_heads=N, num_key_value_heads=KV, head_dim=D, vocab_size=1000,
-                                  num_hidden_layers=1, num_experts=4, num_experts_per_tok=2)
-    profile = R.runtime_profile("hf-cuda")
+    from ndcost.plugins.census import layer as L
     seen = []
 
     class Seen(logging.Handler):
@@ -82,8 +109,11 @@ def test_a_layer_that_cannot_run_under_autocast_raises_without_torch_logging_a_t
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     try:
-        with pytest.raises(RuntimeError, match="BF16"):
-            R._measure_plain(config, 0, S, profile, autocast=True)
+        with contextlib.ExitStack() as stack:
+            L.enter_fake_mode(stack)
+            rows, experts = torch.empty(8, 16), torch.empty(2, 16, 16)
+            with pytest.raises(RuntimeError, match="BF16"):
+                torch._grouped_mm(rows, experts, offs=torch.tensor([4, 8], dtype=torch.int32))
         assert log.level == logging.INFO  # put back as it was
     finally:
         log.removeHandler(handler)

@@ -38,7 +38,7 @@ import attrs
 from ndcost.records import KindRecord
 
 # Bumped whenever the census's rules change what it measures.
-CENSUS_VERSION = 21
+CENSUS_VERSION = 22
 
 # Config fields of the whole model, not of one layer: left out of a layer kind's key.
 STACK_FIELDS = frozenset({

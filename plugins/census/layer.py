@@ -220,8 +220,8 @@ def runtime_config(config: Any, modeling: Any, runtime: Any) -> Any:
 def enter_fake_mode(stack: contextlib.ExitStack) -> None:
     """``FakeTensorMode`` entered on *stack*, with its logger quiet while it lasts.
 
-    An op a layer cannot run on fake tensors (grouped_mm on the fp32 operands
-    of a run under autocast) raises, and the census turns that into its own
+    An op a layer cannot run on fake tensors (one whose meta kernel refuses its
+    operands) raises, and the census turns that into its own
     reason (``CensusUnavailable``, "not measured"); FakeTensorMode also logs
     the traceback at ERROR (``_dispatch_impl``,
     torch/_subclasses/fake_tensor.py), which a user would read as a failure.

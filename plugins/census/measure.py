@@ -181,6 +181,36 @@ def aliases_only(func: Any, inputs: Any, outputs: Any) -> bool:
     return all(t.untyped_storage()._cdata in given for t in returned)
 
 
+def grouped_mm_any_float() -> Any:
+    """A TorchDispatchMode running ``aten._grouped_mm`` on fp32 and fp16 fake operands as the real kernels do.
+
+    torch's meta kernel takes bf16 operands alone (``_meta_grouped_mm_common``, torch/_meta_registrations.py),
+    where the CUDA kernel runs other dtypes through its per-group fallback (``_grouped_mm_cuda``,
+    aten/src/ATen/native/cuda/GroupedBlas.cpp: ``_grouped_mm_fallback``) and the CPU kernel takes them too.
+    Transformers' grouped experts under autocast with fp32 parameters cast their input to the weights' dtype
+    (``_grouped_mm``, transformers/integrations/moe.py) and run fp32. The output takes the meta kernel's shape
+    and strides at bf16, and the operands' dtype (or the op's ``out_dtype``).
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    others = (torch.float32, torch.float16)
+
+    class GroupedMMAnyFloat(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is not torch.ops.aten._grouped_mm.default or args[0].dtype not in others \
+                    or args[1].dtype != args[0].dtype:
+                return func(*args, **kwargs)
+            # _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None)
+            out_dtype = kwargs.get("out_dtype") or (args[4] if len(args) > 4 else None) or args[0].dtype
+            bf16 = (args[0].to(torch.bfloat16), args[1].to(torch.bfloat16), *args[2:4])
+            shaped = func(*bf16, **{k: v for k, v in kwargs.items() if k != "out_dtype"})
+            return torch.empty_strided(shaped.shape, shaped.stride(), dtype=out_dtype, device=shaped.device)
+
+    return GroupedMMAnyFloat()
+
+
 def launch_counter() -> Any:
     """A TorchDispatchMode whose ``launches`` counts the ops run under it that launch a kernel: all but the
     ``prim`` ops and those :func:`aliases_only` finds (the census's forward counter's rule,

@@ -21,6 +21,7 @@ and the memory model counts it once a stage and micro-batch.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
@@ -53,7 +54,8 @@ def _measure_plain(config: Any, layer_index: int, seq: int, runtime: Any, autoca
     import torch
 
     from ndcost.plugins.census import layer as L
-    from ndcost.plugins.census.measure import ModuleStack, SavedOps, delta_rule_followed, measure
+    from ndcost.plugins.census.measure import (ModuleStack, SavedOps, delta_rule_followed, grouped_mm_any_float,
+                                               measure)
 
     fp32 = autocast if fp32 is None else fp32
     with L.fake_layer(config, layer_index, runtime, fp32=fp32) as fake:
@@ -70,7 +72,9 @@ def _measure_plain(config: Any, layer_index: int, seq: int, runtime: Any, autoca
                 return L.run(fake, hidden, where, mask)
 
         try:
-            with delta_rule_followed(fake.modeling, fake.layer, stack):
+            # autocast's fp32 experts: the real kernels run them, torch's meta kernel refuses them
+            with delta_rule_followed(fake.modeling, fake.layer, stack), \
+                    (grouped_mm_any_float() if autocast else contextlib.nullcontext()):
                 return measure(params, (hidden,), forward, lambda out: out.backward(grad), grad_inputs=(grad,),
                                ops=ops, weight_copies=autocast, shared=L.handed(where, mask))
         finally:
@@ -148,10 +152,10 @@ def autocast_figures(measure_at: Callable[[Any], Any], one: Any, two: Any, seq: 
     the replay of its events among them (:func:`reserved_figures`, *alone* as there).
 
     Empty where the layer does not run under CPU autocast with fp32
-    parameters (Transformers' grouped_mm experts take bf16 operands only, and
-    CPU autocast does not cast them): the record then states no autocast
-    figure, and the memory model applies the bf16 ones (*not_measured* is
-    told why).
+    parameters on fake tensors: the record then states no autocast figure,
+    and the memory model applies the bf16 ones (*not_measured* is told why).
+    Transformers' grouped experts run there in fp32, as on the device
+    (:func:`ndcost.plugins.census.measure.grouped_mm_any_float`).
     """
     try:
         at_1, at_2 = measure_at(one), measure_at(two)
