@@ -1,7 +1,8 @@
 """The time model prices a backward's launches as twice the forward's (compose/time.py ``_launch_bound``; the
-census counts the forward's only). Checked here against Transformers' own eager LlamaDecoderLayer: every aten op
-it dispatches on the CPU, forward and backward, but those that launch no kernel (the census's rule,
-``launch_counter``)."""
+census counts the forward's only). Checked here against Transformers' own eager modules: every aten op they
+dispatch on the CPU, forward and backward, but those that launch no kernel (the census's rule,
+``launch_counter``): about twice on Llama's layer, and well beyond on the chunk loop of Qwen3-Next's eager
+gated delta rule, where the rule falls short (its H200 layer's forward and backward are 17% under the measurement)."""
 from __future__ import annotations
 
 import pytest
@@ -37,3 +38,38 @@ def test_the_backward_dispatches_about_twice_the_forwards_ops():
     assert counts[1][1] == counts[0][1] + 10
     for forward_kernels, backward_kernels in counts:
         assert 1.8 < backward_kernels / forward_kernels < 2.2
+
+
+@pytest.mark.slow
+def test_the_eager_chunked_delta_rule_dispatches_far_more_than_twice_its_forward_a_chunk():
+    """Transformers' torch_chunk_gated_delta_rule loops over 64-token chunks: each chunk's forward is a handful
+    of ops, and its backward the gradients of every one of them through the carried state."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen3_next import modeling_qwen3_next as modeling
+
+    from ndcost.plugins.census.measure import launch_counter
+
+    config = transformers.Qwen3NextConfig(
+        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        num_hidden_layers=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, vocab_size=100, layer_types=["linear_attention", "full_attention"])
+    config._attn_implementation = "sdpa"
+    counts = {}
+    for seq in (128, 256):  # 2 and 4 chunks of 64
+        layer = modeling.Qwen3NextDecoderLayer(config, 0).to(torch.bfloat16)
+        x = torch.randn(1, seq, 64, dtype=torch.bfloat16, requires_grad=True)
+        rotary = tuple(t.to(torch.bfloat16) for t in modeling.Qwen3NextRotaryEmbedding(config)(
+            x, torch.arange(seq)[None]))
+        forward, backward = launch_counter(), launch_counter()
+        with forward:
+            out = layer(x, position_embeddings=rotary, attention_mask=None)
+        out = out[0] if isinstance(out, tuple) else out
+        with backward:
+            out.backward(torch.ones_like(out))
+        counts[seq] = (forward.launches, backward.launches)
+    forward_a_chunk = (counts[256][0] - counts[128][0]) / 2
+    backward_a_chunk = (counts[256][1] - counts[128][1]) / 2
+    assert forward_a_chunk == 9
+    assert backward_a_chunk / forward_a_chunk > 3.0  # 32: the time model's twice is far short

@@ -623,7 +623,9 @@ def _launch_bound(model: ModelWork, rows: "_Rows", cols: Mapping[str, Any], hard
     ``dispatch_seconds`` each. A forward launches the kind's ``launches_per_layer`` (the census's count, else
     the eager modules' analytic one), ``launches_per_token`` for each token of the rank's sequence and ring CP's
     *ring_launches* ``(N, K)`` (:func:`_ring_attention_work`); the backward twice the forward's (no census counts
-    the backward's). Keys ``forward``, ``backward``, and for a
+    the backward's). Left out: a kind's own ratio (1.4 to 1.9 on the H200-measured kinds, 3.6 on each chunk of
+    Qwen3-Next's eager chunked delta rule: tests/test_backward_launches.py). Keys ``forward``, ``backward``, and
+    for a
     checkpointed layer ``checkpointed_forward`` and ``recompute``: the host's part scaled by
     :data:`CHECKPOINT_HOST_RATIOS` (``core_attention``: :data:`CORE_ATTENTION_HOST_OPS` plain ops a layer with
     attention); a selective or core-attention recompute's own kernels' GPU floor is left out (its roofline
