@@ -20,7 +20,7 @@ import attrs
 from ndcost.errors import InvalidValue, NdcostError
 
 # Subcommands in the order `ndcost --help` lists them; each is ndcost.commands.<name>.
-COMMANDS = ("params", "census", "estimate", "search", "calibrate", "verify", "plugins", "list", "fields")
+COMMANDS = ("params", "census", "estimate", "compare", "search", "calibrate", "verify", "plugins", "list", "fields")
 
 
 @attrs.frozen(kw_only=True)

@@ -1,0 +1,286 @@
+"""`ndcost compare MODEL --strategy A --strategy B ...`: strategies (and hardware) side by side."""
+from __future__ import annotations
+
+import argparse
+import textwrap
+from typing import Any, Dict, List, Sequence, Tuple
+
+HELP = ("set strategies side by side, on one or more hardware: peak and reserved bytes, whether each fits, "
+        "step time and where it goes (compute, exposed communication, bubble, optimizer)")
+
+EPILOG = """\
+Each --strategy is priced on each --hardware, one row each, in the order given; `*` marks, of those that fit,
+the most tokens a second a device (strategies of other batches and device counts compare by throughput).
+Rows after the first show the fields where they differ from the first. With --from, the file's own
+strategy is row 1 and each --strategy lists fields overriding it (a what-if on a run as configured).
+Columns: devices (the strategy's world size), peak and reserved GiB of the worst stage (reserved "-" where not
+simulated), whether it fits (the reserved bytes, else the peak, against the hardware's memory less its CUDA
+context), the step's seconds, tokens a second a device, MFU, and the step's parts in seconds: compute,
+exposed communication, pipeline bubble. A strategy
+that cannot run stays in the table with why. --plot draws the memory by category of each row's worst stage
+and its step by part, beside each other.
+"""
+
+_GIB = 2 ** 30
+_WIDTH = 100
+_TIME_PARTS = (("compute", "compute_seconds"), ("exposed communication", "exposed_communication_seconds"),
+               ("bubble", "bubble_seconds"), ("optimizer", "optimizer_seconds"),
+               ("exposed offload", "exposed_offload_seconds"))
+
+
+def add_arguments(parser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.add_argument("model", metavar="MODEL", nargs="?",
+                        help="a model name from specs/models, a spec YAML, a config.json or a folder holding one "
+                             "(with --from: only where the file names no model, or to replace it)")
+    parser.add_argument("--strategy", action="append", default=[], metavar="STRATEGY",
+                        help='a strategy, e.g. "fsdp=8,seq=4096"; give it once for each (with --from: the fields '
+                             "overriding the file's, one what-if each)")
+    parser.add_argument("--from", dest="from_config", metavar="KIND:PATH",
+                        help="a trainer's configuration as the first row: torchtitan:JOB.toml, megatron:ARGS, "
+                             "deepspeed:CONFIG.json, hyperparallel:TRAIN.yaml (`ndcost list trainers`)")
+    parser.add_argument("--devices", type=int, metavar="N",
+                        help="with --from: the world size, where the file does not imply it")
+    parser.add_argument("--hardware", default="h200", metavar="H[,H...]",
+                        help="registered hardware names or spec YAMLs (default h200); a list prices each "
+                             "strategy on each")
+    parser.add_argument("--runtime", help="the runtime profile (default hf-cuda, or the one --from's trainer runs)")
+    parser.add_argument("--census", default="auto", choices=("auto", "on", "off"),
+                        help="auto: measure where a census can run, else the formulas; off: the formulas alone")
+    parser.add_argument("--csv", action="store_true", help="write CSV (the --json rows' figures) to stdout")
+    parser.add_argument("--plot", metavar="OUT.png",
+                        help="a PNG of each row's memory by category and step time by part (the plot extra)")
+
+
+def usage_error(args):
+    """What must go together: a MODEL and a --strategy, or --from (--devices only with it)."""
+    if args.from_config is None:
+        if args.model is None:
+            return "give a MODEL and --strategy (once for each strategy), or --from KIND:PATH"
+        if not args.strategy:
+            return 'give --strategy once for each strategy to compare (e.g. --strategy "fsdp=8,seq=4096")'
+        if args.devices is not None:
+            return "--devices goes with --from KIND:PATH (a strategy states its devices itself)"
+    if args.csv and args.json:
+        return "--csv and --json both given: choose one"
+    return None
+
+
+def run(args):
+    from ndcost.cli import Output
+
+    hardware = [h.strip() for h in args.hardware.split(",") if h.strip()]
+    if not hardware:
+        from ndcost.errors import InvalidValue
+        raise InvalidValue(f"--hardware {args.hardware!r}: no hardware name; for example --hardware h100,h200")
+    model_name, runtime, strategies = _strategies(args)
+    rows = [_row(model, strategy, label) for name in hardware
+            for model in (_resolve(model_name, runtime, name, args.census),)
+            for label, strategy in strategies]
+    _mark_best(rows)
+    shown = [strategy for _ in hardware for _, strategy in strategies]
+    if args.plot:
+        plot_comparison(rows, args.plot)
+    if args.csv:
+        return Output(data=rows, text=_csv(rows))
+    text = _render(rows, shown, runtime=runtime, census=args.census, hardware_column=len(hardware) > 1,
+                   source=args.from_config)
+    if args.plot:
+        text += f"\n\nplot: {args.plot}"
+    return Output(data=rows, text=text)
+
+
+def _strategies(args) -> Tuple[Any, str, List[Tuple[str, Any]]]:
+    """(model, runtime, [(label, Strategy)]): --from's file first and each --strategy over it, else each --strategy."""
+    import sys
+
+    from ndcost.trainers import from_config, parse_source
+    from ndcost.values import Strategy
+
+    runtime = args.runtime
+    if args.from_config is None:
+        return args.model, runtime or "hf-cuda", [(str(i), Strategy.parse(text))
+                                                  for i, text in enumerate(args.strategy, 1)]
+    kind, path = parse_source(args.from_config)
+    base = from_config(kind, path, devices=args.devices, model=args.model)
+    print(base.report(), file=sys.stderr)
+    out = [("1", base.strategy)]
+    for i, text in enumerate(args.strategy, 2):
+        out.append((str(i), from_config(kind, path, devices=args.devices, model=args.model,
+                                        strategy=text).strategy))
+    return base.model, runtime or base.runtime or "hf-cuda", out
+
+
+def _resolve(model: Any, runtime: str, hardware: str, census: str):
+    from ndcost.resolver import resolve
+    return resolve(model, runtime=runtime, hardware=hardware, census=census)
+
+
+def _row(model, strategy, label: str) -> Dict[str, Any]:
+    """One strategy on one cost model: its figures, or why it cannot run (the figures None)."""
+    from ndcost.errors import InvalidStrategy
+
+    row: Dict[str, Any] = {"label": label, "model": model.spec.name, "hardware": model.hardware.name,
+                           "strategy": str(strategy), "devices": int(strategy.devices), "valid": True,
+                           "reason": ""}
+    try:
+        cost = model.evaluate(strategy)
+    except InvalidStrategy as exc:
+        return {**row, "valid": False, "reason": str(exc).split(": ", 1)[-1], "fits": False, "best": False}
+    worst = max(cost.stages, key=lambda s: s.peak_bytes) if cost.stages else None
+    time = cost.time
+    row.update(peak_bytes=int(cost.peak_bytes), reserved_bytes=cost.reserved_bytes, fits=bool(cost.fits),
+               fits_basis=cost.fits_basis, usable_memory_bytes=int(model.hardware.usable_memory_bytes),
+               stage=None if worst is None else worst.stage,
+               bytes_by_category={} if worst is None else {k: int(v) for k, v in worst.bytes_by_category.items()},
+               step_seconds=None if time is None else time.step_seconds,
+               tokens_per_second=None if time is None else time.tokens_per_second,
+               tokens_per_second_per_device=None if time is None else time.tokens_per_second / strategy.devices,
+               mfu=None if time is None else time.mfu,
+               **{key: None if time is None else getattr(time, key) for _, key in _TIME_PARTS}, best=False)
+    return row
+
+
+def _mark_best(rows: List[Dict[str, Any]]) -> None:
+    """``best``: of the rows that fit, the most tokens a second a device (the first of equals): strategies of
+    other batches and device counts compare by throughput, not by their steps' seconds."""
+    timed = [r for r in rows if r["valid"] and r["fits"] and r.get("step_seconds") is not None]
+    if timed:
+        max(timed, key=lambda r: r["tokens_per_second_per_device"])["best"] = True
+
+
+def differing(strategy: Any, first: Any) -> str:
+    """The fields of *strategy* whose values differ from *first*'s, as ``field=value,...`` (defaults spelt out;
+    "" where none does)."""
+    import attrs
+    parts = []
+    for field in attrs.fields(type(strategy)):
+        mine, theirs = getattr(strategy, field.name), getattr(first, field.name)
+        if mine != theirs:
+            parts.append(f"{field.name}={_text(mine)}")
+    return ",".join(parts)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return "/".join(str(v) for v in value)
+    return "none" if value is None else str(value)
+
+
+def _render(rows: List[Dict[str, Any]], strategies: Sequence[Any], *, runtime: str, census: str,
+            hardware_column: bool, source: Any = None) -> str:
+    """A header, a row a strategy and hardware (within 100 columns), then each strategy once: the first's whole,
+    the others' fields that differ from it, and why one cannot run."""
+    lines = textwrap.wrap(f"{rows[0]['model']} ({runtime}, census={census}): {len(rows)} row"
+                          f"{'' if len(rows) == 1 else 's'} side by side; peak and rsvd (reserved) in GiB, "
+                          f"step, comp, comm, bub (the step's compute, exposed communication and bubble) in "
+                          f"seconds; `*` the most tokens a second a device that fits (`ndcost compare --help`).",
+                          _WIDTH)
+    head = ["#"] + (["hardware"] if hardware_column else []) + ["devs", "peak", "rsvd", "fits", "step",
+                                                                "tok/s/dev", "MFU", "comp", "comm", "bub"]
+    table: List[List[str]] = []
+    for r in rows:
+        cells = [r["label"] + ("*" if r.get("best") else "")] + ([r["hardware"]] if hardware_column else []) \
+            + [str(r["devices"])]
+        if not r["valid"]:  # the legend says why
+            cells += ["-", "-", "no"] + ["-"] * 6
+        else:
+            cells += [f"{r['peak_bytes'] / _GIB:.1f}",
+                      "-" if r["reserved_bytes"] is None else f"{r['reserved_bytes'] / _GIB:.1f}",
+                      "yes" if r["fits"] else "no"]
+            cells += ["-"] * 6 if r["step_seconds"] is None else [
+                f"{r['step_seconds']:.3f}", f"{r['tokens_per_second_per_device']:,.0f}", f"{r['mfu']:.1%}",
+                f"{r['compute_seconds']:.3f}", f"{r['exposed_communication_seconds']:.3f}",
+                f"{r['bubble_seconds']:.3f}"]
+        table.append(cells)
+    widths = [max(len(h), *(len(c[j]) for c in table)) for j, h in enumerate(head)]
+    lines.append("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
+    lines.append("  ".join("-" * w for w in widths))
+    for cells in table:
+        lines.append("  ".join(v.rjust(w) for v, w in zip(cells, widths, strict=True)).rstrip())
+    first = rows[0]["label"]
+    legend: Dict[str, Tuple[Any, Dict[str, List[str]]]] = {}  # label -> (strategy, reason -> hardware)
+    for r, strategy in zip(rows, strategies, strict=True):
+        reasons = legend.setdefault(r["label"], (strategy, {}))[1]
+        if not r["valid"]:
+            reasons.setdefault(r["reason"], []).append(r["hardware"])
+    every = len({r["hardware"] for r in rows})
+    for label, (strategy, reasons) in legend.items():
+        same = differing(strategy, strategies[0])
+        text = rows[0]["strategy"] if label == first else f"as #{first}" if not same else f"#{first} with {same}"
+        if label == first and source:
+            text = f"{source} as configured, {text}"
+        for reason, where in reasons.items():
+            on = f" on {', '.join(where)}" if hardware_column and len(where) < every else ""
+            text += f"; cannot run{on}: {reason}"
+        lines += textwrap.wrap(f"#{label}: {text}", _WIDTH, subsequent_indent="    ", break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+def _csv(rows: List[Dict[str, Any]]) -> str:
+    import csv
+    import io
+    columns = ["label", "model", "hardware", "strategy", "devices", "valid", "reason", "peak_bytes",
+               "reserved_bytes", "fits", "fits_basis", "step_seconds", "tokens_per_second",
+               "tokens_per_second_per_device", "mfu"] + [key for _, key in _TIME_PARTS] + ["best"]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
+    return out.getvalue()
+
+
+def plot_comparison(rows: Sequence[Dict[str, Any]], path: Any) -> None:
+    """A PNG at *path*: each row's worst stage's bytes by category (stacked, the usable memory marked) beside its
+    step's seconds by part (stacked); rows that cannot run are named and left empty."""
+    from ndcost.errors import InvalidValue, MissingExtra
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingExtra("--plot needs matplotlib: pip install 'ndcost[plot]'") from None
+    labels = [f"#{r['label']}" + (f" {r['hardware']}" if len({x['hardware'] for x in rows}) > 1 else "")
+              + ("" if r["valid"] else " (cannot run)") for r in rows]
+    categories: List[str] = []
+    for r in rows:
+        categories += [c for c in r.get("bytes_by_category", {}) if c not in categories]
+    y = list(range(len(rows)))[::-1]
+    fig, (memory, time) = plt.subplots(1, 2, figsize=(12, 2.2 + 0.55 * len(rows)), sharey=True)
+    left = [0.0] * len(rows)
+    for category in categories:
+        widths = [r.get("bytes_by_category", {}).get(category, 0) / _GIB for r in rows]
+        if any(widths):
+            memory.barh(y, widths, left=left, label=category)
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+    reserved = [(r["reserved_bytes"] / _GIB, at) for r, at in zip(rows, y, strict=True) if r.get("reserved_bytes")]
+    if reserved:  # what the caching allocator reserves, beside the allocated bytes' bars
+        memory.plot([x for x, _ in reserved], [at for _, at in reserved], "k|", markersize=16,
+                    label="reserved")
+    usable = {r["usable_memory_bytes"] for r in rows if r.get("usable_memory_bytes")}
+    for value in sorted(usable):
+        memory.axvline(value / _GIB, color="black", linestyle="--", linewidth=1)
+    memory.set_xlabel("GiB a device, worst stage" + (" (dashed: usable)" if usable else ""))
+    memory.set_yticks(y, labels)
+    memory.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+    left = [0.0] * len(rows)
+    for name, key in _TIME_PARTS:
+        widths = [r.get(key) or 0.0 for r in rows]
+        if any(widths):
+            time.barh(y, widths, left=left, label=name)
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+    time.set_xlabel("seconds a step")
+    time.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+    fig.suptitle(f"{rows[0]['model']}: strategies side by side" if rows else "")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise InvalidValue(f"--plot {path}: cannot write it ({exc.strerror or exc})") from None
+    finally:
+        plt.close(fig)
+
