@@ -862,6 +862,17 @@ _HELD_ACTS_WHERE = {"cp_rotate": lambda f: f["cp"] > 1, "ep_dispatcher": lambda 
                     "pp_return_outputs": lambda f: f["pp"] > 1 and f["pp_engine"] == "torch"}
 
 
+def training_cost(tokens: Optional[float], tokens_per_second: float, devices: int,
+                  price_per_gpu_hour: Optional[float]) -> Tuple[Optional[float], Optional[float], Optional[float]]:
+    """(seconds, GPU-hours, USD) to train *tokens* at *tokens_per_second* on *devices*, each None where not
+    asked (no *tokens*; no price for the cost)."""
+    if tokens is None:
+        return None, None, None
+    seconds = tokens / tokens_per_second
+    gpu_hours = seconds * devices / 3600.0
+    return seconds, gpu_hours, None if price_per_gpu_hour is None else gpu_hours * price_per_gpu_hour
+
+
 def _merge(summaries: List[_Summary], top: int, devices: int, hardware: str, tokens, price,
            held: Mapping[str, Any]) -> Tuple[Candidate, ...]:
     """The best *top* over every chunk, ordered as one process orders them (step, peak, chunk, row)."""
@@ -877,15 +888,13 @@ def _merge(summaries: List[_Summary], top: int, devices: int, hardware: str, tok
         else:
             fields["recompute_layers"] = int(fields["recompute_layers"])
         tps = float(cols["tokens_per_second"][i])
-        train = tokens / tps if tokens is not None else None
-        gpu_hours = train * devices / 3600.0 if train is not None else None
+        train, gpu_hours, cost = training_cost(tokens, tps, devices, price)
         acting = {k: v for k, v in held.items() if k not in _HELD_ACTS_WHERE or _HELD_ACTS_WHERE[k](fields)}
         out.append(Candidate(strategy=Strategy(**fields, **acting), devices=devices, hardware=hardware,
                              peak_bytes=int(cols["peak_bytes"][i]), step_seconds=float(cols["step_seconds"][i]),
                              reserved_bytes=int(cols["reserved_bytes"][i]) if cols["reserved_bytes"][i] >= 0 else None,
                              tokens_per_second=tps, mfu=float(cols["mfu"][i]), train_seconds=train,
-                             gpu_hours=gpu_hours,
-                             cost_usd=gpu_hours * price if gpu_hours is not None and price is not None else None))
+                             gpu_hours=gpu_hours, cost_usd=cost))
     return tuple(out)
 
 

@@ -116,3 +116,20 @@ def test_bad_input_is_refused_in_one_line():
     assert done.returncode == 1 and "hardware/h300" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     done = _cli("compare", LLAMA, "--strategy", "fsdp=8,tensor_parallel=2")
     assert done.returncode == 1 and "tp" in done.stderr
+
+
+def test_tokens_and_a_price_a_hardware_give_days_gpu_hours_and_dollars():
+    tokens, prices = 1e12, {"h100": 2.5, "h200": 3.5}
+    rows = json.loads(_compare("--strategy", PLAIN, "--strategy", FULL, "--hardware", "h100,h200", "--tokens",
+                               "1e12", "--price", "2.5,3.5", "--json").stdout)
+    for r in rows:  # by hand from the row's throughput: seconds = T / (tokens/s), GPU-hours on its 8 devices
+        seconds = tokens / r["tokens_per_second"]
+        assert r["train_seconds"] == pytest.approx(seconds)
+        assert r["gpu_hours"] == pytest.approx(seconds * 8 / 3600)
+        assert r["cost_usd"] == pytest.approx(seconds * 8 / 3600 * prices[r["hardware"]])
+    table = _compare("--strategy", PLAIN, "--tokens", "1e12", "--price", "2.5").stdout
+    assert "GPU-h" in table and "USD" in table and max(len(line) for line in table.splitlines()) <= 100
+    for argv, words in ((("--price", "2.5"), "--price goes with --tokens"),
+                        (("--tokens", "1e12", "--price", "1,2,3", "--hardware", "h100,h200"), "one each")):
+        done = _cli("compare", LLAMA, "--strategy", PLAIN, "--census", "off", *argv)
+        assert done.returncode in (1, 2) and words in done.stderr

@@ -11,14 +11,14 @@ HELP = ("set strategies side by side, on one or more hardware: peak and reserved
 EPILOG = """\
 Each --strategy is priced on each --hardware, one row each, in the order given; `*` marks, of those that fit,
 the most tokens a second a device (strategies of other batches and device counts compare by throughput).
-Rows after the first show the fields where they differ from the first. With --from, the file's own
-strategy is row 1 and each --strategy lists fields overriding it (a what-if on a run as configured).
+Below the table each strategy is named once: the first whole, the others by the fields they change, and why
+one cannot run. With --from, the file's own strategy is row 1 and each --strategy lists fields overriding it
+(a what-if on a run as configured).
 Columns: devices (the strategy's world size), peak and reserved GiB of the worst stage (reserved "-" where not
 simulated), whether it fits (the reserved bytes, else the peak, against the hardware's memory less its CUDA
 context), the step's seconds, tokens a second a device, MFU, and the step's parts in seconds: compute,
-exposed communication, pipeline bubble. A strategy
-that cannot run stays in the table with why. --plot draws the memory by category of each row's worst stage
-and its step by part, beside each other.
+exposed communication, pipeline bubble; with --tokens, in their place the days, GPU-hours and (at --price)
+dollars to train them. --plot draws each row's worst stage's memory by category beside its step by part.
 """
 
 _GIB = 2 ** 30
@@ -48,6 +48,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--runtime", help="the runtime profile (default hf-cuda, or the one --from's trainer runs)")
     parser.add_argument("--census", default="auto", choices=("auto", "on", "off"),
                         help="auto: measure where a census can run, else the formulas; off: the formulas alone")
+    parser.add_argument("--tokens", type=float, metavar="T",
+                        help="add the days, GPU-hours (and with --price the dollars) to train T tokens")
+    parser.add_argument("--price", metavar="USD[,USD...]",
+                        help="with --tokens: US dollars a GPU-hour, one for every --hardware or one each, in order")
     parser.add_argument("--csv", action="store_true", help="write CSV (the --json rows' figures) to stdout")
     parser.add_argument("--plot", metavar="OUT.png",
                         help="a PNG of each row's memory by category and step time by part (the plot extra)")
@@ -64,6 +68,8 @@ def usage_error(args):
             return "--devices goes with --from KIND:PATH (a strategy states its devices itself)"
     if args.csv and args.json:
         return "--csv and --json both given: choose one"
+    if args.price is not None and args.tokens is None:
+        return "--price goes with --tokens T (the tokens to train, which the price is for)"
     return None
 
 
@@ -74,8 +80,9 @@ def run(args):
     if not hardware:
         from ndcost.errors import InvalidValue
         raise InvalidValue(f"--hardware {args.hardware!r}: no hardware name; for example --hardware h100,h200")
+    prices = _prices(args, hardware)
     model_name, runtime, strategies = _strategies(args)
-    rows = [_row(model, strategy, label) for name in hardware
+    rows = [_row(model, strategy, label, args.tokens, price) for name, price in zip(hardware, prices, strict=True)
             for model in (_resolve(model_name, runtime, name, args.census),)
             for label, strategy in strategies]
     _mark_best(rows)
@@ -89,6 +96,27 @@ def run(args):
     if args.plot:
         text += f"\n\nplot: {args.plot}"
     return Output(data=rows, text=text)
+
+
+def _prices(args, hardware: Sequence[str]) -> List[Any]:
+    """--price as one figure a hardware (None each without it)."""
+    from ndcost.errors import InvalidValue
+
+    if args.tokens is not None and not args.tokens > 0:
+        raise InvalidValue(f"--tokens {args.tokens:g}: must be a positive number of tokens; for example --tokens 1e12")
+    if args.price is None:
+        return [None] * len(hardware)
+    try:
+        prices = [float(p) for p in args.price.split(",")]
+    except ValueError:
+        raise InvalidValue(f"--price {args.price}: US dollars a GPU-hour, a number or one a --hardware "
+                           f"(e.g. --price 2.5,3.5)") from None
+    if len(prices) == 1:
+        prices *= len(hardware)
+    if len(prices) != len(hardware) or not all(p >= 0 for p in prices):
+        raise InvalidValue(f"--price {args.price}: give one price for every --hardware or one each "
+                           f"({len(hardware)}: {', '.join(hardware)}), none negative")
+    return prices
 
 
 def _strategies(args) -> Tuple[Any, str, List[Tuple[str, Any]]]:
@@ -117,9 +145,11 @@ def _resolve(model: Any, runtime: str, hardware: str, census: str):
     return resolve(model, runtime=runtime, hardware=hardware, census=census)
 
 
-def _row(model, strategy, label: str) -> Dict[str, Any]:
-    """One strategy on one cost model: its figures, or why it cannot run (the figures None)."""
+def _row(model, strategy, label: str, tokens: Any = None, price: Any = None) -> Dict[str, Any]:
+    """One strategy on one cost model: its figures, or why it cannot run (the figures None); with *tokens*, the
+    time, GPU-hours (and at *price*, dollars) to train them."""
     from ndcost.errors import InvalidStrategy
+    from ndcost.search import training_cost
 
     row: Dict[str, Any] = {"label": label, "model": model.spec.name, "hardware": model.hardware.name,
                            "strategy": str(strategy), "devices": int(strategy.devices), "valid": True,
@@ -139,6 +169,9 @@ def _row(model, strategy, label: str) -> Dict[str, Any]:
                tokens_per_second_per_device=None if time is None else time.tokens_per_second / strategy.devices,
                mfu=None if time is None else time.mfu,
                **{key: None if time is None else getattr(time, key) for _, key in _TIME_PARTS}, best=False)
+    if tokens is not None and time is not None:
+        row["train_seconds"], row["gpu_hours"], row["cost_usd"] = training_cost(
+            tokens, time.tokens_per_second, strategy.devices, price)
     return row
 
 
@@ -174,27 +207,35 @@ def _render(rows: List[Dict[str, Any]], strategies: Sequence[Any], *, runtime: s
             hardware_column: bool, source: Any = None) -> str:
     """A header, a row a strategy and hardware (within 100 columns), then each strategy once: the first's whole,
     the others' fields that differ from it, and why one cannot run."""
+    costs = any("train_seconds" in r for r in rows)
     lines = textwrap.wrap(f"{rows[0]['model']} ({runtime}, census={census}): {len(rows)} row"
                           f"{'' if len(rows) == 1 else 's'} side by side; peak and rsvd (reserved) in GiB, "
                           f"step, comp, comm, bub (the step's compute, exposed communication and bubble) in "
-                          f"seconds; `*` the most tokens a second a device that fits (`ndcost compare --help`).",
-                          _WIDTH)
+                          f"seconds; `*` the most tokens a second a device that fits (`ndcost compare --help`)."
+                          + (" With --tokens, days, GPU-hours (and dollars) to train them in place of the step's "
+                             "parts." if costs else ""), _WIDTH)
+    parts = ["days", "GPU-h"] + (["USD"] if any(r.get("cost_usd") is not None for r in rows) else []) if costs \
+        else ["comp", "comm", "bub"]
     head = ["#"] + (["hardware"] if hardware_column else []) + ["devs", "peak", "rsvd", "fits", "step",
-                                                                "tok/s/dev", "MFU", "comp", "comm", "bub"]
+                                                                "tok/s/dev", "MFU"] + parts
     table: List[List[str]] = []
     for r in rows:
         cells = [r["label"] + ("*" if r.get("best") else "")] + ([r["hardware"]] if hardware_column else []) \
             + [str(r["devices"])]
         if not r["valid"]:  # the legend says why
-            cells += ["-", "-", "no"] + ["-"] * 6
+            cells += ["-", "-", "no"] + ["-"] * (3 + len(parts))
         else:
             cells += [f"{r['peak_bytes'] / _GIB:.1f}",
                       "-" if r["reserved_bytes"] is None else f"{r['reserved_bytes'] / _GIB:.1f}",
                       "yes" if r["fits"] else "no"]
-            cells += ["-"] * 6 if r["step_seconds"] is None else [
-                f"{r['step_seconds']:.3f}", f"{r['tokens_per_second_per_device']:,.0f}", f"{r['mfu']:.1%}",
-                f"{r['compute_seconds']:.3f}", f"{r['exposed_communication_seconds']:.3f}",
-                f"{r['bubble_seconds']:.3f}"]
+            if r["step_seconds"] is None:
+                cells += ["-"] * (3 + len(parts))
+            else:
+                cells += [f"{r['step_seconds']:.3f}", f"{r['tokens_per_second_per_device']:,.0f}", f"{r['mfu']:.1%}"]
+                cells += [f"{r['train_seconds'] / 86400:,.1f}", f"{r['gpu_hours']:,.0f}"] + (
+                    [] if len(parts) == 2 else ["-" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}"]) \
+                    if costs else [f"{r['compute_seconds']:.3f}", f"{r['exposed_communication_seconds']:.3f}",
+                                   f"{r['bubble_seconds']:.3f}"]
         table.append(cells)
     widths = [max(len(h), *(len(c[j]) for c in table)) for j, h in enumerate(head)]
     lines.append("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
@@ -225,7 +266,8 @@ def _csv(rows: List[Dict[str, Any]]) -> str:
     import io
     columns = ["label", "model", "hardware", "strategy", "devices", "valid", "reason", "peak_bytes",
                "reserved_bytes", "fits", "fits_basis", "step_seconds", "tokens_per_second",
-               "tokens_per_second_per_device", "mfu"] + [key for _, key in _TIME_PARTS] + ["best"]
+               "tokens_per_second_per_device", "mfu"] + [key for _, key in _TIME_PARTS] + [
+               "train_seconds", "gpu_hours", "cost_usd", "best"]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
