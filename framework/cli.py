@@ -201,6 +201,22 @@ def table(rows: List[List[Any]], header: List[str], align: str = "") -> str:
     return "\n".join(lines)
 
 
+def csv_text(rows: List[dict], columns: Optional[List[str]] = None) -> str:
+    """*rows* (dicts) as CSV: the *columns* given, else every key in first-seen order; None as an empty cell."""
+    import csv
+    import io
+    if columns is None:
+        columns = []
+        for row in rows:
+            columns += [k for k in row if k not in columns]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
+    return out.getvalue()
+
+
 def _cell(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()

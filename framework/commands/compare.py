@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import textwrap
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -74,7 +75,7 @@ def usage_error(args):
 
 
 def run(args):
-    from ndcost.cli import Output
+    from ndcost.cli import Output, csv_text
 
     hardware = [h.strip() for h in args.hardware.split(",") if h.strip()]
     if not hardware:
@@ -90,7 +91,7 @@ def run(args):
     if args.plot:
         plot_comparison(rows, args.plot)
     if args.csv:
-        return Output(data=rows, text=_csv(rows))
+        return Output(data=rows, text=csv_text(rows, _CSV_COLUMNS))
     text = _render(rows, shown, runtime=runtime, census=args.census, hardware_column=len(hardware) > 1,
                    source=args.from_config)
     if args.plot:
@@ -102,7 +103,7 @@ def _prices(args, hardware: Sequence[str]) -> List[Any]:
     """--price as one figure a hardware (None each without it)."""
     from ndcost.errors import InvalidValue
 
-    if args.tokens is not None and not args.tokens > 0:
+    if args.tokens is not None and not (math.isfinite(args.tokens) and args.tokens > 0):
         raise InvalidValue(f"--tokens {args.tokens:g}: must be a positive number of tokens; for example --tokens 1e12")
     if args.price is None:
         return [None] * len(hardware)
@@ -113,7 +114,7 @@ def _prices(args, hardware: Sequence[str]) -> List[Any]:
                            f"(e.g. --price 2.5,3.5)") from None
     if len(prices) == 1:
         prices *= len(hardware)
-    if len(prices) != len(hardware) or not all(p >= 0 for p in prices):
+    if len(prices) != len(hardware) or not all(math.isfinite(p) and p >= 0 for p in prices):
         raise InvalidValue(f"--price {args.price}: give one price for every --hardware or one each "
                            f"({len(hardware)}: {', '.join(hardware)}), none negative")
     return prices
@@ -261,19 +262,10 @@ def _render(rows: List[Dict[str, Any]], strategies: Sequence[Any], *, runtime: s
     return "\n".join(lines)
 
 
-def _csv(rows: List[Dict[str, Any]]) -> str:
-    import csv
-    import io
-    columns = ["label", "model", "hardware", "strategy", "devices", "valid", "reason", "peak_bytes",
-               "reserved_bytes", "fits", "fits_basis", "step_seconds", "tokens_per_second",
-               "tokens_per_second_per_device", "mfu"] + [key for _, key in _TIME_PARTS] + [
-               "train_seconds", "gpu_hours", "cost_usd", "best"]
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
-    return out.getvalue()
+# the --csv columns: the --json rows' figures (their memory by category aside)
+_CSV_COLUMNS = ["label", "model", "hardware", "strategy", "devices", "valid", "reason", "peak_bytes", "reserved_bytes",
+                "fits", "fits_basis", "step_seconds", "tokens_per_second", "tokens_per_second_per_device", "mfu"] \
+    + [key for _, key in _TIME_PARTS] + ["train_seconds", "gpu_hours", "cost_usd", "best"]
 
 
 def plot_comparison(rows: Sequence[Dict[str, Any]], path: Any) -> None:

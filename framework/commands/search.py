@@ -105,7 +105,7 @@ EMIT_DEPTH = 5000
 def run(args):
     import attrs
 
-    from ndcost.cli import Output
+    from ndcost.cli import Output, csv_text
     from ndcost.search import plot_search, search_grid
 
     _check(args)
@@ -135,7 +135,7 @@ def run(args):
         if not path:
             return Output(data=data, text=emitted)
     if args.csv:
-        return Output(data=data, text=_csv(data))
+        return Output(data=data, text=csv_text(data))
     text = "\n\n".join(_render(r, runtime) for r in results)
     if args.plot:
         text += f"\n\nplot: {args.plot}"
@@ -203,20 +203,6 @@ def _emit(result: Any, kind: str, path: str) -> str:
         return text
     raise InvalidValue(f"--emit {kind}: none of the {len(passed)} best strategies has a {kind} form; the first: "
                        f"{passed[0]}")
-
-
-def _csv(rows: List[dict]) -> str:
-    import csv
-    import io
-    columns: List[str] = []
-    for row in rows:
-        columns += [k for k in row if k not in columns]
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
-    return out.getvalue()
 
 
 def _render(result: Any, runtime: str) -> str:
