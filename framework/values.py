@@ -1158,6 +1158,15 @@ class TimeBreakdown:
     optimizer_seconds: float
     offload_seconds: float = 0.0          # host-device copies (PCIe) on the busiest rank, overlapped or not
     exposed_offload_seconds: float = 0.0  # of them, what the step waits for
+    # exposed_communication_seconds by the group whose collectives the step waits for (their sum): TP's, CP's and
+    # EP's inside the layers, FSDP's gathers and reduce-scatters, the data-parallel reduction at the step's end,
+    # the pipeline's sends
+    exposed_tp_seconds: float = 0.0
+    exposed_cp_seconds: float = 0.0
+    exposed_ep_seconds: float = 0.0
+    exposed_fsdp_seconds: float = 0.0
+    exposed_dp_seconds: float = 0.0
+    exposed_pp_seconds: float = 0.0
     provenance: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def to_dict(self) -> Dict[str, Any]:

@@ -29,6 +29,12 @@ _TIME_PARTS = (("compute", "compute_seconds"), ("exposed communication", "expose
                ("exposed offload", "exposed_offload_seconds"))
 
 
+def _by_group() -> Tuple[Tuple[str, str], ...]:
+    """(name, TimeBreakdown field) of each group's exposed communication (the time model's groups)."""
+    from ndcost.compose.time import EXPOSED_GROUPS
+    return tuple((f"exposed {g}", f"exposed_{g}_seconds") for g in EXPOSED_GROUPS)
+
+
 def add_arguments(parser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
@@ -91,7 +97,7 @@ def run(args):
     if args.plot:
         plot_comparison(rows, args.plot)
     if args.csv:
-        return Output(data=rows, text=csv_text(rows, _CSV_COLUMNS))
+        return Output(data=rows, text=csv_text(rows, _csv_columns()))
     text = _render(rows, shown, runtime=runtime, census=args.census, hardware_column=len(hardware) > 1,
                    source=args.from_config)
     if args.plot:
@@ -169,7 +175,8 @@ def _row(model, strategy, label: str, tokens: Any = None, price: Any = None) -> 
                tokens_per_second=None if time is None else time.tokens_per_second,
                tokens_per_second_per_device=None if time is None else time.tokens_per_second / strategy.devices,
                mfu=None if time is None else time.mfu,
-               **{key: None if time is None else getattr(time, key) for _, key in _TIME_PARTS}, best=False)
+               **{key: None if time is None else getattr(time, key) for _, key in _TIME_PARTS + _by_group()},
+               best=False)
     if tokens is not None and time is not None:
         row["train_seconds"], row["gpu_hours"], row["cost_usd"] = training_cost(
             tokens, time.tokens_per_second, strategy.devices, price)
@@ -262,15 +269,17 @@ def _render(rows: List[Dict[str, Any]], strategies: Sequence[Any], *, runtime: s
     return "\n".join(lines)
 
 
-# the --csv columns: the --json rows' figures (their memory by category aside)
-_CSV_COLUMNS = ["label", "model", "hardware", "strategy", "devices", "valid", "reason", "peak_bytes", "reserved_bytes",
-                "fits", "fits_basis", "step_seconds", "tokens_per_second", "tokens_per_second_per_device", "mfu"] \
-    + [key for _, key in _TIME_PARTS] + ["train_seconds", "gpu_hours", "cost_usd", "best"]
+def _csv_columns() -> List[str]:
+    """The --csv columns: the --json rows' figures (their memory by category aside)."""
+    return ["label", "model", "hardware", "strategy", "devices", "valid", "reason", "peak_bytes", "reserved_bytes",
+            "fits", "fits_basis", "step_seconds", "tokens_per_second", "tokens_per_second_per_device", "mfu"] \
+        + [key for _, key in _TIME_PARTS + _by_group()] + ["train_seconds", "gpu_hours", "cost_usd", "best"]
 
 
 def plot_comparison(rows: Sequence[Dict[str, Any]], path: Any) -> None:
-    """A PNG at *path*: each row's worst stage's bytes by category (stacked, the usable memory marked) beside its
-    step's seconds by part (stacked); rows that cannot run are named and left empty."""
+    """A PNG at *path*: each row's worst stage's bytes by category (stacked, its reserved bytes and the usable
+    memory marked) beside its step's seconds by part (stacked, the exposed communication by group); rows that
+    cannot run are named and left empty."""
     from ndcost.errors import InvalidValue, MissingExtra
     try:
         import matplotlib
@@ -302,7 +311,8 @@ def plot_comparison(rows: Sequence[Dict[str, Any]], path: Any) -> None:
     memory.set_yticks(y, labels)
     memory.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
     left = [0.0] * len(rows)
-    for name, key in _TIME_PARTS:
+    # the step's parts, the exposed communication by group in place of its total
+    for name, key in _TIME_PARTS[:1] + _by_group() + _TIME_PARTS[2:]:
         widths = [r.get(key) or 0.0 for r in rows]
         if any(widths):
             time.barh(y, widths, left=left, label=name)

@@ -77,6 +77,7 @@ def usage_error(args):
 
 def run(args):
     from ndcost.cli import Output, table
+    from ndcost.compose.time import EXPOSED_GROUPS
     from ndcost.resolver import resolve
     from ndcost.values import Strategy
 
@@ -151,6 +152,10 @@ def run(args):
                      f"optimizer {t.optimizer_seconds:.4g} s"
                      + (f", exposed offload {t.exposed_offload_seconds:.4g} s of {t.offload_seconds:.4g} s copying"
                         if t.offload_seconds else "") + ")")
+        groups = [(g, getattr(t, f"exposed_{g}_seconds")) for g in EXPOSED_GROUPS]
+        if any(seconds > 0 for _, seconds in groups):
+            lines.append("  exposed communication by group: " + ", ".join(
+                f"{g} {seconds:.4g} s" for g, seconds in groups if seconds > 0))
     elif (cost.provenance.get("time") or {}).get("unpriced"):
         lines.append(f"step time: unpriced ({cost.provenance['time']['unpriced']})")
     sources = cost.provenance.get("records", {})

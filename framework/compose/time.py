@@ -73,9 +73,13 @@ __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS",
 CHUNK_ROWS = 1 << 16  # strategies priced at once (the per-rank arrays are rows x ranks x kinds)
 _MEGATRON_FSDP = FSDP_ENGINES.index("megatron")
 _COMPILED_LOSS = LOSS_ENGINES.index("compiled")
+# the exposed communication by the group that runs it: TP's (async TP's included), CP's, EP's (and expert TP's)
+# collectives inside the layers, FSDP's (and ZeRO-3's) parameter gathers and gradient reduce-scatters, the
+# data-parallel gradient reduction and parameter gather at the step's end, the pipeline's sends
+EXPOSED_GROUPS = ("tp", "cp", "ep", "fsdp", "dp", "pp")
 TIME_FIELDS = ("step_seconds", "tokens_per_second", "mfu", "compute_seconds", "communication_seconds",
                "exposed_communication_seconds", "bubble_seconds", "optimizer_seconds", "offload_seconds",
-               "exposed_offload_seconds")
+               "exposed_offload_seconds") + tuple(f"exposed_{group}_seconds" for group in EXPOSED_GROUPS)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 # Priors for a hardware whose YAML states no efficiency: round figures of what well-tuned kernels
@@ -198,6 +202,12 @@ class TimeArrays:
     optimizer_seconds: np.ndarray
     offload_seconds: np.ndarray
     exposed_offload_seconds: np.ndarray
+    exposed_tp_seconds: np.ndarray
+    exposed_cp_seconds: np.ndarray
+    exposed_ep_seconds: np.ndarray
+    exposed_fsdp_seconds: np.ndarray
+    exposed_dp_seconds: np.ndarray
+    exposed_pp_seconds: np.ndarray
     provenance: Mapping[str, str] = attrs.field(converter=frozen_mapping)
     detail: Mapping[str, np.ndarray] = attrs.field(factory=dict, converter=frozen_mapping, repr=False)
 
@@ -1472,6 +1482,9 @@ def _layer_communication_rows(model: ModelWork, rows: _Rows, cols, layer, overla
                 sm_share = np.where(deepep, DEEPEP_SMS / float(hardware.sm_count), 0.0)[:, None]
     exposed_fwd, exposed_bwd = tp_exposed_fwd + cp_fwd_exposed, tp_exposed_bwd + cp_bwd_exposed
     comm_fwd, comm_bwd = tp_fwd + cp_fwd, tp_bwd + cp_bwd
+    # each group's exposed seconds a pass (forward, backward) and what its recompute reruns: the totals' parts
+    groups = {"tp": [tp_exposed_fwd, tp_exposed_bwd, exposed_rerun], "cp": [cp_fwd_exposed, cp_bwd_exposed, 0.0],
+              "ep": [0.0, 0.0, 0.0]}
     if expert_parallel:  # (without, the all-to-alls are 0 s: nothing to add)
         overlapped = overlaps_ep[:, None]
         if np.count_nonzero(overlapped):
@@ -1479,24 +1492,32 @@ def _layer_communication_rows(model: ModelWork, rows: _Rows, cols, layer, overla
             # both done max(c, t + s c) after they start, t the compute alone, so max(s c, c - t) is exposed
             slowed = ep_pass * sm_share
             ep_exposed_fwd = np.where(overlapped, np.maximum(slowed, ep_pass - layer["forward"]), ep_pass)
-            exposed_bwd = exposed_bwd + np.where(overlapped, np.maximum(slowed, ep_pass - layer["backward"]), ep_pass)
+            ep_exposed_bwd = np.where(overlapped, np.maximum(slowed, ep_pass - layer["backward"]), ep_pass)
         else:
-            ep_exposed_fwd = ep_pass
-            exposed_bwd = exposed_bwd + ep_pass
-        exposed_fwd = exposed_fwd + ep_exposed_fwd
+            ep_exposed_fwd = ep_exposed_bwd = ep_pass
+        exposed_fwd, exposed_bwd = exposed_fwd + ep_exposed_fwd, exposed_bwd + ep_exposed_bwd
         comm_fwd, comm_bwd = comm_fwd + ep_pass, comm_bwd + ep_pass
+        groups["ep"][:2] = ep_exposed_fwd, ep_exposed_bwd
         if "all_to_all" in model.selective_rerun_collectives:  # the dispatch and combine run again too
             rerun, exposed_rerun = rerun + ep_pass, exposed_rerun + ep_exposed_fwd
+            groups["ep"][2] = ep_exposed_fwd
     mode = np.asarray(cols["recompute"])[:, None]
     full = mode == RECOMPUTE.index("full")
     selective = mode == RECOMPUTE.index("selective")
-    if np.count_nonzero(full) or np.count_nonzero(selective):
+    shape = exposed_fwd.shape
+    recomputes = bool(np.count_nonzero(full) or np.count_nonzero(selective))
+    if recomputes:
         comm_extra = np.where(full, comm_fwd, np.where(selective, rerun, 0.0))
         exposed_extra = np.where(full, exposed_fwd, np.where(selective, exposed_rerun, 0.0))
     else:
-        comm_extra = exposed_extra = np.zeros(exposed_fwd.shape)
-    return {"comm_fwd": comm_fwd, "comm_bwd": comm_bwd, "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd,
-            "comm_extra": comm_extra, "exposed_extra": exposed_extra}
+        comm_extra = exposed_extra = np.zeros(shape)
+    out = {"comm_fwd": comm_fwd, "comm_bwd": comm_bwd, "exposed_fwd": exposed_fwd, "exposed_bwd": exposed_bwd,
+           "comm_extra": comm_extra, "exposed_extra": exposed_extra}
+    for group, (fwd, bwd, rerun_exposed) in groups.items():  # (N, K) each, as the totals
+        out[f"exposed_{group}"] = np.broadcast_to(np.add(fwd, bwd), shape)
+        out[f"exposed_{group}_extra"] = np.broadcast_to(np.where(full, fwd, np.where(selective, rerun_exposed, 0.0))
+                                                        if recomputes else 0.0, shape)
+    return out
 
 
 # every column _tp_communication reads without async TP (through _Rows)
@@ -2161,6 +2182,9 @@ def _check_splits(model: ModelWork, cols) -> None:
                            f"{model.name!r} has {model.num_layers} layers")
 
 
+_LAYER_GROUPS = ("tp", "cp", "ep")  # the groups whose collectives run inside the layers
+
+
 def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.RankPlacement, counts, schedules,
                   hardware: Hardware, eff, coll) -> Dict[str, np.ndarray]:
     """``(N, R)`` seconds a micro-batch on each rank: compute forward and backward, layer collectives, exposed ones.
@@ -2190,11 +2214,13 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
     # each (N, K) figure summed over each rank's layers, (N, R), in one contraction (the figures stacked by
     # np.array: np.stack's result where their shapes agree, as np.stack requires, without its Python wrapper)
     (forward, checkpointed, backward, recompute, comm_layers, comm_extra, exposed_f, exposed_b,
-     exposed_extra) = np.einsum("srk,msk->msr", counts, np.array([
+     exposed_extra, *by_group) = np.einsum("srk,msk->msr", counts, np.array([
          layer["forward"], layer["checkpointed_forward"] - layer["forward"], layer["backward"], layer["recompute"],
          comm["comm_fwd"] + comm["comm_bwd"], comm["comm_extra"], comm["exposed_fwd"], comm["exposed_bwd"],
-         comm["exposed_extra"]]))
+         comm["exposed_extra"]] + [comm[f"exposed_{g}{part}"] for g in _LAYER_GROUPS for part in ("", "_extra")]))
     return {
+        # each layer group's exposed seconds, forward and backward (exposed_f plus exposed_b over the groups)
+        **{f"exposed_{g}": by_group[2 * i] + share(by_group[2 * i + 1]) for i, g in enumerate(_LAYER_GROUPS)},
         "compute_f": forward + share(checkpointed) + is_first * ends["embed_fwd"][:, None]
         + is_head * ends["head_fwd"][:, None],
         "compute_b": (backward + share(recompute)
@@ -2314,6 +2340,11 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
         exposed, communication = exposed + pick(fsdp["step_exposed"]), communication + pick(fsdp["step_comm"])
     exposed = exposed + grad_exposed + param_exposed + pipe["pp_exposed"]
     communication = communication + reductions * pick(dp["grad_step"]) + pick(dp["param_step"])
+    by_group = {f"exposed_{g}_seconds": m * pick(rank[f"exposed_{g}"]) for g in _LAYER_GROUPS}
+    by_group["exposed_fsdp_seconds"] = (m * (pick(fsdp_exposed_f) + pick(fsdp_exposed_b)) + pick(fsdp["step_exposed"])
+                                        if fsdp_rows else np.zeros(n))
+    by_group["exposed_dp_seconds"] = grad_exposed + param_exposed
+    by_group["exposed_pp_seconds"] = pipe["pp_exposed"]
     step = compute + exposed + pipe["bubble"] + optimizer
     if off is not None:
         offload_step = _most_on_real_ranks(np.maximum(0.0, off["step_out"] - backward) + off["step_in"], real_rank)
@@ -2325,7 +2356,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     seconds = {"compute_seconds": compute, "exposed_communication_seconds": exposed,
                "communication_seconds": communication, "bubble_seconds": pipe["bubble"],
                "optimizer_seconds": optimizer, "offload_seconds": offload,
-               "exposed_offload_seconds": exposed_offload, "step_seconds": step}
+               "exposed_offload_seconds": exposed_offload, "step_seconds": step, **by_group}
     detail = {"stage_seconds": stage, "busiest_rank": pipe["busiest"], "forward_seconds": pick(forward),
               "backward_seconds": pick(backward), "grad_sync_seconds": pick(dp["grad_step"]),
               "pp_send_seconds": pipe["send"], "fsdp_exposed_forward_seconds": fsdp_exposed_f,
