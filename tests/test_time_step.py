@@ -14,7 +14,8 @@ from ndcost.values import Hardware, LayerGroup, ModelSpec, NetworkLevel, Strateg
 
 TIME_KEYS = {"step_seconds", "tokens_per_second", "mfu", "compute_seconds", "communication_seconds",
              "exposed_communication_seconds", "bubble_seconds", "optimizer_seconds", "offload_seconds",
-             "exposed_offload_seconds"}
+             "exposed_offload_seconds", "exposed_tp_seconds", "exposed_cp_seconds", "exposed_ep_seconds",
+             "exposed_fsdp_seconds", "exposed_dp_seconds", "exposed_pp_seconds"}
 WITHIN, ACROSS = 100e9, 10e9
 
 
@@ -62,6 +63,10 @@ def test_estimate_json_and_resolver_time(capsys):
     parts = (time["compute_seconds"] + time["exposed_communication_seconds"] + time["bubble_seconds"]
              + time["optimizer_seconds"])
     assert time["step_seconds"] == pytest.approx(parts, rel=1e-12)
+    # the exposed communication by group: TP's, the data-parallel reduction's and the pipeline's here
+    by_group = {g: time[f"exposed_{g}_seconds"] for g in ("tp", "cp", "ep", "fsdp", "dp", "pp")}
+    assert sum(by_group.values()) == pytest.approx(time["exposed_communication_seconds"], rel=1e-12)
+    assert by_group["cp"] == by_group["ep"] == by_group["fsdp"] == 0.0
     sequences, s = 4 * 8, 4096
     assert time["tokens_per_second"] == pytest.approx(sequences * s / time["step_seconds"], rel=1e-12)
     # Llama-3.1-8B: 32 layers, hidden 4096, 32 heads (8 KV) x 128, intermediate 14336, vocabulary 128256;

@@ -18,7 +18,8 @@ one cannot run. With --from, the file's own strategy is row 1 and each --strateg
 Columns: devices (the strategy's world size), peak and reserved GiB of the worst stage (reserved "-" where not
 simulated), whether it fits (the reserved bytes, else the peak, against the hardware's memory less its CUDA
 context), the step's seconds, tokens a second a device, MFU, and the step's parts in seconds: compute,
-exposed communication, pipeline bubble; with --tokens, in their place the days, GPU-hours and (at --price)
+exposed communication, pipeline bubble, and which group's collectives (tp, cp, ep, fsdp, dp, pp) expose the
+most of it; with --tokens, in their place the days, GPU-hours and (at --price)
 dollars to train them. --plot draws each row's worst stage's memory by category beside its step by part.
 """
 
@@ -215,15 +216,18 @@ def _render(rows: List[Dict[str, Any]], strategies: Sequence[Any], *, runtime: s
             hardware_column: bool, source: Any = None) -> str:
     """A header, a row a strategy and hardware (within 100 columns), then each strategy once: the first's whole,
     the others' fields that differ from it, and why one cannot run."""
+    from ndcost.search import wrap_strategy
+
     costs = any("train_seconds" in r for r in rows)
     lines = textwrap.wrap(f"{rows[0]['model']} ({runtime}, census={census}): {len(rows)} row"
                           f"{'' if len(rows) == 1 else 's'} side by side; peak and rsvd (reserved) in GiB, "
                           f"step, comp, comm, bub (the step's compute, exposed communication and bubble) in "
-                          f"seconds; `*` the most tokens a second a device that fits (`ndcost compare --help`)."
+                          f"seconds, waits: the group whose collectives expose the most; `*` the most tokens a "
+                          f"second a device that fits (`ndcost compare --help`)."
                           + (" With --tokens, days, GPU-hours (and dollars) to train them in place of the step's "
                              "parts." if costs else ""), _WIDTH)
     parts = ["days", "GPU-h"] + (["USD"] if any(r.get("cost_usd") is not None for r in rows) else []) if costs \
-        else ["comp", "comm", "bub"]
+        else ["comp", "comm", "bub", "waits"]
     head = ["#"] + (["hardware"] if hardware_column else []) + ["devs", "peak", "rsvd", "fits", "step",
                                                                 "tok/s/dev", "MFU"] + parts
     table: List[List[str]] = []
@@ -243,7 +247,7 @@ def _render(rows: List[Dict[str, Any]], strategies: Sequence[Any], *, runtime: s
                 cells += [f"{r['train_seconds'] / 86400:,.1f}", f"{r['gpu_hours']:,.0f}"] + (
                     [] if len(parts) == 2 else ["-" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}"]) \
                     if costs else [f"{r['compute_seconds']:.3f}", f"{r['exposed_communication_seconds']:.3f}",
-                                   f"{r['bubble_seconds']:.3f}"]
+                                   f"{r['bubble_seconds']:.3f}", _waits(r)]
         table.append(cells)
     widths = [max(len(h), *(len(c[j]) for c in table)) for j, h in enumerate(head)]
     lines.append("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
@@ -262,11 +266,19 @@ def _render(rows: List[Dict[str, Any]], strategies: Sequence[Any], *, runtime: s
         text = rows[0]["strategy"] if label == first else f"as #{first}" if not same else f"#{first} with {same}"
         if label == first and source:
             text = f"{source} as configured, {text}"
+        named = wrap_strategy(f"#{label}: {text}", _WIDTH - 4)  # at the strategy's commas
+        lines += named[:1] + ["    " + more for more in named[1:]]
         for reason, where in reasons.items():
             on = f" on {', '.join(where)}" if hardware_column and len(where) < every else ""
-            text += f"; cannot run{on}: {reason}"
-        lines += textwrap.wrap(f"#{label}: {text}", _WIDTH, subsequent_indent="    ", break_on_hyphens=False)
+            lines += textwrap.wrap(f"cannot run{on}: {reason}", _WIDTH, initial_indent="    ",
+                                   subsequent_indent="    ", break_on_hyphens=False)
     return "\n".join(lines)
+
+
+def _waits(row: Dict[str, Any]) -> str:
+    """The group whose collectives expose the most of a row's step ("-" where none exposes any)."""
+    seconds, name = max((row[key] or 0.0, name.split()[-1]) for name, key in _by_group())
+    return name if seconds > 0 else "-"
 
 
 def _csv_columns() -> List[str]:
