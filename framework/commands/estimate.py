@@ -79,6 +79,7 @@ def run(args):
     from ndcost.cli import Output, table
     from ndcost.compose.time import EXPOSED_GROUPS
     from ndcost.resolver import resolve
+    from ndcost.search import wrap_strategy
     from ndcost.values import Strategy
 
     trainer = _trainer_config(args)
@@ -120,7 +121,12 @@ def run(args):
     header = (["stage", "layers"] + [name for name, _ in columns] + ["peak"] + (["reserved"] if args.wide else [])
               + ["at"])
     hardware_named = hardware.name + (f" (from {args.hardware})" if args.hardware != hardware.name else "")
-    lines = [f"{model.spec.name} on {hardware_named} ({args.runtime}, census={args.census}): {strategy}",
+    title = f"{model.spec.name} on {hardware_named} ({args.runtime}, census={args.census}):"
+    if len(title) + 1 + len(str(strategy)) > _WIDTH:  # the strategy on lines of its own, cut at its commas
+        title += "\n" + "\n".join("  " + part for part in wrap_strategy(str(strategy), _WIDTH - 2))
+    else:
+        title += f" {strategy}"
+    lines = [title,
              _recipe(strategy),
              "GiB per device, each stage at its worst moment (`at`; see --help)",
              table(rows, header, align="rr" + "r" * len(columns) + "r" * (2 if args.wide else 1) + "l")]
