@@ -197,6 +197,16 @@ def test_readme_states_the_default_recipe():
 STRATEGY_70B = "tp=8,pp=4,dp=2,sp=true,seq=8192,num_micro_batches=16"
 
 
+def test_a_strategy_longer_than_a_line_is_cut_at_its_commas():
+    strategy = ("fsdp=4,tp=2,sp=true,num_micro_batches=2,seq=8192,vocab_parallel=true,param_dtype=fp32,"
+                "compute_dtype=bf16,recompute=selective,master_dtype=none")
+    lines = ndcost("estimate", "llama-3.1-8b", "--census", "off", "--strategy", strategy).stdout.splitlines()
+    assert lines[0].endswith("census=off):") and max(len(line) for line in lines) <= 100
+    cut = [line.strip() for line in lines[1:next(i for i, line in enumerate(lines) if line.startswith("dtypes:"))]]
+    assert len(cut) > 1 and all(part.endswith(",") for part in cut[:-1])  # each part but the last ends at a comma
+    assert Strategy.parse("".join(cut)) == Strategy.parse(strategy)
+
+
 def test_estimate_fits_100_columns_and_wide_shows_every_category():
     args = ("estimate", "llama-3.1-70b", "--census", "off", "--strategy", STRATEGY_70B)
     text = ndcost(*args).stdout
