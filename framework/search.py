@@ -58,7 +58,7 @@ import numpy as np
 from ndcost import manager
 from ndcost.compose.placement import balanced_split
 from ndcost.errors import InvalidValue, MissingExtra, NoValidStrategy, UnknownKey, Unpriced
-from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Strategy
+from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Strategy, frozen_mapping
 
 __all__ = ["search", "search_grid", "held_fields", "Candidate", "Pruning", "SearchResult", "SearchPoints",
            "ProgressBar", "SearchSettings", "pareto_front", "plot_search", "RECOMPUTE_LAYER_FRACTIONS", "CHUNK_ROWS",
@@ -88,7 +88,8 @@ class Candidate:
 
     ``reserved_bytes``: what PyTorch's caching allocator reserves (simulated; None where not claimed).
     ``train_seconds``, ``gpu_hours`` and ``cost_usd`` are set where the search was given the tokens
-    to train (and a price a GPU-hour).
+    to train (and a price a GPU-hour). ``exposed_by_group``: the step's exposed communication by the group
+    whose collectives it waits for (``ndcost.compose.time.EXPOSED_GROUPS``), seconds.
     """
 
     strategy: Strategy
@@ -102,6 +103,7 @@ class Candidate:
     train_seconds: Optional[float] = None
     gpu_hours: Optional[float] = None
     cost_usd: Optional[float] = None
+    exposed_by_group: Mapping[str, float] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def to_dict(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"strategy": str(self.strategy), "devices": self.devices, "hardware": self.hardware,
@@ -112,7 +114,14 @@ class Candidate:
             out.update(train_seconds=self.train_seconds, gpu_hours=self.gpu_hours)
         if self.cost_usd is not None:
             out["cost_usd"] = self.cost_usd
+        out.update({f"exposed_{group}_seconds": seconds for group, seconds in self.exposed_by_group.items()})
         return out
+
+    @property
+    def waits(self) -> str:
+        """The group whose collectives expose the most of the step ("" where none exposes any)."""
+        group, seconds = max(self.exposed_by_group.items(), key=lambda item: item[1], default=("", 0.0))
+        return group if seconds > 0 else ""
 
 
 @attrs.frozen(kw_only=True)
@@ -501,12 +510,15 @@ def held_fields(fields: Any) -> Dict[str, Any]:
 
 
 class _Holding:
-    """A CostModel whose every evaluate_many holds *held*'s fields (a column each, broadcast)."""
+    """A CostModel whose every evaluate_many of columns holds *held*'s fields (a column each, broadcast);
+    Strategy values (the candidates, which carry what they hold) are priced as they are."""
 
     def __init__(self, model: Any, held: Mapping[str, Any]):
         self.model, self.held = model, dict(held)
 
     def evaluate_many(self, strategies: Any, hardware: Any = None) -> Any:
+        if not isinstance(strategies, Mapping):
+            return self.model.evaluate_many(strategies, hardware=hardware)
         return self.model.evaluate_many({**self.held, **dict(strategies)}, hardware=hardware)
 
     def __getattr__(self, name: str) -> Any:
@@ -831,8 +843,8 @@ def _search_one(model, reference, devices: int, hw_name: Any, hw, global_batch: 
                                       f"above the cap of {cap / GIB:.1f} GiB"))
     if not fitting:
         raise NoValidStrategy(_nothing_message(where, global_batch, seq, cap, pruning, peaks, min_bound))
-    candidates = _merge(summaries, options.top, devices, hw.name, options.tokens, options.price_per_gpu_hour,
-                        options.held)
+    candidates = _exposed_by_group(model, hw, _merge(summaries, options.top, devices, hw.name, options.tokens,
+                                                     options.price_per_gpu_hour, options.held))
     points = None
     if options.keep_points:
         parts = [s.points for s in summaries if s.points is not None]
@@ -842,6 +854,18 @@ def _search_one(model, reference, devices: int, hw_name: Any, hw, global_batch: 
     return SearchResult(model=model.spec.name, devices=devices, hardware=hw.name, global_batch=global_batch,
                         seq=seq, memory_cap_bytes=cap, candidates=candidates, priced=priced, valid=valid,
                         fitting=fitting, pruning=tuple(pruning), points=points, tokens=options.tokens)
+
+
+def _exposed_by_group(model: Any, hardware: Any, candidates: Tuple[Candidate, ...]) -> Tuple[Candidate, ...]:
+    """*candidates* with their exposed communication by group, priced again as one batch (the chunks keep
+    the step's figures alone)."""
+    from ndcost.compose.time import EXPOSED_GROUPS
+
+    if not candidates:
+        return candidates
+    time = model.evaluate_many([c.strategy for c in candidates], hardware=hardware).time
+    return tuple(attrs.evolve(c, exposed_by_group={g: float(time[f"exposed_{g}_seconds"][i]) for g in EXPOSED_GROUPS})
+                 for i, c in enumerate(candidates))
 
 
 def _nothing_message(where, global_batch, seq, cap, pruning: List[Pruning], peaks, min_bound) -> str:

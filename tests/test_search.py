@@ -395,3 +395,16 @@ def test_a_held_field_is_written_only_where_it_acts(llama):
         assert s.pp_return_outputs == (s.pp > 1 and s.pp_engine == "torch"), str(s)
         assert (s.cp_rotate == "p2p") == (s.cp > 1), str(s)
         assert llama.evaluate(s).peak_bytes == c.peak_bytes
+
+
+def test_candidates_carry_their_exposed_communication_by_group(llama):
+    from ndcost.compose.time import EXPOSED_GROUPS
+    result = search(llama, devices=16, global_batch=32, seq=8192, top=6)
+    assert any(c.waits for c in result.candidates)
+    for c in result.candidates:
+        time = llama.evaluate(c.strategy).time
+        assert dict(c.exposed_by_group) == {g: getattr(time, f"exposed_{g}_seconds") for g in EXPOSED_GROUPS}
+        row = c.to_dict()
+        assert all(row[f"exposed_{g}_seconds"] == c.exposed_by_group[g] for g in EXPOSED_GROUPS)
+        most = max(EXPOSED_GROUPS, key=lambda g: c.exposed_by_group[g])
+        assert c.waits == (most if c.exposed_by_group[most] > 0 else "")

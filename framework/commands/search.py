@@ -214,15 +214,16 @@ def _render(result: Any, runtime: str) -> str:
         f"{result.seq:,} tokens, cap {result.memory_cap_bytes / _GIB:.1f} GiB: {result.priced:,} strategies "
         f"priced, {result.valid:,} run, {result.fitting:,} fit; best {len(result.candidates)} by step time. "
         f"Peak is allocated bytes; reserved_bytes (--json) is the simulated caching allocator's, what fits "
-        f"is judged on (the peak where it is not claimed).", _WIDTH)
-    head = ["#", "peak GiB", "step s", "tokens/s", "MFU"]
+        f"is judged on (the peak where it is not claimed). waits: the group whose collectives expose the most "
+        f"of the step (tp, cp, ep, fsdp, dp, pp).", _WIDTH)
+    head = ["#", "peak GiB", "step s", "tokens/s", "MFU", "waits"]
     extra = result.tokens is not None
     if extra:
         head += ["days", "GPU-h"] + (["USD"] if result.candidates[0].cost_usd is not None else [])
     rows = []
     for i, c in enumerate(result.candidates, 1):
         row = [str(i), f"{c.peak_bytes / _GIB:.1f}", f"{c.step_seconds:.3f}", f"{c.tokens_per_second:,.0f}",
-               f"{c.mfu:.1%}"]
+               f"{c.mfu:.1%}", c.waits or "-"]
         if extra:
             row += [f"{c.train_seconds / 86400:,.1f}", f"{c.gpu_hours:,.0f}"]
             if c.cost_usd is not None:
