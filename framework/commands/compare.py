@@ -123,7 +123,8 @@ def _prices(args, hardware: Sequence[str]) -> List[Any]:
         prices *= len(hardware)
     if len(prices) != len(hardware) or not all(math.isfinite(p) and p >= 0 for p in prices):
         raise InvalidValue(f"--price {args.price}: give one price for every --hardware or one each "
-                           f"({len(hardware)}: {', '.join(hardware)}), none negative")
+                           f"({len(hardware)}: {', '.join(hardware)}), each a finite number of dollars, none "
+                           f"negative")
     return prices
 
 
@@ -263,7 +264,8 @@ def _render(rows: List[Dict[str, Any]], strategies: Sequence[Any], *, runtime: s
     every = len({r["hardware"] for r in rows})
     for label, (strategy, reasons) in legend.items():
         same = differing(strategy, strategies[0])
-        text = rows[0]["strategy"] if label == first else f"as #{first}" if not same else f"#{first} with {same}"
+        text = (rows[0]["strategy"] or "(every field at its default)") if label == first else \
+            f"as #{first}" if not same else f"#{first} with {same}"
         if label == first and source:
             text = f"{source} as configured, {text}"
         named = wrap_strategy(f"#{label}: {text}", _WIDTH - 4)  # at the strategy's commas
