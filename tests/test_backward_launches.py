@@ -8,13 +8,25 @@ from __future__ import annotations
 import pytest
 
 
+def _launches(layer, x, **kwargs):
+    """(forward, backward) kernels *layer* dispatches on *x* (``launch_counter``'s rule)."""
+    import torch
+
+    from ndcost.plugins.census.measure import launch_counter
+    forward, backward = launch_counter(), launch_counter()
+    with forward:
+        out = layer(x, **kwargs)
+    out = out[0] if isinstance(out, tuple) else out
+    with backward:
+        out.backward(torch.ones_like(out))
+    return forward.launches, backward.launches
+
+
 @pytest.mark.slow
 def test_the_backward_dispatches_about_twice_the_forwards_ops():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama import modeling_llama
-
-    from ndcost.plugins.census.measure import launch_counter
 
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                       num_key_value_heads=2, head_dim=16, num_hidden_layers=1, vocab_size=100)
@@ -25,13 +37,7 @@ def test_the_backward_dispatches_about_twice_the_forwards_ops():
     rotary = tuple(t.to(torch.bfloat16) for t in modeling_llama.LlamaRotaryEmbedding(config)(x, positions))
     counts = []
     for _ in range(2):  # the second backward accumulates into the gradients the first made (a training step's)
-        forward, backward = launch_counter(), launch_counter()
-        with forward:
-            out = layer(x, position_embeddings=rotary, position_ids=positions)
-        out = out[0] if isinstance(out, tuple) else out
-        with backward:
-            out.backward(torch.ones_like(out))
-        counts.append((forward.launches, backward.launches))
+        counts.append(_launches(layer, x, position_embeddings=rotary, position_ids=positions))
     # the forward is the analytic count by hand (plugins/estimators/flops.py, tests/test_time_kernels.py): 38
     assert counts[0][0] == counts[1][0] == 38
     # the backward: 71 ops, 81 with the 9 parameters' and the input's gradients accumulated, 1.87x and 2.13x
@@ -48,8 +54,6 @@ def test_the_eager_chunked_delta_rule_dispatches_far_more_than_twice_its_forward
     transformers = pytest.importorskip("transformers")
     from transformers.models.qwen3_next import modeling_qwen3_next as modeling
 
-    from ndcost.plugins.census.measure import launch_counter
-
     config = transformers.Qwen3NextConfig(
         hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
@@ -62,13 +66,7 @@ def test_the_eager_chunked_delta_rule_dispatches_far_more_than_twice_its_forward
         x = torch.randn(1, seq, 64, dtype=torch.bfloat16, requires_grad=True)
         rotary = tuple(t.to(torch.bfloat16) for t in modeling.Qwen3NextRotaryEmbedding(config)(
             x, torch.arange(seq)[None]))
-        forward, backward = launch_counter(), launch_counter()
-        with forward:
-            out = layer(x, position_embeddings=rotary, attention_mask=None)
-        out = out[0] if isinstance(out, tuple) else out
-        with backward:
-            out.backward(torch.ones_like(out))
-        counts[seq] = (forward.launches, backward.launches)
+        counts[seq] = _launches(layer, x, position_embeddings=rotary, attention_mask=None)
     forward_a_chunk = (counts[256][0] - counts[128][0]) / 2
     backward_a_chunk = (counts[256][1] - counts[128][1]) / 2
     assert forward_a_chunk == 9
