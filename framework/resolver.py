@@ -147,6 +147,9 @@ class BatchResult:
     # (peak_bytes in its place where reserved is not claimed), "" in invalid rows; the context subtracted
     fits_basis: Optional[np.ndarray] = None
     cuda_context_bytes: int = 0
+    # (N,) bool: fp32 parameters under 16-bit autocast, priced with the records' autocast figures where they state
+    # them and with their 16-bit ones elsewhere (the records' provenance "autocast" names those kinds)
+    fp32_autocast: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return len(self.peak_bytes)
@@ -181,7 +184,17 @@ class BatchResult:
                             fits=bool(self.fits[row]) if self.valid[row] else None, fits_basis=basis,
                             host_bytes=int(self.host_bytes[row]),
                             host_bytes_per_node=int(self.host_bytes_per_node[row]),
-                            reserved_bytes=reserved, reserved_reason=reserved_reason, provenance=self.provenance)
+                            reserved_bytes=reserved, reserved_reason=reserved_reason,
+                            provenance=self._row_provenance(row, strategy))
+
+    def _row_provenance(self, row: int, strategy: Strategy) -> Mapping[str, Any]:
+        """The batch's provenance, and under fp32 parameters with autocast the kinds (or output layer) its
+        sequence's records price with their 16-bit figures (``autocast``), where any does."""
+        if self.fp32_autocast is None or not self.fp32_autocast[row]:
+            return self.provenance
+        records = (self.provenance.get("records") or {}).get(strategy.seq) or {}
+        fallback = records.get("autocast")
+        return {**self.provenance, "autocast": dict(fallback)} if fallback else self.provenance
 
     def _reserved(self, row: int) -> Tuple[Optional[int], str]:
         """Row *row*'s reserved bytes (None where not claimed) and why not."""
@@ -519,6 +532,15 @@ class CostModel:
                     prov.setdefault("selective", {})[k] = f"unpriced: {exc}"
                     continue
                 prov.setdefault("selective", {})[k] = "formulas (the record states no selective figure)"
+        # fp32 parameters under autocast keep the norms' outputs in fp32, cast each projection's input anew and
+        # take fp32 rotary tables (tests/test_census_autocast.py): a record the census did not measure so is
+        # priced with its 16-bit figures, which leave those out
+        unmeasured = [k for k in kinds if records[k].autocast_saved_per_token is None]
+        unmeasured += ["output"] if getattr(output, "autocast_saved_per_token", None) is None else []
+        if unmeasured:
+            prov["autocast"] = {k: "fp32 parameters under autocast priced with the 16-bit figures (the record "
+                                   "states none under autocast: the norms' fp32 outputs, each projection's cast "
+                                   "and fp32 rotary tables left out)" for k in unmeasured}
         if any(records[k].working_per_token is None for k in kinds):
             prov["working"] = {k: "unpriced: the record states no backward working peak (counted as what the "
                                   "layer keeps; the peak may be higher)"
@@ -764,6 +786,7 @@ class CostModel:
         whole_batch = in_order and len(ends) == 1
         out = {} if whole_batch else {name: np.zeros((priced,) + shape, dtype=np.int64)
                                       for name, shape in shapes.items()}
+        fp32_autocast = np.zeros(n, dtype=bool)
         if priced:
             recs = self._stack_records(tables)
             plugins = book.plugins
@@ -794,6 +817,7 @@ class CostModel:
                         out[name][lo:hi] = getattr(composed, name)
                 unpriced_selective[order[lo:hi]] = composed.unpriced["selective"]
                 beyond_exact[order[lo:hi]] = composed.beyond_exact
+                fp32_autocast[order[lo:hi]] = composed.fp32_autocast
                 lo = hi
             batch.refuse(unpriced_selective, lambda i: self._selective_refusal(tables))  # said where refused
             batch.refuse(beyond_exact, lambda i: (
@@ -838,7 +862,8 @@ class CostModel:
             valid=valid, reason=reason,
             fits=fits, memory_bytes=int(hw.memory_bytes), provenance=prov,
             stage_reserved_bytes=full["stage_reserved_bytes"], reserved_bytes=reserved,
-            reserved_reason=reserved_reason, fits_basis=fits_basis, cuda_context_bytes=int(hw.cuda_context_bytes))
+            reserved_reason=reserved_reason, fits_basis=fits_basis, cuda_context_bytes=int(hw.cuda_context_bytes),
+            fp32_autocast=fp32_autocast & valid)
         return self._attach_time(result, batch, hw)
 
     def _attach_time(self, result: BatchResult, batch: columns.StrategyColumns, hardware: Hardware) -> BatchResult:

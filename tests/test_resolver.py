@@ -10,12 +10,24 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_memory import (
+    EMB,
+    FINAL,
+    HEAD,
+    LAYER,
+    NORMS,
+    ROUTED,
+    L,
+    cost_model,
+    llama_counts,
+    llama_spec,
+    moe_counts,
+    moe_spec,
+)
 
+import ndcost
 from ndcost.errors import InvalidStrategy, InvalidValue
 from ndcost.values import MEMORY_CATEGORIES, Strategy
-
-from test_memory import (EMB, FINAL, HEAD, L, LAYER, NORMS, ROUTED, cost_model, llama_counts, llama_spec,
-                         moe_counts, moe_spec)
 
 SEQ = 2048
 
@@ -541,3 +553,16 @@ def test_recompute_layers_without_a_recompute_mode_is_refused():
                                               r"recompute mode recomputes"):
         model.evaluate("fsdp=8,seq=4096,recompute_layers=16")
     assert model.evaluate("fsdp=8,seq=4096,recompute_layers=16,recompute=full").valid
+
+
+def test_fp32_autocast_on_records_without_autocast_figures_is_said():
+    """The formulas state no figure under autocast: a row running fp32 parameters under bf16 autocast is priced
+    with the 16-bit ones and its provenance names each kind so priced; FSDP's mixed precision (parameters
+    gathered in bf16) and a bf16 run are not autocast, and say nothing."""
+    model = ndcost.resolve("llama-3.1-8b", census="off")
+    autocast = model.evaluate("dp=8,seq=4096,param_dtype=fp32,compute_dtype=bf16")
+    assert set(autocast.provenance["autocast"]) == {"dense", "output"}
+    for text in ("fsdp=8,seq=4096,param_dtype=fp32,compute_dtype=bf16", "dp=8,seq=4096"):
+        assert "autocast" not in model.evaluate(text).provenance
+    batch = model.evaluate_many(["dp=8,seq=4096,param_dtype=fp32,compute_dtype=bf16", "dp=8,seq=4096"])
+    assert batch.fp32_autocast.tolist() == [True, False]

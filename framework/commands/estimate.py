@@ -173,6 +173,10 @@ def run(args):
         if prov.get("working"):
             lines.append("note: backward working peak unpriced for " + ", ".join(prov["working"])
                          + " (counted as what the layers keep)")
+    if cost.provenance.get("autocast"):
+        lines.append("note: fp32 parameters under autocast priced with the 16-bit figures for "
+                     + ", ".join(cost.provenance["autocast"]) + " (not measured under autocast: the norms' fp32 "
+                     "outputs, each projection's cast and fp32 rotary tables left out; the census measures them)")
     if not args.wide:  # every line within 100 columns, as the table
         lines = [wrapped for line in lines for part in line.split("\n")
                  for wrapped in (_wrap(part) if len(part) > _WIDTH else [part])]

@@ -484,6 +484,8 @@ class Composed:
     stage_offloaded_activation_bytes: np.ndarray  # (N, R) int64: a micro-batch's activations copied each way
     stage_reserved_bytes: np.ndarray  # (N, R) int64: what the caching allocator reserves; -1 where not claimed
     reserved_unclaimed: np.ndarray    # (N,) int64: 0, or 1 + the index into RESERVED_UNCLAIMED of why not
+    fp32_autocast: np.ndarray         # (N,) bool: fp32 parameters under 16-bit autocast (the records' autocast
+                                      # figures where they state them, else their 16-bit ones)
 
 
 # why a row's reserved bytes are not claimed (Composed.reserved_unclaimed - 1)
@@ -1750,4 +1752,4 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
                     stage_kind_layers=where.rank_layers(with_mtp=False), head_stage=where.head_rank,
                     embedding_stage=where.has_embedding.argmax(axis=1), stage_host_bytes=host_bytes,
                     host_bytes_per_node=kept_rows(host_per_node),
-                    stage_offloaded_activation_bytes=offloaded_activations)
+                    stage_offloaded_activation_bytes=offloaded_activations, fp32_autocast=batch.fp32_autocast)
