@@ -408,3 +408,22 @@ def test_candidates_carry_their_exposed_communication_by_group(llama):
         assert all(row[f"exposed_{g}_seconds"] == c.exposed_by_group[g] for g in EXPOSED_GROUPS)
         most = max(EXPOSED_GROUPS, key=lambda g: c.exposed_by_group[g])
         assert c.waits == (most if c.exposed_by_group[most] > 0 else "")
+
+
+def test_search_around_a_trainer_file_holds_its_fields_and_lists_what_its_trainer_runs():
+    from ndcost.trainers import to_config
+    toml = ROOT / "tests" / "data" / "configs" / "torchtitan" / "llama3_8b.toml"
+    out = _cli("--from", f"torchtitan:{toml}", "--devices", "8", "--hardware", "h100", "--top", "5",
+               "--census", "off", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    config = ndcost.from_config("torchtitan", toml, devices=8)  # fsdp=8, local batch 1, seq 8192, fp32 under bf16
+    assert len(rows) == 5 and config.global_batch == 8
+    for row in rows:
+        s = ndcost.Strategy.parse(row["strategy"])
+        assert s.devices == 8 and s.dp * s.fsdp * s.micro_batch * s.num_micro_batches == 8 and s.seq == 8192
+        assert (s.param_dtype, s.compute_dtype) == ("fp32", "bf16") and s.cp_algo == "ring"  # torchtitan's CP
+        to_config("torchtitan", s, model="llama-3.1-8b", global_batch=8)  # torchtitan runs it (no refusal)
+    assert "passed over" in out.stderr
+    refused = _cli("--from", f"torchtitan:{toml}", "--census", "off")
+    assert refused.returncode == 1 and "give --devices N" in refused.stderr

@@ -14,15 +14,21 @@ _FIGURES = ("peak_bytes", "reserved_bytes", "step_seconds", "tokens_per_second",
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("model", metavar="MODEL",
-                        help="a model name from specs/models, a spec YAML, a config.json or a folder holding one")
-    parser.add_argument("--devices", required=True, metavar="N[,N...]",
+    parser.add_argument("model", metavar="MODEL", nargs="?",
+                        help="a model name from specs/models, a spec YAML, a config.json or a folder holding one "
+                             "(with --from: only to replace the file's)")
+    parser.add_argument("--from", dest="from_config", metavar="KIND:PATH",
+                        help="search around a trainer's configuration (torchtitan:JOB.toml, megatron:ARGS, "
+                             "deepspeed:CONFIG.json, hyperparallel:TRAIN.yaml): its model, devices, global batch, "
+                             "sequence length and runtime, and every field the search does not choose (dtypes, "
+                             "optimizer, Float8, compile, ...) held, unless given here")
+    parser.add_argument("--devices", metavar="N[,N...]",
                         help="the devices, exactly (every strategy uses all of them); a list searches each")
     parser.add_argument("--hardware", default="h200", metavar="H[,H...]",
                         help="registered hardware names or spec YAMLs (default h200); a list searches each")
-    parser.add_argument("--global-batch", required=True, type=int, metavar="B",
+    parser.add_argument("--global-batch", type=int, metavar="B",
                         help="sequences a step (dp * fsdp * micro_batch * num_micro_batches)")
-    parser.add_argument("--seq", required=True, type=int, metavar="S", help="tokens a sequence")
+    parser.add_argument("--seq", type=int, metavar="S", help="tokens a sequence")
     parser.add_argument("--memory-cap", type=float, metavar="GiB",
                         help="memory a device's caching allocator may reserve (default: the hardware's memory "
                              "less its CUDA context, cuda_context_bytes)")
@@ -102,18 +108,64 @@ def _check(args) -> None:
 EMIT_DEPTH = 5000
 
 
+def usage_error(args):
+    """Without --from: a MODEL, --devices, --global-batch and --seq, each required."""
+    if args.from_config is None:
+        missing = [flag for flag, value in (("MODEL", args.model), ("--devices", args.devices),
+                                            ("--global-batch", args.global_batch), ("--seq", args.seq))
+                   if value is None]
+        if missing:
+            return (f"give {', '.join(missing)} (or --from KIND:PATH, a trainer's configuration, which states "
+                    f"them)")
+    return None
+
+
+def _from_trainer(args) -> None:
+    """With --from: what the file states, into *args* where not given here (its report on stderr)."""
+    import sys
+
+    from ndcost.errors import InvalidValue
+    from ndcost.search import held_by
+    from ndcost.trainers import from_config, parse_source
+
+    kind, path = parse_source(args.from_config)
+    devices = int(args.devices) if args.devices is not None and args.devices.strip().isdigit() else None
+    config = from_config(kind, path, devices=devices, model=args.model)
+    print(config.report(), file=sys.stderr)
+    args.model = config.model
+    if args.devices is None:
+        if config.devices is None:
+            raise InvalidValue(f"--from {args.from_config}: the file does not state its devices; give --devices N")
+        args.devices = str(config.devices)
+    if args.global_batch is None:
+        if config.global_batch is None:
+            raise InvalidValue(f"--from {args.from_config}: the file does not state its global batch; give "
+                               f"--global-batch B")
+        args.global_batch = config.global_batch
+    if args.seq is None:
+        args.seq = config.strategy.seq
+    if args.runtime is None:
+        args.runtime = config.runtime
+    # the file's fields the search does not choose, held beneath --hold's
+    given = ",".join(f"{k}={v}" for k, v in held_by(config.strategy).items())
+    args.hold = ",".join(part for part in (given, args.hold or "") if part)
+
+
 def run(args):
     import attrs
 
     from ndcost.cli import Output, csv_text
     from ndcost.search import plot_search, search_grid
 
+    if args.from_config is not None:
+        _from_trainer(args)
     _check(args)
     devices = _int_list("--devices", args.devices, "64,128")
     hardware = [h.strip() for h in args.hardware.split(",") if h.strip()]
     # --emit writes the fastest strategy the trainer can express: it looks past the shown --top, through the best
     # EMIT_DEPTH (strategies the trainer has no form for, such as fsdp for DeepSpeed's ZeRO-3, can fill the top)
-    depth = max(args.top, EMIT_DEPTH) if args.emit is not None else args.top
+    writer = _writer_of(args)
+    depth = max(args.top, EMIT_DEPTH) if args.emit is not None or writer else args.top
     runtime = _runtime(args)
     results = search_grid(
         args.model, devices=devices, hardware=hardware, global_batch=args.global_batch, seq=args.seq,
@@ -123,6 +175,8 @@ def run(args):
         keep_points=bool(args.plot), within_node=not args.across_nodes, exhaustive=args.exhaustive,
         pp_splits=args.pp_splits, held=_held(args),
         schedules=tuple(n.strip() for n in (args.schedules or "").split(",") if n.strip()))
+    if writer:  # a file searched around: what its trainer can run (ndcost writes it back)
+        results = [_expressible(r, writer, args.top if args.emit is None else depth) for r in results]
     if args.plot:
         plot_search(results, args.plot)
     data = [c.to_dict() for r in results for c in r.candidates]
@@ -142,6 +196,42 @@ def run(args):
     if emitted is not None:
         text += f"\n\n{args.emit.partition(':')[0]} configuration: {args.emit.partition(':')[2]}"
     return Output(data=data, text=text)
+
+
+def _writer_of(args) -> str:
+    """With --from, the file's trainer kind where ndcost writes its configurations ("" otherwise)."""
+    from ndcost.trainers import parse_source, trainer_format
+
+    if args.from_config is None:
+        return ""
+    kind = parse_source(args.from_config)[0]
+    return kind if trainer_format(kind).writes else ""
+
+
+def _expressible(result: Any, kind: str, top: int) -> Any:
+    """*result* with the candidates *kind*'s writer can express (``ndcost.to_config``), the best *top*; how many
+    faster ones it passed over, said on stderr."""
+    import sys
+
+    import attrs
+
+    from ndcost.errors import InvalidValue
+    from ndcost.trainers import to_config
+
+    kept: List[Any] = []
+    passed = 0
+    for candidate in result.candidates:
+        try:
+            to_config(kind, candidate.strategy, model=result.model, global_batch=result.global_batch)
+        except InvalidValue:
+            passed += 0 if len(kept) >= top else 1
+            continue
+        if len(kept) < top:
+            kept.append(candidate)
+    if passed:
+        print(f"--from {kind}: passed over {passed} faster strateg{'y' if passed == 1 else 'ies'} {kind} has no "
+              f"form for (the table lists what it can run)", file=sys.stderr)
+    return attrs.evolve(result, candidates=tuple(kept))
 
 
 def _runtime(args) -> str:
