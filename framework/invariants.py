@@ -19,14 +19,14 @@ import attrs
 import numpy as np
 
 from ndcost.compose.memory import MAX_EXACT_BYTES, MOMENTS
+from ndcost.values import EXPOSED_GROUPS
 
 __all__ = ["enforce"]
 
 _POSITIVE_TIMES = ("step_seconds", "compute_seconds", "tokens_per_second")
 _NON_NEGATIVE_TIMES = ("communication_seconds", "exposed_communication_seconds", "bubble_seconds",
-                       "optimizer_seconds", "offload_seconds", "exposed_offload_seconds", "exposed_tp_seconds",
-                       "exposed_cp_seconds", "exposed_ep_seconds", "exposed_fsdp_seconds", "exposed_dp_seconds",
-                       "exposed_pp_seconds")
+                       "optimizer_seconds", "offload_seconds", "exposed_offload_seconds") + tuple(
+    f"exposed_{group}_seconds" for group in EXPOSED_GROUPS)
 
 
 def _memory_breaks(result: Any, valid: np.ndarray) -> Dict[int, str]:

@@ -89,7 +89,7 @@ class Candidate:
     ``reserved_bytes``: what PyTorch's caching allocator reserves (simulated; None where not claimed).
     ``train_seconds``, ``gpu_hours`` and ``cost_usd`` are set where the search was given the tokens
     to train (and a price a GPU-hour). ``exposed_by_group``: the step's exposed communication by the group
-    whose collectives it waits for (``ndcost.compose.time.EXPOSED_GROUPS``), seconds.
+    whose collectives it waits for (``ndcost.values.EXPOSED_GROUPS``), seconds.
     """
 
     strategy: Strategy
@@ -872,7 +872,7 @@ def _search_one(model, reference, devices: int, hw_name: Any, hw, global_batch: 
 def _exposed_by_group(model: Any, hardware: Any, candidates: Tuple[Candidate, ...]) -> Tuple[Candidate, ...]:
     """*candidates* with their exposed communication by group, priced again as one batch (the chunks keep
     the step's figures alone)."""
-    from ndcost.compose.time import EXPOSED_GROUPS
+    from ndcost.values import EXPOSED_GROUPS
 
     if not candidates:
         return candidates

@@ -1144,6 +1144,13 @@ class StageMemory:
                 "provenance": dict(self.provenance)}
 
 
+# the groups a step's exposed communication is told apart by (TimeBreakdown.exposed_<group>_seconds): TP's,
+# CP's and EP's (and expert TP's) collectives inside the layers, FSDP's (and ZeRO-3's) parameter gathers and
+# gradient reduce-scatters, the data-parallel gradient reduction and parameter gather at the step's end, the
+# pipeline's sends
+EXPOSED_GROUPS = ("tp", "cp", "ep", "fsdp", "dp", "pp")
+
+
 @attrs.frozen(kw_only=True)
 class TimeBreakdown:
     """A step's seconds by component; see the time model for what each leaves out."""
@@ -1238,6 +1245,8 @@ class StrategyCost:
             "bubble_seconds": schedule if self.time is not None else model,
             "offload_seconds": model, "exposed_offload_seconds": model,
         })
+        # the exposed communication by group: the same collectives, told apart by the group that runs them
+        out.update({f"exposed_{group}_seconds": out["exposed_communication_seconds"] for group in EXPOSED_GROUPS})
         return out
 
     def source(self, figure: str) -> str:

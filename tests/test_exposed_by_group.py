@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ndcost
-from ndcost.compose.time import EXPOSED_GROUPS
+from ndcost.values import EXPOSED_GROUPS
 
 FIELDS = [f"exposed_{g}_seconds" for g in EXPOSED_GROUPS]
 

@@ -398,7 +398,7 @@ def test_a_held_field_is_written_only_where_it_acts(llama):
 
 
 def test_candidates_carry_their_exposed_communication_by_group(llama):
-    from ndcost.compose.time import EXPOSED_GROUPS
+    from ndcost.values import EXPOSED_GROUPS
     result = search(llama, devices=16, global_batch=32, seq=8192, top=6)
     assert any(c.waits for c in result.candidates)
     for c in result.candidates:

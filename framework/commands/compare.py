@@ -32,7 +32,7 @@ _TIME_PARTS = (("compute", "compute_seconds"), ("exposed communication", "expose
 
 def _by_group() -> Tuple[Tuple[str, str], ...]:
     """(name, TimeBreakdown field) of each group's exposed communication (the time model's groups)."""
-    from ndcost.compose.time import EXPOSED_GROUPS
+    from ndcost.values import EXPOSED_GROUPS
     return tuple((f"exposed {g}", f"exposed_{g}_seconds") for g in EXPOSED_GROUPS)
 
 

@@ -77,10 +77,9 @@ def usage_error(args):
 
 def run(args):
     from ndcost.cli import Output, table
-    from ndcost.compose.time import EXPOSED_GROUPS
     from ndcost.resolver import resolve
     from ndcost.search import wrap_strategy
-    from ndcost.values import Strategy
+    from ndcost.values import EXPOSED_GROUPS, Strategy
 
     trainer = _trainer_config(args)
     if trainer is None:

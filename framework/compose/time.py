@@ -47,6 +47,7 @@ from ndcost.values import (
     CP_ROTATES,
     CPU_ADAM_PARAMETERS_PER_SECOND,
     EP_DISPATCHERS,
+    EXPOSED_GROUPS,
     FLOAT8_RECIPES,
     FSDP_ENGINES,
     GRADIENT_SYNC,
@@ -73,10 +74,6 @@ __all__ = ["CHUNK_ROWS", "TIME_FIELDS", "DEFAULT_EFFICIENCY", "EFFICIENCY_KEYS",
 CHUNK_ROWS = 1 << 16  # strategies priced at once (the per-rank arrays are rows x ranks x kinds)
 _MEGATRON_FSDP = FSDP_ENGINES.index("megatron")
 _COMPILED_LOSS = LOSS_ENGINES.index("compiled")
-# the exposed communication by the group that runs it: TP's (async TP's included), CP's, EP's (and expert TP's)
-# collectives inside the layers, FSDP's (and ZeRO-3's) parameter gathers and gradient reduce-scatters, the
-# data-parallel gradient reduction and parameter gather at the step's end, the pipeline's sends
-EXPOSED_GROUPS = ("tp", "cp", "ep", "fsdp", "dp", "pp")
 TIME_FIELDS = ("step_seconds", "tokens_per_second", "mfu", "compute_seconds", "communication_seconds",
                "exposed_communication_seconds", "bubble_seconds", "optimizer_seconds", "offload_seconds",
                "exposed_offload_seconds") + tuple(f"exposed_{group}_seconds" for group in EXPOSED_GROUPS)
