@@ -137,3 +137,21 @@ def test_tokens_and_a_price_a_hardware_give_days_gpu_hours_and_dollars():
                         (("--tokens", "1e12", "--price", "1,2,3", "--hardware", "h100,h200"), "one each")):
         done = _cli("compare", LLAMA, "--strategy", PLAIN, "--census", "off", *argv)
         assert done.returncode in (1, 2) and words in done.stderr
+
+
+def test_two_trainer_files_side_by_side_each_as_it_reads():
+    toml = ROOT / "tests" / "data" / "configs" / "torchtitan"
+    one, two = toml / "llama3_8b.toml", toml / "llama3_8b_cp2.toml"
+    done = _cli("--json", "compare", "--from", f"torchtitan:{one}", "--from", f"torchtitan:{two}", "--devices", "8",
+                "--census", "off", "--strategy", "recompute=full")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    configs = [ndcost.from_config("torchtitan", path, devices=8) for path in (one, two)]
+    what_if = ndcost.from_config("torchtitan", one, devices=8, strategy="recompute=full")
+    assert [r["strategy"] for r in rows] == [str(c.strategy) for c in (*configs, what_if)]
+    for r, config in zip(rows, (*configs, what_if), strict=True):
+        model = ndcost.resolve(config.model, runtime=config.runtime, census="off")
+        assert r["peak_bytes"] == model.evaluate(config.strategy).peak_bytes
+    text = _cli("compare", "--from", f"torchtitan:{one}", "--from", f"torchtitan:{two}", "--devices", "8",
+                "--census", "off").stdout
+    assert f"#2: torchtitan:{two} as configured, #1 with" in text.replace("\n    ", "")

@@ -6,6 +6,8 @@ import math
 import textwrap
 from typing import Any, Dict, List, Sequence, Tuple
 
+import attrs
+
 HELP = ("set strategies side by side, on one or more hardware: peak and reserved bytes, whether each fits, "
         "step time and where it goes (compute, exposed communication, bubble, optimizer)")
 
@@ -14,7 +16,8 @@ Each --strategy is priced on each --hardware, one row each, in the order given; 
 the most tokens a second a device (strategies of other batches and device counts compare by throughput).
 Below the table each strategy is named once: the first whole, the others by the fields they change, and why
 one cannot run. With --from, the file's own strategy is row 1 and each --strategy lists fields overriding it
-(a what-if on a run as configured).
+(a what-if on a run as configured); a --from for each file sets several files side by side (the what-ifs
+over the first), each priced with its own model and runtime.
 Columns: devices (the strategy's world size), peak and reserved GiB of the worst stage (reserved "-" where not
 simulated), whether it fits (the reserved bytes, else the peak, against the hardware's memory less its CUDA
 context), the step's seconds, tokens a second a device, MFU, and the step's parts in seconds: compute,
@@ -45,11 +48,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--strategy", action="append", default=[], metavar="STRATEGY",
                         help='a strategy, e.g. "fsdp=8,seq=4096"; give it once for each (with --from: the fields '
                              "overriding the file's, one what-if each)")
-    parser.add_argument("--from", dest="from_config", metavar="KIND:PATH",
-                        help="a trainer's configuration as the first row: torchtitan:JOB.toml, megatron:ARGS, "
-                             "deepspeed:CONFIG.json, hyperparallel:TRAIN.yaml (`ndcost list trainers`)")
+    parser.add_argument("--from", dest="from_config", metavar="KIND:PATH", action="append", default=[],
+                        help="a trainer's configuration as a row, as configured: torchtitan:JOB.toml, megatron:ARGS, "
+                             "deepspeed:CONFIG.json, hyperparallel:TRAIN.yaml (`ndcost list trainers`); give it "
+                             "once for each file (each --strategy then overrides the first)")
     parser.add_argument("--devices", type=int, metavar="N",
-                        help="with --from: the world size, where the file does not imply it")
+                        help="with --from: the world size, where a file does not imply it")
     parser.add_argument("--hardware", default="h200", metavar="H[,H...]",
                         help="registered hardware names or spec YAMLs (default h200); a list prices each "
                              "strategy on each")
@@ -67,7 +71,7 @@ def add_arguments(parser) -> None:
 
 def usage_error(args):
     """What must go together: a MODEL and a --strategy, or --from (--devices only with it)."""
-    if args.from_config is None:
+    if not args.from_config:
         if args.model is None:
             return "give a MODEL and --strategy (once for each strategy), or --from KIND:PATH"
         if not args.strategy:
@@ -89,18 +93,15 @@ def run(args):
         from ndcost.errors import InvalidValue
         raise InvalidValue(f"--hardware {args.hardware!r}: no hardware name; for example --hardware h100,h200")
     prices = _prices(args, hardware)
-    model_name, runtime, strategies = _strategies(args)
-    rows = [_row(model, strategy, label, args.tokens, price) for name, price in zip(hardware, prices, strict=True)
-            for model in (_resolve(model_name, runtime, name, args.census),)
-            for label, strategy in strategies]
+    entries = _entries(args)
+    rows = [_row(_resolve(e.model, e.runtime, name, args.census), e.strategy, e.label, args.tokens, price)
+            for name, price in zip(hardware, prices, strict=True) for e in entries]
     _mark_best(rows)
-    shown = [strategy for _ in hardware for _, strategy in strategies]
     if args.plot:
         plot_comparison(rows, args.plot)
     if args.csv:
         return Output(data=rows, text=csv_text(rows, _csv_columns()))
-    text = _render(rows, shown, runtime=runtime, census=args.census, hardware_column=len(hardware) > 1,
-                   source=args.from_config)
+    text = _render(rows, entries, census=args.census, hardware_column=len(hardware) > 1)
     if args.plot:
         text += f"\n\nplot: {args.plot}"
     return Output(data=rows, text=text)
@@ -128,25 +129,42 @@ def _prices(args, hardware: Sequence[str]) -> List[Any]:
     return prices
 
 
-def _strategies(args) -> Tuple[Any, str, List[Tuple[str, Any]]]:
-    """(model, runtime, [(label, Strategy)]): --from's file first and each --strategy over it, else each --strategy."""
+@attrs.frozen(kw_only=True)
+class _Entry:
+    """One strategy to price: its row label, model, runtime and, for a trainer's file, where it came from."""
+
+    label: str
+    model: Any
+    runtime: str
+    strategy: Any
+    source: str = ""
+
+
+def _entries(args) -> List[_Entry]:
+    """Each --strategy (MODEL's), or each --from file as configured and then each --strategy over the first."""
     import sys
 
     from ndcost.trainers import from_config, parse_source
     from ndcost.values import Strategy
 
-    runtime = args.runtime
-    if args.from_config is None:
-        return args.model, runtime or "hf-cuda", [(str(i), Strategy.parse(text))
-                                                  for i, text in enumerate(args.strategy, 1)]
-    kind, path = parse_source(args.from_config)
-    base = from_config(kind, path, devices=args.devices, model=args.model)
-    print(base.report(), file=sys.stderr)
-    out = [("1", base.strategy)]
-    for i, text in enumerate(args.strategy, 2):
-        out.append((str(i), from_config(kind, path, devices=args.devices, model=args.model,
-                                        strategy=text).strategy))
-    return base.model, runtime or base.runtime or "hf-cuda", out
+    if not args.from_config:
+        return [_Entry(label=str(i), model=args.model, runtime=args.runtime or "hf-cuda", strategy=Strategy.parse(text))
+                for i, text in enumerate(args.strategy, 1)]
+    out: List[_Entry] = []
+    files = []
+    for source in args.from_config:
+        kind, path = parse_source(source)
+        config = from_config(kind, path, devices=args.devices, model=args.model)
+        print(config.report(), file=sys.stderr)
+        files.append((kind, path))
+        out.append(_Entry(label=str(len(out) + 1), model=config.model, runtime=args.runtime or config.runtime or
+                          "hf-cuda", strategy=config.strategy, source=source))
+    kind, path = files[0]
+    for text in args.strategy:  # what-ifs over the first file
+        config = from_config(kind, path, devices=args.devices, model=args.model, strategy=text)
+        out.append(_Entry(label=str(len(out) + 1), model=config.model, runtime=out[0].runtime,
+                          strategy=config.strategy))
+    return out
 
 
 def _resolve(model: Any, runtime: str, hardware: str, census: str):
@@ -213,14 +231,13 @@ def _text(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
-def _render(rows: List[Dict[str, Any]], strategies: Sequence[Any], *, runtime: str, census: str,
-            hardware_column: bool, source: Any = None) -> str:
+def _render(rows: List[Dict[str, Any]], entries: Sequence[_Entry], *, census: str, hardware_column: bool) -> str:
     """A header, a row a strategy and hardware (within 100 columns), then each strategy once: the first's whole,
-    the others' fields that differ from it, and why one cannot run."""
+    the others' fields that differ from it (a file's named), another model or runtime, and why one cannot run."""
     from ndcost.search import wrap_strategy
 
     costs = any("train_seconds" in r for r in rows)
-    lines = textwrap.wrap(f"{rows[0]['model']} ({runtime}, census={census}): {len(rows)} row"
+    lines = textwrap.wrap(f"{rows[0]['model']} ({entries[0].runtime}, census={census}): {len(rows)} row"
                           f"{'' if len(rows) == 1 else 's'} side by side; peak and rsvd (reserved) in GiB, "
                           f"step, comp, comm, bub (the step's compute, exposed communication and bubble) in "
                           f"seconds, waits: the group whose collectives expose the most; `*` the most tokens a "
@@ -255,22 +272,25 @@ def _render(rows: List[Dict[str, Any]], strategies: Sequence[Any], *, runtime: s
     lines.append("  ".join("-" * w for w in widths))
     for cells in table:
         lines.append("  ".join(v.rjust(w) for v, w in zip(cells, widths, strict=True)).rstrip())
-    first = rows[0]["label"]
-    legend: Dict[str, Tuple[Any, Dict[str, List[str]]]] = {}  # label -> (strategy, reason -> hardware)
-    for r, strategy in zip(rows, strategies, strict=True):
-        reasons = legend.setdefault(r["label"], (strategy, {}))[1]
+    first = entries[0]
+    reasons: Dict[str, Dict[str, List[str]]] = {e.label: {} for e in entries}  # label -> reason -> hardware
+    models = {r["label"]: r["model"] for r in rows}
+    for r in rows:
         if not r["valid"]:
-            reasons.setdefault(r["reason"], []).append(r["hardware"])
+            reasons[r["label"]].setdefault(r["reason"], []).append(r["hardware"])
     every = len({r["hardware"] for r in rows})
-    for label, (strategy, reasons) in legend.items():
-        same = differing(strategy, strategies[0])
-        text = (rows[0]["strategy"] or "(every field at its default)") if label == first else \
-            f"as #{first}" if not same else f"#{first} with {same}"
-        if label == first and source:
-            text = f"{source} as configured, {text}"
+    for entry in entries:
+        label = entry.label
+        same = differing(entry.strategy, first.strategy)
+        text = (str(entry.strategy) or "(every field at its default)") if entry is first else \
+            f"as #{first.label}" if not same else f"#{first.label} with {same}"
+        if entry.source:
+            text = f"{entry.source} as configured, {text}"
+        if entry is not first and (models[label], entry.runtime) != (models[first.label], first.runtime):
+            text += f" (model {models[label]}, runtime {entry.runtime})"
         named = wrap_strategy(f"#{label}: {text}", _WIDTH - 4)  # at the strategy's commas
         lines += named[:1] + ["    " + more for more in named[1:]]
-        for reason, where in reasons.items():
+        for reason, where in reasons[label].items():
             on = f" on {', '.join(where)}" if hardware_column and len(where) < every else ""
             lines += textwrap.wrap(f"cannot run{on}: {reason}", _WIDTH, initial_indent="    ",
                                    subsequent_indent="    ", break_on_hyphens=False)
