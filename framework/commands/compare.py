@@ -211,7 +211,7 @@ def _mark_best(rows: List[Dict[str, Any]]) -> None:
         max(timed, key=lambda r: r["tokens_per_second_per_device"])["best"] = True
 
 
-def differing(strategy: Any, first: Any) -> str:
+def _differing(strategy: Any, first: Any) -> str:
     """The fields of *strategy* whose values differ from *first*'s, as ``field=value,...`` (defaults spelt out;
     "" where none does)."""
     import attrs
@@ -281,7 +281,7 @@ def _render(rows: List[Dict[str, Any]], entries: Sequence[_Entry], *, census: st
     every = len({r["hardware"] for r in rows})
     for entry in entries:
         label = entry.label
-        same = differing(entry.strategy, first.strategy)
+        same = _differing(entry.strategy, first.strategy)
         text = (str(entry.strategy) or "(every field at its default)") if entry is first else \
             f"as #{first.label}" if not same else f"#{first.label} with {same}"
         if entry.source:
