@@ -233,6 +233,8 @@ def test_estimate_fits_100_columns_and_wide_shows_every_category():
 def test_help_and_docs_explain_at_and_the_categories():
     help_text = ndcost("estimate", "--help").stdout
     assert max(len(line) for line in help_text.splitlines()) <= 100
+    for command in ("compare", "search"):  # the others' help, as estimate's, within 100 columns
+        assert max(len(line) for line in ndcost(command, "--help").stdout.splitlines()) <= 100, command
     readme = (ROOT / "README.md").read_text()
     for word in ("  at ", "  working ", "  communication ", "  allocator "):
         assert word in help_text, word

@@ -8,22 +8,23 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import attrs
 
-HELP = ("set strategies side by side, on one or more hardware: peak and reserved bytes, whether each fits, "
-        "step time and where it goes (compute, exposed communication, bubble, optimizer)")
+HELP = "set strategies (and hardware) side by side: memory, whether each fits, the step and where it waits"
 
 EPILOG = """\
-Each --strategy is priced on each --hardware, one row each, in the order given; `*` marks, of those that fit,
-the most tokens a second a device (strategies of other batches and device counts compare by throughput).
-Below the table each strategy is named once: the first whole, the others by the fields they change, and why
-one cannot run. With --from, the file's own strategy is row 1 and each --strategy lists fields overriding it
-(a what-if on a run as configured); a --from for each file sets several files side by side (the what-ifs
-over the first), each priced with its own model and runtime.
-Columns: devices (the strategy's world size), peak and reserved GiB of the worst stage (reserved "-" where not
-simulated), whether it fits (the reserved bytes, else the peak, against the hardware's memory less its CUDA
-context), the step's seconds, tokens a second a device, MFU, and the step's parts in seconds: compute,
-exposed communication, pipeline bubble, and which group's collectives (tp, cp, ep, fsdp, dp, pp) expose the
-most of it; with --tokens, in their place the days, GPU-hours and (at --price)
-dollars to train them. --plot draws each row's worst stage's memory by category beside its step by part.
+Each --strategy is priced on each --hardware, one row each, in the order given; `*` marks, of those
+that fit, the most tokens a second a device (strategies of other batches and device counts compare
+by throughput). Below the table each strategy is named once: the first whole, the others by the
+fields they change, and why one cannot run. With --from, the file's own strategy is row 1 and each
+--strategy lists fields overriding it (a what-if on a run as configured); a --from for each file
+sets several files side by side (the what-ifs over the first), each priced with its own model and
+runtime.
+Columns: devices (the strategy's world size), peak and reserved GiB of the worst stage (reserved "-"
+where not simulated), whether it fits (the reserved bytes, else the peak, against the hardware's
+memory less its CUDA context), the step's seconds, tokens a second a device, MFU, and the step's
+parts in seconds: compute, exposed communication, pipeline bubble, and which group's collectives
+(tp, cp, ep, fsdp, dp, pp) expose the most of it; with --tokens, in their place the days, GPU-hours
+and (at --price) dollars to train them. --plot draws each row's worst stage's memory by category
+beside its step by part.
 """
 
 _GIB = 2 ** 30
