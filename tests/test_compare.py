@@ -155,3 +155,28 @@ def test_two_trainer_files_side_by_side_each_as_it_reads():
     text = _cli("compare", "--from", f"torchtitan:{one}", "--from", f"torchtitan:{two}", "--devices", "8",
                 "--census", "off").stdout
     assert f"#2: torchtitan:{two} as configured, #1 with" in text.replace("\n    ", "")
+
+
+def test_estimate_plot_is_a_png_of_each_stage(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "stages.png"
+    done = _cli("estimate", LLAMA, "--census", "off", "--strategy", "tp=2,pp=4,seq=4096,num_micro_batches=8",
+                "--plot", str(path))
+    assert done.returncode == 0, done.stderr
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot: {path}" in done.stdout
+
+
+def test_a_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
+    import builtins
+
+    from ndcost.errors import MissingExtra
+    from ndcost.plots import bars_png
+    real = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(MissingExtra, match=r"pip install 'ndcost\[plot\]'"):
+        bars_png(tmp_path / "x.png", "", ["a"], memory=[{"parameters": 1}], reserved=[None], usable=[None])

@@ -315,51 +315,14 @@ def plot_comparison(rows: Sequence[Dict[str, Any]], path: Any) -> None:
     """A PNG at *path*: each row's worst stage's bytes by category (stacked, its reserved bytes and the usable
     memory marked) beside its step's seconds by part (stacked, the exposed communication by group); rows that
     cannot run are named and left empty."""
-    from ndcost.errors import InvalidValue, MissingExtra
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MissingExtra("--plot needs matplotlib: pip install 'ndcost[plot]'") from None
-    labels = [f"#{r['label']}" + (f" {r['hardware']}" if len({x['hardware'] for x in rows}) > 1 else "")
-              + ("" if r["valid"] else " (cannot run)") for r in rows]
-    categories: List[str] = []
-    for r in rows:
-        categories += [c for c in r.get("bytes_by_category", {}) if c not in categories]
-    y = list(range(len(rows)))[::-1]
-    fig, (memory, time) = plt.subplots(1, 2, figsize=(12, 2.2 + 0.55 * len(rows)), sharey=True)
-    left = [0.0] * len(rows)
-    for category in categories:
-        widths = [r.get("bytes_by_category", {}).get(category, 0) / _GIB for r in rows]
-        if any(widths):
-            memory.barh(y, widths, left=left, label=category)
-            left = [a + b for a, b in zip(left, widths, strict=True)]
-    reserved = [(r["reserved_bytes"] / _GIB, at) for r, at in zip(rows, y, strict=True) if r.get("reserved_bytes")]
-    if reserved:  # what the caching allocator reserves, beside the allocated bytes' bars
-        memory.plot([x for x, _ in reserved], [at for _, at in reserved], "k|", markersize=16,
-                    label="reserved")
-    usable = {r["usable_memory_bytes"] for r in rows if r.get("usable_memory_bytes")}
-    for value in sorted(usable):
-        memory.axvline(value / _GIB, color="black", linestyle="--", linewidth=1)
-    memory.set_xlabel("GiB a device, worst stage" + (" (dashed: usable)" if usable else ""))
-    memory.set_yticks(y, labels)
-    memory.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
-    left = [0.0] * len(rows)
-    # the step's parts, the exposed communication by group in place of its total
-    for name, key in _TIME_PARTS[:1] + _by_group() + _TIME_PARTS[2:]:
-        widths = [r.get(key) or 0.0 for r in rows]
-        if any(widths):
-            time.barh(y, widths, left=left, label=name)
-            left = [a + b for a, b in zip(left, widths, strict=True)]
-    time.set_xlabel("seconds a step")
-    time.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
-    fig.suptitle(f"{rows[0]['model']}: strategies side by side" if rows else "")
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise InvalidValue(f"--plot {path}: cannot write it ({exc.strerror or exc})") from None
-    finally:
-        plt.close(fig)
+    from ndcost.plots import bars_png
 
+    several = len({r["hardware"] for r in rows}) > 1
+    labels = [f"#{r['label']}" + (f" {r['hardware']}" if several else "") + ("" if r["valid"] else " (cannot run)")
+              for r in rows]
+    parts = _TIME_PARTS[:1] + _by_group() + _TIME_PARTS[2:]  # the exposed communication by group, not its total
+    bars_png(path, f"{rows[0]['model']}: strategies side by side" if rows else "", labels,
+             memory=[r.get("bytes_by_category", {}) for r in rows],
+             reserved=[r.get("reserved_bytes") for r in rows], usable=[r.get("usable_memory_bytes") for r in rows],
+             seconds=[{name: r.get(key) or 0.0 for name, key in parts} for r in rows],
+             memory_label="GiB a device, worst stage")

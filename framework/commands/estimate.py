@@ -61,6 +61,9 @@ def add_arguments(parser) -> None:
                         help="auto: measure where a census can run, else the formulas; off: the formulas alone")
     parser.add_argument("--wide", action="store_true",
                         help="a column for every memory category (wider than 100 columns)")
+    parser.add_argument("--plot", metavar="OUT.png",
+                        help="a PNG of each stage's bytes by category at its worst moment (reserved and usable "
+                             "memory marked), the step's parts in its title (the plot extra)")
 
 
 def usage_error(args):
@@ -176,10 +179,30 @@ def run(args):
         lines.append("note: fp32 parameters under autocast priced with the 16-bit figures for "
                      + ", ".join(cost.provenance["autocast"]) + " (not measured under autocast: the norms' fp32 "
                      "outputs, each projection's cast and fp32 rotary tables left out; the census measures them)")
+    if args.plot:
+        _plot(args.plot, model.spec.name, hardware, strategy, cost)
+        lines.append(f"plot: {args.plot}")
     if not args.wide:  # every line within 100 columns, as the table
         lines = [wrapped for line in lines for part in line.split("\n")
                  for wrapped in (_wrap(part) if len(part) > _WIDTH else [part])]
     return Output(data=data, text="\n".join(lines))
+
+
+def _plot(path, model: str, hardware, strategy, cost) -> None:
+    """Each stage's bytes by category at its worst moment, the step's parts in the title."""
+    import textwrap
+
+    from ndcost.plots import bars_png
+
+    title = f"{model} on {hardware.name}: {strategy}"
+    if cost.time is not None:
+        t = cost.time
+        title += (f"; step {t.step_seconds:.3g} s: compute {t.compute_seconds:.3g} s, exposed communication "
+                  f"{t.exposed_communication_seconds:.3g} s, bubble {t.bubble_seconds:.3g} s")
+    bars_png(path, "\n".join(textwrap.wrap(title, 90)), [f"stage {s.stage}" for s in cost.stages],
+             memory=[s.bytes_by_category for s in cost.stages], reserved=[s.reserved_bytes for s in cost.stages],
+             usable=[hardware.usable_memory_bytes] * len(cost.stages),
+             memory_label="GiB a device at the stage's worst moment")
 
 
 def _trainer_config(args):
