@@ -12,13 +12,7 @@ def bars_png(path: Any, title: str, labels: Sequence[str], *, memory: Sequence[M
     """A PNG at *path*: a bar a label of its bytes by category (stacked; its reserved bytes and the usable memory
     marked) and, with *seconds*, beside it a bar a label of its seconds by part (stacked). A label without bytes
     or seconds is named and left empty."""
-    from ndcost.errors import InvalidValue, MissingExtra
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MissingExtra("--plot needs matplotlib: pip install 'ndcost[plot]'") from None
+    plt = pyplot()
     y = list(range(len(labels)))[::-1]
     if seconds is None:
         fig, axes = plt.subplots(1, 1, figsize=(10, 2.8 + 0.55 * len(labels)))
@@ -43,8 +37,28 @@ def bars_png(path: Any, title: str, labels: Sequence[str], *, memory: Sequence[M
         panels[1].legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     fig.suptitle(title)
     fig.tight_layout()
+    save(fig, path)
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on its file-only backend, or MissingExtra naming the plot extra."""
+    from ndcost.errors import MissingExtra
     try:
-        fig.savefig(path, dpi=120)
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingExtra("--plot needs matplotlib: pip install 'ndcost[plot]'") from None
+    return plt
+
+
+def save(fig: Any, path: Any, dpi: int = 120) -> None:
+    """*fig* as a PNG at *path*, then closed; a path that cannot be written refused by name."""
+    from ndcost.errors import InvalidValue
+
+    plt = pyplot()
+    try:
+        fig.savefig(path, format="png", dpi=dpi)
     except OSError as exc:
         raise InvalidValue(f"--plot {path}: cannot write it ({exc.strerror or exc})") from None
     finally:

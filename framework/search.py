@@ -950,12 +950,9 @@ def pareto_front(peak: np.ndarray, step: np.ndarray) -> np.ndarray:
 def plot_search(results: Sequence[SearchResult], path: Any) -> None:
     """A PNG at *path*: step seconds against peak GiB a device for every valid strategy of each search,
     the Pareto front of those that fit marked and the chosen (fastest fitting) strategy labelled."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MissingExtra("--plot needs matplotlib: pip install 'ndcost[plot]'") from None
+    from ndcost.plots import pyplot, save
+
+    plt = pyplot()
     n = len(results)
     cols = min(n, 3)
     rows = -(-n // cols)
@@ -989,8 +986,7 @@ def plot_search(results: Sequence[SearchResult], path: Any) -> None:
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110)
-    plt.close(fig)
+    save(fig, path, dpi=110)
 
 
 def wrap_strategy(text: str, width: int) -> List[str]:

@@ -167,16 +167,8 @@ def test_estimate_plot_is_a_png_of_each_stage(tmp_path):
 
 
 def test_a_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
-    import builtins
-
     from ndcost.errors import MissingExtra
     from ndcost.plots import bars_png
-    real = builtins.__import__
-
-    def no_matplotlib(name, *args, **kwargs):
-        if name.startswith("matplotlib"):
-            raise ImportError(name)
-        return real(name, *args, **kwargs)
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(MissingExtra, match=r"pip install 'ndcost\[plot\]'"):
         bars_png(tmp_path / "x.png", "", ["a"], memory=[{"parameters": 1}], reserved=[None], usable=[None])
