@@ -51,6 +51,7 @@ EXAMPLES = {
     "strategy_string": 150,
     "strategy_string_huge": 60,
     "strategy_string_cli": 80,
+    "strategy_string_compare": 40,
     "strategy_columns": 150,
     "strategy_columns_huge": 60,
     "model_config_hostile": 120,
@@ -212,6 +213,28 @@ def test_strategy_string_cli(text):
                                         "--json"]))
     if answer is not None:
         check_cost_dict(answer)
+
+
+@given(first=strategy_texts(), second=strategy_texts())
+@fuzz("strategy_string_compare")
+def test_strategy_string_compare(first, second):
+    """``ndcost compare --strategy A --strategy B --json``: a row each, its figures finite and non-negative (the
+    exposed communication by group adding up to its total) or why it cannot run, or exit 1 in one line."""
+    answer = check_cli_answer(*run_cli(["compare", "llama-3.1-8b", "--strategy", first, "--strategy", second,
+                                        "--census", "off", "--json"]))
+    if answer is None:
+        return
+    assert [row["label"] for row in answer] == ["1", "2"]
+    for row in answer:
+        if not row["valid"]:
+            assert row["reason"] and not row["best"]
+            continue
+        assert isinstance(row["peak_bytes"], int) and row["peak_bytes"] > 0
+        if row["step_seconds"] is not None:
+            parts = [row[f"exposed_{group}_seconds"] for group in ("tp", "cp", "ep", "fsdp", "dp", "pp")]
+            assert all(math.isfinite(p) and p >= 0 for p in parts)
+            assert sum(parts) == pytest.approx(row["exposed_communication_seconds"], rel=1e-9, abs=1e-12)
+    assert sum(row["best"] for row in answer) <= 1
 
 
 # ---------------------------------------------------------------------------
