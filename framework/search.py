@@ -58,7 +58,7 @@ import numpy as np
 from ndcost import manager
 from ndcost.compose.placement import balanced_split
 from ndcost.errors import InvalidValue, MissingExtra, NoValidStrategy, UnknownKey, Unpriced
-from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Strategy, frozen_mapping
+from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Strategy, frozen_mapping, most_exposed
 
 __all__ = ["search", "search_grid", "held_fields", "Candidate", "Pruning", "SearchResult", "SearchPoints",
            "ProgressBar", "SearchSettings", "pareto_front", "plot_search", "RECOMPUTE_LAYER_FRACTIONS", "CHUNK_ROWS",
@@ -120,8 +120,7 @@ class Candidate:
     @property
     def waits(self) -> str:
         """The group whose collectives expose the most of the step ("" where none exposes any)."""
-        group, seconds = max(self.exposed_by_group.items(), key=lambda item: item[1], default=("", 0.0))
-        return group if seconds > 0 else ""
+        return most_exposed(self.exposed_by_group)
 
 
 @attrs.frozen(kw_only=True)

@@ -1151,6 +1151,14 @@ class StageMemory:
 EXPOSED_GROUPS = ("tp", "cp", "ep", "fsdp", "dp", "pp")
 
 
+def most_exposed(seconds_by_group: Mapping[str, Optional[float]]) -> str:
+    """The group whose collectives expose the most of a step (the first of equals, in EXPOSED_GROUPS' order),
+    "" where none exposes any."""
+    seconds = {g: seconds_by_group.get(g) or 0.0 for g in EXPOSED_GROUPS}
+    group = max(EXPOSED_GROUPS, key=lambda g: seconds[g])
+    return group if seconds[group] > 0 else ""
+
+
 @attrs.frozen(kw_only=True)
 class TimeBreakdown:
     """A step's seconds by component; see the time model for what each leaves out."""

@@ -71,3 +71,14 @@ def test_estimate_names_the_groups_the_step_waits_for():
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stdout.splitlines() if "exposed communication by group:" in line)
     assert all(f"{g} " in line for g in ("tp", "ep", "dp", "pp")) and "fsdp" not in line and "cp " not in line
+
+
+@pytest.mark.parametrize("seconds, most", [
+    ({"tp": 0.1, "ep": 0.3, "fsdp": 0.2}, "ep"),
+    ({"dp": 0.2, "pp": 0.2}, "dp"),                 # the first of equals, in EXPOSED_GROUPS' order
+    ({"tp": 0.0, "cp": None}, ""),                  # none exposes any
+    ({}, ""),
+])
+def test_the_group_exposing_the_most(seconds, most):
+    from ndcost.values import most_exposed
+    assert most_exposed(seconds) == most

@@ -406,7 +406,7 @@ def test_candidates_carry_their_exposed_communication_by_group(llama):
         assert dict(c.exposed_by_group) == {g: getattr(time, f"exposed_{g}_seconds") for g in EXPOSED_GROUPS}
         row = c.to_dict()
         assert all(row[f"exposed_{g}_seconds"] == c.exposed_by_group[g] for g in EXPOSED_GROUPS)
-        most = max(EXPOSED_GROUPS, key=lambda g: c.exposed_by_group[g])
+        most = max(EXPOSED_GROUPS, key=lambda g: c.exposed_by_group[g])  # the first of equals, as listed
         assert c.waits == (most if c.exposed_by_group[most] > 0 else "")
 
 

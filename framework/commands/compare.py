@@ -300,8 +300,8 @@ def _render(rows: List[Dict[str, Any]], entries: Sequence[_Entry], *, census: st
 
 def _waits(row: Dict[str, Any]) -> str:
     """The group whose collectives expose the most of a row's step ("-" where none exposes any)."""
-    seconds, name = max((row[key] or 0.0, name.split()[-1]) for name, key in _by_group())
-    return name if seconds > 0 else "-"
+    from ndcost.values import EXPOSED_GROUPS, most_exposed
+    return most_exposed({g: row[f"exposed_{g}_seconds"] for g in EXPOSED_GROUPS}) or "-"
 
 
 def _csv_columns() -> List[str]:
