@@ -499,13 +499,7 @@ def held_by(strategy: Strategy) -> Dict[str, Any]:
     """The fields of *strategy* a search would hold rather than choose (neither a searched field nor ``seq``), where
     they differ from their defaults, as ``k=v`` texts: a trainer's file searched around keeps its precision."""
     fields = strategy.to_dict(defaults=False)
-    return {k: _field_text(v) for k, v in fields.items() if k not in _STRATEGY_COLUMNS and k != "seq"}
-
-
-def _field_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "none" if value is None else str(value)
+    return {k: Strategy.field_text(v) for k, v in fields.items() if k not in _STRATEGY_COLUMNS and k != "seq"}
 
 
 def held_fields(fields: Any) -> Dict[str, Any]:

@@ -522,14 +522,16 @@ class Strategy:
         return out
 
     def __str__(self) -> str:
-        items = []
-        for key, value in self.to_dict(defaults=False).items():
-            if isinstance(value, bool):
-                value = "true" if value else "false"
-            elif isinstance(value, float):
-                value = repr(value)
-            items.append(f"{key}={value}")
-        return ",".join(items)
+        return ",".join(f"{key}={self.field_text(value)}" for key, value in self.to_dict(defaults=False).items())
+
+    @staticmethod
+    def field_text(value: Any) -> str:
+        """A field's value (as ``to_dict`` gives it) as ``Strategy.parse`` reads it back."""
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):
+            return repr(value)
+        return "none" if value is None else str(value)
 
 
 _STRATEGY_FIELDS = frozenset(Strategy.field_names())

@@ -99,7 +99,7 @@ def run(args):
             for name, price in zip(hardware, prices, strict=True) for e in entries]
     _mark_best(rows)
     if args.plot:
-        plot_comparison(rows, args.plot)
+        _plot(rows, args.plot)
     if args.csv:
         return Output(data=rows, text=csv_text(rows, _csv_columns()))
     text = _render(rows, entries, census=args.census, hardware_column=len(hardware) > 1)
@@ -215,21 +215,8 @@ def _mark_best(rows: List[Dict[str, Any]]) -> None:
 def _differing(strategy: Any, first: Any) -> str:
     """The fields of *strategy* whose values differ from *first*'s, as ``field=value,...`` (defaults spelt out;
     "" where none does)."""
-    import attrs
-    parts = []
-    for field in attrs.fields(type(strategy)):
-        mine, theirs = getattr(strategy, field.name), getattr(first, field.name)
-        if mine != theirs:
-            parts.append(f"{field.name}={_text(mine)}")
-    return ",".join(parts)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (tuple, list)):
-        return "/".join(str(v) for v in value)
-    return "none" if value is None else str(value)
+    mine, theirs = strategy.to_dict(), first.to_dict()
+    return ",".join(f"{k}={strategy.field_text(v)}" for k, v in mine.items() if v != theirs[k])
 
 
 def _render(rows: List[Dict[str, Any]], entries: Sequence[_Entry], *, census: str, hardware_column: bool) -> str:
@@ -311,7 +298,7 @@ def _csv_columns() -> List[str]:
         + [key for _, key in _TIME_PARTS + _by_group()] + ["train_seconds", "gpu_hours", "cost_usd", "best"]
 
 
-def plot_comparison(rows: Sequence[Dict[str, Any]], path: Any) -> None:
+def _plot(rows: Sequence[Dict[str, Any]], path: Any) -> None:
     """A PNG at *path*: each row's worst stage's bytes by category (stacked, its reserved bytes and the usable
     memory marked) beside its step's seconds by part (stacked, the exposed communication by group); rows that
     cannot run are named and left empty."""

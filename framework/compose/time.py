@@ -2210,21 +2210,30 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
     is_first, is_head = where.has_embedding, where.has_head
     # each (N, K) figure summed over each rank's layers, (N, R), in one contraction (the figures stacked by
     # np.array: np.stack's result where their shapes agree, as np.stack requires, without its Python wrapper)
+    # the groups whose collectives some row's layers expose; where one alone does, its figure is the total's
+    present = [g for g in _LAYER_GROUPS
+               if np.count_nonzero(comm[f"exposed_{g}"]) or np.count_nonzero(comm[f"exposed_{g}_extra"])]
+    apart = present if len(present) > 1 else []
     (forward, checkpointed, backward, recompute, comm_layers, comm_extra, exposed_f, exposed_b,
      exposed_extra, *by_group) = np.einsum("srk,msk->msr", counts, np.array([
          layer["forward"], layer["checkpointed_forward"] - layer["forward"], layer["backward"], layer["recompute"],
          comm["comm_fwd"] + comm["comm_bwd"], comm["comm_extra"], comm["exposed_fwd"], comm["exposed_bwd"],
-         comm["exposed_extra"]] + [comm[f"exposed_{g}{part}"] for g in _LAYER_GROUPS for part in ("", "_extra")]))
+         comm["exposed_extra"]] + [comm[f"exposed_{g}{part}"] for g in apart for part in ("", "_extra")]))
+    exposed_b = exposed_b + share(exposed_extra)
+    # each layer group's exposed seconds, forward and backward (exposed_f plus exposed_b over the groups)
+    groups = {f"exposed_{g}": np.zeros(exposed_f.shape) for g in _LAYER_GROUPS}
+    groups.update({f"exposed_{g}": by_group[2 * i] + share(by_group[2 * i + 1]) for i, g in enumerate(apart)})
+    if len(present) == 1:
+        groups[f"exposed_{present[0]}"] = exposed_f + exposed_b
     return {
-        # each layer group's exposed seconds, forward and backward (exposed_f plus exposed_b over the groups)
-        **{f"exposed_{g}": by_group[2 * i] + share(by_group[2 * i + 1]) for i, g in enumerate(_LAYER_GROUPS)},
+        **groups,
         "compute_f": forward + share(checkpointed) + is_first * ends["embed_fwd"][:, None]
         + is_head * ends["head_fwd"][:, None],
         "compute_b": (backward + share(recompute)
                       + is_first * ends["embed_bwd"][:, None] + is_head * ends["head_bwd"][:, None]),
         "comm_layers": comm_layers + share(comm_extra),
         "exposed_f": exposed_f,
-        "exposed_b": exposed_b + share(exposed_extra),
+        "exposed_b": exposed_b,
         "head_split": ends["head_split"],
         # one layer of each kind a micro-batch, the backward with the rank's recompute: FSDP's prefetch hides behind it
         "layer_forward": layer["forward"],
