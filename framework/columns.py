@@ -292,6 +292,8 @@ def encode(strategies: Any, names: Mapping[str, Sequence[str]]) -> StrategyColum
         unset = c[name] < 0
         if unset.item() if unset.size == 1 else np.count_nonzero(unset):
             c[name] = np.where(unset, c["param_dtype"], c[name])
+    # the busiest of ep expert ranks gets at most every routed token of the group: ep times the balanced share
+    c["moe_imbalance"] = np.minimum(c["moe_imbalance"], c["ep"])
     return out
 
 

@@ -675,7 +675,9 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                   "unset: as even as the schedule splits them)", unit="layers",
                           synonyms=("layers_per_stage", "pipeline_split", "stage_layers",
                                     "pipeline_model_parallel_layout")),
-    "moe_imbalance": FieldDoc(meaning="routed tokens the busiest expert rank gets over the balanced share",
+    "moe_imbalance": FieldDoc(meaning="routed tokens the busiest expert rank gets over the balanced share; priced "
+                                      "at most ep (the busiest of ep ranks gets at most every routed token: no "
+                                      "effect at ep=1)",
                               unit="ratio", synonyms=("expert_imbalance", "load_imbalance", "moe_load_imbalance")),
     "allocator_overhead": FieldDoc(meaning="the caching allocator's fragmentation, as a fraction of the rest of a "
                                            "stage's bytes, added as the allocator category", unit="fraction",

@@ -57,7 +57,7 @@ def test_devices_past_the_bound_are_refused(llama):
 
 @pytest.mark.parametrize("model,text", [
     ("llama-3.1-8b", "micro_batch=1000000000,seq=1000000000"),  # 10**18 tokens a micro-batch
-    ("qwen3-30b-a3b", "moe_imbalance=1e308,ep=2,dp=2,seq=4096"),  # routed bytes times 1e308: not finite
+    ("qwen3-30b-a3b", "micro_batch=1000000,seq=1000000,ep=2,dp=2"),  # 10**12 tokens' routed copies
 ])
 def test_bytes_past_2_53_are_refused_never_wrapped(model, text):
     cost_model = ndcost.resolve(model, census="off")
@@ -310,3 +310,65 @@ def test_routed_bytes_the_op_records_cannot_state_refuse_the_rows_never_price_th
     result = ndcost.resolve("mixtral-8x7b", census="off").evaluate_many({"seq": [SEQ], "ep": [8], "dp": [8]})
     assert not result.valid[0]
     assert "routed experts' bytes of MoE kind" in result.reason[0] and "KeyError" in result.reason[0]
+
+
+# ---------------------------------------------------------------------------
+# more work never takes less time; the busiest expert rank never gets more than every routed token
+# ---------------------------------------------------------------------------
+def _with(cols, **changed):
+    return {**cols, **{k: np.full(len(cols["tp"]), v) if np.ndim(v) == 0 else v for k, v in changed.items()}}
+
+
+def _fsdp_grid(n: int, moe: bool, seed: int):
+    """:func:`_grid` with FSDP on a quarter of its rows (ZeRO off there), as FSDP2 shards over fsdp ranks."""
+    cols = _grid(n, moe, seed)
+    rng = np.random.default_rng(seed + 1)
+    fsdp = np.where(rng.random(n) < 0.25, rng.choice([2, 4, 8], n), 1)
+    return {**cols, "fsdp": fsdp, "zero": np.where(fsdp > 1, 0, cols["zero"])}
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3", "qwen3-next-80b-a3b",
+                                  "gpt-oss-20b"])
+@pytest.mark.parametrize("field", ["micro_batch", "seq", "num_micro_batches"])
+def test_more_tokens_never_take_less_time(name, field):
+    # twice the tokens a micro-batch (or twice the micro-batches) on the same devices: every kernel, collective
+    # and host launch runs as long or longer, and what overlaps hides at most the time it runs beside
+    model = ndcost.resolve(name, census="off")
+    cols = _fsdp_grid(300, bool(model.spec.num_experts), seed=7)
+    one = model.evaluate_many(cols)
+    two = model.evaluate_many(_with(cols, **{field: 2 * np.asarray(cols[field])}))
+    both = one.valid & two.valid
+    assert both.sum() >= 20
+    before, after = one.time["step_seconds"][both], two.time["step_seconds"][both]
+    worse = np.flatnonzero(after < before * (1 - 1e-12))
+    rows = np.flatnonzero(both)[worse[:3]]
+    assert not len(worse), [({k: np.asarray(v)[i].item() for k, v in cols.items()}, one.time["step_seconds"][i],
+                             two.time["step_seconds"][i]) for i in rows]
+
+
+def test_a_selective_checkpoints_host_work_hides_fsdp_gathers():
+    # Qwen3-30B-A3B's eager layers at one micro-batch of 8,192 tokens are bound by the host's launches; under
+    # selective checkpointing the forward's dispatch mode makes its host work 3.67 plain forwards'
+    # (compose/time.py CHECKPOINT_HOST_RATIOS). FSDP's prefetched gathers run beside that forward as it runs:
+    # twice the tokens (a longer GPU roofline, the same host work) cannot shorten the step
+    model = ndcost.resolve("qwen3-30b-a3b", census="off")
+    base = "tp=2,dp=8,fsdp=8,sp=true,seq=8192,num_micro_batches=4,recompute=selective"
+    one, two = (model.evaluate(f"{base},micro_batch={b}").time for b in (1, 2))
+    assert two.step_seconds >= one.step_seconds
+    assert two.compute_seconds >= one.compute_seconds
+
+
+@pytest.mark.parametrize("text", ["seq=4096,dp=2", "seq=4096,dp=2,tp=2,sp=true,recompute=full"])
+def test_moe_imbalance_has_no_effect_without_expert_parallelism(moe, text):
+    # one expert rank processes every routed token: the busiest rank's share is the balanced one
+    plain, skewed = moe.evaluate(text), moe.evaluate(f"{text},moe_imbalance=1.5")
+    assert skewed.peak_bytes == plain.peak_bytes and skewed.time.step_seconds == plain.time.step_seconds
+
+
+def test_moe_imbalance_is_priced_at_most_ep(moe):
+    # of ep=2 ranks the busiest gets at most every routed token, twice the balanced share
+    at_ep = moe.evaluate("seq=4096,dp=2,ep=2,moe_imbalance=2")
+    beyond = moe.evaluate("seq=4096,dp=2,ep=2,moe_imbalance=1e308")
+    assert beyond.peak_bytes == at_ep.peak_bytes and beyond.time.step_seconds == at_ep.time.step_seconds
+    balanced = moe.evaluate("seq=4096,dp=2,ep=2")
+    assert at_ep.peak_bytes > balanced.peak_bytes and at_ep.time.step_seconds > balanced.time.step_seconds

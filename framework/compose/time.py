@@ -1986,7 +1986,7 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     total_g = total(gather)
     total_gb = total_g if gather_b is gather else total(gather_b)
     total_rs = total_g if scatter is gather else total(scatter)
-    forward, backward = rank["layer_forward"][:, None, :], rank["layer_backward"]    # (N, 1, K), (N, R, K)
+    forward, backward = rank["layer_forward"], rank["layer_backward"]                # (N, R, K) each
     g, gb, rs = gather[:, None, :], gather_b[:, None, :], scatter[:, None, :]
     mean_g = mean(total_g)
     mean_gb = mean_g if total_gb is total_g else mean(total_gb)
@@ -2235,8 +2235,10 @@ def _rank_compute(model: ModelWork, rows: _Rows, cols, where: placement_rules.Ra
         "exposed_f": exposed_f,
         "exposed_b": exposed_b,
         "head_split": ends["head_split"],
-        # one layer of each kind a micro-batch, the backward with the rank's recompute: FSDP's prefetch hides behind it
-        "layer_forward": layer["forward"],
+        # one layer of each kind a micro-batch as it runs, (N, R, K): the forward with a checkpoint's host work and
+        # the backward with the recompute, on the rank's recomputed share; FSDP's prefetch hides behind them
+        "layer_forward": layer["forward"][:, None, :]
+        + fraction[:, :, None] * (layer["checkpointed_forward"] - layer["forward"])[:, None, :],
         "layer_backward": layer["backward"][:, None, :] + fraction[:, :, None] * layer["recompute"][:, None, :],
     }
 
