@@ -372,3 +372,22 @@ def test_moe_imbalance_is_priced_at_most_ep(moe):
     assert beyond.peak_bytes == at_ep.peak_bytes and beyond.time.step_seconds == at_ep.time.step_seconds
     balanced = moe.evaluate("seq=4096,dp=2,ep=2")
     assert at_ep.peak_bytes > balanced.peak_bytes and at_ep.time.step_seconds > balanced.time.step_seconds
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3"])
+@pytest.mark.parametrize("field,values,idle", [
+    ("sp", (False, True), lambda c: c["tp"] == 1),                                  # nothing to split at tp=1
+    ("vocab_parallel", (False, True), lambda c: c["tp"] == 1),
+    ("cp_algo", ("ring", "ulysses"), lambda c: c["cp"] == 1),                       # no context to exchange
+    ("ep_dispatcher", ("alltoall", "deepep"), lambda c: c.get("ep", np.ones(1)) == 1),  # nothing dispatched
+    ("reshard_after_forward", (True, False), lambda c: (c["fsdp"] == 1) & (c["zero"] < 3)),  # nothing gathered
+])
+def test_a_field_without_its_parallelism_changes_nothing(name, field, values, idle):
+    model = ndcost.resolve(name, census="off")
+    cols = _fsdp_grid(300, bool(model.spec.num_experts), seed=3)
+    first, second = (model.evaluate_many(_with(cols, **{field: v})) for v in values)
+    rows = idle({k: np.asarray(v) for k, v in cols.items()}) & first.valid
+    assert rows.sum() >= 10
+    assert np.array_equal(second.valid[rows], first.valid[rows])
+    assert np.array_equal(second.peak_bytes[rows], first.peak_bytes[rows])
+    assert np.array_equal(second.time["step_seconds"][rows], first.time["step_seconds"][rows])
