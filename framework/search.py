@@ -903,6 +903,63 @@ def training_cost(tokens: Optional[float], tokens_per_second: float, devices: in
     return seconds, gpu_hours, None if price_per_gpu_hour is None else gpu_hours * price_per_gpu_hour
 
 
+def _one_change(strategy: Strategy) -> List[Strategy]:
+    """The strategies one change from *strategy* that may hold less a device, on its devices and its tokens a step:
+    another recompute mode (over every layer), a higher ZeRO stage, FSDP over the data-parallel ranks, SP and the
+    vocabulary split where TP runs, half the micro-batch in twice the micro-batches, twice the TP, PP or CP ranks
+    taken from the data-parallel ones (their micro-batches doubled to keep the batch), the activations or the
+    optimizer offloaded. Some may not run on a model (``evaluate_many`` says which)."""
+    s = strategy
+    changes: List[Dict[str, Any]] = [{"recompute": mode, "recompute_layers": None}
+                                     for mode in ("selective", "core_attention", "full") if mode != s.recompute]
+    if s.fsdp == 1:
+        changes += [{"zero": stage} for stage in range(s.zero + 1, 4)]
+        changes += [{"fsdp": s.dp, "dp": 1, "zero": 0}] if s.dp > 1 else []
+    if s.tp > 1:
+        changes += [{"sp": True}] if not s.sp else []
+        changes += [{"vocab_parallel": True}] if not s.vocab_parallel else []
+    if s.micro_batch % 2 == 0:
+        changes.append({"micro_batch": s.micro_batch // 2, "num_micro_batches": 2 * s.num_micro_batches})
+    ranks = "dp" if s.dp % 2 == 0 else "fsdp" if s.fsdp % 2 == 0 else None
+    if ranks is not None:  # half the data-parallel ranks, each running twice the micro-batches
+        fewer = {ranks: getattr(s, ranks) // 2, "num_micro_batches": 2 * s.num_micro_batches}
+        changes += [{"tp": 2 * s.tp, **fewer}, {"pp": 2 * s.pp, "pp_layers": None, **fewer},
+                    {"cp": 2 * s.cp, **fewer}]
+    changes += [{"offload_activations": True}] if not s.offload_activations else []
+    changes += [{"offload_optimizer": True}] if not s.offload_optimizer else []
+    out = []
+    for change in changes:
+        try:
+            out.append(attrs.evolve(s, **change))
+        except InvalidValue:  # a combination no strategy holds (Strategy says why; nothing to suggest)
+            continue
+    return out
+
+
+def one_change_fits(model: Any, strategy: Strategy, *, hardware: Any = None,
+                    top: int = 3) -> Tuple[Tuple[str, Candidate], ...]:
+    """Up to *top* strategies one change from *strategy* (:func:`_one_change`) that run and fit where it may not,
+    fastest first (the lower peak first among equal steps), each with its change as ``field=value,...``: what a
+    planner whose strategy does not fit tries next, before a search."""
+    alternatives = _one_change(strategy)
+    if not alternatives:
+        return ()
+    hw = model.hardware if hardware is None else _hardware_of(hardware)
+    result = model.evaluate_many(alternatives, hardware=hw)
+    rows = np.flatnonzero(result.fits)
+    if result.time is None or not len(rows):
+        return ()
+    step = result.time["step_seconds"]
+    rows = rows[np.lexsort((result.peak_bytes[rows], step[rows]))][:top]
+    reserved = result.reserved_bytes
+    return tuple((alternatives[i].differences(strategy), Candidate(
+        strategy=alternatives[i], devices=alternatives[i].devices, hardware=hw.name,
+        peak_bytes=int(result.peak_bytes[i]), step_seconds=float(step[i]),
+        tokens_per_second=float(result.time["tokens_per_second"][i]), mfu=float(result.time["mfu"][i]),
+        reserved_bytes=None if reserved is None or reserved[i] < 0 else int(reserved[i])))
+        for i in rows.tolist())
+
+
 def _merge(summaries: List[_Summary], top: int, devices: int, hardware: str, tokens, price,
            held: Mapping[str, Any]) -> Tuple[Candidate, ...]:
     """The best *top* over every chunk, ordered as one process orders them (step, peak, chunk, row)."""

@@ -524,6 +524,12 @@ class Strategy:
     def __str__(self) -> str:
         return ",".join(f"{key}={self.field_text(value)}" for key, value in self.to_dict(defaults=False).items())
 
+    def differences(self, other: "Strategy") -> str:
+        """The fields whose values differ from *other*'s, as ``field=value,...`` (this strategy's values, defaults
+        spelt out; "" where none does): how one strategy is named beside another."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        return ",".join(f"{k}={self.field_text(v)}" for k, v in mine.items() if v != theirs[k])
+
     @staticmethod
     def field_text(value: Any) -> str:
         """A field's value (as ``to_dict`` gives it) as ``Strategy.parse`` reads it back."""

@@ -212,13 +212,6 @@ def _mark_best(rows: List[Dict[str, Any]]) -> None:
         max(timed, key=lambda r: r["tokens_per_second_per_device"])["best"] = True
 
 
-def _differing(strategy: Any, first: Any) -> str:
-    """The fields of *strategy* whose values differ from *first*'s, as ``field=value,...`` (defaults spelt out;
-    "" where none does)."""
-    mine, theirs = strategy.to_dict(), first.to_dict()
-    return ",".join(f"{k}={strategy.field_text(v)}" for k, v in mine.items() if v != theirs[k])
-
-
 def _render(rows: List[Dict[str, Any]], entries: Sequence[_Entry], *, census: str, hardware_column: bool) -> str:
     """A header, a row a strategy and hardware (within 100 columns), then each strategy once: the first's whole,
     the others' fields that differ from it (a file's named), another model or runtime, and why one cannot run."""
@@ -269,7 +262,7 @@ def _render(rows: List[Dict[str, Any]], entries: Sequence[_Entry], *, census: st
     every = len({r["hardware"] for r in rows})
     for entry in entries:
         label = entry.label
-        same = _differing(entry.strategy, first.strategy)
+        same = entry.strategy.differences(first.strategy)
         text = (str(entry.strategy) or "(every field at its default)") if entry is first else \
             f"as #{first.label}" if not same else f"#{first.label} with {same}"
         if entry.source:

@@ -24,7 +24,9 @@ a device fills (its worst stage's) and a node's devices together; the step line 
   reserved       (--wide) what PyTorch's caching allocator reserves for the peak, simulated
                  (ndcost.allocator, in place of allocator_overhead); "-" where nothing was simulated
 The peak line judges fits: the reserved bytes (the peak where reserved is not claimed) against the
-hardware's memory less its CUDA context (cuda_context_bytes, held outside the allocator).
+hardware's memory less its CUDA context (cuda_context_bytes, held outside the allocator). Where it
+does not fit, the strategies one change away that do (same devices and tokens a step) are listed,
+fastest first (--json: fits_with).
 By default (100 columns) optim is master + optimizer_states, other is communication + allocator;
 --wide shows every category. The header names the dtypes and the optimizer priced. `ndcost fields`
 lists every strategy field; `ndcost list models|hardware|runtimes|schedules|optimizers` the names.
@@ -81,7 +83,7 @@ def usage_error(args):
 def run(args):
     from ndcost.cli import Output, table
     from ndcost.resolver import resolve
-    from ndcost.search import wrap_strategy
+    from ndcost.search import one_change_fits, wrap_strategy
     from ndcost.values import EXPOSED_GROUPS, Strategy
 
     trainer = _trainer_config(args)
@@ -166,6 +168,18 @@ def run(args):
                 f"{g} {seconds:.4g} s" for g, seconds in groups if seconds > 0))
     elif (cost.provenance.get("time") or {}).get("unpriced"):
         lines.append(f"step time: unpriced ({cost.provenance['time']['unpriced']})")
+    if not cost.fits:
+        nearest = one_change_fits(model, strategy)
+        data["fits_with"] = [{"change": change, **candidate.to_dict()} for change, candidate in nearest]
+        if nearest:
+            lines.append("fits with one change (the same devices and tokens a step), fastest first:")
+            lines += [f"  {change}: peak {c.peak_bytes / _GIB:.2f} GiB"
+                      + ("" if c.reserved_bytes is None else f", reserved {c.reserved_bytes / _GIB:.2f} GiB")
+                      + f", step {c.step_seconds:.4g} s, {c.tokens_per_second:,.0f} tokens/s"
+                      for change, c in nearest]
+        else:
+            lines.append("no one change fits (recompute, ZeRO or FSDP, SP, micro-batches, twice the TP, PP or CP, "
+                         "offloading): `ndcost search` tries every strategy for the devices")
     sources = cost.provenance.get("records", {})
     for seq, prov in sources.items():
         acts = prov.get("activations", {})
