@@ -940,7 +940,8 @@ def one_change_fits(model: Any, strategy: Strategy, *, hardware: Any = None,
                     top: int = 3) -> Tuple[Tuple[str, Candidate], ...]:
     """Up to *top* strategies one change from *strategy* (:func:`_one_change`) that run and fit where it may not,
     fastest first (the lower peak first among equal steps), each with its change as ``field=value,...``: what a
-    planner whose strategy does not fit tries next, before a search."""
+    planner whose strategy does not fit tries next, before a search. None where the model prices no step time
+    (nothing to rank them by)."""
     alternatives = _one_change(strategy)
     if not alternatives:
         return ()

@@ -168,7 +168,7 @@ def run(args):
                 f"{g} {seconds:.4g} s" for g, seconds in groups if seconds > 0))
     elif (cost.provenance.get("time") or {}).get("unpriced"):
         lines.append(f"step time: unpriced ({cost.provenance['time']['unpriced']})")
-    if not cost.fits:
+    if not cost.fits and cost.time is not None:
         nearest = one_change_fits(model, strategy)
         data["fits_with"] = [{"change": change, **candidate.to_dict()} for change, candidate in nearest]
         if nearest:
