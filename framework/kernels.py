@@ -409,13 +409,26 @@ def prior_gemm_efficiency(m, n, k, *, stated: Any, sm_count: Optional[int], peak
     - roof: the roofline on arithmetic intensity ``I = 2 m n k / (bytes (m k + k n + m n))`` (A and B
       read once, C written once), ``min(1, I / ridge)`` with ``ridge = peak / HBM bandwidth``.
 
+    The rows run in whole tiles: a GEMM is priced as its rows padded to them (:func:`_padded_rows`), its
+    FLOPs the useful share, so fewer rows never take longer (the memory beyond the ideal compute's, priced at
+    the padded rows, does not shrink as the useful compute grows within a tile).
+
     Left out: split-K and stream-K schedules and the other tile shapes a library picks for awkward
     shapes (the prior is pessimistic there), L2 reuse, the epilogue, clock changes under load.
     """
     bytes_per_flop = np.float64(hbm_bytes_per_second) / np.float64(peak_flops_per_second)  # inf, not an error
     m, n, k = (np.asarray(v, dtype=np.float64) for v in (m, n, k))
+    rows, share = _padded_rows(m)
     reference = _reference_shape_factor(sm_count, bytes_per_flop, element_bytes)
-    return np.minimum(1.0, stated * _shape_factor(m, n, k, sm_count, bytes_per_flop, element_bytes, groups) / reference)
+    return share * np.minimum(1.0, stated * _shape_factor(rows, n, k, sm_count, bytes_per_flop, element_bytes,
+                                                          groups) / reference)
+
+
+def _padded_rows(m) -> Tuple[np.ndarray, np.ndarray]:
+    """A GEMM's rows padded to whole ``GEMM_TILE`` tiles, and the share of them it uses: a tile computes its
+    rows whether the problem fills them or not, and reads the same weights."""
+    rows = GEMM_TILE * np.ceil(np.asarray(m, dtype=np.float64) / GEMM_TILE)
+    return rows, m / rows
 
 
 def gemm_efficiency(hardware: Any, tables: Optional[KernelTables], dtype: str, m, n, k, *, stated: Any,
@@ -425,12 +438,12 @@ def gemm_efficiency(hardware: Any, tables: Optional[KernelTables], dtype: str, m
     table's shape dependence, the table's best cell at *stated*; else the prior (*stated*: a float, or an array
     broadcasting against the shapes, GEMMs of different stated figures priced at once).
 
-    From ``gemm_shape`` (below its grid, :func:`_below_grid`), *groups* problems fill the device as one GEMM of
-    ``groups x m`` rows does, but each pads its rows to whole ``GEMM_TILE`` tiles and reads its own weights: as
-    in the prior, the time is that GEMM's compute stretched by the padding, plus the weights' reads beyond the
-    merged GEMM's, ``1 / f = 1 / (f_merged x m / (GEMM_TILE ceil(m / GEMM_TILE))) + 1 / roof(m) - 1 /
-    roof(groups x m)`` (:func:`_roof`). Left out: a grouped kernel's own tile choices and its scheduling of
-    ragged groups.
+    From ``gemm_shape`` (below its grid, :func:`_below_grid`), *groups* problems each pad their rows to whole
+    ``GEMM_TILE`` tiles (:func:`_padded_rows`: ``r`` rows, ``m / r`` of them used) and read their own weights:
+    as in the prior, they run as one GEMM of ``groups x r`` rows does, plus the weights' reads beyond that merged
+    GEMM's, ``1 / f = (1 / f_merged(groups x r) + 1 / roof(r) - 1 / roof(groups x r)) x r / m`` (:func:`_roof`):
+    a problem of fewer rows never takes longer. Left out: a grouped kernel's own tile choices (smaller tiles for
+    short groups) and its scheduling of ragged groups.
     """
     table = tables.gemm.get(dtype) if tables is not None else None
     if table is not None:
@@ -442,13 +455,15 @@ def gemm_efficiency(hardware: Any, tables: Optional[KernelTables], dtype: str, m
                                      hbm_bytes_per_second=float(hardware.hbm_bytes_per_second),
                                      element_bytes=float(DTYPES[dtype]), groups=groups)
     m, n, k, groups = (np.asarray(v, dtype=np.float64) for v in (m, n, k, groups))
-    merged = table_gemm_efficiency(shape, m * groups, n, k) / shape.best * _below_grid(shape, m * groups, n)
     if np.all(groups == 1.0):
-        return np.minimum(1.0, np.asarray(stated) * merged)
+        return np.minimum(1.0, np.asarray(stated) * table_gemm_efficiency(shape, m, n, k) / shape.best
+                          * _below_grid(shape, m, n))
     roof = functools.partial(_roof, n=n, k=k, bytes_per_flop=float(hardware.hbm_bytes_per_second)
                              / hardware.peak_flops(dtype), element_bytes=float(DTYPES[dtype]))
-    padded = np.where(groups == 1.0, 1.0, m / (GEMM_TILE * np.ceil(m / GEMM_TILE)))
-    grouped = 1.0 / (1.0 / (merged * padded) + 1.0 / roof(m) - 1.0 / roof(m * groups))
+    padded, share = _padded_rows(m)
+    rows, share = np.where(groups == 1.0, m, padded), np.where(groups == 1.0, 1.0, share)
+    merged = table_gemm_efficiency(shape, rows * groups, n, k) / shape.best * _below_grid(shape, rows * groups, n)
+    grouped = share / (1.0 / merged + 1.0 / roof(rows) - 1.0 / roof(rows * groups))
     return np.minimum(1.0, np.asarray(stated) * grouped)
 
 
