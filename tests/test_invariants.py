@@ -391,3 +391,15 @@ def test_a_field_without_its_parallelism_changes_nothing(name, field, values, id
     assert np.array_equal(second.valid[rows], first.valid[rows])
     assert np.array_equal(second.peak_bytes[rows], first.peak_bytes[rows])
     assert np.array_equal(second.time["step_seconds"][rows], first.time["step_seconds"][rows])
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "gpt-oss-20b"])
+def test_gpipe_holds_no_less_than_1f1b(name):
+    # GPipe runs every forward before any backward: each stage holds every micro-batch, where 1F1B holds
+    # min(pp - stage, m) of them, and runs its later backwards holding every gradient as 1F1B does
+    model = ndcost.resolve(name, census="off")
+    cols = {**_fsdp_grid(300, bool(model.spec.num_experts), seed=5), "vpp": 1}
+    one_f_one_b, gpipe = (model.evaluate_many(_with(cols, schedule=s)) for s in ("1f1b", "gpipe"))
+    rows = one_f_one_b.valid & gpipe.valid & (np.asarray(cols["pp"]) > 1)
+    assert rows.sum() >= 20
+    assert (gpipe.peak_bytes[rows] >= one_f_one_b.peak_bytes[rows]).all()

@@ -11,7 +11,8 @@ from ndcost.layer import LayerKind
 from ndcost.records import KindRecord
 from ndcost.values import LayerGroup, ModelSpec, Strategy
 
-from test_memory import (ATTN, EMB, FFN, FINAL, HEAD, L, LAYER, NORMS, ROUTED, ROUTER, TOPK, H, cost_model,
+from test_memory import (ATTN, EMB, FFN, FINAL, HEAD, L, LAYER, NORMS, OUT_SAVED, OUT_SAVED_TP, OUT_WORK,
+                         OUT_WORK_TP, ROUTED, ROUTER, TOPK, H, cost_model,
                          llama_counts, llama_spec, moe_counts, moe_spec, records)
 
 S = 2048
@@ -95,3 +96,24 @@ def test_mtp_layers_only_where_the_runtime_builds_them(builds):
     assert [first.layers, last.layers] == [L // 2, L // 2 + (1 if builds else 0)]  # with the head, on the last
     assert first.bytes_by_category["parameters"] == 2 * (L // 2 * LAYER + EMB)
     assert last.bytes_by_category["parameters"] == 2 * (L // 2 * LAYER + extra + HEAD + FINAL)
+
+
+def test_gpipe_last_stage_peaks_at_the_second_loss_backward(llama):
+    # GPipe over 2 stages, 4 micro-batches: the last stage holds every micro-batch before its first backward, so
+    # its first loss backward finds no gradient; the second finds every gradient of the stage made (fp32, whole)
+    # and one micro-batch's activations (full recompute: each layer's bf16 input) and loss fewer, which here
+    # free less than the gradients hold
+    m = 4
+    cost = llama.evaluate(Strategy.parse(f"pp=2,schedule=gpipe,num_micro_batches={m},seq={S},recompute=full,"
+                                         f"grad_dtype=fp32"))
+    stage_params = L // 2 * LAYER + HEAD + FINAL       # the last stage: 4 layers, the final norm and the head
+    params, states, grads = 2 * stage_params, 2 * 2 * stage_params, 4 * stage_params
+    acts = L // 2 * S * H * 2                          # one micro-batch: each layer's input
+    keep, out_peak = S * (OUT_SAVED + OUT_SAVED_TP), S * (OUT_WORK + OUT_WORK_TP)
+    first = params + states + m * acts + (m - 1) * keep + max(out_peak, keep)
+    second = params + states + grads + (m - 1) * acts + (m - 2) * keep + max(out_peak, keep)
+    assert second > first
+    last = cost.stages[1]
+    assert last.provenance["moment"] == "output backward"
+    assert last.peak_bytes == second
+    assert (last.bytes_by_category["gradients"], last.bytes_by_category["activations"]) == (grads, (m - 1) * acts)

@@ -1159,9 +1159,10 @@ def _output_layer(model: ModelTables, recs, seq_index, cols, batch: _Batch, wher
 
     Kept bytes per micro-batch in flight and its backward peak, the trainer's
     loss's (:func:`_loss_shifts`); the vocabulary part split by tp only
-    under ``vocab_parallel``. Returns the output backward moment's bytes, the
-    other micro-batches' kept bytes, and which rows' output working figure is
-    unpriced.
+    under ``vocab_parallel``. Returns ``{"at_loss": the output backward moment's
+    bytes, "others": the other micro-batches' kept bytes, "later_at_loss",
+    "later_others": the same once one micro-batch's backward has run (0 where the
+    head's chunk holds one)}`` and which rows' output working figure is unpriced.
     """
     vocab_parallel, tokens = np.asarray(cols["vocab_parallel"], dtype=bool), batch.tokens
     vocab_rows = int(np.count_nonzero(vocab_parallel))
@@ -1179,11 +1180,13 @@ def _output_layer(model: ModelTables, recs, seq_index, cols, batch: _Batch, wher
     peak = _rows_where(unpriced, int(np.count_nonzero(unpriced)), lambda: keep,
                        lambda: tokens * at_tp(nan_to_zero(out_working), row("working_tp") + peak_shift))
     others = np.maximum(flight.on_head - 1, 0) * keep[:, None]
-    if where.head_everywhere:
-        return others + np.maximum(peak, keep)[:, None], others, unpriced
-    has_head = where.has_head
-    others = np.where(has_head, others, 0.0)
-    return np.where(has_head, others + np.maximum(peak, keep)[:, None], 0.0), others, unpriced
+    at_loss = others + np.maximum(peak, keep)[:, None]
+    several = flight.on_head > 1
+    if not where.head_everywhere:
+        several = several & where.has_head
+        others, at_loss = (np.where(where.has_head, x, 0.0) for x in (others, at_loss))
+    return {"at_loss": at_loss, "others": others, "later_at_loss": np.where(several, at_loss - keep[:, None], 0.0),
+            "later_others": np.where(several, others - keep[:, None], 0.0)}, unpriced
 
 
 def _communication_buffers(model: ModelTables, params: _StageParameters, batch: _Batch, cols,
@@ -1450,9 +1453,10 @@ def _offload_activations(moments, stage: _StageActivations, layer: _LayerActivat
             np.where(offloaded, whole(per_micro_batch), 0.0))
 
 
-def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _StageActivations, output_bytes,
-             other_outputs, buffers, batch: _Batch, cols, embedding_sort_scratch: bool) -> List[Dict[str, np.ndarray]]:
-    """The non-persistent categories at each of ``MOMENTS``, whole bytes ``(N, R)``.
+def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _StageActivations, outputs,
+             buffers, batch: _Batch, cols, embedding_sort_scratch: bool) -> List[Dict[str, np.ndarray]]:
+    """The non-persistent categories at each of ``MOMENTS``, whole bytes ``(N, R)``; *outputs*: the output
+    layer's bytes (:func:`_output_layer`).
 
     The output layer's first backward (activations kept, no gradient yet: the
     head's comes after the loss's peak); the stage's last layer's (the head's
@@ -1465,7 +1469,12 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     layer's gradient is sharded after its backward, the root's at the end,
     but under ``gradient_sync=last_micro_batch`` every gradient is held whole
     (in ``grad_dtype``) to the step's reduce-scatter: the optimizer step holds
-    the shards.
+    the shards. A rank holding several micro-batches before its first backward
+    (GPipe's every stage, 1F1B's first ones where the micro-batches are no more
+    than the stages) runs the next micro-batch's backward holding every gradient
+    and one micro-batch's activations and outputs fewer: the output and last
+    layer's backward moments are those where they hold more (the pipeline's
+    buffers as at the first).
     """
     accumulating, hidden = stage.accumulating, model.hidden_size
     zeros = np.zeros(accumulating.shape)
@@ -1491,7 +1500,6 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     else:  # no root gradient comes late (subtracting zero is exact: left out)
         grads_first = unless_accumulating(lambda: head_grads)
         grads_last = unless_accumulating(lambda: grads_all - held("embedding_gradients"))
-    others = whole(other_outputs)
     # the embedding's arriving gradient is the rank's whole sequence (SP gathers it); where a gradient exists
     # already (accumulation, a tied head's) the new one is held before it is added in
     tokens = batch.tokens
@@ -1507,12 +1515,23 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     others_kept = whole(stage.activations - stage.one_micro_batch)
     made: Dict[int, np.ndarray] = {}  # the moments' buffers are often one array: made whole once
     at_loss, at_last, at_end = (made[id(b)] if id(b) in made else made.setdefault(id(b), whole(b)) for b in buffers)
+    others = whole(outputs["others"])
+    at_output = dict(gradients=_rows_where(accumulating, accumulating_ranks, lambda: grads_all, lambda: zeros),
+                     activations=kept, working=zeros, output=whole(outputs["at_loss"]), communication=at_loss)
+    at_layer = dict(gradients=whole(grads_first + stage.made_last), activations=kept, working=whole(stage.excess),
+                    output=others, communication=at_last)
+    later = ~accumulating & (stage.activations > stage.one_micro_batch)  # several micro-batches, no backward yet
+    if np.count_nonzero(later):
+        def worse(first, after):  # the moment whose bytes are more, where the next backward may hold more
+            more = later & (sum(after.values()) > sum(first.values()))
+            return {name: np.where(more, after[name], value) for name, value in first.items()}
+        at_output = worse(at_output, dict(gradients=grads_all, activations=others_kept, working=zeros,
+                                          output=whole(outputs["later_at_loss"]), communication=at_loss))
+        at_layer = worse(at_layer, dict(gradients=grads_all, activations=others_kept, working=whole(stage.excess),
+                                        output=whole(outputs["later_others"]), communication=at_last))
     return [
-        dict(gradients=_rows_where(accumulating, accumulating_ranks, lambda: grads_all, lambda: zeros),
-             activations=kept, working=zeros,
-             output=whole(output_bytes), communication=at_loss),
-        dict(gradients=whole(grads_first + stage.made_last), activations=kept, working=whole(stage.excess),
-             output=others, communication=at_last),
+        at_output,
+        at_layer,
         dict(gradients=whole(grads_last - stage.pending_end), activations=others_kept,
              working=whole(stage.working_layer), output=others, communication=at_end),
         dict(gradients=np.where(fsdp2 & ~accumulating, grads_last, grads_all) if fsdp_rows else grads_all,
@@ -1698,10 +1717,9 @@ def compose(model: ModelTables, recs: Mapping[str, np.ndarray], seq_index: np.nd
     persistent, host_states = _offload_states(persistent, batch, cols)
     layer = _layer_activations(model, recs, seq_index, cols, batch)
     stage = _stage_activations(layer, where, held, params, batch, recs["grad_share"][seq_index])
-    output_bytes, other_outputs, unpriced_output = _output_layer(model, recs, seq_index, cols, batch, where, held)
+    outputs, unpriced_output = _output_layer(model, recs, seq_index, cols, batch, where, held)
     buffers = _communication_buffers(model, params, batch, cols, where, layers)
-    moments = _moments(model, persistent, params, stage, output_bytes, other_outputs, buffers, batch, cols,
-                       embedding_sort_scratch)
+    moments = _moments(model, persistent, params, stage, outputs, buffers, batch, cols, embedding_sort_scratch)
     received = _pipeline_buffers(model, recs, seq_index, cols, batch, where, held)
     if received is not None:
         moments = [dict(m, communication=m["communication"] + extra)
