@@ -1177,6 +1177,8 @@ class TimeBreakdown:
     tokens_per_second: float
     mfu: float
     compute_seconds: float
+    # the busiest rank's collectives, overlapped or not (the pipeline's sends: the rank's own, or those on the fill
+    # and drain path where more): at least exposed_communication_seconds
     communication_seconds: float
     exposed_communication_seconds: float
     bubble_seconds: float

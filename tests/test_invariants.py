@@ -229,6 +229,8 @@ def test_every_valid_row_keeps_the_identities(name):
     assert (t["step_seconds"] > 0).all() and ((t["mfu"] > 0) & (t["mfu"] <= 1)).all()
     np.testing.assert_allclose(t["step_seconds"], t["compute_seconds"] + t["exposed_communication_seconds"]
                                + t["bubble_seconds"] + t["optimizer_seconds"], rtol=1e-12)
+    # what the step waits on is communication it spends (the pipeline's fill and drain sends included)
+    assert (t["exposed_communication_seconds"] <= t["communication_seconds"] * (1 + 1e-12)).all()
     c = {k: np.asarray(v)[valid] for k, v in cols.items()}
     tokens = c["dp"] * c["num_micro_batches"] * c["micro_batch"] * c["seq"]
     np.testing.assert_allclose(t["tokens_per_second"] * t["step_seconds"], tokens, rtol=1e-12)

@@ -2347,7 +2347,10 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     if fsdp_rows:
         exposed, communication = exposed + pick(fsdp["step_exposed"]), communication + pick(fsdp["step_comm"])
     exposed = exposed + grad_exposed + param_exposed + pipe["pp_exposed"]
-    communication = communication + reductions * pick(dp["grad_step"]) + pick(dp["param_step"])
+    # the busiest rank's collectives; the pipeline's sends are its own, or the fill and drain path's where the step
+    # waits on more of them (fewer micro-batches than stages): what it exposes it spends
+    communication = (communication + reductions * pick(dp["grad_step"]) + pick(dp["param_step"])
+                     + np.maximum(0.0, pipe["pp_exposed"] - m * pipe["pp_comm"]))
     by_group = {f"exposed_{g}_seconds": m * pick(rank[f"exposed_{g}"]) for g in _LAYER_GROUPS}
     by_group["exposed_fsdp_seconds"] = (m * (pick(fsdp_exposed_f) + pick(fsdp_exposed_b)) + pick(fsdp["step_exposed"])
                                         if fsdp_rows else np.zeros(n))
