@@ -381,21 +381,23 @@ def test_setup_d_megatron():
         master, states = 4 * sharded, 2 * 4 * sharded
         activations = sum(held) * per_chunk * kept_layer
         assert m * v > sum(held)                          # a backward has run: every gradient exists
-        base = params + master + states + grads + comm
-        moments = [base + activations + (layer_peak - kept_layer),
-                   base + activations - per_chunk * kept_layer * sum(1 for h in held if h) + layer_peak]
+        base = params + master + states + grads
+        moments = [(base + comm + activations + (layer_peak - kept_layer), comm),
+                   (base + comm + activations - per_chunk * kept_layer * sum(1 for h in held if h) + layer_peak,
+                    comm)]
         if rank == p - 1:
             # Megatron-LM's vocabulary-parallel loss, SP-split input: in place, 6 bytes a logit at its backward's
-            # peak where the records' F.cross_entropy holds 12 (megatron/core/tensor_parallel/cross_entropy.py)
+            # peak where the records' F.cross_entropy holds 12 (megatron/core/tensor_parallel/cross_entropy.py);
+            # no layer runs there: SP's gathered input of the head is the one buffer
             out_peak = T * (OUT_WORK + OUT_WORK_TP - 6 * V) / t
-            moments.append(base + activations + out_peak)
+            moments.append((base + T * H * 2 + activations + out_peak, T * H * 2))
         stage = cost.stages[rank]
         assert stage.bytes_by_category["parameters"] == params
         assert stage.bytes_by_category["master"] == master
         assert stage.bytes_by_category["optimizer_states"] == states
         assert stage.bytes_by_category["gradients"] == grads
-        assert stage.bytes_by_category["communication"] == math.ceil(comm)
-        assert stage.peak_bytes == math.ceil(max(moments))
+        assert stage.bytes_by_category["communication"] == math.ceil(max(moments)[1])
+        assert stage.peak_bytes == math.ceil(max(moments)[0])
         assert stage.layers == 2 * per_chunk
         peaks.append(stage.peak_bytes)
     assert cost.peak_bytes == max(peaks)

@@ -56,11 +56,26 @@ def test_allocator_overhead_is_a_share_of_the_rest(llama):
 @pytest.mark.parametrize("imbalance", [1.0, 1.5])
 def test_expert_parallel_dispatch_and_combine_buffers(imbalance):
     cm = cost_model(moe_spec(), moe_counts(), S, kind="moe")
-    cost, stage = _stage(cm, f"ep=2,dp=2,seq={S},moe_imbalance={imbalance}")
+    # the first of two stages peaks in a layer's backward (the head, on the other, peaks alone)
+    cost, stage = _stage(cm, f"pp=2,ep=2,dp=2,seq={S},moe_imbalance={imbalance}")
+    assert cost.stages[0].provenance["moment"] == "last layer backward"
     # each token's hidden state to its top-k experts and back, bf16, scaled by the most loaded rank's share
     assert stage["communication"] == math.ceil(2 * S * TOPK * H * 2 * imbalance)
     # the routed experts split by ep, never by tp
-    assert stage["parameters"] == 2 * (L * (ATTN + NORMS + ROUTER + ROUTED // 2) + EMB + HEAD + FINAL)
+    assert stage["parameters"] == 2 * (L // 2 * (ATTN + NORMS + ROUTER + ROUTED // 2) + EMB)
+
+
+@pytest.mark.parametrize("schedule", ["interleaved", "interleaved-a2a-overlap"])
+def test_the_output_backward_holds_no_expert_buffers(schedule):
+    # at the loss's backward no layer runs, so no dispatch or combine buffer is live; under the EP overlap the
+    # other micro-batch runs its embedding beside it (Megatron-LM's combined 1F1B, phase 0), not a layer
+    cm = cost_model(moe_spec(), moe_counts(), S, kind="moe")
+    cost = cm.evaluate(Strategy.parse(f"pp=2,vpp=2,schedule={schedule},ep=2,dp=2,seq={S},num_micro_batches=4"))
+    last = cost.stages[-1]
+    assert last.provenance["moment"] == "output backward"
+    assert last.bytes_by_category["communication"] == 0
+    # on the other rank, in a layer's backward, the buffers are (test_expert_parallel_dispatch_and_combine_buffers)
+    assert cost.stages[0].bytes_by_category["communication"] == 2 * S * TOPK * H * 2
 
 
 MTP_LAYER = ATTN + FFN + NORMS + 2 * H * H + 2 * H  # a layer, the projection of [h; embedding] and two norms

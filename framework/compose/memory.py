@@ -1212,15 +1212,19 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     under 1F1B), and no gradient waits in a reduce-scatter buffer. Plus the largest of
     SP's gathered layer input, EP's dispatch and combine buffers and CP's KV
     blocks in flight under Ulysses (a ring's are the layer's working figure's; TP without SP all-reduces in
-    place: no buffer).
+    place: no buffer) at the layers' moments; at the output backward, where no layer runs, SP's gathered
+    input of the head alone. No layer runs beside it under the EP overlap either: Megatron-LM's combined 1F1B
+    pairs the output's backward with the other micro-batch's embedding forward (``backward_postprocess``
+    beside ``forward_preprocess``, megatron/core/models/common/model_chunk_schedule_plan.py).
     """
     n, ranks = params.dense.shape
     t, sp, tokens = batch.tp, batch.sp, batch.tokens
-    activation_buffers = np.zeros((n, ranks))  # each below where some row holds it (bytes are never negative)
+    # at the layers' moments and at the output backward; each below where some row holds it (never negative)
+    activation_buffers, output_buffers = np.zeros((n, ranks)), np.zeros((n, ranks))
     tp_rows = sp & (batch.tp_int > 1)
     if np.count_nonzero(tp_rows):
-        tp_buffer = np.where(tp_rows, tokens * model.hidden_size * batch.compute_bytes, 0.0)
-        activation_buffers = np.maximum(activation_buffers, tp_buffer[:, None])
+        tp_buffer = np.where(tp_rows, tokens * model.hidden_size * batch.compute_bytes, 0.0)[:, None]
+        activation_buffers, output_buffers = np.maximum(activation_buffers, tp_buffer), tp_buffer + output_buffers
     ep_rows = cols["ep"] > 1
     if np.count_nonzero(model.is_moe) and np.count_nonzero(ep_rows):
         moe_on_rank = (layers * model.is_moe[:, None, None]).sum(axis=0) > 0
@@ -1236,7 +1240,7 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
         activation_buffers = np.maximum(activation_buffers, cp_buffer[:, None])
     gathers = batch.sharding.sharded["parameters"]
     if not np.count_nonzero(gathers):  # no row gathers parameters (no FSDP, no ZeRO-3): the activations' alone
-        return activation_buffers, activation_buffers, activation_buffers
+        return output_buffers, activation_buffers, activation_buffers
     compute, grad = batch.compute_bytes[:, None], batch.grad_bytes[:, None]
     layer_gathered = _gathered_layer_bytes(model, params, batch, cols)[:, :, None]  # (K, N, 1) bytes
     on_rank = layers > 0  # (K, N, R)
@@ -1269,7 +1273,8 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
             at_moments = [np.where(fsdp2, buffer, zero3_buffer) for buffer in at_moments]
     else:  # ZeRO-3 alone gathers one module at a time
         at_moments = [zero3_buffer] * 3
-    return tuple(np.where(gathers[:, None], buffer, 0.0) + activation_buffers for buffer in at_moments)
+    return tuple(np.where(gathers[:, None], buffer, 0.0) + layers_running for buffer, layers_running
+                 in zip(at_moments, (output_buffers, activation_buffers, activation_buffers), strict=True))
 
 
 _TORCH_ENGINE = PP_ENGINES.index("torch")
