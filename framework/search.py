@@ -56,6 +56,7 @@ import attrs
 import numpy as np
 
 from ndcost import manager
+from ndcost.compose import sharding as sharding_rules
 from ndcost.compose.placement import balanced_split
 from ndcost.errors import InvalidValue, MissingExtra, NoValidStrategy, UnknownKey, Unpriced
 from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Strategy, frozen_mapping, most_exposed
@@ -908,7 +909,8 @@ def _one_change(strategy: Strategy) -> List[Strategy]:
     another recompute mode (over every layer), a higher ZeRO stage, FSDP over the data-parallel ranks, SP and the
     vocabulary split where TP runs, half the micro-batch in twice the micro-batches, twice the TP, PP or CP ranks
     taken from the data-parallel ones (their micro-batches doubled to keep the batch), the activations or the
-    optimizer offloaded. Some may not run on a model (``evaluate_many`` says which)."""
+    optimizer offloaded, torch DDP's gradients as views of its buckets. Some may not run on a model
+    (``evaluate_many`` says which)."""
     s = strategy
     changes: List[Dict[str, Any]] = [{"recompute": mode, "recompute_layers": None}
                                      for mode in ("selective", "core_attention", "full") if mode != s.recompute]
@@ -927,6 +929,8 @@ def _one_change(strategy: Strategy) -> List[Strategy]:
                     {"cp": 2 * s.cp, **fewer}]
     changes += [{"offload_activations": True}] if not s.offload_activations else []
     changes += [{"offload_optimizer": True}] if not s.offload_optimizer else []
+    if s.ddp_engine in ("auto", "torch") and sharding_rules.runs_ddp(s):
+        changes.append({"ddp_engine": "torch_bucket_view"})
     out = []
     for change in changes:
         try:

@@ -203,6 +203,7 @@ FLOAT8_RECIPES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")  # torc
 GRADIENT_SYNC = ("auto", "every_micro_batch", "last_micro_batch")
 PP_ENGINES = ("auto", "megatron", "torch")
 FSDP_ENGINES = ("auto", "torch", "megatron")
+DDP_ENGINES = ("auto", "torch", "torch_bucket_view", "megatron", "deepspeed")
 LOSS_ENGINES = ("auto", "torch", "megatron", "compiled")
 CP_ROTATES = ("allgather", "p2p")
 EP_DISPATCHERS = ("alltoall", "deepep")
@@ -412,6 +413,7 @@ class Strategy:
     pp_engine: str = attrs.field(default="auto", converter=_choice("pp_engine", PP_ENGINES))
     pp_return_outputs: bool = attrs.field(default=False, converter=_bool_field("pp_return_outputs"))
     fsdp_engine: str = attrs.field(default="auto", converter=_choice("fsdp_engine", FSDP_ENGINES))
+    ddp_engine: str = attrs.field(default="auto", converter=_choice("ddp_engine", DDP_ENGINES))
     loss_engine: str = attrs.field(default="auto", converter=_choice("loss_engine", LOSS_ENGINES))
     cp_rotate: str = attrs.field(default="allgather", converter=_choice("cp_rotate", CP_ROTATES))
     ep_dispatcher: str = attrs.field(default="alltoall", converter=_choice("ep_dispatcher", EP_DISPATCHERS))
@@ -825,6 +827,22 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                     "FSDP (ZeRO-3 gathers into buffers its parameters are views of, as megatron)",
                             synonyms=("fsdp_backend", "fsdp_impl", "fsdp_implementation", "fsdp_version",
                                       "sharding_engine")),
+    "ddp_engine": FieldDoc(meaning="the engine all-reducing whole gradients over data-parallel replicas (dp * cp > 1 "
+                                   "without FSDP or gradient sharding: zero 0 or 1), which decides when the "
+                                   "gradients exist. auto: as torch. torch: PyTorch's DistributedDataParallel "
+                                   "(torchtitan's replicate, Accelerate's) at its default gradient_as_bucket_view="
+                                   "False: its buckets, made when the model is wrapped, hold every gradient (in "
+                                   "grad_dtype) beside the ones autograd makes, communication at every moment "
+                                   "(PyTorch's DDP docs: the bucket view saves 'the total gradients size'). "
+                                   "torch_bucket_view: gradient_as_bucket_view=True: the gradients are views of the "
+                                   "buckets, every one whole from the first backward, once. megatron: Megatron-LM's "
+                                   "DDP, whose contiguous grad buffer (main_grad, in grad_dtype) is whole from the "
+                                   "first backward, as torch_bucket_view. deepspeed: DeepSpeed's engine at ZeRO 0 or "
+                                   "1, gradients as autograd makes them (its flat copy of one bucket at a time "
+                                   "during the reduction is left out). Left out: the time of torch's copies into "
+                                   "and out of its buckets. No effect without such replicas",
+                           synonyms=("ddp_backend", "ddp_impl", "ddp_implementation", "data_parallel_engine",
+                                     "gradient_as_bucket_view", "dp_engine")),
     "loss_engine": FieldDoc(meaning="the implementation of the cross-entropy loss, which decides the output "
                                     "layer's backward peak (a logit's bytes, 16-bit logits). auto: as torch. torch: "
                                     "F.cross_entropy on fp32 logits (Transformers', torchtitan's): log_softmax's "

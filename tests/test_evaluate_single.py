@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import ndcost
 from ndcost import columns
 from ndcost.errors import InvalidStrategy, NdcostError
-from ndcost.values import DTYPES, FSDP_ENGINES, GRADIENT_SYNC, LOSS_ENGINES, PP_ENGINES, SHARD_MESHES
+from ndcost.values import DDP_ENGINES, DTYPES, FSDP_ENGINES, GRADIENT_SYNC, LOSS_ENGINES, PP_ENGINES, SHARD_MESHES
 
 MODELS = ("llama-3.1-8b", "deepseek-v3", "qwen3.5-9b", "gpt-oss-20b")
 _RESOLVED = {}
@@ -87,6 +87,7 @@ def strategy_fields(draw, model):
                       gradient_sync=draw(st.sampled_from(GRADIENT_SYNC)), offload_activations=draw(st.booleans()),
                       pp_engine=draw(st.sampled_from(PP_ENGINES)), pp_return_outputs=draw(st.booleans()),
                       fsdp_engine=draw(st.sampled_from(FSDP_ENGINES)),
+                      ddp_engine=draw(st.sampled_from(DDP_ENGINES)),
                       loss_engine=draw(st.sampled_from(LOSS_ENGINES)))
     if draw(st.integers(0, 3)) == 0:
         fields.update(float8=draw(st.sampled_from(["none", "tensorwise", "rowwise", "rowwise_with_gw_hp"])),
@@ -319,7 +320,8 @@ OTHER_VALUE = {"dp": 1, "fsdp": 4, "tp": 4, "pp": 4, "vpp": 2, "cp": 2, "ep": 4,
                "float8_experts": {"float8": "tensorwise", "float8_experts": True}, "compile": True,
                "async_tp": {"async_tp": True, "compile": True}, "gradient_sync": "last_micro_batch",
                "pp_engine": "torch", "pp_return_outputs": {"pp_engine": "torch", "pp_return_outputs": True},
-               "fsdp_engine": "megatron", "loss_engine": "megatron", "cp_rotate": {"cp_rotate": "p2p", "cp": 2},
+               "fsdp_engine": "megatron", "ddp_engine": {"ddp_engine": "torch", "fsdp": 1}, "loss_engine": "megatron",
+               "cp_rotate": {"cp_rotate": "p2p", "cp": 2},
                "ep_dispatcher": {"ep_dispatcher": "deepep", "ep": 4}}
 
 

@@ -13,7 +13,8 @@ from ndcost import Strategy
 from ndcost.search import _one_change, one_change_fits
 
 LLAMA = "llama-3.1-8b"
-TIGHT = "dp=8,seq=8192,micro_batch=2"  # 8 H100s, each holding the whole model and two 8,192-token sequences
+TIGHT = "dp=8,seq=8192,micro_batch=2,ddp_engine=deepspeed"  # 8 H100s, each holding the whole model and two
+# 8,192-token sequences (DeepSpeed's ZeRO 0: no DDP buckets beside the gradients)
 
 
 def _cli(*argv):
@@ -34,7 +35,7 @@ def test_the_changes_tried_are_the_documented_ones():
         "sp=true", "vocab_parallel=true",
         "micro_batch=1,num_micro_batches=2",
         "dp=2,tp=4,num_micro_batches=2", "dp=2,pp=2,num_micro_batches=2", "dp=2,cp=2,num_micro_batches=2",
-        "offload_activations=true", "offload_optimizer=true"}
+        "offload_activations=true", "offload_optimizer=true", "ddp_engine=torch_bucket_view"}
     # a strategy already sharded, split, recomputing and offloading has fewer to try; FSDP's ranks give the
     # doubled TP its devices where dp is odd
     busy = Strategy.parse("tp=2,fsdp=4,sp=true,vocab_parallel=true,recompute=full,seq=4096,"

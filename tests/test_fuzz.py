@@ -141,7 +141,8 @@ PLAUSIBLE: Dict[str, List[str]] = {
     "compile": ["false", "true"], "async_tp": ["false", "true"],
     "gradient_sync": ["auto", "every_micro_batch", "last_micro_batch"], "pp_engine": ["auto", "megatron", "torch"],
     "pp_return_outputs": ["false", "true"],
-    "fsdp_engine": ["auto", "torch", "megatron"], "loss_engine": ["auto", "torch", "megatron", "compiled"], "cp_rotate": ["allgather", "p2p"],
+    "fsdp_engine": ["auto", "torch", "megatron"],
+    "ddp_engine": ["auto", "torch", "torch_bucket_view", "megatron", "deepspeed"], "loss_engine": ["auto", "torch", "megatron", "compiled"], "cp_rotate": ["allgather", "p2p"],
     "ep_dispatcher": ["alltoall", "deepep"],
 }
 FIELDS = Strategy.field_names()

@@ -349,7 +349,7 @@ def test_setup_d_megatron():
     strategy = Strategy.parse(
         f"dp={dp},tp={t},sp=true,pp={p},vpp={v},schedule=interleaved,num_micro_batches={m},cp={cp},ep={ep},"
         f"zero=1,param_dtype=bf16,master_dtype=fp32,grad_dtype=fp32,optimizer_dtype=fp32,"
-        f"recompute=core_attention,vocab_parallel=true,loss_engine=megatron,seq={s}")
+        f"recompute=core_attention,vocab_parallel=true,loss_engine=megatron,ddp_engine=megatron,seq={s}")
     cost = cm.evaluate(strategy)
     assert len(cost.stages) == p
     # placement: 8 layers in p * v = 4 virtual stages of 2; rank r holds virtual stages r and r + p

@@ -37,7 +37,8 @@ def test_field_names_are_the_strategy_fields():
         "compute_dtype", "grad_dtype", "optimizer_dtype", "master_dtype", "pp_layers", "moe_imbalance",
         "allocator_overhead", "shard_mesh", "reshard_after_forward", "offload_optimizer", "offload_params",
         "offload_activations", "float8", "float8_all_gather", "float8_experts", "compile", "async_tp",
-        "gradient_sync", "pp_engine", "pp_return_outputs", "fsdp_engine", "loss_engine", "cp_rotate", "ep_dispatcher"}
+        "gradient_sync", "pp_engine", "pp_return_outputs", "fsdp_engine", "ddp_engine", "loss_engine", "cp_rotate",
+        "ep_dispatcher"}
 
 
 def test_parse_values_of_every_kind():

@@ -27,7 +27,7 @@ def read(name, devices, model="llama-3.1-8b", **kw):
 
 def test_zero0_gradient_accumulation_config_field_by_field():
     config = read("ds_config_func_bs8_zero0_gas3.json", 4)
-    assert config.strategy == Strategy(
+    assert config.strategy == Strategy(ddp_engine="deepspeed",
         dp=4,                 # 4 devices, no AutoTP, no sequence parallelism: all data-parallel
         zero=0,               # zero_optimization.stage 0
         micro_batch=8,        # train_micro_batch_size_per_gpu 8
@@ -43,7 +43,7 @@ def test_zero0_gradient_accumulation_config_field_by_field():
 
 def test_zero2_cpu_offload_config_field_by_field():
     config = read("ds_config_func_bs8_zero2_offload.json", 4)
-    assert config.strategy == Strategy(
+    assert config.strategy == Strategy(ddp_engine="deepspeed",
         dp=4, zero=2,
         micro_batch=2,           # train_batch_size 8 // 4 ranks // gradient_accumulation_steps 1
         num_micro_batches=1,
@@ -59,7 +59,7 @@ def test_zero3_parameter_offload_config_field_by_field(tmp_path):
     path = tmp_path / "ds_offload_cpu_and_optimizer.json"
     path.write_text(json.dumps(data))
     config = from_config("deepspeed", str(path), devices=1, model="llama-3.1-8b")
-    assert config.strategy == Strategy(
+    assert config.strategy == Strategy(ddp_engine="deepspeed",
         zero=3,                   # stage 3
         offload_params=True,      # offload_param.device cpu
         offload_optimizer=True,   # offload_optimizer.device cpu
@@ -96,7 +96,7 @@ def test_ulysses_autotp_bf16_master_and_cpu_checkpointing(tmp_path):
         "zero_optimization": {"stage": 3}, "tensor_parallel": {"autotp_size": 2}, "sequence_parallel_size": 4,
         "activation_checkpointing": {"cpu_checkpointing": True}})
     config = from_config("deepspeed", path, devices=32, model="llama-3.1-8b", strategy="seq=8192")
-    assert config.strategy == Strategy(
+    assert config.strategy == Strategy(ddp_engine="deepspeed",
         tp=2, cp=4, cp_algo="ulysses",  # autotp_size 2; sequence_parallel_size 4 is DeepSpeed-Ulysses
         dp=4,                           # 32 / (2 * 4): DeepSpeed's batch world is the devices over both
         zero=3, micro_batch=8,          # 64 // 4 ranks // 2 steps
@@ -180,7 +180,7 @@ ROUND_TRIP = [
 
 @pytest.mark.parametrize("fields", ROUND_TRIP)
 def test_written_configs_read_back_to_the_same_strategy(tmp_path, fields):
-    strategy = Strategy.from_mapping({**fields, "seq": 4096})
+    strategy = Strategy.from_mapping({**fields, "seq": 4096, "ddp_engine": "deepspeed"})
     path = write(tmp_path, to_config("deepspeed", strategy))
     back = from_config("deepspeed", path, devices=strategy.devices, model="llama-3.1-8b", strategy="seq=4096")
     assert back.strategy == strategy  # seq has no DeepSpeed field: given beside the file, as a reader must

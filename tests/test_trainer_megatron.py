@@ -26,8 +26,9 @@ def read(name, devices, **kw):
 
 
 def expected(**fields):
-    """A strategy Megatron-LM runs: its own vocab_parallel_cross_entropy is the loss at every tp."""
-    return Strategy.from_mapping({"loss_engine": "megatron", **fields})
+    """A strategy Megatron-LM runs: its own vocab_parallel_cross_entropy is the loss at every tp, its DDP's grad
+    buffer holds the gradients."""
+    return Strategy.from_mapping({"loss_engine": "megatron", "ddp_engine": "megatron", **fields})
 
 
 def test_llama3_8b_fp8_script_is_refused_naming_fp8(tmp_path):
@@ -368,7 +369,7 @@ def test_written_scripts_read_back_to_the_same_strategy(tmp_path, fields):
 @pytest.mark.parametrize("model, tp", [("llama-3.1-8b", 2), ("mixtral-8x7b", 1), ("qwen3-30b-a3b", 4),
                                        ("qwen3-8b", 8), ("qwen2.5-7b", 1)])
 def test_written_model_flags_count_the_same_model(tmp_path, model, tp):
-    strategy = Strategy(tp=tp, vocab_parallel=tp > 1, param_dtype="fp32", loss_engine="megatron")
+    strategy = expected(tp=tp, vocab_parallel=tp > 1, param_dtype="fp32")
     path = tmp_path / "train.sh"
     path.write_text(to_config("megatron", strategy, model=model))
     back = trainer_format("megatron").read(str(path), devices=tp)

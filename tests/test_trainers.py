@@ -44,8 +44,9 @@ def test_estimate_needs_a_strategy_or_a_configuration():
 @pytest.mark.parametrize("kind, held, read_back", [
     # Megatron-LM's --bf16 and DeepSpeed's bf16.enabled keep fp32 master copies and optimizer states (and Megatron-LM
     # computes its own loss)
-    ("megatron", "grad_dtype=fp32,optimizer_dtype=fp32,master_dtype=fp32,loss_engine=megatron", ["--devices", "8"]),
-    ("deepspeed", "optimizer_dtype=fp32,master_dtype=fp32", ["llama-3.1-8b", "--devices", "8",
+    ("megatron", "grad_dtype=fp32,optimizer_dtype=fp32,master_dtype=fp32,loss_engine=megatron,ddp_engine=megatron",
+     ["--devices", "8"]),
+    ("deepspeed", "optimizer_dtype=fp32,master_dtype=fp32,ddp_engine=deepspeed", ["llama-3.1-8b", "--devices", "8",
                                                               "--strategy", "seq=4096"]),
 ])
 def test_search_emits_the_fastest_strategy_the_trainer_runs_in_its_precision(tmp_path, kind, held, read_back):

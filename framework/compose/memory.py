@@ -9,7 +9,7 @@ A map of :func:`compose` (each step's docstring says what it counts and why):
 - :func:`_layer_activations`: one layer's kept and working bytes of each kind, one micro-batch;
 - :func:`_stage_activations`: those over the stage's layers and micro-batches in flight;
 - :func:`_output_layer`: the final norm, head and loss;
-- :func:`_communication_buffers`: FSDP / ZeRO-3 gathers, SP / EP / CP buffers;
+- :func:`_communication_buffers`: FSDP / ZeRO-3 gathers, SP / EP / CP buffers (DDP's buckets: :func:`_moments`);
 - :func:`_pipeline_buffers`: ``pp_engine=torch``'s receive buffers, one a micro-batch of the step;
 - :func:`_pipeline_outputs`: the stages' outputs ``pp_engine=torch`` holds to their backward (the last stage's all,
   and their merged copy, under ``pp_return_outputs``);
@@ -48,7 +48,17 @@ from ndcost.compose import sharding as sharding_rules
 from ndcost.compose import topology
 from ndcost.compose.sharding import MATMUL_PARTS, REPLICATED_PARTS, ROUTED_PARTS, TP_PARTS
 from ndcost.errors import InvalidValue, Unpriced
-from ndcost.values import CP_ALGOS, CP_ROTATES, DTYPES, LOSS_ENGINES, MEMORY_CATEGORIES, PARTS, PP_ENGINES, RECOMPUTE
+from ndcost.values import (
+    CP_ALGOS,
+    CP_ROTATES,
+    DDP_ENGINES,
+    DTYPES,
+    LOSS_ENGINES,
+    MEMORY_CATEGORIES,
+    PARTS,
+    PP_ENGINES,
+    RECOMPUTE,
+)
 
 CATEGORIES = MEMORY_CATEGORIES
 
@@ -538,6 +548,10 @@ class _Batch:
     # the batch's recompute codes (by RECOMPUTE index): the steps skip a mode's terms where no row runs it
     recompute_used: Tuple[bool, ...]
     sp_rows: int                   # rows under sp (0 or N: one branch of a split by tp to compute)
+    # bool, DDP's engine (ddp_engine) where it runs: every gradient in a buffer made before any backward (torch's
+    # bucket views, Megatron-LM's grad buffer), or torch's buckets beside the gradients autograd makes
+    gradient_buffer: np.ndarray
+    ddp_buckets: np.ndarray
 
 
 def _batch(cols: Mapping[str, Any]) -> _Batch:
@@ -567,7 +581,19 @@ def _batch(cols: Mapping[str, Any]) -> _Batch:
                   residual_bytes=_rows_where(autocast, autocast_rows, lambda: param_bytes, lambda: compute_bytes),
                   sharding=shard, fp32_autocast=fp32_autocast,
                   any_fp32_autocast=autocast_rows > 0 and bool(np.count_nonzero(fp32_autocast)),
-                  recompute_used=tuple(used), sp_rows=int(np.count_nonzero(cols["sp"])))
+                  recompute_used=tuple(used), sp_rows=int(np.count_nonzero(cols["sp"])),
+                  gradient_buffer=shard.ddp & _GRADIENT_BUFFER[cols["ddp_engine"]],
+                  ddp_buckets=shard.ddp & _DDP_BUCKETS[cols["ddp_engine"]])
+
+
+# by ddp_engine code (auto is torch's): PyTorch's DDP buckets, made when it wraps the model, beside the gradients
+# (gradient_as_bucket_view=False, its default); the gradients as views of them, or Megatron-LM's contiguous grad
+# buffer (megatron/core/distributed/param_and_grad_buffer.py), whole from the first backward; DeepSpeed's engine
+# at ZeRO 0-1 reduces autograd's gradients at the accumulation boundary
+_DDP_BUCKETS = np.isin(np.array(DDP_ENGINES), ("auto", "torch"))
+_GRADIENT_BUFFER = np.isin(np.array(DDP_ENGINES), ("torch_bucket_view", "megatron"))
+for _table in (_DDP_BUCKETS, _GRADIENT_BUFFER):
+    _table.setflags(write=False)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -1045,7 +1071,7 @@ class _StageActivations:
     working_layer: np.ndarray    # one layer's whole working figure at the end of the backward
     made_last: np.ndarray        # the layer's gradients made at the last layer's backward peak
     pending_end: np.ndarray      # the layer's gradients not yet made at the first layer's
-    accumulating: np.ndarray     # bool: the rank has run a backward before (it holds every gradient)
+    accumulating: np.ndarray     # bool: the rank holds every gradient (a backward ran before, or a buffer holds them)
     # what save_on_cpu's copies (one a layer's save) of the tables the model hands every layer add over the
     # one storage a micro-batch that activations count
     shared_copies_extra: np.ndarray
@@ -1066,7 +1092,9 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
     """
     held, held_float = flight.held, flight.as_float
     n, ranks = held.shape[:2]
-    accumulating = flight.accumulating
+    # a rank that has run a backward before holds every gradient, as one whose gradients live in a buffer made
+    # before any backward (DDP's bucket views, Megatron-LM's grad buffer)
+    accumulating = flight.accumulating | batch.gradient_buffer[:, None]
     share_rows = ~accumulating & batch.sharding.whole_gradients[:, None]
     out: Dict[str, np.ndarray] = {}
     # (K, N, R, V), the kinds and chunks at once (never a layer): one micro-batch of each chunk's layers; the
@@ -1470,7 +1498,11 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     the embedding's backward (every gradient, the gradient arriving from the
     first layer, PyTorch CUDA's fp32 sums by row above
     ``EMBEDDING_SORT_MIN_TOKENS`` indices); the optimizer step. A rank that
-    has run a backward before holds every gradient throughout; under FSDP2 a
+    has run a backward before holds every gradient throughout, as one whose
+    gradients live in a buffer made before any backward (``ddp_engine``
+    ``torch_bucket_view`` or ``megatron``); PyTorch DDP's own buckets
+    (``ddp_engine=torch``) hold every gradient again, communication at every
+    moment. Under FSDP2 a
     layer's gradient is sharded after its backward, the root's at the end,
     but under ``gradient_sync=last_micro_batch`` every gradient is held whole
     (in ``grad_dtype``) to the step's reduce-scatter: the optimizer step holds
@@ -1520,6 +1552,10 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     others_kept = whole(stage.activations - stage.one_micro_batch)
     made: Dict[int, np.ndarray] = {}  # the moments' buffers are often one array: made whole once
     at_loss, at_last, at_end = (made[id(b)] if id(b) in made else made.setdefault(id(b), whole(b)) for b in buffers)
+    buckets = zeros  # torch DDP's buckets: every gradient again, from the model's wrapping on
+    if np.count_nonzero(batch.ddp_buckets):
+        buckets = np.where(batch.ddp_buckets[:, None], grads_all, 0.0)
+        at_loss, at_last, at_end = (b + buckets for b in (at_loss, at_last, at_end))
     others = whole(outputs["others"])
     at_output = dict(gradients=_rows_where(accumulating, accumulating_ranks, lambda: grads_all, lambda: zeros),
                      activations=kept, working=zeros, output=whole(outputs["at_loss"]), communication=at_loss)
@@ -1544,7 +1580,7 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
              working=whole(embedding_working), output=others, communication=at_end),
         dict(gradients=whole(persistent["gradients"]) if defer_rows else grads_all, activations=zeros,
              working=whole(persistent["step_temporaries"]),
-             output=zeros, communication=zeros),
+             output=zeros, communication=buckets),
     ]
 
 

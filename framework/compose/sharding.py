@@ -63,6 +63,8 @@ class Sharding:
     #                              parameters held from its forward to its backward)
     defers_reduce: np.ndarray    # (N,) bool: FSDP with gradient_sync=last_micro_batch (torch.distributed.pipelining's
     #                              stage backward: gradients whole and layers gathered to one reduce-scatter a step)
+    ddp: np.ndarray              # (N,) bool: whole gradients all-reduced over the replicas (more than one, no
+    #                              FSDP, zero < 2): a DDP engine's (``ddp_engine``)
     sharded: Mapping[str, np.ndarray]  # category -> (N,) bool: the ZeRO stage or FSDP shards it
 
     def ways(self, category: str) -> np.ndarray:
@@ -126,6 +128,14 @@ def sharding(cols: Mapping[str, Any]) -> Sharding:
     return _sharding(cols)
 
 
+def runs_ddp(strategy: Any) -> bool:
+    """Whether one :class:`ndcost.Strategy`'s replicas all-reduce whole gradients (``Sharding.ddp``'s rule)."""
+    cols = {name: np.asarray([getattr(strategy, name)]) for name in READ}
+    cols["shard_mesh"] = np.asarray([SHARD_MESHES.index(strategy.shard_mesh)])
+    cols["gradient_sync"] = np.asarray([GRADIENT_SYNC.index(strategy.gradient_sync)])
+    return bool(_sharding(cols).ddp[0])
+
+
 # every column _sharding reads: a one-row key missing one would hand a strategy another's sharding
 READ = ("dp", "fsdp", "cp", "tp", "zero", "shard_mesh", "ep", "etp", "reshard_after_forward", "gradient_sync")
 _ONE_ROW: Dict[Tuple[Any, ...], Sharding] = {}
@@ -153,4 +163,4 @@ def _sharding(cols: Mapping[str, Any]) -> Sharding:
                     shard_stride=tp * cp // cp_ways, replica_stride=replica_stride, fsdp=fsdp_on,
                     keeps_gathered=fsdp_on & ~np.asarray(cols["reshard_after_forward"]).astype(bool),
                     defers_reduce=fsdp_on & (np.asarray(cols["gradient_sync"]) == _LAST_MICRO_BATCH),
-                    sharded=sharded)
+                    ddp=(replicas > 1) & ~sharded["gradients"], sharded=sharded)

@@ -126,7 +126,7 @@ class DeepSpeedFormat:
     runtime = ""  # Transformers' modules as a plain install runs them: the default, hf-cuda
     # bf16.enabled: bf16 parameters and gradients, fp32 master copy and optimizer states
     recipe = MappingProxyType({"param_dtype": "bf16", "grad_dtype": "bf16", "optimizer_dtype": "fp32",
-                               "master_dtype": "fp32"})
+                               "master_dtype": "fp32", "ddp_engine": "deepspeed"})
 
     def read(self, path: str, *, devices: Optional[int]) -> TrainerConfig:
         from ndcost.specio import read_text
@@ -199,7 +199,7 @@ def _zero(f: _File, defaults: List[str]) -> Dict[str, Any]:
     stage = f.value(zero, "stage", "zero_optimization.stage", int, 0)
     if stage > 3:
         raise f.refuse("zero_optimization.stage", f"expected 0 to 3, got {stage}", "give a ZeRO stage 0-3")
-    fields: Dict[str, Any] = {"zero": stage}
+    fields: Dict[str, Any] = {"zero": stage, "ddp_engine": "deepspeed"}  # its engine's reduction at ZeRO 0-1
     for key in zero:
         if key in ZERO_REFUSED:
             raise f.refuse(f"zero_optimization.{key}", "not priced", ZERO_REFUSED[key])
@@ -375,6 +375,9 @@ def _document(s: Strategy, global_batch: Optional[int]) -> Dict[str, Any]:
     if s.offload_params and s.zero != 3:
         raise _refuse_write("offload_params", "true", f"DeepSpeed offloads parameters under ZeRO-3 only "
                             f"(zero={s.zero})")
+    if s.ddp_engine not in ("auto", "deepspeed"):
+        raise _refuse_write("ddp_engine", s.ddp_engine, "DeepSpeed's engine reduces the gradients autograd makes "
+                            "(no DDP buckets, no grad buffer): ddp_engine=deepspeed")
     if s.pp_engine != "auto":
         raise _refuse_write("pp_engine", s.pp_engine, "no DeepSpeed config field says this (its pipeline is set in "
                             "the model code, PipelineModule): pp_engine=auto")

@@ -153,7 +153,7 @@ class MegatronFormat:
     # --bf16: bf16 parameters, fp32 main gradients, fp32 main parameters and optimizer states
     runtime = RUNTIME
     recipe = MappingProxyType({"param_dtype": "bf16", "grad_dtype": "fp32", "optimizer_dtype": "fp32",
-                               "master_dtype": "fp32", "loss_engine": "megatron"})
+                               "master_dtype": "fp32", "loss_engine": "megatron", "ddp_engine": "megatron"})
 
     # --- reading ------------------------------------------------------------------------------------------
     def read(self, path: str, *, devices: Optional[int]) -> TrainerConfig:
@@ -499,6 +499,7 @@ def _strategy(v: _Values, devices: int) -> Tuple[Strategy, List[str], int]:
         defaults.append("Megatron-LM splits the vocabulary over tp: vocab_parallel=true")
     fields["loss_engine"] = "megatron"
     defaults.append("Megatron-LM's loss is its vocab_parallel_cross_entropy, in place at any tp: loss_engine=megatron")
+    fields["ddp_engine"] = "megatron"  # its DDP's contiguous grad buffer (no effect under FSDP or one replica)
     fields.update(_precision(v, defaults))
     fields.update(_float8(v, defaults))
     optimizer = v.text("optimizer", "adam")
@@ -854,6 +855,9 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
     if s.fsdp > 1 and s.shard_mesh != ("fsdp_cp" if s.cp > 1 else "dp_cp"):
         raise _refuse_write("shard_mesh", s.shard_mesh, "Megatron-FSDP shards over the data-parallel ranks with "
                             "context parallelism: shard_mesh=fsdp_cp where cp > 1")
+    if s.ddp_engine not in ("auto", "megatron"):
+        raise _refuse_write("ddp_engine", s.ddp_engine, "Megatron-LM's DDP keeps the gradients in its contiguous "
+                            "grad buffer: ddp_engine=megatron")
     if s.fsdp > 1 and s.fsdp_engine != "megatron":
         raise _refuse_write("fsdp_engine", s.fsdp_engine, "Megatron-LM shards the parameters with Megatron-FSDP, "
                             "whose parameters are views of the gathered buffer (no copy-out): fsdp_engine=megatron")

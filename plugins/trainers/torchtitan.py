@@ -768,6 +768,8 @@ def _check_writable(s: Strategy) -> None:
          "torchtitan pipelines through torch.distributed.pipelining: pp_engine=torch with PP, auto without"),
         (s.fsdp_engine == "megatron", "fsdp_engine=megatron", "torchtitan shards with FSDP2 (fully_shard): "
          "fsdp_engine=auto or torch"),
+        (s.ddp_engine not in ("auto", "torch"), f"ddp_engine={s.ddp_engine}", "torchtitan replicates with "
+         "PyTorch's DDP (replicate, its buckets beside the gradients): ddp_engine=auto or torch"),
         (s.loss_engine == "megatron", "loss_engine=megatron", "torchtitan's loss is torch's cross_entropy "
          "(loss_parallel under TP), compiled or not: loss_engine=auto, torch or compiled"),
         (s.offload_params != s.offload_optimizer, "offload_params without offload_optimizer (or the reverse)",
