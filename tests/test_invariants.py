@@ -397,6 +397,32 @@ def test_a_field_without_its_parallelism_changes_nothing(name, field, values, id
     assert np.array_equal(second.time["step_seconds"][rows], first.time["step_seconds"][rows])
 
 
+def _faster(hardware, part):
+    """*hardware* with twice the bandwidth of its links (every network level) or of its memory."""
+    import attrs
+    if part == "network":
+        return attrs.evolve(hardware, network=tuple(attrs.evolve(level, bytes_per_second=2 * level.bytes_per_second)
+                                                    for level in hardware.network))
+    return attrs.evolve(hardware, hbm_bytes_per_second=2 * hardware.hbm_bytes_per_second)
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3"])
+@pytest.mark.parametrize("part", ["network", "memory"])
+def test_faster_links_or_memory_never_take_longer(name, part):
+    # every collective and every memory-bound kernel runs as fast or faster, and what overlaps hides at most what
+    # it hid before (across nodes too: four times the grid's data-parallel ranks)
+    from ndcost.manager import registry
+    model = ndcost.resolve(name, census="off")
+    cols = _fsdp_grid(300, bool(model.spec.num_experts), seed=61)
+    cols = _with(cols, dp=4 * np.asarray(cols["dp"]))
+    h200 = registry().get("hardware/h200")
+    base, fast = model.evaluate_many(cols, hardware=h200), model.evaluate_many(cols, hardware=_faster(h200, part))
+    both = base.valid & fast.valid
+    assert both.sum() >= 50
+    slower = both & (fast.time["step_seconds"] > base.time["step_seconds"] * (1 + 1e-12))
+    assert not slower.any(), [{k: np.asarray(v)[i].item() for k, v in cols.items()} for i in np.flatnonzero(slower)[:3]]
+
+
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "gpt-oss-20b"])
 def test_gpipe_holds_no_less_than_1f1b(name):
     # GPipe runs every forward before any backward: each stage holds every micro-batch, where 1F1B holds
