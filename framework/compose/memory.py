@@ -582,8 +582,7 @@ def _batch(cols: Mapping[str, Any]) -> _Batch:
                   sharding=shard, fp32_autocast=fp32_autocast,
                   any_fp32_autocast=autocast_rows > 0 and bool(np.count_nonzero(fp32_autocast)),
                   recompute_used=tuple(used), sp_rows=int(np.count_nonzero(cols["sp"])),
-                  gradient_buffer=shard.ddp & _GRADIENT_BUFFER[cols["ddp_engine"]],
-                  ddp_buckets=shard.ddp & _DDP_BUCKETS[cols["ddp_engine"]])
+                  **_ddp_engine(shard.ddp, cols["ddp_engine"]))
 
 
 # by ddp_engine code (auto is torch's): PyTorch's DDP buckets, made when it wraps the model, beside the gradients
@@ -594,6 +593,13 @@ _DDP_BUCKETS = np.isin(np.array(DDP_ENGINES), ("auto", "torch"))
 _GRADIENT_BUFFER = np.isin(np.array(DDP_ENGINES), ("torch_bucket_view", "megatron"))
 for _table in (_DDP_BUCKETS, _GRADIENT_BUFFER):
     _table.setflags(write=False)
+
+
+def _ddp_engine(ddp: np.ndarray, engine: np.ndarray) -> Dict[str, np.ndarray]:
+    """``_Batch``'s ``gradient_buffer`` and ``ddp_buckets`` of the rows *ddp* marks (no row: *ddp* twice)."""
+    if not np.count_nonzero(ddp):
+        return {"gradient_buffer": ddp, "ddp_buckets": ddp}
+    return {"gradient_buffer": ddp & _GRADIENT_BUFFER[engine], "ddp_buckets": ddp & _DDP_BUCKETS[engine]}
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -1094,7 +1100,8 @@ def _stage_activations(layer: _LayerActivations, where: placement_rules.Placemen
     n, ranks = held.shape[:2]
     # a rank that has run a backward before holds every gradient, as one whose gradients live in a buffer made
     # before any backward (DDP's bucket views, Megatron-LM's grad buffer)
-    accumulating = flight.accumulating | batch.gradient_buffer[:, None]
+    accumulating = (flight.accumulating | batch.gradient_buffer[:, None] if np.count_nonzero(batch.gradient_buffer)
+                    else flight.accumulating)
     share_rows = ~accumulating & batch.sharding.whole_gradients[:, None]
     out: Dict[str, np.ndarray] = {}
     # (K, N, R, V), the kinds and chunks at once (never a layer): one micro-batch of each chunk's layers; the
@@ -1247,12 +1254,12 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     """
     n, ranks = params.dense.shape
     t, sp, tokens = batch.tp, batch.sp, batch.tokens
-    # at the layers' moments and at the output backward; each below where some row holds it (never negative)
-    activation_buffers, output_buffers = np.zeros((n, ranks)), np.zeros((n, ranks))
+    activation_buffers = np.zeros((n, ranks))  # each below where some row holds it (bytes are never negative)
     tp_rows = sp & (batch.tp_int > 1)
     if np.count_nonzero(tp_rows):
-        tp_buffer = np.where(tp_rows, tokens * model.hidden_size * batch.compute_bytes, 0.0)[:, None]
-        activation_buffers, output_buffers = np.maximum(activation_buffers, tp_buffer), tp_buffer + output_buffers
+        tp_buffer = np.where(tp_rows, tokens * model.hidden_size * batch.compute_bytes, 0.0)
+        activation_buffers = np.maximum(activation_buffers, tp_buffer[:, None])
+    output_buffers = activation_buffers  # the output backward's: SP's alone (the others below make new arrays)
     ep_rows = cols["ep"] > 1
     if np.count_nonzero(model.is_moe) and np.count_nonzero(ep_rows):
         moe_on_rank = (layers * model.is_moe[:, None, None]).sum(axis=0) > 0
