@@ -839,8 +839,9 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                    "DDP, whose contiguous grad buffer (main_grad, in grad_dtype) is whole from the "
                                    "first backward, as torch_bucket_view. deepspeed: DeepSpeed's engine at ZeRO 0 or "
                                    "1, gradients as autograd makes them (its flat copy of one bucket at a time "
-                                   "during the reduction is left out). Left out: the time of torch's copies into "
-                                   "and out of its buckets. No effect without such replicas",
+                                   "during the reduction is left out). Left out: the time of the engines' passes "
+                                   "over the gradients around the reduction (torch's copies into and out of its "
+                                   "buckets, the division by the replicas). No effect without such replicas",
                            synonyms=("ddp_backend", "ddp_impl", "ddp_implementation", "data_parallel_engine",
                                      "gradient_as_bucket_view", "dp_engine")),
     "loss_engine": FieldDoc(meaning="the implementation of the cross-entropy loss, which decides the output "
