@@ -13,10 +13,15 @@ Built in:
   ``s`` of ``p`` holds ``min(p - s, m)`` micro-batches at its peak.
 - ``interleaved`` (Megatron's interleaved 1F1B with ``vpp`` model chunks per
   rank, virtual stage ``c * p + r`` on rank ``r``): rank ``r`` runs
-  ``(p - r - 1) * 2 + (v - 1) * p`` warm-up forwards and one more before its
-  first backward; forward ``i`` runs chunk ``(i // p) % v``. Rank 0 thus holds
-  ``p * v + p - 1`` chunk-micro-batches, Megatron's memory factor
-  ``1 + (p - 1) / (p * v)`` of ``p`` micro-batches of ``L / p`` layers.
+  ``(p - r - 1) * 2 + (v - 1) * g`` warm-up forwards and one more before its
+  first backward; forward ``i`` runs chunk ``(i // g) % v``, ``g`` the
+  micro-batches a round: ``p`` where ``m`` is a multiple of it (Megatron-LM
+  refuses other counts), ``m // max(1, m // p)`` in torch's Interleaved1F1B,
+  which refuses ``m`` not a multiple of its rounds (so does this schedule).
+  Rank 0 thus holds ``p * v + p - 1`` chunk-micro-batches at ``m >= p``,
+  Megatron's memory factor ``1 + (p - 1) / (p * v)`` of ``p`` micro-batches
+  of ``L / p`` layers; with fewer micro-batches than ranks every forward runs
+  before the first backward.
 - ``gpipe``: every forward before any backward, ``m`` micro-batches.
 - ``interleaved-a2a-overlap`` and ``1f1b-a2a-overlap``: Megatron-LM's EP
   all-to-all overlap (``--overlap-moe-expert-parallel-comm``, the "combined
@@ -145,9 +150,14 @@ class Interleaved(Schedule):
     """Megatron's interleaved 1F1B over ``vpp`` chunks a rank (virtual stage ``c * p + r`` on rank r)."""
 
     def refusals(self, pp, vpp, m):
+        rounds = np.maximum(m // np.maximum(pp, 1), 1)
         return [(vpp < 2, f"schedule {self.name} needs vpp >= 2 model chunks per rank (vpp={{vpp}}); "
                           "use schedule=1f1b for one chunk"),
-                (pp < 2, f"schedule {self.name} needs pp >= 2 (pp={{pp}}); use pp=1 with schedule=1f1b")]
+                (pp < 2, f"schedule {self.name} needs pp >= 2 (pp={{pp}}); use pp=1 with schedule=1f1b"),
+                ((vpp >= 2) & (pp >= 2) & (m % rounds != 0),
+                 f"schedule {self.name} runs its micro-batches in rounds of equal size: num_micro_batches={{m}} is "
+                 "not a multiple of its rounds, max(1, num_micro_batches // pp) (torch's Interleaved1F1B refuses "
+                 "it; Megatron-LM needs a multiple of pp={pp}); give a multiple of pp")]
 
     # forwards a rank runs before its first backward beyond Megatron's warm-up: the one that precedes it
     extra_forwards: int = 1
@@ -160,10 +170,14 @@ class Interleaved(Schedule):
         return (pp - k) + (k - 1) / vpp
 
     def in_flight(self, pp, vpp, m, rank, chunk):
-        held = np.minimum((pp - rank - 1) * 2 + (vpp - 1) * pp + self.extra_forwards, m * vpp)
-        cycle = pp * vpp
+        """The forwards before the rank's first backward, each chunk's: the forwards run in groups of ``g`` micro-
+        batches a chunk, ``g = m // max(1, m // p)`` (torch's Interleaved1F1B ``microbatches_per_round``; ``p``
+        where ``m`` is a multiple of it, Megatron-LM's), ``(v - 1) g + 2 (p - r - 1)`` of them the warm-up."""
+        group = m // np.maximum(m // pp, 1)
+        held = np.minimum((pp - rank - 1) * 2 + (vpp - 1) * group + self.extra_forwards, m * vpp)
+        cycle = group * vpp
         full, rest = held // cycle, held % cycle
-        count = full * pp + np.clip(rest - chunk * pp, 0, pp)
+        count = full * group + np.clip(rest - chunk * group, 0, group)
         return np.minimum(count, m)
 
 

@@ -437,6 +437,9 @@ def test_schedules_refuse_what_they_do_not_model():
         cm.evaluate(Strategy.parse(f"pp=2,vpp=2,seq={s}"))
     with pytest.raises(InvalidStrategy, match="dualpipev.*vpp=2"):
         cm.evaluate(Strategy.parse(f"pp=2,schedule=dualpipev,seq={s}"))
+    # torch's Interleaved1F1B runs max(1, m // p) rounds of equal size (Megatron-LM: m a multiple of p)
+    with pytest.raises(InvalidStrategy, match=r"num_micro_batches=9 is not a multiple of its rounds.*pp=4"):
+        cm.evaluate(Strategy.parse(f"pp=4,vpp=2,schedule=interleaved,num_micro_batches=9,seq={s}"))
     cost = cm.evaluate(Strategy.parse(f"pp=2,vpp=2,schedule=dualpipev,num_micro_batches=8,seq={s}"))
     # the V: rank 0 holds the first and the last virtual stage, so the embedding and the head
     assert cost.stages[0].bytes_by_category["output"] > 0

@@ -21,15 +21,20 @@ from ndcost.trainers import from_config, to_config
 
 def held_walk(p, v, m, rank, extra):
     """Chunk-micro-batches rank *rank* holds as its first backward starts: the warm-up forwards, the one before
-    the first backward, and *extra* more (the overlap's)."""
-    warmup = min((p - rank - 1) * 2 + (v - 1) * p + extra, m * v)
+    the first backward, and *extra* more (the overlap's). The forwards run a chunk's micro-batches in groups of
+    torch's ``microbatches_per_round`` (torch/distributed/pipelining/schedules.py, ScheduleInterleaved1F1B:
+    ``m // max(1, m // p)``, ``p`` where ``m`` is a multiple of it, as Megatron-LM's), forward k on chunk
+    ``(k // group) % v`` (``forward_stage_index``), the warm-up ``(v - 1) group + 2 (p - 1 - rank)``."""
+    group = m // max(1, m // p)
+    warmup = min((p - rank - 1) * 2 + (v - 1) * group + extra, m * v)
     held = [0] * v
     for k in range(min(warmup + 1, m * v)):
-        held[(k // p) % v] += 1
+        held[(k // group) % v] += 1
     return held
 
 
-@pytest.mark.parametrize("p, v, m", [(2, 2, 4), (4, 2, 8), (4, 3, 12), (8, 4, 32), (2, 24, 32), (4, 2, 4)])
+@pytest.mark.parametrize("p, v, m", [(2, 2, 4), (4, 2, 8), (4, 3, 12), (8, 4, 32), (2, 24, 32), (4, 2, 4),
+                                     (4, 2, 1), (4, 2, 2), (4, 3, 3), (8, 2, 5), (4, 2, 6), (4, 2, 10)])
 def test_interleaved_a2a_overlap_holds_one_more_warm_up_forward(p, v, m):
     plain, overlap = registry().get("schedule/interleaved"), registry().get("schedule/interleaved-a2a-overlap")
     for rank in range(p):
