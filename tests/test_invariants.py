@@ -397,6 +397,22 @@ def test_a_field_without_its_parallelism_changes_nothing(name, field, values, id
     assert np.array_equal(second.time["step_seconds"][rows], first.time["step_seconds"][rows])
 
 
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "gpt-oss-20b"])
+@pytest.mark.parametrize("field,fixed", [
+    ("tp", {"sp": True, "vocab_parallel": True}),                   # every split part and activation halves
+    ("pp", {"vpp": 1, "schedule": "1f1b", "num_micro_batches": 16}),  # half the layers, the same layer-batches
+])
+def test_more_model_parallel_ranks_never_hold_more(name, field, fixed):
+    model = ndcost.resolve(name, census="off")
+    cols = {**_fsdp_grid(300, bool(model.spec.num_experts), seed=83), **{k: np.full(300, v) for k, v in fixed.items()}}
+    one = model.evaluate_many(cols)
+    two = model.evaluate_many(_with(cols, **{field: 2 * np.asarray(cols[field])}))
+    both = one.valid & two.valid
+    assert both.sum() >= 50
+    more = both & (two.peak_bytes > one.peak_bytes)
+    assert not more.any(), [{k: np.asarray(v)[i].item() for k, v in cols.items()} for i in np.flatnonzero(more)[:3]]
+
+
 def _faster(hardware, part):
     """*hardware* with twice the bandwidth of its links (every network level) or of its memory."""
     import attrs
