@@ -1518,7 +1518,8 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     than the stages) runs the next micro-batch's backward holding every gradient
     and one micro-batch's activations and outputs fewer: the output and last
     layer's backward moments are those where they hold more (the pipeline's
-    buffers as at the first).
+    buffers as at the first); an upper bound under virtual stages, where that
+    backward has made its own chunk's gradients alone.
     """
     accumulating, hidden = stage.accumulating, model.hidden_size
     zeros = np.zeros(accumulating.shape)
