@@ -59,7 +59,15 @@ from ndcost import manager
 from ndcost.compose import sharding as sharding_rules
 from ndcost.compose.placement import balanced_split
 from ndcost.errors import InvalidValue, MissingExtra, NoValidStrategy, UnknownKey, Unpriced
-from ndcost.values import CP_ALGOS, MEMORY_CATEGORIES, RECOMPUTE, Strategy, frozen_mapping, most_exposed
+from ndcost.values import (
+    CP_ALGOS,
+    DDP_BUCKET_ENGINES,
+    MEMORY_CATEGORIES,
+    RECOMPUTE,
+    Strategy,
+    frozen_mapping,
+    most_exposed,
+)
 
 __all__ = ["search", "search_grid", "held_fields", "Candidate", "Pruning", "SearchResult", "SearchPoints",
            "ProgressBar", "SearchSettings", "pareto_front", "plot_search", "RECOMPUTE_LAYER_FRACTIONS", "CHUNK_ROWS",
@@ -929,7 +937,7 @@ def _one_change(strategy: Strategy) -> List[Strategy]:
                     {"cp": 2 * s.cp, **fewer}]
     changes += [{"offload_activations": True}] if not s.offload_activations else []
     changes += [{"offload_optimizer": True}] if not s.offload_optimizer else []
-    if s.ddp_engine in ("auto", "torch") and sharding_rules.runs_ddp(s):
+    if s.ddp_engine in DDP_BUCKET_ENGINES and sharding_rules.runs_ddp(s):
         changes.append({"ddp_engine": "torch_bucket_view"})
     out = []
     for change in changes:
@@ -944,8 +952,8 @@ def one_change_fits(model: Any, strategy: Strategy, *, hardware: Any = None,
                     top: int = 3) -> Tuple[Tuple[str, Candidate], ...]:
     """Up to *top* strategies one change from *strategy* (:func:`_one_change`) that run and fit where it may not,
     fastest first (the lower peak first among equal steps), each with its change as ``field=value,...``: what a
-    planner whose strategy does not fit tries next, before a search. None where the model prices no step time
-    (nothing to rank them by)."""
+    planner whose strategy does not fit tries next, before a search. None (an empty tuple) where the model prices
+    no step time (nothing to rank them by)."""
     alternatives = _one_change(strategy)
     if not alternatives:
         return ()

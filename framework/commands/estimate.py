@@ -179,7 +179,7 @@ def run(args):
                       for change, c in nearest]
         else:
             lines.append("no one change fits (recompute, ZeRO or FSDP, SP, micro-batches, twice the TP, PP or CP, "
-                         "offloading): `ndcost search` tries every strategy for the devices")
+                         "offloading, DDP's bucket views): `ndcost search` tries every strategy for the devices")
     sources = cost.provenance.get("records", {})
     for seq, prov in sources.items():
         acts = prov.get("activations", {})

@@ -51,6 +51,7 @@ from ndcost.errors import InvalidValue, Unpriced
 from ndcost.values import (
     CP_ALGOS,
     CP_ROTATES,
+    DDP_BUCKET_ENGINES,
     DDP_ENGINES,
     DTYPES,
     LOSS_ENGINES,
@@ -585,11 +586,11 @@ def _batch(cols: Mapping[str, Any]) -> _Batch:
                   **_ddp_engine(shard.ddp, cols["ddp_engine"]))
 
 
-# by ddp_engine code (auto is torch's): PyTorch's DDP buckets, made when it wraps the model, beside the gradients
+# by ddp_engine code: PyTorch's DDP buckets, made when it wraps the model, beside the gradients
 # (gradient_as_bucket_view=False, its default); the gradients as views of them, or Megatron-LM's contiguous grad
 # buffer (megatron/core/distributed/param_and_grad_buffer.py), whole from the first backward; DeepSpeed's engine
 # at ZeRO 0-1 reduces autograd's gradients at the accumulation boundary
-_DDP_BUCKETS = np.isin(np.array(DDP_ENGINES), ("auto", "torch"))
+_DDP_BUCKETS = np.isin(np.array(DDP_ENGINES), DDP_BUCKET_ENGINES)
 _GRADIENT_BUFFER = np.isin(np.array(DDP_ENGINES), ("torch_bucket_view", "megatron"))
 for _table in (_DDP_BUCKETS, _GRADIENT_BUFFER):
     _table.setflags(write=False)
