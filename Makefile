@@ -23,7 +23,7 @@ $(VENV)/bin/python:
 # `make install` again.
 install: $(filter $(VENV)/bin/python,$(PYTHON))
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[census,test,lint,plot,dask]' --config-settings editable_mode=strict
+	$(PIP) install -q -e '.[census,test,lint,plot,dask,deepspeed]' --config-settings editable_mode=strict
 
 # The example third-party family (docs/examples/ndcost-olmo2), installed as an outsider would: .ci/run runs the
 # suite with it installed (tests/test_third_party_family.py checks it; a real uninstall happens in a throwaway venv).

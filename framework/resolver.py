@@ -39,6 +39,7 @@ from ndcost.specio import load_hardware_yaml
 from ndcost.values import (
     CP_ALGOS,
     CP_ROTATES,
+    DDP_ENGINES,
     FLOAT8_RECIPES,
     GRADIENT_SYNC,
     MEMORY_CATEGORIES,
@@ -996,6 +997,29 @@ class CostModel:
                          "gradient_sync=every_micro_batch with zero=1: ZeRO-1 keeps whole gradients and reduces them "
                          "once, at the accumulation boundary (DeepSpeed, Megatron-LM's distributed optimizer); use "
                          "gradient_sync=auto, or zero=2 to reduce-scatter every micro-batch")
+        bucket = c["reduce_bucket_elements"] > 0
+        if np.count_nonzero(bucket) or np.count_nonzero(c["reduce_buckets"] > 1):
+            # DeepSpeed's ZeRO optimizers' contiguous gradient bucket (deepspeed/runtime/zero/stage_1_and_2.py,
+            # stage3.py): the compose rule prices it as their own backward allocates it
+            batch.refuse(bucket & (c["zero"] == 0),
+                         lambda i: f"reduce_bucket_elements={c['reduce_bucket_elements'][i]} with zero=0: the "
+                                   f"bucket is DeepSpeed ZeRO's (zero 1-3); set zero, or reduce_bucket_elements=0")
+            batch.refuse(bucket & (c["pp"] > 1),
+                         lambda i: f"reduce_bucket_elements={c['reduce_bucket_elements'][i]} with pp={c['pp'][i]}: "
+                                   f"DeepSpeed's pipeline engine makes its ZeRO bucket at the boundary's reduction, "
+                                   f"which is not priced; give reduce_bucket_elements=0 (its bytes left out)")
+            deepspeed = (c["ddp_engine"] == DDP_ENGINES.index("auto")) | (c["ddp_engine"] == DDP_ENGINES.index(
+                "deepspeed"))
+            batch.refuse(bucket & ~deepspeed,
+                         lambda i: f"reduce_bucket_elements={c['reduce_bucket_elements'][i]} with ddp_engine="
+                                   f"{DDP_ENGINES[c['ddp_engine'][i]]}: the bucket is DeepSpeed's; use "
+                                   f"ddp_engine=deepspeed, or reduce_bucket_elements=0")
+            batch.refuse((c["reduce_buckets"] > 1) & ~bucket,
+                         "reduce_buckets=2 with reduce_bucket_elements=0: it counts buckets of that many elements; "
+                         "give reduce_bucket_elements (DeepSpeed's reduce_bucket_size), or reduce_buckets=1")
+            batch.refuse((c["reduce_buckets"] > 1) & (c["zero"] == 3),
+                         "reduce_buckets=2 with zero=3: ZeRO-3 allocates one bucket at its start whatever "
+                         "overlap_comm says (deepspeed/runtime/zero/stage3.py); use reduce_buckets=1")
         if np.count_nonzero(c["offload_params"]):
             # FSDP2's CPUOffloadPolicy and ZeRO-Infinity's offload_param copy the sharded parameters to the device
             # to gather them, and the optimizer steps them where they live: on the host

@@ -415,6 +415,8 @@ class Strategy:
     pp_return_outputs: bool = attrs.field(default=False, converter=_bool_field("pp_return_outputs"))
     fsdp_engine: str = attrs.field(default="auto", converter=_choice("fsdp_engine", FSDP_ENGINES))
     ddp_engine: str = attrs.field(default="auto", converter=_choice("ddp_engine", DDP_ENGINES))
+    reduce_bucket_elements: int = attrs.field(default=0, converter=_int_field("reduce_bucket_elements", 0))
+    reduce_buckets: int = attrs.field(default=1, converter=_int_field("reduce_buckets", 1, 2))
     loss_engine: str = attrs.field(default="auto", converter=_choice("loss_engine", LOSS_ENGINES))
     cp_rotate: str = attrs.field(default="allgather", converter=_choice("cp_rotate", CP_ROTATES))
     ep_dispatcher: str = attrs.field(default="alltoall", converter=_choice("ep_dispatcher", EP_DISPATCHERS))
@@ -839,12 +841,25 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                    "buckets, every one whole from the first backward, once. megatron: Megatron-LM's "
                                    "DDP, whose contiguous grad buffer (main_grad, in grad_dtype) is whole from the "
                                    "first backward, as torch_bucket_view. deepspeed: DeepSpeed's engine at ZeRO 0 or "
-                                   "1, gradients as autograd makes them (its flat copy of one bucket at a time "
-                                   "during the reduction is left out). Left out: the time of the engines' passes "
+                                   "1, gradients as autograd makes them (at ZeRO 0 its flat copy of one bucket at a "
+                                   "time during the reduction is left out; ZeRO-1's bucket is "
+                                   "reduce_bucket_elements). Left out: the time of the engines' passes "
                                    "over the gradients around the reduction (torch's copies into and out of its "
                                    "buckets, the division by the replicas). No effect without such replicas",
                            synonyms=("ddp_backend", "ddp_impl", "ddp_implementation", "data_parallel_engine",
                                      "gradient_as_bucket_view", "dp_engine")),
+    "reduce_bucket_elements": FieldDoc(
+        meaning="DeepSpeed ZeRO's contiguous gradient bucket, one buffer of this many elements in param_dtype that "
+                "gradients are copied into for their reduction (zero_optimization.reduce_bucket_size under "
+                "contiguous_gradients; DeepSpeed's default 500,000,000), whatever the model's size. ZeRO 1 holds it "
+                "from the step's first gradient to the reduction at the accumulation boundary, ZeRO 2 from each "
+                "backward's first gradient to its end, ZeRO 3 for the whole run (deepspeed/runtime/zero/"
+                "stage_1_and_2.py setup_buckets, stage3.py). 0: none (every other engine, and DeepSpeed's "
+                "BF16_Optimizer at ZeRO 1 with fp32 gradients). Left out: the copy's time",
+        unit="elements", synonyms=("reduce_bucket_size", "bucket_size", "ipg_bucket_size", "contiguous_gradients")),
+    "reduce_buckets": FieldDoc(meaning="how many reduce buckets of reduce_bucket_elements ZeRO 1 and 2 hold: 2 "
+                                       "under DeepSpeed's overlap_comm (a double buffer), else 1; ZeRO 3 holds one",
+                               unit="buffers", synonyms=("overlap_comm", "double_buffer")),
     "loss_engine": FieldDoc(meaning="the implementation of the cross-entropy loss, which decides the output "
                                     "layer's backward peak (a logit's bytes, 16-bit logits). auto: as torch. torch: "
                                     "F.cross_entropy on fp32 logits (Transformers', torchtitan's): log_softmax's "

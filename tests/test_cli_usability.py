@@ -38,7 +38,7 @@ def test_make_creates_and_uses_a_venv_when_none_is_active(tmp_path):
     lines = _make_dry_run("install", {}, f"VENV={venv}")
     assert lines[0] == f"python3 -m venv {venv}"
     assert lines[1] == f"{venv}/bin/python -m pip install -q torch==2.13.0"       # torch pinned first
-    assert lines[2].startswith(f"{venv}/bin/python -m pip install -q -e '.[census,test,lint,plot,dask]'")
+    assert lines[2].startswith(f"{venv}/bin/python -m pip install -q -e '.[census,test,lint,plot,dask,deepspeed]'")
     demo = _make_dry_run("demo", {}, f"VENV={venv}")
     assert demo[-1].startswith(f"{venv}/bin/python -m ndcost estimate llama-3.1-8b")
 
@@ -109,7 +109,7 @@ def test_the_installed_package_wins_over_a_checkout_named_ndcost(tmp_path):
 # ---------------------------------------------------------------------------
 def test_every_strategy_field_has_an_entry_and_synonyms_are_unambiguous():
     names = Strategy.field_names()
-    assert len(names) == 45 and set(STRATEGY_FIELD_DOCS) == set(names)
+    assert len(names) == 47 and set(STRATEGY_FIELD_DOCS) == set(names)
     synonyms = [s for doc in STRATEGY_FIELD_DOCS.values() for s in doc.synonyms]
     assert len(synonyms) == len(set(synonyms)) and not set(synonyms) & set(names)
     assert all(doc.meaning for doc in STRATEGY_FIELD_DOCS.values())
@@ -142,7 +142,7 @@ def test_strategy_fields_doc_is_current():
     expected = ndcost("fields", "--markdown").stdout
     assert (ROOT / "docs" / "strategy-fields.md").read_text() == expected, \
         "regenerate it: python -m ndcost fields --markdown > docs/strategy-fields.md"
-    assert expected.count("\n| `") == 45
+    assert expected.count("\n| `") == 47
 
 
 @pytest.mark.parametrize("wrong, meant", [("tensor_parallel", "tp"), ("pipeline_parallel", "pp"),

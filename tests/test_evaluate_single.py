@@ -322,7 +322,9 @@ OTHER_VALUE = {"dp": 1, "fsdp": 4, "tp": 4, "pp": 4, "vpp": 2, "cp": 2, "ep": 4,
                "pp_engine": "torch", "pp_return_outputs": {"pp_engine": "torch", "pp_return_outputs": True},
                "fsdp_engine": "megatron", "ddp_engine": {"ddp_engine": "torch", "fsdp": 1}, "loss_engine": "megatron",
                "cp_rotate": {"cp_rotate": "p2p", "cp": 2},
-               "ep_dispatcher": {"ep_dispatcher": "deepep", "ep": 4}}
+               "ep_dispatcher": {"ep_dispatcher": "deepep", "ep": 4},
+               "reduce_bucket_elements": {"reduce_bucket_elements": 1000, "zero": 3, "fsdp": 1, "pp": 1},
+               "reduce_buckets": {"reduce_buckets": 2, "reduce_bucket_elements": 1000, "zero": 1, "fsdp": 1, "pp": 1}}
 
 
 def test_every_field_reaches_one_strategys_figures():

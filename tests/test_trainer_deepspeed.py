@@ -48,8 +48,10 @@ def test_zero2_cpu_offload_config_field_by_field():
         micro_batch=2,           # train_batch_size 8 // 4 ranks // gradient_accumulation_steps 1
         num_micro_batches=1,
         offload_optimizer=True,  # zero_optimization.cpu_offload, the deprecated offload_optimizer.device cpu
+        reduce_bucket_elements=7_000_000,  # reduce_bucket_size; contiguous (offloaded), overlap_comm off: one
         **FP16)
     assert "zero_optimization.cpu_offload" in config.read_fields
+    assert "zero_optimization.reduce_bucket_size" in config.read_fields
 
 
 def test_zero3_parameter_offload_config_field_by_field(tmp_path):
@@ -64,6 +66,7 @@ def test_zero3_parameter_offload_config_field_by_field(tmp_path):
         offload_params=True,      # offload_param.device cpu
         offload_optimizer=True,   # offload_optimizer.device cpu
         micro_batch=1, num_micro_batches=1,  # train_batch_size 1 on one rank
+        reduce_bucket_elements=500_000_000,  # ZeRO-3's one bucket at DeepSpeed's default reduce_bucket_size
         param_dtype="fp32")       # neither fp16 nor bf16: fp32 throughout
     assert "zero_optimization.offload_param.buffer_size" in config.ignored_fields  # "auto", with no bearing
 
@@ -100,11 +103,36 @@ def test_ulysses_autotp_bf16_master_and_cpu_checkpointing(tmp_path):
         tp=2, cp=4, cp_algo="ulysses",  # autotp_size 2; sequence_parallel_size 4 is DeepSpeed-Ulysses
         dp=4,                           # 32 / (2 * 4): DeepSpeed's batch world is the devices over both
         zero=3, micro_batch=8,          # 64 // 4 ranks // 2 steps
+        reduce_bucket_elements=500_000_000,  # ZeRO-3's bucket, DeepSpeed's default size
         num_micro_batches=2,
         param_dtype="bf16", grad_dtype="bf16", master_dtype="bf16", optimizer_dtype="bf16",
         offload_activations=True,       # cpu_checkpointing: the checkpoints in host memory
         seq=8192)                       # from --strategy: the file states no length
     assert config.overrides == ("seq=8192 (file: unset)",)
+
+
+@pytest.mark.parametrize("zero, precision, expected", [
+    # stage 2 with overlap_comm: two buffers of reduce_bucket_size (stage_1_and_2.py setup_buckets)
+    ({"stage": 2, "overlap_comm": True, "reduce_bucket_size": 2e8}, {"fp16": {"enabled": True}},
+     dict(reduce_bucket_elements=200_000_000, reduce_buckets=2)),
+    # every default: contiguous_gradients, 5e8 elements, overlap_comm off below stage 3
+    ({"stage": 1}, {"bf16": {"enabled": True}}, dict(reduce_bucket_elements=500_000_000)),
+    # stage 3's overlap_comm is on by default: still one bucket (stage3.py)
+    ({"stage": 3, "reduce_bucket_size": 1000}, {"bf16": {"enabled": True}}, dict(reduce_bucket_elements=1000)),
+    ({"stage": 2, "contiguous_gradients": False}, {"bf16": {"enabled": True}}, {}),
+    # the optimizer offloaded forces the contiguous bucket at stages 1-2
+    ({"stage": 2, "contiguous_gradients": False, "offload_optimizer": {"device": "cpu"}}, {"bf16": {"enabled": True}},
+     dict(reduce_bucket_elements=500_000_000, offload_optimizer=True)),
+    # ZeRO-1 with bf16 parameters and fp32 gradients runs BF16_Optimizer (engine.py): no bucket
+    ({"stage": 1}, {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}}, dict(grad_dtype="fp32")),
+])
+def test_the_zero_bucket_is_read_as_deepspeed_makes_it(tmp_path, zero, precision, expected):
+    path = write(tmp_path, {"train_batch_size": 8, "zero_optimization": zero, **precision})
+    strategy = from_config("deepspeed", path, devices=8, model="llama-3.1-8b").strategy
+    assert strategy.reduce_bucket_elements == expected.get("reduce_bucket_elements", 0)
+    assert strategy.reduce_buckets == expected.get("reduce_buckets", 1)
+    for name, value in expected.items():
+        assert getattr(strategy, name) == value
 
 
 @pytest.mark.parametrize("doc, field, words", [
@@ -175,6 +203,12 @@ ROUND_TRIP = [
          master_dtype="fp32", optimizer_dtype="fp32", offload_activations=True),
     dict(dp=2, zero=3, param_dtype="bf16", grad_dtype="bf16", master_dtype="bf16", optimizer_dtype="bf16"),
     dict(dp=16, param_dtype="fp32", micro_batch=4),
+    # ZeRO's contiguous bucket: two at ZeRO 1-2 under overlap_comm, one at ZeRO-3, forced by the optimizer offload
+    dict(dp=4, zero=2, reduce_bucket_elements=200_000_000, reduce_buckets=2, **FP16),
+    dict(dp=4, zero=1, reduce_bucket_elements=500_000_000, **FP16),
+    dict(dp=4, zero=2, offload_optimizer=True, reduce_bucket_elements=500_000_000, **FP16),
+    dict(dp=8, zero=3, reduce_bucket_elements=10_000, param_dtype="bf16", grad_dtype="bf16", master_dtype="fp32",
+         optimizer_dtype="fp32"),
 ]
 
 
@@ -196,6 +230,11 @@ def test_written_configs_read_back_to_the_same_strategy(tmp_path, fields):
     (dict(float8="tensorwise"), "float8=tensorwise"), (dict(pp_engine="torch"), "pp_engine=torch"),
     (dict(cp=2, cp_algo="ulysses", cp_rotate="p2p"), "cp_rotate=p2p"),
     (dict(ep_dispatcher="deepep"), "ep_dispatcher=deepep"),
+    (dict(reduce_bucket_elements=1000, **FP16), "reduce_bucket_elements=1000"),  # zero 0: no ZeRO optimizer
+    (dict(zero=1, reduce_bucket_elements=1000, param_dtype="bf16", grad_dtype="fp32", master_dtype="fp32",
+          optimizer_dtype="fp32"), "reduce_bucket_elements=1000"),  # BF16_Optimizer's ZeRO-1: none
+    (dict(zero=3, reduce_bucket_elements=1000, reduce_buckets=2, **FP16), "reduce_buckets=2"),
+    (dict(zero=2, offload_optimizer=True, **FP16), "reduce_bucket_elements=0"),  # offload forces it
 ])
 def test_the_writer_refuses_what_deepspeed_cannot_say(fields, named):
     with pytest.raises(InvalidValue, match=f"deepspeed writer: {named}"):

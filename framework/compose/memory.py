@@ -553,6 +553,9 @@ class _Batch:
     # bucket views, Megatron-LM's grad buffer), or torch's buckets beside the gradients autograd makes
     gradient_buffer: np.ndarray
     ddp_buckets: np.ndarray
+    # (N,) bytes of DeepSpeed ZeRO's reduce buckets (reduce_bucket_elements * reduce_buckets in param_dtype);
+    # None where no row holds one
+    reduce_bucket_bytes: Optional[np.ndarray]
 
 
 def _batch(cols: Mapping[str, Any]) -> _Batch:
@@ -583,7 +586,9 @@ def _batch(cols: Mapping[str, Any]) -> _Batch:
                   sharding=shard, fp32_autocast=fp32_autocast,
                   any_fp32_autocast=autocast_rows > 0 and bool(np.count_nonzero(fp32_autocast)),
                   recompute_used=tuple(used), sp_rows=int(np.count_nonzero(cols["sp"])),
-                  **_ddp_engine(shard.ddp, cols["ddp_engine"]))
+                  **_ddp_engine(shard.ddp, cols["ddp_engine"]),
+                  reduce_bucket_bytes=(cols["reduce_bucket_elements"] * cols["reduce_buckets"] * param_bytes
+                                       if np.count_nonzero(cols["reduce_bucket_elements"]) else None))
 
 
 # by ddp_engine code: PyTorch's DDP buckets, made when it wraps the model, beside the gradients
@@ -1510,7 +1515,10 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     gradients live in a buffer made before any backward (``ddp_engine``
     ``torch_bucket_view`` or ``megatron``); PyTorch DDP's own buckets
     (``ddp_engine=torch``) hold every gradient again, communication at every
-    moment. Under FSDP2 a
+    moment. DeepSpeed ZeRO's reduce bucket (``reduce_bucket_elements``) is
+    communication from a backward's first gradient: at ZeRO-1 to the
+    accumulation boundary (a later micro-batch's loss holds it), at ZeRO-2 to
+    that backward's end, at ZeRO-3 at every moment. Under FSDP2 a
     layer's gradient is sharded after its backward, the root's at the end,
     but under ``gradient_sync=last_micro_batch`` every gradient is held whole
     (in ``grad_dtype``) to the step's reduce-scatter: the optimizer step holds
@@ -1565,6 +1573,12 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
     if np.count_nonzero(batch.ddp_buckets):
         buckets = np.where(batch.ddp_buckets[:, None], grads_all, 0.0)
         at_loss, at_last, at_end = (b + buckets for b in (at_loss, at_last, at_end))
+    if batch.reduce_bucket_bytes is not None:  # DeepSpeed ZeRO's: made at a backward's first gradient
+        bucket, zero = batch.reduce_bucket_bytes[:, None], cols["zero"][:, None]
+        # ZeRO-1 keeps it to the boundary's reduction (a later micro-batch's loss holds it), ZeRO-3 for the run
+        at_loss = at_loss + np.where((zero == 3) | ((zero == 1) & accumulating), bucket, 0.0)
+        at_last, at_end = at_last + bucket, at_end + bucket
+        buckets = buckets + np.where(zero == 3, bucket, 0.0)
     others = whole(outputs["others"])
     at_output = dict(gradients=_rows_where(accumulating, accumulating_ranks, lambda: grads_all, lambda: zeros),
                      activations=kept, working=zeros, output=whole(outputs["at_loss"]), communication=at_loss)

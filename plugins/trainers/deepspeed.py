@@ -15,6 +15,10 @@ type") and an fp32 master copy and fp32 optimizer states (ZeRO,
 arXiv:1910.02054 section 3: 2 + 2 + 12 bytes a parameter);
 ``bf16_master_weights_and_grads`` / ``bf16_optimizer_states`` keep those in bf16.
 
+The ZeRO optimizers' contiguous gradient bucket (``reduce_bucket_size``,
+``contiguous_gradients``, ``overlap_comm``) is ``reduce_bucket_elements`` and
+``reduce_buckets`` (:func:`_reduce_bucket`).
+
 ``activation_checkpointing`` configures deepspeed.checkpointing, which
 recomputes only where the model calls it: the reader leaves ``recompute`` as
 the strategy gives it (``--strategy recompute=full``), prices
@@ -62,8 +66,7 @@ REFUSED: Mapping[str, str] = {
                            "on a copy without it",
     "hybrid_engine": "the hybrid engine (RLHF generation) is not priced; remove it in a copy",
 }
-ZERO_IGNORED = ("allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter",
-                "reduce_bucket_size", "contiguous_gradients", "stage3_max_live_parameters",
+ZERO_IGNORED = ("allgather_partitions", "allgather_bucket_size", "reduce_scatter", "stage3_max_live_parameters",
                 "stage3_max_reuse_distance", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
                 "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
                 "sub_group_size", "elastic_checkpoint", "ignore_unused_parameters", "round_robin_gradients",
@@ -171,6 +174,7 @@ class DeepSpeedFormat:
         fields.update(_zero(f, defaults))
         fields.update(_batch(f, dp, defaults))
         fields.update(_precision(f, defaults))
+        fields.update(_reduce_bucket(f, fields, defaults))
         fields.update(_checkpointing(f, tp, defaults))
         optimizer = f.section("optimizer")
         kind = f.value(optimizer, "type", "optimizer.type", str) if optimizer else None
@@ -239,6 +243,42 @@ def _zero(f: _File, defaults: List[str]) -> Dict[str, Any]:
                        "stepping them on the host", "add \"offload_optimizer\": {\"device\": \"cpu\"} in a copy, "
                        "or remove offload_param")
     return fields
+
+
+# zero_optimization's defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size 5e8 elements,
+# contiguous_gradients true, overlap_comm true at stage 3 alone
+REDUCE_BUCKET_ELEMENTS = 500_000_000
+_BUCKET_KEYS = ("contiguous_gradients", "reduce_bucket_size", "overlap_comm")
+
+
+def _reduce_bucket(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> Dict[str, Any]:
+    """The ZeRO optimizer's contiguous gradient bucket (``reduce_bucket_elements``, ``reduce_buckets``).
+
+    ZeRO 1-2 copy gradients into ``reduce_bucket_size`` elements of the parameters' dtype (two with
+    ``overlap_comm``), contiguous whenever the optimizer is offloaded (stage_1_and_2.py); ZeRO-3 one bucket
+    (stage3.py). ZeRO-1 with bf16 parameters and fp32 gradients runs BF16_Optimizer instead, which has none
+    (engine.py ``_do_optimizer_sanity_check``).
+    """
+    stage = fields["zero"]
+    zero = f.section("zero_optimization")
+    if stage == 0:  # DeepSpeed's engine reduces without a ZeRO optimizer
+        f.ignored.extend(f"zero_optimization.{key}" for key in _BUCKET_KEYS if key in zero)
+        return {}
+    contiguous = f.value(zero, "contiguous_gradients", "zero_optimization.contiguous_gradients", bool, True)
+    elements = f.value(zero, "reduce_bucket_size", "zero_optimization.reduce_bucket_size", int,
+                       REDUCE_BUCKET_ELEMENTS)
+    overlap = f.value(zero, "overlap_comm", "zero_optimization.overlap_comm", bool, stage == 3)
+    offloaded = bool(fields.get("offload_optimizer"))
+    if stage == 1 and fields.get("param_dtype") == "bf16" and fields.get("grad_dtype") == "fp32" and not offloaded:
+        defaults.append("ZeRO-1 with bf16 parameters and fp32 gradients runs DeepSpeed's BF16_Optimizer: no reduce "
+                        "bucket")
+        return {}
+    if not (contiguous or offloaded and stage < 3) or not elements:
+        return {}
+    buckets = 2 if overlap and stage < 3 else 1
+    defaults.append(f"ZeRO-{stage}'s contiguous gradient bucket: {buckets} of {elements:,} elements "
+                    f"(reduce_bucket_elements, reduce_buckets)")
+    return {"reduce_bucket_elements": elements, "reduce_buckets": buckets}
 
 
 def _batch(f: _File, dp: int, defaults: List[str]) -> Dict[str, Any]:
@@ -401,6 +441,7 @@ def _document(s: Strategy, global_batch: Optional[int]) -> Dict[str, Any]:
                            "optimizer": {"type": "AdamW"}}
     doc.update(_WRITTEN_DTYPES[dtypes])
     zero: Dict[str, Any] = {"stage": s.zero}
+    zero.update(_written_bucket(s))
     if s.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
     if s.offload_params:
@@ -413,6 +454,33 @@ def _document(s: Strategy, global_batch: Optional[int]) -> Dict[str, Any]:
     if s.offload_activations:
         doc["activation_checkpointing"] = {"cpu_checkpointing": True}
     return doc
+
+
+def _written_bucket(s: Strategy) -> Dict[str, Any]:
+    """zero_optimization's bucket keys that read back as *s*'s ``reduce_bucket_elements`` and ``reduce_buckets``
+    (:func:`_reduce_bucket`); a bucket DeepSpeed would not make, or one it would make that *s* has not, refused."""
+    elements, buckets = s.reduce_bucket_elements, s.reduce_buckets
+    bf16_optimizer = s.zero == 1 and (s.param_dtype, s.grad) == ("bf16", "fp32") and not s.offload_optimizer
+    if s.zero == 0 or bf16_optimizer:
+        if elements or buckets != 1:
+            raise _refuse_write("reduce_bucket_elements", elements, "DeepSpeed makes its reduce bucket in a ZeRO "
+                                "optimizer (zero 1-3; at zero 1 with bf16 parameters and fp32 gradients its "
+                                "BF16_Optimizer has none): reduce_bucket_elements=0, reduce_buckets=1")
+        return {}
+    if not elements:
+        if s.offload_optimizer and s.zero < 3:
+            raise _refuse_write("reduce_bucket_elements", 0, f"ZeRO-{s.zero} with its optimizer offloaded always "
+                                f"copies gradients into its contiguous bucket: give reduce_bucket_elements "
+                                f"(DeepSpeed's default {REDUCE_BUCKET_ELEMENTS:,})")
+        if buckets != 1:
+            raise _refuse_write("reduce_buckets", buckets, "two buckets of none: give reduce_bucket_elements")
+        return {"contiguous_gradients": False}
+    written: Dict[str, Any] = {"contiguous_gradients": True, "reduce_bucket_size": elements}
+    if s.zero < 3:
+        written["overlap_comm"] = buckets == 2
+    elif buckets != 1:
+        raise _refuse_write("reduce_buckets", buckets, "ZeRO-3 makes one bucket: reduce_buckets=1")
+    return written
 
 
 @hookimpl

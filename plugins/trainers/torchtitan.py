@@ -780,6 +780,9 @@ def _check_writable(s: Strategy) -> None:
         (s.async_tp and s.tp == 1, "async_tp=true with tp=1", "torchtitan's async TP needs TP"),
         (s.ep_dispatcher == "deepep" and (s.ep == 1 or s.etp > 1), f"ep_dispatcher=deepep with ep={s.ep}, "
          f"etp={s.etp}", "torchtitan runs DeepEP only at ep > 1 without expert TP"),
+        (s.reduce_bucket_elements != default.reduce_bucket_elements or s.reduce_buckets != default.reduce_buckets,
+         f"reduce_bucket_elements={s.reduce_bucket_elements},reduce_buckets={s.reduce_buckets}",
+         "DeepSpeed ZeRO's reduce bucket: torchtitan has none"),
         (s.moe_imbalance != default.moe_imbalance or s.allocator_overhead != default.allocator_overhead,
          "moe_imbalance or allocator_overhead", "they are ndcost's assumptions, not torchtitan settings"),
     ]
