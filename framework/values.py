@@ -417,6 +417,7 @@ class Strategy:
     ddp_engine: str = attrs.field(default="auto", converter=_choice("ddp_engine", DDP_ENGINES))
     reduce_bucket_elements: int = attrs.field(default=0, converter=_int_field("reduce_bucket_elements", 0))
     reduce_buckets: int = attrs.field(default=1, converter=_int_field("reduce_buckets", 1, 2))
+    reuse_distance_elements: int = attrs.field(default=0, converter=_int_field("reuse_distance_elements", 0))
     loss_engine: str = attrs.field(default="auto", converter=_choice("loss_engine", LOSS_ENGINES))
     cp_rotate: str = attrs.field(default="allgather", converter=_choice("cp_rotate", CP_ROTATES))
     ep_dispatcher: str = attrs.field(default="alltoall", converter=_choice("ep_dispatcher", EP_DISPATCHERS))
@@ -860,6 +861,18 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
     "reduce_buckets": FieldDoc(meaning="how many reduce buckets of reduce_bucket_elements ZeRO 1 and 2 hold: 2 "
                                        "under DeepSpeed's overlap_comm (a double buffer), else 1; ZeRO 3 holds one",
                                unit="buffers", synonyms=("overlap_comm", "double_buffer")),
+    "reuse_distance_elements": FieldDoc(
+        meaning="DeepSpeed ZeRO-3's stage3_max_reuse_distance (its default 1,000,000,000): a module's gathered "
+                "parameters stay gathered where the step's trace reuses them before gathering this many more "
+                "parameter elements (deepspeed/runtime/zero/partitioned_param_coordinator.py "
+                "__params_to_release), so the last layers of the forward (and the head) are held gathered to their "
+                "backward: at the loss, and at the last layer's backward. 0: every module released after its use "
+                "(one gathered at a time). Needs zero=3 and pp=1. An estimate at the granularity of a layer's "
+                "parameters (a layer recomputed under full or selective recompute kept whole or not at all, one run "
+                "once kept as the tail of its parameters); left out: the tied embedding's reuse by the head, "
+                "prefetching (stage3_prefetch_bucket_size), the persistent small parameters "
+                "(stage3_param_persistence_threshold)", unit="elements",
+        synonyms=("stage3_max_reuse_distance", "max_reuse_distance", "reuse_distance")),
     "loss_engine": FieldDoc(meaning="the implementation of the cross-entropy loss, which decides the output "
                                     "layer's backward peak (a logit's bytes, 16-bit logits). auto: as torch. torch: "
                                     "F.cross_entropy on fp32 logits (Transformers', torchtitan's): log_softmax's "

@@ -67,6 +67,7 @@ def test_zero3_parameter_offload_config_field_by_field(tmp_path):
         offload_optimizer=True,   # offload_optimizer.device cpu
         micro_batch=1, num_micro_batches=1,  # train_batch_size 1 on one rank
         reduce_bucket_elements=500_000_000,  # ZeRO-3's one bucket at DeepSpeed's default reduce_bucket_size
+        reuse_distance_elements=1_000_000_000,  # stage3_max_reuse_distance's default
         param_dtype="fp32")       # neither fp16 nor bf16: fp32 throughout
     assert "zero_optimization.offload_param.buffer_size" in config.ignored_fields  # "auto", with no bearing
 
@@ -104,6 +105,7 @@ def test_ulysses_autotp_bf16_master_and_cpu_checkpointing(tmp_path):
         dp=4,                           # 32 / (2 * 4): DeepSpeed's batch world is the devices over both
         zero=3, micro_batch=8,          # 64 // 4 ranks // 2 steps
         reduce_bucket_elements=500_000_000,  # ZeRO-3's bucket, DeepSpeed's default size
+        reuse_distance_elements=1_000_000_000,  # and its default reuse distance
         num_micro_batches=2,
         param_dtype="bf16", grad_dtype="bf16", master_dtype="bf16", optimizer_dtype="bf16",
         offload_activations=True,       # cpu_checkpointing: the checkpoints in host memory
@@ -208,7 +210,7 @@ ROUND_TRIP = [
     dict(dp=4, zero=1, reduce_bucket_elements=500_000_000, **FP16),
     dict(dp=4, zero=2, offload_optimizer=True, reduce_bucket_elements=500_000_000, **FP16),
     dict(dp=8, zero=3, reduce_bucket_elements=10_000, param_dtype="bf16", grad_dtype="bf16", master_dtype="fp32",
-         optimizer_dtype="fp32"),
+         optimizer_dtype="fp32", reuse_distance_elements=1_000_000_000),
 ]
 
 
@@ -235,6 +237,7 @@ def test_written_configs_read_back_to_the_same_strategy(tmp_path, fields):
           optimizer_dtype="fp32"), "reduce_bucket_elements=1000"),  # BF16_Optimizer's ZeRO-1: none
     (dict(zero=3, reduce_bucket_elements=1000, reduce_buckets=2, **FP16), "reduce_buckets=2"),
     (dict(zero=2, offload_optimizer=True, **FP16), "reduce_bucket_elements=0"),  # offload forces it
+    (dict(zero=2, reuse_distance_elements=1000, **FP16), "reuse_distance_elements=1000"),  # ZeRO-3's
 ])
 def test_the_writer_refuses_what_deepspeed_cannot_say(fields, named):
     with pytest.raises(InvalidValue, match=f"deepspeed writer: {named}"):

@@ -1240,7 +1240,9 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     False); the head's gradient stays whole until the root's reduce-scatter,
     the embedding's is made last; a layer's backward holds it and the next
     layer (prefetched) gathered, and its gradient before the reduce-scatter.
-    ZeRO-3 gathers one module at a time, root or layer. Under FSDP with
+    ZeRO-3 gathers one module at a time, root or layer, and under
+    ``reuse_distance_elements`` keeps the last layers gathered from their
+    forward to their backward (:func:`_reuse_kept`). Under FSDP with
     ``reshard_after_forward=false`` a layer keeps its gathered parameters
     from its forward to its backward, where FSDP2's post-backward reshards
     it: at the loss and the last layer's backward the stage holds all its
@@ -1314,8 +1316,51 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
             at_moments = [np.where(fsdp2, buffer, zero3_buffer) for buffer in at_moments]
     else:  # ZeRO-3 alone gathers one module at a time
         at_moments = [zero3_buffer] * 3
+    if np.count_nonzero(cols["reuse_distance_elements"]):  # ZeRO-3's last layers kept gathered across the turn
+        at_loss, at_last = _reuse_kept(model, params, cols)
+        at_moments = [at_moments[0] + at_loss * compute, at_moments[1] + at_last * compute, at_moments[2]]
     return tuple(np.where(gathers[:, None], buffer, 0.0) + layers_running for buffer, layers_running
                  in zip(at_moments, (output_buffers, activation_buffers, activation_buffers), strict=True))
+
+
+_RERUN_MODULES = np.isin(np.array(RECOMPUTE), ("full", "selective"))  # the recomputes that rerun a layer's modules
+
+
+def _reuse_kept(model: ModelTables, params: _StageParameters, cols) -> Tuple[np.ndarray, np.ndarray]:
+    """(N, 1) parameter elements DeepSpeed's ZeRO-3 keeps gathered from their forward to their backward under
+    ``reuse_distance_elements`` D, at the loss and at the last layer's backward (that layer, running, left out).
+
+    partitioned_param_coordinator.py ``__params_to_release`` keeps a module's parameters where the step's
+    trace reaches their next use before gathering D elements more. With T the head's and final norm's
+    elements, A the layers' after layer j and B those of them whose modules rerun (``recompute`` full or
+    selective: each such layer's backward gathers it twice), a module of layer j with ``a`` of its layer's
+    elements after it is reused after ``2a + 2T + 2A + B`` elements, and one of a rerun layer after about
+    ``P_j + 2T + 2A + B`` (its rerun gathers the layer before the module's own use): a layer whose modules do
+    not rerun is kept as the tail of ``(D - 2T - 2A - B) / 2`` of its elements, a rerun one whole where its
+    distance is under D. The head's own distance is 0: always kept, where it is gathered anyway (the root).
+    One stage (pp=1), one chunk; layers the kinds' per-rank elements (tp, ep splits).
+    """
+    n = len(cols["tp"])
+    at_loss, at_last = np.zeros((n, 1)), np.zeros((n, 1))
+    rows = np.flatnonzero(cols["reuse_distance_elements"] > 0)
+    stack = model.stack
+    layer_kind = np.repeat(stack.run_kind, np.diff(stack.run_ends))  # (L,), once per call: never a layer loop
+    per_layer = (params.layer_dense + params.layer_routed)[layer_kind][:, rows].T.astype(np.float64)  # (M, L)
+    count = np.where(cols["recompute_layers"][rows] < 0, stack.num_layers, cols["recompute_layers"][rows])
+    reruns = _RERUN_MODULES[cols["recompute"][rows]][:, None] & (np.arange(stack.num_layers)[None, :]
+                                                                 < count[:, None])
+
+    def after(x):  # each layer's sum over the layers after it
+        return np.cumsum(x[:, ::-1], axis=1)[:, ::-1] - x
+
+    head = ceil_div(np.int64(model.embedding if model.tied else model.head), params.vocab_split[rows])
+    base = (2 * (head + model.final_norm))[:, None] + 2 * after(per_layer) + after(np.where(reruns, per_layer, 0))
+    distance = cols["reuse_distance_elements"][rows].astype(np.float64)[:, None]
+    kept = np.where(reruns, np.where(per_layer + base < distance, per_layer, 0.0),
+                    np.clip((distance - base) / 2, 0.0, per_layer))
+    at_loss[rows, 0] = np.floor(kept.sum(axis=1))
+    at_last[rows, 0] = np.floor(kept[:, :-1].sum(axis=1))
+    return at_loss, at_last
 
 
 _TORCH_ENGINE = PP_ENGINES.index("torch")

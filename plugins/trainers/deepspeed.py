@@ -17,7 +17,8 @@ arXiv:1910.02054 section 3: 2 + 2 + 12 bytes a parameter);
 
 The ZeRO optimizers' contiguous gradient bucket (``reduce_bucket_size``,
 ``contiguous_gradients``, ``overlap_comm``) is ``reduce_bucket_elements`` and
-``reduce_buckets`` (:func:`_reduce_bucket`).
+``reduce_buckets`` (:func:`_reduce_bucket`); ZeRO-3's ``stage3_max_reuse_distance`` is
+``reuse_distance_elements``.
 
 ``activation_checkpointing`` configures deepspeed.checkpointing, which
 recomputes only where the model calls it: the reader leaves ``recompute`` as
@@ -67,7 +68,7 @@ REFUSED: Mapping[str, str] = {
     "hybrid_engine": "the hybrid engine (RLHF generation) is not priced; remove it in a copy",
 }
 ZERO_IGNORED = ("allgather_partitions", "allgather_bucket_size", "reduce_scatter", "stage3_max_live_parameters",
-                "stage3_max_reuse_distance", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+                "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
                 "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
                 "sub_group_size", "elastic_checkpoint", "ignore_unused_parameters", "round_robin_gradients",
                 "log_trace_cache_warnings", "load_from_fp32_weights", "stage3_module_granularity_threshold",
@@ -175,6 +176,7 @@ class DeepSpeedFormat:
         fields.update(_batch(f, dp, defaults))
         fields.update(_precision(f, defaults))
         fields.update(_reduce_bucket(f, fields, defaults))
+        fields.update(_reuse_distance(f, fields, defaults))
         fields.update(_checkpointing(f, tp, defaults))
         optimizer = f.section("optimizer")
         kind = f.value(optimizer, "type", "optimizer.type", str) if optimizer else None
@@ -279,6 +281,24 @@ def _reduce_bucket(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> 
     defaults.append(f"ZeRO-{stage}'s contiguous gradient bucket: {buckets} of {elements:,} elements "
                     f"(reduce_bucket_elements, reduce_buckets)")
     return {"reduce_bucket_elements": elements, "reduce_buckets": buckets}
+
+
+# stage3_max_reuse_distance's default (deepspeed/runtime/zero/config.py)
+REUSE_DISTANCE_ELEMENTS = 1_000_000_000
+
+
+def _reuse_distance(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> Dict[str, Any]:
+    """ZeRO-3's ``stage3_max_reuse_distance`` as ``reuse_distance_elements`` (other stages ignore it)."""
+    zero = f.section("zero_optimization")
+    if fields["zero"] != 3:
+        if "stage3_max_reuse_distance" in zero:
+            f.ignored.append("zero_optimization.stage3_max_reuse_distance")
+        return {}
+    distance = f.value(zero, "stage3_max_reuse_distance", "zero_optimization.stage3_max_reuse_distance", int,
+                       REUSE_DISTANCE_ELEMENTS)
+    if "stage3_max_reuse_distance" not in zero:
+        defaults.append(f"ZeRO-3's stage3_max_reuse_distance: {distance:,} elements (reuse_distance_elements)")
+    return {"reuse_distance_elements": distance}
 
 
 def _batch(f: _File, dp: int, defaults: List[str]) -> Dict[str, Any]:
@@ -442,6 +462,11 @@ def _document(s: Strategy, global_batch: Optional[int]) -> Dict[str, Any]:
     doc.update(_WRITTEN_DTYPES[dtypes])
     zero: Dict[str, Any] = {"stage": s.zero}
     zero.update(_written_bucket(s))
+    if s.zero == 3:
+        zero["stage3_max_reuse_distance"] = s.reuse_distance_elements
+    elif s.reuse_distance_elements:
+        raise _refuse_write("reuse_distance_elements", s.reuse_distance_elements, "it is ZeRO-3's "
+                            "stage3_max_reuse_distance: zero=3, or reuse_distance_elements=0")
     if s.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
     if s.offload_params:

@@ -1,0 +1,91 @@
+"""Run DeepSpeed's ZeRO optimizers on the CPU (gloo, one rank) and print what they hold, as JSON: run by
+tests/test_deepspeed_zero.py in its own process (DeepSpeed picks its accelerator when imported).
+
+``buckets``: the bytes of the reduce buckets (``ipg_buckets``' buffers) at each point of two micro-batches and a
+step, ZeRO 1-3, with and without overlap_comm. ``reuse``: the parameters ZeRO-3 keeps gathered after the forward
+(the trace complete: the second step) of a small Transformers Llama at each stage3_max_reuse_distance, with and
+without gradient checkpointing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+
+import deepspeed  # noqa: E402
+import torch  # noqa: E402
+
+BUCKET_ELEMENTS = 1000
+
+
+def bucket_bytes(engine) -> int:
+    total = 0
+    for bucket in engine.optimizer.ipg_buckets.values():
+        buffers = bucket.buffer if isinstance(bucket.buffer, list) else [bucket.buffer]
+        total += sum(b.numel() * b.element_size() for b in buffers if b is not None)
+    return total
+
+
+def run(stage: int, overlap: bool) -> dict:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 16))
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+              "bf16": {"enabled": True},
+              "zero_optimization": {"stage": stage, "reduce_bucket_size": BUCKET_ELEMENTS, "overlap_comm": overlap,
+                                    "contiguous_gradients": True}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    seen: dict = {"loss": [], "backward": [], "after_backward": []}
+    # the first layer's weight gradient is the backward's last: every hook before it has run
+    model[0].weight.register_hook(lambda grad: seen["backward"].append(bucket_bytes(engine)))
+    for _ in range(2):
+        loss = engine(torch.randn(2, 16, dtype=torch.bfloat16)).float().pow(2).mean()
+        seen["loss"].append(bucket_bytes(engine))
+        engine.backward(loss)
+        seen["after_backward"].append(bucket_bytes(engine))
+        engine.step()
+    seen["after_step"] = bucket_bytes(engine)
+    return seen
+
+
+# a small Llama (tests/test_deepspeed_zero.py prices the same config)
+LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, vocab_size=100, tie_word_embeddings=False)
+# stage3_max_reuse_distance's values, without and with gradient checkpointing (tests/test_deepspeed_zero.py)
+DISTANCES = {False: (0, 20000, 50000, 80000, 1_000_000_000), True: (20000, 60000, 170000, 1_000_000_000)}
+
+
+def kept_after_forward(distance: int, checkpointing: bool) -> dict:
+    import transformers
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    # no prefetching and no persistent small parameters: the reuse distance alone decides
+    config = {"train_micro_batch_size_per_gpu": 1,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+              "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": distance,
+                                    "stage3_prefetch_bucket_size": 0, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    kept = {}
+    for _ in range(2):  # the first step records the trace the second releases by
+        logits = engine(input_ids=torch.randint(0, LLAMA["vocab_size"], (1, 16))).logits
+        kept = {name: p.ds_numel for name, p in model.named_parameters() if p.ds_status == ZeroParamStatus.AVAILABLE}
+        engine.backward(logits.float().pow(2).mean())
+        engine.step()
+    return kept
+
+
+if __name__ == "__main__":
+    deepspeed.init_distributed(dist_backend="gloo")
+    if sys.argv[2] == "buckets":
+        print(json.dumps({f"{stage},{int(overlap)}": run(stage, overlap)
+                          for stage in (1, 2, 3) for overlap in (False, True)}))
+    else:
+        print(json.dumps({f"{distance},{int(checkpointing)}": kept_after_forward(distance, checkpointing)
+                          for checkpointing in (False, True) for distance in DISTANCES[checkpointing]}))
