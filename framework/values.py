@@ -871,7 +871,7 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                 "parameters (a layer recomputed under full or selective recompute kept whole or not at all, one run "
                 "once kept as the tail of its parameters); left out: the tied embedding's reuse by the head, "
                 "prefetching (stage3_prefetch_bucket_size), the persistent small parameters "
-                "(stage3_param_persistence_threshold)", unit="elements",
+                "(stage3_param_persistence_threshold), the backward's gathers it saves (time)", unit="elements",
         synonyms=("stage3_max_reuse_distance", "max_reuse_distance", "reuse_distance")),
     "loss_engine": FieldDoc(meaning="the implementation of the cross-entropy loss, which decides the output "
                                     "layer's backward peak (a logit's bytes, 16-bit logits). auto: as torch. torch: "

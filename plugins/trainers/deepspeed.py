@@ -253,13 +253,19 @@ REDUCE_BUCKET_ELEMENTS = 500_000_000
 _BUCKET_KEYS = ("contiguous_gradients", "reduce_bucket_size", "overlap_comm")
 
 
+def _bf16_optimizer(zero: int, param_dtype: Optional[str], grad_dtype: Optional[str], offloaded: bool) -> bool:
+    """Whether DeepSpeed runs its BF16_Optimizer, which has no reduce bucket, in place of the ZeRO optimizer:
+    ZeRO-1 with bf16 parameters and fp32 gradients, the optimizer on the device (engine.py
+    ``_do_optimizer_sanity_check``)."""
+    return zero == 1 and param_dtype == "bf16" and grad_dtype == "fp32" and not offloaded
+
+
 def _reduce_bucket(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> Dict[str, Any]:
     """The ZeRO optimizer's contiguous gradient bucket (``reduce_bucket_elements``, ``reduce_buckets``).
 
     ZeRO 1-2 copy gradients into ``reduce_bucket_size`` elements of the parameters' dtype (two with
     ``overlap_comm``), contiguous whenever the optimizer is offloaded (stage_1_and_2.py); ZeRO-3 one bucket
-    (stage3.py). ZeRO-1 with bf16 parameters and fp32 gradients runs BF16_Optimizer instead, which has none
-    (engine.py ``_do_optimizer_sanity_check``).
+    (stage3.py); :func:`_bf16_optimizer` none.
     """
     stage = fields["zero"]
     zero = f.section("zero_optimization")
@@ -271,7 +277,7 @@ def _reduce_bucket(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> 
                        REDUCE_BUCKET_ELEMENTS)
     overlap = f.value(zero, "overlap_comm", "zero_optimization.overlap_comm", bool, stage == 3)
     offloaded = bool(fields.get("offload_optimizer"))
-    if stage == 1 and fields.get("param_dtype") == "bf16" and fields.get("grad_dtype") == "fp32" and not offloaded:
+    if _bf16_optimizer(stage, fields.get("param_dtype"), fields.get("grad_dtype"), offloaded):
         defaults.append("ZeRO-1 with bf16 parameters and fp32 gradients runs DeepSpeed's BF16_Optimizer: no reduce "
                         "bucket")
         return {}
@@ -485,8 +491,7 @@ def _written_bucket(s: Strategy) -> Dict[str, Any]:
     """zero_optimization's bucket keys that read back as *s*'s ``reduce_bucket_elements`` and ``reduce_buckets``
     (:func:`_reduce_bucket`); a bucket DeepSpeed would not make, or one it would make that *s* has not, refused."""
     elements, buckets = s.reduce_bucket_elements, s.reduce_buckets
-    bf16_optimizer = s.zero == 1 and (s.param_dtype, s.grad) == ("bf16", "fp32") and not s.offload_optimizer
-    if s.zero == 0 or bf16_optimizer:
+    if s.zero == 0 or _bf16_optimizer(s.zero, s.param_dtype, s.grad, s.offload_optimizer):
         if elements or buckets != 1:
             raise _refuse_write("reduce_bucket_elements", elements, "DeepSpeed makes its reduce bucket in a ZeRO "
                                 "optimizer (zero 1-3; at zero 1 with bf16 parameters and fp32 gradients its "
