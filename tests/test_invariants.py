@@ -449,3 +449,27 @@ def test_gpipe_holds_no_less_than_1f1b(name):
     rows = one_f_one_b.valid & gpipe.valid & (np.asarray(cols["pp"]) > 1)
     assert rows.sum() >= 20
     assert (gpipe.peak_bytes[rows] >= one_f_one_b.peak_bytes[rows]).all()
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "mistral-7b-v0.1", "gpt-oss-20b"])
+def test_deepspeeds_bucket_and_reuse_distance_never_hold_less(name):
+    # over ZeRO 1-3 without a pipeline (DeepSpeed's): a bucket adds at most its bytes (in param_dtype, bf16 here,
+    # and the allocator_overhead on them); a longer reuse distance keeps at least the modules a shorter one keeps
+    model = ndcost.resolve(name, census="off")
+    cols = _grid(300, bool(model.spec.num_experts), seed=11)
+    cols = {**cols, "pp": np.ones(300, dtype=np.int64), "vpp": np.ones(300, dtype=np.int64),
+            "schedule": np.full(300, "1f1b"), "zero": np.random.default_rng(12).choice([1, 2, 3], 300)}
+    plain = model.evaluate_many(cols)
+    buckets = np.where(cols["zero"] == 3, 1, np.random.default_rng(13).choice([1, 2], 300))
+    bucket = model.evaluate_many(_with(cols, reduce_bucket_elements=np.full(300, 10 ** 8), reduce_buckets=buckets))
+    both = plain.valid & bucket.valid
+    assert both.sum() >= 50
+    added = bucket.peak_bytes[both] - plain.peak_bytes[both]
+    overhead = 1 + np.asarray(cols["allocator_overhead"])[both]  # the allocator category grows with it
+    assert (added >= 0).all() and (added <= np.ceil(2 * 10 ** 8 * buckets[both] * overhead)).all()
+    zero3 = np.asarray(cols["zero"]) == 3
+    near, far = (model.evaluate_many(_with(cols, reuse_distance_elements=np.full(300, d))) for d in (10 ** 8, 10 ** 9))
+    kept = plain.valid & near.valid & far.valid & zero3
+    assert kept.sum() >= 20
+    assert (near.peak_bytes[kept] >= plain.peak_bytes[kept]).all()
+    assert (far.peak_bytes[kept] >= near.peak_bytes[kept]).all()
