@@ -1,7 +1,9 @@
 """Run DeepSpeed's ZeRO optimizers on the CPU (gloo, one rank) and print what they hold, as JSON: run by
 tests/test_deepspeed_zero.py in its own process (DeepSpeed picks its accelerator when imported).
 
-``buckets``: the bytes of the reduce buckets (``ipg_buckets``' buffers) at each point of two micro-batches and a
+``config PATH DP ...``: DeepSpeed's own reading of a config JSON (deepspeed/runtime/config.py DeepSpeedConfig, its
+data-parallel world given as a model-parallel unit gives it): the batch sizes and the ZeRO fields the reader
+restates, or the error it raises. ``buckets``: the bytes of the reduce buckets (``ipg_buckets``' buffers) at each point of two micro-batches and a
 step, ZeRO 1-3, with and without overlap_comm. ``reuse``: the parameters ZeRO-3 keeps gathered after the forward
 (the trace complete: the second step) of a small Transformers Llama at each stage3_max_reuse_distance, with and
 without gradient checkpointing.
@@ -81,9 +83,38 @@ def kept_after_forward(distance: int, checkpointing: bool) -> dict:
     return kept
 
 
+class _DataParallel:
+    """DeepSpeed's model-parallel unit interface (``mpu``), which a launcher's Megatron-style groups provide: the
+    data-parallel world DeepSpeedConfig divides the batch by."""
+
+    def __init__(self, world: int):
+        self.world = world
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.world
+
+
+def read_config(path: str, world: int) -> dict:
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    try:
+        config = DeepSpeedConfig(path, mpu=_DataParallel(world))
+    except Exception as exc:  # noqa: BLE001  (DeepSpeed's own refusal, said by type and message)
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    zero = config.zero_config
+    return {"train_batch_size": config.train_batch_size, "micro_batch": config.train_micro_batch_size_per_gpu,
+            "accumulation": config.gradient_accumulation_steps, "stage": int(zero.stage),
+            "contiguous_gradients": zero.contiguous_gradients, "reduce_bucket_size": int(zero.reduce_bucket_size),
+            "overlap_comm": zero.overlap_comm, "max_reuse_distance": int(zero.max_reuse_distance),
+            "bf16": config.bfloat16_config.enabled, "fp16": config.float16_config.enabled}
+
+
 if __name__ == "__main__":
     deepspeed.init_distributed(dist_backend="gloo")
-    if sys.argv[2] == "buckets":
+    if sys.argv[2] == "config":
+        jobs = sys.argv[3:]
+        print(json.dumps([read_config(path, int(world)) for path, world in zip(jobs[::2], jobs[1::2])]))
+    elif sys.argv[2] == "buckets":
         print(json.dumps({f"{stage},{int(overlap)}": run(stage, overlap)
                           for stage in (1, 2, 3) for overlap in (False, True)}))
     else:

@@ -1,5 +1,5 @@
 """``deepspeed:`` configurations: real DeepSpeed config JSONs read field by field, refusals by name, the writer's
-round trip.
+round trip, and the reader beside DeepSpeed's own DeepSpeedConfig (the batch sizes, the ZeRO defaults).
 
 The real files are from deepspeedai/DeepSpeed edaa722 and deepspeedai/DeepSpeedExamples 45b4b71
 (tests/data/configs/SOURCES.md); the hand-made ones are written in the tests.
@@ -296,3 +296,74 @@ def test_fields_beside_a_file_keep_the_devices_it_was_read_for():
                                            r"--devices 4 it was read for; give --devices 8"):
         read("ds_config_func_bs8_zero0_gas3.json", 4, strategy="tp=2")
     assert read("ds_config_func_bs8_zero0_gas3.json", 4, strategy="seq=2048").strategy.devices == 4
+
+
+# --- beside DeepSpeed's own reading ---------------------------------------------------------------------------
+# Each config read by the reader and by DeepSpeed's DeepSpeedConfig (tests/_deepspeed_probe.py, in its own
+# process): the batch sizes it infers and checks, and the ZeRO fields whose defaults the reader restates.
+BESIDE_DEEPSPEED = [
+    ("ds_config_func_bs8_zero2_offload.json", 4), ("ds_config_func_bs8_zero0_gas3.json", 4),
+    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2}, 4),
+    ({"train_batch_size": 32, "gradient_accumulation_steps": 2}, 4),
+    ({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2}, 4),
+    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}, 4),
+    ({"train_batch_size": 16, "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}, 8),
+    ({"train_batch_size": 16, "fp16": {"enabled": True},
+      "zero_optimization": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 2e8}}, 8),
+    ({"train_batch_size": 16, "fp16": {"enabled": True}, "zero_optimization": {"stage": 2,
+                                                                                "contiguous_gradients": False}}, 8),
+    ({"train_batch_size": 16, "bf16": {"enabled": True}, "zero_optimization": {
+        "stage": 2, "contiguous_gradients": False, "offload_optimizer": {"device": "cpu"}}}, 8),
+    ({"train_batch_size": 16, "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
+      "zero_optimization": {"stage": 1}}, 8),
+    ({"train_batch_size": 16, "bf16": {"enabled": True},
+      "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 5e8, "reduce_bucket_size": 1e7}}, 8),
+    ({"train_batch_size": 16, "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}, 8),
+]
+
+
+@pytest.fixture(scope="module")
+def deepspeed_reads(tmp_path_factory):
+    pytest.importorskip("deepspeed")
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    folder = tmp_path_factory.mktemp("deepspeed")
+    jobs = []
+    for i, (doc, world) in enumerate(BESIDE_DEEPSPEED):
+        path = DATA / doc if isinstance(doc, str) else write(folder, doc, f"ds{i}.json")
+        jobs += [str(path), str(world)]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("_deepspeed_probe.py")), str(port), "config",
+                          *jobs], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert run.returncode == 0, run.stderr[-3000:]
+    read = json.loads(run.stdout.strip().splitlines()[-1])
+    return [(jobs[2 * i], int(jobs[2 * i + 1]), seen) for i, seen in enumerate(read)]
+
+
+@pytest.mark.parametrize("case", range(len(BESIDE_DEEPSPEED)))
+def test_the_reader_reads_a_config_as_deepspeed_does(deepspeed_reads, case):
+    path, world, seen = deepspeed_reads[case]
+    if "error" in seen:  # DeepSpeed refuses it: so does the reader
+        with pytest.raises(InvalidValue):
+            from_config("deepspeed", path, devices=world, model="llama-3.1-8b")
+        return
+    config = from_config("deepspeed", path, devices=world, model="llama-3.1-8b")
+    s = config.strategy
+    assert (s.micro_batch, s.num_micro_batches, config.global_batch) == (
+        seen["micro_batch"], seen["accumulation"], seen["train_batch_size"])
+    assert s.zero == seen["stage"]
+    assert s.param_dtype == ("bf16" if seen["bf16"] else "fp16" if seen["fp16"] else "fp32")
+    # the ZeRO optimizer's bucket from DeepSpeed's own defaults: contiguous (forced by the optimizer's offload at
+    # ZeRO 1-2, stage_1_and_2.py), none at ZeRO 0 or under ZeRO-1's BF16_Optimizer (bf16 with fp32 gradients)
+    bf16_optimizer = seen["stage"] == 1 and s.param_dtype == "bf16" and s.grad == "fp32" and not s.offload_optimizer
+    contiguous = seen["contiguous_gradients"] or (s.offload_optimizer and seen["stage"] < 3)
+    bucket = seen["reduce_bucket_size"] if seen["stage"] and contiguous and not bf16_optimizer else 0
+    assert s.reduce_bucket_elements == bucket
+    assert s.reduce_buckets == (2 if bucket and seen["overlap_comm"] and seen["stage"] < 3 else 1)
+    assert s.reuse_distance_elements == (seen["max_reuse_distance"] if seen["stage"] == 3 else 0)
