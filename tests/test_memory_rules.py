@@ -135,3 +135,24 @@ def test_gpipe_last_stage_peaks_at_the_second_loss_backward(llama):
     assert last.provenance["moment"] == "output backward"
     assert last.peak_bytes == second
     assert (last.bytes_by_category["gradients"], last.bytes_by_category["activations"]) == (grads, (m - 1) * acts)
+
+
+def test_zero2_holds_a_gradient_whole_until_its_reduce_scatter():
+    # Mistral-7B: an untied 32,000 x 4,096 head, 218,112,000 elements a layer; bf16 gradients over 8 ranks. Its
+    # first layer's backward holds the head's whole gradient (reduced with the root's, at the end, as FSDP's) and
+    # the largest of a layer's and the embedding's whole gradients beside the shards
+    import ndcost
+
+    model = ndcost.resolve("mistral-7b-v0.1", census="off")
+    base = "dp=8,zero=2,seq=4096,recompute=full,param_dtype=bf16,master_dtype=fp32,optimizer_dtype=fp32"
+    cost = model.evaluate(base)
+    stage = cost.stages[0]
+    assert stage.provenance["moment"] == "end of backward"
+    assert stage.bytes_by_category["communication"] == 2 * 32000 * 4096 + 2 * 218_112_000
+    # the shards alone, every one but the embedding's (made last): 7,241,732,096 elements, 131,072,000 of them its
+    assert stage.bytes_by_category["gradients"] == 2 * (math.ceil(7_241_732_096 / 8) - 131_072_000 // 8)
+    # DeepSpeed's contiguous bucket holds them instead (its own buffer; tests/test_deepspeed_zero.py)
+    held = model.evaluate(f"{base},ddp_engine=deepspeed,reduce_bucket_elements=500000000")
+    assert held.stages[0].provenance["moment"] == "end of backward"
+    assert held.stages[0].bytes_by_category["communication"] == 10 ** 9
+    assert held.peak_bytes - cost.peak_bytes == 10 ** 9 - (2 * 32000 * 4096 + 2 * 218_112_000)

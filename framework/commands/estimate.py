@@ -16,8 +16,10 @@ The table: GiB one device of each pipeline stage holds at the moment its bytes p
   working        a layer's backward's transient peak above what it keeps (recomputed tensors,
                  gradients of activations, kernel workspaces)
   output         the final norm, head and loss: logits and their gradient
-  communication  buffers of collectives: FSDP / ZeRO-3 parameter gathers, sequence-, expert- and
-                 context-parallel exchanges, the pipeline's receive buffers (pp_engine=torch)
+  communication  buffers of collectives: FSDP / ZeRO-3 parameter gathers, gradients waiting for
+                 their reduce-scatter (FSDP, ZeRO-2), DDP's and DeepSpeed's gradient buckets,
+                 sequence-, expert- and context-parallel exchanges, the pipeline's receive buffers
+                 (pp_engine=torch)
   allocator      the caching allocator's fragmentation: allocator_overhead times the rest
 Under offload_optimizer, offload_params or offload_activations a `host:` line gives the host memory
 a device fills (its worst stage's) and a node's devices together; the step line the offload copies.

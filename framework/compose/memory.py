@@ -1240,7 +1240,9 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     False); the head's gradient stays whole until the root's reduce-scatter,
     the embedding's is made last; a layer's backward holds it and the next
     layer (prefetched) gathered, and its gradient before the reduce-scatter.
-    ZeRO-3 gathers one module at a time, root or layer, and under
+    ZeRO-2 holds, as FSDP, the head's and one layer's gradients whole before
+    their reduce-scatter (none beside DeepSpeed's reduce bucket, which holds
+    them). ZeRO-3 gathers one module at a time, root or layer, and under
     ``reuse_distance_elements`` keeps the last layers gathered from their
     forward to their backward (:func:`_reuse_kept`). Under FSDP with
     ``reshard_after_forward=false`` a layer keeps its gathered parameters
@@ -1282,13 +1284,24 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
         cp_buffer = np.where(cp_rows, 2 * tokens * kv_max * batch.compute_bytes / t, 0.0)
         activation_buffers = np.maximum(activation_buffers, cp_buffer[:, None])
     gathers = batch.sharding.sharded["parameters"]
-    if not np.count_nonzero(gathers):  # no row gathers parameters (no FSDP, no ZeRO-3): the activations' alone
+    # ZeRO-2: a layer's gradient whole until its reduce-scatter, as FSDP's (DeepSpeed's reduce bucket holds them)
+    waits = batch.sharding.sharded["gradients"] & ~gathers
+    if batch.reduce_bucket_bytes is not None:
+        waits = waits & (batch.reduce_bucket_bytes == 0)
+    if not np.count_nonzero(gathers) and not np.count_nonzero(waits):  # the activations' buffers alone
         return output_buffers, activation_buffers, activation_buffers
     compute, grad = batch.compute_bytes[:, None], batch.grad_bytes[:, None]
-    layer_gathered = _gathered_layer_bytes(model, params, batch, cols)[:, :, None]  # (K, N, 1) bytes
     on_rank = layers > 0  # (K, N, R)
     largest = np.maximum.reduce(np.where(on_rank, (params.layer_dense + params.layer_routed)[:, :, None], 0), axis=0,
                                 initial=0)
+    head_grad_whole = params.head_gradient * grad
+    waiting = head_grad_whole + largest * grad  # the root's and one layer's gradients before their reduce-scatter
+    # ZeRO-2's at the three moments: none at the loss, then as FSDP's (the embedding's own gradient last)
+    zero2 = (0.0, waiting, head_grad_whole + np.maximum(largest * grad, params.embedding_gradient * grad))
+    running = (output_buffers, activation_buffers, activation_buffers)
+    if not np.count_nonzero(gathers):
+        return tuple(np.where(waits[:, None], z, 0.0) + r for z, r in zip(zero2, running, strict=True))
+    layer_gathered = _gathered_layer_bytes(model, params, batch, cols)[:, :, None]  # (K, N, 1) bytes
     root = (np.where(where.has_embedding, params.embedding[:, None], 0) + params.head_extra
             + np.where(where.has_head, model.final_norm, 0))
     zero3_buffer = np.maximum(largest, root) * (compute + grad)
@@ -1296,7 +1309,6 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     if fsdp_rows:
         largest_gathered = np.maximum.reduce(np.where(on_rank, layer_gathered, 0.0), axis=0, initial=0.0)
         gathered_root = root * compute
-        head_grad_whole = params.head_gradient * grad
         fsdp2, keeps = batch.sharding.fsdp[:, None], batch.sharding.keeps_gathered[:, None]
         defers = batch.sharding.defers_reduce[:, None]
         two_layers = np.minimum(np.add.reduce(layers, axis=0), 2)
@@ -1309,9 +1321,8 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
             gathered_layers = np.where(keeps | defers, stage_layers, gathered_layers)
             at_end_layers = np.where(defers, stage_layers, at_end_layers)
         # under gradient_sync=last_micro_batch no gradient waits in a reduce-scatter buffer: the gradients hold them
-        waiting = np.where(defers, 0.0, head_grad_whole + largest * grad)
-        at_moments = [gathered_root + np.where(keeps, gathered_layers, 0), gathered_root + gathered_layers + waiting,
-                      gathered_root + at_end_layers]
+        at_moments = [gathered_root + np.where(keeps, gathered_layers, 0),
+                      gathered_root + gathered_layers + np.where(defers, 0.0, waiting), gathered_root + at_end_layers]
         if fsdp_rows < n:  # the others' ZeRO-3 buffer
             at_moments = [np.where(fsdp2, buffer, zero3_buffer) for buffer in at_moments]
     else:  # ZeRO-3 alone gathers one module at a time
@@ -1319,8 +1330,8 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     if np.count_nonzero(cols["reuse_distance_elements"]):  # ZeRO-3's last layers kept gathered across the turn
         at_loss, at_last = _reuse_kept(model, params, cols)
         at_moments = [at_moments[0] + at_loss * compute, at_moments[1] + at_last * compute, at_moments[2]]
-    return tuple(np.where(gathers[:, None], buffer, 0.0) + layers_running for buffer, layers_running
-                 in zip(at_moments, (output_buffers, activation_buffers, activation_buffers), strict=True))
+    return tuple(np.where(gathers[:, None], buffer, np.where(waits[:, None], z, 0.0)) + r
+                 for buffer, z, r in zip(at_moments, zero2, running, strict=True))
 
 
 _RERUN_MODULES = np.isin(np.array(RECOMPUTE), ("full", "selective"))  # the recomputes that rerun a layer's modules
