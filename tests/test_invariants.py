@@ -492,3 +492,31 @@ def test_a_higher_zero_stage_below_3_never_holds_more(name, stage):
     both = lower.valid & higher.valid & (ranks >= 2)
     assert both.sum() >= 50
     assert (higher.peak_bytes[both] <= lower.peak_bytes[both]).all()
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "gpt-oss-20b"])
+def test_directions_of_the_batch_the_context_split_and_the_compiler(name):
+    # twice the sequences a micro-batch never hold less; twice the context-parallel ranks taken from the
+    # data-parallel ones (a rank's tokens halved) never hold more; torch.compile (fewer launches and bytes) and
+    # async TP under it (the TP collectives behind the matmuls) never lengthen a step
+    model = ndcost.resolve(name, census="off")
+    cols = _fsdp_grid(300, bool(model.spec.num_experts), seed=31)
+    c = {k: np.asarray(v) for k, v in cols.items()}
+
+    def pair(a, b, metric):
+        one, two = model.evaluate_many(a), model.evaluate_many(b)
+        both = one.valid & two.valid
+        assert both.sum() >= 30
+        pick = (lambda r: r.peak_bytes) if metric == "peak" else (lambda r: r.time["step_seconds"])
+        return pick(one)[both].astype(float), pick(two)[both].astype(float)
+
+    before, after = pair(cols, _with(cols, micro_batch=2 * c["micro_batch"]), "peak")
+    assert (after >= before).all()
+    wider = _with(cols, dp=2 * c["dp"])
+    before, after = pair(wider, _with(wider, cp=2 * c["cp"]), "peak")
+    assert (after <= before).all()
+    before, after = pair(_with(cols, compile=False), _with(cols, compile=True), "step")
+    assert (after <= before * (1 + 1e-12)).all()
+    tp = {k: v[c["tp"] > 1] for k, v in _with(cols, compile=True).items()}
+    before, after = pair(tp, _with(tp, async_tp=True), "step")
+    assert (after <= before * (1 + 1e-12)).all()
