@@ -1020,13 +1020,14 @@ class CostModel:
             batch.refuse((c["reduce_buckets"] > 1) & (c["zero"] == 3),
                          "reduce_buckets=2 with zero=3: ZeRO-3 allocates one bucket at its start whatever "
                          "overlap_comm says (deepspeed/runtime/zero/stage3.py); use reduce_buckets=1")
-        reuse = c["reuse_distance_elements"] > 0
-        if np.count_nonzero(reuse):
-            batch.refuse(reuse & ((c["zero"] != 3) | (c["pp"] > 1)),
-                         lambda i: f"reuse_distance_elements={c['reuse_distance_elements'][i]} with zero="
-                                   f"{c['zero'][i]}, pp={c['pp'][i]}: it is DeepSpeed ZeRO-3's "
-                                   f"stage3_max_reuse_distance, which runs without a pipeline; set zero=3 and pp=1, "
-                                   f"or reuse_distance_elements=0")
+        for name, deepspeeds in (("reuse_distance_elements", "stage3_max_reuse_distance"),
+                                 ("live_parameters_elements", "stage3_max_live_parameters")):
+            if np.count_nonzero(c[name]):
+                batch.refuse((c[name] > 0) & ((c["zero"] != 3) | (c["pp"] > 1)),
+                             lambda i, name=name, deepspeeds=deepspeeds: (
+                                 f"{name}={c[name][i]} with zero={c['zero'][i]}, pp={c['pp'][i]}: it is DeepSpeed "
+                                 f"ZeRO-3's {deepspeeds}, which runs without a pipeline; set zero=3 and pp=1, or "
+                                 f"{name}=0"))
         if np.count_nonzero(c["offload_params"]):
             # FSDP2's CPUOffloadPolicy and ZeRO-Infinity's offload_param copy the sharded parameters to the device
             # to gather them, and the optimizer steps them where they live: on the host

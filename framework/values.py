@@ -418,6 +418,7 @@ class Strategy:
     reduce_bucket_elements: int = attrs.field(default=0, converter=_int_field("reduce_bucket_elements", 0))
     reduce_buckets: int = attrs.field(default=1, converter=_int_field("reduce_buckets", 1, 2))
     reuse_distance_elements: int = attrs.field(default=0, converter=_int_field("reuse_distance_elements", 0))
+    live_parameters_elements: int = attrs.field(default=0, converter=_int_field("live_parameters_elements", 0))
     loss_engine: str = attrs.field(default="auto", converter=_choice("loss_engine", LOSS_ENGINES))
     cp_rotate: str = attrs.field(default="allgather", converter=_choice("cp_rotate", CP_ROTATES))
     ep_dispatcher: str = attrs.field(default="alltoall", converter=_choice("ep_dispatcher", EP_DISPATCHERS))
@@ -873,6 +874,17 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                 "prefetching (stage3_prefetch_bucket_size), the persistent small parameters "
                 "(stage3_param_persistence_threshold), the backward's gathers it saves (time)", unit="elements",
         synonyms=("stage3_max_reuse_distance", "max_reuse_distance", "reuse_distance")),
+    "live_parameters_elements": FieldDoc(
+        meaning="DeepSpeed ZeRO-3's stage3_max_live_parameters (its default 1,000,000,000) where it prefetches "
+                "(stage3_prefetch_bucket_size > 0, its default): the prefetcher marks the gathered parameters it "
+                "passes over as used again later (deepspeed/runtime/zero/partitioned_param_coordinator.py "
+                "fetch_sub_module, __params_to_release), so what it gathers stays gathered to its backward, up to "
+                "this many elements: the stage holds the least of it and its parameters gathered at the loss, its "
+                "parameters but the head's and final norm's at the last layer's backward, its first layer's and the "
+                "embedding's at the end (DeepSpeed 0.19.8 measured on the CPU, tests/test_deepspeed_zero.py). 0: no "
+                "prefetching (one module gathered at a time, or reuse_distance_elements' rule). Needs zero=3 and "
+                "pp=1. Left out: the prefetch's overshoot by part of a module", unit="elements",
+        synonyms=("stage3_max_live_parameters", "max_live_parameters", "live_parameters")),
     "loss_engine": FieldDoc(meaning="the implementation of the cross-entropy loss, which decides the output "
                                     "layer's backward peak (a logit's bytes, 16-bit logits). auto: as torch. torch: "
                                     "F.cross_entropy on fp32 logits (Transformers', torchtitan's): log_softmax's "

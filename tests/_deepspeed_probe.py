@@ -6,7 +6,8 @@ data-parallel world given as a model-parallel unit gives it): the batch sizes an
 restates, or the error it raises. ``buckets``: the bytes of the reduce buckets (``ipg_buckets``' buffers) at each point of two micro-batches and a
 step, ZeRO 1-3, with and without overlap_comm. ``reuse``: the parameters ZeRO-3 keeps gathered after the forward
 (the trace complete: the second step) of a small Transformers Llama at each stage3_max_reuse_distance, with and
-without gradient checkpointing.
+without gradient checkpointing. ``live``: with prefetching, the parameter elements ZeRO-3 holds gathered after the
+forward and in the last and the first layer's backward of a 16-layer Llama at each stage3_max_live_parameters.
 """
 from __future__ import annotations
 
@@ -106,12 +107,47 @@ def read_config(path: str, world: int) -> dict:
             "accumulation": config.gradient_accumulation_steps, "stage": int(zero.stage),
             "contiguous_gradients": zero.contiguous_gradients, "reduce_bucket_size": int(zero.reduce_bucket_size),
             "overlap_comm": zero.overlap_comm, "max_reuse_distance": int(zero.max_reuse_distance),
+            "prefetch_bucket_size": int(zero.prefetch_bucket_size), "max_live_parameters": int(zero.max_live_parameters),
             "bf16": config.bfloat16_config.enabled, "fp16": config.float16_config.enabled}
+
+
+LIVE = (100_000, 300_000, 1_000_000_000)  # stage3_max_live_parameters' values (16 layers: 604,736 elements)
+
+
+def gathered_with_prefetch(live: int) -> dict:
+    import transformers
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, "num_hidden_layers": 16}))
+    model.train()
+    config = {"train_micro_batch_size_per_gpu": 1,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+              "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 10000,
+                                    "stage3_max_live_parameters": live, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    params = list(model.parameters())
+
+    def gathered() -> int:
+        return sum(p.ds_numel for p in params if p.ds_status != ZeroParamStatus.NOT_AVAILABLE)
+
+    seen: dict = {}
+    for name, layer in (("last_layer", 15), ("first_layer", 0)):  # down_proj's gradient: its layer's first
+        model.model.layers[layer].mlp.down_proj.weight.register_hook(
+            lambda grad, name=name: seen.__setitem__(name, gathered()))
+    for _ in range(2):  # the first step records the trace
+        logits = engine(input_ids=torch.randint(0, LLAMA["vocab_size"], (1, 16))).logits
+        seen["after_forward"] = gathered()
+        engine.backward(logits.float().pow(2).mean())
+        engine.step()
+    return seen
 
 
 if __name__ == "__main__":
     deepspeed.init_distributed(dist_backend="gloo")
-    if sys.argv[2] == "config":
+    if sys.argv[2] == "live":
+        print(json.dumps({str(live): gathered_with_prefetch(live) for live in LIVE}))
+    elif sys.argv[2] == "config":
         jobs = sys.argv[3:]
         print(json.dumps([read_config(path, int(world)) for path, world in zip(jobs[::2], jobs[1::2])]))
     elif sys.argv[2] == "buckets":

@@ -225,8 +225,51 @@ def test_llama_3_1_8b_keeps_nothing_beyond_its_head():
     assert model.evaluate(base).peak_bytes == model.evaluate(f"{base},reuse_distance_elements=1000000000").peak_bytes
 
 
-@pytest.mark.parametrize("fields", [dict(zero=2, reuse_distance_elements=1000),
-                                    dict(zero=3, pp=2, reuse_distance_elements=1000)])
-def test_a_reuse_distance_off_zero3_or_with_a_pipeline_is_refused(model, fields):
-    with pytest.raises(InvalidStrategy, match="stage3_max_reuse_distance, which runs without a pipeline"):
-        model.evaluate(nd.Strategy(dp=8, seq=4096, **fields))
+@pytest.mark.parametrize("field, deepspeeds", [("reuse_distance_elements", "stage3_max_reuse_distance"),
+                                               ("live_parameters_elements", "stage3_max_live_parameters")])
+@pytest.mark.parametrize("fields", [dict(zero=2), dict(zero=3, pp=2)])
+def test_zero3s_own_fields_off_zero3_or_with_a_pipeline_are_refused(model, fields, field, deepspeeds):
+    with pytest.raises(InvalidStrategy, match=f"{deepspeeds}, which runs without a pipeline"):
+        model.evaluate(nd.Strategy(dp=8, seq=4096, **{field: 1000}, **fields))
+
+
+# --- ZeRO-3's prefetching: what it gathers stays gathered, up to the live parameters ----------------------------
+# the probe's 16-layer Llama: every element, and those but the head's and final norm's, and the first layer's
+# with the embedding's
+ALL16 = 16 * LAYER + 2 * 6400 + 64
+BUT_HEAD = ALL16 - 6400 - 64
+FIRST = LAYER + 6400
+
+
+@pytest.fixture(scope="module")
+def deepspeed_live():
+    return _probe("live")
+
+
+@pytest.fixture(scope="module")
+def llama16(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama16")
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 16, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "vocab_size": 100, "tie_word_embeddings": False, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}))
+    return nd.resolve(str(folder / "config.json"), census="off")
+
+
+@pytest.mark.parametrize("live", [100_000, 300_000, 1_000_000_000])
+def test_the_prefetcher_keeps_what_it_gathers_up_to_the_live_parameters(deepspeed_live, llama16, live):
+    seen = deepspeed_live[str(live)]
+    # DeepSpeed: the least of the live bound and the stage's elements, over the bound by less than a module (its
+    # prefetch's last module); the first layer's backward holds that layer and the embedding
+    for at, held in (("after_forward", ALL16), ("last_layer", BUT_HEAD)):
+        assert min(live, held) <= seen[at] < min(live, held) + MODULE
+    assert seen["first_layer"] == FIRST
+    assert seen["after_forward"] == ALL16 if live > ALL16 else True  # all of it where the bound is above
+    # ndcost: the same sets, gathered in place of the one running module (the largest: a layer) at the loss
+    # (no recompute: the loss's moment peaks) and at the last layer's backward (full recompute: it peaks there)
+    for recompute, held in (("none", ALL16), ("full", BUT_HEAD)):
+        base = f"dp=1,zero=3,seq=2048,micro_batch=8,param_dtype=fp32,recompute={recompute}"
+        plain, kept = llama16.evaluate(base), llama16.evaluate(f"{base},live_parameters_elements={live}")
+        assert moment(plain) == moment(kept) == ("output backward" if recompute == "none" else "last layer backward")
+        assert (communication(kept) - communication(plain)) / 4 == min(live, held) - LAYER

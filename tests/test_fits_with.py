@@ -54,13 +54,13 @@ def test_deepspeeds_own_knobs_are_tried():
     assert {"reduce_buckets=1", "reduce_bucket_elements=250000000", "zero=2", "zero=3,reduce_buckets=1",
             "dp=1,fsdp=8,zero=0,reduce_bucket_elements=0,reduce_buckets=1"} <= tried
     zero3 = Strategy.parse("dp=8,zero=3,seq=4096,ddp_engine=deepspeed,reduce_bucket_elements=500000000,"
-                           "reuse_distance_elements=1000000000")
+                           "reuse_distance_elements=1000000000,live_parameters_elements=1000000000")
     tried = {s.differences(zero3) for s in _one_change(zero3)}
-    assert {"reuse_distance_elements=0", "reduce_bucket_elements=250000000"} <= tried
+    assert {"reuse_distance_elements=0", "live_parameters_elements=0", "reduce_bucket_elements=250000000"} <= tried
     assert "reduce_buckets=1" not in tried  # it holds one already
     model = ndcost.resolve("mistral-7b-v0.1", census="off")
-    assert all(model.evaluate_many([s]).valid[0] for s in _one_change(zero3) if "reuse" in s.differences(zero3)
-               or "reduce_bucket" in s.differences(zero3))
+    assert all(model.evaluate_many([s]).valid[0] for s in _one_change(zero3)
+               if any(name in s.differences(zero3) for name in ("reuse", "live", "reduce_bucket")))
 
 
 def test_every_change_offered_fits_on_the_same_devices_and_batch_fastest_first():

@@ -455,7 +455,7 @@ def test_gpipe_holds_no_less_than_1f1b(name):
 def test_deepspeeds_bucket_and_reuse_distance_never_hold_less(name):
     # over ZeRO 1-3 without a pipeline (DeepSpeed's): a bucket adds at most its bytes (in param_dtype, bf16 here,
     # and the allocator_overhead on them), and at ZeRO 1 and 3 never less; a longer reuse distance keeps at least
-    # the modules a shorter one keeps
+    # the modules a shorter one keeps, and so does a larger live bound under prefetching
     model = ndcost.resolve(name, census="off")
     cols = _grid(300, bool(model.spec.num_experts), seed=11)
     cols = {**cols, "pp": np.ones(300, dtype=np.int64), "vpp": np.ones(300, dtype=np.int64),
@@ -476,6 +476,9 @@ def test_deepspeeds_bucket_and_reuse_distance_never_hold_less(name):
     assert kept.sum() >= 20
     assert (near.peak_bytes[kept] >= plain.peak_bytes[kept]).all()
     assert (far.peak_bytes[kept] >= near.peak_bytes[kept]).all()
+    few, many = (model.evaluate_many(_with(cols, live_parameters_elements=np.full(300, d))) for d in (10 ** 8, 10 ** 9))
+    live = plain.valid & few.valid & many.valid & zero3
+    assert (few.peak_bytes[live] >= plain.peak_bytes[live]).all() and (many.peak_bytes[live] >= few.peak_bytes[live]).all()
 
 
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "gpt-oss-20b"])

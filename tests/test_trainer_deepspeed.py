@@ -68,6 +68,7 @@ def test_zero3_parameter_offload_config_field_by_field(tmp_path):
         micro_batch=1, num_micro_batches=1,  # train_batch_size 1 on one rank
         reduce_bucket_elements=500_000_000,  # ZeRO-3's one bucket at DeepSpeed's default reduce_bucket_size
         reuse_distance_elements=1_000_000_000,  # stage3_max_reuse_distance's default
+        live_parameters_elements=1_000_000_000,  # "auto" prefetch and live bound: DeepSpeed's defaults
         param_dtype="fp32")       # neither fp16 nor bf16: fp32 throughout
     assert "zero_optimization.offload_param.buffer_size" in config.ignored_fields  # "auto", with no bearing
 
@@ -106,6 +107,7 @@ def test_ulysses_autotp_bf16_master_and_cpu_checkpointing(tmp_path):
         zero=3, micro_batch=8,          # 64 // 4 ranks // 2 steps
         reduce_bucket_elements=500_000_000,  # ZeRO-3's bucket, DeepSpeed's default size
         reuse_distance_elements=1_000_000_000,  # and its default reuse distance
+        live_parameters_elements=1_000_000_000,  # and live bound (it prefetches by default)
         num_micro_batches=2,
         param_dtype="bf16", grad_dtype="bf16", master_dtype="bf16", optimizer_dtype="bf16",
         offload_activations=True,       # cpu_checkpointing: the checkpoints in host memory
@@ -210,7 +212,7 @@ ROUND_TRIP = [
     dict(dp=4, zero=1, reduce_bucket_elements=500_000_000, **FP16),
     dict(dp=4, zero=2, offload_optimizer=True, reduce_bucket_elements=500_000_000, **FP16),
     dict(dp=8, zero=3, reduce_bucket_elements=10_000, param_dtype="bf16", grad_dtype="bf16", master_dtype="fp32",
-         optimizer_dtype="fp32", reuse_distance_elements=1_000_000_000),
+         optimizer_dtype="fp32", reuse_distance_elements=1_000_000_000, live_parameters_elements=300_000_000),
 ]
 
 
@@ -238,6 +240,7 @@ def test_written_configs_read_back_to_the_same_strategy(tmp_path, fields):
     (dict(zero=3, reduce_bucket_elements=1000, reduce_buckets=2, **FP16), "reduce_buckets=2"),
     (dict(zero=2, offload_optimizer=True, **FP16), "reduce_bucket_elements=0"),  # offload forces it
     (dict(zero=2, reuse_distance_elements=1000, **FP16), "reuse_distance_elements=1000"),  # ZeRO-3's
+    (dict(zero=1, live_parameters_elements=1000, **FP16), "live_parameters_elements=1000"),
 ])
 def test_the_writer_refuses_what_deepspeed_cannot_say(fields, named):
     with pytest.raises(InvalidValue, match=f"deepspeed writer: {named}"):
@@ -319,6 +322,12 @@ BESIDE_DEEPSPEED = [
     ({"train_batch_size": 16, "bf16": {"enabled": True},
       "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 5e8, "reduce_bucket_size": 1e7}}, 8),
     ({"train_batch_size": 16, "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}, 8),
+    ({"train_batch_size": 16, "bf16": {"enabled": True}, "zero_optimization": {
+        "stage": 3, "stage3_prefetch_bucket_size": 0, "stage3_max_live_parameters": 3e8}}, 8),
+    ({"train_batch_size": 16, "bf16": {"enabled": True}, "zero_optimization": {
+        "stage": 3, "stage3_max_live_parameters": 3e8}}, 8),
+    ({"train_batch_size": 16, "bf16": {"enabled": True}, "zero_optimization": {
+        "stage": 3, "stage3_prefetch_bucket_size": "auto", "stage3_max_live_parameters": "auto"}}, 8),
 ]
 
 
@@ -367,3 +376,5 @@ def test_the_reader_reads_a_config_as_deepspeed_does(deepspeed_reads, case):
     assert s.reduce_bucket_elements == bucket
     assert s.reduce_buckets == (2 if bucket and seen["overlap_comm"] and seen["stage"] < 3 else 1)
     assert s.reuse_distance_elements == (seen["max_reuse_distance"] if seen["stage"] == 3 else 0)
+    prefetches = seen["stage"] == 3 and seen["prefetch_bucket_size"] > 0
+    assert s.live_parameters_elements == (seen["max_live_parameters"] if prefetches else 0)

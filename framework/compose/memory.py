@@ -1330,6 +1330,15 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     if np.count_nonzero(cols["reuse_distance_elements"]):  # ZeRO-3's last layers kept gathered across the turn
         at_loss, at_last = _reuse_kept(model, params, cols)
         at_moments = [at_moments[0] + at_loss * compute, at_moments[1] + at_last * compute, at_moments[2]]
+    live = cols["live_parameters_elements"]
+    if np.count_nonzero(live):  # what ZeRO-3's prefetcher keeps gathered, up to the live parameters
+        stage = params.dense + params.routed  # one stage (pp=1): its layers, embedding, head and final norm
+        first = (params.layer_dense + params.layer_routed)[model.stack.run_kind[0]][:, None]
+        head = ceil_div(np.int64(model.embedding if model.tied else model.head), params.vocab_split)[:, None]
+        held = (stage, stage - head - model.final_norm, first + params.embedding[:, None])
+        module = np.maximum(largest, root) * grad  # the running module's gradient, as without it
+        at_moments = [np.where((live > 0)[:, None], np.maximum(buffer, np.minimum(live[:, None], h) * compute + module),
+                               buffer) for buffer, h in zip(at_moments, held, strict=True)]
     return tuple(np.where(gathers[:, None], buffer, np.where(waits[:, None], z, 0.0)) + r
                  for buffer, z, r in zip(at_moments, zero2, running, strict=True))
 

@@ -18,7 +18,7 @@ arXiv:1910.02054 section 3: 2 + 2 + 12 bytes a parameter);
 The ZeRO optimizers' contiguous gradient bucket (``reduce_bucket_size``,
 ``contiguous_gradients``, ``overlap_comm``) is ``reduce_bucket_elements`` and
 ``reduce_buckets`` (:func:`_reduce_bucket`); ZeRO-3's ``stage3_max_reuse_distance`` is
-``reuse_distance_elements``.
+``reuse_distance_elements``, its ``stage3_max_live_parameters`` ``live_parameters_elements`` where it prefetches.
 
 ``activation_checkpointing`` configures deepspeed.checkpointing, which
 recomputes only where the model calls it: the reader leaves ``recompute`` as
@@ -67,8 +67,7 @@ REFUSED: Mapping[str, str] = {
                            "on a copy without it",
     "hybrid_engine": "the hybrid engine (RLHF generation) is not priced; remove it in a copy",
 }
-ZERO_IGNORED = ("allgather_partitions", "allgather_bucket_size", "reduce_scatter", "stage3_max_live_parameters",
-                "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+ZERO_IGNORED = ("allgather_partitions", "allgather_bucket_size", "reduce_scatter", "stage3_param_persistence_threshold",
                 "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
                 "sub_group_size", "elastic_checkpoint", "ignore_unused_parameters", "round_robin_gradients",
                 "log_trace_cache_warnings", "load_from_fp32_weights", "stage3_module_granularity_threshold",
@@ -177,6 +176,7 @@ class DeepSpeedFormat:
         fields.update(_precision(f, defaults))
         fields.update(_reduce_bucket(f, fields, defaults))
         fields.update(_reuse_distance(f, fields, defaults))
+        fields.update(_live_parameters(f, fields, defaults))
         fields.update(_checkpointing(f, tp, defaults))
         optimizer = f.section("optimizer")
         kind = f.value(optimizer, "type", "optimizer.type", str) if optimizer else None
@@ -305,6 +305,32 @@ def _reuse_distance(f: _File, fields: Mapping[str, Any], defaults: List[str]) ->
     if "stage3_max_reuse_distance" not in zero:
         defaults.append(f"ZeRO-3's stage3_max_reuse_distance: {distance:,} elements (reuse_distance_elements)")
     return {"reuse_distance_elements": distance}
+
+
+# stage3_prefetch_bucket_size's and stage3_max_live_parameters' defaults (deepspeed/runtime/zero/config.py)
+PREFETCH_BUCKET_ELEMENTS = 50_000_000
+LIVE_PARAMETERS_ELEMENTS = 1_000_000_000
+_LIVE_KEYS = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters")
+
+
+def _live_parameters(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> Dict[str, Any]:
+    """ZeRO-3's ``stage3_max_live_parameters`` as ``live_parameters_elements`` where it prefetches
+    (``stage3_prefetch_bucket_size`` > 0), else 0. ``"auto"`` is read as DeepSpeed's own config reads it (its
+    default; the Hugging Face Trainer fills the prefetch bucket with 0.9 * hidden_size ** 2, positive too)."""
+    zero = f.section("zero_optimization")
+    if fields["zero"] != 3:
+        f.ignored.extend(f"zero_optimization.{key}" for key in _LIVE_KEYS if key in zero)
+        return {}
+    values = []
+    for key, default in zip(_LIVE_KEYS, (PREFETCH_BUCKET_ELEMENTS, LIVE_PARAMETERS_ELEMENTS), strict=True):
+        if zero.get(key) == "auto":
+            f.read.append(f"zero_optimization.{key}")
+            defaults.append(f"zero_optimization.{key} \"auto\": DeepSpeed's default {default:,}")
+            values.append(default)
+        else:
+            values.append(f.value(zero, key, f"zero_optimization.{key}", int, default))
+    prefetch, live = values
+    return {"live_parameters_elements": live if prefetch else 0}
 
 
 def _batch(f: _File, dp: int, defaults: List[str]) -> Dict[str, Any]:
@@ -468,11 +494,13 @@ def _document(s: Strategy, global_batch: Optional[int]) -> Dict[str, Any]:
     doc.update(_WRITTEN_DTYPES[dtypes])
     zero: Dict[str, Any] = {"stage": s.zero}
     zero.update(_written_bucket(s))
-    if s.zero == 3:
+    if s.zero == 3:  # without a live bound ZeRO-3 does not prefetch
         zero["stage3_max_reuse_distance"] = s.reuse_distance_elements
-    elif s.reuse_distance_elements:
-        raise _refuse_write("reuse_distance_elements", s.reuse_distance_elements, "it is ZeRO-3's "
-                            "stage3_max_reuse_distance: zero=3, or reuse_distance_elements=0")
+        zero.update({"stage3_max_live_parameters": s.live_parameters_elements} if s.live_parameters_elements
+                    else {"stage3_prefetch_bucket_size": 0})
+    for name in ("reuse_distance_elements", "live_parameters_elements"):
+        if s.zero != 3 and getattr(s, name):
+            raise _refuse_write(name, getattr(s, name), f"it is ZeRO-3's: zero=3, or {name}=0")
     if s.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
     if s.offload_params:
