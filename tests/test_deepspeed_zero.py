@@ -151,15 +151,20 @@ def deepspeed_reuse():
     return _probe("reuse")
 
 
-@pytest.fixture(scope="module")
-def small_llama(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("llama")
+def _small_llama(tmp_path_factory, layers: int):
+    """The probe's Llama (its LLAMA) as a config.json, resolved."""
+    folder = tmp_path_factory.mktemp(f"llama{layers}")
     (folder / "config.json").write_text(json.dumps({
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
         "vocab_size": 100, "tie_word_embeddings": False, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
         "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}))
     return nd.resolve(str(folder / "config.json"), census="off")
+
+
+@pytest.fixture(scope="module")
+def small_llama(tmp_path_factory):
+    return _small_llama(tmp_path_factory, 4)
 
 
 def _gathered_more(model, recompute: str, distance: int) -> tuple:
@@ -248,13 +253,7 @@ def deepspeed_live():
 
 @pytest.fixture(scope="module")
 def llama16(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("llama16")
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 16, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "vocab_size": 100, "tie_word_embeddings": False, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
-        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}))
-    return nd.resolve(str(folder / "config.json"), census="off")
+    return _small_llama(tmp_path_factory, 16)
 
 
 @pytest.mark.parametrize("live", [100_000, 300_000, 1_000_000_000])
