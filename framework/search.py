@@ -534,7 +534,10 @@ class _Holding:
     def evaluate_many(self, strategies: Any, hardware: Any = None) -> Any:
         if not isinstance(strategies, Mapping):
             return self.model.evaluate_many(strategies, hardware=hardware)
-        return self.model.evaluate_many({**self.held, **dict(strategies)}, hardware=hardware)
+        cols = {**self.held, **dict(strategies)}
+        for name in set(self.held) & set(_HELD_ZERO_FIELDS):  # held where the row's ZeRO stage runs them
+            cols[name] = np.where(_HELD_ZERO_FIELDS[name](cols), self.held[name], _DEFAULTS[name])
+        return self.model.evaluate_many(cols, hardware=hardware)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
@@ -899,6 +902,26 @@ def _nothing_message(where, global_batch, seq, cap, pruning: List[Pruning], peak
 # without them (its figures are the same; values.py's field docs say where each acts)
 _HELD_ACTS_WHERE = {"cp_rotate": lambda f: f["cp"] > 1, "ep_dispatcher": lambda f: f["ep"] > 1,
                     "pp_return_outputs": lambda f: f["pp"] > 1 and f["pp_engine"] == "torch"}
+# DeepSpeed's ZeRO fields, which a strategy refuses where its stage does not run them (the reduce bucket at ZeRO
+# 1-3, the reuse distance and the live bound at ZeRO-3, none under PP): held only where it does, so a trainer's
+# defaults (search --emit deepspeed) price every stage; written per candidate as _HELD_ACTS_WHERE's
+def _field(fields: Mapping[str, Any], name: str) -> np.ndarray:
+    """A field's column (or value) among *fields*, its default where they leave it out."""
+    return np.asarray(fields.get(name, _DEFAULTS[name]))
+
+
+_HELD_ZERO_FIELDS = {"reduce_bucket_elements": lambda f: (_field(f, "zero") >= 1) & (_field(f, "pp") == 1),
+                     "reuse_distance_elements": lambda f: (_field(f, "zero") == 3) & (_field(f, "pp") == 1)}
+_HELD_ZERO_FIELDS["reduce_buckets"] = _HELD_ZERO_FIELDS["reduce_bucket_elements"]
+_HELD_ZERO_FIELDS["live_parameters_elements"] = _HELD_ZERO_FIELDS["reuse_distance_elements"]
+
+
+def _acts_at_its_stage(rule: Callable[[Mapping[str, Any]], Any]) -> Callable[[Mapping[str, Any]], bool]:
+    return lambda fields: bool(rule(fields))
+
+
+_HELD_ACTS_WHERE.update({name: _acts_at_its_stage(rule) for name, rule in _HELD_ZERO_FIELDS.items()})
+_DEFAULTS = Strategy().to_dict()
 
 
 def training_cost(tokens: Optional[float], tokens_per_second: float, devices: int,

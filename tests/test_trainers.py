@@ -60,8 +60,15 @@ def test_search_emits_the_fastest_strategy_the_trainer_runs_in_its_precision(tmp
         field, value = item.split("=")
         assert str(getattr(chosen, field)) == value
     assert chosen.fsdp == 1 and (chosen.zero > 0 or chosen.dp == 1)  # neither trainer writes FSDP
+    zero_defaults = ""
+    if kind == "deepspeed":  # zero_optimization's defaults, held where the chosen stage runs them
+        assert chosen.reduce_bucket_elements == (500_000_000 if chosen.zero >= 1 else 0)
+        assert chosen.reuse_distance_elements == chosen.live_parameters_elements == (
+            1_000_000_000 if chosen.zero == 3 else 0)
+        zero_defaults = (",reduce_bucket_elements=500000000,reuse_distance_elements=1000000000,"
+                         "live_parameters_elements=1000000000")
     # the chosen strategy is the fastest of those holding the recipe that the trainer can write
-    table = json.loads(ndcost(*args, "--hold", held if kind == "megatron" else held + ",grad_dtype=bf16",
+    table = json.loads(ndcost(*args, "--hold", held if kind == "megatron" else held + ",grad_dtype=bf16" + zero_defaults,
                               "--top", "200", "--json").stdout)
     writable = [row["strategy"] for row in table if to_config_ok(kind, row["strategy"])]
     assert Strategy.parse(writable[0]) == chosen
@@ -76,3 +83,19 @@ def to_config_ok(kind, text):
     except InvalidValue:
         return False
     return True
+
+
+@pytest.mark.slow
+def test_deepspeeds_zero_defaults_are_held_where_each_stage_runs_them():
+    # the reduce bucket at ZeRO 1-3, the reuse distance and the live bound at ZeRO-3: held for the other stages
+    # too they would refuse them (the strategy's own rule), so the search holds each where it runs
+    held = ("ddp_engine=deepspeed,reduce_bucket_elements=500000000,reuse_distance_elements=1000000000,"
+            "live_parameters_elements=1000000000")
+    table = json.loads(ndcost("search", "qwen3-8b", "--devices", "8", "--global-batch", "8", "--seq", "4096",
+                              "--census", "off", "--hold", held, "--top", "400", "--json").stdout)
+    rows = [Strategy.parse(row["strategy"]) for row in table]
+    assert {s.zero for s in rows} == {0, 1, 2, 3}  # none pruned for holding them
+    for s in rows:
+        assert s.reduce_bucket_elements == (500_000_000 if s.zero >= 1 and s.pp == 1 else 0)
+        assert s.reuse_distance_elements == s.live_parameters_elements == (
+            1_000_000_000 if s.zero == 3 and s.pp == 1 else 0)

@@ -81,6 +81,14 @@ ZERO_REFUSED: Mapping[str, str] = {
     "mics_shard_size": "MiCS sharding is not priced yet; remove it in a copy",
 }
 
+# zero_optimization's defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size, stage3_max_reuse_distance,
+# stage3_prefetch_bucket_size and stage3_max_live_parameters in elements; contiguous_gradients true, overlap_comm
+# true at stage 3 alone
+REDUCE_BUCKET_ELEMENTS = 500_000_000
+REUSE_DISTANCE_ELEMENTS = 1_000_000_000
+PREFETCH_BUCKET_ELEMENTS = 50_000_000
+LIVE_PARAMETERS_ELEMENTS = 1_000_000_000
+
 
 class _File:
     """The JSON document and the refusals that name its fields."""
@@ -127,9 +135,13 @@ class DeepSpeedFormat:
     description = "DeepSpeed: a config JSON (ZeRO stage, offload, batch sizes, precision); the model is given"
     writes = True
     runtime = ""  # Transformers' modules as a plain install runs them: the default, hf-cuda
-    # bf16.enabled: bf16 parameters and gradients, fp32 master copy and optimizer states
+    # bf16.enabled: bf16 parameters and gradients, fp32 master copy and optimizer states; zero_optimization's
+    # defaults where a stage runs them (a search holds them there alone: search._HELD_ZERO_FIELDS)
     recipe = MappingProxyType({"param_dtype": "bf16", "grad_dtype": "bf16", "optimizer_dtype": "fp32",
-                               "master_dtype": "fp32", "ddp_engine": "deepspeed"})
+                               "master_dtype": "fp32", "ddp_engine": "deepspeed",
+                               "reduce_bucket_elements": REDUCE_BUCKET_ELEMENTS,
+                               "reuse_distance_elements": REUSE_DISTANCE_ELEMENTS,
+                               "live_parameters_elements": LIVE_PARAMETERS_ELEMENTS})
 
     def read(self, path: str, *, devices: Optional[int]) -> TrainerConfig:
         from ndcost.specio import read_text
@@ -247,9 +259,6 @@ def _zero(f: _File, defaults: List[str]) -> Dict[str, Any]:
     return fields
 
 
-# zero_optimization's defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size 5e8 elements,
-# contiguous_gradients true, overlap_comm true at stage 3 alone
-REDUCE_BUCKET_ELEMENTS = 500_000_000
 _BUCKET_KEYS = ("contiguous_gradients", "reduce_bucket_size", "overlap_comm")
 
 
@@ -289,10 +298,6 @@ def _reduce_bucket(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> 
     return {"reduce_bucket_elements": elements, "reduce_buckets": buckets}
 
 
-# stage3_max_reuse_distance's default (deepspeed/runtime/zero/config.py)
-REUSE_DISTANCE_ELEMENTS = 1_000_000_000
-
-
 def _reuse_distance(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> Dict[str, Any]:
     """ZeRO-3's ``stage3_max_reuse_distance`` as ``reuse_distance_elements`` (other stages ignore it)."""
     zero = f.section("zero_optimization")
@@ -307,9 +312,6 @@ def _reuse_distance(f: _File, fields: Mapping[str, Any], defaults: List[str]) ->
     return {"reuse_distance_elements": distance}
 
 
-# stage3_prefetch_bucket_size's and stage3_max_live_parameters' defaults (deepspeed/runtime/zero/config.py)
-PREFETCH_BUCKET_ELEMENTS = 50_000_000
-LIVE_PARAMETERS_ELEMENTS = 1_000_000_000
 _LIVE_KEYS = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters")
 
 
