@@ -45,6 +45,7 @@ from ndcost.values import (
     MEMORY_CATEGORIES,
     RECOMPUTE,
     SHARD_MESHES,
+    ZERO_FIELD_STAGES,
     Hardware,
     ModelSpec,
     StageMemory,
@@ -1001,7 +1002,7 @@ class CostModel:
         if np.count_nonzero(bucket) or np.count_nonzero(c["reduce_buckets"] > 1):
             # DeepSpeed's ZeRO optimizers' contiguous gradient bucket (deepspeed/runtime/zero/stage_1_and_2.py,
             # stage3.py): the compose rule prices it as their own backward allocates it
-            batch.refuse(bucket & (c["zero"] == 0),
+            batch.refuse(bucket & ~np.isin(c["zero"], ZERO_FIELD_STAGES["reduce_bucket_elements"]),
                          lambda i: f"reduce_bucket_elements={c['reduce_bucket_elements'][i]} with zero=0: the "
                                    f"bucket is DeepSpeed ZeRO's (zero 1-3); set zero, or reduce_bucket_elements=0")
             batch.refuse(bucket & (c["pp"] > 1),
@@ -1023,7 +1024,7 @@ class CostModel:
         for name, deepspeeds in (("reuse_distance_elements", "stage3_max_reuse_distance"),
                                  ("live_parameters_elements", "stage3_max_live_parameters")):
             if np.count_nonzero(c[name]):
-                batch.refuse((c[name] > 0) & ((c["zero"] != 3) | (c["pp"] > 1)),
+                batch.refuse((c[name] > 0) & (~np.isin(c["zero"], ZERO_FIELD_STAGES[name]) | (c["pp"] > 1)),
                              lambda i, name=name, deepspeeds=deepspeeds: (
                                  f"{name}={c[name][i]} with zero={c['zero'][i]}, pp={c['pp'][i]}: it is DeepSpeed "
                                  f"ZeRO-3's {deepspeeds}, which runs without a pipeline; set zero=3 and pp=1, or "

@@ -64,6 +64,7 @@ from ndcost.values import (
     DDP_BUCKET_ENGINES,
     MEMORY_CATEGORIES,
     RECOMPUTE,
+    ZERO_FIELD_STAGES,
     Strategy,
     frozen_mapping,
     most_exposed,
@@ -910,10 +911,12 @@ def _field(fields: Mapping[str, Any], name: str) -> np.ndarray:
     return np.asarray(fields.get(name, _DEFAULTS[name]))
 
 
-_HELD_ZERO_FIELDS = {"reduce_bucket_elements": lambda f: (_field(f, "zero") >= 1) & (_field(f, "pp") == 1),
-                     "reuse_distance_elements": lambda f: (_field(f, "zero") == 3) & (_field(f, "pp") == 1)}
+def _runs_at(stages: Tuple[int, ...]) -> Callable[[Mapping[str, Any]], Any]:
+    return lambda fields: np.isin(_field(fields, "zero"), stages) & (_field(fields, "pp") == 1)
+
+
+_HELD_ZERO_FIELDS = {name: _runs_at(stages) for name, stages in ZERO_FIELD_STAGES.items()}
 _HELD_ZERO_FIELDS["reduce_buckets"] = _HELD_ZERO_FIELDS["reduce_bucket_elements"]
-_HELD_ZERO_FIELDS["live_parameters_elements"] = _HELD_ZERO_FIELDS["reuse_distance_elements"]
 
 
 def _acts_at_its_stage(rule: Callable[[Mapping[str, Any]], Any]) -> Callable[[Mapping[str, Any]], bool]:

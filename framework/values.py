@@ -204,6 +204,10 @@ GRADIENT_SYNC = ("auto", "every_micro_batch", "last_micro_batch")
 PP_ENGINES = ("auto", "megatron", "torch")
 FSDP_ENGINES = ("auto", "torch", "megatron")
 DDP_ENGINES = ("auto", "torch", "torch_bucket_view", "megatron", "deepspeed")
+# DeepSpeed ZeRO's own fields and the ZeRO stages that run each, without PP (deepspeed/runtime/zero/): the
+# resolver refuses them elsewhere, a search holds them there alone
+ZERO_FIELD_STAGES = {"reduce_bucket_elements": (1, 2, 3), "reuse_distance_elements": (3,),
+                     "live_parameters_elements": (3,)}
 DDP_BUCKET_ENGINES = ("auto", "torch")  # PyTorch DDP's buckets beside the gradients (auto is torch's)
 LOSS_ENGINES = ("auto", "torch", "megatron", "compiled")
 CP_ROTATES = ("allgather", "p2p")

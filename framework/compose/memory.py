@@ -702,6 +702,7 @@ class _StageParameters:
     embedding: np.ndarray           # (N,): the embedding's share of one TP rank
     vocab_split: np.ndarray         # (N,): tp under vocab_parallel, else 1
     head_extra: np.ndarray          # the head's parameters where not counted with the embedding
+    head: np.ndarray                # (N,): the head's weight, one TP rank's (the embedding's where tied)
     head_gradient: np.ndarray       # the head's gradient (a tied head's is the embedding's)
     embedding_gradient: np.ndarray  # the embedding's own (a tied one's comes with the head's)
 
@@ -762,7 +763,7 @@ def _stage_parameters_rows(model: ModelTables, batch: _Batch, cols,
     return _StageParameters(
         layer_dense=layer_dense, layer_routed=layer_routed, dense=dense, routed=routed,
         copies=copies + head_extra,  # the head's matmul reads its weight (the embedding's where tied)
-        embedding=embedding, vocab_split=vocab_split, head_extra=head_extra,
+        embedding=embedding, vocab_split=vocab_split, head_extra=head_extra, head=head,
         head_gradient=head_extra + np.where(has_head & has_embedding & model.tied, embedding[:, None], 0),
         embedding_gradient=np.where(has_embedding & ~model.tied, embedding[:, None], 0))
 
@@ -1334,8 +1335,7 @@ def _communication_buffers(model: ModelTables, params: _StageParameters, batch: 
     if np.count_nonzero(live):  # what ZeRO-3's prefetcher keeps gathered, up to the live parameters
         stage = params.dense + params.routed  # one stage (pp=1): its layers, embedding, head and final norm
         first = (params.layer_dense + params.layer_routed)[model.stack.run_kind[0]][:, None]
-        head = ceil_div(np.int64(model.embedding if model.tied else model.head), params.vocab_split)[:, None]
-        held = (stage, stage - head - model.final_norm, first + params.embedding[:, None])
+        held = (stage, stage - params.head[:, None] - model.final_norm, first + params.embedding[:, None])
         module = np.maximum(largest, root) * grad  # the running module's gradient, as without it
         at_moments = [np.where((live > 0)[:, None], np.maximum(buffer, np.minimum(live[:, None], h) * compute + module),
                                buffer) for buffer, h in zip(at_moments, held, strict=True)]
@@ -1373,8 +1373,8 @@ def _reuse_kept(model: ModelTables, params: _StageParameters, cols) -> Tuple[np.
     def after(x):  # each layer's sum over the layers after it
         return np.cumsum(x[:, ::-1], axis=1)[:, ::-1] - x
 
-    head = ceil_div(np.int64(model.embedding if model.tied else model.head), params.vocab_split[rows])
-    base = (2 * (head + model.final_norm))[:, None] + 2 * after(per_layer) + after(np.where(reruns, per_layer, 0))
+    base = ((2 * (params.head[rows] + model.final_norm))[:, None] + 2 * after(per_layer)
+            + after(np.where(reruns, per_layer, 0)))
     distance = cols["reuse_distance_elements"][rows].astype(np.float64)[:, None]
     kept = np.where(reruns, np.where(per_layer + base < distance, per_layer, 0.0),
                     np.clip((distance - base) / 2, 0.0, per_layer))
