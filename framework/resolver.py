@@ -1022,13 +1022,19 @@ class CostModel:
                          "reduce_buckets=2 with zero=3: ZeRO-3 allocates one bucket at its start whatever "
                          "overlap_comm says (deepspeed/runtime/zero/stage3.py); use reduce_buckets=1")
         for name, deepspeeds in (("reuse_distance_elements", "stage3_max_reuse_distance"),
-                                 ("live_parameters_elements", "stage3_max_live_parameters")):
+                                 ("live_parameters_elements", "stage3_max_live_parameters"),
+                                 ("sub_group_elements", "sub_group_size")):
             if np.count_nonzero(c[name]):
                 batch.refuse((c[name] > 0) & (~np.isin(c["zero"], ZERO_FIELD_STAGES[name]) | (c["pp"] > 1)),
                              lambda i, name=name, deepspeeds=deepspeeds: (
                                  f"{name}={c[name][i]} with zero={c['zero'][i]}, pp={c['pp'][i]}: it is DeepSpeed "
                                  f"ZeRO-3's {deepspeeds}, which runs without a pipeline; set zero=3 and pp=1, or "
                                  f"{name}=0"))
+        if np.count_nonzero(c["sub_group_elements"]):  # read by the step of DeepSpeed's engine alone
+            batch.refuse((c["sub_group_elements"] > 0) & (c["ddp_engine"] != DDP_ENGINES.index("deepspeed")),
+                         lambda i: f"sub_group_elements={c['sub_group_elements'][i]} with ddp_engine="
+                                   f"{DDP_ENGINES[c['ddp_engine'][i]]}: it is the sub-group DeepSpeed's ZeRO-3 "
+                                   f"optimizer steps at a time; use ddp_engine=deepspeed, or sub_group_elements=0")
         if np.count_nonzero(c["offload_params"]):
             # FSDP2's CPUOffloadPolicy and ZeRO-Infinity's offload_param copy the sharded parameters to the device
             # to gather them, and the optimizer steps them where they live: on the host

@@ -944,8 +944,9 @@ def _one_change(strategy: Strategy) -> List[Strategy]:
     vocabulary split where TP runs, half the micro-batch in twice the micro-batches, twice the TP, PP or CP ranks
     taken from the data-parallel ones (their micro-batches doubled to keep the batch), the activations or the
     optimizer offloaded, torch DDP's gradients as views of its buckets; DeepSpeed's one reduce bucket
-    (``overlap_comm`` off), half of it, and ZeRO-3 releasing every module after its use (no reuse distance, no
-    prefetching). Some may not run on a model (``evaluate_many`` says which)."""
+    (``overlap_comm`` off), half of it, ZeRO-3 releasing every module after its use (no reuse distance, no
+    prefetching) and stepping half the sub-group at a time. Some may not run on a model (``evaluate_many`` says
+    which)."""
     s = strategy
     changes: List[Dict[str, Any]] = [{"recompute": mode, "recompute_layers": None}
                                      for mode in ("selective", "core_attention", "full") if mode != s.recompute]
@@ -954,7 +955,8 @@ def _one_change(strategy: Strategy) -> List[Strategy]:
         changes += [{"zero": stage, **({"reduce_buckets": 1} if stage == 3 else {})}
                     for stage in range(s.zero + 1, 4)]
         changes += [{"fsdp": s.dp, "dp": 1, "zero": 0, "reduce_bucket_elements": 0, "reduce_buckets": 1,
-                     "reuse_distance_elements": 0, "live_parameters_elements": 0}] if s.dp > 1 else []
+                     "reuse_distance_elements": 0, "live_parameters_elements": 0,
+                     "sub_group_elements": 0}] if s.dp > 1 else []
     if s.tp > 1:
         changes += [{"sp": True}] if not s.sp else []
         changes += [{"vocab_parallel": True}] if not s.vocab_parallel else []
@@ -973,6 +975,7 @@ def _one_change(strategy: Strategy) -> List[Strategy]:
     changes += [{"reduce_bucket_elements": s.reduce_bucket_elements // 2}] if s.reduce_bucket_elements > 1 else []
     changes += [{"reuse_distance_elements": 0}] if s.reuse_distance_elements else []
     changes += [{"live_parameters_elements": 0}] if s.live_parameters_elements else []
+    changes += [{"sub_group_elements": s.sub_group_elements // 2}] if s.sub_group_elements > 1 else []
     out = []
     for change in changes:
         try:

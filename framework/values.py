@@ -207,11 +207,18 @@ DDP_ENGINES = ("auto", "torch", "torch_bucket_view", "megatron", "deepspeed")
 # DeepSpeed ZeRO's own fields and the ZeRO stages that run each, without PP (deepspeed/runtime/zero/): the
 # resolver refuses them elsewhere, a search holds them there alone
 ZERO_FIELD_STAGES = {"reduce_bucket_elements": (1, 2, 3), "reuse_distance_elements": (3,),
-                     "live_parameters_elements": (3,)}
+                     "live_parameters_elements": (3,), "sub_group_elements": (3,)}
 DDP_BUCKET_ENGINES = ("auto", "torch")  # PyTorch DDP's buckets beside the gradients (auto is torch's)
 LOSS_ENGINES = ("auto", "torch", "megatron", "compiled")
 CP_ROTATES = ("allgather", "p2p")
 EP_DISPATCHERS = ("alltoall", "deepep")
+
+
+def deepspeed_bf16_optimizer(zero: Any, param_bf16: Any, grad_fp32: Any, on_device: Any) -> Any:
+    """Where DeepSpeed runs its BF16_Optimizer in place of a ZeRO optimizer: ZeRO-1 with bf16 parameters and fp32
+    gradients, the optimizer on the device (deepspeed/runtime/engine.py ``_do_optimizer_sanity_check``). Bools or
+    bool arrays alike."""
+    return (zero == 1) & param_bf16 & grad_fp32 & on_device
 
 
 def _column(convert: Any, kind: str, **facts: Any) -> Any:
@@ -423,6 +430,7 @@ class Strategy:
     reduce_buckets: int = attrs.field(default=1, converter=_int_field("reduce_buckets", 1, 2))
     reuse_distance_elements: int = attrs.field(default=0, converter=_int_field("reuse_distance_elements", 0))
     live_parameters_elements: int = attrs.field(default=0, converter=_int_field("live_parameters_elements", 0))
+    sub_group_elements: int = attrs.field(default=0, converter=_int_field("sub_group_elements", 0))
     loss_engine: str = attrs.field(default="auto", converter=_choice("loss_engine", LOSS_ENGINES))
     cp_rotate: str = attrs.field(default="allgather", converter=_choice("cp_rotate", CP_ROTATES))
     ep_dispatcher: str = attrs.field(default="alltoall", converter=_choice("ep_dispatcher", EP_DISPATCHERS))
@@ -849,9 +857,17 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                    "first backward, as torch_bucket_view. deepspeed: DeepSpeed's engine at ZeRO 0 or "
                                    "1, gradients as autograd makes them (at ZeRO 0 its flat copy of one bucket at a "
                                    "time during the reduction is left out; ZeRO-1's bucket is "
-                                   "reduce_bucket_elements). Left out: the time of the engines' passes "
+                                   "reduce_bucket_elements); at ZeRO 1-3 with the optimizer on the device (not "
+                                   "its BF16_Optimizer: ZeRO-1 with bf16 parameters and fp32 gradients) also its "
+                                   "ZeRO optimizer's step, which holds the partition's gradients alone (ZeRO-1 "
+                                   "frees the others at the boundary) and copies them to fp32 (a flat copy, then "
+                                   "fp32: ZeRO-3 a sub-group at a time, sub_group_elements) after taking their "
+                                   "norm in fp64 a tensor at a time (the embedding's or head's the largest "
+                                   "counted), DeepSpeed 0.19.8 measured on the CPU (tests/test_deepspeed_zero.py). "
+                                   "Left out: the time of the engines' passes "
                                    "over the gradients around the reduction (torch's copies into and out of its "
-                                   "buckets, the division by the replicas). No effect without such replicas",
+                                   "buckets, the division by the replicas). No effect without such replicas (but "
+                                   "for DeepSpeed's ZeRO step)",
                            synonyms=("ddp_backend", "ddp_impl", "ddp_implementation", "data_parallel_engine",
                                      "gradient_as_bucket_view", "dp_engine")),
     "reduce_bucket_elements": FieldDoc(
@@ -890,6 +906,14 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                 "pp=1. Left out: the prefetch's overshoot by part of a module; a tied head's weight (the "
                 "embedding's) is taken as released with the head", unit="elements",
         synonyms=("stage3_max_live_parameters", "max_live_parameters", "live_parameters")),
+    "sub_group_elements": FieldDoc(
+        meaning="DeepSpeed ZeRO-3's sub_group_size (its default 1,000,000,000): its optimizer steps the rank's "
+                "partition a sub-group of about this many elements at a time, each sub-group's gradients copied "
+                "to fp32 for its step (deepspeed/runtime/zero/stage3.py _prepare_fp32_grad_for_sub_group), so the "
+                "step's transient copy is of the least of it and the partition (ddp_engine=deepspeed). 0: one "
+                "sub-group, the whole partition. Needs zero=3, pp=1 and ddp_engine=deepspeed. Left out: a "
+                "sub-group's overshoot by its last parameter's partition", unit="elements",
+        synonyms=("sub_group_size", "sub_group")),
     "loss_engine": FieldDoc(meaning="the implementation of the cross-entropy loss, which decides the output "
                                     "layer's backward peak (a logit's bytes, 16-bit logits). auto: as torch. torch: "
                                     "F.cross_entropy on fp32 logits (Transformers', torchtitan's): log_softmax's "

@@ -8,6 +8,8 @@ step, ZeRO 1-3, with and without overlap_comm. ``reuse``: the parameters ZeRO-3 
 (the trace complete: the second step) of a small Transformers Llama at each stage3_max_reuse_distance, with and
 without gradient checkpointing. ``live``: with prefetching, the parameter elements ZeRO-3 holds gathered after the
 forward and in the last and the first layer's backward of a 16-layer Llama at each stage3_max_live_parameters.
+``step``: the bytes an optimizer step holds above what was held before it, at its peak, ZeRO 1-3 and ZeRO-3 with
+sub-groups, and under the BF16_Optimizer (ZeRO-1, bf16 with fp32 gradients).
 """
 from __future__ import annotations
 
@@ -108,7 +110,50 @@ def read_config(path: str, world: int) -> dict:
             "contiguous_gradients": zero.contiguous_gradients, "reduce_bucket_size": int(zero.reduce_bucket_size),
             "overlap_comm": zero.overlap_comm, "max_reuse_distance": int(zero.max_reuse_distance),
             "prefetch_bucket_size": int(zero.prefetch_bucket_size), "max_live_parameters": int(zero.max_live_parameters),
+            "sub_group_size": int(zero.sub_group_size),
             "bf16": config.bfloat16_config.enabled, "fp16": config.float16_config.enabled}
+
+
+# the step's cases: (stage, bf16 with fp32 gradient accumulation, sub_group_size) on the small Llama (LLAMA)
+STEPS = ((1, False, None), (2, False, None), (3, False, None), (3, False, 50_000), (1, True, None))
+
+
+def step_bytes(stage: int, fp32_grads: bool, sub_group) -> dict:
+    """The bytes the CPU allocator holds during one optimizer step (the second) above what it held before it, at
+    their peak and at its end, read from torch.profiler's memory timeline: every tensor made and freed."""
+    import transformers
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import Action
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).to(torch.bfloat16)
+    model.train()
+    zero = {"stage": stage, "reduce_bucket_size": 10 ** 6, "contiguous_gradients": True}
+    if sub_group:
+        zero["sub_group_size"] = sub_group
+    config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": zero,
+              "zero_allow_untested_optimizer": True}
+    if fp32_grads:
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    # plain SGD steps in place (no temporaries of its own): what the step holds is DeepSpeed's
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, foreach=False)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    for step in range(2):
+        logits = engine(input_ids=torch.randint(0, LLAMA["vocab_size"], (1, 16))).logits
+        engine.backward(logits.float().pow(2).mean())
+        if step == 0:
+            engine.step()
+            continue
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                     with_stack=True) as prof:
+            engine.step()
+    held = peak = 0
+    for _, action, (key, _), size in prof._memory_profile().timeline:
+        if key is None or key.device.type != "cpu":
+            continue
+        held += size if action == Action.CREATE else -size if action == Action.DESTROY else 0
+        peak = max(peak, held)
+    return {"optimizer": type(engine.optimizer).__name__, "peak": peak, "end": held}
 
 
 LIVE = (100_000, 300_000, 1_000_000_000)  # stage3_max_live_parameters' values (16 layers: 604,736 elements)
@@ -150,6 +195,8 @@ if __name__ == "__main__":
     elif sys.argv[2] == "config":
         jobs = sys.argv[3:]
         print(json.dumps([read_config(path, int(world)) for path, world in zip(jobs[::2], jobs[1::2])]))
+    elif sys.argv[2] == "step":
+        print(json.dumps({",".join(map(str, case)): step_bytes(*case) for case in STEPS}))
     elif sys.argv[2] == "buckets":
         print(json.dumps({f"{stage},{int(overlap)}": run(stage, overlap)
                           for stage in (1, 2, 3) for overlap in (False, True)}))

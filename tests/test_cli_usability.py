@@ -109,7 +109,7 @@ def test_the_installed_package_wins_over_a_checkout_named_ndcost(tmp_path):
 # ---------------------------------------------------------------------------
 def test_every_strategy_field_has_an_entry_and_synonyms_are_unambiguous():
     names = Strategy.field_names()
-    assert len(names) == 49 and set(STRATEGY_FIELD_DOCS) == set(names)
+    assert len(names) == 50 and set(STRATEGY_FIELD_DOCS) == set(names)
     synonyms = [s for doc in STRATEGY_FIELD_DOCS.values() for s in doc.synonyms]
     assert len(synonyms) == len(set(synonyms)) and not set(synonyms) & set(names)
     assert all(doc.meaning for doc in STRATEGY_FIELD_DOCS.values())
@@ -142,7 +142,7 @@ def test_strategy_fields_doc_is_current():
     expected = ndcost("fields", "--markdown").stdout
     assert (ROOT / "docs" / "strategy-fields.md").read_text() == expected, \
         "regenerate it: python -m ndcost fields --markdown > docs/strategy-fields.md"
-    assert expected.count("\n| `") == 49
+    assert expected.count("\n| `") == 50
 
 
 @pytest.mark.parametrize("wrong, meant", [("tensor_parallel", "tp"), ("pipeline_parallel", "pp"),

@@ -1,8 +1,9 @@
-"""DeepSpeed ZeRO's contiguous gradient bucket (``reduce_bucket_elements``, ``reduce_buckets``) and ZeRO-3's
-reuse distance (``reuse_distance_elements``).
+"""DeepSpeed ZeRO's contiguous gradient bucket (``reduce_bucket_elements``, ``reduce_buckets``), ZeRO-3's
+reuse distance (``reuse_distance_elements``) and prefetching (``live_parameters_elements``), and the ZeRO
+optimizer's step (``ddp_engine=deepspeed``, ``sub_group_elements``).
 
-DeepSpeed itself, run on the CPU, says when its ZeRO optimizers hold the bucket and which parameters ZeRO-3 keeps
-gathered across the forward's end (tests/_deepspeed_probe.py); ndcost's peaks are set beside that on strategies
+DeepSpeed itself, run on the CPU, says when its ZeRO optimizers hold the bucket, which parameters ZeRO-3 keeps
+gathered across the forward's end and what its step allocates (tests/_deepspeed_probe.py); ndcost's peaks are set beside that on strategies
 whose peak moment is known, and its bytes beside figures derived by hand. The DeepSpeed reader's and writer's side
 is tests/test_trainer_deepspeed.py.
 """
@@ -272,3 +273,104 @@ def test_the_prefetcher_keeps_what_it_gathers_up_to_the_live_parameters(deepspee
         plain, kept = llama16.evaluate(base), llama16.evaluate(f"{base},live_parameters_elements={live}")
         assert moment(plain) == moment(kept) == ("output backward" if recompute == "none" else "last layer backward")
         assert (communication(kept) - communication(plain)) / 4 == min(live, held) - LAYER
+
+
+# --- the ZeRO optimizer's step: the gradients' norm in fp64, then their fp32 copy ------------------------------
+# the probe's Llama (LLAMA): 4 layers of 36,992 elements (q and o 64 x 64, k and v 64 x 32, three 64 x 128 MLP
+# matrices, two norms), embedding and head 100 x 64, final norm 64
+SMALL = 4 * (2 * 4096 + 2 * 2048 + 3 * 8192 + 2 * 64) + 2 * 6400 + 64
+SCALARS = 64  # the norms' and the loss scale's few scalars beside the copies
+
+
+@pytest.fixture(scope="module")
+def deepspeed_step():
+    return _probe("step")
+
+
+def _step(model, **fields):
+    """One rank's cost at a sequence of 16 tokens: the optimizer step its peak (the activations are small)."""
+    return model.evaluate(nd.Strategy(**{**dict(dp=1, seq=16, param_dtype="bf16", grad_dtype="bf16",
+                                                 master_dtype="fp32", optimizer_dtype="fp32",
+                                                 ddp_engine="deepspeed"), **fields}))
+
+
+def test_the_step_copies_the_gradients_to_fp32_as_deepspeed_does(deepspeed_step, small_llama):
+    # the partition's bf16 gradients copied flat (2 bytes an element), then to fp32 (4): 6 bytes an element at
+    # once (stage_1_and_2.py step, stage3.py _prepare_fp32_grad_for_sub_group); one rank: the partition is all
+    for stage in (1, 2, 3):
+        seen = deepspeed_step[f"{stage},False,None"]
+        assert 6 * SMALL <= seen["peak"] < 6 * SMALL + SCALARS and seen["end"] < SCALARS
+        cost = _step(small_llama, zero=stage)
+        assert cost.stages[0].provenance["moment"] == "optimizer step"
+        assert cost.stages[0].bytes_by_category["working"] == 6 * SMALL
+        assert _step(small_llama, zero=stage, ddp_engine="auto").peak_bytes < cost.peak_bytes  # no such copy
+
+
+def test_zero3_copies_a_sub_group_at_a_time(deepspeed_step, small_llama):
+    # sub-groups close at their first parameter past sub_group_size (stage3.py _create_fp16_sub_groups): the
+    # estimate's 50,000 elements are short of DeepSpeed's by less than that parameter (an MLP matrix, 8,192)
+    seen = deepspeed_step["3,False,50000"]["peak"]
+    cost = _step(small_llama, zero=3, sub_group_elements=50_000)
+    assert cost.stages[0].bytes_by_category["working"] == 6 * 50_000
+    assert 6 * 50_000 <= seen < 6 * (50_000 + 8192)
+
+
+def test_the_bf16_optimizer_copies_nothing(deepspeed_step, small_llama):
+    # ZeRO-1 with fp32 gradient accumulation runs DeepSpeed's BF16_Optimizer: its fp32 gradients are the copy
+    assert deepspeed_step["1,True,None"]["optimizer"] == "BF16_Optimizer"
+    assert deepspeed_step["1,True,None"]["peak"] < 1024
+    assert _step(small_llama, zero=1, grad_dtype="fp32").peak_bytes == _step(small_llama, zero=1, grad_dtype="fp32",
+                                                                             ddp_engine="auto").peak_bytes
+
+
+def test_zero1_steps_with_its_partitions_gradients_alone(small_llama):
+    # two ranks: DeepSpeed's ZeRO-1 frees the other rank's half of the gradients at the boundary's reduction
+    # (measured: the step starts holding its bf16 parameters, its fp32 half and its half of the bf16 gradients)
+    half = SMALL // 2
+    stage = _step(small_llama, dp=2, zero=1).stages[0]
+    assert stage.provenance["moment"] == "optimizer step"
+    assert stage.bytes_by_category["gradients"] == 2 * half
+    assert stage.bytes_by_category["working"] == 6 * half
+
+
+def test_a_seven_billion_llamas_step_by_hand():
+    # Mistral-7B over 8 ranks: a partition of 7,241,732,096 / 8 = 905,216,512 elements; the step holds the bf16
+    # parameters, the fp32 master and Adam's two fp32 moments of the partition, its bf16 gradients and the
+    # 6-byte copy; the norm's fp64 piece (the embedding's 131,072,000
+    # elements, 8 bytes) is less
+    model = nd.resolve("mistral-7b-v0.1", census="off")
+    part = 905_216_512
+    cost = model.evaluate("dp=8,zero=2,seq=128,param_dtype=bf16,master_dtype=fp32,optimizer_dtype=fp32,"
+                          "ddp_engine=deepspeed")
+    stage = cost.stages[0]
+    assert stage.provenance["moment"] == "optimizer step"
+    assert stage.bytes_by_category["gradients"] == 2 * part
+    assert stage.bytes_by_category["working"] == 6 * part
+    assert cost.peak_bytes == 2 * 7_241_732_096 + 12 * part + 2 * part + 6 * part
+
+
+def test_the_norm_of_a_piece_filling_the_partition_outweighs_the_copy():
+    # two ranks of the probe's two-linear model (131,072 elements each) measured by hand with DeepSpeed 0.19.8:
+    # each rank's partition is one weight, whose fp64 norm (8 bytes an element) is the step's peak, not its fp32
+    # copy (4: no flat copy of one tensor); ndcost takes the embedding or head as the largest piece, here a
+    # partition of 113,152,064 elements (Mistral-7B over 64 ranks) inside its 131,072,000-element embedding
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from ndcost.compose.memory import _deepspeed_step_bytes
+
+    part = np.array([[113_152_064.0]])
+    params = SimpleNamespace(head_gradient=np.array([[0.0]]), embedding_gradient=np.array([[131_072_000.0]]))
+    batch = SimpleNamespace(grad_bytes=np.array([2.0]))
+    for zero, expected in ((2, 8 * 113_152_064), (3, 6 * 113_152_064)):  # ZeRO-3's piece: the embedding's shard
+        cols = {"zero": np.array([zero]), "sub_group_elements": np.array([0])}
+        held = _deepspeed_step_bytes(np.array([True]), params, batch, cols, part, np.zeros((1, 1)), np.array([[64.0]]))
+        assert held["step_temporaries"][0, 0] == expected
+
+
+def test_sub_groups_are_deepspeeds_alone(small_llama):
+    with pytest.raises(InvalidStrategy, match="use ddp_engine=deepspeed, or sub_group_elements=0"):
+        small_llama.evaluate("dp=2,zero=3,seq=16,sub_group_elements=1000")
+    with pytest.raises(InvalidStrategy, match="sub_group_size, which runs without a pipeline"):
+        small_llama.evaluate("dp=2,zero=2,seq=16,ddp_engine=deepspeed,sub_group_elements=1000")

@@ -326,7 +326,9 @@ OTHER_VALUE = {"dp": 1, "fsdp": 4, "tp": 4, "pp": 4, "vpp": 2, "cp": 2, "ep": 4,
                "reduce_bucket_elements": {"reduce_bucket_elements": 1000, "zero": 3, "fsdp": 1, "pp": 1},
                "reduce_buckets": {"reduce_buckets": 2, "reduce_bucket_elements": 1000, "zero": 1, "fsdp": 1, "pp": 1},
                "reuse_distance_elements": {"reuse_distance_elements": 10 ** 9, "zero": 3, "fsdp": 1, "pp": 1},
-               "live_parameters_elements": {"live_parameters_elements": 10 ** 9, "zero": 3, "fsdp": 1, "pp": 1}}
+               "live_parameters_elements": {"live_parameters_elements": 10 ** 9, "zero": 3, "fsdp": 1, "pp": 1},
+               "sub_group_elements": {"sub_group_elements": 10 ** 6, "zero": 3, "fsdp": 1, "pp": 1,
+                                      "ddp_engine": "deepspeed"}}
 
 
 def test_every_field_reaches_one_strategys_figures():

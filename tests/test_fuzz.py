@@ -145,7 +145,7 @@ PLAUSIBLE: Dict[str, List[str]] = {
     "ddp_engine": ["auto", "torch", "torch_bucket_view", "megatron", "deepspeed"], "loss_engine": ["auto", "torch", "megatron", "compiled"], "cp_rotate": ["allgather", "p2p"],
     "ep_dispatcher": ["alltoall", "deepep"], "reduce_bucket_elements": ["0", "1000", "500000000"],
     "reduce_buckets": ["1", "2"], "reuse_distance_elements": ["0", "100000", "1000000000"],
-    "live_parameters_elements": ["0", "100000", "1000000000"],
+    "live_parameters_elements": ["0", "100000", "1000000000"], "sub_group_elements": ["0", "100000", "1000000000"],
 }
 FIELDS = Strategy.field_names()
 # the fields the bytes and seconds scale with: drawn more often

@@ -39,7 +39,7 @@ def test_field_names_are_the_strategy_fields():
         "offload_activations", "float8", "float8_all_gather", "float8_experts", "compile", "async_tp",
         "gradient_sync", "pp_engine", "pp_return_outputs", "fsdp_engine", "ddp_engine", "loss_engine", "cp_rotate",
         "ep_dispatcher", "reduce_bucket_elements", "reduce_buckets", "reuse_distance_elements",
-        "live_parameters_elements"}
+        "live_parameters_elements", "sub_group_elements"}
 
 
 def test_parse_values_of_every_kind():

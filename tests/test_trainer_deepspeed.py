@@ -69,6 +69,7 @@ def test_zero3_parameter_offload_config_field_by_field(tmp_path):
         reduce_bucket_elements=500_000_000,  # ZeRO-3's one bucket at DeepSpeed's default reduce_bucket_size
         reuse_distance_elements=1_000_000_000,  # stage3_max_reuse_distance's default
         live_parameters_elements=1_000_000_000,  # "auto" prefetch and live bound: DeepSpeed's defaults
+        sub_group_elements=1_000_000_000,  # sub_group_size's default
         param_dtype="fp32")       # neither fp16 nor bf16: fp32 throughout
     assert "zero_optimization.offload_param.buffer_size" in config.ignored_fields  # "auto", with no bearing
 
@@ -108,6 +109,7 @@ def test_ulysses_autotp_bf16_master_and_cpu_checkpointing(tmp_path):
         reduce_bucket_elements=500_000_000,  # ZeRO-3's bucket, DeepSpeed's default size
         reuse_distance_elements=1_000_000_000,  # and its default reuse distance
         live_parameters_elements=1_000_000_000,  # and live bound (it prefetches by default)
+        sub_group_elements=1_000_000_000,  # and sub-group
         num_micro_batches=2,
         param_dtype="bf16", grad_dtype="bf16", master_dtype="bf16", optimizer_dtype="bf16",
         offload_activations=True,       # cpu_checkpointing: the checkpoints in host memory
@@ -320,7 +322,8 @@ BESIDE_DEEPSPEED = [
     ({"train_batch_size": 16, "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
       "zero_optimization": {"stage": 1}}, 8),
     ({"train_batch_size": 16, "bf16": {"enabled": True},
-      "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 5e8, "reduce_bucket_size": 1e7}}, 8),
+      "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 5e8, "reduce_bucket_size": 1e7,
+                            "sub_group_size": 2e8}}, 8),
     ({"train_batch_size": 16, "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}}, 8),
     ({"train_batch_size": 16, "bf16": {"enabled": True}, "zero_optimization": {
         "stage": 3, "stage3_prefetch_bucket_size": 0, "stage3_max_live_parameters": 3e8}}, 8),
@@ -378,3 +381,4 @@ def test_the_reader_reads_a_config_as_deepspeed_does(deepspeed_reads, case):
     assert s.reuse_distance_elements == (seen["max_reuse_distance"] if seen["stage"] == 3 else 0)
     prefetches = seen["stage"] == 3 and seen["prefetch_bucket_size"] > 0
     assert s.live_parameters_elements == (seen["max_live_parameters"] if prefetches else 0)
+    assert s.sub_group_elements == (seen["sub_group_size"] if seen["stage"] == 3 else 0)

@@ -42,7 +42,7 @@ import attrs
 import numpy as np
 
 from ndcost.allocator import large_block_excess_bytes, packed_reserved_bytes
-from ndcost.columns import DTYPE_BYTES
+from ndcost.columns import DTYPE_BYTES, DTYPE_NAMES
 from ndcost.compose import placement as placement_rules
 from ndcost.compose import sharding as sharding_rules
 from ndcost.compose import topology
@@ -59,6 +59,7 @@ from ndcost.values import (
     PARTS,
     PP_ENGINES,
     RECOMPUTE,
+    deepspeed_bf16_optimizer,
 )
 
 CATEGORIES = MEMORY_CATEGORIES
@@ -556,6 +557,9 @@ class _Batch:
     # (N,) bytes of DeepSpeed ZeRO's reduce buckets (reduce_bucket_elements * reduce_buckets in param_dtype);
     # None where no row holds one
     reduce_bucket_bytes: Optional[np.ndarray]
+    # (N,) bool: DeepSpeed's ZeRO optimizer steps on the device (ddp_engine=deepspeed, zero 1-3, not offloaded,
+    # not its BF16_Optimizer); None where no row runs DeepSpeed's engine
+    deepspeed_step: Optional[np.ndarray]
 
 
 def _batch(cols: Mapping[str, Any]) -> _Batch:
@@ -588,7 +592,22 @@ def _batch(cols: Mapping[str, Any]) -> _Batch:
                   recompute_used=tuple(used), sp_rows=int(np.count_nonzero(cols["sp"])),
                   **_ddp_engine(shard.ddp, cols["ddp_engine"]),
                   reduce_bucket_bytes=(cols["reduce_bucket_elements"] * cols["reduce_buckets"] * param_bytes
-                                       if np.count_nonzero(cols["reduce_bucket_elements"]) else None))
+                                       if np.count_nonzero(cols["reduce_bucket_elements"]) else None),
+                  deepspeed_step=_deepspeed_step(cols))
+
+
+_DEEPSPEED_ENGINE = DDP_ENGINES.index("deepspeed")
+
+
+def _deepspeed_step(cols: Mapping[str, Any]) -> Optional[np.ndarray]:
+    """``_Batch.deepspeed_step``: the rows whose step DeepSpeed's ZeRO optimizer runs on the device."""
+    engine = cols["ddp_engine"] == _DEEPSPEED_ENGINE
+    if not np.count_nonzero(engine):
+        return None
+    on_device = ~np.asarray(cols["offload_optimizer"], dtype=bool)
+    bf16 = deepspeed_bf16_optimizer(cols["zero"], cols["param_dtype"] == DTYPE_NAMES.index("bf16"),
+                                    cols["grad_dtype"] == DTYPE_NAMES.index("fp32"), on_device)
+    return engine & (cols["zero"] >= 1) & on_device & ~bf16
 
 
 # by ddp_engine code: PyTorch's DDP buckets, made when it wraps the model, beside the gradients
@@ -807,6 +826,9 @@ def _persistent_bytes(params: _StageParameters, batch: _Batch, cols, states_per_
         "embedding_gradients": root[1],
         "optimizer_shard_elements": states,  # the parameters this device's optimizer steps
     }
+    if batch.deepspeed_step is not None:
+        out.update(_deepspeed_step_bytes(batch.deepspeed_step, params, batch, cols, states, out["step_temporaries"],
+                                         dense_ways[_SHARDED_INDEX["gradients"]][:, None]))
     if np.count_nonzero(batch.sharding.defers_reduce):  # read by _moments where some row defers
         # under gradient_sync=last_micro_batch FSDP2 accumulates each gradient unsharded (FSDPParam.
         # unsharded_accumulated_grad, in the reduce dtype: torchtitan's mixed_precision_reduce, ndcost's grad_dtype)
@@ -814,6 +836,39 @@ def _persistent_bytes(params: _StageParameters, batch: _Batch, cols, states_per_
                    head_gradients_whole=params.head_gradient * grad_bytes,
                    embedding_gradients_whole=params.embedding_gradient * grad_bytes)
     return out
+
+
+# the dtype DeepSpeed takes a gradient's norm in where the device has it: fp64 (deepspeed/runtime/zero/utils.py
+# get_norm_dtype), and its ZeRO optimizers' fp32 partition's (single_partition_of_fp32_groups,
+# fp32_partitioned_groups_flat)
+_NORM_BYTES, _FP32_BYTES = 8.0, 4.0
+
+
+def _deepspeed_step_bytes(steps: np.ndarray, params: _StageParameters, batch: _Batch, cols, partition,
+                          step_temporaries, gradient_ways) -> Dict[str, np.ndarray]:
+    """``step_temporaries`` and ``step_gradients`` ``(N, R)`` bytes where DeepSpeed's ZeRO optimizer steps (the
+    rows *steps* marks: ``_Batch.deepspeed_step``).
+
+    Its step (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py ``step``) first takes the norm of each of the
+    partition's gradient pieces in fp64, one at a time (``get_grad_norm_direct``: the largest piece counted is
+    the embedding's or head's, at ZeRO-3 its shard); then copies the partition's gradients flat in their dtype
+    and that copy to fp32 (freed flat; at ZeRO-3 a sub-group of ``sub_group_elements`` at a time), which the
+    optimizer steps with. ZeRO-1 has freed every gradient but its partition's at the boundary's reduction.
+    Measured on DeepSpeed 0.19.8 (tests/test_deepspeed_zero.py). Left out: a larger layer tensor than the
+    embedding (Transformers' fused expert weights), several parameter groups (each copied alone: the largest
+    is counted as the whole), a partition of one tensor (no flat copy), a sub-group's overshoot, the copies' time.
+    """
+    rows, zero = steps[:, None], cols["zero"][:, None]
+    sub_group = cols["sub_group_elements"][:, None]
+    chunk = np.where((zero == 3) & (sub_group > 0), np.minimum(partition, sub_group), partition)
+    grad = batch.grad_bytes[:, None]
+    copied = chunk * (grad + np.where(grad != _FP32_BYTES, _FP32_BYTES, 0.0))  # .to(fp32) of fp32: no copy
+    stepping = chunk * _FP32_BYTES + step_temporaries
+    root = np.maximum(params.head_gradient, params.embedding_gradient)
+    piece = np.minimum(np.where(zero == 3, ceil_div(root, gradient_ways), root), partition)
+    temporaries = np.maximum(np.maximum(copied, stepping), _NORM_BYTES * piece)
+    return {"step_temporaries": np.where(rows, temporaries, step_temporaries),
+            "step_gradients": np.where(rows & (zero == 1), partition * grad, 0.0)}
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -1666,10 +1721,19 @@ def _moments(model: ModelTables, persistent, params: _StageParameters, stage: _S
         dict(gradients=np.where(fsdp2 & ~accumulating, grads_last, grads_all) if fsdp_rows else grads_all,
              activations=others_kept,
              working=whole(embedding_working), output=others, communication=at_end),
-        dict(gradients=whole(persistent["gradients"]) if defer_rows else grads_all, activations=zeros,
+        dict(gradients=_step_gradients(persistent, batch, cols, grads_all, defer_rows), activations=zeros,
              working=whole(persistent["step_temporaries"]),
              output=zeros, communication=buckets),
     ]
+
+
+def _step_gradients(persistent, batch: _Batch, cols, grads_all, defer_rows: int) -> np.ndarray:
+    """The gradients the optimizer step holds: the shards where FSDP deferred its reduce-scatter to it, the
+    partition's alone under DeepSpeed's ZeRO-1 (:func:`_deepspeed_step_bytes`), else what the backward ended with."""
+    held = whole(persistent["gradients"]) if defer_rows else grads_all
+    if batch.deepspeed_step is None:
+        return held
+    return np.where((batch.deepspeed_step & (cols["zero"] == 1))[:, None], whole(persistent["step_gradients"]), held)
 
 
 # the categories a moment holds, in the order _peak sums them; their places in CATEGORIES

@@ -18,7 +18,8 @@ arXiv:1910.02054 section 3: 2 + 2 + 12 bytes a parameter);
 The ZeRO optimizers' contiguous gradient bucket (``reduce_bucket_size``,
 ``contiguous_gradients``, ``overlap_comm``) is ``reduce_bucket_elements`` and
 ``reduce_buckets`` (:func:`_reduce_bucket`); ZeRO-3's ``stage3_max_reuse_distance`` is
-``reuse_distance_elements``, its ``stage3_max_live_parameters`` ``live_parameters_elements`` where it prefetches.
+``reuse_distance_elements``, its ``stage3_max_live_parameters`` ``live_parameters_elements`` where it prefetches,
+its ``sub_group_size`` ``sub_group_elements`` (what its step copies to fp32 at a time).
 
 ``activation_checkpointing`` configures deepspeed.checkpointing, which
 recomputes only where the model calls it: the reader leaves ``recompute`` as
@@ -37,7 +38,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from ndcost.errors import InvalidValue
 from ndcost.hookspecs import hookimpl
 from ndcost.trainers import TrainerConfig, field_error
-from ndcost.values import Strategy
+from ndcost.values import MAX_STRATEGY_INTEGER, Strategy, deepspeed_bf16_optimizer
 
 KIND = "deepspeed"
 OPTIMIZERS = {"adam": "adamw", "adamw": "adamw", "fusedadam": "adamw", "cpuadam": "adamw", "deepspeedcpuadam": "adamw"}
@@ -69,7 +70,7 @@ REFUSED: Mapping[str, str] = {
 }
 ZERO_IGNORED = ("allgather_partitions", "allgather_bucket_size", "reduce_scatter", "stage3_param_persistence_threshold",
                 "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
-                "sub_group_size", "elastic_checkpoint", "ignore_unused_parameters", "round_robin_gradients",
+                "elastic_checkpoint", "ignore_unused_parameters", "round_robin_gradients",
                 "log_trace_cache_warnings", "load_from_fp32_weights", "stage3_module_granularity_threshold",
                 "use_multi_rank_bucket_allreduce", "memory_efficient_linear")
 ZERO_REFUSED: Mapping[str, str] = {
@@ -82,12 +83,15 @@ ZERO_REFUSED: Mapping[str, str] = {
 }
 
 # zero_optimization's defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size, stage3_max_reuse_distance,
-# stage3_prefetch_bucket_size and stage3_max_live_parameters in elements; contiguous_gradients true, overlap_comm
-# true at stage 3 alone
+# stage3_prefetch_bucket_size, stage3_max_live_parameters and sub_group_size in elements; contiguous_gradients
+# true, overlap_comm true at stage 3 alone
 REDUCE_BUCKET_ELEMENTS = 500_000_000
 REUSE_DISTANCE_ELEMENTS = 1_000_000_000
 PREFETCH_BUCKET_ELEMENTS = 50_000_000
 LIVE_PARAMETERS_ELEMENTS = 1_000_000_000
+SUB_GROUP_ELEMENTS = 1_000_000_000
+# sub_group_elements=0 (one sub-group) written as a sub_group_size no partition reaches (stage3.py's own default)
+WHOLE_PARTITION_SUB_GROUP = 1_000_000_000_000
 
 
 class _File:
@@ -141,7 +145,8 @@ class DeepSpeedFormat:
                                "master_dtype": "fp32", "ddp_engine": "deepspeed",
                                "reduce_bucket_elements": REDUCE_BUCKET_ELEMENTS,
                                "reuse_distance_elements": REUSE_DISTANCE_ELEMENTS,
-                               "live_parameters_elements": LIVE_PARAMETERS_ELEMENTS})
+                               "live_parameters_elements": LIVE_PARAMETERS_ELEMENTS,
+                               "sub_group_elements": SUB_GROUP_ELEMENTS})
 
     def read(self, path: str, *, devices: Optional[int]) -> TrainerConfig:
         from ndcost.specio import read_text
@@ -189,6 +194,7 @@ class DeepSpeedFormat:
         fields.update(_reduce_bucket(f, fields, defaults))
         fields.update(_reuse_distance(f, fields, defaults))
         fields.update(_live_parameters(f, fields, defaults))
+        fields.update(_sub_group(f, fields, defaults))
         fields.update(_checkpointing(f, tp, defaults))
         optimizer = f.section("optimizer")
         kind = f.value(optimizer, "type", "optimizer.type", str) if optimizer else None
@@ -266,7 +272,7 @@ def _bf16_optimizer(zero: int, param_dtype: Optional[str], grad_dtype: Optional[
     """Whether DeepSpeed runs its BF16_Optimizer, which has no reduce bucket, in place of the ZeRO optimizer:
     ZeRO-1 with bf16 parameters and fp32 gradients, the optimizer on the device (engine.py
     ``_do_optimizer_sanity_check``)."""
-    return zero == 1 and param_dtype == "bf16" and grad_dtype == "fp32" and not offloaded
+    return bool(deepspeed_bf16_optimizer(zero, param_dtype == "bf16", grad_dtype == "fp32", not offloaded))
 
 
 def _reduce_bucket(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> Dict[str, Any]:
@@ -298,21 +304,41 @@ def _reduce_bucket(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> 
     return {"reduce_bucket_elements": elements, "reduce_buckets": buckets}
 
 
-def _reuse_distance(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> Dict[str, Any]:
-    """ZeRO-3's ``stage3_max_reuse_distance`` as ``reuse_distance_elements`` (other stages ignore it)."""
+def _zero3_elements(f: _File, fields: Mapping[str, Any], defaults: List[str], key: str, field: str,
+                    default: int) -> Optional[int]:
+    """ZeRO-3's ``zero_optimization.<key>`` in elements, DeepSpeed's *default* where unset (said as read into
+    *field*); None at the other stages, which ignore it."""
     zero = f.section("zero_optimization")
     if fields["zero"] != 3:
-        if "stage3_max_reuse_distance" in zero:
-            f.ignored.append("zero_optimization.stage3_max_reuse_distance")
-        return {}
-    distance = f.value(zero, "stage3_max_reuse_distance", "zero_optimization.stage3_max_reuse_distance", int,
-                       REUSE_DISTANCE_ELEMENTS)
-    if "stage3_max_reuse_distance" not in zero:
-        defaults.append(f"ZeRO-3's stage3_max_reuse_distance: {distance:,} elements (reuse_distance_elements)")
-    return {"reuse_distance_elements": distance}
+        if key in zero:
+            f.ignored.append(f"zero_optimization.{key}")
+        return None
+    elements = f.value(zero, key, f"zero_optimization.{key}", int, default)
+    if key not in zero:
+        defaults.append(f"ZeRO-3's {key}: {elements:,} elements ({field})")
+    return elements
+
+
+def _reuse_distance(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> Dict[str, Any]:
+    """ZeRO-3's ``stage3_max_reuse_distance`` as ``reuse_distance_elements``."""
+    distance = _zero3_elements(f, fields, defaults, "stage3_max_reuse_distance", "reuse_distance_elements",
+                               REUSE_DISTANCE_ELEMENTS)
+    return {} if distance is None else {"reuse_distance_elements": distance}
 
 
 _LIVE_KEYS = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters")
+
+
+def _sub_group(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> Dict[str, Any]:
+    """ZeRO-3's ``sub_group_size`` as ``sub_group_elements``."""
+    elements = _zero3_elements(f, fields, defaults, "sub_group_size", "sub_group_elements", SUB_GROUP_ELEMENTS)
+    if elements is None:
+        return {}
+    if elements > MAX_STRATEGY_INTEGER:
+        defaults.append(f"zero_optimization.sub_group_size {elements:,}, past a strategy's integers: one sub-group, "
+                        f"the rank's whole partition (sub_group_elements=0; exact where it is no larger)")
+        return {"sub_group_elements": 0}
+    return {"sub_group_elements": elements}
 
 
 def _live_parameters(f: _File, fields: Mapping[str, Any], defaults: List[str]) -> Dict[str, Any]:
@@ -500,7 +526,8 @@ def _document(s: Strategy, global_batch: Optional[int]) -> Dict[str, Any]:
         zero["stage3_max_reuse_distance"] = s.reuse_distance_elements
         zero.update({"stage3_max_live_parameters": s.live_parameters_elements} if s.live_parameters_elements
                     else {"stage3_prefetch_bucket_size": 0})
-    for name in ("reuse_distance_elements", "live_parameters_elements"):
+        zero["sub_group_size"] = s.sub_group_elements or WHOLE_PARTITION_SUB_GROUP
+    for name in ("reuse_distance_elements", "live_parameters_elements", "sub_group_elements"):
         if s.zero != 3 and getattr(s, name):
             raise _refuse_write(name, getattr(s, name), f"it is ZeRO-3's: zero=3, or {name}=0")
     if s.offload_optimizer:

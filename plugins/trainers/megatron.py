@@ -892,7 +892,8 @@ def _strategy_flags(s: Strategy, global_batch: Optional[int]) -> List[str]:
                             "with its micro-batch (p2p_communication.py): pp_engine=auto or megatron")
     for name in ("offload_params", "offload_activations", "moe_imbalance", "allocator_overhead",
                  "reshard_after_forward", "float8_all_gather", "compile", "async_tp", "gradient_sync",
-                 "reduce_bucket_elements", "reduce_buckets", "reuse_distance_elements", "live_parameters_elements") + (
+                 "reduce_bucket_elements", "reduce_buckets", "reuse_distance_elements", "live_parameters_elements",
+                 "sub_group_elements") + (
                      () if s.fsdp > 1 else ("shard_mesh",)):
         # the distributed optimizer shards over dp * cp: dp_cp; Megatron-LM runs no torch.compile nor FSDP2
         default = Strategy().to_dict()[name]

@@ -784,8 +784,10 @@ def _check_writable(s: Strategy) -> None:
          f"reduce_bucket_elements={s.reduce_bucket_elements},reduce_buckets={s.reduce_buckets}",
          "DeepSpeed ZeRO's reduce bucket: torchtitan has none"),
         (s.reuse_distance_elements != default.reuse_distance_elements
-         or s.live_parameters_elements != default.live_parameters_elements,
-         f"reuse_distance_elements={s.reuse_distance_elements},live_parameters_elements={s.live_parameters_elements}",
+         or s.live_parameters_elements != default.live_parameters_elements
+         or s.sub_group_elements != default.sub_group_elements,
+         f"reuse_distance_elements={s.reuse_distance_elements},live_parameters_elements={s.live_parameters_elements},"
+         f"sub_group_elements={s.sub_group_elements}",
          "DeepSpeed ZeRO-3's: torchtitan's FSDP2 says what it keeps gathered with reshard_after_forward"),
         (s.moe_imbalance != default.moe_imbalance or s.allocator_overhead != default.allocator_overhead,
          "moe_imbalance or allocator_overhead", "they are ndcost's assumptions, not torchtitan settings"),
