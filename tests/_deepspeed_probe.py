@@ -8,7 +8,7 @@ step, ZeRO 1-3, with and without overlap_comm. ``reuse``: the parameters ZeRO-3 
 (the trace complete: the second step) of a small Transformers Llama at each stage3_max_reuse_distance, with and
 without gradient checkpointing. ``live``: with prefetching, the parameter elements ZeRO-3 holds gathered after the
 forward and in the last and the first layer's backward of a 16-layer Llama at each stage3_max_live_parameters.
-``step``: the bytes an optimizer step holds above what was held before it, at its peak, ZeRO 1-3 and ZeRO-3 with
+``step``: the bytes an optimizer step holds above what was held before it, at its peak, ZeRO 0-3 and ZeRO-3 with
 sub-groups, and under the BF16_Optimizer (ZeRO-1, bf16 with fp32 gradients).
 """
 from __future__ import annotations
@@ -115,12 +115,16 @@ def read_config(path: str, world: int) -> dict:
 
 
 # the step's cases: (stage, bf16 with fp32 gradient accumulation, sub_group_size) on the small Llama (LLAMA)
-STEPS = ((1, False, None), (2, False, None), (3, False, None), (3, False, 50_000), (1, True, None))
+STEPS = ((0, False, None), (1, False, None), (2, False, None), (3, False, None), (3, False, 50_000), (1, True, None))
 
 
 def step_bytes(stage: int, fp32_grads: bool, sub_group) -> dict:
     """The bytes the CPU allocator holds during one optimizer step (the second) above what it held before it, at
-    their peak and at its end, read from torch.profiler's memory timeline: every tensor made and freed."""
+    their peak and at its end, read from torch.profiler's memory timeline: every tensor made and freed.
+
+    ZeRO 1-3 step a plain SGD, which steps in place (what the step holds is DeepSpeed's); ZeRO 0 the config's
+    AdamW, which DeepSpeed makes its FusedAdam (built for the CPU here, as on a GPU) and wraps in its
+    FP16_Optimizer, whose copies a fused optimizer decides."""
     import transformers
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import Action
@@ -135,9 +139,12 @@ def step_bytes(stage: int, fp32_grads: bool, sub_group) -> dict:
               "zero_allow_untested_optimizer": True}
     if fp32_grads:
         config["data_types"] = {"grad_accum_dtype": "fp32"}
-    # plain SGD steps in place (no temporaries of its own): what the step holds is DeepSpeed's
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, foreach=False)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    if stage:
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, foreach=False)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    else:
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-3}}
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     for step in range(2):
         logits = engine(input_ids=torch.randint(0, LLAMA["vocab_size"], (1, 16))).logits
         engine.backward(logits.float().pow(2).mean())

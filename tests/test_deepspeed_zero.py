@@ -306,6 +306,18 @@ def test_the_step_copies_the_gradients_to_fp32_as_deepspeed_does(deepspeed_step,
         assert _step(small_llama, zero=stage, ddp_engine="auto").peak_bytes < cost.peak_bytes  # no such copy
 
 
+def test_zero0s_fp16_optimizer_copies_each_gradient_to_fp32_then_flat(deepspeed_step, small_llama):
+    # the config's AdamW is DeepSpeed's FusedAdam, which its FP16_Optimizer wraps at ZeRO 0 (engine.py
+    # _configure_fp16_optimizer): each bf16 gradient copied to fp32, the copies flattened, 8 bytes a parameter at
+    # once (fused_optimizer.py step), then the flat fp32 gradient alone
+    seen = deepspeed_step["0,False,None"]
+    assert seen["optimizer"] == "FP16_Optimizer"
+    assert 8 * SMALL <= seen["peak"] < 8 * SMALL + SCALARS and seen["end"] < SCALARS
+    cost = _step(small_llama, zero=0)
+    assert cost.stages[0].provenance["moment"] == "optimizer step"
+    assert cost.stages[0].bytes_by_category["working"] == 8 * SMALL
+
+
 def test_zero3_copies_a_sub_group_at_a_time(deepspeed_step, small_llama):
     # sub-groups close at their first parameter past sub_group_size (stage3.py _create_fp16_sub_groups): the
     # estimate's 50,000 elements are short of DeepSpeed's by less than that parameter (an MLP matrix, 8,192)

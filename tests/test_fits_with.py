@@ -13,8 +13,7 @@ from ndcost import Strategy
 from ndcost.search import _one_change, one_change_fits
 
 LLAMA = "llama-3.1-8b"
-TIGHT = "dp=8,seq=8192,micro_batch=2,ddp_engine=deepspeed"  # 8 H100s, each holding the whole model and two
-# 8,192-token sequences (DeepSpeed's ZeRO 0: no DDP buckets beside the gradients)
+TIGHT = "seq=8192,micro_batch=2"  # one H100 holding the whole model and two 8,192-token sequences
 
 
 def _cli(*argv):

@@ -61,8 +61,8 @@ def model():
     ("ulysses", "allgather", 4, 0, 2 * BLOCK),
 ])
 def test_kept_and_working_by_algorithm_and_rotation(model, algo, rotate, cp, working_extra, communication):
-    # (the cp ranks all-reduce their gradients: DeepSpeed's engine holds no DDP buckets beside the ring's)
-    stage, = model.evaluate(Strategy(seq=S, cp=cp, cp_algo=algo, cp_rotate=rotate, ddp_engine="deepspeed")).stages
+    # (the cp ranks all-reduce their gradients: Megatron-LM's DDP holds no buckets beside the ring's)
+    stage, = model.evaluate(Strategy(seq=S, cp=cp, cp_algo=algo, cp_rotate=rotate, ddp_engine="megatron")).stages
     tokens = S // cp
     assert stage.provenance["moment"] == "last layer backward"
     assert stage.bytes_by_category["activations"] == L * tokens * KEPT  # the layer's own saves alone

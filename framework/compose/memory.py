@@ -557,8 +557,8 @@ class _Batch:
     # (N,) bytes of DeepSpeed ZeRO's reduce buckets (reduce_bucket_elements * reduce_buckets in param_dtype);
     # None where no row holds one
     reduce_bucket_bytes: Optional[np.ndarray]
-    # (N,) bool: DeepSpeed's ZeRO optimizer steps on the device (ddp_engine=deepspeed, zero 1-3, not offloaded,
-    # not its BF16_Optimizer); None where no row runs DeepSpeed's engine
+    # (N,) bool: DeepSpeed's ZeRO optimizer (ddp_engine=deepspeed, zero 1-3, not offloaded, not its
+    # BF16_Optimizer) or, at zero 0, its FP16_Optimizer steps on the device; None where no row runs its engine
     deepspeed_step: Optional[np.ndarray]
 
 
@@ -600,14 +600,20 @@ _DEEPSPEED_ENGINE = DDP_ENGINES.index("deepspeed")
 
 
 def _deepspeed_step(cols: Mapping[str, Any]) -> Optional[np.ndarray]:
-    """``_Batch.deepspeed_step``: the rows whose step DeepSpeed's ZeRO optimizer runs on the device."""
+    """``_Batch.deepspeed_step``: the rows whose step DeepSpeed's ZeRO optimizer runs on the device, or at ZeRO 0
+    its FP16_Optimizer (16-bit parameters and gradients alike; bf16 under its pipeline runs the BF16_Optimizer:
+    deepspeed/runtime/engine.py ``_do_optimizer_sanity_check``)."""
     engine = cols["ddp_engine"] == _DEEPSPEED_ENGINE
     if not np.count_nonzero(engine):
         return None
     on_device = ~np.asarray(cols["offload_optimizer"], dtype=bool)
-    bf16 = deepspeed_bf16_optimizer(cols["zero"], cols["param_dtype"] == DTYPE_NAMES.index("bf16"),
-                                    cols["grad_dtype"] == DTYPE_NAMES.index("fp32"), on_device)
-    return engine & (cols["zero"] >= 1) & on_device & ~bf16
+    param, zero = cols["param_dtype"], cols["zero"]
+    bf16 = param == DTYPE_NAMES.index("bf16")
+    zero_optimizer = (zero >= 1) & ~deepspeed_bf16_optimizer(zero, bf16, cols["grad_dtype"] == DTYPE_NAMES.index(
+        "fp32"), on_device)
+    fp16_optimizer = ((zero == 0) & (cols["fsdp"] == 1) & (DTYPE_BYTES[param] == 2) & (cols["grad_dtype"] == param)
+                      & ~(bf16 & (cols["pp"] > 1)))
+    return engine & on_device & (zero_optimizer | fp16_optimizer)
 
 
 # by ddp_engine code: PyTorch's DDP buckets, made when it wraps the model, beside the gradients
@@ -846,23 +852,27 @@ _NORM_BYTES, _FP32_BYTES = 8.0, 4.0
 
 def _deepspeed_step_bytes(steps: np.ndarray, params: _StageParameters, batch: _Batch, cols, partition,
                           step_temporaries, gradient_ways) -> Dict[str, np.ndarray]:
-    """``step_temporaries`` and ``step_gradients`` ``(N, R)`` bytes where DeepSpeed's ZeRO optimizer steps (the
-    rows *steps* marks: ``_Batch.deepspeed_step``).
+    """``step_temporaries`` and ``step_gradients`` ``(N, R)`` bytes where DeepSpeed's ZeRO optimizer or, at ZeRO 0,
+    its FP16_Optimizer steps (the rows *steps* marks: ``_Batch.deepspeed_step``).
 
-    Its step (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py ``step``) first takes the norm of each of the
-    partition's gradient pieces in fp64, one at a time (``get_grad_norm_direct``: the largest piece counted is
-    the embedding's or head's, at ZeRO-3 its shard); then copies the partition's gradients flat in their dtype
-    and that copy to fp32 (freed flat; at ZeRO-3 a sub-group of ``sub_group_elements`` at a time), which the
-    optimizer steps with. ZeRO-1 has freed every gradient but its partition's at the boundary's reduction.
+    The ZeRO optimizer's step (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py ``step``) first takes the norm
+    of each of the partition's gradient pieces in fp64, one at a time (``get_grad_norm_direct``: the largest
+    piece counted is the embedding's or head's, at ZeRO-3 its shard); then copies the partition's gradients flat
+    in their dtype and that copy to fp32 (freed flat; at ZeRO-3 a sub-group of ``sub_group_elements`` at a
+    time), which the optimizer steps with. ZeRO-1 has freed every gradient but its partition's at the boundary's
+    reduction. The FP16_Optimizer (deepspeed/runtime/fp16/fused_optimizer.py, the one a fused Adam gets, as the
+    config's Adam and AdamW are) copies each gradient to fp32 and flattens the copies: 8 bytes a parameter.
     Measured on DeepSpeed 0.19.8 (tests/test_deepspeed_zero.py). Left out: a larger layer tensor than the
     embedding (Transformers' fused expert weights), several parameter groups (each copied alone: the largest
-    is counted as the whole), a partition of one tensor (no flat copy), a sub-group's overshoot, the copies' time.
+    is counted as the whole), a partition of one tensor (no flat copy), a sub-group's overshoot, the unfused
+    FP16 optimizer a client's own optimizer gets (its copies a parameter at a time), the copies' time.
     """
     rows, zero = steps[:, None], cols["zero"][:, None]
     sub_group = cols["sub_group_elements"][:, None]
     chunk = np.where((zero == 3) & (sub_group > 0), np.minimum(partition, sub_group), partition)
     grad = batch.grad_bytes[:, None]
-    copied = chunk * (grad + np.where(grad != _FP32_BYTES, _FP32_BYTES, 0.0))  # .to(fp32) of fp32: no copy
+    # ZeRO: flat in their dtype, then fp32 (.to(fp32) of fp32 copies nothing); FP16_Optimizer: fp32, then flat
+    copied = chunk * np.where(zero == 0, 2 * _FP32_BYTES, grad + np.where(grad != _FP32_BYTES, _FP32_BYTES, 0.0))
     stepping = chunk * _FP32_BYTES + step_temporaries
     root = np.maximum(params.head_gradient, params.embedding_gradient)
     piece = np.minimum(np.where(zero == 3, ceil_div(root, gradient_ways), root), partition)
