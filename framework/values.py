@@ -869,7 +869,7 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                                    "Left out: the time of the engines' passes "
                                    "over the gradients around the reduction (torch's copies into and out of its "
                                    "buckets, the division by the replicas). No effect without such replicas (but "
-                                   "for DeepSpeed's ZeRO step)",
+                                   "for DeepSpeed's optimizer step)",
                            synonyms=("ddp_backend", "ddp_impl", "ddp_implementation", "data_parallel_engine",
                                      "gradient_as_bucket_view", "dp_engine")),
     "reduce_bucket_elements": FieldDoc(
