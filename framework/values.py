@@ -905,7 +905,8 @@ STRATEGY_FIELD_DOCS: Mapping[str, FieldDoc] = frozen_mapping({
                 "parameters but the head's and final norm's at the last layer's backward, its first layer's and the "
                 "embedding's at the end (DeepSpeed 0.19.8 measured on the CPU, tests/test_deepspeed_zero.py). 0: no "
                 "prefetching (one module gathered at a time, or reuse_distance_elements' rule). Needs zero=3 and "
-                "pp=1. Left out: the prefetch's overshoot by part of a module; a tied head's weight (the "
+                "pp=1. Its backward gathers again only the layers' elements past the bound (time; counted on "
+                "DeepSpeed too). Left out: the prefetch's overshoot by part of a module; a tied head's weight (the "
                 "embedding's) is taken as released with the head", unit="elements",
         synonyms=("stage3_max_live_parameters", "max_live_parameters", "live_parameters")),
     "sub_group_elements": FieldDoc(

@@ -167,8 +167,20 @@ LIVE = (100_000, 300_000, 1_000_000_000)  # stage3_max_live_parameters' values (
 
 
 def gathered_with_prefetch(live: int) -> dict:
+    """Also ``backward_gathered``: the parameter elements the second step's backward all-gathers again (each
+    gather DeepSpeed's coordinator starts, partitioned_param_coordinator.py ``__all_gather_params_``)."""
     import transformers
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+
+    started = PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params_
+    counted = {True: 0, False: 0}
+
+    def counting(coordinator, params, forward, quantize=False):
+        counted[forward] += sum(p.ds_numel for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE)
+        return started(coordinator, params, forward, quantize)
+
+    PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params_ = counting
 
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, "num_hidden_layers": 16}))
@@ -187,11 +199,16 @@ def gathered_with_prefetch(live: int) -> dict:
     for name, layer in (("last_layer", 15), ("first_layer", 0)):  # down_proj's gradient: its layer's first
         model.model.layers[layer].mlp.down_proj.weight.register_hook(
             lambda grad, name=name: seen.__setitem__(name, gathered()))
-    for _ in range(2):  # the first step records the trace
-        logits = engine(input_ids=torch.randint(0, LLAMA["vocab_size"], (1, 16))).logits
-        seen["after_forward"] = gathered()
-        engine.backward(logits.float().pow(2).mean())
-        engine.step()
+    try:
+        for _ in range(2):  # the first step records the trace
+            logits = engine(input_ids=torch.randint(0, LLAMA["vocab_size"], (1, 16))).logits
+            seen["after_forward"] = gathered()
+            counted[False] = 0
+            engine.backward(logits.float().pow(2).mean())
+            engine.step()
+    finally:
+        PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params_ = started
+    seen["backward_gathered"] = counted[False]
     return seen
 
 

@@ -275,6 +275,23 @@ def test_the_prefetcher_keeps_what_it_gathers_up_to_the_live_parameters(deepspee
         assert (communication(kept) - communication(plain)) / 4 == min(live, held) - LAYER
 
 
+def test_the_backward_gathers_again_what_the_live_bound_left(deepspeed_live, llama16):
+    # DeepSpeed's backward all-gathers again the layers the bound did not keep (and the embedding, the forward's
+    # first, which ndcost's time leaves with the root): the layers' elements past the bound less the head's and
+    # final norm's (kept first); within a module of ndcost's estimate
+    layers, head = 16 * LAYER, 6400 + 64
+    for live in (100_000, 300_000, 1_000_000_000):
+        again = max(layers + head - live, 0)
+        embedding = 6400 if again else 0
+        assert again - MODULE < deepspeed_live[str(live)]["backward_gathered"] - embedding <= again
+        # ndcost's time: each layer's backward gather that share of its own, beside none (the bound past the stage)
+        # and all (no bound); the reduce-scatters alike in the three
+        base = "dp=8,zero=3,seq=2048,ddp_engine=deepspeed,live_parameters_elements="
+        none, every, bounded = (llama16.evaluate(f"{base}{d}").time.communication_seconds
+                                for d in (10 ** 9, 0, live))
+        assert (bounded - none) / (every - none) == pytest.approx(min(again, layers) / layers, rel=1e-9)
+
+
 # --- the ZeRO optimizer's step: the gradients' norm in fp64, then their fp32 copy ------------------------------
 # the probe's Llama (LLAMA): 4 layers of 36,992 elements (q and o 64 x 64, k and v 64 x 32, three 64 x 128 MLP
 # matrices, two norms), embedding and head 100 x 64, final norm 64

@@ -1886,7 +1886,8 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts, where: placement_rules.RankPlacement,
-          rank, hardware: Hardware, eff, coll, fp8_gather: np.ndarray, copies_out: np.ndarray) -> Dict[str, np.ndarray]:
+          rank, hardware: Hardware, eff, coll, fp8_gather: np.ndarray, copies_out: np.ndarray,
+          live: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """``(N, R)`` seconds a micro-batch of FSDP / ZeRO-3's per-layer gathers and reduce-scatters, all of them and
     the exposed ones, as FSDP2 schedules them (``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`` and
     ``_fsdp_state.py``; torchtitan's ``apply_fsdp`` wraps each block, the root holding embedding, norm and head).
@@ -1922,7 +1923,9 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     drain in 1F1B would hide some of theirs, not credited), and the root's gather; under
     ``reshard_after_forward=false`` the layers too are gathered once a step, in the first micro-batch's forward
     (its prefetch as above), else each micro-batch's forward and backward gather them as without PP (a forward
-    right after a backward finds its layers still gathered: an upper bound).
+    right after a backward finds its layers still gathered: an upper bound). Under DeepSpeed ZeRO-3's *live*
+    parameters (``live_parameters_elements``, ``(N,)``) the backward gathers again the share of each layer's
+    gather past what the prefetcher kept (its messages priced as the whole layer's, scaled).
     """
     gathers = shard.sharded["parameters"]
     n, ranks, kinds = counts.shape
@@ -1975,6 +1978,17 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     def total(per_layer):                                                            # (N, K) or (N, R, K) -> (N, R)
         return np.einsum("srk,sk->sr" if per_layer.ndim == 2 else "srk,srk->sr", counts, per_layer)
 
+    if live is not None and np.count_nonzero(live):
+        # DeepSpeed ZeRO-3's prefetcher keeps what it gathers up to live_parameters_elements (the memory model's
+        # rule, _communication_buffers), the head and final norm first (the forward's last): the backward gathers
+        # again the layers' elements past the rest of the bound, each layer's gather taken as that share of its
+        # own (DeepSpeed 0.19.8 counted on the CPU: tests/test_deepspeed_zero.py)
+        layer_elements = total(dense + routed)                                       # (N, R)
+        head = where.has_head * (model.head_parameters / rank["head_split"] + model.final_norm_parameters)[:, None]
+        again = np.clip((layer_elements + head - live[:, None]) / np.maximum(layer_elements, 1.0), 0.0, 1.0)
+        gather_b = np.where((live > 0)[:, None, None], gather_b[:, None, :] * again[:, :, None],
+                            gather_b[:, None, :])                                    # (N, R, K)
+
     def mean(summed):                                                                # a total's rank layer mean
         return summed / layers if placed else np.divide(summed, layers, out=np.zeros(layers.shape), where=layers > 0)
 
@@ -1987,7 +2001,7 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     total_gb = total_g if gather_b is gather else total(gather_b)
     total_rs = total_g if scatter is gather else total(scatter)
     forward, backward = rank["layer_forward"], rank["layer_backward"]                # (N, R, K) each
-    g, gb, rs = gather[:, None, :], gather_b[:, None, :], scatter[:, None, :]
+    g, gb, rs = gather[:, None, :], gather_b if gather_b.ndim == 3 else gather_b[:, None, :], scatter[:, None, :]
     mean_g = mean(total_g)
     mean_gb = mean_g if total_gb is total_g else mean(total_gb)
     mean_rs = mean_g if total_rs is total_g else mean(total_rs)
@@ -2005,7 +2019,7 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     else:
         exposed_b = np.where(layers > 1, many, where_layers(mean_gb + mean_rs)) + root_scatter
     g_rows, rg = gathers[:, None], shard.keeps_gathered[:, None]
-    gathers_f_b = total_g * np.where(rg, 1.0, 2.0) + root_gather
+    gathers_f_b = total_g + total_gb + root_gather
     scatters = total_rs + root_scatter
     # the copy-outs: a rank's layers' gathered bytes (and the root's) read and written, each layer one kernel
     layer_bytes = gathered * width[:, None] + (routed * width[:, None] if routed_experts else 0.0)    # (N, K)
@@ -2297,7 +2311,7 @@ def step_time(model: ModelWork, strategies: Any, hardware: Hardware, *, schedule
     # FSDP2 copies each gather out into the parameters; ZeRO-3's and Megatron-FSDP's are views of the buffer
     copies_out = (np.asarray(cols["zero"]) != 3) & (np.asarray(cols["fsdp_engine"]) != _MEGATRON_FSDP)
     fsdp = _fsdp(model, rows, shard, counts, where, rank, hardware, eff, coll, _fp8_gathered(cols, shard),
-                 copies_out)
+                 copies_out, np.asarray(cols["live_parameters_elements"], dtype=np.float64))
     fsdp_exposed_f, fsdp_exposed_b = fsdp["exposed_f"], fsdp["exposed_b"]
     # FSDP's per-layer collectives and offloading's copies are 0 s on rows without them: added only where some has
     fsdp_rows = np.count_nonzero(shard.sharded["parameters"])
