@@ -32,6 +32,14 @@ BUILTIN = (
     Optimizer(name="adagrad", states_per_parameter=1, description="AdaGrad: the sum of squared gradients"),
     Optimizer(name="adam", states_per_parameter=2, description="Adam: first and second moments"),
     Optimizer(name="adamw", states_per_parameter=2, description="AdamW: first and second moments"),
+    # torch's foreach implementation (its default on CUDA without fused=True, torch/optim/adamw.py
+    # _multi_tensor_adamw) takes the second moments' square roots for every parameter at once
+    # (torch._foreach_sqrt): one state-sized temporary, measured with torch.profiler (tests/test_optimizers.py)
+    Optimizer(name="adam_foreach", states_per_parameter=2, step_temporaries_per_parameter=1.0,
+              description="Adam as torch's foreach implementation steps it: one state-sized temporary at the step"),
+    Optimizer(name="adamw_foreach", states_per_parameter=2, step_temporaries_per_parameter=1.0,
+              description="AdamW as torch's foreach implementation steps it (torch.optim.AdamW's default on CUDA "
+                          "without fused=True): one state-sized temporary at the step"),
 )
 
 

@@ -97,7 +97,7 @@ _OPTIMIZER_NAMES = {v: k for k, v in OPTIMIZERS.items()}
 # The fields read, by section; everything else a file holds is reported as ignored (logging, paths, lr, ...).
 _READ = {
     "model": ("name", "flavor", "converters"),
-    "optimizer": ("name",),
+    "optimizer": ("name", "implementation", "fused"),
     "training": ("local_batch_size", "batch_size", "global_batch_size", "seq_len", "dtype", "mixed_precision_param",
                  "mixed_precision_reduce", "enable_cpu_offload", "compile"),
     "parallelism": ("data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
@@ -171,6 +171,28 @@ class _File:
                 continue
             out += [f"[{section}] {key}" for key in _leaves(table) if f"[{section}] {key}" not in self.read]
         return tuple(out)
+
+
+def _optimizer(f: "_File", defaults: List[str]) -> str:
+    """``[optimizer] name`` and its implementation: ``implementation`` (torchtitan of 2025, "fused" its default)
+    or ``fused`` (of 2024, false its default, and foreach = not fused); Adam and AdamW under foreach are the
+    ``*_foreach`` optimizers, whose step makes a state-sized temporary (plugins/optimizers.py)."""
+    name = _name(KIND, f.path, "[optimizer] name", f.get("optimizer", "name", "AdamW"))
+    optimizer = OPTIMIZERS.get(name, name.lower())
+    section = f.section("optimizer")
+    if "implementation" in section:
+        implementation = f.get("optimizer", "implementation")
+        if implementation not in ("fused", "foreach"):
+            raise f.error("[optimizer] implementation", f"{implementation!r} is not priced (the for-loop steps one "
+                          "parameter at a time, its temporaries that parameter's)", 'give "fused" or "foreach"')
+        foreach = implementation == "foreach"
+    elif "fused" in section:
+        foreach = not boolean(KIND, f.path, "[optimizer] fused", f.get("optimizer", "fused"))
+        if foreach:
+            defaults.append("[optimizer] fused = false: torchtitan of 2024 passed foreach = not fused")
+    else:
+        foreach = False
+    return f"{optimizer}_foreach" if foreach and optimizer in OPTIMIZERS.values() else optimizer
 
 
 def _name(kind: str, path: str, field: str, value: Any) -> str:
@@ -601,8 +623,7 @@ def read(path: str, *, devices: Optional[int], model: Any = None) -> TrainerConf
                         "pp_return_outputs=true prices that)")
     if boolean(KIND, f.path, "[training] enable_cpu_offload", f.get("training", "enable_cpu_offload", False)):
         fields["offload_params"] = fields["offload_optimizer"] = True  # FSDP2 CPUOffloadPolicy
-    optimizer = _name(KIND, f.path, "[optimizer] name", f.get("optimizer", "name", "AdamW"))
-    fields["optimizer"] = OPTIMIZERS.get(optimizer, optimizer.lower())
+    fields["optimizer"] = _optimizer(f, defaults)
     seq = f.get("training", "seq_len", 2048)
     fields["seq"] = integer(KIND, f.path, "[training] seq_len", seq)
     if "seq_len" not in f.section("training"):
@@ -648,7 +669,8 @@ def write(strategy: Strategy, *, model: Any, global_batch: Optional[int]) -> str
         grouped = f', "{GROUPED_FLOAT8_CONVERTER}"' if s.float8_experts else ""
         lines.append(f'converters = ["quantize.linear.float8"{grouped}]')
     lines += ["",
-             "[optimizer]", f'name = "{_OPTIMIZER_NAMES[s.optimizer]}"', "", "[training]"]
+             "[optimizer]", f'name = "{_OPTIMIZER_NAMES[s.optimizer.removesuffix("_foreach")]}"',
+             f'implementation = "{"foreach" if s.optimizer.endswith("_foreach") else "fused"}"', "", "[training]"]
     parallel = [f"data_parallel_replicate_degree = {s.dp}", f"data_parallel_shard_degree = {s.fsdp}",
                 f"tensor_parallel_degree = {s.tp}", f"context_parallel_degree = {s.cp}",
                 f"pipeline_parallel_degree = {s.pp}", f"expert_parallel_degree = {s.ep}",
@@ -747,7 +769,8 @@ def _check_writable(s: Strategy) -> None:
          "the every-N-th-layer count differs by stage"),
         (s.recompute != "full" and s.recompute_layers is not None, f"recompute_layers with recompute={s.recompute}",
          "only full checkpointing counts layers"),
-        (s.optimizer not in OPTIMIZERS.values(), f"optimizer={s.optimizer}", "torchtitan builds Adam or AdamW"),
+        (s.optimizer.removesuffix("_foreach") not in OPTIMIZERS.values(), f"optimizer={s.optimizer}",
+         "torchtitan builds Adam or AdamW (fused or foreach)"),
         (s.param_dtype not in ("fp32", "bf16") or s.compute not in ("fp32", "bf16"),
          f"param_dtype={s.param_dtype},compute_dtype={s.compute}", "torchtitan stores and computes in fp32 or bf16"),
         (s.param_dtype == "bf16" and s.compute != "bf16", "compute_dtype above bf16 parameters",
