@@ -945,7 +945,8 @@ def _one_change(strategy: Strategy) -> List[Strategy]:
     taken from the data-parallel ones (their micro-batches doubled to keep the batch), the activations or the
     optimizer offloaded, torch DDP's gradients as views of its buckets; DeepSpeed's one reduce bucket
     (``overlap_comm`` off), half of it, ZeRO-3 releasing every module after its use (no reuse distance, no
-    prefetching) and stepping half the sub-group at a time. Some may not run on a model (``evaluate_many`` says
+    prefetching) and stepping half the sub-group at a time; a foreach optimizer's fused twin (the built-ins'
+    ``*_foreach``, whose step makes a state-sized temporary). Some may not run on a model (``evaluate_many`` says
     which)."""
     s = strategy
     changes: List[Dict[str, Any]] = [{"recompute": mode, "recompute_layers": None}
@@ -976,6 +977,7 @@ def _one_change(strategy: Strategy) -> List[Strategy]:
     changes += [{"reuse_distance_elements": 0}] if s.reuse_distance_elements else []
     changes += [{"live_parameters_elements": 0}] if s.live_parameters_elements else []
     changes += [{"sub_group_elements": s.sub_group_elements // 2}] if s.sub_group_elements > 1 else []
+    changes += [{"optimizer": s.optimizer.removesuffix("_foreach")}] if s.optimizer.endswith("_foreach") else []
     out = []
     for change in changes:
         try:

@@ -94,3 +94,20 @@ def test_torchtitans_for_loop_is_refused(tmp_path):
         from_config("torchtitan", path, devices=8)
 
 
+
+
+def test_a_foreach_optimizers_fused_twin_is_one_change():
+    import attrs
+
+    from ndcost.search import _one_change, one_change_fits
+
+    # Llama-3.1-8B over 4 FSDP ranks on a device whose memory lies between the two peaks: the foreach step's
+    # 8 GB temporary alone keeps it from fitting
+    model = nd.resolve("llama-3.1-8b", census="off")
+    foreach = nd.Strategy.parse("fsdp=4,seq=128,param_dtype=fp32,compute_dtype=bf16,optimizer=adamw_foreach")
+    assert "optimizer=adamw" in {s.differences(foreach) for s in _one_change(foreach)}
+    fused = model.evaluate(attrs.evolve(foreach, optimizer="adamw"))
+    usable = (fused.peak_bytes + model.evaluate(foreach).peak_bytes) // 2
+    hardware = attrs.evolve(model.hardware, memory_bytes=usable + model.hardware.cuda_context_bytes)
+    offered = [change for change, _ in one_change_fits(model, foreach, top=50, hardware=hardware)]
+    assert "optimizer=adamw" in offered
