@@ -87,10 +87,12 @@ def test_torchtitan_says_which_implementation(tmp_path, lines, optimizer):
     assert f'implementation = "{"foreach" if optimizer.endswith("_foreach") else "fused"}"' in written
 
 
-def test_torchtitans_for_loop_is_refused(tmp_path):
-    path = file_variant(CONFIGS / "llama3_8b.toml", 'name = "AdamW"', 'name = "AdamW"\nimplementation = "for-loop"',
-                        tmp_path / "job.toml")
-    with pytest.raises(InvalidValue, match='give "fused" or "foreach"'):
+@pytest.mark.parametrize("implementation, words", [("for-loop", "'for-loop' is not priced"),
+                                                    ("fusedd", "'fusedd' is not one of torchtitan's")])
+def test_torchtitans_for_loop_and_unknown_implementations_are_refused(tmp_path, implementation, words):
+    path = file_variant(CONFIGS / "llama3_8b.toml", 'name = "AdamW"',
+                        f'name = "AdamW"\nimplementation = "{implementation}"', tmp_path / "job.toml")
+    with pytest.raises(InvalidValue, match=words):
         from_config("torchtitan", path, devices=8)
 
 

@@ -173,7 +173,7 @@ class _File:
         return tuple(out)
 
 
-def _optimizer(f: "_File", defaults: List[str]) -> str:
+def _optimizer(f: _File, defaults: List[str]) -> str:
     """``[optimizer] name`` and its implementation: ``implementation`` (torchtitan of 2025, "fused" its default)
     or ``fused`` (of 2024, false its default, and foreach = not fused); Adam and AdamW under foreach are the
     ``*_foreach`` optimizers, whose step makes a state-sized temporary (plugins/optimizers.py)."""
@@ -182,9 +182,12 @@ def _optimizer(f: "_File", defaults: List[str]) -> str:
     section = f.section("optimizer")
     if "implementation" in section:
         implementation = f.get("optimizer", "implementation")
+        if implementation == "for-loop":
+            raise f.error("[optimizer] implementation", "'for-loop' is not priced (it steps one parameter at a "
+                          "time, its temporaries that parameter's)", 'give "fused" or "foreach"')
         if implementation not in ("fused", "foreach"):
-            raise f.error("[optimizer] implementation", f"{implementation!r} is not priced (the for-loop steps one "
-                          "parameter at a time, its temporaries that parameter's)", 'give "fused" or "foreach"')
+            raise f.error("[optimizer] implementation", f"{implementation!r} is not one of torchtitan's",
+                          'give "fused", "foreach" or "for-loop"')
         foreach = implementation == "foreach"
     elif "fused" in section:
         foreach = not boolean(KIND, f.path, "[optimizer] fused", f.get("optimizer", "fused"))
