@@ -1953,8 +1953,8 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
     dense = linears + k["replicated_parameters"][None, :]                            # (N, K)
     routed = k["routed_parameters"][None, :] / (rows.ep * rows.etp)[:, None]         # (N, K)
     width = rows.compute_bytes
-    root = (where.has_embedding * (model.embedding_parameters / rank["head_split"])[:, None]
-            + where.has_head * (model.head_parameters / rank["head_split"] + model.final_norm_parameters)[:, None])
+    head = where.has_head * (model.head_parameters / rank["head_split"] + model.final_norm_parameters)[:, None]
+    root = where.has_embedding * (model.embedding_parameters / rank["head_split"])[:, None] + head
     # in elements at the compute width: the linears gathered in fp8 count 1 / width of theirs
     fp8_rows = np.count_nonzero(fp8_gather)
     gathered = dense - np.where(fp8_gather[:, None], linears * (1.0 - 1.0 / width[:, None]), 0.0) if fp8_rows \
@@ -1984,7 +1984,6 @@ def _fsdp(model: ModelWork, rows: _Rows, shard: sharding_rules.Sharding, counts,
         # again the layers' elements past the rest of the bound, each layer's gather taken as that share of its
         # own (DeepSpeed 0.19.8 counted on the CPU: tests/test_deepspeed_zero.py)
         layer_elements = total(dense + routed)                                       # (N, R)
-        head = where.has_head * (model.head_parameters / rank["head_split"] + model.final_norm_parameters)[:, None]
         again = np.clip((layer_elements + head - live[:, None]) / np.maximum(layer_elements, 1.0), 0.0, 1.0)
         gather_b = np.where((live > 0)[:, None, None], gather_b[:, None, :] * again[:, :, None],
                             gather_b[:, None, :])                                    # (N, R, K)
