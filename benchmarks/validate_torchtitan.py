@@ -25,8 +25,9 @@ they name the loss, and whether its pipeline schedule kept the last stage's outp
 Float8's all-gather (``enable_fsdp_float8_all_gather``) is on where the row says so (the 405B rows: torchtitan's
 ``train_configs/llama3_405b.toml`` of the time turns it on), else off, torchtitan's default.
 
-Published memory is torchtitan's ``max_memory_reserved`` (the caching allocator's reserve): it is set beside
-ndcost's reserved bytes where ndcost claims them (a census replayed the layers' allocations), else beside its
+Published memory is torchtitan's ``max_memory_reserved`` (the caching allocator's reserve) on the rank that logs
+its metrics, the first of the last pipeline stage under PP (``_get_metrics_rank``): it is set beside that stage's
+reserved bytes where ndcost claims them (a census replayed the layers' allocations), else beside its
 allocated peak (``memory_basis``). The H100 rows are priced on ``h100-hbm2e-500w``, the 96 GB HBM2e part at
 500 W those runs used, whose peaks are assumed (the TorchTitan paper: between the SXM's and the NVL's).
 A row's ``unpriced`` says what the run did that ndcost prices otherwise (shown in the table's note).
@@ -120,15 +121,20 @@ def _price(config: Any, hardware: str, census: str) -> Dict[str, Any]:
     except InvalidStrategy as exc:  # refused (unpriced): no figure, and why
         return {"strategy": str(config.strategy), "valid": False, "reason": str(exc).split(": ", 1)[-1],
                 "fits": False, "fits_basis": None, "tokens_per_second_per_gpu": None, "peak_bytes": None,
-                "reserved_bytes": None, "memory_basis": None, "memory_gib": None, "mfu": None}
+                "reserved_bytes": None, "logged_stage": None, "memory_basis": None, "memory_gib": None,
+                "mfu": None}
     time = cost.time
+    # the rank whose memory torchtitan logs: the first of the last pipeline stage, where the loss is (rank 0
+    # without PP; torchtitan/metrics.py _get_metrics_rank, at d4c86e3 and since for the 1F1B schedules)
+    logged = cost.stages[-1]
     return {"strategy": str(config.strategy), "valid": bool(cost.valid), "reason": cost.reason,
             "fits": bool(cost.valid and cost.fits), "fits_basis": cost.fits_basis,
             "tokens_per_second_per_gpu": None if time is None else time.tokens_per_second / config.devices,
             "peak_bytes": int(cost.peak_bytes), "reserved_bytes": cost.reserved_bytes,
+            "logged_stage": logged.stage,
             # torchtitan publishes max_memory_reserved: ndcost's reserved bytes where it claims them
-            "memory_basis": "allocated" if cost.reserved_bytes is None else "reserved",
-            "memory_gib": (cost.peak_bytes if cost.reserved_bytes is None else cost.reserved_bytes) / GIB,
+            "memory_basis": "allocated" if logged.reserved_bytes is None else "reserved",
+            "memory_gib": (logged.peak_bytes if logged.reserved_bytes is None else logged.reserved_bytes) / GIB,
             "mfu": None if time is None else time.mfu}
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import ndcost
 from ndcost.values import Strategy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,3 +195,17 @@ def test_spearman_by_hand():
     assert math.isclose(vt.spearman([1, 2, 2, 3], [1, 2, 3, 4]), 4.5 / math.sqrt(22.5))
     assert vt.spearman([1, 2, 3], [3, 2, 1]) == -1.0
     assert vt.spearman([5], [1]) is None and vt.spearman([1, 1], [1, 2]) is None
+
+
+def test_a_pipelined_row_is_set_beside_the_stage_torchtitan_logs():
+    """torchtitan logs memory from one rank, the first of the last pipeline stage under PP (its metrics.py,
+    ``_get_metrics_rank``): a PP row's memory is that stage's, not the most any stage holds; without PP, rank 0."""
+    by_id = {r["id"]: r for r in ROWS}
+    pipelined = vt.evaluate_row(by_id["t5-1f1b"], census="off")["predicted"]
+    assert pipelined["logged_stage"] == by_id["t5-1f1b"]["pp"] - 1 == 7
+    cost = ndcost.resolve("llama-3.1-405b", runtime="torchtitan-cuda", hardware="h100-hbm2e-500w",
+                          census="off").evaluate(pipelined["strategy"])
+    assert pipelined["memory_basis"] == "allocated"  # the formulas claim no reserve
+    assert pipelined["memory_gib"] * vt.GIB == cost.stages[7].peak_bytes != cost.peak_bytes
+    single = vt.evaluate_row(by_id["t1-fsdp"], census="off")["predicted"]
+    assert single["logged_stage"] == 0 and single["memory_gib"] * vt.GIB == single["peak_bytes"]
