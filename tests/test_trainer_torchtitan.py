@@ -126,12 +126,21 @@ def test_fsdp_without_pp_reduces_every_micro_batch():
 
 
 def test_a_model_given_beside_the_file_replaces_the_flavor():
+    assert read("qwen3_32b.toml", devices=8).model == "qwen3-32b"
     config = read("qwen3_32b.toml", devices=8, model="qwen3-8b")
     assert config.model == "qwen3-8b" and config.strategy.fsdp == 8 and config.strategy.micro_batch == 2
 
 
+def test_a_flavor_ndcost_has_no_spec_for_is_refused_naming_the_known_ones(tmp_path):
+    path = file_variant(CONFIGS / "qwen3_32b.toml", 'flavor = "32B"', 'flavor = "debugmodel"', tmp_path / "job.toml")
+    with pytest.raises(InvalidValue) as info:
+        from_config("torchtitan", path, devices=8)
+    message = str(info.value)
+    assert "[model] flavor: no ndcost model for qwen3 'debugmodel'" in message and str(path) in message
+    assert "qwen3 0.6B" in message and "qwen3 32B" in message and "give the model" in message
+
+
 @pytest.mark.parametrize("name, devices, message", [
-    ("qwen3_32b.toml", 8, "[model] flavor: no ndcost model for qwen3 '32B'"),
     ("llama3_8b.toml", None, "-1 takes the devices left over, and no world size was given; give --devices N"),
     ("llama3_8b_hsdp.toml", 16, "replicate 2 * shard 4 * cp 1 * tp 1 * pp 1 = 8, not the 16 devices given"),
     ("llama3_70b.toml", 12, "-1 with 12 devices: replicate * cp * tp * pp = 8 does not divide them"),
@@ -364,6 +373,14 @@ FLAVOR_SHAPES = {
                         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
     "qwen3-8b": dict(vocab_size=151936, head_dim=128, hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, intermediate_size=12288),
+    # qwen3's dense flavors at 0310b49 (_0_6b ... _32b): the three smallest tie the head to the embedding
+    **{name: dict(vocab_size=151936, head_dim=128, hidden_size=dim, num_hidden_layers=layers, num_attention_heads=heads,
+                  num_key_value_heads=8, intermediate_size=hidden, tie_word_embeddings=tied)
+       for name, dim, layers, heads, hidden, tied in (("qwen3-0.6b", 1024, 28, 16, 3072, True),
+                                                       ("qwen3-1.7b", 2048, 28, 16, 6144, True),
+                                                       ("qwen3-4b", 2560, 36, 32, 9728, True),
+                                                       ("qwen3-14b", 5120, 40, 40, 17408, False),
+                                                       ("qwen3-32b", 5120, 64, 64, 25600, False))},
     "qwen3-30b-a3b": dict(vocab_size=151936, head_dim=128, hidden_size=2048, num_hidden_layers=48,
                           num_attention_heads=32, num_key_value_heads=4, moe_intermediate_size=768, num_experts=128,
                           num_experts_per_tok=8),

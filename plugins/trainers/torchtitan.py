@@ -77,13 +77,19 @@ KIND = "torchtitan"
 # The runtime profile a torchtitan job is priced under: its models' attention (specs/runtimes/torchtitan-cuda.yaml)
 RUNTIME = "torchtitan-cuda"
 
-# (model name, flavor) -> specs/models name; torchtitan/models/*/__init__.py at 238fa99 defines the flavors
+# (model name, flavor) -> specs/models name; torchtitan/models/*/__init__.py at 238fa99 defines the flavors (qwen3's
+# dense 0.6B to 32B at 0310b49, the widths of Qwen's own configs)
 MODELS = {
     ("llama3", "8B"): "llama-3.1-8b",
     ("llama3", "70B"): "llama-3.1-70b",
     ("llama3", "405B"): "llama-3.1-405b",
     ("deepseek_v3", "671B"): "deepseek-v3",
+    ("qwen3", "0.6B"): "qwen3-0.6b",
+    ("qwen3", "1.7B"): "qwen3-1.7b",
+    ("qwen3", "4B"): "qwen3-4b",
     ("qwen3", "8B"): "qwen3-8b",
+    ("qwen3", "14B"): "qwen3-14b",
+    ("qwen3", "32B"): "qwen3-32b",
     ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
     ("qwen3", "235B-A22B"): "qwen3-235b-a22b",
 }
