@@ -227,6 +227,7 @@ def test_cli_estimate_from_the_70b_file():
 
 # (model, strategy) in the form the reader gives (dtypes equal to param_dtype left unset, pp_layers stated under PP)
 ROUND_TRIPS = [
+    ("qwen3-0.6b", "fsdp=8,seq=4096,recompute=full"),  # a flavor of the head tied to the embedding
     ("llama-3.1-8b", "fsdp=8,seq=8192,recompute=selective,param_dtype=fp32,compute_dtype=bf16"),
     ("llama-3.1-8b", "dp=2,fsdp=4,micro_batch=2,num_micro_batches=4,seq=4096,recompute=full"),
     ("llama-3.1-8b", "tp=2,sp=true,fsdp=4,seq=4096,recompute=full,recompute_layers=16"),
