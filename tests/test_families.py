@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 
 from _hf_parts import hf_buffers, hf_parts  # noqa: E402
 
+from ndcost.errors import InvalidValue  # noqa: E402
 from ndcost.models import family_for, load_model, parameters  # noqa: E402
 
 SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=96, num_attention_heads=4,
@@ -65,6 +66,8 @@ MATRIX = [
     ("deepseek_v3", dict(MLA)),
     ("deepseek_v3", dict(MLA, q_lora_rank=None, attention_bias=True, n_shared_experts=2)),
     ("deepseek_v3", dict(MLA, first_k_dense_replace=0, n_shared_experts=0, tie_word_embeddings=True)),
+    ("deepseek_v2", dict(MLA, topk_method="group_limited_greedy")),
+    ("deepseek_v2", dict(MLA, q_lora_rank=None, n_shared_experts=2)),  # greedy: the groups limit nothing
     ("deepseek_v32", dict(MLA, index_n_heads=4, index_head_dim=8)),
     ("deepseek_v32", dict(MLA, index_n_heads=2, index_head_dim=16, attention_bias=True,
                           mlp_layer_types=["sparse", "dense", "sparse"])),
@@ -129,6 +132,20 @@ def test_deepseek_v3_groups_in_model_order():
     assert (spec.q_lora_rank, spec.kv_lora_rank, spec.first_k_dense, spec.num_shared_experts) == (1536, 512, 3, 1)
 
 
+def test_deepseek_v2_routes_as_its_topk_method_says():
+    """DeepseekV2TopkRouter limits a token to its best groups only under group_limited_greedy; greedy reads no
+    groups (DeepSeek-V2-Lite's config states one of each); no score-correction biases, no MTP layers."""
+    family = family_for("deepseek_v2")
+    greedy = family.spec(dict(MLA, model_type="deepseek_v2", n_group=8, topk_group=3), "greedy")
+    limited = family.spec(dict(MLA, model_type="deepseek_v2", topk_method="group_limited_greedy"), "limited")
+    assert greedy.expert_groups is None and (limited.expert_groups, limited.expert_groups_per_token) == (2, 1)
+    assert parameters(greedy).buffers == 0 and parameters(limited).layer_counts == {"dense": 1, "moe": 2}
+    assert family.router_selection_bytes(greedy) == 0
+    assert family.router_selection_bytes(limited) == 16 * 2 + 8 * 1 + 15 * 8  # V3's group mask, in bytes a token
+    with pytest.raises(InvalidValue, match="topk_method 'noaux_tc' is not one of Transformers'"):
+        family.spec(dict(MLA, model_type="deepseek_v2", topk_method="noaux_tc"), "bad")
+
+
 def test_qwen3_next_groups_in_model_order():
     spec = load_model("qwen3-next-80b-a3b")
     expected = [("linear_attention", 3), ("full_attention", 1)] * 12
@@ -167,7 +184,8 @@ def test_stack_census_flags():
 # Transformers' config defaults, so a config.json that omits a field reads as Transformers reads it.
 FAMILY_CONFIGS = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
                   "qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig", "gpt2": "GPT2Config",
-                  "deepseek_v3": "DeepseekV3Config", "deepseek_v32": "DeepseekV32Config",
+                  "deepseek_v2": "DeepseekV2Config", "deepseek_v3": "DeepseekV3Config",
+                  "deepseek_v32": "DeepseekV32Config",
                   "deepseek_v4": "DeepseekV4Config", "glm4_moe": "Glm4MoeConfig", "gpt_oss": "GptOssConfig",
                   "qwen3_next": "Qwen3NextConfig", "qwen3_5": "Qwen3_5TextConfig",
                   "qwen3_5_moe": "Qwen3_5MoeTextConfig"}
@@ -191,7 +209,7 @@ def test_family_defaults_are_transformers_defaults(model_type):
     assert checked >= 5
 
 
-MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v32",
+MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v2", "deepseek_v3", "deepseek_v32",
                "deepseek_v4", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss",
                "glm4_moe", "gpt2", "generic_decoder"]
 

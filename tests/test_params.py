@@ -41,7 +41,7 @@ def test_deepseek_v3_published_total_adds_score_correction_biases():
     assert count.mtp == count.kind_total("mtp") > 0
 
 
-SIBLINGS = ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-14b", "qwen3-32b",
+SIBLINGS = ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-14b", "qwen3-32b", "deepseek-v2-lite", "deepseek-v2",
             "llama-3.1-70b", "llama-3.1-405b", "qwen3-235b-a22b", "mixtral-8x22b", "gpt-oss-120b", "deepseek-v3.2",
             "qwen3.5-9b", "qwen3.5-35b-a3b", "glm-4.5", "glm-4.5-air", "deepseek-v4-flash"]
 

@@ -372,6 +372,17 @@ FLAVOR_SHAPES = {
                         num_hidden_layers=61, first_k_dense_replace=3, num_attention_heads=128, n_routed_experts=256,
                         n_shared_experts=1, num_experts_per_tok=8, q_lora_rank=1536, kv_lora_rank=512,
                         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    # deepseek_v3's 16B and 236B at 0014ac2 (_16b, _236b): softmax routers, 2 shared experts, one dense layer
+    "deepseek-v2-lite": dict(vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+                             num_hidden_layers=27, first_k_dense_replace=1, num_attention_heads=16,
+                             n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6, q_lora_rank=None,
+                             kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                             topk_method="greedy", routed_scaling_factor=1.0),
+    "deepseek-v2": dict(vocab_size=102400, hidden_size=5120, intermediate_size=12288, moe_intermediate_size=1536,
+                        num_hidden_layers=60, first_k_dense_replace=1, num_attention_heads=128, n_routed_experts=160,
+                        n_shared_experts=2, num_experts_per_tok=6, q_lora_rank=1536, kv_lora_rank=512,
+                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, topk_method="group_limited_greedy",
+                        n_group=8, topk_group=3, routed_scaling_factor=16.0),
     "qwen3-8b": dict(vocab_size=151936, head_dim=128, hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, intermediate_size=12288),
     # qwen3's dense flavors at 0310b49 (_0_6b ... _32b): the three smallest tie the head to the embedding
