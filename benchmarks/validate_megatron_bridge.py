@@ -7,7 +7,8 @@ summary, its source and commit there). Each row is written as a Megatron-LM comm
 the flags its recipe ran (the row's ``recipe``: recompute, token dispatcher, all-to-all overlap, a pipeline
 layout, read from Megatron-Bridge's performance scripts), and read by ndcost's Megatron-LM reader
 (``ndcost.from_config("megatron", path, devices=N, model=...)``), so Megatron-LM's semantics are the reader's: the
-distributed optimizer, fp32 main gradients, parameters and states under ``--bf16``, TE's current-scaling FP8 as
+distributed optimizer, fp32 main parameters and states under ``--bf16``, bf16 main gradients (every recipe sets
+``grad_reduce_in_fp32 = False``: ``--grad-reduce-in-bf16``), TE's current-scaling FP8 as
 ``float8=tensorwise`` with ``float8_experts``, the vocabulary split over TP, runtime ``megatron-te-cuda``. A
 pipeline the layers do not divide and the recipe gives no layout for is split with the embedding and the loss
 counted as a layer each (``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``).
@@ -44,7 +45,8 @@ def command(row: Dict[str, Any]) -> str:
              f"--pipeline-model-parallel-size {row['pp']}", f"--context-parallel-size {row['cp']}",
              f"--expert-model-parallel-size {row['ep']}", f"--micro-batch-size {row['mbs']}",
              f"--global-batch-size {row['gbs']}", f"--seq-length {row['seq']}", "--bf16",
-             "--use-distributed-optimizer"]
+             # every recipe reduces its gradients in bf16 (set_*_common_configs: grad_reduce_in_fp32 = False)
+             "--grad-reduce-in-bf16", "--use-distributed-optimizer"]
     if row["tp"] > 1:
         flags.append("--sequence-parallel")
     if "etp" in row:  # else Megatron-LM's default, the TP size
