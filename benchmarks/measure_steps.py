@@ -123,6 +123,8 @@ def model_configs() -> Dict[str, Callable[[], Any]]:
         "small_glm4_moe": lambda: _cut(_spec_config("glm-4.5-air"), 2),
         "small_qwen3_5": lambda: _cut(_spec_config("qwen3.5-9b"), 4),
         "small_qwen3_5_moe": lambda: _cut(_spec_config("qwen3.5-35b-a3b"), 4),
+        # DeepSeek-V2-Lite's first two layers: one dense, one MoE of its 64 experts, no query latent
+        "small_deepseek_v2": lambda: _cut(_spec_config("deepseek-v2-lite"), 2),
         "small_deepseek_v32": lambda: _cut(_spec_config("deepseek-v3.2"), 2, first_k_dense_replace=1,
                                            n_routed_experts=64),
         "small_deepseek_v4": lambda: _cut(_spec_config("deepseek-v4-flash"), 2, n_routed_experts=64),
@@ -131,7 +133,10 @@ def model_configs() -> Dict[str, Callable[[], Any]]:
 
 MODELS = ("small_llama", "small_qwen3_moe", "small_gpt_oss", "small_qwen3", "small_mixtral", "small_qwen3_next",
           "small_deepseek_v3", "small_qwen2", "small_mistral", "small_glm4_moe", "small_qwen3_5", "small_qwen3_5_moe",
-          "small_deepseek_v32", "small_deepseek_v4")
+          "small_deepseek_v2", "small_deepseek_v32", "small_deepseek_v4")
+
+
+_MLA = ("deepseek_v2", "deepseek_v3")  # a key and a value a query head (V3.2's model type starts like V3's)
 
 
 def _shrink(config) -> Any:
@@ -146,9 +151,8 @@ def _shrink(config) -> Any:
         if getattr(config, name, None):
             setattr(config, name, value)
     if getattr(config, "num_key_value_heads", None):
-        config.num_key_value_heads = 4 if config.model_type.startswith("deepseek_v3") else min(
-            2, config.num_key_value_heads)
-    if config.model_type.startswith("deepseek_v3"):
+        config.num_key_value_heads = 4 if config.model_type.startswith(_MLA) else min(2, config.num_key_value_heads)
+    if config.model_type.startswith(_MLA):
         config.head_dim = config.qk_rope_head_dim
     for name in ("n_routed_experts", "num_experts", "num_local_experts"):  # Qwen3-MoE aliases the last two
         if getattr(config, name, None):
@@ -193,7 +197,7 @@ def cases() -> List[Case]:
     ]
     first += [_case(m, "one step of the family") for m in
               ("small_qwen3", "small_mixtral", "small_qwen3_next", "small_qwen2", "small_mistral", "small_glm4_moe",
-               "small_qwen3_5", "small_qwen3_5_moe", "small_deepseek_v32", "small_deepseek_v4")]
+               "small_qwen3_5", "small_qwen3_5_moe", "small_deepseek_v2", "small_deepseek_v32", "small_deepseek_v4")]
     first += [
         _case("small_gpt_oss", "GPT-OSS under SDPA (Transformers refuses it where the model has no SDPA path: "
               "recorded as skipped)", attention="sdpa"),
