@@ -17,9 +17,9 @@ TOPK_METHODS = ("greedy", "group_limited_greedy")
 class DeepseekV2Family(DeepseekV3Family):
     name = "deepseek_v2"
     model_types = ("deepseek_v2",)
-    # its router's calls are not those the op records list for V3's (no calls_known); it casts to fp32 before its
-    # matmul
-    op_record_values = {"router_logit_bytes": 4}
+    # its layers make the calls specs/op_records.yaml lists (V3's: its router's are a linear and no others a policy
+    # saves); the router casts to fp32 before its matmul
+    op_record_values = {"calls_known": 1, "router_logit_bytes": 4}
     # DeepseekV2TopkRouter.forward: the input's and the weight's fp32 copies, the linear, the softmax, top-k and
     # the scaling (greedy; the census counts 6). Left out of the formulas' count: the 8 group_limited_greedy
     # adds (the groups' max and top-k, the mask's zeros, scatter, expanded copy, bool and negation, the masked
