@@ -25,6 +25,9 @@ they name the loss, and whether its pipeline schedule kept the last stage's outp
 Float8's all-gather (``enable_fsdp_float8_all_gather``) is on where the row says so (the 405B rows: torchtitan's
 ``train_configs/llama3_405b.toml`` of the time turns it on), else off, torchtitan's default.
 
+SDPA's backend is the one the run's torch tried first (a source's ``sdpa_backends``: every CUDA edition's torch
+predates pytorch/pytorch#162073, torch 2.9's preference for cuDNN on Hopper, so FlashAttention-2 ran), whatever a
+hardware file's own torch prefers (``h200``'s measurements ran cuDNN).
 Published memory is torchtitan's ``max_memory_reserved`` (the caching allocator's reserve) on the rank that logs
 its metrics, the first of the last pipeline stage under PP (``_get_metrics_rank``): it is set beside that stage's
 reserved bytes where ndcost claims them (a census replayed the layers' allocations), else beside its
@@ -114,10 +117,14 @@ def read_job(row: Dict[str, Any], *, features: bool = True) -> "ndcost.trainers.
     return config
 
 
-def _price(config: Any, hardware: str, census: str) -> Dict[str, Any]:
+def _price(config: Any, hardware: str, census: str, sdpa_backends: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     model = ndcost.resolve(config.model, runtime=config.runtime or "hf-cuda", hardware=hardware, census=census)
+    device = model.hardware
+    if sdpa_backends:  # the order the run's torch tried SDPA's backends in (its source's), not the file's torch's
+        device = attrs.evolve(device, kernel_tables={**(device.kernel_tables or {}),
+                                                     "sdpa_backends": list(sdpa_backends)})
     try:
-        cost = model.evaluate(config.strategy)
+        cost = model.evaluate(config.strategy, hardware=device)
     except InvalidStrategy as exc:  # refused (unpriced): no figure, and why
         return {"strategy": str(config.strategy), "valid": False, "reason": str(exc).split(": ", 1)[-1],
                 "fits": False, "fits_basis": None, "tokens_per_second_per_gpu": None, "peak_bytes": None,
@@ -157,13 +164,14 @@ def evaluate_row(row: Dict[str, Any], census: str = "off") -> Dict[str, Any]:
             raise
         config = read_job(row, features=False)
         out.update(comparable=False, unpriceable_reason=str(exc))
-    predicted = _price(config, row["hardware"], census)
+    sdpa_backends = _sources()[row["source"]].get("sdpa_backends")
+    predicted = _price(config, row["hardware"], census, sdpa_backends)
     # with features on a refused row, ``predicted`` is the job without them: not like-for-like
     out["predicted" if out["comparable"] else "predicted_without_features"] = predicted
     out["tokens_error"] = _error(predicted["tokens_per_second_per_gpu"], row["tokens_per_second_per_gpu"])
     out["memory_error"] = _error(predicted["memory_gib"], row["memory_gib"])
     if out["features"] and out["comparable"]:  # the figure before the features were priced
-        without = _price(read_job(row, features=False), row["hardware"], census)
+        without = _price(read_job(row, features=False), row["hardware"], census, sdpa_backends)
         out["predicted_without_features"] = without
         out["tokens_error_without_features"] = _error(without["tokens_per_second_per_gpu"],
                                                       row["tokens_per_second_per_gpu"])

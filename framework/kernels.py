@@ -65,7 +65,8 @@ ATTENTION_QUERY_BLOCK = 128
 SDPA_BACKENDS = ("cudnn", "flash", "efficient", "math")
 # PyTorch's default order (sdp_utils.cpp ``priority_order``: flash, efficient, math, cudnn; math never reached
 # here, as efficient takes every dtype and width a model has). A hardware file's ``sdpa_backends`` states
-# another where its torch prefers cuDNN (``check_prefer_cudnn_attention``: sm90 and sm100 with cuDNN >= 9.9).
+# another where its torch prefers cuDNN (``check_prefer_cudnn_attention``, sm90 and sm100: from torch 2.9,
+# pytorch/pytorch#162073, with cuDNN >= 9.9; from 2.10 above 9.15, which torch 2.11's wheels bundle).
 DEFAULT_SDPA_BACKENDS = ("flash", "efficient")
 
 
@@ -473,28 +474,34 @@ def gemm_efficiency(hardware: Any, tables: Optional[KernelTables], dtype: str, m
 ATTENTION_KERNEL_ALIASES = {"flash_attention_2": "flash"}
 
 
-def _sdpa_accepts(backend: str, dtype: str, head_dim: int, value_head_dim: int) -> bool:
+def _sdpa_accepts(backend: str, dtype: str, head_dim: int, value_head_dim: int,
+                  compute_capability: Optional[str] = None) -> bool:
     """Whether SDPA's *backend* takes these inputs (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)."""
     low_precision = dtype in ("bf16", "fp16")                   # check_dtypes_low_precision
-    if backend == "cudnn":                                      # check_cudnn_tensor_shapes: head_dim_limit 128
-        return low_precision and 0 < head_dim <= 128 and 0 < value_head_dim <= 128
+    if backend == "cudnn":                                      # check_cudnn_tensor_shapes: head_dim_limit
+        limit = 256 if compute_capability == "9.0" else 128     # Hopper's 256 with cuDNN >= 9.10
+        return low_precision and 0 < head_dim <= limit and 0 < value_head_dim <= limit
     if backend == "flash":                                      # check_head_dim_size_flash
         return low_precision and head_dim == value_head_dim and 0 < head_dim <= 256
     return backend in ("efficient", "math")
 
 
 def attention_kernel(runtime_kernel: str, dtype: str, head_dim: int, value_head_dim: int,
-                     sdpa_backends: Tuple[str, ...] = DEFAULT_SDPA_BACKENDS) -> str:
+                     sdpa_backends: Tuple[str, ...] = DEFAULT_SDPA_BACKENDS,
+                     compute_capability: Optional[str] = None) -> str:
     """The ``kernel_tables.attention`` entry a layer's attention runs: the runtime's kernel, for SDPA the
     first of *sdpa_backends* that takes the inputs, as PyTorch's ``select_sdp_backend`` picks.
 
     cuDNN and flash take fp16 / bf16 only; flash q, k and v of one head width of at most 256 (so an fp32 row
     or MLA's 192-wide queries over 128-wide values run the efficient kernel unless cuDNN takes them), cuDNN
-    widths of at most 128. Left out: the widths' multiple-of-8 checks, cuDNN's 256 on sm90 with cuDNN >= 9.10,
-    the sm80+ checks (every CUDA hardware file ndcost ships is an A100 or later) and masks that disable flash.
+    widths of at most 128, 256 on Hopper (``compute_capability`` 9.0: cuDNN >= 9.10, which every torch that
+    prefers cuDNN there bundles). Left out: the widths' multiple-of-8 checks, Blackwell's 192 / 128 exception
+    (cuDNN >= 9.11), the sm80+ checks (every CUDA hardware file ndcost ships is an A100 or later) and masks that
+    disable flash.
     """
     if runtime_kernel == "sdpa":
-        return next((b for b in sdpa_backends if _sdpa_accepts(b, dtype, head_dim, value_head_dim)), "math")
+        return next((b for b in sdpa_backends
+                     if _sdpa_accepts(b, dtype, head_dim, value_head_dim, compute_capability)), "math")
     return ATTENTION_KERNEL_ALIASES.get(runtime_kernel, runtime_kernel)
 
 

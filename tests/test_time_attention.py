@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import attrs
 import pytest
@@ -150,6 +151,13 @@ def test_sdpa_backend_is_pytorchs_choice():
     assert pick("sdpa", "bf16", 192, 128, cudnn_first) == "efficient"   # cuDNN: at most 128 wide
     assert pick("sdpa", "bf16", 256, 256, cudnn_first) == "flash"
     assert pick("sdpa", "fp32", 64, 64, cudnn_first) == "efficient"
+    # check_cudnn_tensor_shapes: 256 wide on Hopper (sm90 exactly, cuDNN >= 9.10), 128 elsewhere
+    assert pick("sdpa", "bf16", 256, 256, cudnn_first, "9.0") == "cudnn"
+    assert pick("sdpa", "bf16", 192, 128, cudnn_first, "9.0") == "cudnn"       # MLA's widths, both at most 256
+    assert pick("sdpa", "bf16", 512, 512, cudnn_first, "9.0") == "efficient"
+    assert pick("sdpa", "bf16", 256, 256, cudnn_first, "10.0") == "flash"
+    assert pick("sdpa", "bf16", 256, 256, cudnn_first, "8.0") == "flash"
+    assert pick("sdpa", "bf16", 256, 256, ("flash", "efficient"), "9.0") == "flash"  # PyTorch's default order
     assert pick("sdpa", "bf16", 128, 128, ("cudnn",)) == "cudnn"
     assert pick("sdpa", "fp32", 128, 128, ("cudnn", "flash")) == "math"
     assert pick("flash_attention_2", "bf16", 128, 128) == "flash"      # the same FlashAttention-2 kernels
@@ -250,10 +258,26 @@ def test_the_shipped_plateaus_read_as_their_papers_say(registry):
     a100 = (0.73, 0.63 * 2 / 2.5)
     h100 = (0.35, round(0.35 * 63 / 73 * 2 / 2.5, 2))
     # the 500 W part's tensor cores at 0.75 of the H200's shares (specs/hardware/h100-hbm2e-500w.yaml)
-    for name, plateau in (("a100", a100), ("h100", h100), ("h100-hbm2e-500w", tuple(0.75 * p for p in h100))):
+    # the H200 is the H100 SXM5's GH100 at the same 700 W: FlashAttention-2's plateau unchanged
+    for name, plateau in (("a100", a100), ("h100", h100), ("h200", h100),
+                          ("h100-hbm2e-500w", tuple(0.75 * p for p in h100))):
         hardware = registry.get(f"hardware/{name}")
         entry = kernels.parse_kernel_tables(name, hardware.kernel_tables).attention["flash"]
         assert entry.plateau == pytest.approx(plateau) and "arXiv:2307.08691" in entry.source
+
+
+def test_the_h200_runs_sdpa_as_its_measurements_torch_did(registry):
+    """h200.yaml's measurements ran torch 2.11, whose SDPA prefers cuDNN on sm90 (check_prefer_cudnn_attention):
+    its layers saved cuDNN's 4-D softmax statistics, [1, 32, 4096, 1] fp32 (flash's log-sum-exp is 3-D); the file
+    lists cuDNN first, which keeps efficiency.attention, the figure those measurements pinned."""
+    data = json.loads((Path(__file__).parent / "data" / "h200_measurements.json").read_text())
+    llama = next(layer for layer in data["layers"] if layer["case"] == "llama3_8b")
+    assert data["software"]["torch"].startswith("2.11")
+    stats = [t for t in llama["saved_tensors"] if t["dtype"] == "float32" and t["shape"][1:2] == [32]]
+    assert [t["shape"] for t in stats] == [[1, 32, 4096, 1]]
+    tables = kernels.parse_kernel_tables("h200", registry.get("hardware/h200").kernel_tables)
+    assert tables.sdpa_backends[0] == "cudnn" and "cudnn" not in tables.attention
+    assert kernels.attention_kernel("sdpa", "bf16", 128, 128, tables.sdpa_backends, "9.0") == "cudnn"
 
 
 # ---------------------------------------------------------------------------

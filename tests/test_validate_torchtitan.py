@@ -209,3 +209,22 @@ def test_a_pipelined_row_is_set_beside_the_stage_torchtitan_logs():
     assert pipelined["memory_gib"] * vt.GIB == cost.stages[7].peak_bytes != cost.peak_bytes
     single = vt.evaluate_row(by_id["t1-fsdp"], census="off")["predicted"]
     assert single["logged_stage"] == 0 and single["memory_gib"] * vt.GIB == single["peak_bytes"]
+
+
+def test_each_cuda_edition_runs_sdpa_as_its_torch_did():
+    """Every CUDA edition's torch predates pytorch/pytorch#162073 (September 2025, torch 2.9; each names its build),
+    so its SDPA tried FlashAttention-2 before cuDNN on Hopper; the H200 file's own torch (2.11) prefers cuDNN. The Trainy H200 row priced with flash first
+    is slower than under the file's order (FlashAttention-2's prior beside cuDNN's measured share)."""
+    for name, source in DOC["sources"].items():
+        if "mi300x" in name:  # ROCm: no cuDNN, the file's own kernels
+            assert "sdpa_backends" not in source
+            continue
+        assert source["sdpa_backends"] == ["flash", "efficient"], name
+        # a 2.8 or older build, or a main-branch commit of 2024 or before September 2025
+        assert re.search(r"torch (2\.[0-8]\.|[0-9a-f]{7,}\b)|2024", source["edition"]), source["edition"]
+    row = {r["id"]: r for r in ROWS}["h200-8b-32"]
+    config = vt.read_job(row)
+    as_run = vt._price(config, "h200", "off", DOC["sources"][row["source"]]["sdpa_backends"])
+    as_filed = vt._price(config, "h200", "off")
+    assert as_run["tokens_per_second_per_gpu"] < as_filed["tokens_per_second_per_gpu"]
+    assert as_run["peak_bytes"] == as_filed["peak_bytes"]  # the kernel's time, not its memory

@@ -1126,7 +1126,9 @@ def _scores_seconds(model: ModelWork, rows: _Rows, cols: Mapping[str, Any], hard
     tables = _kernel_tables(hardware)
     order = _sdpa_order(model, hardware)
     k = _kind_arrays(model)
-    groups = _derived(("attention_kernels", order), model, lambda m: _attention_groups(m, k, order))
+    capability = hardware.compute_capability
+    groups = _derived(("attention_kernels", order, capability), model,
+                      lambda m: _attention_groups(m, k, order, capability))
     codes = np.asarray(cols["compute_dtype"])
     one_dtype = len(codes) == 1 or np.count_nonzero(codes == codes[0]) == len(codes)
     first = groups[DTYPE_NAMES[int(codes[0])]]
@@ -1204,13 +1206,15 @@ def _fused_rows(model: ModelWork, cols: Mapping[str, Any]) -> np.ndarray:
     return np.ones(compiled.shape, dtype=bool) if model.fused_pointwise else compiled
 
 
-def _attention_groups(model: ModelWork, k: Mapping[str, np.ndarray], order: Tuple[str, ...]):
-    """Per compute dtype, each attention kernel the model's kinds with heads run under SDPA order *order*:
-    ``(kernel, kinds, head_dim, value_head_dim)``, *kinds* a slice where every kind runs it, else a mask."""
+def _attention_groups(model: ModelWork, k: Mapping[str, np.ndarray], order: Tuple[str, ...],
+                      capability: Optional[str]):
+    """Per compute dtype, each attention kernel the model's kinds with heads run under SDPA order *order* on a
+    device of compute *capability*: ``(kernel, kinds, head_dim, value_head_dim)``, *kinds* a slice where every kind
+    runs it, else a mask."""
     shaped = (k["attention_heads"] > 0) & bool(model.attention_kernel)
     out: Dict[str, list] = {}
     for dtype in DTYPE_NAMES:
-        names = [kernels.attention_kernel(model.attention_kernel, dtype, int(d), int(dv), order)
+        names = [kernels.attention_kernel(model.attention_kernel, dtype, int(d), int(dv), order, capability)
                  for d, dv in zip(k["attention_head_dim"], k["attention_value_head_dim"], strict=True)]
         out[dtype] = []
         for name in sorted({n for n, on in zip(names, shaped, strict=True) if on}):
@@ -2470,7 +2474,8 @@ def _attention_provenance(model: ModelWork, hardware: Hardware, tables: Optional
     for kind in shaped:
         work = model.work[kind]
         name = kernels.attention_kernel(model.attention_kernel, "bf16", work.attention_head_dim,
-                                        work.attention_value_head_dim, _sdpa_order(model, hardware))
+                                        work.attention_value_head_dim, _sdpa_order(model, hardware),
+                                        hardware.compute_capability)
         where = ("batched matmuls at their GEMM efficiency and the softmax's bytes" if name == "eager"
                  else kernels.attention_source(tables, name, "bf16"))
         parts.append(f"{kind}: {name}, {where}")
