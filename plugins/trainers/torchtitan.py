@@ -78,8 +78,8 @@ KIND = "torchtitan"
 RUNTIME = "torchtitan-cuda"
 
 # (model name, flavor) -> specs/models name; torchtitan/models/*/__init__.py at 238fa99 defines the flavors (qwen3's
-# dense 0.6B to 32B at 0310b49, the widths of Qwen's own configs; deepseek_v3's 16B and 236B at 0014ac2, DeepSeek-V2-Lite's
-# and DeepSeek-V2's widths and routers, which Transformers builds as deepseek_v2)
+# dense 0.6B to 32B at 0310b49, the widths of Qwen's own configs; deepseek_v3's 16B and 236B at 0014ac2,
+# DeepSeek-V2-Lite's and DeepSeek-V2's widths and routers, which Transformers builds as deepseek_v2)
 MODELS = {
     ("llama3", "8B"): "llama-3.1-8b",
     ("llama3", "70B"): "llama-3.1-70b",
