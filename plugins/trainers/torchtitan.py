@@ -195,8 +195,8 @@ def _optimizer(f: _File, defaults: List[str]) -> str:
             raise f.error("[optimizer] implementation", "'for-loop' is not priced (it steps one parameter at a "
                           "time, its temporaries that parameter's)", 'give "fused" or "foreach"')
         if implementation not in ("fused", "foreach"):
-            raise f.error("[optimizer] implementation", f"{implementation!r} is not one of torchtitan's",
-                          'give "fused", "foreach" or "for-loop"')
+            raise f.error("[optimizer] implementation", f"{implementation!r} is not one of torchtitan's (fused, "
+                          "foreach, for-loop)", 'give "fused" or "foreach"')
         foreach = implementation == "foreach"
     elif "fused" in section:
         foreach = not boolean(KIND, f.path, "[optimizer] fused", f.get("optimizer", "fused"))
